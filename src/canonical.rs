@@ -1,0 +1,435 @@
+//! Canonical JSON of params, params digests and derived idempotency keys.
+//!
+//! [`canonical_json`] writes a value as RFC 8785 (the JSON Canonicalization Scheme) does:
+//! object members sorted by the UTF-16 code units of their names, no whitespace, strings
+//! escaped as `JSON.stringify` escapes them, and numbers in the shortest form that reads back
+//! as the same IEEE double, so `1`, `1.0` and `1e0` are one number and `-0` is `0`. Before
+//! that, three normalizations run by default (each can be switched off in
+//! [`CanonicalOptions`]):
+//!
+//! - object members whose value is `null` are removed (nulls inside arrays stay);
+//! - string values are trimmed of leading and trailing white space;
+//! - members named in the volatile list (`clientTs`, `retryCount`, `traceparent`) are removed
+//!   at any depth.
+//!
+//! Nesting deeper than [`CanonicalOptions::max_depth`] (64) is a `VALIDATION_ERROR`, found
+//! before the walk goes any deeper, so hostile input cannot overflow the stack.
+//!
+//! ```
+//! use serde_json::json;
+//! use tower_toolcall::canonical::{canonical_json, derive_key, params_digest, CanonicalOptions};
+//!
+//! let opts = CanonicalOptions::default();
+//! let params = json!({"b": 1.0, "a": "  hi ", "clientTs": 1734372720000_u64, "gone": null});
+//! let canonical = canonical_json(&params, &opts)?;
+//! assert_eq!(canonical, r#"{"a":"hi","b":1}"#);
+//!
+//! let digest = params_digest(&canonical);
+//! assert_eq!(digest.len(), 64);
+//! let key = derive_key("agents.tools.web", "search", &canonical, "sess-42", "user-7");
+//! assert_ne!(key, derive_key("agents.tools.web", "search", &canonical, "sess-43", "user-7"));
+//! # Ok::<(), tower_toolcall::ToolError>(())
+//! ```
+
+use std::cmp::Ordering;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use serde_json::{Map, Number, Value};
+use sha2::{Digest, Sha256};
+
+use crate::error::{ErrorCode, ToolError};
+
+/// The deepest nesting [`CanonicalOptions::max_depth`] accepts; larger settings are lowered
+/// to it, because the walk recurses once per level.
+pub const MAX_SUPPORTED_DEPTH: usize = 1024;
+
+/// The members removed by default wherever they appear.
+pub const DEFAULT_VOLATILE_MEMBERS: [&str; 3] = ["clientTs", "retryCount", "traceparent"];
+
+/// How params are normalized before they are written canonically.
+///
+/// ```
+/// use tower_toolcall::canonical::CanonicalOptions;
+///
+/// let opts = CanonicalOptions::default()
+///     .trim_strings(false)
+///     .volatile_members(["clientTs", "nonce"])
+///     .max_depth(32);
+/// assert_eq!(opts.get_max_depth(), 32);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CanonicalOptions {
+    drop_null_members: bool,
+    trim_strings: bool,
+    volatile: Arc<[Box<str>]>,
+    max_depth: usize,
+}
+
+impl Default for CanonicalOptions {
+    fn default() -> Self {
+        CanonicalOptions {
+            drop_null_members: true,
+            trim_strings: true,
+            volatile: DEFAULT_VOLATILE_MEMBERS
+                .iter()
+                .map(|s| Box::<str>::from(*s))
+                .collect(),
+            max_depth: 64,
+        }
+    }
+}
+
+impl CanonicalOptions {
+    /// Whether object members whose value is `null` are removed (default `true`).
+    pub fn drop_null_members(mut self, drop: bool) -> Self {
+        self.drop_null_members = drop;
+        self
+    }
+
+    /// Whether string values are trimmed of leading and trailing white space (default `true`).
+    pub fn trim_strings(mut self, trim: bool) -> Self {
+        self.trim_strings = trim;
+        self
+    }
+
+    /// The member names removed at any depth (default `clientTs`, `retryCount`,
+    /// `traceparent`).
+    pub fn volatile_members<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.volatile = names
+            .into_iter()
+            .map(|s| s.into().into_boxed_str())
+            .collect();
+        self
+    }
+
+    /// The deepest nesting accepted (default 64; at most [`MAX_SUPPORTED_DEPTH`]). An
+    /// object or array counts one level, so `{"a": {"b": 1}}` is two levels deep.
+    pub fn max_depth(mut self, depth: usize) -> Self {
+        self.max_depth = depth.min(MAX_SUPPORTED_DEPTH);
+        self
+    }
+
+    /// The configured depth limit.
+    pub fn get_max_depth(&self) -> usize {
+        self.max_depth
+    }
+
+    /// The configured volatile member names.
+    pub fn get_volatile_members(&self) -> impl Iterator<Item = &str> {
+        self.volatile.iter().map(|s| &**s)
+    }
+
+    fn keeps(&self, name: &str, value: &Value) -> bool {
+        !(self.drop_null_members && value.is_null()) && !self.volatile.iter().any(|v| **v == *name)
+    }
+
+    fn normalize<'s>(&self, s: &'s str) -> &'s str {
+        if self.trim_strings {
+            s.trim()
+        } else {
+            s
+        }
+    }
+}
+
+/// The canonical JSON of `value`; see the [module docs](self).
+///
+/// Nesting deeper than the limit is a `VALIDATION_ERROR` naming `payload.params`.
+pub fn canonical_json(value: &Value, options: &CanonicalOptions) -> Result<String, ToolError> {
+    let mut out = String::with_capacity(128);
+    write_canonical(value, options, &mut out)?;
+    Ok(out)
+}
+
+/// Appends the canonical JSON of `value` to `out`. On error `out` may hold a partial write.
+pub fn write_canonical(
+    value: &Value,
+    options: &CanonicalOptions,
+    out: &mut String,
+) -> Result<(), ToolError> {
+    Writer { out, options }
+        .value(value, 0)
+        .map_err(|TooDeep| too_deep(options))
+}
+
+/// Checks `value` against the depth limit and the size limit without writing it.
+///
+/// The size is that of the canonical JSON. A cheap upper bound is computed first, and the
+/// exact size only when the bound is over `max_bytes`, so small params cost one walk with no
+/// allocation. Errors: `VALIDATION_ERROR` for nesting, `PAYLOAD_TOO_LARGE` for size.
+pub fn check_limits(
+    value: &Value,
+    options: &CanonicalOptions,
+    max_bytes: usize,
+) -> Result<(), ToolError> {
+    let bound = Size::bound(options)
+        .value(value, 0)
+        .map_err(|TooDeep| too_deep(options))?;
+    if bound <= max_bytes {
+        return Ok(());
+    }
+    let exact = Size::exact(options)
+        .value(value, 0)
+        .map_err(|TooDeep| too_deep(options))?;
+    if exact <= max_bytes {
+        return Ok(());
+    }
+    Err(ToolError::rejected(
+        ErrorCode::PayloadTooLarge,
+        format!(
+            "`payload.params` is {exact} bytes of canonical JSON, over the limit of {max_bytes}; \
+             send less data or pass a reference to it"
+        ),
+    )
+    .with_details(serde_json::json!({
+        "field": "payload.params",
+        "bytes": exact,
+        "limit": max_bytes,
+    })))
+}
+
+/// `hex(sha256(canonical))`: the digest stored with an idempotency record.
+pub fn params_digest(canonical: &str) -> String {
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+/// The derived idempotency key:
+/// `hex(sha256(namespace + "::" + name + "::" + canonical + "::" + session + "::" + actor))`.
+pub fn derive_key(
+    namespace: &str,
+    name: &str,
+    canonical: &str,
+    session_key: &str,
+    actor_id: &str,
+) -> String {
+    let mut hasher = Sha256::new();
+    for (i, part) in [namespace, name, canonical, session_key, actor_id]
+        .into_iter()
+        .enumerate()
+    {
+        if i > 0 {
+            hasher.update(b"::");
+        }
+        hasher.update(part.as_bytes());
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// Compares two strings by their UTF-16 code units, as RFC 8785 sorts member names.
+pub fn cmp_utf16(a: &str, b: &str) -> Ordering {
+    // UTF-8 byte order is code point order, which differs from UTF-16 order only when a
+    // supplementary character (4 UTF-8 bytes, a surrogate pair in UTF-16) meets a character
+    // in U+E000..=U+FFFF. Without 4-byte sequences, bytes decide.
+    let supplementary = |s: &str| s.bytes().any(|b| b >= 0xF0);
+    if !supplementary(a) && !supplementary(b) {
+        return a.as_bytes().cmp(b.as_bytes());
+    }
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+fn too_deep(options: &CanonicalOptions) -> ToolError {
+    ToolError::rejected(
+        ErrorCode::ValidationError,
+        format!(
+            "invalid tool call: `payload.params` nests deeper than {} levels; flatten the params",
+            options.max_depth
+        ),
+    )
+    .with_details(serde_json::json!({
+        "field": "payload.params",
+        "maxDepth": options.max_depth,
+    }))
+}
+
+struct TooDeep;
+
+fn enter(depth: usize, options: &CanonicalOptions) -> Result<usize, TooDeep> {
+    if depth >= options.max_depth {
+        Err(TooDeep)
+    } else {
+        Ok(depth + 1)
+    }
+}
+
+struct Writer<'a> {
+    out: &'a mut String,
+    options: &'a CanonicalOptions,
+}
+
+impl Writer<'_> {
+    fn value(&mut self, value: &Value, depth: usize) -> Result<(), TooDeep> {
+        match value {
+            Value::Null => self.out.push_str("null"),
+            Value::Bool(true) => self.out.push_str("true"),
+            Value::Bool(false) => self.out.push_str("false"),
+            Value::Number(n) => self.out.push_str(ryu_js::Buffer::new().format(as_f64(n))),
+            Value::String(s) => write_escaped(self.out, self.options.normalize(s)),
+            Value::Array(items) => {
+                let depth = enter(depth, self.options)?;
+                self.out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    self.value(item, depth)?;
+                }
+                self.out.push(']');
+            }
+            Value::Object(map) => {
+                let depth = enter(depth, self.options)?;
+                let members = sorted_members(map, self.options);
+                self.out.push('{');
+                for (i, (name, member)) in members.into_iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    write_escaped(self.out, name);
+                    self.out.push(':');
+                    self.value(member, depth)?;
+                }
+                self.out.push('}');
+            }
+        }
+        Ok(())
+    }
+}
+
+fn sorted_members<'v>(
+    map: &'v Map<String, Value>,
+    options: &CanonicalOptions,
+) -> Vec<(&'v str, &'v Value)> {
+    let mut members: Vec<(&str, &Value)> = map
+        .iter()
+        .filter(|(name, value)| options.keeps(name, value))
+        .map(|(name, value)| (name.as_str(), value))
+        .collect();
+    // serde_json keeps members sorted by bytes unless `preserve_order` is on somewhere in
+    // the build; sort only when the order is not already the canonical one.
+    let in_order = members
+        .windows(2)
+        .all(|w| cmp_utf16(w[0].0, w[1].0) == Ordering::Less);
+    if !in_order {
+        members.sort_by(|a, b| cmp_utf16(a.0, b.0));
+    }
+    members
+}
+
+/// Numbers are IEEE doubles in RFC 8785; integers past 2^53 lose precision as they do in
+/// JavaScript.
+fn as_f64(n: &Number) -> f64 {
+    n.as_f64().unwrap_or(0.0)
+}
+
+fn escape_of(byte: u8) -> Option<&'static str> {
+    match byte {
+        b'"' => Some("\\\""),
+        b'\\' => Some("\\\\"),
+        b'\n' => Some("\\n"),
+        b'\r' => Some("\\r"),
+        b'\t' => Some("\\t"),
+        0x08 => Some("\\b"),
+        0x0c => Some("\\f"),
+        _ => None,
+    }
+}
+
+fn write_escaped(out: &mut String, s: &str) {
+    out.push('"');
+    let mut start = 0;
+    for (i, &byte) in s.as_bytes().iter().enumerate() {
+        if byte >= 0x20 && byte != b'"' && byte != b'\\' {
+            continue;
+        }
+        out.push_str(&s[start..i]);
+        match escape_of(byte) {
+            Some(escape) => out.push_str(escape),
+            None => {
+                let _ = write!(out, "\\u{byte:04x}");
+            }
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
+}
+
+fn escaped_len(s: &str) -> usize {
+    2 + s
+        .bytes()
+        .map(|byte| match byte {
+            b'"' | b'\\' => 2,
+            _ if byte >= 0x20 => 1,
+            _ if escape_of(byte).is_some() => 2,
+            _ => 6,
+        })
+        .sum::<usize>()
+}
+
+/// Measures canonical JSON without writing it: exactly, or as a cheap upper bound.
+struct Size<'a> {
+    options: &'a CanonicalOptions,
+    exact: bool,
+}
+
+impl<'a> Size<'a> {
+    fn bound(options: &'a CanonicalOptions) -> Self {
+        Size {
+            options,
+            exact: false,
+        }
+    }
+
+    fn exact(options: &'a CanonicalOptions) -> Self {
+        Size {
+            options,
+            exact: true,
+        }
+    }
+
+    fn string(&self, s: &str) -> usize {
+        if self.exact {
+            escaped_len(s)
+        } else {
+            // Every byte escapes to at most six.
+            2 + 6 * s.len()
+        }
+    }
+
+    fn value(&self, value: &Value, depth: usize) -> Result<usize, TooDeep> {
+        Ok(match value {
+            Value::Null => 4,
+            Value::Bool(true) => 4,
+            Value::Bool(false) => 5,
+            Value::Number(n) if self.exact => ryu_js::Buffer::new().format(as_f64(n)).len(),
+            // The longest shortest-round-trip double, e.g. "-2.2250738585072014e-308".
+            Value::Number(_) => 24,
+            Value::String(s) if self.exact => escaped_len(self.options.normalize(s)),
+            Value::String(s) => self.string(s),
+            Value::Array(items) => {
+                let depth = enter(depth, self.options)?;
+                let mut size = 2 + items.len().saturating_sub(1);
+                for item in items {
+                    size += self.value(item, depth)?;
+                }
+                size
+            }
+            Value::Object(map) => {
+                let depth = enter(depth, self.options)?;
+                let mut size = 2;
+                let mut kept: usize = 0;
+                for (name, member) in map {
+                    if self.options.keeps(name, member) {
+                        kept += 1;
+                        size += self.string(name) + 1 + self.value(member, depth)?;
+                    }
+                }
+                size + kept.saturating_sub(1)
+            }
+        })
+    }
+}

@@ -1,0 +1,421 @@
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+
+use super::builder::ToolCallBuilder;
+use super::params::Params;
+use crate::error::ToolError;
+
+/// The only contract version this crate speaks.
+pub const CONTRACT_VERSION: &str = "1.1";
+/// The only payload version this crate speaks.
+pub const PAYLOAD_VERSION: &str = "1.0";
+
+/// One tool call: the envelope of contract version 1.1, cheap to clone.
+///
+/// A `ToolCall` is an [`Arc`] around a validated [`CallEnvelope`]: cloning it (as the retry
+/// layer does for every attempt) costs one reference count, whatever the size of the params.
+/// It is made by [`ToolCall::builder`], parsed by [`ToolCall::from_json`], or checked from an
+/// envelope by [`ToolCall::from_envelope`]; each of them rejects a malformed envelope with a
+/// `VALIDATION_ERROR` that names the field.
+///
+/// ```
+/// use serde_json::json;
+/// use tower_toolcall::ToolCall;
+///
+/// let call = ToolCall::builder("agents.tools.web", "search")
+///     .session("sess-42")
+///     .actor("user-7")
+///     .params(json!({"query": "rust tower retry"}))
+///     .build()?;
+/// assert_eq!(call.tool_name(), "search");
+/// assert_eq!(call.params().as_map()["query"], "rust tower retry");
+///
+/// let json = serde_json::to_vec(&call).unwrap();
+/// let parsed = ToolCall::from_json(&json)?;
+/// assert_eq!(parsed.envelope(), call.envelope());
+/// # Ok::<(), tower_toolcall::ToolError>(())
+/// ```
+#[derive(Clone, PartialEq)]
+pub struct ToolCall {
+    envelope: Arc<CallEnvelope>,
+}
+
+/// The fields of a tool call, as they are on the wire (camelCase JSON).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallEnvelope {
+    /// Always `"1.1"`.
+    pub contract_version: String,
+    /// Unique id of this request (a ULID when the builder makes it).
+    pub request_id: String,
+    /// The id the model gave the call, kept for observability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool's name within its namespace, e.g. `search`.
+    pub tool_name: String,
+    /// The tool's namespace, e.g. `agents.tools.web`.
+    pub tool_namespace: String,
+    /// Who calls, on whose behalf, in which session.
+    pub target: Target,
+    /// The params and what the caller says about them.
+    pub payload: Payload,
+    /// Dedupe mode, retry budget and breaker scope.
+    #[serde(default)]
+    pub transport: Transport,
+    /// Deadline, tags, hook provenance and confirmation.
+    #[serde(default)]
+    pub control: Control,
+    /// W3C trace context.
+    #[serde(default)]
+    pub trace: TraceContext,
+    /// An idempotency key that a hook put on the call; the caller's
+    /// `payload.idempotencyKey` wins over it. Not part of the wire format.
+    #[serde(skip)]
+    pub hook_idempotency_key: Option<String>,
+}
+
+/// `target`: who calls, on whose behalf, in which session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    /// The agent that issued the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The conversation or run the call belongs to. Required.
+    pub session_key: String,
+    /// The user or account on whose behalf the call runs. Required.
+    pub actor_id: String,
+    /// The workspace, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
+    /// Correlates the call with others across services.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// The tenant; it prefixes every dedupe store key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<String>,
+}
+
+/// `payload`: the params and what the caller says about them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Payload {
+    /// Always `"1.0"`.
+    pub version: String,
+    /// The tool's params: a JSON object.
+    pub params: Params,
+    /// The caller's idempotency key; it wins over any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Hints about safety and timing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_hints: Option<CallHints>,
+}
+
+/// `payload.callHints`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallHints {
+    /// The call has effects that must not happen twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety_critical: Option<bool>,
+    /// The caller vouches that repeating the call is safe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_retry_safe: Option<bool>,
+    /// Attempt timeout in milliseconds; never negative.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "millis"
+    )]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `transport`: how the reliability layers treat this call.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Transport {
+    /// How duplicates are handled; the tool's policy decides when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe_mode: Option<DedupeMode>,
+    /// Narrows the retry policy for this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudget>,
+    /// Which circuit breaker guards the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker_hint: Option<BreakerScope>,
+}
+
+/// How the idempotency layer treats a duplicate of a running call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DedupeMode {
+    /// Wait for the running call and return its result: the tool runs once.
+    Enforced,
+    /// Fail fast with `IDEMPOTENCY_IN_FLIGHT`; retriable cached failures run again.
+    BestEffort,
+    /// No deduplication at all.
+    Disabled,
+}
+
+/// `transport.retryBudget`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryBudget {
+    /// Attempts in all, the first included; at least 1.
+    pub max_attempts: u32,
+    /// Time for all attempts and backoff sleeps, in milliseconds.
+    #[serde(deserialize_with = "required_millis")]
+    pub max_elapsed_ms: u64,
+}
+
+/// `transport.circuitBreakerHint`: the scope of the breaker that guards the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum BreakerScope {
+    /// One breaker per tool (the default).
+    Tool,
+    /// One breaker per dependency (the tool's namespace).
+    Dependency,
+    /// One breaker for every tool.
+    Global,
+}
+
+/// `control`: deadline, tags and provenance.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Control {
+    /// Absolute deadline of the whole call, in Unix milliseconds.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "millis"
+    )]
+    pub deadline_at_ms: Option<u64>,
+    /// Free-form tags.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_tags: Option<Vec<String>>,
+    /// The hook that issued or rewrote the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_hook: Option<String>,
+    /// The user approval this call executes under (required for tools whose policy asks for
+    /// confirmation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmation_id: Option<String>,
+}
+
+/// `trace`: W3C trace context.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TraceContext {
+    /// The W3C `traceparent` of the caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// W3C baggage; `gen_ai.system` and `gen_ai.request.model` name the backend and model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baggage: Option<BTreeMap<String, String>>,
+}
+
+impl ToolCall {
+    /// A builder for a call of tool `name` in `namespace`.
+    pub fn builder(namespace: impl Into<String>, name: impl Into<String>) -> ToolCallBuilder {
+        ToolCallBuilder::new(namespace.into(), name.into())
+    }
+
+    /// Parses and checks a JSON envelope.
+    ///
+    /// Malformed input becomes a `VALIDATION_ERROR` whose message names the field path (for
+    /// example ``invalid tool call: `target.sessionKey` is required``) and whose details hold
+    /// `{"field": path}`. Input that is not JSON at all gets a message that says so, with the
+    /// line and column.
+    pub fn from_json(bytes: &[u8]) -> Result<ToolCall, ToolError> {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let envelope: CallEnvelope =
+            serde_path_to_error::deserialize(&mut de).map_err(super::parse::from_json_error)?;
+        de.end().map_err(|e| super::parse::not_json(&e))?;
+        ToolCall::from_envelope(envelope)
+    }
+
+    /// Checks a JSON value as an envelope, like [`from_json`](ToolCall::from_json).
+    pub fn from_value(value: Value) -> Result<ToolCall, ToolError> {
+        let envelope: CallEnvelope =
+            serde_path_to_error::deserialize(value).map_err(super::parse::from_value_error)?;
+        ToolCall::from_envelope(envelope)
+    }
+
+    /// Checks an envelope and wraps it.
+    pub fn from_envelope(envelope: CallEnvelope) -> Result<ToolCall, ToolError> {
+        super::parse::check_envelope(&envelope)?;
+        Ok(ToolCall {
+            envelope: Arc::new(envelope),
+        })
+    }
+
+    /// Checks the envelope's invariants again (after [`envelope_mut`](ToolCall::envelope_mut),
+    /// for example).
+    pub fn check(&self) -> Result<(), ToolError> {
+        super::parse::check_envelope(&self.envelope)
+    }
+
+    /// The envelope.
+    pub fn envelope(&self) -> &CallEnvelope {
+        &self.envelope
+    }
+
+    /// Mutable access to the envelope; copies it first if another clone shares it. The params
+    /// stay shared until they are changed themselves.
+    pub fn envelope_mut(&mut self) -> &mut CallEnvelope {
+        Arc::make_mut(&mut self.envelope)
+    }
+
+    /// The envelope, by value.
+    pub fn into_envelope(self) -> CallEnvelope {
+        Arc::try_unwrap(self.envelope).unwrap_or_else(|shared| (*shared).clone())
+    }
+
+    /// `requestId`.
+    pub fn request_id(&self) -> &str {
+        &self.envelope.request_id
+    }
+
+    /// `toolName`.
+    pub fn tool_name(&self) -> &str {
+        &self.envelope.tool_name
+    }
+
+    /// `toolNamespace`.
+    pub fn tool_namespace(&self) -> &str {
+        &self.envelope.tool_namespace
+    }
+
+    /// `target.sessionKey`.
+    pub fn session_key(&self) -> &str {
+        &self.envelope.target.session_key
+    }
+
+    /// `target.actorId`.
+    pub fn actor_id(&self) -> &str {
+        &self.envelope.target.actor_id
+    }
+
+    /// `target.tenantId`.
+    pub fn tenant_id(&self) -> Option<&str> {
+        self.envelope.target.tenant_id.as_deref()
+    }
+
+    /// `payload.params`.
+    pub fn params(&self) -> &Params {
+        &self.envelope.payload.params
+    }
+
+    /// `payload.idempotencyKey`.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.envelope.payload.idempotency_key.as_deref()
+    }
+
+    /// `payload.callHints`, or the empty hints.
+    pub fn call_hints(&self) -> &CallHints {
+        static NONE: CallHints = CallHints {
+            safety_critical: None,
+            expected_retry_safe: None,
+            timeout_ms: None,
+        };
+        self.envelope.payload.call_hints.as_ref().unwrap_or(&NONE)
+    }
+
+    /// `transport`.
+    pub fn transport(&self) -> &Transport {
+        &self.envelope.transport
+    }
+
+    /// `control`.
+    pub fn control(&self) -> &Control {
+        &self.envelope.control
+    }
+
+    /// `trace`.
+    pub fn trace(&self) -> &TraceContext {
+        &self.envelope.trace
+    }
+
+    /// The envelope as compact JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&*self.envelope).expect("an envelope always serializes")
+    }
+}
+
+impl fmt::Debug for ToolCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolCall")
+            .field("request_id", &self.envelope.request_id)
+            .field(
+                "tool",
+                &format_args!("{}::{}", self.tool_namespace(), self.tool_name()),
+            )
+            .field("session_key", &self.envelope.target.session_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Serialize for ToolCall {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.envelope.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolCall {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let envelope = CallEnvelope::deserialize(deserializer)?;
+        ToolCall::from_envelope(envelope).map_err(|e| de::Error::custom(e.message()))
+    }
+}
+
+impl TryFrom<CallEnvelope> for ToolCall {
+    type Error = ToolError;
+
+    fn try_from(envelope: CallEnvelope) -> Result<Self, ToolError> {
+        ToolCall::from_envelope(envelope)
+    }
+}
+
+/// Deserializes milliseconds: a whole, non-negative JSON number.
+fn millis<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    required_millis(deserializer).map(Some)
+}
+
+fn required_millis<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    struct Millis;
+
+    impl Visitor<'_> for Millis {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a whole, non-negative number of milliseconds")
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::custom(format_args!("must not be negative, got {v}")))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<u64, E> {
+            if v < 0.0 {
+                Err(E::custom(format_args!("must not be negative, got {v}")))
+            } else {
+                Err(E::custom(format_args!(
+                    "must be a whole number of milliseconds, got {v}"
+                )))
+            }
+        }
+    }
+
+    deserializer.deserialize_any(Millis)
+}

@@ -1,0 +1,119 @@
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::call::ToolCall;
+use super::result::ToolResult;
+use crate::error::ToolError;
+use crate::outcome::ToolOutput;
+
+/// Turns a tool stack into a service that answers every call with a [`ToolResult`]
+/// envelope, its duration measured here. Put it outermost, at the edge where results go
+/// back to the agent.
+///
+/// ```
+/// use serde_json::json;
+/// use tower::{Service, ServiceBuilder, ServiceExt};
+/// use tower_toolcall::{tool_fn, ResultEnvelopeLayer, ResultStatus, ToolCall, ToolOutput};
+///
+/// # tokio_test::block_on(async {
+/// let mut svc = ServiceBuilder::new()
+///     .layer(ResultEnvelopeLayer::new())
+///     .service(tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!("done"))) }));
+/// let call = ToolCall::builder("ns", "tool").session("s").actor("u").build().unwrap();
+/// let result = svc.ready().await.unwrap().call(call).await.unwrap();
+/// assert_eq!(result.status, ResultStatus::Success);
+/// # });
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResultEnvelopeLayer {
+    _priv: (),
+}
+
+impl ResultEnvelopeLayer {
+    /// The layer.
+    pub fn new() -> Self {
+        ResultEnvelopeLayer { _priv: () }
+    }
+}
+
+impl<S> Layer<S> for ResultEnvelopeLayer {
+    type Service = ResultEnvelope<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ResultEnvelope { inner }
+    }
+}
+
+/// The service of [`ResultEnvelopeLayer`].
+#[derive(Clone, Debug)]
+pub struct ResultEnvelope<S> {
+    inner: S,
+}
+
+impl<S> Service<ToolCall> for ResultEnvelope<S>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    type Response = ToolResult;
+    type Error = Infallible;
+    type Future = ResultEnvelopeFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // A stack whose readiness fails still answers every call with an envelope, so
+        // readiness errors surface through `call`.
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let start = Instant::now();
+        let future = self.inner.call(call.clone());
+        ResultEnvelopeFuture {
+            future,
+            call: Some(call),
+            start,
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of [`ResultEnvelope`].
+    #[derive(Debug)]
+    pub struct ResultEnvelopeFuture<F> {
+        #[pin]
+        future: F,
+        call: Option<ToolCall>,
+        start: Instant,
+    }
+}
+
+impl<F> Future for ResultEnvelopeFuture<F>
+where
+    F: Future<Output = Result<ToolOutput, ToolError>>,
+{
+    type Output = Result<ToolResult, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut outcome = ready!(this.future.poll(cx));
+        let elapsed = this.start.elapsed();
+        match &mut outcome {
+            Ok(output) => output.record.duration = Some(elapsed),
+            Err(error) => error.record_mut().duration = Some(elapsed),
+        }
+        let call = this
+            .call
+            .take()
+            .expect("ResultEnvelopeFuture polled after completion");
+        Poll::Ready(Ok(ToolResult::from_outcome(&call, outcome)))
+    }
+}

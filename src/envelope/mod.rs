@@ -1,0 +1,24 @@
+//! The wire format: the [`ToolCall`] envelope (contract version 1.1), its parts, and the
+//! [`ToolResult`] envelope.
+//!
+//! Both serialize to camelCase JSON exactly as the contract describes. Required fields of a
+//! call: `contractVersion` (`"1.1"`), `requestId`, `toolName`, `toolNamespace`,
+//! `target.sessionKey`, `target.actorId`, `payload.version` (`"1.0"`) and `payload.params`
+//! (an object). The sections `transport`, `control` and `trace` may be absent; the layers
+//! then use the tool's policy. Unknown members are ignored.
+
+mod builder;
+mod call;
+mod into_result;
+mod params;
+mod parse;
+mod result;
+
+pub use builder::ToolCallBuilder;
+pub use call::{
+    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Payload, RetryBudget, Target,
+    ToolCall, TraceContext, Transport, CONTRACT_VERSION, PAYLOAD_VERSION,
+};
+pub use into_result::{ResultEnvelope, ResultEnvelopeFuture, ResultEnvelopeLayer};
+pub use params::Params;
+pub use result::{ResultError, ResultStatus, ToolResult};

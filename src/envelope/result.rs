@@ -1,0 +1,172 @@
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::call::ToolCall;
+use crate::error::{ErrorCode, ToolError};
+use crate::outcome::{BreakerState, CacheMatch, CallRecord, RetryRecord, ToolOutput};
+
+/// The result envelope of a call, as it goes back to the agent (camelCase JSON).
+///
+/// Made from the outcome of a stack by [`ToolResult::from_outcome`]; every layer has put what
+/// it knows into the outcome's [`CallRecord`], so the envelope is complete.
+///
+/// ```
+/// use serde_json::json;
+/// use tower_toolcall::{ResultStatus, ToolCall, ToolError, ToolOutput, ToolResult};
+///
+/// let call = ToolCall::builder("agents.tools.web", "search")
+///     .session("s")
+///     .actor("u")
+///     .build()?;
+/// let ok = ToolResult::from_outcome(&call, Ok(ToolOutput::new(json!({"hits": 3}))));
+/// assert_eq!(ok.status, ResultStatus::Success);
+/// assert_eq!(ok.attempts, 1);
+///
+/// let failed = ToolResult::from_outcome(&call, Err(ToolError::from_http_status(404, "no such page")));
+/// assert_eq!(failed.status, ResultStatus::Error);
+/// assert_eq!(failed.error.unwrap().code, "NOT_FOUND");
+/// # Ok::<(), ToolError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResult {
+    /// The call's `requestId`.
+    pub request_id: String,
+    /// How the call ended.
+    pub status: ResultStatus,
+    /// `true` when the answer came from the idempotency cache or an in-flight join.
+    pub from_cache: bool,
+    /// How the idempotency cache matched, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheMatch>,
+    /// The call's `toolName`.
+    pub tool_name: String,
+    /// How long the call took.
+    pub duration_ms: u64,
+    /// How many times the tool was executed.
+    pub attempts: u32,
+    /// The output, on success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<ToolOutput>,
+    /// The error, on failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ResultError>,
+    /// One entry per retried attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_by: Option<Vec<RetryRecord>>,
+}
+
+/// How a call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultStatus {
+    /// The tool succeeded.
+    Success,
+    /// The call failed and trying again will not help.
+    Error,
+    /// The call failed and a later attempt may succeed.
+    RetriableError,
+    /// Every allowed attempt failed, or the retry deadline passed.
+    RetryExhausted,
+    /// A circuit breaker refused the call.
+    CircuitOpen,
+    /// The call ran out of time.
+    Timeout,
+    /// The call was cancelled.
+    Cancelled,
+    /// The call was not executed and nothing failed.
+    Skipped,
+}
+
+/// `error` of a result envelope.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResultError {
+    /// The stable error code, e.g. `"TIMEOUT"`.
+    pub code: String,
+    /// What went wrong and what to do about it.
+    pub message: String,
+    /// A later attempt may succeed.
+    pub retriable: bool,
+    /// Trying again will not help.
+    pub terminal: bool,
+    /// The circuit breaker's state, when a breaker saw the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_state: Option<BreakerState>,
+    /// Structured details.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
+}
+
+impl ResultStatus {
+    /// The status of a failed call with `error`.
+    pub fn of_error(error: &ToolError) -> ResultStatus {
+        match error.code() {
+            ErrorCode::CircuitOpen => ResultStatus::CircuitOpen,
+            ErrorCode::RetryExhausted => ResultStatus::RetryExhausted,
+            ErrorCode::Timeout => ResultStatus::Timeout,
+            ErrorCode::Cancelled => ResultStatus::Cancelled,
+            _ if error.is_retriable() => ResultStatus::RetriableError,
+            _ => ResultStatus::Error,
+        }
+    }
+}
+
+impl ToolResult {
+    /// The result envelope of `call` from the outcome of a stack.
+    pub fn from_outcome(call: &ToolCall, outcome: Result<ToolOutput, ToolError>) -> ToolResult {
+        match outcome {
+            Ok(mut output) => {
+                let record = std::mem::take(&mut output.record);
+                ToolResult::with_record(call, ResultStatus::Success, record, Some(output), None)
+            }
+            Err(error) => {
+                let status = ResultStatus::of_error(&error);
+                let retriable = error.is_retriable();
+                let result_error = ResultError {
+                    code: error.code().as_str().to_owned(),
+                    message: error.message().to_owned(),
+                    retriable,
+                    terminal: !retriable,
+                    breaker_state: error.record().breaker_state,
+                    details: error.details().cloned(),
+                };
+                ToolResult::with_record(
+                    call,
+                    status,
+                    error.record().clone(),
+                    None,
+                    Some(result_error),
+                )
+            }
+        }
+    }
+
+    fn with_record(
+        call: &ToolCall,
+        status: ResultStatus,
+        record: CallRecord,
+        output: Option<ToolOutput>,
+        error: Option<ResultError>,
+    ) -> ToolResult {
+        ToolResult {
+            request_id: call.request_id().to_owned(),
+            status,
+            from_cache: record.from_cache,
+            cache: record.cache,
+            tool_name: call.tool_name().to_owned(),
+            duration_ms: record
+                .duration
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            attempts: record.attempts.unwrap_or(1),
+            output,
+            error,
+            retried_by: (!record.retried_by.is_empty()).then_some(record.retried_by),
+        }
+    }
+
+    /// `true` when the status is `success`.
+    pub fn is_success(&self) -> bool {
+        self.status == ResultStatus::Success
+    }
+}

@@ -1,0 +1,506 @@
+//! The one error type of every layer, [`ToolError`], its stable [`ErrorCode`]s, and
+//! [`ConfigError`] for configuration rejected when a stack is built.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::outcome::CallRecord;
+
+/// Stable, machine-readable error codes.
+///
+/// The string form ([`ErrorCode::as_str`]) is what appears in the `ToolResult` envelope and
+/// in logs; it never changes between releases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The envelope or the params are malformed (HTTP 400 / 422 semantics).
+    ValidationError,
+    /// Policy forbids the call: a denied tool, a missing confirmation, an authorization failure.
+    PolicyDenied,
+    /// The tool, or what it was asked to act on, does not exist.
+    NotFound,
+    /// The call collides with the current state (an etag mismatch, for example).
+    Conflict,
+    /// A precondition of the tool does not hold.
+    PreconditionFailed,
+    /// An attempt, or the whole call, ran out of time.
+    Timeout,
+    /// The call was cancelled before it finished.
+    Cancelled,
+    /// The tool failed in an unexpected way.
+    InternalError,
+    /// The circuit breaker for the tool (or its dependency) is open: the tool was not called.
+    CircuitOpen,
+    /// Every allowed attempt failed, or the retry deadline passed.
+    RetryExhausted,
+    /// The model repeated the same call too often: the tool was not called.
+    LoopDetected,
+    /// A rate limit rejected the call: the tool was not called.
+    RateLimited,
+    /// A call with the same idempotency key is still running (HTTP 409 semantics).
+    IdempotencyInFlight,
+    /// The idempotency key was used before with other params (HTTP 422 semantics).
+    IdempotencyKeyReused,
+    /// The params are larger than the configured limit.
+    PayloadTooLarge,
+    /// The dedupe store could not be reached.
+    StoreUnavailable,
+    /// The tool's upstream dependency is unreachable or unavailable.
+    UpstreamUnavailable,
+    /// The tool's upstream dependency answered with an error.
+    UpstreamError,
+}
+
+impl ErrorCode {
+    /// Every code, in declaration order.
+    pub const ALL: [ErrorCode; 18] = [
+        ErrorCode::ValidationError,
+        ErrorCode::PolicyDenied,
+        ErrorCode::NotFound,
+        ErrorCode::Conflict,
+        ErrorCode::PreconditionFailed,
+        ErrorCode::Timeout,
+        ErrorCode::Cancelled,
+        ErrorCode::InternalError,
+        ErrorCode::CircuitOpen,
+        ErrorCode::RetryExhausted,
+        ErrorCode::LoopDetected,
+        ErrorCode::RateLimited,
+        ErrorCode::IdempotencyInFlight,
+        ErrorCode::IdempotencyKeyReused,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::StoreUnavailable,
+        ErrorCode::UpstreamUnavailable,
+        ErrorCode::UpstreamError,
+    ];
+
+    /// The stable string form, e.g. `"VALIDATION_ERROR"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::ValidationError => "VALIDATION_ERROR",
+            ErrorCode::PolicyDenied => "POLICY_DENIED",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::PreconditionFailed => "PRECONDITION_FAILED",
+            ErrorCode::Timeout => "TIMEOUT",
+            ErrorCode::Cancelled => "CANCELLED",
+            ErrorCode::InternalError => "INTERNAL_ERROR",
+            ErrorCode::CircuitOpen => "CIRCUIT_OPEN",
+            ErrorCode::RetryExhausted => "RETRY_EXHAUSTED",
+            ErrorCode::LoopDetected => "LOOP_DETECTED",
+            ErrorCode::RateLimited => "RATE_LIMITED",
+            ErrorCode::IdempotencyInFlight => "IDEMPOTENCY_IN_FLIGHT",
+            ErrorCode::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
+            ErrorCode::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            ErrorCode::StoreUnavailable => "STORE_UNAVAILABLE",
+            ErrorCode::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
+            ErrorCode::UpstreamError => "UPSTREAM_ERROR",
+        }
+    }
+
+    /// Parses the string form; `None` for a string that is not a known code.
+    pub fn parse(code: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
+    }
+
+    /// The class an error with this code has unless its creator says otherwise.
+    pub const fn default_class(self) -> ErrorClass {
+        match self {
+            ErrorCode::Timeout
+            | ErrorCode::RateLimited
+            | ErrorCode::IdempotencyInFlight
+            | ErrorCode::StoreUnavailable
+            | ErrorCode::UpstreamUnavailable
+            | ErrorCode::CircuitOpen => ErrorClass::Retriable,
+            ErrorCode::InternalError | ErrorCode::UpstreamError => ErrorClass::Unclassified,
+            _ => ErrorClass::Terminal,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether trying the call again may succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// A transient failure: a later attempt may succeed.
+    Retriable,
+    /// A permanent failure: another attempt fails the same way.
+    Terminal,
+    /// The error does not say. The classifier decides from the tool's risk level: retriable for
+    /// read-only or idempotent tools, terminal for mutating tools.
+    Unclassified,
+}
+
+/// The error of every layer and of every tool service.
+///
+/// A `ToolError` has a stable [`code`](ToolError::code), a message meant for a person (and for
+/// the model), a [class](ErrorClass), whether the request is known *not* to have been processed
+/// (so that retrying a mutating tool is safe), and optional details: the HTTP status of an
+/// upstream answer, a retry-after hint and structured details. It also carries the
+/// [`CallRecord`] that the layers enrich on the way out.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_toolcall::{ErrorClass, ErrorCode, ToolError};
+///
+/// let err = ToolError::from_http_status(503, "search backend is down")
+///     .with_retry_after(Duration::from_secs(2));
+/// assert_eq!(err.code(), ErrorCode::UpstreamUnavailable);
+/// assert_eq!(err.class(), ErrorClass::Retriable);
+/// assert_eq!(err.http_status(), Some(503));
+/// assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
+/// ```
+#[derive(Clone)]
+pub struct ToolError {
+    inner: Box<Inner>,
+}
+
+#[derive(Clone)]
+struct Inner {
+    code: ErrorCode,
+    message: Cow<'static, str>,
+    class: ErrorClass,
+    not_processed: bool,
+    http_status: Option<u16>,
+    retry_after: Option<Duration>,
+    details: Option<Value>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    record: CallRecord,
+}
+
+impl ToolError {
+    /// An error with `code`, its default class, and `message`.
+    pub fn new(code: ErrorCode, message: impl Into<Cow<'static, str>>) -> Self {
+        ToolError {
+            inner: Box::new(Inner {
+                code,
+                message: message.into(),
+                class: code.default_class(),
+                not_processed: false,
+                http_status: None,
+                retry_after: None,
+                details: None,
+                source: None,
+                record: CallRecord::default(),
+            }),
+        }
+    }
+
+    /// An error for a call that a layer refused before the tool ran: the request is known not
+    /// to have been processed and no attempt was made.
+    pub fn rejected(code: ErrorCode, message: impl Into<Cow<'static, str>>) -> Self {
+        let mut err = ToolError::new(code, message).not_processed(true);
+        err.inner.record.attempts = Some(0);
+        err
+    }
+
+    /// A `VALIDATION_ERROR` about `field` (a dotted path such as `target.sessionKey`); the
+    /// field is also put in the details as `{"field": …}`.
+    pub fn invalid_field(field: &str, problem: impl fmt::Display) -> Self {
+        ToolError::rejected(
+            ErrorCode::ValidationError,
+            format!("invalid tool call: `{field}` {problem}"),
+        )
+        .with_details(serde_json::json!({ "field": field }))
+    }
+
+    /// A `TIMEOUT` after `elapsed`; retriable.
+    pub fn timeout(elapsed: Duration) -> Self {
+        ToolError::new(
+            ErrorCode::Timeout,
+            format!(
+                "the tool did not answer within {} ms; try again or raise the timeout",
+                elapsed.as_millis()
+            ),
+        )
+    }
+
+    /// An error for an answer of an upstream HTTP service with `status`.
+    ///
+    /// 400 and 422 become `VALIDATION_ERROR`, 401 and 403 `POLICY_DENIED`, 404 `NOT_FOUND`,
+    /// 409 `CONFLICT`, 412 `PRECONDITION_FAILED`, 413 `PAYLOAD_TOO_LARGE` (all terminal);
+    /// 408 `TIMEOUT`, 429 `RATE_LIMITED`, 502, 503 and 504 `UPSTREAM_UNAVAILABLE`, other 5xx
+    /// `UPSTREAM_ERROR` (all retriable); 429 and 503 say the request was not processed. Any
+    /// other status is an `UPSTREAM_ERROR` that is terminal for 4xx and unclassified otherwise.
+    pub fn from_http_status(status: u16, message: impl Into<Cow<'static, str>>) -> Self {
+        let (code, class, not_processed) = match status {
+            400 | 422 => (ErrorCode::ValidationError, ErrorClass::Terminal, false),
+            401 | 403 => (ErrorCode::PolicyDenied, ErrorClass::Terminal, false),
+            404 => (ErrorCode::NotFound, ErrorClass::Terminal, false),
+            409 => (ErrorCode::Conflict, ErrorClass::Terminal, false),
+            412 => (ErrorCode::PreconditionFailed, ErrorClass::Terminal, false),
+            413 => (ErrorCode::PayloadTooLarge, ErrorClass::Terminal, false),
+            408 => (ErrorCode::Timeout, ErrorClass::Retriable, false),
+            429 => (ErrorCode::RateLimited, ErrorClass::Retriable, true),
+            503 => (ErrorCode::UpstreamUnavailable, ErrorClass::Retriable, true),
+            502 | 504 => (ErrorCode::UpstreamUnavailable, ErrorClass::Retriable, false),
+            500..=599 => (ErrorCode::UpstreamError, ErrorClass::Retriable, false),
+            400..=499 => (ErrorCode::UpstreamError, ErrorClass::Terminal, false),
+            _ => (ErrorCode::UpstreamError, ErrorClass::Unclassified, false),
+        };
+        let mut err = ToolError::new(code, message)
+            .with_class(class)
+            .not_processed(not_processed);
+        err.inner.http_status = Some(status);
+        err
+    }
+
+    /// An error for a failed I/O operation of the tool, classified by its kind.
+    ///
+    /// Connection refused, unreachable hosts and addresses that cannot be bound say the
+    /// request was not processed; resets, aborts and broken pipes are retriable but may have
+    /// been processed; a timed-out operation is a `TIMEOUT`; not-found, permission and
+    /// invalid-input errors are terminal.
+    pub fn from_io_error(err: io::Error) -> Self {
+        use io::ErrorKind as K;
+        let (code, class, not_processed) = match err.kind() {
+            K::ConnectionRefused
+            | K::AddrNotAvailable
+            | K::NotConnected
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+            | K::NetworkDown => (ErrorCode::UpstreamUnavailable, ErrorClass::Retriable, true),
+            K::ConnectionReset
+            | K::ConnectionAborted
+            | K::BrokenPipe
+            | K::UnexpectedEof
+            | K::Interrupted
+            | K::WouldBlock => (ErrorCode::UpstreamUnavailable, ErrorClass::Retriable, false),
+            K::TimedOut => (ErrorCode::Timeout, ErrorClass::Retriable, false),
+            K::NotFound => (ErrorCode::NotFound, ErrorClass::Terminal, false),
+            K::PermissionDenied => (ErrorCode::PolicyDenied, ErrorClass::Terminal, false),
+            K::InvalidInput | K::InvalidData => {
+                (ErrorCode::ValidationError, ErrorClass::Terminal, false)
+            }
+            K::AlreadyExists => (ErrorCode::Conflict, ErrorClass::Terminal, false),
+            _ => (ErrorCode::InternalError, ErrorClass::Unclassified, false),
+        };
+        let message = err.to_string();
+        ToolError::new(code, message)
+            .with_class(class)
+            .not_processed(not_processed)
+            .with_source(err)
+    }
+
+    /// The stable code.
+    pub fn code(&self) -> ErrorCode {
+        self.inner.code
+    }
+
+    /// The message, meant for a person and for the model.
+    pub fn message(&self) -> &str {
+        &self.inner.message
+    }
+
+    /// Whether a later attempt may succeed.
+    pub fn class(&self) -> ErrorClass {
+        self.inner.class
+    }
+
+    /// `true` when the class is [`ErrorClass::Retriable`].
+    pub fn is_retriable(&self) -> bool {
+        self.inner.class == ErrorClass::Retriable
+    }
+
+    /// `true` when the request is known not to have been processed (connection refused,
+    /// 429, 503, or a layer refused the call), so that retrying a mutating tool is safe.
+    pub fn is_not_processed(&self) -> bool {
+        self.inner.not_processed
+    }
+
+    /// The HTTP status of the upstream answer, if there was one.
+    pub fn http_status(&self) -> Option<u16> {
+        self.inner.http_status
+    }
+
+    /// How long the upstream asked to wait before the next attempt.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.inner.retry_after
+    }
+
+    /// Structured details, if any.
+    pub fn details(&self) -> Option<&Value> {
+        self.inner.details.as_ref()
+    }
+
+    /// The record the layers enriched on the way out.
+    pub fn record(&self) -> &CallRecord {
+        &self.inner.record
+    }
+
+    /// Mutable access to the record, for layers.
+    pub fn record_mut(&mut self) -> &mut CallRecord {
+        &mut self.inner.record
+    }
+
+    /// Sets the class.
+    pub fn with_class(mut self, class: ErrorClass) -> Self {
+        self.inner.class = class;
+        self
+    }
+
+    /// Says whether the request is known not to have been processed.
+    pub fn not_processed(mut self, not_processed: bool) -> Self {
+        self.inner.not_processed = not_processed;
+        self
+    }
+
+    /// Sets the HTTP status of the upstream answer.
+    pub fn with_http_status(mut self, status: u16) -> Self {
+        self.inner.http_status = Some(status);
+        self
+    }
+
+    /// Sets the retry-after hint.
+    pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.inner.retry_after = Some(retry_after);
+        self
+    }
+
+    /// Sets structured details.
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.inner.details = Some(details);
+        self
+    }
+
+    /// Replaces the message.
+    pub fn with_message(mut self, message: impl Into<Cow<'static, str>>) -> Self {
+        self.inner.message = message.into();
+        self
+    }
+
+    /// Keeps the underlying error as the [source](std::error::Error::source).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.inner.source = Some(Arc::new(source));
+        self
+    }
+}
+
+impl fmt::Debug for ToolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("ToolError");
+        d.field("code", &self.inner.code)
+            .field("message", &self.inner.message)
+            .field("class", &self.inner.class)
+            .field("not_processed", &self.inner.not_processed);
+        if let Some(status) = self.inner.http_status {
+            d.field("http_status", &status);
+        }
+        if let Some(after) = self.inner.retry_after {
+            d.field("retry_after", &after);
+        }
+        if let Some(details) = &self.inner.details {
+            d.field("details", details);
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for ToolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.inner.code, self.inner.message)
+    }
+}
+
+impl std::error::Error for ToolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<io::Error> for ToolError {
+    fn from(err: io::Error) -> Self {
+        ToolError::from_io_error(err)
+    }
+}
+
+impl From<tokio::time::error::Elapsed> for ToolError {
+    fn from(_: tokio::time::error::Elapsed) -> Self {
+        ToolError::new(
+            ErrorCode::Timeout,
+            "the tool did not answer in time; try again or raise the timeout",
+        )
+    }
+}
+
+/// Configuration rejected when a layer, a registry or a stack is built.
+///
+/// It names the field (a dotted path such as `tools[2].policy.retry.max_attempts`) and what
+/// is wrong with it.
+///
+/// ```
+/// use tower_toolcall::ConfigError;
+///
+/// let err = ConfigError::new("retry.max_attempts", "must be at least 1, got 0");
+/// assert_eq!(err.field(), "retry.max_attempts");
+/// assert_eq!(
+///     err.to_string(),
+///     "invalid configuration: `retry.max_attempts` must be at least 1, got 0"
+/// );
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    field: String,
+    problem: String,
+}
+
+impl ConfigError {
+    /// An error about `field`.
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The field, as a dotted path.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// What is wrong with it.
+    pub fn problem(&self) -> &str {
+        &self.problem
+    }
+
+    /// The same error with `prefix` put in front of the field path.
+    pub fn within(mut self, prefix: &str) -> Self {
+        self.field = if self.field.is_empty() {
+            prefix.to_owned()
+        } else if self.field.starts_with('[') {
+            format!("{prefix}{}", self.field)
+        } else {
+            format!("{prefix}.{}", self.field)
+        };
+        self
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "invalid configuration: {}", self.problem)
+        } else {
+            write!(
+                f,
+                "invalid configuration: `{}` {}",
+                self.field, self.problem
+            )
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -1,0 +1,100 @@
+//! Tower middleware that makes AI-agent tool calls reliable.
+//!
+//! Agents call tools (search the web, write a file, send a message, run a command) through a
+//! gateway. Under client retries, reconnects, flaky dependencies and models that loop, those
+//! calls run twice, run forever, or hammer a dead service. `tower-toolcall` puts every call
+//! in one envelope, [`ToolCall`], and offers independent [`tower`] layers around any
+//! `Service<ToolCall, Response = ToolOutput, Error = ToolError>`:
+//!
+//! | layer | what it does |
+//! |---|---|
+//! | [`EnvelopeValidateLayer`] | refuses malformed, unknown, denied, unconfirmed, oversized and schema-violating calls |
+//! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
+//!
+//! # Example
+//!
+//! ```
+//! use serde_json::json;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+//! use tower_toolcall::{
+//!     tool_fn, EnvelopeValidateLayer, ResultEnvelopeLayer, ResultStatus, ToolCall, ToolOutput,
+//! };
+//!
+//! # tokio_test::block_on(async {
+//! let registry = ToolRegistry::builder()
+//!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
+//!         .input_schema(json!({
+//!             "type": "object",
+//!             "required": ["query"],
+//!             "properties": {"query": {"type": "string", "minLength": 1}}
+//!         })))
+//!     .build()?;
+//!
+//! let search = tool_fn(|call: ToolCall| async move {
+//!     Ok(ToolOutput::new(json!({"hits": [], "query": call.params().as_map()["query"]})))
+//! });
+//! let mut stack = ServiceBuilder::new()
+//!     .layer(ResultEnvelopeLayer::new())
+//!     .layer(EnvelopeValidateLayer::new(registry))
+//!     .service(search);
+//!
+//! let call = ToolCall::from_json(br#"{
+//!     "contractVersion": "1.1",
+//!     "requestId": "01J9Z8Q4V6K3T2M1N0P9R8S7T7",
+//!     "toolName": "search",
+//!     "toolNamespace": "agents.tools.web",
+//!     "target": {"sessionKey": "sess-42", "actorId": "user-7"},
+//!     "payload": {"version": "1.0", "params": {"query": "rust tower retry"}}
+//! }"#)?;
+//! let result = stack.ready().await.unwrap().call(call).await.unwrap();
+//! assert_eq!(result.status, ResultStatus::Success);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # The envelope
+//!
+//! [`ToolCall`] and [`ToolResult`] serialize to the camelCase JSON of contract version 1.1
+//! (see [`envelope`]). A `ToolCall` is cheap to clone: the envelope and its params sit behind
+//! [`Arc`](std::sync::Arc)s. [`ToolError`] is the one error type of every layer and tool, with
+//! a stable [`ErrorCode`]; each layer records what it did in the outcome's [`CallRecord`], and
+//! [`ToolResult::from_outcome`] turns the outcome into the result envelope.
+//!
+//! # Tools and their policy
+//!
+//! A [`ToolRegistry`](registry::ToolRegistry) describes each tool once: its risk level,
+//! whether it is idempotent, its JSON Schemas, and per-layer settings, any of which may be
+//! `"off"`. It loads from TOML or JSON; bad files are refused with the field named.
+//!
+//! # Canonical params
+//!
+//! [`canonical`] writes params as RFC 8785 canonical JSON after removing nulls, volatile
+//! members and surrounding white space, and derives idempotency keys from it.
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it brings |
+//! |---|---|---|
+//! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
+//! | `full` | no | every feature |
+
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod canonical;
+pub mod envelope;
+mod error;
+mod outcome;
+pub mod registry;
+mod tool_fn;
+pub mod validate;
+
+pub use envelope::{
+    BreakerScope, CallEnvelope, DedupeMode, Params, ResultEnvelopeLayer, ResultStatus, ToolCall,
+    ToolResult,
+};
+pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
+pub use outcome::{BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ToolOutput};
+pub use tool_fn::{tool_fn, ToolFn};
+pub use validate::EnvelopeValidateLayer;

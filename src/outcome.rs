@@ -1,0 +1,132 @@
+//! What a tool returns ([`ToolOutput`]) and the per-call [`CallRecord`] that every layer
+//! enriches on the way out, so that one conversion at the edge produces the whole
+//! [`ToolResult`](crate::ToolResult) envelope.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The successful output of a tool: its `content` and optional `metadata`.
+///
+/// ```
+/// use serde_json::json;
+/// use tower_toolcall::ToolOutput;
+///
+/// let out = ToolOutput::new(json!({"hits": 3})).with_metadata("source", json!("docs.rs"));
+/// assert_eq!(out.content, json!({"hits": 3}));
+/// assert_eq!(out.metadata.unwrap()["source"], "docs.rs");
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolOutput {
+    /// What the tool produced.
+    pub content: Value,
+    /// Data about the output (timestamps, etags, sources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Map<String, Value>>,
+    /// What the layers recorded about the call; not part of the output's JSON.
+    #[serde(skip)]
+    pub record: CallRecord,
+}
+
+impl ToolOutput {
+    /// An output with `content` and no metadata.
+    pub fn new(content: Value) -> Self {
+        ToolOutput {
+            content,
+            metadata: None,
+            record: CallRecord::default(),
+        }
+    }
+
+    /// Adds one metadata member.
+    pub fn with_metadata(mut self, name: impl Into<String>, value: Value) -> Self {
+        self.metadata
+            .get_or_insert_with(Map::new)
+            .insert(name.into(), value);
+        self
+    }
+}
+
+/// What the layers learned about one call: attempts, cache use, retries, breaker state and
+/// duration.
+///
+/// Each layer fills in its part on the response (or the error) it passes outward.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallRecord {
+    /// How many times the tool was executed; `None` when no layer counted (the tool ran once),
+    /// `Some(0)` when a layer answered without running it.
+    pub attempts: Option<u32>,
+    /// `true` when the answer came from the idempotency cache or an in-flight join.
+    pub from_cache: bool,
+    /// How the idempotency cache matched, when it did.
+    pub cache: Option<CacheMatch>,
+    /// One entry per retried attempt.
+    pub retried_by: Vec<RetryRecord>,
+    /// The circuit breaker's state when the call finished, when a breaker saw it.
+    pub breaker_state: Option<BreakerState>,
+    /// How long the call took, measured at the edge.
+    pub duration: Option<Duration>,
+}
+
+/// How the idempotency cache answered a call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheMatch {
+    /// Whether the call joined a running execution or found a completed one.
+    pub matched_on: MatchedOn,
+    /// Age of the cached record in milliseconds.
+    pub age_ms: u64,
+    /// A short hash that identifies the key without revealing it.
+    pub key_fingerprint: String,
+}
+
+/// What an idempotency cache hit matched on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MatchedOn {
+    /// A call with the same key was running; this one waited for its result.
+    Inflight,
+    /// A call with the same key had completed; its result was returned.
+    Completed,
+}
+
+/// One retried attempt, as listed in `retriedBy`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryRecord {
+    /// The attempt that failed (1-based).
+    pub attempt: u32,
+    /// How long the layer waited before the next attempt, in milliseconds.
+    pub delay_ms: u64,
+    /// The error code that caused the retry.
+    pub reason_code: String,
+    /// How long the failed attempt took, in milliseconds.
+    pub latency_ms: u64,
+}
+
+/// The state of a circuit breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    /// Calls pass and their outcomes are counted.
+    Closed,
+    /// Calls fail fast with `CIRCUIT_OPEN` until the cooldown passes.
+    Open,
+    /// A limited number of probe calls test whether the dependency recovered.
+    HalfOpen,
+    /// Held open by an operator until reset.
+    ForcedOpen,
+}
+
+impl BreakerState {
+    /// The state's name as it appears in envelopes, logs and metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::ForcedOpen => "forced_open",
+        }
+    }
+}

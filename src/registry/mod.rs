@@ -1,0 +1,510 @@
+//! The tool registry: what each tool is, its schemas, and its per-layer policy.
+//!
+//! Tools are described once, in code or in a TOML or JSON file, and every layer resolves its
+//! policy for a call from the same [`ToolRegistry`]. A layer can be switched off for some
+//! tools only, or given other numbers for them.
+//!
+//! A registry is *closed* by default: a call of a tool it does not know is refused with
+//! `NOT_FOUND`. An *open* registry lets unknown tools through with the `unregistered` policy.
+//! Schemas are compiled when the registry is built, so an invalid schema is a
+//! [`ConfigError`] then, not a surprise at call time.
+//!
+//! ```
+//! use tower_toolcall::registry::ToolRegistry;
+//!
+//! let registry = ToolRegistry::from_toml_str(r#"
+//!     denied = ["agents.tools.shell::*"]
+//!
+//!     [[tools]]
+//!     namespace = "agents.tools.web"
+//!     name = "search"
+//!     risk = "read-only"
+//!     idempotent = true
+//!     input_schema = { type = "object", required = ["query"], properties = { query = { type = "string" } } }
+//!
+//!     [tools.policy]
+//!     loop_detect = "off"
+//!     retry = { max_attempts = 3 }
+//! "#)?;
+//! let search = registry.get("agents.tools.web", "search").unwrap();
+//! assert!(search.descriptor().policy.loop_detect.is_off());
+//! assert!(registry.is_denied("agents.tools.shell", "exec"));
+//! # Ok::<(), tower_toolcall::ConfigError>(())
+//! ```
+
+mod descriptor;
+mod policy;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+pub use descriptor::{RiskLevel, ToolDescriptor};
+pub use policy::{
+    BreakerOverrides, ClassifyOverrides, IdempotencyOverrides, JitterKind, KeyScope, LayerSetting,
+    LoopDetectOverrides, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitOverrides,
+    RetryOverrides, TimeoutOverrides, ToolPolicy, UnclassifiedAs, ValidateOverrides,
+};
+
+use crate::envelope::ToolCall;
+use crate::error::{ConfigError, ErrorCode, ToolError};
+
+/// The most schema violations listed in one error message.
+const MAX_LISTED_VIOLATIONS: usize = 8;
+
+/// The registered tools, the denied ones, and the policy of unregistered tools.
+///
+/// Cheap to clone: clones share one immutable registry.
+#[derive(Clone)]
+pub struct ToolRegistry {
+    inner: Arc<RegistryInner>,
+}
+
+struct RegistryInner {
+    tools: HashMap<String, HashMap<String, Arc<RegisteredTool>>>,
+    count: usize,
+    open: bool,
+    denied: Vec<DenyRule>,
+    unregistered: ToolPolicy,
+}
+
+/// A tool in a built registry: its descriptor and its compiled schemas.
+pub struct RegisteredTool {
+    descriptor: ToolDescriptor,
+    full_name: String,
+    input: Option<jsonschema::Validator>,
+    output: Option<jsonschema::Validator>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct DenyRule {
+    namespace: String,
+    /// `None` denies the whole namespace.
+    name: Option<String>,
+}
+
+impl DenyRule {
+    fn parse(pattern: &str) -> Option<DenyRule> {
+        let (namespace, name) = pattern.split_once("::")?;
+        if namespace.is_empty() || name.is_empty() {
+            return None;
+        }
+        Some(DenyRule {
+            namespace: namespace.to_owned(),
+            name: (name != "*").then(|| name.to_owned()),
+        })
+    }
+
+    fn matches(&self, namespace: &str, name: &str) -> bool {
+        self.namespace == namespace && self.name.as_deref().is_none_or(|n| n == name)
+    }
+}
+
+/// The serde form of a registry file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegistryFile {
+    #[serde(default)]
+    open: bool,
+    #[serde(default)]
+    denied: Vec<String>,
+    #[serde(default)]
+    unregistered: ToolPolicy,
+    #[serde(default)]
+    tools: Vec<ToolDescriptor>,
+}
+
+impl ToolRegistry {
+    /// A builder for a registry.
+    pub fn builder() -> ToolRegistryBuilder {
+        ToolRegistryBuilder::default()
+    }
+
+    /// An open registry with no tools: every tool is let through with the default policy.
+    pub fn open() -> ToolRegistry {
+        ToolRegistry::builder()
+            .open(true)
+            .build()
+            .expect("an empty registry is valid")
+    }
+
+    /// Loads a registry from TOML. Errors name the field, e.g. `tools[1].policy.retry`.
+    #[cfg(feature = "toml")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "toml")))]
+    pub fn from_toml_str(text: &str) -> Result<ToolRegistry, ConfigError> {
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| ConfigError::new("", format!("is not valid TOML: {e}")))?;
+        let file: RegistryFile = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            file_error(&path, &e.into_inner().message().to_owned())
+        })?;
+        ToolRegistry::from_file(file)
+    }
+
+    /// Loads a registry from JSON. Errors name the field, e.g. `tools[1].policy.retry`.
+    pub fn from_json_str(text: &str) -> Result<ToolRegistry, ConfigError> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let file: RegistryFile = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                ConfigError::new("", format!("is not valid JSON: {inner}"))
+            } else {
+                file_error(&path, &strip_position(&inner.to_string()))
+            }
+        })?;
+        de.end()
+            .map_err(|e| ConfigError::new("", format!("is not valid JSON: {e}")))?;
+        ToolRegistry::from_file(file)
+    }
+
+    /// Loads a registry from a `.toml` or `.json` file.
+    pub fn from_path(path: impl AsRef<std::path::Path>) -> Result<ToolRegistry, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => ToolRegistry::from_json_str(&text),
+            #[cfg(feature = "toml")]
+            Some("toml") => ToolRegistry::from_toml_str(&text),
+            _ => Err(ConfigError::new(
+                "",
+                format!(
+                    "cannot tell the format of {}: name it .json or .toml",
+                    path.display()
+                ),
+            )),
+        }
+    }
+
+    fn from_file(file: RegistryFile) -> Result<ToolRegistry, ConfigError> {
+        let mut builder = ToolRegistry::builder()
+            .open(file.open)
+            .unregistered_policy(file.unregistered);
+        for pattern in file.denied {
+            builder = builder.deny(pattern);
+        }
+        for tool in file.tools {
+            builder = builder.tool(tool);
+        }
+        builder.build()
+    }
+
+    /// The registered tool `namespace::name`.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<&Arc<RegisteredTool>> {
+        self.inner.tools.get(namespace)?.get(name)
+    }
+
+    /// The registered tool a call is for.
+    pub fn tool_for(&self, call: &ToolCall) -> Option<&Arc<RegisteredTool>> {
+        self.get(call.tool_namespace(), call.tool_name())
+    }
+
+    /// The policy for a call: its tool's, or the `unregistered` policy.
+    pub fn policy_for(&self, call: &ToolCall) -> &ToolPolicy {
+        self.tool_for(call)
+            .map_or(&self.inner.unregistered, |tool| &tool.descriptor.policy)
+    }
+
+    /// `true` when calls of unknown tools are let through.
+    pub fn is_open(&self) -> bool {
+        self.inner.open
+    }
+
+    /// `true` when policy denies `namespace::name`.
+    pub fn is_denied(&self, namespace: &str, name: &str) -> bool {
+        self.inner
+            .denied
+            .iter()
+            .any(|rule| rule.matches(namespace, name))
+    }
+
+    /// The policy of unregistered tools (in an open registry).
+    pub fn unregistered_policy(&self) -> &ToolPolicy {
+        &self.inner.unregistered
+    }
+
+    /// How many tools are registered.
+    pub fn len(&self) -> usize {
+        self.inner.count
+    }
+
+    /// `true` when no tool is registered.
+    pub fn is_empty(&self) -> bool {
+        self.inner.count == 0
+    }
+
+    /// Every registered tool, in no particular order.
+    pub fn tools(&self) -> impl Iterator<Item = &Arc<RegisteredTool>> {
+        self.inner.tools.values().flat_map(|names| names.values())
+    }
+}
+
+impl fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolRegistry")
+            .field("tools", &self.inner.count)
+            .field("open", &self.inner.open)
+            .field("denied", &self.inner.denied.len())
+            .finish()
+    }
+}
+
+impl Default for ToolRegistry {
+    /// An open registry with no tools.
+    fn default() -> Self {
+        ToolRegistry::open()
+    }
+}
+
+impl RegisteredTool {
+    /// The descriptor.
+    pub fn descriptor(&self) -> &ToolDescriptor {
+        &self.descriptor
+    }
+
+    /// `namespace::name`.
+    pub fn full_name(&self) -> &str {
+        &self.full_name
+    }
+
+    /// `true` when the tool has an input schema.
+    pub fn has_input_schema(&self) -> bool {
+        self.input.is_some()
+    }
+
+    /// `true` when the tool has an output schema.
+    pub fn has_output_schema(&self) -> bool {
+        self.output.is_some()
+    }
+
+    /// Checks params against the input schema: a `VALIDATION_ERROR` listing the failing
+    /// paths (their values are never echoed).
+    pub fn check_params(&self, params: &Value) -> Result<(), ToolError> {
+        let Some(validator) = &self.input else {
+            return Ok(());
+        };
+        if validator.is_valid(params) {
+            return Ok(());
+        }
+        let violations = violations(validator, params, "payload.params");
+        Err(ToolError::rejected(
+            ErrorCode::ValidationError,
+            format!(
+                "invalid tool call: `payload.params` does not match the input schema of {}: {}; \
+                 fix the params and call again",
+                self.full_name,
+                list(&violations)
+            ),
+        )
+        .with_details(violation_details("payload.params", &violations)))
+    }
+
+    /// Checks output content against the output schema: an `INTERNAL_ERROR` (terminal)
+    /// listing the failing paths.
+    pub fn check_output(&self, content: &Value) -> Result<(), ToolError> {
+        let Some(validator) = &self.output else {
+            return Ok(());
+        };
+        if validator.is_valid(content) {
+            return Ok(());
+        }
+        let violations = violations(validator, content, "output.content");
+        Err(ToolError::new(
+            ErrorCode::InternalError,
+            format!(
+                "the output of {} does not match its output schema: {}; the tool needs fixing",
+                self.full_name,
+                list(&violations)
+            ),
+        )
+        .with_class(crate::error::ErrorClass::Terminal)
+        .with_details(violation_details("output.content", &violations)))
+    }
+}
+
+impl fmt::Debug for RegisteredTool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegisteredTool")
+            .field("descriptor", &self.descriptor)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`ToolRegistry`]; made by [`ToolRegistry::builder`].
+#[derive(Debug, Default)]
+#[must_use]
+pub struct ToolRegistryBuilder {
+    tools: Vec<ToolDescriptor>,
+    open: bool,
+    denied: Vec<String>,
+    unregistered: ToolPolicy,
+}
+
+impl ToolRegistryBuilder {
+    /// Registers a tool.
+    pub fn tool(mut self, descriptor: ToolDescriptor) -> Self {
+        self.tools.push(descriptor);
+        self
+    }
+
+    /// Lets calls of unknown tools through (default: refused with `NOT_FOUND`).
+    pub fn open(mut self, open: bool) -> Self {
+        self.open = open;
+        self
+    }
+
+    /// Denies `namespace::name`, or a whole namespace with `namespace::*`.
+    pub fn deny(mut self, pattern: impl Into<String>) -> Self {
+        self.denied.push(pattern.into());
+        self
+    }
+
+    /// The policy of unregistered tools in an open registry.
+    pub fn unregistered_policy(mut self, policy: ToolPolicy) -> Self {
+        self.unregistered = policy;
+        self
+    }
+
+    /// Checks every descriptor, compiles every schema, and builds the registry.
+    pub fn build(self) -> Result<ToolRegistry, ConfigError> {
+        let mut denied = Vec::with_capacity(self.denied.len());
+        for (i, pattern) in self.denied.iter().enumerate() {
+            denied.push(DenyRule::parse(pattern).ok_or_else(|| {
+                ConfigError::new(
+                    format!("denied[{i}]"),
+                    format!("must be `namespace::name` or `namespace::*`, got {pattern:?}"),
+                )
+            })?);
+        }
+        self.unregistered
+            .check()
+            .map_err(|e| e.within("unregistered"))?;
+
+        let mut tools: HashMap<String, HashMap<String, Arc<RegisteredTool>>> = HashMap::new();
+        let count = self.tools.len();
+        for (i, descriptor) in self.tools.into_iter().enumerate() {
+            let at = format!("tools[{i}]");
+            let tool = compile(descriptor).map_err(|e| e.within(&at))?;
+            let names = tools.entry(tool.descriptor.namespace.clone()).or_default();
+            if names.contains_key(&tool.descriptor.name) {
+                return Err(ConfigError::new(
+                    at,
+                    format!("registers {} a second time", tool.full_name),
+                ));
+            }
+            names.insert(tool.descriptor.name.clone(), Arc::new(tool));
+        }
+        Ok(ToolRegistry {
+            inner: Arc::new(RegistryInner {
+                tools,
+                count,
+                open: self.open,
+                denied,
+                unregistered: self.unregistered,
+            }),
+        })
+    }
+}
+
+fn compile(descriptor: ToolDescriptor) -> Result<RegisteredTool, ConfigError> {
+    for (field, value) in [
+        ("namespace", &descriptor.namespace),
+        ("name", &descriptor.name),
+    ] {
+        if value.trim().is_empty() {
+            return Err(ConfigError::new(field, "must not be empty"));
+        }
+    }
+    descriptor.policy.check().map_err(|e| e.within("policy"))?;
+    let input = descriptor
+        .input_schema
+        .as_ref()
+        .map(|schema| compile_schema("input_schema", schema))
+        .transpose()?;
+    let output = descriptor
+        .output_schema
+        .as_ref()
+        .map(|schema| compile_schema("output_schema", schema))
+        .transpose()?;
+    Ok(RegisteredTool {
+        full_name: descriptor.full_name(),
+        descriptor,
+        input,
+        output,
+    })
+}
+
+fn compile_schema(field: &str, schema: &Value) -> Result<jsonschema::Validator, ConfigError> {
+    jsonschema::validator_for(schema).map_err(|e| {
+        let at = e.instance_path().to_string();
+        let problem = if at.is_empty() {
+            format!("is not a valid JSON Schema: {e}")
+        } else {
+            format!("is not a valid JSON Schema: at {at}: {e}")
+        };
+        ConfigError::new(field, problem)
+    })
+}
+
+fn violations(validator: &jsonschema::Validator, instance: &Value, root: &str) -> Vec<String> {
+    validator
+        .iter_errors(instance)
+        .take(MAX_LISTED_VIOLATIONS)
+        .map(|e| {
+            let path = dotted(root, &e.instance_path().to_string());
+            format!("`{path}` {}", e.masked())
+        })
+        .collect()
+}
+
+fn list(violations: &[String]) -> String {
+    violations.join("; ")
+}
+
+fn violation_details(field: &str, violations: &[String]) -> Value {
+    serde_json::json!({ "field": field, "violations": violations })
+}
+
+/// `/items/0/path` under `payload.params` → `payload.params.items[0].path`.
+fn dotted(root: &str, pointer: &str) -> String {
+    let mut out = root.to_owned();
+    for segment in pointer.split('/').skip(1) {
+        let segment = segment.replace("~1", "/").replace("~0", "~");
+        if !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()) {
+            out.push('[');
+            out.push_str(&segment);
+            out.push(']');
+        } else {
+            out.push('.');
+            out.push_str(&segment);
+        }
+    }
+    out
+}
+
+fn file_error(path: &str, message: &str) -> ConfigError {
+    let field = if path == "." { "" } else { path };
+    if let Some(missing) = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next())
+    {
+        let field = if field.is_empty() {
+            missing.to_owned()
+        } else {
+            format!("{field}.{missing}")
+        };
+        return ConfigError::new(field, "is required");
+    }
+    ConfigError::new(field, message.trim().to_owned())
+}
+
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_owned(),
+        None => message.to_owned(),
+    }
+}

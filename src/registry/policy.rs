@@ -1,0 +1,549 @@
+//! Per-tool policy: one section per layer, each either absent (the layer's defaults), `"off"`
+//! (the layer lets the tool's calls through untouched), or a table of overrides.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde::{Serialize, Serializer};
+
+use crate::envelope::DedupeMode;
+use crate::error::{ConfigError, ErrorCode};
+
+/// One layer's setting for one tool.
+///
+/// In a file: absent (or `"on"`) for the layer's defaults, `"off"` to switch the layer off
+/// for the tool, or a table of overrides.
+///
+/// ```
+/// use tower_toolcall::registry::{LayerSetting, RetryOverrides, ToolPolicy};
+///
+/// let policy: ToolPolicy = serde_json::from_str(
+///     r#"{"retry": {"max_attempts": 2}, "loop_detect": "off"}"#,
+/// ).unwrap();
+/// assert_eq!(policy.retry.overrides().unwrap().max_attempts, Some(2));
+/// assert!(policy.loop_detect.is_off());
+/// assert!(matches!(policy.breaker, LayerSetting::Default));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum LayerSetting<T> {
+    /// The layer's defaults.
+    #[default]
+    Default,
+    /// The layer is off for this tool.
+    Off,
+    /// The layer's defaults with these overrides.
+    On(T),
+}
+
+impl<T> LayerSetting<T> {
+    /// `true` when the layer is off for the tool.
+    pub fn is_off(&self) -> bool {
+        matches!(self, LayerSetting::Off)
+    }
+
+    /// The overrides, when there are any.
+    pub fn overrides(&self) -> Option<&T> {
+        match self {
+            LayerSetting::On(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        matches!(self, LayerSetting::Default)
+    }
+
+    fn check_with(
+        &self,
+        field: &str,
+        check: impl FnOnce(&T) -> Result<(), ConfigError>,
+    ) -> Result<(), ConfigError> {
+        match self {
+            LayerSetting::On(t) => check(t).map_err(|e| e.within(field)),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl<T: Serialize> Serialize for LayerSetting<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            LayerSetting::Default => serializer.serialize_str("on"),
+            LayerSetting::Off => serializer.serialize_str("off"),
+            LayerSetting::On(t) => t.serialize(serializer),
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for LayerSetting<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SettingVisitor<T>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for SettingVisitor<T> {
+            type Value = LayerSetting<T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"on\", \"off\" or a table of overrides")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "off" => Ok(LayerSetting::Off),
+                    "on" | "default" => Ok(LayerSetting::Default),
+                    other => Err(E::custom(format_args!(
+                        "must be \"on\", \"off\" or a table of overrides, got {other:?}"
+                    ))),
+                }
+            }
+
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(if v {
+                    LayerSetting::Default
+                } else {
+                    LayerSetting::Off
+                })
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(LayerSetting::On)
+            }
+        }
+
+        deserializer.deserialize_any(SettingVisitor(PhantomData))
+    }
+}
+
+/// The policy of one tool: a setting for every layer and the classifier's overrides.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolPolicy {
+    /// `EnvelopeValidateLayer`: params limits and the output check. `"off"` skips the params
+    /// and output checks; registration, denial and confirmation still apply.
+    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
+    pub validate: LayerSetting<ValidateOverrides>,
+    /// `LoopDetectLayer`.
+    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
+    pub loop_detect: LayerSetting<LoopDetectOverrides>,
+    /// `RateLimitLayer`.
+    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
+    pub rate_limit: LayerSetting<RateLimitOverrides>,
+    /// `IdempotencyLayer`.
+    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
+    pub idempotency: LayerSetting<IdempotencyOverrides>,
+    /// `RetryLayer`.
+    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
+    pub retry: LayerSetting<RetryOverrides>,
+    /// `CircuitBreakerLayer`.
+    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
+    pub breaker: LayerSetting<BreakerOverrides>,
+    /// `TimeoutLayer` (per attempt).
+    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
+    pub timeout: LayerSetting<TimeoutOverrides>,
+    /// How this tool's errors are classified.
+    #[serde(default, skip_serializing_if = "ClassifyOverrides::is_empty")]
+    pub classify: ClassifyOverrides,
+}
+
+impl ToolPolicy {
+    /// Checks every override; the error names the field below `policy`.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.validate
+            .check_with("validate", ValidateOverrides::check)?;
+        self.loop_detect
+            .check_with("loop_detect", LoopDetectOverrides::check)?;
+        self.rate_limit
+            .check_with("rate_limit", RateLimitOverrides::check)?;
+        self.idempotency
+            .check_with("idempotency", IdempotencyOverrides::check)?;
+        self.retry.check_with("retry", RetryOverrides::check)?;
+        self.breaker
+            .check_with("breaker", BreakerOverrides::check)?;
+        self.timeout
+            .check_with("timeout", TimeoutOverrides::check)?;
+        self.classify.check().map_err(|e| e.within("classify"))
+    }
+}
+
+fn at_least<N: PartialOrd + fmt::Display + Copy>(
+    field: &str,
+    value: Option<N>,
+    min: N,
+) -> Result<(), ConfigError> {
+    match value {
+        Some(v) if v < min => Err(ConfigError::new(
+            field,
+            format!("must be at least {min}, got {v}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn at_most<N: PartialOrd + fmt::Display + Copy>(
+    field: &str,
+    value: Option<N>,
+    max: N,
+) -> Result<(), ConfigError> {
+    match value {
+        Some(v) if v > max => Err(ConfigError::new(
+            field,
+            format!("must be at most {max}, got {v}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Overrides of `EnvelopeValidateLayer` for one tool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidateOverrides {
+    /// Largest params, in bytes of canonical JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_params_bytes: Option<usize>,
+    /// Check the tool's output against its output schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_output: Option<bool>,
+}
+
+impl ValidateOverrides {
+    fn check(&self) -> Result<(), ConfigError> {
+        at_least("max_params_bytes", self.max_params_bytes, 2)
+    }
+}
+
+/// What the loop detector does when it finds a loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopMode {
+    /// Refuse the call with `LOOP_DETECTED`.
+    Break,
+    /// Refuse the first time with advice to change approach; break if the next call repeats.
+    #[serde(alias = "chance")]
+    ChanceThenBreak,
+}
+
+/// Overrides of `LoopDetectLayer` for one tool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopDetectOverrides {
+    /// Identical consecutive calls that make a loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_repeats: Option<u32>,
+    /// The window, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+    /// What to do on a loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LoopMode>,
+    /// The tool polls (e.g. `job.status`): repeats count only while its result stays the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poller: Option<bool>,
+}
+
+impl LoopDetectOverrides {
+    fn check(&self) -> Result<(), ConfigError> {
+        at_least("max_repeats", self.max_repeats, 2)?;
+        at_least("ttl_secs", self.ttl_secs, 1)
+    }
+}
+
+/// What a rate limit is keyed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitKey {
+    /// One quota per tool.
+    Tool,
+    /// One quota per tool and tenant.
+    ToolTenant,
+    /// One quota per tool and session.
+    ToolSession,
+}
+
+/// What happens to a call over the quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLimit {
+    /// Fail with `RATE_LIMITED` (retriable, with a retry-after hint).
+    Reject,
+    /// Wait until the quota allows the call.
+    Wait,
+}
+
+/// Overrides of `RateLimitLayer` for one tool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitOverrides {
+    /// Calls per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_second: Option<u32>,
+    /// Calls allowed at once above the steady rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    /// What the quota is keyed by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<RateLimitKey>,
+    /// What happens over the quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_limit: Option<OnLimit>,
+}
+
+impl RateLimitOverrides {
+    fn check(&self) -> Result<(), ConfigError> {
+        at_least("per_second", self.per_second, 1)?;
+        at_least("burst", self.burst, 1)
+    }
+}
+
+/// Whose calls share an idempotency key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyScope {
+    /// Keys are scoped to the session and actor (the default).
+    Session,
+    /// Keys are shared by every session; only for tools that are safe for it.
+    Global,
+}
+
+/// What a reused idempotency key with other params means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamsMismatch {
+    /// Fail with `IDEMPOTENCY_KEY_REUSED` (the default).
+    Conflict,
+    /// Treat the call as having a key of its own.
+    Independent,
+}
+
+/// Overrides of `IdempotencyLayer` for one tool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencyOverrides {
+    /// Key scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<KeyScope>,
+    /// Dedupe mode when the call does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe_mode: Option<DedupeMode>,
+    /// Derive a key from the params when the call has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derive_key: Option<bool>,
+    /// How long a completed result is kept, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_ttl_ms: Option<u64>,
+    /// How long a failure is kept, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_ttl_ms: Option<u64>,
+    /// The in-flight lease, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inflight_lease_ms: Option<u64>,
+    /// What a reused key with other params means.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_params_mismatch: Option<ParamsMismatch>,
+}
+
+impl IdempotencyOverrides {
+    fn check(&self) -> Result<(), ConfigError> {
+        at_least("done_ttl_ms", self.done_ttl_ms, 1)?;
+        at_least("failed_ttl_ms", self.failed_ttl_ms, 1)?;
+        at_least("inflight_lease_ms", self.inflight_lease_ms, 1)
+    }
+}
+
+/// How the delay before a retry is randomized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JitterKind {
+    /// `random(0, backoff)`.
+    Full,
+    /// `backoff / 2 + random(0, backoff / 2)`.
+    Equal,
+    /// `random(base, previous * 3)`, capped.
+    Decorrelated,
+    /// `backoff ± jitter_percent`.
+    Percent,
+}
+
+/// Overrides of `RetryLayer` for one tool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryOverrides {
+    /// Attempts in all, the first included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Base of the exponential backoff, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_delay_ms: Option<u64>,
+    /// Cap of one backoff, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay_ms: Option<u64>,
+    /// Time for all attempts and sleeps, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Jitter kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<JitterKind>,
+    /// Spread of `percent` jitter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter_percent: Option<u32>,
+}
+
+impl RetryOverrides {
+    fn check(&self) -> Result<(), ConfigError> {
+        at_least("max_attempts", self.max_attempts, 1)?;
+        at_least("deadline_ms", self.deadline_ms, 1)?;
+        at_most("jitter_percent", self.jitter_percent, 100)?;
+        if let (Some(base), Some(cap)) = (self.base_delay_ms, self.max_delay_ms) {
+            if cap < base {
+                return Err(ConfigError::new(
+                    "max_delay_ms",
+                    format!("must not be below base_delay_ms ({base}), got {cap}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Overrides of `CircuitBreakerLayer` for one tool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerOverrides {
+    /// Consecutive failures that open the breaker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+    /// Failure rate, in percent, that opens the breaker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_rate_percent: Option<u32>,
+    /// How many of the latest calls the rate is computed over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_size: Option<u32>,
+    /// Calls needed before the rate counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_calls: Option<u32>,
+    /// The rolling window, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// How long the breaker stays open, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown_ms: Option<u64>,
+    /// Probes admitted at once when half-open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub half_open_probes: Option<u32>,
+    /// Consecutive successful probes that close the breaker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_after_successes: Option<u32>,
+}
+
+impl BreakerOverrides {
+    fn check(&self) -> Result<(), ConfigError> {
+        at_least("consecutive_failures", self.consecutive_failures, 1)?;
+        at_least("failure_rate_percent", self.failure_rate_percent, 1)?;
+        at_most("failure_rate_percent", self.failure_rate_percent, 100)?;
+        at_least("sample_size", self.sample_size, 1)?;
+        at_least("min_calls", self.min_calls, 1)?;
+        at_least("window_ms", self.window_ms, 1)?;
+        at_least("half_open_probes", self.half_open_probes, 1)?;
+        at_least("close_after_successes", self.close_after_successes, 1)?;
+        if let (Some(min), Some(size)) = (self.min_calls, self.sample_size) {
+            if min > size {
+                return Err(ConfigError::new(
+                    "min_calls",
+                    format!("must not exceed sample_size ({size}), got {min}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Overrides of `TimeoutLayer` for one tool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutOverrides {
+    /// Time for one attempt, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+}
+
+impl TimeoutOverrides {
+    fn check(&self) -> Result<(), ConfigError> {
+        at_least("attempt_timeout_ms", self.attempt_timeout_ms, 1)
+    }
+}
+
+/// The class a tool gives errors that say nothing about themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnclassifiedAs {
+    /// Retry them.
+    Retriable,
+    /// Do not retry them.
+    Terminal,
+}
+
+/// How one tool's errors are classified, over the defaults.
+///
+/// ```
+/// use tower_toolcall::registry::ClassifyOverrides;
+///
+/// // "treat 503 as permanent for this tool"
+/// let overrides: ClassifyOverrides =
+///     serde_json::from_str(r#"{"terminal_http_statuses": [503]}"#).unwrap();
+/// assert_eq!(overrides.terminal_http_statuses, vec![503]);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassifyOverrides {
+    /// Error codes that are retriable for this tool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retriable_codes: Vec<String>,
+    /// Error codes that are terminal for this tool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub terminal_codes: Vec<String>,
+    /// Upstream HTTP statuses that are retriable for this tool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retriable_http_statuses: Vec<u16>,
+    /// Upstream HTTP statuses that are terminal for this tool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub terminal_http_statuses: Vec<u16>,
+    /// The class of errors that say nothing; by default the tool's risk level decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unclassified: Option<UnclassifiedAs>,
+}
+
+impl ClassifyOverrides {
+    /// `true` when nothing is overridden.
+    pub fn is_empty(&self) -> bool {
+        *self == ClassifyOverrides::default()
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        for (field, codes) in [
+            ("retriable_codes", &self.retriable_codes),
+            ("terminal_codes", &self.terminal_codes),
+        ] {
+            for (i, code) in codes.iter().enumerate() {
+                if ErrorCode::parse(code).is_none() {
+                    return Err(ConfigError::new(
+                        format!("{field}[{i}]"),
+                        format!("is not a known error code: {code:?}"),
+                    ));
+                }
+            }
+        }
+        for (field, statuses) in [
+            ("retriable_http_statuses", &self.retriable_http_statuses),
+            ("terminal_http_statuses", &self.terminal_http_statuses),
+        ] {
+            for (i, status) in statuses.iter().enumerate() {
+                if !(100..=599).contains(status) {
+                    return Err(ConfigError::new(
+                        format!("{field}[{i}]"),
+                        format!("must be an HTTP status from 100 to 599, got {status}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

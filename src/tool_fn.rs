@@ -1,0 +1,70 @@
+//! [`tool_fn`]: a tool service from an async closure.
+
+use std::fmt;
+use std::future::Future;
+use std::task::{Context, Poll};
+
+use tower_service::Service;
+
+use crate::envelope::ToolCall;
+use crate::error::ToolError;
+use crate::outcome::ToolOutput;
+
+/// Makes a tool service from a closure that takes the call and returns a future of its
+/// outcome. The service is always ready, and `Clone` when the closure is.
+///
+/// ```
+/// use serde_json::json;
+/// use tower::{Service, ServiceExt};
+/// use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput};
+///
+/// # tokio_test::block_on(async {
+/// let mut search = tool_fn(|call: ToolCall| async move {
+///     let query = call.params().as_map()["query"].as_str().unwrap_or_default().to_owned();
+///     Ok::<_, ToolError>(ToolOutput::new(json!({"query": query, "hits": []})))
+/// });
+/// let call = ToolCall::builder("agents.tools.web", "search")
+///     .session("s").actor("u").params(json!({"query": "tower"})).build().unwrap();
+/// let out = search.ready().await.unwrap().call(call).await.unwrap();
+/// assert_eq!(out.content["query"], "tower");
+/// # });
+/// ```
+pub fn tool_fn<F, Fut>(f: F) -> ToolFn<F>
+where
+    F: FnMut(ToolCall) -> Fut,
+    Fut: Future<Output = Result<ToolOutput, ToolError>>,
+{
+    ToolFn { f }
+}
+
+/// A tool service made from a closure by [`tool_fn`].
+#[derive(Clone, Copy)]
+pub struct ToolFn<F> {
+    f: F,
+}
+
+impl<F> fmt::Debug for ToolFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolFn")
+            .field("f", &std::any::type_name::<F>())
+            .finish()
+    }
+}
+
+impl<F, Fut> Service<ToolCall> for ToolFn<F>
+where
+    F: FnMut(ToolCall) -> Fut,
+    Fut: Future<Output = Result<ToolOutput, ToolError>>,
+{
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = Fut;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Fut {
+        (self.f)(call)
+    }
+}

@@ -1,0 +1,554 @@
+//! The envelope: fixtures, parsing errors, builder, cheap clones, result envelopes.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use support::{envelope_fixtures, search_call, strip_expect};
+use tower_toolcall::envelope::{Payload, ResultError};
+use tower_toolcall::{
+    BreakerState, CacheMatch, DedupeMode, ErrorClass, ErrorCode, MatchedOn, Params, ResultStatus,
+    RetryRecord, ToolCall, ToolError, ToolOutput, ToolResult,
+};
+
+#[test]
+fn every_valid_call_fixture_round_trips() {
+    for (name, bytes) in envelope_fixtures("valid-") {
+        let original: Value = serde_json::from_slice(&bytes).unwrap();
+        let call =
+            ToolCall::from_json(&bytes).unwrap_or_else(|e| panic!("{name} must parse, got {e}"));
+        let written = serde_json::to_value(&call).unwrap();
+        assert_eq!(
+            written, original,
+            "{name} must serialize to the same JSON value"
+        );
+        let again = ToolCall::from_json(call.to_json().as_bytes()).unwrap();
+        assert_eq!(again, call, "{name} must parse back to the same call");
+    }
+}
+
+#[test]
+fn every_result_fixture_round_trips() {
+    for (name, bytes) in envelope_fixtures("result-") {
+        let original: Value = serde_json::from_slice(&bytes).unwrap();
+        let result: ToolResult =
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name} must parse, got {e}"));
+        assert_eq!(
+            serde_json::to_value(&result).unwrap(),
+            original,
+            "{name} must serialize to the same JSON value"
+        );
+    }
+}
+
+/// The field each invalid fixture's message must name.
+fn expected_field(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "invalid-bad-contract-version.json" => "contractVersion",
+        "invalid-empty-tool-name.json" => "toolName",
+        "invalid-missing-session-key.json" => "target.sessionKey",
+        "invalid-missing-tool-name.json" => "toolName",
+        "invalid-negative-timeout.json" => "payload.callHints.timeoutMs",
+        "invalid-params-not-object.json" => "payload.params",
+        "invalid-payload-version.json" => "payload.version",
+        "invalid-unknown-dedupe-mode.json" => "transport.dedupeMode",
+        "invalid-zero-max-attempts.json" => "transport.retryBudget.maxAttempts",
+        _ => return None,
+    })
+}
+
+#[test]
+fn every_invalid_fixture_is_a_validation_error_naming_the_field() {
+    let fixtures = envelope_fixtures("invalid-");
+    assert_eq!(fixtures.len(), 10);
+    for (name, bytes) in fixtures {
+        let (input, expect) = match strip_expect(&bytes) {
+            Some(stripped) => stripped,
+            None => {
+                // Not JSON at all.
+                let err = ToolCall::from_json(&bytes).unwrap_err();
+                assert_eq!(err.code(), ErrorCode::ValidationError, "{name}");
+                assert!(
+                    err.message().contains("not valid JSON")
+                        && err.message().contains("line 2, column 0"),
+                    "{name}: {}",
+                    err.message()
+                );
+                continue;
+            }
+        };
+        assert_eq!(expect["code"], "VALIDATION_ERROR", "{name}");
+        let err = ToolCall::from_json(&input).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ValidationError, "{name}");
+        assert_eq!(err.class(), ErrorClass::Terminal, "{name}");
+        let field = expected_field(&name).unwrap_or_else(|| panic!("no expectation for {name}"));
+        assert!(
+            err.message().contains(&format!("`{field}`")),
+            "{name}: the message must name `{field}`: {}",
+            err.message()
+        );
+        assert_eq!(err.details().unwrap()["field"], field, "{name}");
+        assert_eq!(err.record().attempts, Some(0), "{name}");
+    }
+}
+
+#[test]
+fn invalid_fixture_messages_say_what_is_wrong() {
+    let message = |name: &str| {
+        let (_, bytes) = envelope_fixtures(name).remove(0);
+        let (input, _) = strip_expect(&bytes).unwrap();
+        ToolCall::from_json(&input)
+            .unwrap_err()
+            .message()
+            .to_owned()
+    };
+    assert_eq!(
+        message("invalid-missing-session-key"),
+        "invalid tool call: `target.sessionKey` is required"
+    );
+    assert_eq!(
+        message("invalid-negative-timeout"),
+        "invalid tool call: `payload.callHints.timeoutMs` must not be negative, got -5"
+    );
+    assert_eq!(
+        message("invalid-params-not-object"),
+        "invalid tool call: `payload.params` must be a JSON object, got an array"
+    );
+    assert_eq!(
+        message("invalid-zero-max-attempts"),
+        "invalid tool call: `transport.retryBudget.maxAttempts` must be at least 1, got 0"
+    );
+    assert_eq!(
+        message("invalid-bad-contract-version"),
+        "invalid tool call: `contractVersion` must be \"1.1\", got \"1.0\""
+    );
+    assert!(message("invalid-unknown-dedupe-mode").contains("sometimes"));
+}
+
+#[test]
+fn absent_sections_take_defaults_and_present_ones_are_checked() {
+    let call = ToolCall::from_json(
+        br#"{"contractVersion":"1.1","requestId":"r1","toolName":"search",
+             "toolNamespace":"agents.tools.web",
+             "target":{"sessionKey":"s","actorId":"u"},
+             "payload":{"version":"1.0","params":{}}}"#,
+    )
+    .unwrap();
+    assert_eq!(call.transport().dedupe_mode, None);
+    assert_eq!(call.call_hints().timeout_ms, None);
+    let err = ToolCall::from_json(
+        br#"{"contractVersion":"1.1","requestId":"r1","toolName":"search",
+             "toolNamespace":"agents.tools.web",
+             "target":{"sessionKey":"s","actorId":"u"},
+             "payload":{"version":"1.0","params":{}},
+             "control":{"deadlineAtMs":1.5}}"#,
+    )
+    .unwrap_err();
+    assert!(
+        err.message().contains("`control.deadlineAtMs`"),
+        "{}",
+        err.message()
+    );
+}
+
+#[test]
+fn trailing_garbage_and_wrong_types_are_refused() {
+    let (_, bytes) = envelope_fixtures("valid-minimal").remove(0);
+    let mut with_garbage = bytes.clone();
+    with_garbage.extend_from_slice(b" {}");
+    let err = ToolCall::from_json(&with_garbage).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ValidationError);
+
+    let err = ToolCall::from_json(b"[1, 2]").unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ValidationError);
+
+    let mut value: Value = serde_json::from_slice(&bytes).unwrap();
+    value["target"]["sessionKey"] = json!(42);
+    let err = ToolCall::from_value(value).unwrap_err();
+    assert!(
+        err.message().contains("`target.sessionKey`"),
+        "{}",
+        err.message()
+    );
+}
+
+#[test]
+fn deeply_nested_json_is_an_error_not_a_crash() {
+    let mut text = String::from(
+        r#"{"contractVersion":"1.1","requestId":"r","toolName":"t","toolNamespace":"n","target":{"sessionKey":"s","actorId":"a"},"payload":{"version":"1.0","params":{"x":"#,
+    );
+    text.push_str(&"[".repeat(100_000));
+    let err = ToolCall::from_json(text.as_bytes()).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ValidationError);
+}
+
+#[test]
+fn cloning_a_call_shares_its_params() {
+    let big: serde_json::Map<String, Value> =
+        (0..10_000).map(|i| (format!("k{i}"), json!(i))).collect();
+    let call = search_call(Value::Object(big));
+    let copy = call.clone();
+    assert!(std::ptr::eq(call.params().as_map(), copy.params().as_map()));
+    assert!(std::ptr::eq(call.envelope(), copy.envelope()));
+
+    // Changing the envelope of one clone copies the envelope but still shares the params.
+    let mut changed = call.clone();
+    changed.envelope_mut().control.from_hook = Some("before_tool_call".into());
+    assert!(!std::ptr::eq(call.envelope(), changed.envelope()));
+    assert!(std::ptr::eq(
+        call.params().as_map(),
+        changed.params().as_map()
+    ));
+    assert_eq!(call.control().from_hook, None);
+}
+
+#[test]
+fn changed_params_forget_their_canonical_form() {
+    let opts = tower_toolcall::canonical::CanonicalOptions::default();
+    let mut params = Params::from_value(json!({"a": 1})).unwrap();
+    let shared = params.clone();
+    assert_eq!(&*params.canonical(&opts).unwrap(), r#"{"a":1}"#);
+    params.make_mut().insert("b".into(), json!(2));
+    assert_eq!(&*params.canonical(&opts).unwrap(), r#"{"a":1,"b":2}"#);
+    assert_eq!(&*shared.canonical(&opts).unwrap(), r#"{"a":1}"#);
+    // Other options than the cached ones are computed afresh.
+    let keep_nulls = opts.clone().drop_null_members(false);
+    let with_null = Params::from_value(json!({"a": null})).unwrap();
+    assert_eq!(&*with_null.canonical(&opts).unwrap(), "{}");
+    assert_eq!(&*with_null.canonical(&keep_nulls).unwrap(), r#"{"a":null}"#);
+    assert_eq!(with_null.digest(&opts).unwrap().len(), 64);
+}
+
+#[test]
+fn the_builder_fills_ids_and_refuses_missing_fields() {
+    let call = ToolCall::builder("vault", "createFile")
+        .session("s")
+        .actor("u")
+        .params(json!({"path": "a.md"}))
+        .dedupe_mode(DedupeMode::Enforced)
+        .retry_budget(3, Duration::from_secs(10))
+        .timeout(Duration::from_millis(2500))
+        .expected_retry_safe(true)
+        .confirmation_id("conf-1")
+        .baggage("gen_ai.request.model", "gpt-x")
+        .build()
+        .unwrap();
+    assert_eq!(call.request_id().len(), 26, "a ULID");
+    assert!(call.request_id().chars().all(|c| c.is_ascii_alphanumeric()));
+    let other = ToolCall::builder("vault", "createFile")
+        .session("s")
+        .actor("u")
+        .build()
+        .unwrap();
+    assert_ne!(call.request_id(), other.request_id());
+    assert_eq!(call.call_hints().timeout_ms, Some(2500));
+    assert_eq!(call.transport().retry_budget.unwrap().max_attempts, 3);
+    let json = serde_json::to_value(&call).unwrap();
+    assert_eq!(json["control"]["confirmationId"], "conf-1");
+    assert_eq!(json["trace"]["baggage"]["gen_ai.request.model"], "gpt-x");
+
+    let err = ToolCall::builder("vault", "createFile")
+        .actor("u")
+        .build()
+        .unwrap_err();
+    assert!(err.message().contains("`target.sessionKey`"));
+    let err = ToolCall::builder("vault", "createFile")
+        .session("s")
+        .actor("u")
+        .params(json!("text"))
+        .build()
+        .unwrap_err();
+    assert!(err
+        .message()
+        .contains("`payload.params` must be a JSON object, got a string"));
+    let err = ToolCall::builder("vault", "createFile")
+        .session("s")
+        .actor("u")
+        .retry_budget(0, Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert!(err
+        .message()
+        .contains("`transport.retryBudget.maxAttempts`"));
+}
+
+#[test]
+fn envelope_changes_are_checked_again() {
+    let mut call = search_call(json!({}));
+    call.envelope_mut().contract_version = "2.0".into();
+    let err = call.check().unwrap_err();
+    assert!(err.message().contains("`contractVersion`"));
+    let payload = Payload {
+        version: "1.0".into(),
+        params: Params::empty(),
+        idempotency_key: Some(" ".into()),
+        call_hints: None,
+    };
+    let mut envelope = search_call(json!({})).into_envelope();
+    envelope.payload = payload;
+    let err = ToolCall::from_envelope(envelope).unwrap_err();
+    assert!(err
+        .message()
+        .contains("`payload.idempotencyKey` must not be empty"));
+}
+
+#[test]
+fn error_constructors_classify() {
+    let cases = [
+        (400, ErrorCode::ValidationError, ErrorClass::Terminal, false),
+        (401, ErrorCode::PolicyDenied, ErrorClass::Terminal, false),
+        (403, ErrorCode::PolicyDenied, ErrorClass::Terminal, false),
+        (404, ErrorCode::NotFound, ErrorClass::Terminal, false),
+        (408, ErrorCode::Timeout, ErrorClass::Retriable, false),
+        (413, ErrorCode::PayloadTooLarge, ErrorClass::Terminal, false),
+        (422, ErrorCode::ValidationError, ErrorClass::Terminal, false),
+        (429, ErrorCode::RateLimited, ErrorClass::Retriable, true),
+        (500, ErrorCode::UpstreamError, ErrorClass::Retriable, false),
+        (
+            502,
+            ErrorCode::UpstreamUnavailable,
+            ErrorClass::Retriable,
+            false,
+        ),
+        (
+            503,
+            ErrorCode::UpstreamUnavailable,
+            ErrorClass::Retriable,
+            true,
+        ),
+        (
+            504,
+            ErrorCode::UpstreamUnavailable,
+            ErrorClass::Retriable,
+            false,
+        ),
+        (418, ErrorCode::UpstreamError, ErrorClass::Terminal, false),
+    ];
+    for (status, code, class, not_processed) in cases {
+        let err = ToolError::from_http_status(status, "x");
+        assert_eq!(err.code(), code, "{status}");
+        assert_eq!(err.class(), class, "{status}");
+        assert_eq!(err.is_not_processed(), not_processed, "{status}");
+        assert_eq!(err.http_status(), Some(status));
+    }
+    use std::io::{Error, ErrorKind};
+    let refused = ToolError::from(Error::new(ErrorKind::ConnectionRefused, "refused"));
+    assert_eq!(refused.code(), ErrorCode::UpstreamUnavailable);
+    assert!(refused.is_retriable() && refused.is_not_processed());
+    assert!(std::error::Error::source(&refused).is_some());
+    let reset = ToolError::from_io_error(Error::new(ErrorKind::ConnectionReset, "reset"));
+    assert!(reset.is_retriable() && !reset.is_not_processed());
+    let timed_out = ToolError::from_io_error(Error::new(ErrorKind::TimedOut, "slow"));
+    assert_eq!(timed_out.code(), ErrorCode::Timeout);
+    let missing = ToolError::from_io_error(Error::new(ErrorKind::NotFound, "gone"));
+    assert_eq!(missing.class(), ErrorClass::Terminal);
+    let timeout = ToolError::timeout(Duration::from_millis(1500));
+    assert_eq!(timeout.code(), ErrorCode::Timeout);
+    assert!(timeout.message().contains("1500 ms"));
+    for code in ErrorCode::ALL {
+        assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+    }
+    assert_eq!(ErrorCode::parse("NOPE"), None);
+}
+
+fn call_for_results() -> ToolCall {
+    ToolCall::builder("agents.tools.web", "search")
+        .session("sess-42")
+        .actor("user-7")
+        .request_id("01J9Z8Q4V6K3T2M1N0P9R8S7T7")
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn outcomes_become_the_exact_result_envelope() {
+    let call = call_for_results();
+    let mut error = ToolError::new(
+        ErrorCode::RetryExhausted,
+        "search failed 4 times: upstream returned 503",
+    );
+    let record = error.record_mut();
+    record.attempts = Some(4);
+    record.breaker_state = Some(BreakerState::Closed);
+    record.duration = Some(Duration::from_millis(1234));
+    record.retried_by = [(1, 143, 12), (2, 377, 11), (3, 611, 13)]
+        .into_iter()
+        .map(|(attempt, delay_ms, latency_ms)| RetryRecord {
+            attempt,
+            delay_ms,
+            reason_code: "UPSTREAM_UNAVAILABLE".into(),
+            latency_ms,
+        })
+        .collect();
+    let result = ToolResult::from_outcome(&call, Err(error));
+    let (_, expected) = envelope_fixtures("result-retry-exhausted").remove(0);
+    let expected: Value = serde_json::from_slice(&expected).unwrap();
+    assert_eq!(serde_json::to_value(&result).unwrap(), expected);
+
+    let mut output = ToolOutput::new(json!({"path": "XYZ/Foo.md", "etag": "abc123"}))
+        .with_metadata("mtime", json!(1734372720000_u64));
+    output.record.from_cache = true;
+    output.record.duration = Some(Duration::from_millis(3));
+    output.record.cache = Some(CacheMatch {
+        matched_on: MatchedOn::Completed,
+        age_ms: 1520,
+        key_fingerprint: "d19e9387a87e6035".into(),
+    });
+    let call = ToolCall::builder("vault", "createFile")
+        .session("sess-42")
+        .actor("user-7")
+        .request_id("01J9Z8Q4V6K3T2M1N0P9R8S7T6")
+        .build()
+        .unwrap();
+    let result = ToolResult::from_outcome(&call, Ok(output));
+    let (_, expected) = envelope_fixtures("result-cached-success").remove(0);
+    let expected: Value = serde_json::from_slice(&expected).unwrap();
+    assert_eq!(serde_json::to_value(&result).unwrap(), expected);
+}
+
+#[test]
+fn each_error_gets_its_status() {
+    let call = call_for_results();
+    let status = |error: ToolError| ToolResult::from_outcome(&call, Err(error)).status;
+    assert_eq!(
+        status(ToolError::new(ErrorCode::CircuitOpen, "open")),
+        ResultStatus::CircuitOpen
+    );
+    assert_eq!(
+        status(ToolError::timeout(Duration::from_secs(1))),
+        ResultStatus::Timeout
+    );
+    assert_eq!(
+        status(ToolError::new(ErrorCode::Cancelled, "c")),
+        ResultStatus::Cancelled
+    );
+    assert_eq!(
+        status(ToolError::from_http_status(503, "down")),
+        ResultStatus::RetriableError
+    );
+    assert_eq!(
+        status(ToolError::from_http_status(400, "bad")),
+        ResultStatus::Error
+    );
+    let rejected = ToolResult::from_outcome(
+        &call,
+        Err(ToolError::rejected(ErrorCode::LoopDetected, "loop")),
+    );
+    assert_eq!(rejected.attempts, 0);
+    assert_eq!(
+        rejected.error,
+        Some(ResultError {
+            code: "LOOP_DETECTED".into(),
+            message: "loop".into(),
+            retriable: false,
+            terminal: true,
+            breaker_state: None,
+            details: None,
+        })
+    );
+}
+
+/// Any JSON value, up to a modest depth.
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
+        ".{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(5, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(
+                prop_oneof![
+                    Just("contractVersion".to_owned()),
+                    Just("toolName".to_owned()),
+                    Just("target".to_owned()),
+                    Just("payload".to_owned()),
+                    Just("params".to_owned()),
+                    Just("sessionKey".to_owned()),
+                    ".{0,8}"
+                ],
+                inner,
+                0..6
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// A valid envelope with one member replaced by an arbitrary value.
+fn arb_mutated_envelope() -> impl Strategy<Value = Value> {
+    let paths = prop_oneof![
+        Just(vec!["contractVersion"]),
+        Just(vec!["requestId"]),
+        Just(vec!["toolName"]),
+        Just(vec!["target"]),
+        Just(vec!["target", "sessionKey"]),
+        Just(vec!["payload"]),
+        Just(vec!["payload", "params"]),
+        Just(vec!["payload", "callHints"]),
+        Just(vec!["transport"]),
+        Just(vec!["transport", "dedupeMode"]),
+        Just(vec!["transport", "retryBudget"]),
+        Just(vec!["control"]),
+        Just(vec!["trace"]),
+    ];
+    (paths, arb_json()).prop_map(|(path, replacement)| {
+        let (_, bytes) = envelope_fixtures("valid-full").remove(0);
+        let mut value: Value = serde_json::from_slice(&bytes).unwrap();
+        let mut slot = &mut value;
+        for key in &path {
+            slot = &mut slot[*key];
+        }
+        *slot = replacement;
+        value
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(10_000))]
+
+    #[test]
+    fn arbitrary_json_is_an_error_or_a_call_never_a_panic(value in arb_json()) {
+        let bytes = serde_json::to_vec(&value).unwrap();
+        match ToolCall::from_json(&bytes) {
+            Ok(call) => prop_assert!(call.check().is_ok()),
+            Err(err) => prop_assert_eq!(err.code(), ErrorCode::ValidationError),
+        }
+    }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(5_000))]
+
+    #[test]
+    fn mutated_envelopes_are_an_error_naming_a_field_or_a_call(value in arb_mutated_envelope()) {
+        let bytes = serde_json::to_vec(&value).unwrap();
+        match ToolCall::from_json(&bytes) {
+            Ok(call) => {
+                // What parses serializes back to what it parsed.
+                let again = ToolCall::from_json(call.to_json().as_bytes()).unwrap();
+                prop_assert_eq!(again, call);
+            }
+            Err(err) => {
+                prop_assert_eq!(err.code(), ErrorCode::ValidationError);
+                prop_assert!(err.message().starts_with("invalid tool call"), "{}", err.message());
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        if let Err(err) = ToolCall::from_json(&bytes) {
+            prop_assert_eq!(err.code(), ErrorCode::ValidationError);
+        }
+    }
+}
