@@ -9,6 +9,7 @@
 //! | layer | what it does |
 //! |---|---|
 //! | [`EnvelopeValidateLayer`] | refuses malformed, unknown, denied, unconfirmed, oversized and schema-violating calls |
+//! | [`IdempotencyLayer`] | runs each idempotency key at most once: in-flight joins, cached results, key-reuse conflicts, memory and Redis stores |
 //! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
 //!
 //! # Example
@@ -77,6 +78,7 @@
 //! | feature | default | what it brings |
 //! |---|---|---|
 //! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
+//! | `redis` | no | `RedisDedupeStore`: idempotency records shared by every replica |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]
@@ -85,6 +87,7 @@
 pub mod canonical;
 pub mod envelope;
 mod error;
+pub mod idempotency;
 mod outcome;
 pub mod registry;
 mod tool_fn;
@@ -95,6 +98,7 @@ pub use envelope::{
     ToolResult,
 };
 pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
+pub use idempotency::IdempotencyLayer;
 pub use outcome::{BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ToolOutput};
 pub use tool_fn::{tool_fn, ToolFn};
 pub use validate::EnvelopeValidateLayer;

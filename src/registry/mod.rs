@@ -43,6 +43,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 pub use descriptor::{RiskLevel, ToolDescriptor};
+pub use policy::OnStoreError;
 pub use policy::{
     BreakerOverrides, ClassifyOverrides, IdempotencyOverrides, JitterKind, KeyScope, LayerSetting,
     LoopDetectOverrides, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitOverrides,

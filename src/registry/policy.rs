@@ -314,6 +314,16 @@ pub enum ParamsMismatch {
     Independent,
 }
 
+/// What the idempotency layer does with a call when its dedupe store cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    /// Refuse the call with `STORE_UNAVAILABLE`; the tool does not run (the default).
+    FailClosed,
+    /// Run the tool without deduplication.
+    FailOpen,
+}
+
 /// Overrides of `IdempotencyLayer` for one tool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -339,6 +349,9 @@ pub struct IdempotencyOverrides {
     /// What a reused key with other params means.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_params_mismatch: Option<ParamsMismatch>,
+    /// What happens to a call when the dedupe store cannot be used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_store_error: Option<OnStoreError>,
 }
 
 impl IdempotencyOverrides {

@@ -82,3 +82,5 @@ pub fn search_call(params: Value) -> ToolCall {
         .build()
         .expect("a valid call")
 }
+
+pub mod redis_server;

@@ -1,0 +1,480 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::{select, Either};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::key::key_fingerprint;
+use super::record::{DedupeRecord, Execution, RecordState, StoredError};
+use super::service::{Counters, Plan, Shared};
+use super::store::{duration_ms, ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
+use crate::envelope::{DedupeMode, ToolCall};
+use crate::error::{ErrorCode, ToolError};
+use crate::outcome::{CacheMatch, CallRecord, MatchedOn, ToolOutput};
+
+type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+
+pin_project! {
+    /// The response future of [`Idempotency`](super::Idempotency): the inner call when the
+    /// call is not deduplicated, the deduplicated execution, or a rejection.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = Projection]
+    enum State<F> {
+        Passed { #[pin] future: F },
+        Deduplicated { future: BoxedOutcome },
+        Rejected { error: Option<ToolError> },
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn passed(future: F) -> Self {
+        ResponseFuture {
+            state: State::Passed { future },
+        }
+    }
+
+    pub(super) fn deduplicated(future: BoxedOutcome) -> Self {
+        ResponseFuture {
+            state: State::Deduplicated { future },
+        }
+    }
+
+    pub(super) fn rejected(error: ToolError) -> Self {
+        ResponseFuture {
+            state: State::Rejected { error: Some(error) },
+        }
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Passed { .. } => "passed",
+            State::Deduplicated { .. } => "deduplicated",
+            State::Rejected { .. } => "rejected",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<F> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<ToolOutput, ToolError>>,
+{
+    type Output = Result<ToolOutput, ToolError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            Projection::Passed { future } => future.poll(cx),
+            Projection::Deduplicated { future } => future.as_mut().poll(cx),
+            Projection::Rejected { error } => Poll::Ready(Err(error
+                .take()
+                .expect("ResponseFuture polled after completion"))),
+        }
+    }
+}
+
+/// Runs `call` at most once for its key: claims the key and runs the tool, or answers from
+/// the record that holds the key, waiting for it when it is in flight and the mode is
+/// `enforced`.
+pub(super) async fn deduplicate<S, St>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    call: ToolCall,
+    plan: Plan,
+) -> Result<ToolOutput, ToolError>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+    St: DedupeStore,
+{
+    let store = &shared.store;
+    let counters = &shared.counters;
+    let wait_deadline = wait_deadline(&call);
+    let mut joined = false;
+    loop {
+        let claimed_at = Instant::now();
+        let (mut record, now_ms) = match store.claim(&plan.claim).await {
+            Ok(ClaimOutcome::Claimed(record)) => {
+                return execute(&shared, inner, call, &plan, record).await;
+            }
+            Ok(ClaimOutcome::Existing { record, now_ms }) => (record, now_ms),
+            Err(error) => return store_failed(&shared, error, inner, call, &plan).await,
+        };
+        loop {
+            if record.request.params_digest != plan.claim.request.params_digest {
+                Counters::bump(&counters.key_conflicts);
+                return Err(key_reused(&record.key, &plan));
+            }
+            match record.state {
+                RecordState::Done | RecordState::Failed => {
+                    let matched_on = if joined {
+                        Counters::bump(&counters.inflight_joins);
+                        MatchedOn::Inflight
+                    } else {
+                        Counters::bump(&counters.completed_hits);
+                        MatchedOn::Completed
+                    };
+                    let store_now = now_ms.saturating_add(duration_ms(claimed_at.elapsed()));
+                    return match answer_from(record, matched_on, store_now) {
+                        Ok(answer) => {
+                            tracing::debug!(
+                                request_id = call.request_id(),
+                                tool = call.tool_name(),
+                                matched_on = ?matched_on,
+                                "tool call answered by the idempotency cache"
+                            );
+                            answer
+                        }
+                        Err(error) => store_failed(&shared, error, inner, call, &plan).await,
+                    };
+                }
+                RecordState::Cancelled => break,
+                RecordState::Inflight if plan.mode == DedupeMode::BestEffort => {
+                    Counters::bump(&counters.in_flight_rejections);
+                    return Err(in_flight(&record.key));
+                }
+                RecordState::Inflight => {
+                    joined = true;
+                    let waited = match wait_deadline {
+                        Some(deadline) => {
+                            match tokio::time::timeout_at(deadline, store.wait(&record)).await {
+                                Ok(waited) => waited,
+                                Err(_) => return Err(deadline_passed(&record.key)),
+                            }
+                        }
+                        None => store.wait(&record).await,
+                    };
+                    match waited {
+                        Ok(Some(next)) if next.state != RecordState::Cancelled => record = next,
+                        // Free again: claim it.
+                        Ok(_) => break,
+                        Err(error) => {
+                            return store_failed(&shared, error, inner, call, &plan).await
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs the tool for the call that claimed `claimed`, renewing the lease while it runs, and
+/// stores the result.
+async fn execute<S, St>(
+    shared: &Shared<St>,
+    mut inner: S,
+    call: ToolCall,
+    plan: &Plan,
+    claimed: DedupeRecord,
+) -> Result<ToolOutput, ToolError>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+    St: DedupeStore,
+{
+    Counters::bump(&shared.counters.executions);
+    let store = &shared.store;
+    let claimed = Arc::new(claimed);
+    let mut guard = ClaimGuard {
+        store: store.clone(),
+        claimed: Some(claimed.clone()),
+        keep_cancelled_for: plan.failed_ttl,
+    };
+    let started = Instant::now();
+    let tool = inner.call(call.clone());
+    let outcome = renewing_lease(tool, store, &claimed, plan.claim.lease).await;
+
+    if let Err(error) = &outcome {
+        if error.is_not_processed() {
+            // Nothing happened: free the key rather than keep an error for it.
+            Counters::bump(&shared.counters.released_unprocessed);
+            guard.release().await;
+            return outcome;
+        }
+    }
+    let finished_at_ms = claimed
+        .created_at_ms
+        .saturating_add(duration_ms(started.elapsed()));
+    let completion = Completion {
+        result: match &outcome {
+            Ok(output) => Ok(ToolOutput {
+                content: output.content.clone(),
+                metadata: output.metadata.clone(),
+                record: CallRecord::default(),
+            }),
+            Err(error) => Err(StoredError::from_error(error)),
+        },
+        execution: Execution::from_outcome(&outcome, claimed.created_at_ms, finished_at_ms),
+        ttl: if outcome.is_ok() {
+            plan.done_ttl
+        } else {
+            plan.failed_ttl
+        },
+    };
+    match store.finalize(&claimed, completion).await {
+        Ok(Finalized::Written) => guard.disarm(),
+        Ok(Finalized::Stale { current_version }) => {
+            guard.disarm();
+            Counters::bump(&shared.counters.stale_results);
+            tracing::warn!(
+                request_id = call.request_id(),
+                tool = call.tool_name(),
+                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                version = claimed.version,
+                current_version,
+                "the lease of this call ended and another call took its idempotency key over; \
+                 its result was not stored"
+            );
+        }
+        Err(error) => {
+            // The guard releases the key, so that waiters do not wait for the lease to end.
+            Counters::bump(&shared.counters.store_errors);
+            tracing::warn!(
+                request_id = call.request_id(),
+                tool = call.tool_name(),
+                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                error = %error,
+                "the result of the tool call could not be stored"
+            );
+        }
+    }
+    outcome
+}
+
+/// Polls `tool` to completion and, every half lease while it runs, renews the lease.
+async fn renewing_lease<F, St>(
+    tool: F,
+    store: &St,
+    claimed: &DedupeRecord,
+    lease: Duration,
+) -> Result<ToolOutput, ToolError>
+where
+    F: Future<Output = Result<ToolOutput, ToolError>>,
+    St: DedupeStore,
+{
+    let renew = async {
+        let every = (lease / 2).max(Duration::from_millis(1));
+        loop {
+            tokio::time::sleep(every).await;
+            match store.renew(claimed, lease).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(
+                        idempotency_key_hash = %key_fingerprint(&claimed.key),
+                        version = claimed.version,
+                        "the in-flight lease could not be renewed: another call holds the key"
+                    );
+                    break;
+                }
+                Err(error) => tracing::warn!(
+                    idempotency_key_hash = %key_fingerprint(&claimed.key),
+                    error = %error,
+                    "the in-flight lease could not be renewed; trying again"
+                ),
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+    let tool = pin!(tool);
+    let renew = pin!(renew);
+    match select(tool, renew).await {
+        Either::Left((outcome, _)) => outcome,
+        Either::Right(((), tool)) => tool.await,
+    }
+}
+
+/// Answers from a settled record.
+fn answer_from(
+    record: DedupeRecord,
+    matched_on: MatchedOn,
+    store_now_ms: u64,
+) -> Result<Result<ToolOutput, ToolError>, StoreError> {
+    let cache = CacheMatch {
+        matched_on,
+        age_ms: store_now_ms.saturating_sub(record.updated_at_ms),
+        key_fingerprint: key_fingerprint(&record.key),
+    };
+    let cached_record = CallRecord {
+        attempts: record.execution.as_ref().map(|e| e.attempt_count),
+        from_cache: true,
+        cache: Some(cache),
+        ..CallRecord::default()
+    };
+    match (record.state, record.payload, record.error) {
+        (RecordState::Done, Some(mut output), _) => {
+            output.record = cached_record;
+            Ok(Ok(output))
+        }
+        (RecordState::Failed, _, Some(stored)) => {
+            let mut error = stored.to_error();
+            *error.record_mut() = cached_record;
+            Ok(Err(error))
+        }
+        (state, _, _) => Err(StoreError::Corrupt(format!(
+            "a `{}` record without its {}",
+            state.as_str(),
+            if state == RecordState::Done {
+                "output"
+            } else {
+                "error"
+            }
+        ))),
+    }
+}
+
+/// The store failed: refuse the call, or run it without deduplication when the policy fails
+/// open.
+async fn store_failed<S, St>(
+    shared: &Shared<St>,
+    error: StoreError,
+    mut inner: S,
+    call: ToolCall,
+    plan: &Plan,
+) -> Result<ToolOutput, ToolError>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    Counters::bump(&shared.counters.store_errors);
+    let fingerprint = key_fingerprint(&plan.claim.key);
+    if plan.fail_open {
+        Counters::bump(&shared.counters.fail_open_runs);
+        tracing::warn!(
+            request_id = call.request_id(),
+            tool = call.tool_name(),
+            idempotency_key_hash = %fingerprint,
+            error = %error,
+            "dedupe store failed; running the tool without deduplication (fail open)"
+        );
+        return inner.call(call).await;
+    }
+    tracing::warn!(
+        request_id = call.request_id(),
+        tool = call.tool_name(),
+        idempotency_key_hash = %fingerprint,
+        key_source = plan.key_source.as_str(),
+        error = %error,
+        "dedupe store failed; tool call refused (fail closed)"
+    );
+    Err(error.into())
+}
+
+fn key_reused(store_key: &str, plan: &Plan) -> ToolError {
+    refusal(ErrorCode::IdempotencyKeyReused, store_key, |fingerprint| {
+        format!(
+            "the {} idempotency key (fingerprint {fingerprint}) was used before with other \
+             params; use a new idempotency key for new params",
+            plan.key_source.as_str()
+        )
+    })
+}
+
+fn in_flight(store_key: &str) -> ToolError {
+    refusal(ErrorCode::IdempotencyInFlight, store_key, |fingerprint| {
+        format!(
+            "a call with the same idempotency key (fingerprint {fingerprint}) is still running; \
+             wait for its result, or try again later"
+        )
+    })
+}
+
+fn deadline_passed(store_key: &str) -> ToolError {
+    refusal(ErrorCode::Timeout, store_key, |fingerprint| {
+        format!(
+            "the call's deadline passed while it waited for a running call with the same \
+             idempotency key (fingerprint {fingerprint}); try again later"
+        )
+    })
+}
+
+/// A refusal whose message and details name the key by its fingerprint.
+fn refusal(code: ErrorCode, store_key: &str, message: impl FnOnce(&str) -> String) -> ToolError {
+    let fingerprint = key_fingerprint(store_key);
+    ToolError::rejected(code, message(&fingerprint))
+        .with_details(serde_json::json!({ "keyFingerprint": fingerprint }))
+}
+
+/// When a duplicate must stop waiting: `control.deadlineAtMs`, on Tokio's clock.
+fn wait_deadline(call: &ToolCall) -> Option<Instant> {
+    let deadline_ms = call.control().deadline_at_ms?;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, duration_ms);
+    Some(Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms)))
+}
+
+/// Holds a claim until the result is stored; dropped while armed (the caller dropped the
+/// response future, or the tool panicked), it cancels the record so that the key is free.
+struct ClaimGuard<St: DedupeStore> {
+    store: St,
+    claimed: Option<Arc<DedupeRecord>>,
+    keep_cancelled_for: Duration,
+}
+
+impl<St: DedupeStore> ClaimGuard<St> {
+    fn disarm(&mut self) {
+        self.claimed = None;
+    }
+
+    /// Cancels the record now.
+    async fn release(&mut self) {
+        if let Some(claimed) = self.claimed.take() {
+            cancel_claim(self.store.clone(), claimed, self.keep_cancelled_for).await;
+        }
+    }
+}
+
+impl<St: DedupeStore> Drop for ClaimGuard<St> {
+    fn drop(&mut self) {
+        let Some(claimed) = self.claimed.take() else {
+            return;
+        };
+        let mut release = Box::pin(cancel_claim(
+            self.store.clone(),
+            claimed,
+            self.keep_cancelled_for,
+        ));
+        // A store that answers at once (the memory store) is done here; another finishes
+        // the release on the runtime.
+        let mut cx = Context::from_waker(Waker::noop());
+        if release.as_mut().poll(&mut cx).is_ready() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(release);
+            }
+            Err(_) => tracing::warn!(
+                "a dropped tool call could not release its idempotency key: no Tokio runtime; \
+                 the key stays held until its lease ends"
+            ),
+        }
+    }
+}
+
+async fn cancel_claim<St: DedupeStore>(store: St, claimed: Arc<DedupeRecord>, keep_for: Duration) {
+    match store.cancel(&claimed, keep_for).await {
+        Ok(true) => tracing::debug!(
+            idempotency_key_hash = %key_fingerprint(&claimed.key),
+            "idempotency key released: the call ended before its result"
+        ),
+        Ok(false) => {}
+        Err(error) => tracing::warn!(
+            idempotency_key_hash = %key_fingerprint(&claimed.key),
+            error = %error,
+            "idempotency key could not be released; it stays held until its lease ends"
+        ),
+    }
+}

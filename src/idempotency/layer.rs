@@ -1,0 +1,212 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::service::{Counters, Defaults, Idempotency, IdempotencyStats, Shared};
+use super::store::{at_least_a_millisecond, DedupeStore, InMemoryDedupeStore};
+use super::{DEFAULT_DONE_TTL, DEFAULT_FAILED_TTL, DEFAULT_INFLIGHT_LEASE};
+use crate::canonical::CanonicalOptions;
+use crate::envelope::{DedupeMode, ToolCall};
+use crate::error::{ConfigError, ToolError};
+use crate::registry::{KeyScope, OnStoreError, ParamsMismatch, ToolRegistry};
+
+/// Applies [`Idempotency`] to a service. See the [module docs](super).
+///
+/// Clones share one store, one registry and one set of counters behind an [`Arc`].
+pub struct IdempotencyLayer<St = InMemoryDedupeStore> {
+    shared: Arc<Shared<St>>,
+}
+
+impl IdempotencyLayer<InMemoryDedupeStore> {
+    /// A layer with the defaults and a fresh [`InMemoryDedupeStore`].
+    pub fn in_memory(registry: ToolRegistry) -> Self {
+        IdempotencyLayer::new(registry, InMemoryDedupeStore::new())
+    }
+}
+
+impl<St: DedupeStore> IdempotencyLayer<St> {
+    /// A layer with the defaults, keeping records in `store` and resolving each tool's
+    /// policy in `registry`.
+    pub fn new(registry: ToolRegistry, store: St) -> Self {
+        IdempotencyLayer::builder(registry, store)
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A builder for a layer with other defaults.
+    pub fn builder(registry: ToolRegistry, store: St) -> IdempotencyLayerBuilder<St> {
+        IdempotencyLayerBuilder {
+            registry,
+            store,
+            canonical: CanonicalOptions::default(),
+            defaults: Defaults {
+                mode: DedupeMode::Enforced,
+                scope: KeyScope::Session,
+                derive_keys: true,
+                done_ttl: DEFAULT_DONE_TTL,
+                failed_ttl: DEFAULT_FAILED_TTL,
+                inflight_lease: DEFAULT_INFLIGHT_LEASE,
+                on_params_mismatch: ParamsMismatch::Conflict,
+                on_store_error: OnStoreError::FailClosed,
+            },
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &St {
+        &self.shared.store
+    }
+
+    /// The store key `call` is deduplicated under, or `None` when the layer lets it through
+    /// (the layer is off for its tool, its dedupe mode is `disabled`, or it has no key and
+    /// derivation is off). Errors are those the call itself would get (params nested too
+    /// deep).
+    pub fn store_key(&self, call: &ToolCall) -> Result<Option<String>, ToolError> {
+        Ok(self.shared.plan(call)?.map(|plan| plan.claim.key))
+    }
+
+    /// What the layer has done so far, over all its services.
+    pub fn stats(&self) -> IdempotencyStats {
+        self.shared.counters.snapshot()
+    }
+}
+
+impl<St> Clone for IdempotencyLayer<St> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &self.shared.store)
+            .field("defaults", &self.shared.defaults)
+            .finish()
+    }
+}
+
+impl<S, St> Layer<S> for IdempotencyLayer<St> {
+    type Service = Idempotency<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, self.shared.clone())
+    }
+}
+
+/// Builds an [`IdempotencyLayer`]; made by [`IdempotencyLayer::builder`].
+///
+/// Every setting is a default that a tool's `policy.idempotency` overrides.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_toolcall::idempotency::{IdempotencyLayer, InMemoryDedupeStore};
+/// use tower_toolcall::registry::{OnStoreError, ToolRegistry};
+/// use tower_toolcall::DedupeMode;
+///
+/// let layer = IdempotencyLayer::builder(ToolRegistry::open(), InMemoryDedupeStore::new())
+///     .dedupe_mode(DedupeMode::BestEffort)
+///     .done_ttl(Duration::from_secs(3600))
+///     .inflight_lease(Duration::from_secs(30))
+///     .on_store_error(OnStoreError::FailOpen)
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[must_use]
+pub struct IdempotencyLayerBuilder<St> {
+    registry: ToolRegistry,
+    store: St,
+    canonical: CanonicalOptions,
+    defaults: Defaults,
+}
+
+impl<St: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayerBuilder")
+            .field("store", &self.store)
+            .field("defaults", &self.defaults)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
+    /// The dedupe mode of calls that do not say and whose tool's policy does not either
+    /// (default `enforced`).
+    pub fn dedupe_mode(mut self, mode: DedupeMode) -> Self {
+        self.defaults.mode = mode;
+        self
+    }
+
+    /// Whose calls share a key (default: the session's).
+    pub fn scope(mut self, scope: KeyScope) -> Self {
+        self.defaults.scope = scope;
+        self
+    }
+
+    /// Whether a call without a key gets one derived from its tool, params, session and
+    /// actor (default `true`).
+    pub fn derive_keys(mut self, derive: bool) -> Self {
+        self.defaults.derive_keys = derive;
+        self
+    }
+
+    /// How long a successful result is kept (default 24 h).
+    pub fn done_ttl(mut self, ttl: Duration) -> Self {
+        self.defaults.done_ttl = ttl;
+        self
+    }
+
+    /// How long a failure is kept (default 5 min); also how long a cancelled record stays
+    /// visible.
+    pub fn failed_ttl(mut self, ttl: Duration) -> Self {
+        self.defaults.failed_ttl = ttl;
+        self
+    }
+
+    /// The in-flight lease (default 2 min), renewed every half lease while the tool runs.
+    pub fn inflight_lease(mut self, lease: Duration) -> Self {
+        self.defaults.inflight_lease = lease;
+        self
+    }
+
+    /// What a reused key with other params means (default: `IDEMPOTENCY_KEY_REUSED`).
+    pub fn on_params_mismatch(mut self, mismatch: ParamsMismatch) -> Self {
+        self.defaults.on_params_mismatch = mismatch;
+        self
+    }
+
+    /// What happens to a call when the store cannot be used (default: fail closed with
+    /// `STORE_UNAVAILABLE`).
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.defaults.on_store_error = on_error;
+        self
+    }
+
+    /// The canonical options of derived keys and params digests. Keep the default to share
+    /// the canonical form cached in the params with the other layers.
+    pub fn canonical_options(mut self, options: CanonicalOptions) -> Self {
+        self.canonical = options;
+        self
+    }
+
+    /// Checks the configuration and builds the layer.
+    pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
+        at_least_a_millisecond("idempotency.done_ttl", self.defaults.done_ttl)?;
+        at_least_a_millisecond("idempotency.failed_ttl", self.defaults.failed_ttl)?;
+        at_least_a_millisecond("idempotency.inflight_lease", self.defaults.inflight_lease)?;
+        Ok(IdempotencyLayer {
+            shared: Arc::new(Shared {
+                registry: self.registry,
+                store: self.store,
+                canonical: self.canonical,
+                defaults: self.defaults,
+                counters: Counters::default(),
+            }),
+        })
+    }
+}

@@ -1,0 +1,120 @@
+//! [`IdempotencyLayer`]: each idempotency key runs the tool at most once, across retries,
+//! reconnects and replicas.
+//!
+//! # Keys
+//!
+//! A call's key is, in order: the caller's `payload.idempotencyKey`; a key a hook put on the
+//! call; else, when derivation is on (the default), the key derived from the tool, the
+//! canonical params, the session and the actor (see [`canonical::derive_key`]). A call
+//! without a key passes through. The store key is scoped to the session and actor (or, for
+//! tools whose policy says `scope = "global"`, shared by every session: a derived key then
+//! leaves the session and actor out), always prefixed by the tenant, and names the tool. Results and logs name a key only by its
+//! [fingerprint](key_fingerprint), never by itself.
+//!
+//! # What a call finds
+//!
+//! The first call claims its key atomically with an in-flight lease (2 min by default,
+//! renewed every half lease while the tool runs), runs the tool and stores the result by
+//! compare-and-set on the record's version: a success for 24 h, a failure for 5 min. A
+//! failure whose error says the request was not processed (a refusal before any effect) is
+//! not kept: the key is freed instead. A duplicate finds:
+//!
+//! | record | `enforced` (default) | `bestEffort` |
+//! |---|---|---|
+//! | in flight | waits for it, takes its result (`cache.matchedOn = "inflight"`) | `IDEMPOTENCY_IN_FLIGHT` at once |
+//! | done | the cached output (`matchedOn = "completed"`, `cache.ageMs`) | the same |
+//! | failed | the cached error | runs again when the error was retriable |
+//! | cancelled, or lease ended | claims the key and runs | the same |
+//! | other params digest | `IDEMPOTENCY_KEY_REUSED` | the same |
+//!
+//! `dedupeMode = disabled` (from the call, else the tool's policy, else the layer's default)
+//! means no deduplication. With `on_params_mismatch = "independent"` a reused key with other
+//! params is another key (the digest is appended to the store key), so both calls run.
+//!
+//! When the caller drops the response future before the result is stored, the record becomes
+//! `cancelled` and the key is free. When a holder's lease ends without a result (the process
+//! died), the next call takes the key over with a larger version; the late holder's result is
+//! refused by the version check and logged at WARN.
+//!
+//! When the store fails, the call is refused with `STORE_UNAVAILABLE` and the tool does not
+//! run (fail closed), unless the layer or the tool's policy says `on_store_error =
+//! "fail_open"`: then the tool runs without deduplication.
+//!
+//! Put the layer inside `EnvelopeValidateLayer`, so a call it refuses never reaches the
+//! store; a call this layer refuses leaves no record either.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use serde_json::json;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_toolcall::idempotency::IdempotencyLayer;
+//! use tower_toolcall::registry::ToolRegistry;
+//! use tower_toolcall::{tool_fn, MatchedOn, ToolCall, ToolOutput};
+//!
+//! # tokio_test::block_on(async {
+//! let runs = Arc::new(AtomicUsize::new(0));
+//! let counted = runs.clone();
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::in_memory(ToolRegistry::open()))
+//!     .service(tool_fn(move |_call: ToolCall| {
+//!         let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+//!         async move { Ok(ToolOutput::new(json!({"run": n}))) }
+//!     }));
+//!
+//! let call = ToolCall::builder("vault", "createFile")
+//!     .session("sess-42").actor("user-7")
+//!     .params(json!({"path": "XYZ/Foo.md"}))
+//!     .idempotency_key("create-foo-1")
+//!     .build()?;
+//! let first = svc.ready().await?.call(call.clone()).await?;
+//! let again = svc.ready().await?.call(call).await?;
+//! assert_eq!(runs.load(Ordering::SeqCst), 1);
+//! assert_eq!(again.content, first.content);
+//! assert!(again.record.from_cache);
+//! assert_eq!(again.record.cache.unwrap().matched_on, MatchedOn::Completed);
+//! # Ok::<(), tower_toolcall::ToolError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Stores
+//!
+//! [`InMemoryDedupeStore`] (the default) keeps records in the process; `RedisDedupeStore`
+//! (feature `redis`) shares them between replicas. Both implement [`DedupeStore`].
+//!
+//! [`canonical::derive_key`]: crate::canonical::derive_key
+
+mod future;
+mod key;
+mod layer;
+mod record;
+mod service;
+mod store;
+
+use std::time::Duration;
+
+pub use future::ResponseFuture;
+pub use key::{key_fingerprint, tenant_prefix};
+pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};
+pub use record::{
+    AttemptRecord, AttemptStatus, DedupeRecord, Execution, RecordRequest, RecordState, StoredError,
+};
+pub use service::{Idempotency, IdempotencyStats};
+pub use store::{
+    ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized, InMemoryDedupeStore,
+    InMemoryDedupeStoreBuilder, MemoryStoreStats, StoreError, DEFAULT_MEMORY_CAPACITY,
+    DEFAULT_SWEEP_INTERVAL,
+};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use store::{
+    RedisDedupeStore, RedisDedupeStoreBuilder, RedisStoreStats, DEFAULT_FALLBACK_POLL_INTERVAL,
+    DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_OPERATION_TIMEOUT,
+};
+
+/// How long a successful result is kept by default: 24 h.
+pub const DEFAULT_DONE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// How long a failure is kept by default: 5 min.
+pub const DEFAULT_FAILED_TTL: Duration = Duration::from_secs(5 * 60);
+/// The default in-flight lease: 2 min.
+pub const DEFAULT_INFLIGHT_LEASE: Duration = Duration::from_secs(2 * 60);

@@ -1,0 +1,269 @@
+use std::mem;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_service::Service;
+
+use super::future::{deduplicate, ResponseFuture};
+use super::key::{self, KeySource};
+use super::record::RecordRequest;
+use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
+use crate::canonical::CanonicalOptions;
+use crate::envelope::{DedupeMode, ToolCall};
+use crate::error::ToolError;
+use crate::outcome::ToolOutput;
+use crate::registry::{KeyScope, OnStoreError, ParamsMismatch, ToolRegistry};
+
+/// Executes each idempotency key at most once; made by
+/// [`IdempotencyLayer`](super::IdempotencyLayer). See the [module docs](super).
+pub struct Idempotency<S, St = InMemoryDedupeStore> {
+    inner: S,
+    shared: Arc<Shared<St>>,
+}
+
+/// What every clone of a layer and its services share.
+pub(super) struct Shared<St> {
+    pub(super) registry: ToolRegistry,
+    pub(super) store: St,
+    pub(super) canonical: CanonicalOptions,
+    pub(super) defaults: Defaults,
+    pub(super) counters: Counters,
+}
+
+/// The layer's settings, which a tool's policy overrides.
+#[derive(Clone, Debug)]
+pub(super) struct Defaults {
+    pub(super) mode: DedupeMode,
+    pub(super) scope: KeyScope,
+    pub(super) derive_keys: bool,
+    pub(super) done_ttl: Duration,
+    pub(super) failed_ttl: Duration,
+    pub(super) inflight_lease: Duration,
+    pub(super) on_params_mismatch: ParamsMismatch,
+    pub(super) on_store_error: OnStoreError,
+}
+
+/// What one call is deduplicated with.
+#[derive(Debug)]
+pub(super) struct Plan {
+    /// `Enforced` or `BestEffort`.
+    pub(super) mode: DedupeMode,
+    pub(super) claim: ClaimRequest,
+    pub(super) key_source: KeySource,
+    pub(super) done_ttl: Duration,
+    pub(super) failed_ttl: Duration,
+    pub(super) fail_open: bool,
+}
+
+impl<St: DedupeStore> Shared<St> {
+    /// How `call` is deduplicated, or `None` when it passes through: the layer is off for its
+    /// tool, its dedupe mode is `disabled`, or it has no key and derivation is off.
+    pub(super) fn plan(&self, call: &ToolCall) -> Result<Option<Plan>, ToolError> {
+        let setting = &self.registry.policy_for(call).idempotency;
+        if setting.is_off() {
+            return Ok(None);
+        }
+        let overrides = setting.overrides();
+        let mode = call
+            .transport()
+            .dedupe_mode
+            .or_else(|| overrides.and_then(|o| o.dedupe_mode))
+            .unwrap_or(self.defaults.mode);
+        if mode == DedupeMode::Disabled {
+            return Ok(None);
+        }
+        let derive = overrides
+            .and_then(|o| o.derive_key)
+            .unwrap_or(self.defaults.derive_keys);
+        let scope = overrides
+            .and_then(|o| o.scope)
+            .unwrap_or(self.defaults.scope);
+        let Some((idempotency_key, key_source)) =
+            key::idempotency_key(call, derive, scope, &self.canonical)?
+        else {
+            return Ok(None);
+        };
+        let digest = call.params().digest(&self.canonical)?;
+        let independent = overrides
+            .and_then(|o| o.on_params_mismatch)
+            .unwrap_or(self.defaults.on_params_mismatch)
+            == ParamsMismatch::Independent;
+        let store_key = key::store_key(
+            call,
+            &idempotency_key,
+            scope,
+            independent.then_some(&*digest),
+        );
+        let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
+        let fail_open = overrides
+            .and_then(|o| o.on_store_error)
+            .unwrap_or(self.defaults.on_store_error)
+            == OnStoreError::FailOpen;
+        Ok(Some(Plan {
+            mode,
+            claim: ClaimRequest {
+                key: store_key,
+                tool: format!("{}::{}", call.tool_namespace(), call.tool_name()),
+                idempotency_key,
+                request: RecordRequest {
+                    session_key: call.session_key().to_owned(),
+                    actor_id: call.actor_id().to_owned(),
+                    request_id: call.request_id().to_owned(),
+                    tool_call_id: call.envelope().tool_call_id.clone(),
+                    params_digest: digest.to_string(),
+                },
+                lease: ms(
+                    overrides.and_then(|o| o.inflight_lease_ms),
+                    self.defaults.inflight_lease,
+                ),
+                take_over_retriable_failure: mode == DedupeMode::BestEffort,
+            },
+            key_source,
+            done_ttl: ms(
+                overrides.and_then(|o| o.done_ttl_ms),
+                self.defaults.done_ttl,
+            ),
+            failed_ttl: ms(
+                overrides.and_then(|o| o.failed_ttl_ms),
+                self.defaults.failed_ttl,
+            ),
+            fail_open,
+        }))
+    }
+}
+
+/// Counts of what the layer did, shared by its clones.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) executions: AtomicU64,
+    pub(super) completed_hits: AtomicU64,
+    pub(super) inflight_joins: AtomicU64,
+    pub(super) in_flight_rejections: AtomicU64,
+    pub(super) key_conflicts: AtomicU64,
+    pub(super) released_unprocessed: AtomicU64,
+    pub(super) stale_results: AtomicU64,
+    pub(super) store_errors: AtomicU64,
+    pub(super) fail_open_runs: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn snapshot(&self) -> IdempotencyStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        IdempotencyStats {
+            executions: get(&self.executions),
+            completed_hits: get(&self.completed_hits),
+            inflight_joins: get(&self.inflight_joins),
+            in_flight_rejections: get(&self.in_flight_rejections),
+            key_conflicts: get(&self.key_conflicts),
+            released_unprocessed: get(&self.released_unprocessed),
+            stale_results: get(&self.stale_results),
+            store_errors: get(&self.store_errors),
+            fail_open_runs: get(&self.fail_open_runs),
+        }
+    }
+}
+
+/// What an [`IdempotencyLayer`](super::IdempotencyLayer) has done, counted over all its
+/// services.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IdempotencyStats {
+    /// Calls that claimed their key and ran the tool.
+    pub executions: u64,
+    /// Calls answered from a completed record.
+    pub completed_hits: u64,
+    /// Calls that waited for a running call with their key and took its result.
+    pub inflight_joins: u64,
+    /// `bestEffort` calls refused with `IDEMPOTENCY_IN_FLIGHT`.
+    pub in_flight_rejections: u64,
+    /// Calls refused with `IDEMPOTENCY_KEY_REUSED`.
+    pub key_conflicts: u64,
+    /// Executions whose error said the request was not processed: the key was released
+    /// instead of keeping the error.
+    pub released_unprocessed: u64,
+    /// Results not stored because another call had taken the key over (a late finisher).
+    pub stale_results: u64,
+    /// Store operations that failed.
+    pub store_errors: u64,
+    /// Calls run without deduplication because the store failed and the policy fails open.
+    pub fail_open_runs: u64,
+}
+
+impl<S, St> Idempotency<S, St> {
+    pub(super) fn new(inner: S, shared: Arc<Shared<St>>) -> Self {
+        Idempotency { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, by value.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Idempotency {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, St: std::fmt::Debug> std::fmt::Debug for Idempotency<S, St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("store", &self.shared.store)
+            .field("defaults", &self.shared.defaults)
+            .finish()
+    }
+}
+
+impl<S, St> Service<ToolCall> for Idempotency<S, St>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    St: DedupeStore,
+{
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        match self.shared.plan(&call) {
+            Ok(None) => ResponseFuture::passed(self.inner.call(call)),
+            Ok(Some(plan)) => {
+                // The ready service goes into the future; this one keeps a fresh clone.
+                let clone = self.inner.clone();
+                let inner = mem::replace(&mut self.inner, clone);
+                ResponseFuture::deduplicated(Box::pin(deduplicate(
+                    self.shared.clone(),
+                    inner,
+                    call,
+                    plan,
+                )))
+            }
+            Err(error) => ResponseFuture::rejected(error),
+        }
+    }
+}

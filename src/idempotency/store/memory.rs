@@ -1,0 +1,512 @@
+//! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lru::LruCache;
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::{
+    at_least_a_millisecond, duration_ms, ClaimOutcome, ClaimRequest, Completion, DedupeStore,
+    Finalized, StoreError,
+};
+use crate::error::ConfigError;
+use crate::idempotency::record::{DedupeRecord, RecordState};
+
+/// The default capacity: 25 000 records.
+pub const DEFAULT_MEMORY_CAPACITY: usize = 25_000;
+/// The default interval of the background sweep of expired records: one minute.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The embedded dedupe store: records in this process, bounded, waiters woken without
+/// polling.
+///
+/// - In-flight records live in a map of their own, each with a channel that wakes the calls
+///   waiting on it when it is finalized, cancelled, taken over or deleted.
+/// - Settled records (`done`, `failed`, `cancelled`) live in a least-recently-used list. At
+///   capacity (in-flight and settled together, 25 000 by default) a new key evicts the least
+///   recently used settled record; an in-flight record is never evicted. When every record is
+///   in flight the claim fails with [`StoreError::CapacityExhausted`] (the layer answers
+///   `STORE_UNAVAILABLE`), which is counted and logged.
+/// - Expired records are ignored when read and removed by a background sweep (every minute
+///   by default) that starts with the first claim and stops when the last handle to the store
+///   is dropped.
+/// - Time is Tokio's, so tests with paused time govern TTLs and leases.
+///
+/// Clones share the store.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_toolcall::idempotency::InMemoryDedupeStore;
+///
+/// let store = InMemoryDedupeStore::builder()
+///     .capacity(10_000)
+///     .sweep_interval(Duration::from_secs(30))
+///     .build()?;
+/// assert_eq!(store.stats().records, 0);
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct InMemoryDedupeStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    capacity: usize,
+    sweep_interval: Duration,
+    clock: Clock,
+    sweeper_started: AtomicBool,
+    evicted: AtomicU64,
+    rejected_at_capacity: AtomicU64,
+    expired: AtomicU64,
+}
+
+struct State {
+    inflight: HashMap<Arc<str>, Inflight>,
+    settled: LruCache<Arc<str>, Arc<DedupeRecord>>,
+    last_version: u64,
+}
+
+struct Inflight {
+    record: Arc<DedupeRecord>,
+    settled: watch::Sender<Option<Arc<DedupeRecord>>>,
+}
+
+/// What an [`InMemoryDedupeStore`] holds and has done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStoreStats {
+    /// Records held, in flight and settled.
+    pub records: usize,
+    /// Records in flight.
+    pub inflight: usize,
+    /// Settled records evicted to make room.
+    pub evicted: u64,
+    /// Claims refused because every record was in flight at capacity.
+    pub rejected_at_capacity: u64,
+    /// Records removed because they expired.
+    pub expired: u64,
+}
+
+/// Unix milliseconds on Tokio's clock.
+struct Clock {
+    origin: Instant,
+    origin_unix_ms: u64,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        let origin_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, duration_ms);
+        Clock {
+            origin: Instant::now(),
+            origin_unix_ms,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.origin_unix_ms.saturating_add(duration_ms(
+            Instant::now().saturating_duration_since(self.origin),
+        ))
+    }
+
+    fn instant_at(&self, unix_ms: u64) -> Instant {
+        self.origin + Duration::from_millis(unix_ms.saturating_sub(self.origin_unix_ms))
+    }
+}
+
+impl InMemoryDedupeStore {
+    /// A store with the default capacity and sweep interval.
+    pub fn new() -> Self {
+        InMemoryDedupeStore::builder()
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A builder for a store with another capacity or sweep interval.
+    pub fn builder() -> InMemoryDedupeStoreBuilder {
+        InMemoryDedupeStoreBuilder {
+            capacity: DEFAULT_MEMORY_CAPACITY,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+        }
+    }
+
+    /// What the store holds and has done.
+    pub fn stats(&self) -> MemoryStoreStats {
+        let state = self.shared.lock();
+        MemoryStoreStats {
+            records: state.inflight.len() + state.settled.len(),
+            inflight: state.inflight.len(),
+            evicted: self.shared.evicted.load(Ordering::Relaxed),
+            rejected_at_capacity: self.shared.rejected_at_capacity.load(Ordering::Relaxed),
+            expired: self.shared.expired.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The capacity.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
+    }
+
+    /// Starts the background sweep, once, when a Tokio runtime is there to run it. It holds
+    /// only a weak reference, so it ends when the last handle to the store is dropped.
+    fn start_sweeper(&self) {
+        if self.shared.sweeper_started.load(Ordering::Relaxed)
+            || self.shared.sweeper_started.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(sweep_periodically(
+                    Arc::downgrade(&self.shared),
+                    self.shared.sweep_interval,
+                ));
+            }
+            Err(_) => self.shared.sweeper_started.store(false, Ordering::Release),
+        }
+    }
+}
+
+impl Default for InMemoryDedupeStore {
+    fn default() -> Self {
+        InMemoryDedupeStore::new()
+    }
+}
+
+impl fmt::Debug for InMemoryDedupeStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryDedupeStore")
+            .field("capacity", &self.shared.capacity)
+            .field("sweep_interval", &self.shared.sweep_interval)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+async fn sweep_periodically(shared: Weak<Shared>, every: Duration) {
+    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let removed = shared.sweep();
+        if removed > 0 {
+            tracing::debug!(removed, "swept expired dedupe records");
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock, so a poisoned state is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sweep(&self) -> u64 {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        let expired: Vec<Arc<str>> = state
+            .settled
+            .iter()
+            .filter(|(_, record)| record.expires_at_ms <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &expired {
+            state.settled.pop(key);
+        }
+        let before = state.inflight.len();
+        // Dropping an entry drops its channel, which wakes its waiters.
+        state
+            .inflight
+            .retain(|_, entry| entry.record.lock_until_ms.is_some_and(|until| until > now));
+        let removed = (expired.len() + before - state.inflight.len()) as u64;
+        self.expired.fetch_add(removed, Ordering::Relaxed);
+        removed
+    }
+
+    /// The live record of `key` at `now`, without touching the LRU order.
+    fn current(&self, state: &State, key: &str, now: u64) -> Option<DedupeRecord> {
+        if let Some(entry) = state.inflight.get(key) {
+            let live = entry.record.lock_until_ms.is_some_and(|until| until > now);
+            return live.then(|| (*entry.record).clone());
+        }
+        state
+            .settled
+            .peek(key)
+            .filter(|record| record.expires_at_ms > now)
+            .map(|record| (**record).clone())
+    }
+
+    fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        let key: &str = &request.key;
+        let mut reused_key = None;
+        if let Some(entry) = state.inflight.get(key) {
+            if request.is_held_by(&entry.record, now) {
+                return Ok(ClaimOutcome::Existing {
+                    record: (*entry.record).clone(),
+                    now_ms: now,
+                });
+            }
+            // The lease ended: take the key over. Dropping the entry wakes its waiters.
+            tracing::debug!(
+                version = entry.record.version,
+                "taking over a dedupe record whose lease ended"
+            );
+            reused_key = state.inflight.remove_entry(key).map(|(k, _)| k);
+        } else if let Some(record) = state.settled.get(key) {
+            let expired = record.expires_at_ms <= now;
+            if !expired && request.is_held_by(record, now) {
+                return Ok(ClaimOutcome::Existing {
+                    record: (**record).clone(),
+                    now_ms: now,
+                });
+            }
+            reused_key = state.settled.pop_entry(key).map(|(k, _)| k);
+        } else if state.inflight.len() + state.settled.len() >= self.capacity {
+            if state.settled.pop_lru().is_some() {
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+            } else {
+                drop(state);
+                self.rejected_at_capacity.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    capacity = self.capacity,
+                    "dedupe store full of in-flight records; claim refused"
+                );
+                return Err(StoreError::CapacityExhausted {
+                    capacity: self.capacity,
+                });
+            }
+        }
+        state.last_version += 1;
+        let record = request.inflight_record(state.last_version, now);
+        let (settled, _) = watch::channel(None);
+        let key = reused_key.unwrap_or_else(|| Arc::from(key));
+        state.inflight.insert(
+            key,
+            Inflight {
+                record: Arc::new(record.clone()),
+                settled,
+            },
+        );
+        Ok(ClaimOutcome::Claimed(record))
+    }
+
+    /// Replaces the in-flight record `claimed` by `settle(now)`, if the claim still holds.
+    fn settle(
+        &self,
+        claimed: &DedupeRecord,
+        settle: impl FnOnce(u64) -> DedupeRecord,
+    ) -> Finalized {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        let key: &str = &claimed.key;
+        let holds = match state.inflight.get(key) {
+            Some(entry) if entry.record.version == claimed.version => None,
+            Some(entry) => Some(Some(entry.record.version)),
+            None => Some(state.settled.peek(key).map(|record| record.version)),
+        };
+        if let Some(current_version) = holds {
+            return Finalized::Stale { current_version };
+        }
+        let (key, entry) = state
+            .inflight
+            .remove_entry(key)
+            .expect("the entry was found above");
+        let record = Arc::new(settle(now));
+        state.settled.put(key, record.clone());
+        drop(state);
+        entry.settled.send_replace(Some(record));
+        Finalized::Written
+    }
+
+    fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> bool {
+        let now = self.clock.now_ms();
+        let mut state = self.lock();
+        let Some(entry) = state.inflight.get_mut(claimed.key.as_str()) else {
+            return false;
+        };
+        let live = entry.record.lock_until_ms.is_some_and(|until| until > now);
+        if entry.record.version != claimed.version || !live {
+            return false;
+        }
+        let until = now.saturating_add(duration_ms(lease));
+        let mut record = (*entry.record).clone();
+        record.lock_until_ms = Some(until);
+        record.expires_at_ms = until;
+        record.updated_at_ms = now;
+        entry.record = Arc::new(record);
+        true
+    }
+
+    fn remove(&self, key: &str) -> bool {
+        let mut state = self.lock();
+        state.inflight.remove(key).is_some() || state.settled.pop(key).is_some()
+    }
+
+    fn flush_prefix(&self, prefix: &str) -> u64 {
+        let mut state = self.lock();
+        let before = state.inflight.len();
+        state.inflight.retain(|key, _| !key.starts_with(prefix));
+        let settled: Vec<Arc<str>> = state
+            .settled
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &settled {
+            state.settled.pop(key);
+        }
+        (before - state.inflight.len() + settled.len()) as u64
+    }
+}
+
+impl DedupeStore for InMemoryDedupeStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.start_sweeper();
+        self.shared.claim(request)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<DedupeRecord>, StoreError> {
+        let now = self.shared.clock.now_ms();
+        let state = self.shared.lock();
+        Ok(self.shared.current(&state, key, now))
+    }
+
+    async fn finalize(
+        &self,
+        claimed: &DedupeRecord,
+        completion: Completion,
+    ) -> Result<Finalized, StoreError> {
+        Ok(self
+            .shared
+            .settle(claimed, |now| completion.settle(claimed, now)))
+    }
+
+    async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
+        let written = self.shared.settle(claimed, |now| {
+            let keep_ms = duration_ms(keep_for);
+            DedupeRecord {
+                state: RecordState::Cancelled,
+                updated_at_ms: now,
+                expires_at_ms: now.saturating_add(keep_ms),
+                ttl_ms: keep_ms,
+                lock_until_ms: None,
+                ..claimed.clone()
+            }
+        });
+        Ok(written == Finalized::Written)
+    }
+
+    async fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> Result<bool, StoreError> {
+        Ok(self.shared.renew(claimed, lease))
+    }
+
+    async fn wait(&self, seen: &DedupeRecord) -> Result<Option<DedupeRecord>, StoreError> {
+        loop {
+            let now = self.shared.clock.now_ms();
+            let (mut settled, lock_until) = {
+                let state = self.shared.lock();
+                match state.inflight.get(seen.key.as_str()) {
+                    Some(entry) if entry.record.version == seen.version => {
+                        let until = entry.record.lock_until_ms.unwrap_or(0);
+                        if until <= now {
+                            return Ok(None);
+                        }
+                        (entry.settled.subscribe(), until)
+                    }
+                    _ => return Ok(self.shared.current(&state, &seen.key, now)),
+                }
+            };
+            let lease_end = self.shared.clock.instant_at(lock_until);
+            match tokio::time::timeout_at(lease_end, settled.changed()).await {
+                Ok(Ok(())) => {
+                    let record = settled.borrow_and_update().clone();
+                    return Ok(record.map(|r| (*r).clone()));
+                }
+                // The entry went away without a result: taken over, deleted or swept.
+                Ok(Err(_)) => {
+                    let now = self.shared.clock.now_ms();
+                    let state = self.shared.lock();
+                    return Ok(self.shared.current(&state, &seen.key, now));
+                }
+                // The lease ended, unless it was renewed: look again.
+                Err(_) => continue,
+            }
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.shared.remove(key))
+    }
+
+    async fn flush_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        Ok(self.shared.flush_prefix(prefix))
+    }
+
+    async fn sweep_expired(&self) -> Result<u64, StoreError> {
+        Ok(self.shared.sweep())
+    }
+
+    async fn size(&self) -> Result<u64, StoreError> {
+        let state = self.shared.lock();
+        Ok((state.inflight.len() + state.settled.len()) as u64)
+    }
+}
+
+/// Builds an [`InMemoryDedupeStore`]; made by [`InMemoryDedupeStore::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct InMemoryDedupeStoreBuilder {
+    capacity: usize,
+    sweep_interval: Duration,
+}
+
+impl InMemoryDedupeStoreBuilder {
+    /// The most records held, in flight and settled (default 25 000).
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// How often expired records are swept (default one minute).
+    pub fn sweep_interval(mut self, every: Duration) -> Self {
+        self.sweep_interval = every;
+        self
+    }
+
+    /// Checks the configuration and builds the store.
+    pub fn build(self) -> Result<InMemoryDedupeStore, ConfigError> {
+        let capacity = NonZeroUsize::new(self.capacity).ok_or_else(|| {
+            ConfigError::new("idempotency.store.capacity", "must be at least 1, got 0")
+        })?;
+        at_least_a_millisecond("idempotency.store.sweep_interval", self.sweep_interval)?;
+        Ok(InMemoryDedupeStore {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    inflight: HashMap::new(),
+                    settled: LruCache::unbounded(),
+                    last_version: 0,
+                }),
+                capacity: capacity.get(),
+                sweep_interval: self.sweep_interval,
+                clock: Clock::new(),
+                sweeper_started: AtomicBool::new(false),
+                evicted: AtomicU64::new(0),
+                rejected_at_capacity: AtomicU64::new(0),
+                expired: AtomicU64::new(0),
+            }),
+        })
+    }
+}

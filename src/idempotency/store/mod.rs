@@ -1,0 +1,299 @@
+//! Dedupe stores: the [`DedupeStore`] trait and its implementations.
+//!
+//! A store keeps one [`DedupeRecord`] per store key and makes each step of its life atomic:
+//! claiming a free key under an in-flight lease, finalizing it with the result by
+//! compare-and-set on the record's version, cancelling it, renewing the lease. It also lets a
+//! duplicate wait for a running execution without polling.
+//!
+//! [`InMemoryDedupeStore`] keeps records in the process; `RedisDedupeStore` (feature `redis`)
+//! shares them between replicas.
+
+mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+pub use memory::{
+    InMemoryDedupeStore, InMemoryDedupeStoreBuilder, MemoryStoreStats, DEFAULT_MEMORY_CAPACITY,
+    DEFAULT_SWEEP_INTERVAL,
+};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::{
+    RedisDedupeStore, RedisDedupeStoreBuilder, RedisStoreStats, DEFAULT_FALLBACK_POLL_INTERVAL,
+    DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_OPERATION_TIMEOUT,
+};
+
+use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};
+use crate::error::{ConfigError, ErrorCode, ToolError};
+use crate::outcome::ToolOutput;
+
+/// A store of dedupe records.
+///
+/// Every method is atomic with respect to the others for one key. Implementations are cheap
+/// handles (`Clone` shares the store), so a response future can keep one to release its claim
+/// when the caller drops it.
+///
+/// Freeness: a key is free when it has no record, when its record is `cancelled`, or when its
+/// in-flight lease has ended. A free key is claimed with a version larger than any the key had.
+pub trait DedupeStore: Clone + Send + Sync + 'static {
+    /// Claims the key of `request` for a new execution when it is free (and, when
+    /// `request.take_over_retriable_failure` is set, when it holds a retriable failure with
+    /// the same params digest); otherwise returns the record that holds it.
+    fn claim(
+        &self,
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+
+    /// The record of `key`, if the store has a live one.
+    fn get(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<DedupeRecord>, StoreError>> + Send;
+
+    /// Writes the result of the execution that claimed `claimed`, if its claim still holds
+    /// (the record is in flight with `claimed.version`); wakes every waiter.
+    fn finalize(
+        &self,
+        claimed: &DedupeRecord,
+        completion: Completion,
+    ) -> impl Future<Output = Result<Finalized, StoreError>> + Send;
+
+    /// Marks the record `cancelled` (kept for `keep_for`, the key free), if the claim still
+    /// holds; wakes every waiter. `true` when it did.
+    fn cancel(
+        &self,
+        claimed: &DedupeRecord,
+        keep_for: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Extends the lease of `claimed` to `lease` from now, if the claim still holds. `true`
+    /// when it did.
+    fn renew(
+        &self,
+        claimed: &DedupeRecord,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Waits, without polling, until the in-flight record `seen` is settled, cancelled,
+    /// replaced or gone, or its lease ends. Returns the record that replaced it, or `None`
+    /// when the key has no live record any more (claim it again).
+    fn wait(
+        &self,
+        seen: &DedupeRecord,
+    ) -> impl Future<Output = Result<Option<DedupeRecord>, StoreError>> + Send;
+
+    /// Deletes the record of `key`. `true` when there was one.
+    fn delete(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes every record whose store key starts with `prefix` (see
+    /// [`tenant_prefix`](super::tenant_prefix)); returns how many.
+    fn flush_prefix(&self, prefix: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Removes the records that have expired; returns how many. Stores whose backend
+    /// expires records itself return 0.
+    fn sweep_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// How many records the store holds.
+    fn size(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// What a call asks of [`DedupeStore::claim`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// The store key.
+    pub key: String,
+    /// `namespace::name` of the tool.
+    pub tool: String,
+    /// The idempotency key.
+    pub idempotency_key: String,
+    /// The call.
+    pub request: RecordRequest,
+    /// The in-flight lease.
+    pub lease: Duration,
+    /// Take over a `failed` record whose error is retriable and whose params digest is the
+    /// same (dedupe mode `bestEffort`).
+    pub take_over_retriable_failure: bool,
+}
+
+impl ClaimRequest {
+    /// The in-flight record a store writes for this claim.
+    pub fn inflight_record(&self, version: u64, now_ms: u64) -> DedupeRecord {
+        let lease_ms = duration_ms(self.lease);
+        let lock_until_ms = now_ms.saturating_add(lease_ms);
+        DedupeRecord {
+            key: self.key.clone(),
+            tool: self.tool.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            state: RecordState::Inflight,
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            expires_at_ms: lock_until_ms,
+            ttl_ms: lease_ms,
+            request: self.request.clone(),
+            execution: None,
+            payload: None,
+            error: None,
+            lock_until_ms: Some(lock_until_ms),
+            version,
+        }
+    }
+
+    /// `true` when `record` holds the key against this claim.
+    ///
+    /// The rule every store applies: a cancelled record and an in-flight record whose lease
+    /// ended at `now_ms` never hold it; a retriable failure with the same params digest does
+    /// not hold it when the claim takes such failures over.
+    pub fn is_held_by(&self, record: &DedupeRecord, now_ms: u64) -> bool {
+        match record.state {
+            RecordState::Cancelled => false,
+            RecordState::Inflight => record.lock_until_ms.is_some_and(|until| until > now_ms),
+            RecordState::Failed => {
+                let retriable = record.error.as_ref().is_some_and(|e| e.retriable);
+                !(self.take_over_retriable_failure
+                    && retriable
+                    && record.request.params_digest == self.request.params_digest)
+            }
+            RecordState::Done => true,
+        }
+    }
+}
+
+/// What [`DedupeStore::claim`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClaimOutcome {
+    /// The key was free: this in-flight record now holds it for the caller.
+    Claimed(DedupeRecord),
+    /// Another record holds the key.
+    Existing {
+        /// That record.
+        record: DedupeRecord,
+        /// The store's clock when it was read, in Unix milliseconds.
+        now_ms: u64,
+    },
+}
+
+/// The result of an execution, for [`DedupeStore::finalize`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    /// The output, or the error.
+    pub result: Result<ToolOutput, StoredError>,
+    /// The attempts it took.
+    pub execution: Execution,
+    /// How long the record is kept.
+    pub ttl: Duration,
+}
+
+impl Completion {
+    /// The settled record that `claimed` becomes at `now_ms`.
+    pub fn settle(self, claimed: &DedupeRecord, now_ms: u64) -> DedupeRecord {
+        let ttl_ms = duration_ms(self.ttl);
+        let (state, payload, error) = match self.result {
+            Ok(output) => (RecordState::Done, Some(output), None),
+            Err(error) => (RecordState::Failed, None, Some(error)),
+        };
+        DedupeRecord {
+            state,
+            updated_at_ms: now_ms,
+            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            ttl_ms,
+            execution: Some(self.execution),
+            payload,
+            error,
+            lock_until_ms: None,
+            ..claimed.clone()
+        }
+    }
+}
+
+/// What [`DedupeStore::finalize`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finalized {
+    /// The result is stored.
+    Written,
+    /// The claim no longer held (its lease ended and another call took the key over, or the
+    /// record was deleted): nothing was written.
+    Stale {
+        /// The version that holds the key now, if any.
+        current_version: Option<u64>,
+    },
+}
+
+/// Why a store could not do what it was asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached, or answered with an error.
+    Unavailable(String),
+    /// The store did not answer within the operation timeout.
+    Timeout(Duration),
+    /// The store is full and every record in it is in flight, so none can be evicted.
+    CapacityExhausted {
+        /// The store's capacity.
+        capacity: usize,
+    },
+    /// A stored record could not be read back.
+    Corrupt(String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Unavailable(problem) => {
+                write!(f, "the dedupe store is unavailable: {problem}")
+            }
+            StoreError::Timeout(after) => write!(
+                f,
+                "the dedupe store did not answer within {} ms",
+                after.as_millis()
+            ),
+            StoreError::CapacityExhausted { capacity } => write!(
+                f,
+                "the dedupe store holds {capacity} records, all in flight, and evicts none of them"
+            ),
+            StoreError::Corrupt(problem) => {
+                write!(
+                    f,
+                    "the dedupe store holds a record it cannot read: {problem}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl From<StoreError> for ToolError {
+    /// `STORE_UNAVAILABLE`, retriable, the tool not run.
+    fn from(error: StoreError) -> ToolError {
+        let advice = match error {
+            StoreError::CapacityExhausted { .. } => {
+                "raise the store's capacity or lower the in-flight lease"
+            }
+            _ => "try again later",
+        };
+        ToolError::rejected(
+            ErrorCode::StoreUnavailable,
+            format!("{error}; the tool was not run; {advice}"),
+        )
+        .with_source(error)
+    }
+}
+
+pub(crate) fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Refuses a configured duration under one millisecond, the resolution of records.
+pub(crate) fn at_least_a_millisecond(field: &str, value: Duration) -> Result<(), ConfigError> {
+    if value < Duration::from_millis(1) {
+        return Err(ConfigError::new(
+            field,
+            format!("must be at least 1 ms, got {} µs", value.as_micros()),
+        ));
+    }
+    Ok(())
+}

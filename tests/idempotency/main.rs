@@ -1,0 +1,1466 @@
+//! The idempotency layer and its stores. Every case of the shared suite is written once and
+//! runs for `InMemoryDedupeStore` (paused time) and for `RedisDedupeStore` on a real
+//! `redis-server` that each test starts on a free loopback port (real time, short TTLs).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_toolcall::canonical::{canonical_json, params_digest, CanonicalOptions};
+use tower_toolcall::idempotency::{
+    key_fingerprint, tenant_prefix, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Execution,
+    Finalized, IdempotencyLayer, InMemoryDedupeStore, RecordRequest, RecordState, StoreError,
+};
+use tower_toolcall::registry::{
+    IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch, RiskLevel,
+    ToolDescriptor, ToolPolicy, ToolRegistry,
+};
+use tower_toolcall::{
+    tool_fn, DedupeMode, EnvelopeValidateLayer, ErrorClass, ErrorCode, MatchedOn,
+    ResultEnvelopeLayer, ToolCall, ToolError, ToolOutput,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Backends
+
+/// A store to run the suite against, and how time passes for it.
+trait Backend: Send + Sync + 'static {
+    type Store: DedupeStore + std::fmt::Debug;
+
+    /// A new handle to the backend's store: for Redis, another replica with its own
+    /// connections.
+    fn store(&self) -> Self::Store;
+
+    /// Lets `by` pass: paused time for memory, real time for Redis.
+    fn elapse(&self, by: Duration) -> impl Future<Output = ()> + Send;
+
+    /// A duration the case names (`24 h`, `2 min`) as this backend can wait for it: the
+    /// duration itself with paused time, a short real one for Redis.
+    fn time(&self, nominal: Duration) -> Duration;
+
+    /// Whether ages are exact (paused time).
+    fn exact_time(&self) -> bool;
+}
+
+struct Memory {
+    store: InMemoryDedupeStore,
+}
+
+impl Memory {
+    fn new() -> Memory {
+        Memory {
+            store: InMemoryDedupeStore::new(),
+        }
+    }
+}
+
+impl Backend for Memory {
+    type Store = InMemoryDedupeStore;
+
+    fn store(&self) -> InMemoryDedupeStore {
+        self.store.clone()
+    }
+
+    fn elapse(&self, by: Duration) -> impl Future<Output = ()> + Send {
+        // With paused time, sleeping moves the clock from timer to timer and lets every task
+        // run in between, as if the time had passed.
+        tokio::time::sleep(by)
+    }
+
+    fn time(&self, nominal: Duration) -> Duration {
+        nominal
+    }
+
+    fn exact_time(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis_backend {
+    use super::*;
+    use support::redis_server::RedisServer;
+    use tower_toolcall::idempotency::RedisDedupeStore;
+
+    pub(crate) struct Redis {
+        pub(crate) server: Mutex<RedisServer>,
+        url: String,
+    }
+
+    impl Redis {
+        pub(crate) fn start() -> Redis {
+            let server = RedisServer::start();
+            let url = server.url();
+            Redis {
+                server: Mutex::new(server),
+                url,
+            }
+        }
+
+        pub(crate) fn replica(&self, operation_timeout: Duration) -> RedisDedupeStore {
+            RedisDedupeStore::builder(self.url.as_str())
+                .operation_timeout(operation_timeout)
+                .build()
+                .expect("a valid store configuration")
+        }
+    }
+
+    impl Backend for Redis {
+        type Store = RedisDedupeStore;
+
+        fn store(&self) -> RedisDedupeStore {
+            self.replica(Duration::from_secs(2))
+        }
+
+        fn elapse(&self, by: Duration) -> impl Future<Output = ()> + Send {
+            tokio::time::sleep(by)
+        }
+
+        fn time(&self, nominal: Duration) -> Duration {
+            nominal.min(Duration::from_millis(400))
+        }
+
+        fn exact_time(&self) -> bool {
+            false
+        }
+    }
+}
+
+/// Runs each case once per store.
+macro_rules! store_suite {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $case() {
+                    super::$case(super::Memory::new()).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "redis")]
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::redis_backend::Redis::start()).await;
+                }
+            )*
+        }
+    };
+}
+
+store_suite!(
+    concurrent_identical_calls_run_the_tool_once,
+    best_effort_duplicate_in_flight_fails_fast,
+    done_is_answered_from_cache_until_its_ttl_ends,
+    result_envelope_reports_the_cache_match,
+    retriable_failure_runs_again_under_best_effort_only,
+    terminal_failure_is_answered_from_cache,
+    same_key_with_other_params_is_a_conflict_or_an_independent_key,
+    scope_session_global_and_tenant_separate_keys,
+    dropped_first_caller_cancels_and_frees_the_key,
+    holder_that_stops_loses_its_key_and_its_late_result,
+    lease_is_renewed_while_the_tool_runs,
+    refused_calls_leave_no_record,
+    error_that_was_not_processed_frees_the_key,
+    calls_pass_through_when_deduplication_is_off,
+    store_claims_finalizes_and_fences_by_version,
+    store_deletes_and_flushes_by_tenant_prefix,
+);
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+const NS: &str = "vault";
+const TOOL: &str = "createFile";
+
+/// A tool service, or a stack over one, that the tests can clone and spawn.
+trait ToolStack:
+    Service<ToolCall, Response = ToolOutput, Error = ToolError, Future: Send> + Clone + Send + 'static
+{
+}
+
+impl<T> ToolStack for T where
+    T: Service<ToolCall, Response = ToolOutput, Error = ToolError, Future: Send>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
+/// What the mock tool answers on its `n`-th run (from 1).
+type Respond = Arc<dyn Fn(&ToolCall, usize) -> Result<ToolOutput, ToolError> + Send + Sync>;
+
+/// A mock tool: counts its runs, announces each start, takes `delay`, and answers.
+#[derive(Clone)]
+struct MockTool {
+    runs: Arc<AtomicUsize>,
+    started: Arc<Notify>,
+    delay: Duration,
+    respond: Respond,
+}
+
+impl MockTool {
+    fn echo(delay: Duration) -> MockTool {
+        MockTool::responding(delay, |call, n| {
+            Ok(
+                ToolOutput::new(json!({"run": n, "params": call.params().as_value()}))
+                    .with_metadata("etag", json!(format!("e{n}"))),
+            )
+        })
+    }
+
+    fn responding(
+        delay: Duration,
+        respond: impl Fn(&ToolCall, usize) -> Result<ToolOutput, ToolError> + Send + Sync + 'static,
+    ) -> MockTool {
+        MockTool {
+            runs: Arc::default(),
+            started: Arc::default(),
+            delay,
+            respond: Arc::new(respond),
+        }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    fn service(&self) -> impl ToolStack {
+        let tool = self.clone();
+        tool_fn(move |call: ToolCall| {
+            let tool = tool.clone();
+            async move {
+                let n = tool.runs.fetch_add(1, Ordering::SeqCst) + 1;
+                tool.started.notify_one();
+                tokio::time::sleep(tool.delay).await;
+                (tool.respond)(&call, n)
+            }
+        })
+    }
+}
+
+/// `idem` over the mock tool.
+fn over<St: DedupeStore>(idem: &IdempotencyLayer<St>, tool: &MockTool) -> impl ToolStack {
+    idem.layer(tool.service())
+}
+
+fn registry(policy: ToolPolicy) -> ToolRegistry {
+    ToolRegistry::builder()
+        .tool(ToolDescriptor::new(NS, TOOL, RiskLevel::Writes).policy(policy))
+        .build()
+        .unwrap()
+}
+
+fn policy(overrides: IdempotencyOverrides) -> ToolPolicy {
+    ToolPolicy {
+        idempotency: LayerSetting::On(overrides),
+        ..ToolPolicy::default()
+    }
+}
+
+fn layer<St: DedupeStore>(store: St, policy: ToolPolicy) -> IdempotencyLayer<St> {
+    IdempotencyLayer::new(registry(policy), store)
+}
+
+/// A call of the tool in `session` with `params`.
+fn call(session: &str, params: Value) -> tower_toolcall::envelope::ToolCallBuilder {
+    ToolCall::builder(NS, TOOL)
+        .session(session)
+        .actor("user-7")
+        .params(params)
+}
+
+async fn run<Svc>(svc: &Svc, call: ToolCall) -> Result<ToolOutput, ToolError>
+where
+    Svc: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone,
+{
+    svc.clone().oneshot(call).await
+}
+
+fn matched_on(output: &ToolOutput) -> Option<MatchedOn> {
+    output.record.cache.as_ref().map(|c| c.matched_on)
+}
+
+/// Polls `check` until it holds, letting time pass (up to `limit` of it).
+async fn eventually<B: Backend, F, Fut>(b: &B, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let step = Duration::from_millis(10);
+    let mut waited = Duration::ZERO;
+    while !check().await {
+        assert!(
+            waited < limit,
+            "the condition did not hold within {limit:?}"
+        );
+        b.elapse(step).await;
+        waited += step;
+    }
+}
+
+/// A future that can be frozen: while frozen it is not polled at all, as if its process
+/// had stopped.
+struct Freezable<F> {
+    inner: Pin<Box<F>>,
+    control: Arc<Mutex<(bool, Option<Waker>)>>,
+}
+
+#[derive(Clone)]
+struct Freezer(Arc<Mutex<(bool, Option<Waker>)>>);
+
+impl Freezer {
+    fn freeze(&self) {
+        self.0.lock().unwrap().0 = true;
+    }
+
+    fn thaw(&self) {
+        let waker = {
+            let mut control = self.0.lock().unwrap();
+            control.0 = false;
+            control.1.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+fn freezable<F: Future>(inner: F) -> (Freezable<F>, Freezer) {
+    let control = Arc::new(Mutex::new((false, None)));
+    (
+        Freezable {
+            inner: Box::pin(inner),
+            control: control.clone(),
+        },
+        Freezer(control),
+    )
+}
+
+impl<F: Future> Future for Freezable<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        {
+            let mut control = self.control.lock().unwrap();
+            if control.0 {
+                control.1 = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+        }
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shared suite
+
+async fn concurrent_identical_calls_run_the_tool_once<B: Backend>(b: B) {
+    let tool = MockTool::echo(Duration::from_millis(300));
+    let layer = layer(b.store(), ToolPolicy::default());
+    let svc = over(&layer, &tool);
+    let params = json!({"path": "XYZ/Foo.md", "content": "hello"});
+
+    let calls: Vec<_> = (0..100)
+        .map(|_| {
+            let svc = svc.clone();
+            let call = call("sess-42", params.clone()).build().unwrap();
+            tokio::spawn(async move { svc.oneshot(call).await })
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for handle in calls {
+        outputs.push(handle.await.unwrap().expect("every call succeeds"));
+    }
+
+    assert_eq!(tool.runs(), 1, "the tool runs once for 100 identical calls");
+    let first = &outputs[0].content;
+    assert!(outputs.iter().all(|o| &o.content == first));
+    assert!(outputs.iter().all(|o| o.metadata == outputs[0].metadata));
+    let joined = outputs
+        .iter()
+        .filter(|o| o.record.from_cache && matched_on(o) == Some(MatchedOn::Inflight))
+        .count();
+    assert_eq!(joined, 99);
+    assert_eq!(outputs.iter().filter(|o| !o.record.from_cache).count(), 1);
+    let stats = layer.stats();
+    assert_eq!((stats.executions, stats.inflight_joins), (1, 99));
+}
+
+async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
+    let tool = MockTool::echo(Duration::from_millis(500));
+    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    let make = || {
+        call("sess-42", json!({"path": "a.md"}))
+            .dedupe_mode(DedupeMode::BestEffort)
+            .build()
+            .unwrap()
+    };
+    let first = tokio::spawn(run_owned(svc.clone(), make()));
+    tool.started.notified().await;
+
+    let err = run(&svc, make()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::IdempotencyInFlight);
+    assert!(err.is_retriable() && err.is_not_processed());
+    assert!(err.details().unwrap()["keyFingerprint"].is_string());
+    assert!(
+        !first.is_finished(),
+        "refused while the first call still runs"
+    );
+    assert_eq!(tool.runs(), 1);
+
+    let out = first.await.unwrap().unwrap();
+    assert!(!out.record.from_cache);
+    assert_eq!(tool.runs(), 1);
+}
+
+async fn run_owned<Svc>(svc: Svc, call: ToolCall) -> Result<ToolOutput, ToolError>
+where
+    Svc: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    svc.oneshot(call).await
+}
+
+async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
+    let ttl = b.time(Duration::from_secs(24 * 60 * 60));
+    let tool = MockTool::echo(Duration::ZERO);
+    let store = b.store();
+    let layer = layer(
+        store.clone(),
+        policy(IdempotencyOverrides {
+            done_ttl_ms: Some(ttl.as_millis() as u64),
+            ..Default::default()
+        }),
+    );
+    let svc = over(&layer, &tool);
+    let params = json!({"path": "XYZ/Foo.md", "content": "hello", "clientTs": 1});
+    let first_call = call("sess-42", params).build().unwrap();
+    let key = layer.store_key(&first_call).unwrap().unwrap();
+    let digest = params_digest(
+        &canonical_json(first_call.params().as_value(), &CanonicalOptions::default()).unwrap(),
+    );
+
+    let first = run(&svc, first_call).await.unwrap();
+    let stored = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(stored.state, RecordState::Done);
+    assert_eq!(stored.request.params_digest, digest);
+
+    // A volatile member does not change the key.
+    let again_call = call(
+        "sess-42",
+        json!({"path": "XYZ/Foo.md", "content": " hello ", "clientTs": 2}),
+    )
+    .build()
+    .unwrap();
+    let again = run(&svc, again_call).await.unwrap();
+    assert_eq!(tool.runs(), 1);
+    assert_eq!(again.content, first.content);
+    assert_eq!(again.metadata, first.metadata);
+    assert!(again.record.from_cache);
+    let cache = again.record.cache.clone().unwrap();
+    assert_eq!(cache.matched_on, MatchedOn::Completed);
+    assert_eq!(cache.key_fingerprint, key_fingerprint(&key));
+    assert_eq!(again.record.attempts, Some(1));
+    let unchanged = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        unchanged.request.params_digest, digest,
+        "the digest is unchanged"
+    );
+    assert_eq!(unchanged.version, stored.version);
+
+    b.elapse(ttl + Duration::from_millis(50)).await;
+    let later = run(
+        &svc,
+        call("sess-42", json!({"path": "XYZ/Foo.md", "content": "hello"}))
+            .build()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        tool.runs(),
+        2,
+        "past its TTL the record is gone and the tool runs again"
+    );
+    assert!(!later.record.from_cache);
+    assert_eq!(later.content["run"], 2);
+}
+
+async fn result_envelope_reports_the_cache_match<B: Backend>(b: B) {
+    let tool = MockTool::echo(Duration::ZERO);
+    let idem = layer(b.store(), ToolPolicy::default());
+    let svc = ServiceBuilder::new()
+        .layer(ResultEnvelopeLayer::new())
+        .layer(idem.clone())
+        .service(tool.service());
+    let make = || {
+        call("sess-42", json!({"path": "XYZ/Foo.md"}))
+            .idempotency_key("create-foo-1")
+            .build()
+            .unwrap()
+    };
+    let key = idem.store_key(&make()).unwrap().unwrap();
+    let first = svc.clone().oneshot(make()).await.unwrap();
+    assert!(!first.from_cache && first.cache.is_none());
+
+    b.elapse(Duration::from_millis(1520)).await;
+    let cached = svc.clone().oneshot(make()).await.unwrap();
+    let json = serde_json::to_value(&cached).unwrap();
+    assert_eq!(json["fromCache"], true);
+    assert_eq!(json["status"], "success");
+    assert_eq!(json["cache"]["matchedOn"], "completed");
+    let fingerprint = json["cache"]["keyFingerprint"].as_str().unwrap();
+    assert_eq!(fingerprint, key_fingerprint(&key));
+    assert_eq!(fingerprint.len(), 16);
+    assert!(
+        !json.to_string().contains("create-foo-1"),
+        "the raw key never shows"
+    );
+    let age = json["cache"]["ageMs"].as_u64().unwrap();
+    if b.exact_time() {
+        assert_eq!(age, 1520);
+    } else {
+        assert!((1500..10_000).contains(&age), "ageMs {age}");
+    }
+    assert_eq!(json["output"], serde_json::to_value(&first.output).unwrap());
+    assert_eq!(tool.runs(), 1);
+}
+
+async fn retriable_failure_runs_again_under_best_effort_only<B: Backend>(b: B) {
+    let tool = MockTool::responding(Duration::ZERO, |_, n| match n {
+        1 => Err(ToolError::from_http_status(502, "bad gateway").with_details(json!({"hop": 1}))),
+        n => Ok(ToolOutput::new(json!({"run": n}))),
+    });
+    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    let make = |mode| {
+        call("sess-42", json!({"path": "a.md"}))
+            .idempotency_key("k-1")
+            .dedupe_mode(mode)
+            .build()
+            .unwrap()
+    };
+
+    let failed = run(&svc, make(DedupeMode::Enforced)).await.unwrap_err();
+    assert_eq!(failed.code(), ErrorCode::UpstreamUnavailable);
+    assert!(!failed.record().from_cache);
+
+    // Enforced: the failure is cached, retriable or not.
+    let cached = run(&svc, make(DedupeMode::Enforced)).await.unwrap_err();
+    assert_eq!(tool.runs(), 1);
+    assert!(cached.record().from_cache);
+    assert_eq!(cached.code(), ErrorCode::UpstreamUnavailable);
+    assert_eq!(cached.class(), ErrorClass::Retriable);
+    assert_eq!(cached.http_status(), Some(502));
+    assert_eq!(cached.message(), "bad gateway");
+    assert_eq!(cached.details(), Some(&json!({"hop": 1})));
+
+    // Best effort: a retriable failure runs again.
+    let rerun = run(&svc, make(DedupeMode::BestEffort)).await.unwrap();
+    assert_eq!(tool.runs(), 2);
+    assert!(!rerun.record.from_cache);
+    assert_eq!(rerun.content["run"], 2);
+    let now_cached = run(&svc, make(DedupeMode::BestEffort)).await.unwrap();
+    assert_eq!(tool.runs(), 2);
+    assert_eq!(now_cached.content["run"], 2);
+}
+
+async fn terminal_failure_is_answered_from_cache<B: Backend>(b: B) {
+    let tool = MockTool::responding(Duration::ZERO, |_, _| {
+        Err(ToolError::from_http_status(404, "no such folder")
+            .with_retry_after(Duration::from_millis(1500))
+            .with_details(json!({"path": "XYZ"})))
+    });
+    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    let make = || {
+        call("sess-42", json!({"path": "XYZ/Foo.md"}))
+            .dedupe_mode(DedupeMode::BestEffort)
+            .build()
+            .unwrap()
+    };
+    let original = run(&svc, make()).await.unwrap_err();
+    let cached = run(&svc, make()).await.unwrap_err();
+    assert_eq!(
+        tool.runs(),
+        1,
+        "a terminal failure is not run again, even best effort"
+    );
+    assert!(cached.record().from_cache);
+    assert_eq!(
+        cached.record().cache.as_ref().unwrap().matched_on,
+        MatchedOn::Completed
+    );
+    assert_eq!(cached.code(), ErrorCode::NotFound);
+    assert_eq!(cached.class(), ErrorClass::Terminal);
+    assert_eq!(cached.message(), original.message());
+    assert_eq!(cached.http_status(), Some(404));
+    assert_eq!(cached.retry_after(), Some(Duration::from_millis(1500)));
+    assert_eq!(cached.details(), original.details());
+    assert!(!cached.is_not_processed());
+}
+
+async fn same_key_with_other_params_is_a_conflict_or_an_independent_key<B: Backend>(b: B) {
+    let store = b.store();
+    let tool = MockTool::echo(Duration::ZERO);
+    let conflict = layer(store.clone(), ToolPolicy::default());
+    let svc = over(&conflict, &tool);
+    let with = |path: &str| {
+        call("sess-42", json!({"path": path}))
+            .idempotency_key("create-1")
+            .build()
+            .unwrap()
+    };
+    run(&svc, with("a.md")).await.unwrap();
+    let err = run(&svc, with("b.md")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::IdempotencyKeyReused);
+    assert!(err.is_not_processed() && !err.is_retriable());
+    assert!(!err.message().contains("create-1"));
+    assert_eq!(
+        tool.runs(),
+        1,
+        "never a false cache hit, never a second run"
+    );
+    let key = conflict.store_key(&with("a.md")).unwrap().unwrap();
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.payload.unwrap().content["params"]["path"], "a.md");
+    assert_eq!(conflict.stats().key_conflicts, 1);
+
+    let independent_tool = MockTool::echo(Duration::ZERO);
+    let independent = over(
+        &layer(
+            store.clone(),
+            policy(IdempotencyOverrides {
+                on_params_mismatch: Some(ParamsMismatch::Independent),
+                ..Default::default()
+            }),
+        ),
+        &independent_tool,
+    );
+    let a = run(&independent, with("a.md")).await.unwrap();
+    let b_out = run(&independent, with("b.md")).await.unwrap();
+    assert_eq!(
+        independent_tool.runs(),
+        2,
+        "with the independent policy both run"
+    );
+    assert_eq!(a.content["params"]["path"], "a.md");
+    assert_eq!(b_out.content["params"]["path"], "b.md");
+    let a_again = run(&independent, with("a.md")).await.unwrap();
+    assert!(a_again.record.from_cache);
+    assert_eq!(a_again.content, a.content);
+    assert_eq!(independent_tool.runs(), 2);
+}
+
+async fn scope_session_global_and_tenant_separate_keys<B: Backend>(b: B) {
+    let params = json!({"query": "tower retry"});
+    let session_tool = MockTool::echo(Duration::ZERO);
+    let session_scoped = over(&layer(b.store(), ToolPolicy::default()), &session_tool);
+    for session in ["sess-1", "sess-2", "sess-1"] {
+        run(
+            &session_scoped,
+            call(session, params.clone()).build().unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(session_tool.runs(), 2, "one run per session");
+
+    let global_tool = MockTool::echo(Duration::ZERO);
+    let global = over(
+        &layer(
+            b.store(),
+            policy(IdempotencyOverrides {
+                scope: Some(KeyScope::Global),
+                ..Default::default()
+            }),
+        ),
+        &global_tool,
+    );
+    for session in ["sess-3", "sess-4"] {
+        let out = run(&global, call(session, params.clone()).build().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(out.content["run"], 1);
+    }
+    assert_eq!(
+        global_tool.runs(),
+        1,
+        "global scope: one run for every session"
+    );
+    for tenant in ["tenant-a", "tenant-b", "tenant-a"] {
+        run(
+            &global,
+            call("sess-5", params.clone())
+                .tenant(tenant)
+                .build()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(global_tool.runs(), 3, "each tenant has keys of its own");
+}
+
+async fn dropped_first_caller_cancels_and_frees_the_key<B: Backend>(b: B) {
+    let store = b.store();
+    let tool = MockTool::echo(Duration::from_secs(60));
+    let idem = layer(store.clone(), ToolPolicy::default());
+    let svc = over(&idem, &tool);
+    let make = || call("sess-42", json!({"path": "a.md"})).build().unwrap();
+    let key = idem.store_key(&make()).unwrap().unwrap();
+
+    let first = tokio::spawn(run_owned(svc.clone(), make()));
+    tool.started.notified().await;
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().state,
+        RecordState::Inflight
+    );
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+
+    eventually(&b, Duration::from_secs(2), || async {
+        store.get(&key).await.unwrap().map(|r| r.state) == Some(RecordState::Cancelled)
+    })
+    .await;
+
+    let quick = MockTool::echo(Duration::ZERO);
+    let svc = over(&idem, &quick);
+    let out = run(&svc, make()).await.unwrap();
+    assert_eq!(quick.runs(), 1, "the key is free: the next call runs");
+    assert!(!out.record.from_cache);
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().state,
+        RecordState::Done
+    );
+}
+
+async fn holder_that_stops_loses_its_key_and_its_late_result<B: Backend>(b: B) {
+    let lease = b.time(Duration::from_secs(120));
+    let store = b.store();
+    let release_first = Arc::new(Notify::new());
+    let gate = release_first.clone();
+    let tool = MockTool::responding(Duration::ZERO, |_, n| {
+        Ok(ToolOutput::new(json!({"run": n})))
+    });
+    let gated = {
+        let inner = tool.clone();
+        tool_fn(move |call: ToolCall| {
+            let mut inner = inner.service();
+            let gate = gate.clone();
+            async move {
+                let out = inner.call(call).await;
+                if out.as_ref().map(|o| o.content["run"] == 1).unwrap_or(false) {
+                    gate.notified().await;
+                }
+                out
+            }
+        })
+    };
+    let idem = layer(
+        store.clone(),
+        policy(IdempotencyOverrides {
+            inflight_lease_ms: Some(lease.as_millis() as u64),
+            ..Default::default()
+        }),
+    );
+    let svc = ServiceBuilder::new().layer(idem.clone()).service(gated);
+    let make = || call("sess-42", json!({"path": "a.md"})).build().unwrap();
+    let key = idem.store_key(&make()).unwrap().unwrap();
+
+    let (holder, freezer) = freezable(run_owned(svc.clone(), make()));
+    let holder = tokio::spawn(holder);
+    tool.started.notified().await;
+    freezer.freeze();
+    let claimed_version = store.get(&key).await.unwrap().unwrap().version;
+
+    // The holder makes no progress (it renews nothing); its lease ends.
+    b.elapse(lease + Duration::from_millis(100)).await;
+    let taken_over = run(&svc, make()).await.unwrap();
+    assert_eq!(tool.runs(), 2, "the next caller takes the key over");
+    assert_eq!(taken_over.content["run"], 2);
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert!(
+        record.version > claimed_version,
+        "a takeover gets a larger version"
+    );
+
+    // The holder comes back and finishes: its result is refused by the version check.
+    release_first.notify_one();
+    freezer.thaw();
+    let late = holder.await.unwrap().unwrap();
+    assert_eq!(
+        late.content["run"], 1,
+        "the late caller still gets its own output"
+    );
+    assert!(!late.record.from_cache);
+    assert_eq!(idem.stats().stale_results, 1);
+    let kept = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(kept.state, RecordState::Done);
+    assert_eq!(kept.payload.unwrap().content["run"], 2, "not overwritten");
+
+    let cached = run(&svc, make()).await.unwrap();
+    assert_eq!(cached.content["run"], 2);
+    assert!(cached.record.from_cache);
+    assert_eq!(tool.runs(), 2);
+}
+
+async fn lease_is_renewed_while_the_tool_runs<B: Backend>(b: B) {
+    let lease = b.time(Duration::from_secs(120));
+    let tool = MockTool::echo(lease * 5 / 2);
+    let svc = over(
+        &layer(
+            b.store(),
+            policy(IdempotencyOverrides {
+                inflight_lease_ms: Some(lease.as_millis() as u64),
+                ..Default::default()
+            }),
+        ),
+        &tool,
+    );
+    let make = || call("sess-42", json!({"path": "a.md"})).build().unwrap();
+    let first = tokio::spawn(run_owned(svc.clone(), make()));
+    tool.started.notified().await;
+
+    // Past the first lease, the holder is alive and has renewed: the duplicate joins.
+    b.elapse(lease * 3 / 2).await;
+    let joined = run(&svc, make()).await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(tool.runs(), 1, "a renewed lease is not taken over");
+    assert_eq!(joined.content, first.content);
+    assert_eq!(matched_on(&joined), Some(MatchedOn::Inflight));
+}
+
+async fn refused_calls_leave_no_record<B: Backend>(b: B) {
+    let store = b.store();
+    let registry = ToolRegistry::builder()
+        .tool(
+            ToolDescriptor::new(NS, TOOL, RiskLevel::Writes).input_schema(json!({
+                "type": "object",
+                "required": ["path"],
+                "properties": {"path": {"type": "string"}}
+            })),
+        )
+        .tool(
+            ToolDescriptor::new(NS, "raw", RiskLevel::Writes).policy(ToolPolicy {
+                validate: LayerSetting::Off,
+                ..ToolPolicy::default()
+            }),
+        )
+        .build()
+        .unwrap();
+    let tool = MockTool::echo(Duration::ZERO);
+    let svc = ServiceBuilder::new()
+        .layer(EnvelopeValidateLayer::new(registry.clone()))
+        .layer(IdempotencyLayer::new(registry, store.clone()))
+        .service(tool.service());
+
+    let invalid = call("sess-42", json!({"content": "no path"}))
+        .build()
+        .unwrap();
+    let err = run(&svc, invalid).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ValidationError);
+
+    // Params too deep for canonical JSON, on a tool whose validation is off: this layer
+    // refuses the call itself.
+    let mut deep = json!(1);
+    for _ in 0..100 {
+        deep = json!({ "n": deep });
+    }
+    let too_deep = ToolCall::builder(NS, "raw")
+        .session("sess-42")
+        .actor("user-7")
+        .params(json!({ "d": deep }))
+        .build()
+        .unwrap();
+    let err = run(&svc, too_deep).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ValidationError);
+
+    assert_eq!(tool.runs(), 0);
+    assert_eq!(store.size().await.unwrap(), 0, "no record was created");
+}
+
+async fn error_that_was_not_processed_frees_the_key<B: Backend>(b: B) {
+    let store = b.store();
+    let tool = MockTool::responding(Duration::ZERO, |_, n| match n {
+        1 => Err(ToolError::from_http_status(429, "slow down")),
+        n => Ok(ToolOutput::new(json!({"run": n}))),
+    });
+    let idem = layer(store.clone(), ToolPolicy::default());
+    let svc = over(&idem, &tool);
+    let make = || call("sess-42", json!({"path": "a.md"})).build().unwrap();
+    let key = idem.store_key(&make()).unwrap().unwrap();
+
+    let err = run(&svc, make()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RateLimited);
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().state,
+        RecordState::Cancelled,
+        "a refusal before any effect does not hold the key"
+    );
+    let out = run(&svc, make()).await.unwrap();
+    assert_eq!(out.content["run"], 2);
+    assert_eq!(idem.stats().released_unprocessed, 1);
+}
+
+async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
+    let store = b.store();
+    let tool = MockTool::echo(Duration::ZERO);
+    let off = over(
+        &layer(
+            store.clone(),
+            ToolPolicy {
+                idempotency: LayerSetting::Off,
+                ..ToolPolicy::default()
+            },
+        ),
+        &tool,
+    );
+    let make = || call("sess-42", json!({"path": "a.md"}));
+    run(&off, make().build().unwrap()).await.unwrap();
+    run(&off, make().build().unwrap()).await.unwrap();
+    assert_eq!(tool.runs(), 2, "layer off for the tool");
+
+    let on = over(
+        &layer(
+            store.clone(),
+            policy(IdempotencyOverrides {
+                derive_key: Some(false),
+                ..Default::default()
+            }),
+        ),
+        &tool,
+    );
+    run(&on, make().build().unwrap()).await.unwrap();
+    for _ in 0..2 {
+        let disabled = make()
+            .dedupe_mode(DedupeMode::Disabled)
+            .idempotency_key("k");
+        run(&on, disabled.build().unwrap()).await.unwrap();
+    }
+    assert_eq!(
+        tool.runs(),
+        5,
+        "no key without derivation; dedupeMode disabled"
+    );
+    assert_eq!(store.size().await.unwrap(), 0);
+
+    // A key a hook put on the call is used when derivation is off.
+    let mut hooked = make().build().unwrap();
+    hooked.envelope_mut().hook_idempotency_key = Some("from-hook".into());
+    run(&on, hooked.clone()).await.unwrap();
+    let cached = run(&on, hooked).await.unwrap();
+    assert!(cached.record.from_cache);
+    assert_eq!(tool.runs(), 6);
+}
+
+fn claim_request(key: &str, digest: &str, lease: Duration) -> ClaimRequest {
+    ClaimRequest {
+        key: key.to_owned(),
+        tool: format!("{NS}::{TOOL}"),
+        idempotency_key: "k".to_owned(),
+        request: RecordRequest {
+            session_key: "sess-42".to_owned(),
+            actor_id: "user-7".to_owned(),
+            request_id: "01J9Z8Q4V6K3T2M1N0P9R8S7T6".to_owned(),
+            tool_call_id: Some("call_1".to_owned()),
+            params_digest: digest.to_owned(),
+        },
+        lease,
+        take_over_retriable_failure: false,
+    }
+}
+
+fn done(content: Value, ttl: Duration) -> Completion {
+    let outcome: Result<ToolOutput, ToolError> = Ok(ToolOutput::new(content));
+    Completion {
+        execution: Execution::from_outcome(&outcome, 0, 5),
+        result: Ok(outcome.unwrap()),
+        ttl,
+    }
+}
+
+async fn store_claims_finalizes_and_fences_by_version<B: Backend>(b: B) {
+    let store = b.store();
+    let lease = b.time(Duration::from_secs(120));
+    let request = claim_request("t/vault::createFile/s/a/b/k", "d1", lease);
+    let ClaimOutcome::Claimed(first) = store.claim(&request).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    assert_eq!(first.state, RecordState::Inflight);
+    assert_eq!(
+        first.lock_until_ms,
+        Some(first.created_at_ms + lease.as_millis() as u64)
+    );
+    let ClaimOutcome::Existing { record, .. } = store.claim(&request).await.unwrap() else {
+        panic!("a held key is not claimed twice");
+    };
+    assert_eq!(record.version, first.version);
+    assert_eq!(record.request, first.request);
+    assert!(store.renew(&first, lease).await.unwrap());
+
+    // The lease ends: another claim takes over with a larger version; the first holder can
+    // neither renew nor finalize nor cancel any more.
+    b.elapse(lease + Duration::from_millis(100)).await;
+    let ClaimOutcome::Claimed(second) = store.claim(&request).await.unwrap() else {
+        panic!("a key whose lease ended is taken over");
+    };
+    assert!(second.version > first.version);
+    assert!(!store.renew(&first, lease).await.unwrap());
+    assert!(!store.cancel(&first, lease).await.unwrap());
+    assert_eq!(
+        store
+            .finalize(&first, done(json!("late"), lease))
+            .await
+            .unwrap(),
+        Finalized::Stale {
+            current_version: Some(second.version)
+        }
+    );
+    assert_eq!(
+        store
+            .finalize(&second, done(json!("fresh"), lease))
+            .await
+            .unwrap(),
+        Finalized::Written
+    );
+    let stored = store.get(&request.key).await.unwrap().unwrap();
+    assert_eq!(stored.state, RecordState::Done);
+    assert_eq!(stored.payload.as_ref().unwrap().content, json!("fresh"));
+    assert_eq!(stored.version, second.version);
+    assert_eq!(stored.execution.as_ref().unwrap().attempt_count, 1);
+    assert_eq!(stored.lock_until_ms, None);
+
+    // The record's JSON has the documented shape.
+    let json = serde_json::to_value(&stored).unwrap();
+    for member in [
+        "key",
+        "tool",
+        "idempotencyKey",
+        "state",
+        "createdAtMs",
+        "updatedAtMs",
+        "expiresAtMs",
+        "ttlMs",
+        "request",
+        "execution",
+        "payload",
+        "version",
+    ] {
+        assert!(json.get(member).is_some(), "{member} in {json}");
+    }
+    assert_eq!(json["state"], "done");
+    assert_eq!(json["request"]["paramsDigest"], "d1");
+    assert_eq!(json["request"]["toolCallId"], "call_1");
+    assert_eq!(json["execution"]["attempts"][0]["status"], "success");
+}
+
+async fn store_deletes_and_flushes_by_tenant_prefix<B: Backend>(b: B) {
+    let store = b.store();
+    let lease = b.time(Duration::from_secs(120));
+    let keys = [
+        format!("{}vault::createFile/s/a/b/k1", tenant_prefix(Some("acme"))),
+        format!("{}vault::createFile/s/a/b/k2", tenant_prefix(Some("acme"))),
+        format!("{}vault::createFile/s/a/b/k1", tenant_prefix(Some("other"))),
+        format!("{}vault::createFile/s/a/b/k1", tenant_prefix(None)),
+    ];
+    for key in &keys {
+        let ClaimOutcome::Claimed(claimed) =
+            store.claim(&claim_request(key, "d", lease)).await.unwrap()
+        else {
+            panic!("fresh keys are claimed");
+        };
+        store
+            .finalize(&claimed, done(json!(1), lease))
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.size().await.unwrap(), 4);
+    assert_eq!(
+        store
+            .flush_prefix(&tenant_prefix(Some("acme")))
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(store.size().await.unwrap(), 2);
+    assert!(store.get(&keys[0]).await.unwrap().is_none());
+    assert!(store.get(&keys[2]).await.unwrap().is_some());
+    assert!(store.delete(&keys[3]).await.unwrap());
+    assert!(!store.delete(&keys[3]).await.unwrap());
+    assert_eq!(store.size().await.unwrap(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The memory store only
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_stays_at_capacity_under_200_000_keys_and_evicts_the_oldest() {
+    let store = InMemoryDedupeStore::new();
+    let cap = store.capacity();
+    assert_eq!(cap, 25_000);
+    let lease = Duration::from_secs(120);
+    let key = |i: usize| format!("/vault::createFile/g/k{i}");
+    for i in 0..200_000 {
+        let ClaimOutcome::Claimed(claimed) = store
+            .claim(&claim_request(&key(i), "d", lease))
+            .await
+            .unwrap()
+        else {
+            panic!("key {i} is fresh");
+        };
+        store
+            .finalize(&claimed, done(json!(i), Duration::from_secs(3600)))
+            .await
+            .unwrap();
+        if i == 10 {
+            // A claim that finds key 0 makes it the most recently used.
+            assert!(matches!(
+                store
+                    .claim(&claim_request(&key(0), "d", lease))
+                    .await
+                    .unwrap(),
+                ClaimOutcome::Existing { .. }
+            ));
+        }
+        if i == cap + 5 {
+            // Six evictions so far: keys 1 to 6, not key 0.
+            assert!(store.get(&key(0)).await.unwrap().is_some());
+            assert!(store.get(&key(6)).await.unwrap().is_none());
+            assert!(store.get(&key(7)).await.unwrap().is_some());
+        }
+        if i % 25_000 == 0 {
+            assert!(store.stats().records <= cap);
+        }
+    }
+    let stats = store.stats();
+    assert_eq!(stats.records, cap, "the size stays at the cap");
+    assert_eq!(stats.evicted, 200_000 - cap as u64);
+    assert!(
+        store.get(&key(1)).await.unwrap().is_none(),
+        "the oldest completed record went first"
+    );
+    assert!(store.get(&key(199_999)).await.unwrap().is_some());
+    assert!(store.get(&key(200_000 - cap)).await.unwrap().is_some());
+    assert!(store.get(&key(200_000 - cap - 1)).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_full_of_in_flight_records_refuses_and_never_evicts_them() {
+    let store = InMemoryDedupeStore::builder().capacity(2).build().unwrap();
+    let tool = MockTool::echo(Duration::from_secs(10));
+    let idem = layer(store.clone(), ToolPolicy::default());
+    let svc = over(&idem, &tool);
+    let running: Vec<_> = ["a.md", "b.md"]
+        .into_iter()
+        .map(|path| {
+            tokio::spawn(run_owned(
+                svc.clone(),
+                call("s", json!({"path": path})).build().unwrap(),
+            ))
+        })
+        .collect();
+    tool.started.notified().await;
+    tool.started.notified().await;
+    assert_eq!(store.stats().inflight, 2);
+
+    let err = run(&svc, call("s", json!({"path": "c.md"})).build().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::StoreUnavailable);
+    assert!(err.is_retriable() && err.is_not_processed());
+    assert!(err.message().contains("capacity"), "{}", err.message());
+    assert_eq!(tool.runs(), 2, "fail closed: the tool did not run");
+    assert_eq!(store.stats().rejected_at_capacity, 1);
+    assert_eq!(store.stats().inflight, 2, "no in-flight record was evicted");
+
+    let open = over(
+        &IdempotencyLayer::builder(registry(ToolPolicy::default()), store.clone())
+            .on_store_error(OnStoreError::FailOpen)
+            .build()
+            .unwrap(),
+        &tool,
+    );
+    let out = run(&open, call("s", json!({"path": "d.md"})).build().unwrap())
+        .await
+        .unwrap();
+    assert!(!out.record.from_cache);
+    assert_eq!(
+        tool.runs(),
+        3,
+        "fail open: the tool ran without deduplication"
+    );
+
+    for handle in running {
+        handle.await.unwrap().unwrap();
+    }
+    // Settled now, they make room.
+    run(&svc, call("s", json!({"path": "c.md"})).build().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(store.stats().evicted, 1);
+    assert_eq!(idem.stats().store_errors, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_sweeps_expired_records_and_its_sweeper_stops_when_dropped() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let store = InMemoryDedupeStore::builder()
+        .sweep_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let tool = MockTool::echo(Duration::ZERO);
+    let svc = over(
+        &layer(
+            store.clone(),
+            policy(IdempotencyOverrides {
+                done_ttl_ms: Some(1_000),
+                ..Default::default()
+            }),
+        ),
+        &tool,
+    );
+    run(&svc, call("s", json!({"path": "a.md"})).build().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(store.stats().records, 1);
+    assert_eq!(metrics.num_alive_tasks(), 1, "the sweeper runs");
+
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(store.stats().records, 0, "swept without being read");
+    assert_eq!(store.stats().expired, 1);
+
+    drop(svc);
+    drop(store);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        0,
+        "the sweeper stopped with the store"
+    );
+}
+
+#[test]
+fn bad_configuration_is_refused_with_the_field_named() {
+    let err = InMemoryDedupeStore::builder()
+        .capacity(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "idempotency.store.capacity");
+    let err = IdempotencyLayer::builder(ToolRegistry::open(), InMemoryDedupeStore::new())
+        .inflight_lease(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "idempotency.inflight_lease");
+    let err = ToolRegistry::from_json_str(
+        r#"{"tools": [{"namespace": "vault", "name": "w", "risk": "writes",
+            "policy": {"idempotency": {"on_store_error": "fail_sometimes"}}}]}"#,
+    )
+    .unwrap_err();
+    assert!(
+        err.field().starts_with("tools[0].policy.idempotency"),
+        "{err}"
+    );
+    let policy: ToolPolicy = serde_json::from_value(
+        json!({"idempotency": {"on_store_error": "fail_open", "scope": "global"}}),
+    )
+    .unwrap();
+    let overrides = policy.idempotency.overrides().unwrap();
+    assert_eq!(overrides.on_store_error, Some(OnStoreError::FailOpen));
+    assert_eq!(overrides.scope, Some(KeyScope::Global));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Redis store only
+
+#[cfg(feature = "redis")]
+mod redis_only {
+    use super::redis_backend::Redis;
+    use super::*;
+    use tower_toolcall::idempotency::RedisDedupeStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_replicas_run_the_tool_once_and_wake_waiters_by_pubsub() {
+        let redis = Redis::start();
+        let tool = MockTool::echo(Duration::from_millis(400));
+        let replicas = [redis.store(), redis.store()];
+        let layers = replicas
+            .clone()
+            .map(|store| layer(store, ToolPolicy::default()));
+        let services = layers.clone().map(|l| over(&l, &tool));
+        let params = json!({"path": "XYZ/Foo.md"});
+        let calls: Vec<_> = (0..50)
+            .map(|i| {
+                let svc = services[i % 2].clone();
+                let call = call("sess-42", params.clone()).build().unwrap();
+                tokio::spawn(async move { svc.oneshot(call).await })
+            })
+            .collect();
+        let mut outputs = Vec::new();
+        for handle in calls {
+            outputs.push(handle.await.unwrap().unwrap());
+        }
+        assert_eq!(tool.runs(), 1, "one execution across both replicas");
+        assert!(outputs.iter().all(|o| o.content == outputs[0].content));
+        assert_eq!(outputs.iter().filter(|o| o.record.from_cache).count(), 49);
+
+        let joins: u64 = layers.iter().map(|l| l.stats().inflight_joins).sum();
+        let hits: u64 = layers.iter().map(|l| l.stats().completed_hits).sum();
+        assert_eq!(joins + hits, 49);
+        assert!(joins > 0);
+        for (replica, layer) in replicas.iter().zip(&layers) {
+            let stats = replica.stats();
+            assert!(
+                stats.fallback_polls <= layer.stats().inflight_joins,
+                "at most one fallback poll per waiter: {stats:?}"
+            );
+        }
+        let wakeups: u64 = replicas.iter().map(|r| r.stats().pubsub_wakeups).sum();
+        assert!(wakeups >= 1, "waiters were woken by pub/sub");
+        let polls: u64 = replicas.iter().map(|r| r.stats().fallback_polls).sum();
+        assert_eq!(polls, 0, "nothing was lost, so nobody polled");
+
+        // Every waiter unsubscribed again.
+        let mut left = usize::MAX;
+        for _ in 0..100 {
+            left = replicas.iter().map(|r| r.stats().subscribed_channels).sum();
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(left, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_server_fails_closed_or_open_and_recovers_after_restart() {
+        let redis = Redis::start();
+        let store = redis.replica(Duration::from_millis(300));
+        let tool = MockTool::echo(Duration::ZERO);
+        let closed = over(&layer(store.clone(), ToolPolicy::default()), &tool);
+        let open = over(
+            &layer(
+                store.clone(),
+                policy(IdempotencyOverrides {
+                    on_store_error: Some(OnStoreError::FailOpen),
+                    ..Default::default()
+                }),
+            ),
+            &tool,
+        );
+        let deadline = Duration::from_secs(3);
+        let make = |path: &str| call("sess-42", json!({"path": path})).build().unwrap();
+
+        run(&closed, make("before.md")).await.unwrap();
+        assert_eq!(tool.runs(), 1);
+
+        redis.server.lock().unwrap().kill();
+        let err = tokio::time::timeout(deadline, run(&closed, make("down.md")))
+            .await
+            .expect("no hang past the deadline")
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::StoreUnavailable);
+        assert!(err.is_retriable() && err.is_not_processed());
+        assert_eq!(tool.runs(), 1, "fail closed: the tool did not run");
+        // A cached answer is not available either: no stale read, an honest refusal.
+        let err = tokio::time::timeout(deadline, run(&closed, make("before.md")))
+            .await
+            .expect("no hang past the deadline")
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::StoreUnavailable);
+
+        let out = tokio::time::timeout(deadline, run(&open, make("down.md")))
+            .await
+            .expect("no hang past the deadline")
+            .unwrap();
+        assert!(!out.record.from_cache);
+        assert_eq!(tool.runs(), 2, "fail open: the tool ran");
+
+        redis.server.lock().unwrap().restart();
+        let mut recovered = None;
+        for _ in 0..100 {
+            match tokio::time::timeout(deadline, run(&closed, make("after.md")))
+                .await
+                .expect("no hang past the deadline")
+            {
+                Ok(out) => {
+                    recovered = Some(out);
+                    break;
+                }
+                Err(err) => {
+                    assert_eq!(err.code(), ErrorCode::StoreUnavailable);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        let recovered = recovered.expect("calls work again after the restart");
+        assert!(!recovered.record.from_cache);
+        let cached = run(&closed, make("after.md")).await.unwrap();
+        assert!(cached.record.from_cache, "the store keeps results again");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn server_killed_while_the_tool_runs_returns_its_result_without_a_hang() {
+        let redis = Redis::start();
+        let store = redis.replica(Duration::from_millis(300));
+        let tool = MockTool::echo(Duration::from_millis(300));
+        let idem = layer(store, ToolPolicy::default());
+        let svc = over(&idem, &tool);
+        let running = tokio::spawn(run_owned(
+            svc.clone(),
+            call("sess-42", json!({"path": "a.md"})).build().unwrap(),
+        ));
+        tool.started.notified().await;
+        redis.server.lock().unwrap().kill();
+        let out = tokio::time::timeout(Duration::from_secs(3), running)
+            .await
+            .expect("no hang past the deadline")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            out.content["run"], 1,
+            "the tool's result reaches its caller"
+        );
+        assert_eq!(
+            idem.stats().store_errors,
+            1,
+            "the result could not be stored"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_share_a_cluster_slot_with_their_channel() {
+        let store = RedisDedupeStore::open("redis://127.0.0.1:1/").unwrap();
+        let key = store.record_key("acme/vault::createFile/g/k%7B1%7D");
+        assert_eq!(key, "toolcall:idem:{acme/vault::createFile/g/k%7B1%7D}");
+        let err = RedisDedupeStore::builder("redis://127.0.0.1:1/")
+            .key_prefix("bad{prefix")
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "idempotency.redis.key_prefix");
+        let err = RedisDedupeStore::open("http://nope").unwrap_err();
+        assert_eq!(err.field(), "idempotency.redis.url");
+        // A server nobody listens on: an error within the timeout, never a hang.
+        let store = RedisDedupeStore::builder("redis://127.0.0.1:1/")
+            .operation_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(2), store.ping())
+            .await
+            .expect("bounded by the operation timeout")
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::Unavailable(_) | StoreError::Timeout(_)),
+            "{err}"
+        );
+    }
+}
