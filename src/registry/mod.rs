@@ -63,8 +63,13 @@ pub struct ToolRegistry {
     inner: Arc<RegistryInner>,
 }
 
+/// Tools by namespace, then by name. The maps are filled once when the registry is built and
+/// only read afterwards, so a fast hasher is safe from collision attacks.
+type ToolMap = HashMap<String, HashMap<String, Arc<RegisteredTool>, FastHash>, FastHash>;
+type FastHash = foldhash::fast::RandomState;
+
 struct RegistryInner {
-    tools: HashMap<String, HashMap<String, Arc<RegisteredTool>>>,
+    tools: ToolMap,
     count: usize,
     open: bool,
     denied: Vec<DenyRule>,
@@ -139,7 +144,7 @@ impl ToolRegistry {
             .map_err(|e| ConfigError::new("", format!("is not valid TOML: {e}")))?;
         let file: RegistryFile = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            file_error(&path, &e.into_inner().message().to_owned())
+            file_error(&path, e.into_inner().message())
         })?;
         ToolRegistry::from_file(file)
     }
@@ -384,7 +389,7 @@ impl ToolRegistryBuilder {
             .check()
             .map_err(|e| e.within("unregistered"))?;
 
-        let mut tools: HashMap<String, HashMap<String, Arc<RegisteredTool>>> = HashMap::new();
+        let mut tools = ToolMap::default();
         let count = self.tools.len();
         for (i, descriptor) in self.tools.into_iter().enumerate() {
             let at = format!("tools[{i}]");

@@ -70,6 +70,9 @@ fn file_call(params: Value, confirmation: Option<&str>) -> ToolCall {
     .unwrap()
 }
 
+/// Makes a valid call invalid in one field.
+type Breakage = fn(&mut ToolCall);
+
 fn assert_rejected(err: &ToolError, code: ErrorCode) {
     assert_eq!(err.code(), code, "{err}");
     assert_eq!(err.class(), ErrorClass::Terminal, "{err}");
@@ -84,31 +87,21 @@ async fn malformed_envelopes_never_reach_the_tool_and_valid_calls_do() {
         .layer(EnvelopeValidateLayer::new(registry()))
         .service(counter.tool());
 
-    let breakages: Vec<(&str, Box<dyn Fn(&mut ToolCall)>)> = vec![
-        (
-            "contractVersion",
-            Box::new(|c| c.envelope_mut().contract_version = "1.0".into()),
-        ),
-        (
-            "toolName",
-            Box::new(|c| c.envelope_mut().tool_name = String::new()),
-        ),
-        (
-            "target.sessionKey",
-            Box::new(|c| c.envelope_mut().target.session_key = " ".into()),
-        ),
-        (
-            "target.actorId",
-            Box::new(|c| c.envelope_mut().target.actor_id = String::new()),
-        ),
-        (
-            "payload.version",
-            Box::new(|c| c.envelope_mut().payload.version = "2.0".into()),
-        ),
-        (
-            "requestId",
-            Box::new(|c| c.envelope_mut().request_id = String::new()),
-        ),
+    let breakages: [(&str, Breakage); 6] = [
+        ("contractVersion", |c| {
+            c.envelope_mut().contract_version = "1.0".into()
+        }),
+        ("toolName", |c| c.envelope_mut().tool_name = String::new()),
+        ("target.sessionKey", |c| {
+            c.envelope_mut().target.session_key = " ".into()
+        }),
+        ("target.actorId", |c| {
+            c.envelope_mut().target.actor_id = String::new()
+        }),
+        ("payload.version", |c| {
+            c.envelope_mut().payload.version = "2.0".into()
+        }),
+        ("requestId", |c| c.envelope_mut().request_id = String::new()),
     ];
     for (field, breakage) in breakages {
         let mut call = search_call(json!({"query": "tower"}));
