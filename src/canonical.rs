@@ -378,8 +378,9 @@ fn size_bound(value: &Value, depth: usize, max_depth: usize) -> Result<usize, To
     Ok(match value {
         Value::Null | Value::Bool(true) => 4,
         Value::Bool(false) => 5,
-        // The longest shortest-round-trip double, e.g. "-2.2250738585072014e-308".
-        Value::Number(_) => 24,
+        // The longest number ECMAScript writes: 17 significant digits after "-0.00000"
+        // (between 1e-6 and 1e-5 it does not switch to exponent notation).
+        Value::Number(_) => 25,
         // Every byte escapes to at most six.
         Value::String(s) => 2 + 6 * s.len(),
         Value::Array(items) => {
