@@ -289,13 +289,9 @@ impl RegisteredTool {
     /// Checks params against the input schema: a `VALIDATION_ERROR` listing the failing
     /// paths (their values are never echoed).
     pub fn check_params(&self, params: &Value) -> Result<(), ToolError> {
-        let Some(validator) = &self.input else {
+        let Some(violations) = violations(self.input.as_ref(), params, "payload.params") else {
             return Ok(());
         };
-        if validator.is_valid(params) {
-            return Ok(());
-        }
-        let violations = violations(validator, params, "payload.params");
         Err(ToolError::rejected(
             ErrorCode::ValidationError,
             format!(
@@ -311,13 +307,9 @@ impl RegisteredTool {
     /// Checks output content against the output schema: an `INTERNAL_ERROR` (terminal)
     /// listing the failing paths.
     pub fn check_output(&self, content: &Value) -> Result<(), ToolError> {
-        let Some(validator) = &self.output else {
+        let Some(violations) = violations(self.output.as_ref(), content, "output.content") else {
             return Ok(());
         };
-        if validator.is_valid(content) {
-            return Ok(());
-        }
-        let violations = violations(validator, content, "output.content");
         Err(ToolError::new(
             ErrorCode::InternalError,
             format!(
@@ -455,15 +447,27 @@ fn compile_schema(field: &str, schema: &Value) -> Result<jsonschema::Validator, 
     })
 }
 
-fn violations(validator: &jsonschema::Validator, instance: &Value, root: &str) -> Vec<String> {
-    validator
-        .iter_errors(instance)
-        .take(MAX_LISTED_VIOLATIONS)
-        .map(|e| {
-            let path = dotted(root, &e.instance_path().to_string());
-            format!("`{path}` {}", e.masked())
-        })
-        .collect()
+/// What `instance` breaks of the schema, its paths under `root`; `None` when there is no
+/// schema or nothing is broken.
+fn violations(
+    validator: Option<&jsonschema::Validator>,
+    instance: &Value,
+    root: &str,
+) -> Option<Vec<String>> {
+    let validator = validator?;
+    if validator.is_valid(instance) {
+        return None;
+    }
+    Some(
+        validator
+            .iter_errors(instance)
+            .take(MAX_LISTED_VIOLATIONS)
+            .map(|e| {
+                let path = dotted(root, &e.instance_path().to_string());
+                format!("`{path}` {}", e.masked())
+            })
+            .collect(),
+    )
 }
 
 fn list(violations: &[String]) -> String {
