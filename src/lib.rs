@@ -88,6 +88,7 @@ mod error;
 mod outcome;
 pub mod registry;
 mod tool_fn;
+pub mod trace;
 pub mod validate;
 
 pub use envelope::{
