@@ -130,7 +130,7 @@ impl Redactor {
             .filter(|c| !matches!(c, '-' | '_' | '.' | ' '))
             .flat_map(char::to_lowercase)
             .collect();
-        self.inner.names.iter().any(|n| *n == normalized)
+        self.inner.names.contains(&normalized)
             || self
                 .inner
                 .name_endings
