@@ -88,6 +88,14 @@ const CREDENTIAL_PATTERNS: [&str; 11] = [
     r"://[^/\s:@]+:[^/\s@]+@",
 ];
 
+/// Folds case and drops the separators names are spelled with.
+fn normalize_name(name: &str) -> String {
+    name.chars()
+        .filter(|c| !matches!(c, '-' | '_' | '.' | ' '))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
 /// Replaces secrets in JSON values and strings. Cheap to clone.
 #[derive(Clone)]
 pub struct Redactor {
@@ -125,11 +133,7 @@ impl Redactor {
 
     /// `true` when a member called `name` holds a secret.
     pub fn is_secret_name(&self, name: &str) -> bool {
-        let normalized: String = name
-            .chars()
-            .filter(|c| !matches!(c, '-' | '_' | '.' | ' '))
-            .flat_map(char::to_lowercase)
-            .collect();
+        let normalized = normalize_name(name);
         self.inner.names.contains(&normalized)
             || self
                 .inner
@@ -241,12 +245,6 @@ impl RedactorBuilder {
                 )
             })?;
         }
-        let normalize = |s: String| -> String {
-            s.chars()
-                .filter(|c| !matches!(c, '-' | '_' | '.' | ' '))
-                .flat_map(char::to_lowercase)
-                .collect()
-        };
         let alternation = CREDENTIAL_PATTERNS
             .iter()
             .map(|p| (*p).to_owned())
@@ -262,12 +260,12 @@ impl RedactorBuilder {
                 name_endings: SECRET_NAME_ENDINGS
                     .iter()
                     .map(|s| (*s).to_owned())
-                    .chain(self.name_endings.into_iter().map(normalize))
+                    .chain(self.name_endings.iter().map(|s| normalize_name(s)))
                     .collect(),
                 names: SECRET_NAMES
                     .iter()
                     .map(|s| (*s).to_owned())
-                    .chain(self.names.into_iter().map(normalize))
+                    .chain(self.names.iter().map(|s| normalize_name(s)))
                     .collect(),
                 credentials,
             }),
