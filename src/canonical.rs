@@ -125,7 +125,8 @@ impl CanonicalOptions {
     }
 
     fn keeps(&self, name: &str, value: &Value) -> bool {
-        !(self.drop_null_members && value.is_null()) && !self.volatile.iter().any(|v| **v == *name)
+        let dropped_null = self.drop_null_members && value.is_null();
+        !dropped_null && !self.volatile.iter().any(|v| **v == *name)
     }
 
     fn normalize<'s>(&self, s: &'s str) -> &'s str {
@@ -167,13 +168,15 @@ pub fn check_limits(
     options: &CanonicalOptions,
     max_bytes: usize,
 ) -> Result<(), ToolError> {
-    let bound = Size::bound(options)
-        .value(value, 0)
-        .map_err(|TooDeep| too_deep(options))?;
-    if bound <= max_bytes {
-        return Ok(());
+    // The bound counts every member, dropped or not, so it is an upper bound of the size;
+    // when it is over the limit, or too deep (perhaps only inside members the canonical form
+    // drops), the exact walk decides.
+    if let Ok(bound) = size_bound(value, 0, options.max_depth) {
+        if bound <= max_bytes {
+            return Ok(());
+        }
     }
-    let exact = Size::exact(options)
+    let exact = ExactSize { options }
         .value(value, 0)
         .map_err(|TooDeep| too_deep(options))?;
     if exact <= max_bytes {
@@ -370,46 +373,51 @@ fn escaped_len(s: &str) -> usize {
         .sum::<usize>()
 }
 
-/// Measures canonical JSON without writing it: exactly, or as a cheap upper bound.
-struct Size<'a> {
-    options: &'a CanonicalOptions,
-    exact: bool,
+/// An upper bound of the canonical size of `value` with every member kept.
+fn size_bound(value: &Value, depth: usize, max_depth: usize) -> Result<usize, TooDeep> {
+    Ok(match value {
+        Value::Null | Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        // The longest number ECMAScript writes: 17 significant digits after "-0.00000"
+        // (between 1e-6 and 1e-5 it does not switch to exponent notation).
+        Value::Number(_) => 25,
+        // Every byte escapes to at most six.
+        Value::String(s) => 2 + 6 * s.len(),
+        Value::Array(items) => {
+            if depth >= max_depth {
+                return Err(TooDeep);
+            }
+            let mut size = 1 + items.len().max(1);
+            for item in items {
+                size += size_bound(item, depth + 1, max_depth)?;
+            }
+            size
+        }
+        Value::Object(map) => {
+            if depth >= max_depth {
+                return Err(TooDeep);
+            }
+            let mut size = 1 + map.len().max(1);
+            for (name, member) in map {
+                size += 3 + 6 * name.len() + size_bound(member, depth + 1, max_depth)?;
+            }
+            size
+        }
+    })
 }
 
-impl<'a> Size<'a> {
-    fn bound(options: &'a CanonicalOptions) -> Self {
-        Size {
-            options,
-            exact: false,
-        }
-    }
+/// The exact size of the canonical JSON of a value, without writing it.
+struct ExactSize<'a> {
+    options: &'a CanonicalOptions,
+}
 
-    fn exact(options: &'a CanonicalOptions) -> Self {
-        Size {
-            options,
-            exact: true,
-        }
-    }
-
-    fn string(&self, s: &str) -> usize {
-        if self.exact {
-            escaped_len(s)
-        } else {
-            // Every byte escapes to at most six.
-            2 + 6 * s.len()
-        }
-    }
-
+impl ExactSize<'_> {
     fn value(&self, value: &Value, depth: usize) -> Result<usize, TooDeep> {
         Ok(match value {
-            Value::Null => 4,
-            Value::Bool(true) => 4,
+            Value::Null | Value::Bool(true) => 4,
             Value::Bool(false) => 5,
-            Value::Number(n) if self.exact => ryu_js::Buffer::new().format(as_f64(n)).len(),
-            // The longest shortest-round-trip double, e.g. "-2.2250738585072014e-308".
-            Value::Number(_) => 24,
-            Value::String(s) if self.exact => escaped_len(self.options.normalize(s)),
-            Value::String(s) => self.string(s),
+            Value::Number(n) => ryu_js::Buffer::new().format(as_f64(n)).len(),
+            Value::String(s) => escaped_len(self.options.normalize(s)),
             Value::Array(items) => {
                 let depth = enter(depth, self.options)?;
                 let mut size = 2 + items.len().saturating_sub(1);
@@ -425,7 +433,7 @@ impl<'a> Size<'a> {
                 for (name, member) in map {
                     if self.options.keeps(name, member) {
                         kept += 1;
-                        size += self.string(name) + 1 + self.value(member, depth)?;
+                        size += escaped_len(name) + 1 + self.value(member, depth)?;
                     }
                 }
                 size + kept.saturating_sub(1)

@@ -91,6 +91,7 @@ pub mod idempotency;
 mod outcome;
 pub mod registry;
 mod tool_fn;
+pub mod trace;
 pub mod validate;
 
 pub use envelope::{

@@ -17,6 +17,9 @@ use serde_json::{Map, Value};
 /// assert_eq!(out.content, json!({"hits": 3}));
 /// assert_eq!(out.metadata.unwrap()["source"], "docs.rs");
 /// ```
+///
+/// The [`CallRecord`] the layers enrich is kept out of line and allocated only when a layer
+/// writes to it, so that an output stays small as it moves through the stack.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolOutput {
     /// What the tool produced.
@@ -24,9 +27,8 @@ pub struct ToolOutput {
     /// Data about the output (timestamps, etags, sources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Map<String, Value>>,
-    /// What the layers recorded about the call; not part of the output's JSON.
     #[serde(skip)]
-    pub record: CallRecord,
+    record: Option<Box<CallRecord>>,
 }
 
 impl ToolOutput {
@@ -35,8 +37,30 @@ impl ToolOutput {
         ToolOutput {
             content,
             metadata: None,
-            record: CallRecord::default(),
+            record: None,
         }
+    }
+
+    /// What the layers recorded about the call.
+    pub fn record(&self) -> &CallRecord {
+        static EMPTY: CallRecord = CallRecord::EMPTY;
+        self.record.as_deref().unwrap_or(&EMPTY)
+    }
+
+    /// Mutable access to the record, for layers.
+    pub fn record_mut(&mut self) -> &mut CallRecord {
+        self.record.get_or_insert_with(Box::default)
+    }
+
+    /// Takes the record out, leaving an empty one.
+    pub fn take_record(&mut self) -> CallRecord {
+        self.record.take().map(|record| *record).unwrap_or_default()
+    }
+
+    /// Replaces the record.
+    pub fn with_record(mut self, record: CallRecord) -> Self {
+        self.record = Some(Box::new(record));
+        self
     }
 
     /// Adds one metadata member.
@@ -67,6 +91,18 @@ pub struct CallRecord {
     pub breaker_state: Option<BreakerState>,
     /// How long the call took, measured at the edge.
     pub duration: Option<Duration>,
+}
+
+impl CallRecord {
+    /// The record of a call no layer has written anything about.
+    pub const EMPTY: CallRecord = CallRecord {
+        attempts: None,
+        from_cache: false,
+        cache: None,
+        retried_by: Vec::new(),
+        breaker_state: None,
+        duration: None,
+    };
 }
 
 /// How the idempotency cache answered a call.

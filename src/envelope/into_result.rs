@@ -107,7 +107,7 @@ where
         let mut outcome = ready!(this.future.poll(cx));
         let elapsed = this.start.elapsed();
         match &mut outcome {
-            Ok(output) => output.record.duration = Some(elapsed),
+            Ok(output) => output.record_mut().duration = Some(elapsed),
             Err(error) => error.record_mut().duration = Some(elapsed),
         }
         let call = this

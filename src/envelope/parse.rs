@@ -45,7 +45,7 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
 }
 
 fn non_empty(field: &str, value: &str) -> Result<(), ToolError> {
-    if value.trim().is_empty() {
+    if value.chars().all(char::is_whitespace) {
         Err(ToolError::invalid_field(field, "must not be empty"))
     } else {
         Ok(())

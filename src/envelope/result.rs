@@ -117,7 +117,7 @@ impl ToolResult {
     pub fn from_outcome(call: &ToolCall, outcome: Result<ToolOutput, ToolError>) -> ToolResult {
         match outcome {
             Ok(mut output) => {
-                let record = std::mem::take(&mut output.record);
+                let record = output.take_record();
                 ToolResult::with_record(call, ResultStatus::Success, record, Some(output), None)
             }
             Err(error) => {

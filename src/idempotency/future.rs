@@ -210,11 +210,11 @@ where
         .saturating_add(duration_ms(started.elapsed()));
     let completion = Completion {
         result: match &outcome {
-            Ok(output) => Ok(ToolOutput {
-                content: output.content.clone(),
-                metadata: output.metadata.clone(),
-                record: CallRecord::default(),
-            }),
+            Ok(output) => {
+                let mut stored = ToolOutput::new(output.content.clone());
+                stored.metadata.clone_from(&output.metadata);
+                Ok(stored)
+            }
             Err(error) => Err(StoredError::from_error(error)),
         },
         execution: Execution::from_outcome(&outcome, claimed.created_at_ms, finished_at_ms),
@@ -314,10 +314,7 @@ fn answer_from(
         ..CallRecord::default()
     };
     match (record.state, record.payload, record.error) {
-        (RecordState::Done, Some(mut output), _) => {
-            output.record = cached_record;
-            Ok(Ok(output))
-        }
+        (RecordState::Done, Some(output), _) => Ok(Ok(output.with_record(cached_record))),
         (RecordState::Failed, _, Some(stored)) => {
             let mut error = stored.to_error();
             *error.record_mut() = cached_record;

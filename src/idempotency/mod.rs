@@ -71,8 +71,8 @@
 //! let again = svc.ready().await?.call(call).await?;
 //! assert_eq!(runs.load(Ordering::SeqCst), 1);
 //! assert_eq!(again.content, first.content);
-//! assert!(again.record.from_cache);
-//! assert_eq!(again.record.cache.unwrap().matched_on, MatchedOn::Completed);
+//! assert!(again.record().from_cache);
+//! assert_eq!(again.record().cache.as_ref().unwrap().matched_on, MatchedOn::Completed);
 //! # Ok::<(), tower_toolcall::ToolError>(())
 //! # }).unwrap();
 //! ```

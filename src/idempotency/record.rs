@@ -187,7 +187,7 @@ impl Execution {
         finished_at_ms: u64,
     ) -> Execution {
         let record = match outcome {
-            Ok(output) => &output.record,
+            Ok(output) => output.record(),
             Err(error) => error.record(),
         };
         let mut attempts = Vec::with_capacity(record.retried_by.len() + 1);

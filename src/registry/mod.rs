@@ -64,8 +64,13 @@ pub struct ToolRegistry {
     inner: Arc<RegistryInner>,
 }
 
+/// Tools by namespace, then by name. The maps are filled once when the registry is built and
+/// only read afterwards, so a fast hasher is safe from collision attacks.
+type ToolMap = HashMap<String, HashMap<String, Arc<RegisteredTool>, FastHash>, FastHash>;
+type FastHash = foldhash::fast::RandomState;
+
 struct RegistryInner {
-    tools: HashMap<String, HashMap<String, Arc<RegisteredTool>>>,
+    tools: ToolMap,
     count: usize,
     open: bool,
     denied: Vec<DenyRule>,
@@ -140,7 +145,7 @@ impl ToolRegistry {
             .map_err(|e| ConfigError::new("", format!("is not valid TOML: {e}")))?;
         let file: RegistryFile = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            file_error(&path, &e.into_inner().message().to_owned())
+            file_error(&path, e.into_inner().message())
         })?;
         ToolRegistry::from_file(file)
     }
@@ -285,13 +290,9 @@ impl RegisteredTool {
     /// Checks params against the input schema: a `VALIDATION_ERROR` listing the failing
     /// paths (their values are never echoed).
     pub fn check_params(&self, params: &Value) -> Result<(), ToolError> {
-        let Some(validator) = &self.input else {
+        let Some(violations) = violations(self.input.as_ref(), params, "payload.params") else {
             return Ok(());
         };
-        if validator.is_valid(params) {
-            return Ok(());
-        }
-        let violations = violations(validator, params, "payload.params");
         Err(ToolError::rejected(
             ErrorCode::ValidationError,
             format!(
@@ -307,13 +308,9 @@ impl RegisteredTool {
     /// Checks output content against the output schema: an `INTERNAL_ERROR` (terminal)
     /// listing the failing paths.
     pub fn check_output(&self, content: &Value) -> Result<(), ToolError> {
-        let Some(validator) = &self.output else {
+        let Some(violations) = violations(self.output.as_ref(), content, "output.content") else {
             return Ok(());
         };
-        if validator.is_valid(content) {
-            return Ok(());
-        }
-        let violations = violations(validator, content, "output.content");
         Err(ToolError::new(
             ErrorCode::InternalError,
             format!(
@@ -385,7 +382,7 @@ impl ToolRegistryBuilder {
             .check()
             .map_err(|e| e.within("unregistered"))?;
 
-        let mut tools: HashMap<String, HashMap<String, Arc<RegisteredTool>>> = HashMap::new();
+        let mut tools = ToolMap::default();
         let count = self.tools.len();
         for (i, descriptor) in self.tools.into_iter().enumerate() {
             let at = format!("tools[{i}]");
@@ -451,15 +448,27 @@ fn compile_schema(field: &str, schema: &Value) -> Result<jsonschema::Validator, 
     })
 }
 
-fn violations(validator: &jsonschema::Validator, instance: &Value, root: &str) -> Vec<String> {
-    validator
-        .iter_errors(instance)
-        .take(MAX_LISTED_VIOLATIONS)
-        .map(|e| {
-            let path = dotted(root, &e.instance_path().to_string());
-            format!("`{path}` {}", e.masked())
-        })
-        .collect()
+/// What `instance` breaks of the schema, its paths under `root`; `None` when there is no
+/// schema or nothing is broken.
+fn violations(
+    validator: Option<&jsonschema::Validator>,
+    instance: &Value,
+    root: &str,
+) -> Option<Vec<String>> {
+    let validator = validator?;
+    if validator.is_valid(instance) {
+        return None;
+    }
+    Some(
+        validator
+            .iter_errors(instance)
+            .take(MAX_LISTED_VIOLATIONS)
+            .map(|e| {
+                let path = dotted(root, &e.instance_path().to_string());
+                format!("`{path}` {}", e.masked())
+            })
+            .collect(),
+    )
 }
 
 fn list(violations: &[String]) -> String {

@@ -64,17 +64,18 @@ where
                 future,
                 output_schema,
             } => {
-                let output = ready!(future.poll(cx))?;
-                match output_schema.as_ref() {
-                    Some(tool) => Poll::Ready(match tool.check_output(&output.content) {
-                        Ok(()) => Ok(output),
-                        Err(mut error) => {
-                            *error.record_mut() = output.record;
-                            Err(error)
-                        }
-                    }),
-                    None => Poll::Ready(Ok(output)),
-                }
+                let result = ready!(future.poll(cx));
+                let Some(tool) = output_schema.as_ref() else {
+                    return Poll::Ready(result);
+                };
+                let mut output = result?;
+                Poll::Ready(match tool.check_output(&output.content) {
+                    Ok(()) => Ok(output),
+                    Err(mut error) => {
+                        *error.record_mut() = output.take_record();
+                        Err(error)
+                    }
+                })
             }
         }
     }

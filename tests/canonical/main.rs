@@ -101,6 +101,25 @@ fn limits_check_agrees_with_the_writer() {
 }
 
 #[test]
+fn the_size_bound_covers_the_longest_numbers() {
+    let opts = CanonicalOptions::default();
+    for n in [
+        -2.0670472422389555e-6,
+        -2.2250738585072014e-308,
+        -1.2345678901234567e20,
+    ] {
+        let value = json!([n]);
+        let len = canonical_json(&value, &opts).unwrap().len();
+        assert!(check_limits(&value, &opts, len).is_ok(), "{n}");
+        assert!(check_limits(&value, &opts, len - 1).is_err(), "{n}");
+    }
+    assert_eq!(
+        canonical_json(&json!([-2.0670472422389555e-6]), &opts).unwrap(),
+        "[-0.0000020670472422389555]"
+    );
+}
+
+#[test]
 fn normalizations_can_be_switched_off() {
     let value = json!({"a": null, "s": " x ", "clientTs": 1});
     let raw = CanonicalOptions::default()

@@ -390,9 +390,10 @@ fn outcomes_become_the_exact_result_envelope() {
 
     let mut output = ToolOutput::new(json!({"path": "XYZ/Foo.md", "etag": "abc123"}))
         .with_metadata("mtime", json!(1734372720000_u64));
-    output.record.from_cache = true;
-    output.record.duration = Some(Duration::from_millis(3));
-    output.record.cache = Some(CacheMatch {
+    let record = output.record_mut();
+    record.from_cache = true;
+    record.duration = Some(Duration::from_millis(3));
+    record.cache = Some(CacheMatch {
         matched_on: MatchedOn::Completed,
         age_ms: 1520,
         key_fingerprint: "d19e9387a87e6035".into(),

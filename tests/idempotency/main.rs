@@ -289,7 +289,7 @@ where
 }
 
 fn matched_on(output: &ToolOutput) -> Option<MatchedOn> {
-    output.record.cache.as_ref().map(|c| c.matched_on)
+    output.record().cache.as_ref().map(|c| c.matched_on)
 }
 
 /// Polls `check` until it holds, letting time pass (up to `limit` of it).
@@ -390,10 +390,10 @@ async fn concurrent_identical_calls_run_the_tool_once<B: Backend>(b: B) {
     assert!(outputs.iter().all(|o| o.metadata == outputs[0].metadata));
     let joined = outputs
         .iter()
-        .filter(|o| o.record.from_cache && matched_on(o) == Some(MatchedOn::Inflight))
+        .filter(|o| o.record().from_cache && matched_on(o) == Some(MatchedOn::Inflight))
         .count();
     assert_eq!(joined, 99);
-    assert_eq!(outputs.iter().filter(|o| !o.record.from_cache).count(), 1);
+    assert_eq!(outputs.iter().filter(|o| !o.record().from_cache).count(), 1);
     let stats = layer.stats();
     assert_eq!((stats.executions, stats.inflight_joins), (1, 99));
 }
@@ -421,7 +421,7 @@ async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
     assert_eq!(tool.runs(), 1);
 
     let out = first.await.unwrap().unwrap();
-    assert!(!out.record.from_cache);
+    assert!(!out.record().from_cache);
     assert_eq!(tool.runs(), 1);
 }
 
@@ -467,11 +467,11 @@ async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
     assert_eq!(tool.runs(), 1);
     assert_eq!(again.content, first.content);
     assert_eq!(again.metadata, first.metadata);
-    assert!(again.record.from_cache);
-    let cache = again.record.cache.clone().unwrap();
+    assert!(again.record().from_cache);
+    let cache = again.record().cache.clone().unwrap();
     assert_eq!(cache.matched_on, MatchedOn::Completed);
     assert_eq!(cache.key_fingerprint, key_fingerprint(&key));
-    assert_eq!(again.record.attempts, Some(1));
+    assert_eq!(again.record().attempts, Some(1));
     let unchanged = store.get(&key).await.unwrap().unwrap();
     assert_eq!(
         unchanged.request.params_digest, digest,
@@ -493,7 +493,7 @@ async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
         2,
         "past its TTL the record is gone and the tool runs again"
     );
-    assert!(!later.record.from_cache);
+    assert!(!later.record().from_cache);
     assert_eq!(later.content["run"], 2);
 }
 
@@ -568,7 +568,7 @@ async fn retriable_failure_runs_again_under_best_effort_only<B: Backend>(b: B) {
     // Best effort: a retriable failure runs again.
     let rerun = run(&svc, make(DedupeMode::BestEffort)).await.unwrap();
     assert_eq!(tool.runs(), 2);
-    assert!(!rerun.record.from_cache);
+    assert!(!rerun.record().from_cache);
     assert_eq!(rerun.content["run"], 2);
     let now_cached = run(&svc, make(DedupeMode::BestEffort)).await.unwrap();
     assert_eq!(tool.runs(), 2);
@@ -656,7 +656,7 @@ async fn same_key_with_other_params_is_a_conflict_or_an_independent_key<B: Backe
     assert_eq!(a.content["params"]["path"], "a.md");
     assert_eq!(b_out.content["params"]["path"], "b.md");
     let a_again = run(&independent, with("a.md")).await.unwrap();
-    assert!(a_again.record.from_cache);
+    assert!(a_again.record().from_cache);
     assert_eq!(a_again.content, a.content);
     assert_eq!(independent_tool.runs(), 2);
 }
@@ -737,7 +737,7 @@ async fn dropped_first_caller_cancels_and_frees_the_key<B: Backend>(b: B) {
     let svc = over(&idem, &quick);
     let out = run(&svc, make()).await.unwrap();
     assert_eq!(quick.runs(), 1, "the key is free: the next call runs");
-    assert!(!out.record.from_cache);
+    assert!(!out.record().from_cache);
     assert_eq!(
         store.get(&key).await.unwrap().unwrap().state,
         RecordState::Done
@@ -802,7 +802,7 @@ async fn holder_that_stops_loses_its_key_and_its_late_result<B: Backend>(b: B) {
         late.content["run"], 1,
         "the late caller still gets its own output"
     );
-    assert!(!late.record.from_cache);
+    assert!(!late.record().from_cache);
     assert_eq!(idem.stats().stale_results, 1);
     let kept = store.get(&key).await.unwrap().unwrap();
     assert_eq!(kept.state, RecordState::Done);
@@ -810,7 +810,7 @@ async fn holder_that_stops_loses_its_key_and_its_late_result<B: Backend>(b: B) {
 
     let cached = run(&svc, make()).await.unwrap();
     assert_eq!(cached.content["run"], 2);
-    assert!(cached.record.from_cache);
+    assert!(cached.record().from_cache);
     assert_eq!(tool.runs(), 2);
 }
 
@@ -959,7 +959,7 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
     hooked.envelope_mut().hook_idempotency_key = Some("from-hook".into());
     run(&on, hooked.clone()).await.unwrap();
     let cached = run(&on, hooked).await.unwrap();
-    assert!(cached.record.from_cache);
+    assert!(cached.record().from_cache);
     assert_eq!(tool.runs(), 6);
 }
 
@@ -981,10 +981,10 @@ fn claim_request(key: &str, digest: &str, lease: Duration) -> ClaimRequest {
 }
 
 fn done(content: Value, ttl: Duration) -> Completion {
-    let outcome: Result<ToolOutput, ToolError> = Ok(ToolOutput::new(content));
+    let output = ToolOutput::new(content);
     Completion {
-        execution: Execution::from_outcome(&outcome, 0, 5),
-        result: Ok(outcome.unwrap()),
+        execution: Execution::from_outcome(&Ok(output.clone()), 0, 5),
+        result: Ok(output),
         ttl,
     }
 }
@@ -1193,7 +1193,7 @@ async fn memory_store_full_of_in_flight_records_refuses_and_never_evicts_them() 
     let out = run(&open, call("s", json!({"path": "d.md"})).build().unwrap())
         .await
         .unwrap();
-    assert!(!out.record.from_cache);
+    assert!(!out.record().from_cache);
     assert_eq!(
         tool.runs(),
         3,
@@ -1311,7 +1311,7 @@ mod redis_only {
         }
         assert_eq!(tool.runs(), 1, "one execution across both replicas");
         assert!(outputs.iter().all(|o| o.content == outputs[0].content));
-        assert_eq!(outputs.iter().filter(|o| o.record.from_cache).count(), 49);
+        assert_eq!(outputs.iter().filter(|o| o.record().from_cache).count(), 49);
 
         let joins: u64 = layers.iter().map(|l| l.stats().inflight_joins).sum();
         let hits: u64 = layers.iter().map(|l| l.stats().completed_hits).sum();
@@ -1382,7 +1382,7 @@ mod redis_only {
             .await
             .expect("no hang past the deadline")
             .unwrap();
-        assert!(!out.record.from_cache);
+        assert!(!out.record().from_cache);
         assert_eq!(tool.runs(), 2, "fail open: the tool ran");
 
         redis.server.lock().unwrap().restart();
@@ -1403,9 +1403,9 @@ mod redis_only {
             }
         }
         let recovered = recovered.expect("calls work again after the restart");
-        assert!(!recovered.record.from_cache);
+        assert!(!recovered.record().from_cache);
         let cached = run(&closed, make("after.md")).await.unwrap();
-        assert!(cached.record.from_cache, "the store keeps results again");
+        assert!(cached.record().from_cache, "the store keeps results again");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,11 +32,6 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// The port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// Kills the server (SIGKILL) and waits for it to exit.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -1,0 +1,503 @@
+//! The audit log: `calls.jsonl`, `results.jsonl` and `events.jsonl`, written off the call path.
+//!
+//! Recording a line puts it on a bounded queue and returns at once; a dedicated thread
+//! redacts, serializes and writes. When the writer falls behind and the queue is full, the
+//! line is dropped and counted, so a slow disk never slows a call. Files rotate when they
+//! pass a size (`calls.jsonl` → `calls.jsonl.1` → …), and [`AuditLog::shutdown`] flushes
+//! everything still queued.
+//!
+//! ```no_run
+//! use tower_toolcall::trace::AuditLog;
+//!
+//! let audit = AuditLog::builder("/var/log/agent-gateway")
+//!     .max_file_bytes(64 << 20)
+//!     .keep_files(4)
+//!     .build()?;
+//! // … hand `audit.clone()` to the TraceLayer …
+//! let stats = audit.shutdown();
+//! println!("{} lines written, {} dropped", stats.written, stats.dropped);
+//! # Ok::<(), tower_toolcall::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::redact::Redactor;
+use crate::envelope::{ToolCall, ToolResult};
+use crate::error::ConfigError;
+
+/// The three streams of the audit log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AuditStream {
+    /// `calls.jsonl`: every call envelope as it arrived.
+    Calls,
+    /// `results.jsonl`: every result envelope.
+    Results,
+    /// `events.jsonl`: run and step events.
+    Events,
+}
+
+impl AuditStream {
+    /// The file name of the stream.
+    pub const fn file_name(self) -> &'static str {
+        match self {
+            AuditStream::Calls => "calls.jsonl",
+            AuditStream::Results => "results.jsonl",
+            AuditStream::Events => "events.jsonl",
+        }
+    }
+
+    const ALL: [AuditStream; 3] = [
+        AuditStream::Calls,
+        AuditStream::Results,
+        AuditStream::Events,
+    ];
+}
+
+/// Where the writer thread puts lines: files by default, anything else in tests or for
+/// other back ends.
+pub trait AuditSink: Send + 'static {
+    /// Writes one line (without its newline) to `stream`.
+    fn write_line(&mut self, stream: AuditStream, line: &[u8]) -> io::Result<()>;
+    /// Flushes what was written.
+    fn flush(&mut self) -> io::Result<()>;
+}
+
+/// An event of a call's life, as `events.jsonl` records it: a call is a *run* (its
+/// `runId` is the call's `requestId`) and each attempt a *step* (`stepId` is the attempt
+/// number).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutionEvent {
+    /// `run.started`, `step.started`, `step.finished`, `step.failed`, `run.finished`,
+    /// `run.cancelled` or `run.blocked`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The call's `requestId`.
+    pub run_id: String,
+    /// The attempt, for step events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<u32>,
+    /// The call's `toolCallId`, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// `namespace::name`.
+    pub tool: String,
+    /// `info`, `warn` or `error`.
+    pub level: &'static str,
+    /// What happened.
+    pub message: String,
+    /// Structured details (an error code, a delay, a breaker state).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+}
+
+impl ExecutionEvent {
+    /// An event of `call`.
+    pub fn new(kind: &'static str, call: &ToolCall, message: impl Into<String>) -> Self {
+        ExecutionEvent {
+            kind,
+            run_id: call.request_id().to_owned(),
+            step_id: None,
+            call_id: call.envelope().tool_call_id.clone(),
+            tool: format!("{}::{}", call.tool_namespace(), call.tool_name()),
+            level: "info",
+            message: message.into(),
+            payload: None,
+        }
+    }
+
+    /// Sets the attempt.
+    pub fn step(mut self, attempt: u32) -> Self {
+        self.step_id = Some(attempt);
+        self
+    }
+
+    /// Sets the level.
+    pub fn level(mut self, level: &'static str) -> Self {
+        self.level = level;
+        self
+    }
+
+    /// Sets the details.
+    pub fn payload(mut self, payload: Value) -> Self {
+        self.payload = Some(payload);
+        self
+    }
+}
+
+/// What the audit log has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuditStats {
+    /// Lines written.
+    pub written: u64,
+    /// Lines dropped because the writer was behind.
+    pub dropped: u64,
+    /// Lines lost to write errors.
+    pub failed: u64,
+}
+
+enum Entry {
+    Call(ToolCall, u64),
+    Result(Box<ToolResult>, u64),
+    Event(Box<ExecutionEvent>, u64),
+}
+
+#[derive(Default)]
+struct Counters {
+    written: AtomicU64,
+    dropped: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// The audit log's handle. Cheap to clone; every clone feeds the same writer thread.
+#[derive(Clone)]
+pub struct AuditLog {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The only sender of the queue: once it is gone, the writer drains the queue, flushes
+    /// and ends.
+    queue: RwLock<Option<SyncSender<Entry>>>,
+    counters: Arc<Counters>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl fmt::Debug for AuditLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AuditLog")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AuditLog {
+    /// A builder for an audit log writing files into `dir`.
+    pub fn builder(dir: impl Into<PathBuf>) -> AuditLogBuilder {
+        AuditLogBuilder {
+            dir: dir.into(),
+            max_file_bytes: 100 << 20,
+            keep_files: 5,
+            queue_capacity: 8192,
+            redactor: Redactor::default(),
+        }
+    }
+
+    /// An audit log writing to `sink`, with a queue of `queue_capacity` lines.
+    pub fn with_sink(sink: impl AuditSink, queue_capacity: usize, redactor: Redactor) -> Self {
+        let (sender, receiver) = mpsc::sync_channel(queue_capacity.max(1));
+        let counters = Arc::new(Counters::default());
+        let worker = {
+            let counters = counters.clone();
+            std::thread::Builder::new()
+                .name("toolcall-audit".into())
+                .spawn(move || write_loop(receiver, sink, redactor, &counters))
+                .expect("the audit writer thread starts")
+        };
+        AuditLog {
+            shared: Arc::new(Shared {
+                queue: RwLock::new(Some(sender)),
+                counters,
+                worker: Mutex::new(Some(worker)),
+            }),
+        }
+    }
+
+    /// Queues the call envelope for `calls.jsonl`; never waits.
+    pub fn record_call(&self, call: &ToolCall) {
+        self.send(Entry::Call(call.clone(), now_ms()));
+    }
+
+    /// Queues the result envelope for `results.jsonl`; never waits.
+    pub fn record_result(&self, result: ToolResult) {
+        self.send(Entry::Result(Box::new(result), now_ms()));
+    }
+
+    /// Queues an event for `events.jsonl`; never waits.
+    pub fn record_event(&self, event: ExecutionEvent) {
+        self.send(Entry::Event(Box::new(event), now_ms()));
+    }
+
+    /// What has been written and dropped so far.
+    pub fn stats(&self) -> AuditStats {
+        let c = &self.shared.counters;
+        AuditStats {
+            written: c.written.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops accepting lines, writes and flushes everything queued, and waits for the
+    /// writer. Lines recorded afterwards are dropped and counted.
+    pub fn shutdown(&self) -> AuditStats {
+        self.shared
+            .queue
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let worker = self
+            .shared
+            .worker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(worker) = worker {
+            let _ = worker.join();
+        }
+        self.stats()
+    }
+
+    fn send(&self, entry: Entry) {
+        let accepted = {
+            let queue = self.shared.queue.read().unwrap_or_else(|p| p.into_inner());
+            queue
+                .as_ref()
+                .is_some_and(|sender| match sender.try_send(entry) {
+                    Ok(()) => true,
+                    Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+                })
+        };
+        if !accepted {
+            self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn write_loop(
+    receiver: Receiver<Entry>,
+    mut sink: impl AuditSink,
+    redactor: Redactor,
+    counters: &Counters,
+) {
+    let mut line = Vec::with_capacity(1024);
+    // `recv` fails once the queue is empty and its sender is gone.
+    while let Ok(first) = receiver.recv() {
+        let mut next = Some(first);
+        while let Some(entry) = next {
+            let (stream, value) = render(entry, &redactor);
+            line.clear();
+            serde_json::to_writer(&mut line, &value).expect("JSON values always serialize");
+            let counter = match sink.write_line(stream, &line) {
+                Ok(()) => &counters.written,
+                Err(_) => &counters.failed,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            next = receiver.try_recv().ok();
+        }
+        // The queue is empty: a good moment to flush.
+        let _ = sink.flush();
+    }
+    let _ = sink.flush();
+}
+
+fn render(entry: Entry, redactor: &Redactor) -> (AuditStream, Value) {
+    match entry {
+        Entry::Call(call, at) => (
+            AuditStream::Calls,
+            json!({ "ts": rfc3339(at), "call": redactor.redact_value(&serde_json::to_value(&call).expect("a call serializes")) }),
+        ),
+        Entry::Result(result, at) => (
+            AuditStream::Results,
+            json!({ "ts": rfc3339(at), "result": redactor.redact_value(&serde_json::to_value(&*result).expect("a result serializes")) }),
+        ),
+        Entry::Event(event, at) => {
+            let mut value = serde_json::to_value(&*event).expect("an event serializes");
+            value["timestamp"] = Value::String(rfc3339(at));
+            (AuditStream::Events, redactor.redact_value(&value))
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Unix milliseconds as RFC 3339 in UTC, e.g. `2025-12-16T18:12:00.000Z`.
+fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Builds an [`AuditLog`] that writes JSONL files.
+#[derive(Debug)]
+#[must_use]
+pub struct AuditLogBuilder {
+    dir: PathBuf,
+    max_file_bytes: u64,
+    keep_files: usize,
+    queue_capacity: usize,
+    redactor: Redactor,
+}
+
+impl AuditLogBuilder {
+    /// Rotate a file when it passes this size (default 100 MiB).
+    pub fn max_file_bytes(mut self, bytes: u64) -> Self {
+        self.max_file_bytes = bytes;
+        self
+    }
+
+    /// Rotated files kept per stream (default 5).
+    pub fn keep_files(mut self, files: usize) -> Self {
+        self.keep_files = files;
+        self
+    }
+
+    /// Lines that may wait for the writer before new ones are dropped (default 8192).
+    pub fn queue_capacity(mut self, lines: usize) -> Self {
+        self.queue_capacity = lines;
+        self
+    }
+
+    /// The redactor applied to every line.
+    pub fn redactor(mut self, redactor: Redactor) -> Self {
+        self.redactor = redactor;
+        self
+    }
+
+    /// Creates the folder, opens the files and starts the writer.
+    pub fn build(self) -> Result<AuditLog, ConfigError> {
+        if self.max_file_bytes < 1024 {
+            return Err(ConfigError::new(
+                "audit.max_file_bytes",
+                format!("must be at least 1024, got {}", self.max_file_bytes),
+            ));
+        }
+        if self.queue_capacity == 0 {
+            return Err(ConfigError::new(
+                "audit.queue_capacity",
+                "must be at least 1, got 0",
+            ));
+        }
+        let sink =
+            FileSink::open(&self.dir, self.max_file_bytes, self.keep_files).map_err(|e| {
+                ConfigError::new(
+                    "audit.dir",
+                    format!("cannot be written ({}): {e}", self.dir.display()),
+                )
+            })?;
+        Ok(AuditLog::with_sink(
+            sink,
+            self.queue_capacity,
+            self.redactor,
+        ))
+    }
+}
+
+/// Writes each stream to its file in a folder, rotating by size.
+struct FileSink {
+    dir: PathBuf,
+    max_bytes: u64,
+    keep: usize,
+    files: Vec<(AuditStream, BufWriter<File>, u64)>,
+}
+
+impl FileSink {
+    fn open(dir: &Path, max_bytes: u64, keep: usize) -> io::Result<FileSink> {
+        fs::create_dir_all(dir)?;
+        let mut files = Vec::with_capacity(3);
+        for stream in AuditStream::ALL {
+            let path = dir.join(stream.file_name());
+            let file = OpenOptions::new().create(true).append(true).open(&path)?;
+            let len = file.metadata()?.len();
+            files.push((stream, BufWriter::new(file), len));
+        }
+        Ok(FileSink {
+            dir: dir.to_owned(),
+            max_bytes,
+            keep,
+            files,
+        })
+    }
+
+    fn rotate(&mut self, index: usize) -> io::Result<()> {
+        let stream = self.files[index].0;
+        self.files[index].1.flush()?;
+        let base = self.dir.join(stream.file_name());
+        let numbered = |n: usize| PathBuf::from(format!("{}.{n}", base.display()));
+        if self.keep == 0 {
+            fs::remove_file(&base)?;
+        } else {
+            let _ = fs::remove_file(numbered(self.keep));
+            for n in (1..self.keep).rev() {
+                if numbered(n).exists() {
+                    fs::rename(numbered(n), numbered(n + 1))?;
+                }
+            }
+            fs::rename(&base, numbered(1))?;
+        }
+        let file = OpenOptions::new().create(true).append(true).open(&base)?;
+        self.files[index].1 = BufWriter::new(file);
+        self.files[index].2 = 0;
+        Ok(())
+    }
+}
+
+impl AuditSink for FileSink {
+    fn write_line(&mut self, stream: AuditStream, line: &[u8]) -> io::Result<()> {
+        let index = self
+            .files
+            .iter()
+            .position(|(s, _, _)| *s == stream)
+            .expect("every stream has a file");
+        let size = line.len() as u64 + 1;
+        if self.files[index].2 > 0 && self.files[index].2 + size > self.max_bytes {
+            self.rotate(index)?;
+        }
+        let (_, writer, len) = &mut self.files[index];
+        writer.write_all(line)?;
+        writer.write_all(b"\n")?;
+        *len += size;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        for (_, writer, _) in &mut self.files {
+            writer.flush()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_734_372_720_000), "2024-12-16T18:12:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+}

@@ -1,0 +1,274 @@
+//! Redaction of secrets before anything is logged, audited or used as a metric label.
+//!
+//! Two rules, applied at any depth and inside arrays:
+//!
+//! - a member whose *name* looks secret has its value replaced, whatever it is: after folding
+//!   case and dropping `-`, `_`, `.` and spaces, the name ends with `token`, `secret`,
+//!   `password`, `passwd`, `pwd`, `passphrase`, `authorization`, `apikey`, `cookie`,
+//!   `cookies`, `privatekey`, `accesskey`, `secretkey` or `credential(s)`, or is `auth` or
+//!   `pass` (so `api_key`, `X-Api-Key`, `session_token`, `client_secret` and `Set-Cookie`
+//!   are secret, and `max_tokens` is not);
+//! - a *value* that looks like a credential is cut out of any string: bearer and basic
+//!   authorization values, JWTs, `sk-…` keys, GitHub tokens (`ghp_…`, `gho_…`,
+//!   `github_pat_…`), AWS access key ids (`AKIA…`, `ASIA…`), Slack tokens (`xox…`), Google
+//!   API keys (`AIza…`), PEM private keys, and the password of a URL (`scheme://user:pw@`).
+//!
+//! Both lists can be extended.
+//!
+//! ```
+//! use serde_json::json;
+//! use tower_toolcall::trace::Redactor;
+//!
+//! let redactor = Redactor::default();
+//! let params = json!({
+//!     "query": "weather",
+//!     "api_key": "abc123",
+//!     "headers": [{"Authorization": "Bearer abc.def"}],
+//!     "note": "use sk-proj-0123456789abcdefghij for the call",
+//! });
+//! assert_eq!(redactor.redact_value(&params), json!({
+//!     "query": "weather",
+//!     "api_key": "[REDACTED]",
+//!     "headers": [{"Authorization": "[REDACTED]"}],
+//!     "note": "use [REDACTED] for the call",
+//! }));
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use regex::{Captures, Regex};
+use serde_json::{Map, Value};
+
+use crate::error::ConfigError;
+
+/// What a secret is replaced with.
+pub const REDACTED: &str = "[REDACTED]";
+
+/// How deep [`Redactor::redact_value`] goes; deeper values are replaced with `[TRUNCATED]`.
+const MAX_DEPTH: usize = 128;
+
+/// Name endings that make a member secret, after normalization.
+const SECRET_NAME_ENDINGS: [&str; 16] = [
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "pwd",
+    "passphrase",
+    "authorization",
+    "apikey",
+    "cookie",
+    "cookies",
+    "privatekey",
+    "accesskey",
+    "secretkey",
+    "credential",
+    "credentials",
+    "sessionid",
+];
+
+/// Names that are secret only as a whole.
+const SECRET_NAMES: [&str; 2] = ["auth", "pass"];
+
+/// Credential shapes cut out of strings.
+const CREDENTIAL_PATTERNS: [&str; 11] = [
+    r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*",
+    r"(?i)\bbasic\s+[A-Za-z0-9+/]{8,}=*",
+    r"\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}",
+    r"\bsk-[A-Za-z0-9_-]{16,}",
+    r"\bgh[pousr]_[A-Za-z0-9]{20,}",
+    r"\bgithub_pat_[A-Za-z0-9_]{20,}",
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+    r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
+    r"\bAIza[0-9A-Za-z_-]{35}",
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?s:.*?)(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
+    // The password of a URL; the replacement keeps the scheme separator and the `@`.
+    r"://[^/\s:@]+:[^/\s@]+@",
+];
+
+/// Folds case and drops the separators names are spelled with.
+fn normalize_name(name: &str) -> String {
+    name.chars()
+        .filter(|c| !matches!(c, '-' | '_' | '.' | ' '))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// Replaces secrets in JSON values and strings. Cheap to clone.
+#[derive(Clone)]
+pub struct Redactor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name_endings: Vec<String>,
+    names: Vec<String>,
+    credentials: Regex,
+}
+
+impl Default for Redactor {
+    fn default() -> Self {
+        Redactor::builder()
+            .build()
+            .expect("the built-in patterns compile")
+    }
+}
+
+impl fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redactor")
+            .field("name_endings", &self.inner.name_endings)
+            .field("names", &self.inner.names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Redactor {
+    /// A builder that extends the built-in rules.
+    pub fn builder() -> RedactorBuilder {
+        RedactorBuilder::default()
+    }
+
+    /// `true` when a member called `name` holds a secret.
+    pub fn is_secret_name(&self, name: &str) -> bool {
+        let normalized = normalize_name(name);
+        self.inner.names.contains(&normalized)
+            || self
+                .inner
+                .name_endings
+                .iter()
+                .any(|ending| normalized.ends_with(ending.as_str()))
+    }
+
+    /// `text` with every credential cut out; borrowed when there was none.
+    pub fn redact_str<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.inner
+            .credentials
+            .replace_all(text, |caps: &Captures<'_>| {
+                if caps[0].starts_with("://") {
+                    format!("://{REDACTED}@")
+                } else {
+                    REDACTED.to_owned()
+                }
+            })
+    }
+
+    /// A copy of `value` with every secret replaced.
+    pub fn redact_value(&self, value: &Value) -> Value {
+        self.redact_at(value, 0)
+    }
+
+    fn redact_at(&self, value: &Value, depth: usize) -> Value {
+        if depth >= MAX_DEPTH {
+            return Value::String("[TRUNCATED]".to_owned());
+        }
+        match value {
+            Value::String(s) => Value::String(self.redact_str(s).into_owned()),
+            Value::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .map(|item| self.redact_at(item, depth + 1))
+                    .collect(),
+            ),
+            Value::Object(map) => Value::Object(self.redact_map(map, depth + 1)),
+            other => other.clone(),
+        }
+    }
+
+    fn redact_map(&self, map: &Map<String, Value>, depth: usize) -> Map<String, Value> {
+        map.iter()
+            .map(|(name, member)| {
+                let member = if member.is_null() || !self.is_secret_name(name) {
+                    self.redact_at(member, depth)
+                } else {
+                    Value::String(REDACTED.to_owned())
+                };
+                (name.clone(), member)
+            })
+            .collect()
+    }
+}
+
+/// Builds a [`Redactor`] with more secret names or credential patterns.
+///
+/// ```
+/// use tower_toolcall::trace::Redactor;
+///
+/// let redactor = Redactor::builder()
+///     .secret_name_ending("pin")
+///     .credential_pattern(r"\bacme_[0-9a-f]{32}\b")
+///     .build()?;
+/// assert!(redactor.is_secret_name("card_pin"));
+/// assert_eq!(
+///     redactor.redact_str("key acme_0123456789abcdef0123456789abcdef"),
+///     "key [REDACTED]"
+/// );
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[derive(Debug, Default)]
+#[must_use]
+pub struct RedactorBuilder {
+    name_endings: Vec<String>,
+    names: Vec<String>,
+    patterns: Vec<String>,
+}
+
+impl RedactorBuilder {
+    /// Members whose normalized name ends with `ending` are secret.
+    pub fn secret_name_ending(mut self, ending: impl Into<String>) -> Self {
+        self.name_endings.push(ending.into());
+        self
+    }
+
+    /// Members whose normalized name is `name` are secret.
+    pub fn secret_name(mut self, name: impl Into<String>) -> Self {
+        self.names.push(name.into());
+        self
+    }
+
+    /// Strings matching `pattern` (a regular expression) are cut out of every value.
+    pub fn credential_pattern(mut self, pattern: impl Into<String>) -> Self {
+        self.patterns.push(pattern.into());
+        self
+    }
+
+    /// Compiles the rules; a pattern that is not a valid regular expression is an error
+    /// naming it.
+    pub fn build(self) -> Result<Redactor, ConfigError> {
+        for (i, pattern) in self.patterns.iter().enumerate() {
+            Regex::new(pattern).map_err(|e| {
+                ConfigError::new(
+                    format!("redact.credential_patterns[{i}]"),
+                    format!("is not a valid regular expression: {e}"),
+                )
+            })?;
+        }
+        let alternation = CREDENTIAL_PATTERNS
+            .iter()
+            .map(|p| (*p).to_owned())
+            .chain(self.patterns)
+            .map(|p| format!("(?:{p})"))
+            .collect::<Vec<_>>()
+            .join("|");
+        let credentials = Regex::new(&alternation).map_err(|e| {
+            ConfigError::new("redact.credential_patterns", format!("do not compile: {e}"))
+        })?;
+        Ok(Redactor {
+            inner: Arc::new(Inner {
+                name_endings: SECRET_NAME_ENDINGS
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .chain(self.name_endings.iter().map(|s| normalize_name(s)))
+                    .collect(),
+                names: SECRET_NAMES
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .chain(self.names.iter().map(|s| normalize_name(s)))
+                    .collect(),
+                credentials,
+            }),
+        })
+    }
+}

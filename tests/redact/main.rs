@@ -1,0 +1,156 @@
+//! Redaction: secret member names and credential-shaped values, at any depth.
+
+use serde_json::{json, Value};
+use tower_toolcall::trace::{Redactor, REDACTED};
+
+/// Ten credential shapes, each as it would sit in a string.
+const CREDENTIALS: [&str; 10] = [
+    "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c",
+    "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+    "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+    "AKIAIOSFODNN7EXAMPLE",
+    "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+    "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA7bq\n-----END RSA PRIVATE KEY-----",
+    "Basic dXNlcjpwYXNzd29yZA==",
+];
+
+#[test]
+fn every_credential_shape_is_cut_out_of_strings() {
+    let redactor = Redactor::default();
+    for credential in CREDENTIALS {
+        let text = format!("calling with {credential} now");
+        let redacted = redactor.redact_str(&text);
+        assert_eq!(
+            redacted,
+            format!("calling with {REDACTED} now"),
+            "{credential}"
+        );
+    }
+    assert_eq!(
+        redactor.redact_str("postgres://app:hunter2@db.internal:5432/prod"),
+        "postgres://[REDACTED]@db.internal:5432/prod"
+    );
+}
+
+#[test]
+fn plain_text_is_left_alone_and_borrowed() {
+    let redactor = Redactor::default();
+    for text in [
+        "search the web for tower middleware",
+        "skip-this-step",
+        "ask-me later",
+        "the key is in the drawer",
+        "akia is a name",
+    ] {
+        assert!(
+            matches!(redactor.redact_str(text), std::borrow::Cow::Borrowed(_)),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn secret_names_are_recognized_in_any_spelling() {
+    let redactor = Redactor::default();
+    for name in [
+        "token",
+        "access_token",
+        "sessionToken",
+        "session_token",
+        "client_secret",
+        "password",
+        "passwd",
+        "Authorization",
+        "api_key",
+        "apiKey",
+        "api-key",
+        "X-Api-Key",
+        "cookie",
+        "Set-Cookie",
+        "private_key",
+        "aws_secret_access_key",
+        "credentials",
+        "auth",
+    ] {
+        assert!(redactor.is_secret_name(name), "{name} is secret");
+    }
+    for name in [
+        "max_tokens",
+        "tokens",
+        "query",
+        "author",
+        "path",
+        "key_id",
+        "passenger",
+    ] {
+        assert!(!redactor.is_secret_name(name), "{name} is not secret");
+    }
+}
+
+#[test]
+fn values_are_redacted_at_any_depth_and_in_arrays() {
+    let redactor = Redactor::default();
+    let value = json!({
+        "query": "weather in Paris",
+        "max_tokens": 256,
+        "auth": {"user": "ana", "password": "hunter2"},
+        "headers": [
+            {"name": "Authorization", "Authorization": "Bearer abcdefgh"},
+            {"Cookie": ["a=1", "b=2"]}
+        ],
+        "nested": {"deeper": {"list": ["ok", CREDENTIALS[2], {"apiKey": 12345}]}},
+        "token": null
+    });
+    let redacted = redactor.redact_value(&value);
+    assert_eq!(
+        redacted,
+        json!({
+            "query": "weather in Paris",
+            "max_tokens": 256,
+            "auth": REDACTED,
+            "headers": [
+                {"name": "Authorization", "Authorization": REDACTED},
+                {"Cookie": REDACTED}
+            ],
+            "nested": {"deeper": {"list": ["ok", REDACTED, {"apiKey": REDACTED}]}},
+            "token": null
+        })
+    );
+    let text = redacted.to_string();
+    for secret in ["hunter2", "abcdefgh", "a=1", "12345", "sk-proj"] {
+        assert!(!text.contains(secret), "{secret} leaked: {text}");
+    }
+}
+
+#[test]
+fn hostile_depth_is_truncated_not_a_crash() {
+    let mut value = json!("leaf");
+    for _ in 0..500 {
+        value = Value::Array(vec![value]);
+    }
+    let redacted = Redactor::default().redact_value(&value);
+    assert!(redacted.to_string().contains("[TRUNCATED]"));
+}
+
+#[test]
+fn extra_rules_extend_the_built_in_ones() {
+    let redactor = Redactor::builder()
+        .secret_name("pin")
+        .secret_name_ending("_sig")
+        .credential_pattern(r"\bacme-[0-9]{6}\b")
+        .build()
+        .unwrap();
+    assert!(redactor.is_secret_name("PIN"));
+    assert!(redactor.is_secret_name("request-sig"));
+    assert!(redactor.is_secret_name("password"), "built-in rules stay");
+    assert_eq!(redactor.redact_str("code acme-123456"), "code [REDACTED]");
+
+    let err = Redactor::builder()
+        .credential_pattern("(unclosed")
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "redact.credential_patterns[0]");
+}
