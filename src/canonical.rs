@@ -198,7 +198,7 @@ pub fn check_limits(
 
 /// `hex(sha256(canonical))`: the digest stored with an idempotency record.
 pub fn params_digest(canonical: &str) -> String {
-    hex::encode(Sha256::digest(canonical.as_bytes()))
+    lower_hex(&Sha256::digest(canonical.as_bytes()))
 }
 
 /// The derived idempotency key:
@@ -220,7 +220,14 @@ pub fn derive_key(
         }
         hasher.update(part.as_bytes());
     }
-    hex::encode(hasher.finalize())
+    lower_hex(&hasher.finalize())
+}
+
+/// Lower-case hex of `bytes`, through a lookup table (`hex::encode` goes char by char).
+pub(crate) fn lower_hex(bytes: &[u8]) -> String {
+    let mut out = vec![0; bytes.len() * 2];
+    hex::encode_to_slice(bytes, &mut out).expect("the buffer is twice the input");
+    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// Compares two strings by their UTF-16 code units, as RFC 8785 sorts member names.

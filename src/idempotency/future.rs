@@ -106,7 +106,6 @@ where
     let wait_deadline = wait_deadline(&call);
     let mut joined = false;
     loop {
-        let claimed_at = Instant::now();
         let (mut record, now_ms) = match store.claim(&plan.claim).await {
             Ok(ClaimOutcome::Claimed(record)) => {
                 return execute(&shared, inner, call, &plan, record).await;
@@ -115,7 +114,7 @@ where
             Err(error) => return store_failed(&shared, error, inner, call, &plan).await,
         };
         loop {
-            if record.request.params_digest != plan.claim.request.params_digest {
+            if record.request.params_digest != plan.claim.params_digest {
                 Counters::bump(&counters.key_conflicts);
                 return Err(key_reused(&record.key, &plan));
             }
@@ -128,8 +127,8 @@ where
                         Counters::bump(&counters.completed_hits);
                         MatchedOn::Completed
                     };
-                    let store_now = now_ms.saturating_add(duration_ms(claimed_at.elapsed()));
-                    return match answer_from(record, matched_on, store_now) {
+                    // A joined call's record was written after `now_ms`: its age is 0.
+                    return match answer_from(record, matched_on, now_ms) {
                         Ok(answer) => {
                             tracing::debug!(
                                 request_id = call.request_id(),
@@ -187,7 +186,6 @@ where
 {
     Counters::bump(&shared.counters.executions);
     let store = &shared.store;
-    let claimed = Arc::new(claimed);
     let mut guard = ClaimGuard {
         store: store.clone(),
         claimed: Some(claimed.clone()),
@@ -416,7 +414,7 @@ fn wait_deadline(call: &ToolCall) -> Option<Instant> {
 /// response future, or the tool panicked), it cancels the record so that the key is free.
 struct ClaimGuard<St: DedupeStore> {
     store: St,
-    claimed: Option<Arc<DedupeRecord>>,
+    claimed: Option<DedupeRecord>,
     keep_cancelled_for: Duration,
 }
 
@@ -461,7 +459,7 @@ impl<St: DedupeStore> Drop for ClaimGuard<St> {
     }
 }
 
-async fn cancel_claim<St: DedupeStore>(store: St, claimed: Arc<DedupeRecord>, keep_for: Duration) {
+async fn cancel_claim<St: DedupeStore>(store: St, claimed: DedupeRecord, keep_for: Duration) {
     match store.cancel(&claimed, keep_for).await {
         Ok(true) => tracing::debug!(
             idempotency_key_hash = %key_fingerprint(&claimed.key),

@@ -64,7 +64,10 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
     /// derivation is off). Errors are those the call itself would get (params nested too
     /// deep).
     pub fn store_key(&self, call: &ToolCall) -> Result<Option<String>, ToolError> {
-        Ok(self.shared.plan(call)?.map(|plan| plan.claim.key))
+        Ok(self
+            .shared
+            .plan(call)?
+            .map(|plan| plan.claim.key.to_string()))
     }
 
     /// What the layer has done so far, over all its services.

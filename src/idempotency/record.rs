@@ -2,6 +2,7 @@
 //! stored output or error.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -11,6 +12,9 @@ use crate::error::{ErrorClass, ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
 
 /// What a store keeps about one idempotency key (JSON-serializable, camelCase).
+///
+/// Its strings are shared ([`Arc<str>`]), so that a store hands out copies of a record
+/// without copying them.
 ///
 /// `version` is the fencing token: every claim of a key gives it a larger version, and a
 /// store refuses to finalize, cancel or renew a record whose version is not the caller's, so
@@ -45,11 +49,11 @@ use crate::outcome::ToolOutput;
 #[serde(rename_all = "camelCase")]
 pub struct DedupeRecord {
     /// The store key: tenant, tool, scope and idempotency key.
-    pub key: String,
+    pub key: Arc<str>,
     /// `namespace::name` of the tool.
-    pub tool: String,
+    pub tool: Arc<str>,
     /// The idempotency key the call carried, a hook gave it, or was derived for it.
-    pub idempotency_key: String,
+    pub idempotency_key: Arc<str>,
     /// Where the execution stands.
     pub state: RecordState,
     /// When the key was claimed, in Unix milliseconds of the store's clock.
@@ -126,16 +130,16 @@ impl RecordState {
 #[serde(rename_all = "camelCase")]
 pub struct RecordRequest {
     /// `target.sessionKey` of the call.
-    pub session_key: String,
+    pub session_key: Arc<str>,
     /// `target.actorId` of the call.
-    pub actor_id: String,
+    pub actor_id: Arc<str>,
     /// `requestId` of the call.
-    pub request_id: String,
+    pub request_id: Arc<str>,
     /// `toolCallId` of the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<Arc<str>>,
     /// `hex(sha256(canonical_json(params)))`: a later call with the same key must match it.
-    pub params_digest: String,
+    pub params_digest: Arc<str>,
 }
 
 /// `execution` of a record: the attempts the execution made.

@@ -8,7 +8,6 @@ use tower_service::Service;
 
 use super::future::{deduplicate, ResponseFuture};
 use super::key::{self, KeySource};
-use super::record::RecordRequest;
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::CanonicalOptions;
 use crate::envelope::{DedupeMode, ToolCall};
@@ -104,16 +103,10 @@ impl<St: DedupeStore> Shared<St> {
         Ok(Some(Plan {
             mode,
             claim: ClaimRequest {
-                key: store_key,
-                tool: format!("{}::{}", call.tool_namespace(), call.tool_name()),
-                idempotency_key,
-                request: RecordRequest {
-                    session_key: call.session_key().to_owned(),
-                    actor_id: call.actor_id().to_owned(),
-                    request_id: call.request_id().to_owned(),
-                    tool_call_id: call.envelope().tool_call_id.clone(),
-                    params_digest: digest.to_string(),
-                },
+                key: store_key.into(),
+                idempotency_key: idempotency_key.into(),
+                params_digest: digest,
+                call: call.clone(),
                 lease: ms(
                     overrides.and_then(|o| o.inflight_lease_ms),
                     self.defaults.inflight_lease,

@@ -18,7 +18,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::canonical::{canonical_json, params_digest, CanonicalOptions};
 use tower_toolcall::idempotency::{
     key_fingerprint, tenant_prefix, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Execution,
-    Finalized, IdempotencyLayer, InMemoryDedupeStore, RecordRequest, RecordState, StoreError,
+    Finalized, IdempotencyLayer, InMemoryDedupeStore, RecordState, StoreError,
 };
 use tower_toolcall::registry::{
     IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch, RiskLevel,
@@ -454,7 +454,7 @@ async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
     let first = run(&svc, first_call).await.unwrap();
     let stored = store.get(&key).await.unwrap().unwrap();
     assert_eq!(stored.state, RecordState::Done);
-    assert_eq!(stored.request.params_digest, digest);
+    assert_eq!(*stored.request.params_digest, digest);
 
     // A volatile member does not change the key.
     let again_call = call(
@@ -474,7 +474,7 @@ async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
     assert_eq!(again.record().attempts, Some(1));
     let unchanged = store.get(&key).await.unwrap().unwrap();
     assert_eq!(
-        unchanged.request.params_digest, digest,
+        *unchanged.request.params_digest, digest,
         "the digest is unchanged"
     );
     assert_eq!(unchanged.version, stored.version);
@@ -965,16 +965,14 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
 
 fn claim_request(key: &str, digest: &str, lease: Duration) -> ClaimRequest {
     ClaimRequest {
-        key: key.to_owned(),
-        tool: format!("{NS}::{TOOL}"),
-        idempotency_key: "k".to_owned(),
-        request: RecordRequest {
-            session_key: "sess-42".to_owned(),
-            actor_id: "user-7".to_owned(),
-            request_id: "01J9Z8Q4V6K3T2M1N0P9R8S7T6".to_owned(),
-            tool_call_id: Some("call_1".to_owned()),
-            params_digest: digest.to_owned(),
-        },
+        key: key.into(),
+        idempotency_key: "k".into(),
+        params_digest: digest.into(),
+        call: call("sess-42", json!({"path": "a.md"}))
+            .request_id("01J9Z8Q4V6K3T2M1N0P9R8S7T6")
+            .tool_call_id("call_1")
+            .build()
+            .unwrap(),
         lease,
         take_over_retriable_failure: false,
     }

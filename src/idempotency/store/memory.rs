@@ -67,15 +67,19 @@ struct Shared {
     expired: AtomicU64,
 }
 
+type FastHash = foldhash::fast::RandomState;
+
 struct State {
-    inflight: HashMap<Arc<str>, Inflight>,
-    settled: LruCache<Arc<str>, Arc<DedupeRecord>>,
+    inflight: HashMap<Arc<str>, Inflight, FastHash>,
+    settled: LruCache<Arc<str>, Arc<DedupeRecord>, FastHash>,
     last_version: u64,
 }
 
 struct Inflight {
     record: Arc<DedupeRecord>,
-    settled: watch::Sender<Option<Arc<DedupeRecord>>>,
+    /// Made when the first call waits: it carries the settled record to the waiters, and
+    /// dropping it without one wakes them too.
+    settled: Option<watch::Sender<Option<Arc<DedupeRecord>>>>,
 }
 
 /// What an [`InMemoryDedupeStore`] holds and has done.
@@ -251,7 +255,6 @@ impl Shared {
         let now = self.clock.now_ms();
         let mut state = self.lock();
         let key: &str = &request.key;
-        let mut reused_key = None;
         if let Some(entry) = state.inflight.get(key) {
             if request.is_held_by(&entry.record, now) {
                 return Ok(ClaimOutcome::Existing {
@@ -264,7 +267,7 @@ impl Shared {
                 version = entry.record.version,
                 "taking over a dedupe record whose lease ended"
             );
-            reused_key = state.inflight.remove_entry(key).map(|(k, _)| k);
+            state.inflight.remove(key);
         } else if let Some(record) = state.settled.get(key) {
             let expired = record.expires_at_ms <= now;
             if !expired && request.is_held_by(record, now) {
@@ -273,7 +276,7 @@ impl Shared {
                     now_ms: now,
                 });
             }
-            reused_key = state.settled.pop_entry(key).map(|(k, _)| k);
+            state.settled.pop(key);
         } else if state.inflight.len() + state.settled.len() >= self.capacity {
             if state.settled.pop_lru().is_some() {
                 self.evicted.fetch_add(1, Ordering::Relaxed);
@@ -291,13 +294,11 @@ impl Shared {
         }
         state.last_version += 1;
         let record = request.inflight_record(state.last_version, now);
-        let (settled, _) = watch::channel(None);
-        let key = reused_key.unwrap_or_else(|| Arc::from(key));
         state.inflight.insert(
-            key,
+            request.key.clone(),
             Inflight {
                 record: Arc::new(record.clone()),
-                settled,
+                settled: None,
             },
         );
         Ok(ClaimOutcome::Claimed(record))
@@ -327,14 +328,16 @@ impl Shared {
         let record = Arc::new(settle(now));
         state.settled.put(key, record.clone());
         drop(state);
-        entry.settled.send_replace(Some(record));
+        if let Some(waiters) = entry.settled {
+            waiters.send_replace(Some(record));
+        }
         Finalized::Written
     }
 
     fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> bool {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let Some(entry) = state.inflight.get_mut(claimed.key.as_str()) else {
+        let Some(entry) = state.inflight.get_mut(&*claimed.key) else {
             return false;
         };
         let live = entry.record.lock_until_ms.is_some_and(|until| until > now);
@@ -417,14 +420,15 @@ impl DedupeStore for InMemoryDedupeStore {
         loop {
             let now = self.shared.clock.now_ms();
             let (mut settled, lock_until) = {
-                let state = self.shared.lock();
-                match state.inflight.get(seen.key.as_str()) {
+                let mut state = self.shared.lock();
+                match state.inflight.get_mut(&*seen.key) {
                     Some(entry) if entry.record.version == seen.version => {
                         let until = entry.record.lock_until_ms.unwrap_or(0);
                         if until <= now {
                             return Ok(None);
                         }
-                        (entry.settled.subscribe(), until)
+                        let waiters = entry.settled.get_or_insert_with(|| watch::channel(None).0);
+                        (waiters.subscribe(), until)
                     }
                     _ => return Ok(self.shared.current(&state, &seen.key, now)),
                 }
@@ -495,8 +499,8 @@ impl InMemoryDedupeStoreBuilder {
         Ok(InMemoryDedupeStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    inflight: HashMap::new(),
-                    settled: LruCache::unbounded(),
+                    inflight: HashMap::default(),
+                    settled: LruCache::unbounded_with_hasher(FastHash::default()),
                     last_version: 0,
                 }),
                 capacity: capacity.get(),

@@ -14,6 +14,7 @@ mod redis;
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use memory::{
@@ -28,6 +29,7 @@ pub use redis::{
 };
 
 use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};
+use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
 
@@ -102,16 +104,16 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
 }
 
 /// What a call asks of [`DedupeStore::claim`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ClaimRequest {
     /// The store key.
-    pub key: String,
-    /// `namespace::name` of the tool.
-    pub tool: String,
+    pub key: Arc<str>,
     /// The idempotency key.
-    pub idempotency_key: String,
-    /// The call.
-    pub request: RecordRequest,
+    pub idempotency_key: Arc<str>,
+    /// `hex(sha256(canonical_json(params)))` of the call.
+    pub params_digest: Arc<str>,
+    /// The call that claims the key.
+    pub call: ToolCall,
     /// The in-flight lease.
     pub lease: Duration,
     /// Take over a `failed` record whose error is retriable and whose params digest is the
@@ -124,16 +126,25 @@ impl ClaimRequest {
     pub fn inflight_record(&self, version: u64, now_ms: u64) -> DedupeRecord {
         let lease_ms = duration_ms(self.lease);
         let lock_until_ms = now_ms.saturating_add(lease_ms);
+        let call = &self.call;
         DedupeRecord {
             key: self.key.clone(),
-            tool: self.tool.clone(),
+            tool: [call.tool_namespace(), "::", call.tool_name()]
+                .concat()
+                .into(),
             idempotency_key: self.idempotency_key.clone(),
             state: RecordState::Inflight,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
             expires_at_ms: lock_until_ms,
             ttl_ms: lease_ms,
-            request: self.request.clone(),
+            request: RecordRequest {
+                session_key: call.session_key().into(),
+                actor_id: call.actor_id().into(),
+                request_id: call.request_id().into(),
+                tool_call_id: call.envelope().tool_call_id.as_deref().map(Arc::from),
+                params_digest: self.params_digest.clone(),
+            },
             execution: None,
             payload: None,
             error: None,
@@ -155,7 +166,7 @@ impl ClaimRequest {
                 let retriable = record.error.as_ref().is_some_and(|e| e.retriable);
                 !(self.take_over_retriable_failure
                     && retriable
-                    && record.request.params_digest == self.request.params_digest)
+                    && record.request.params_digest == self.params_digest)
             }
             RecordState::Done => true,
         }

@@ -1,0 +1,635 @@
+//! [`RedisDedupeStore`]: records in Redis, shared by every replica.
+
+mod subscriptions;
+mod value;
+
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, Script, Value};
+
+use self::subscriptions::Subscriber;
+use self::value::{decode, encode};
+use super::{
+    at_least_a_millisecond, duration_ms, ClaimOutcome, ClaimRequest, Completion, DedupeStore,
+    Finalized, StoreError,
+};
+use crate::error::ConfigError;
+use crate::idempotency::record::{DedupeRecord, RecordState};
+
+/// The default prefix of every key the store writes.
+pub const DEFAULT_REDIS_KEY_PREFIX: &str = "toolcall:idem:";
+/// The default time one Redis operation may take.
+pub const DEFAULT_REDIS_OPERATION_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default longest wait between two reads of a record a call waits on, should a
+/// completion message be lost.
+pub const DEFAULT_FALLBACK_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How many times a claim tries to take over a record that keeps changing hands before it
+/// answers with the record that holds the key.
+const TAKE_OVER_ATTEMPTS: usize = 4;
+
+/// A dedupe store in Redis (7.0 or later), shared by every replica that points at the same
+/// server.
+///
+/// - A record is one string at `<prefix>{<store key>}`: a header line with its state and
+///   version, then its JSON. Its completion channel is the same name followed by `:done`. The
+///   braces are a Redis Cluster hash tag, so a record and its channel live in one slot.
+/// - A claim is one atomic `SET … NX PX <lease> GET`: it writes the in-flight record when the
+///   key is free, and otherwise answers with the record that holds the key, so a cache hit is
+///   one round trip and costs the server no more than a `GET`. Every step that must compare
+///   versions is a Lua script, so it is atomic too: finalize (which also publishes the result
+///   on the channel), cancel, lease renewal, and taking over a cancelled record or a retriable
+///   failure. A fresh key costs two round trips: the claim and the finalize.
+/// - TTLs mirror the memory store: the in-flight lease, then the done or failed TTL, are the
+///   key's expiry, kept by the server; an in-flight record whose holder died disappears with
+///   its lease, and the next claim takes the key. A version is a fencing token that is unique
+///   to its claim (the claimer's clock in milliseconds, times 1024, plus a per-process
+///   counter), and a takeover's is larger than the one it replaces; a write by a holder whose
+///   version is no longer the record's is refused.
+/// - A duplicate in another process waits on the per-key channel: it subscribes first, then
+///   reads the record again, so no completion is missed; should a message be lost (a
+///   reconnect), it reads the record again after at most the fallback poll interval (2 s by
+///   default), and when the lease ends. [`stats`](RedisDedupeStore::stats) counts those
+///   fallback polls.
+/// - Every operation is bounded by the operation timeout (1 s by default); an unreachable
+///   server is a [`StoreError`], never a hang. The connection manager reconnects by itself
+///   and subscriptions are restored after a reconnect.
+///
+/// Connections are made on first use, inside the Tokio runtime: one multiplexed connection
+/// for commands and, once a call waits, one RESP3 connection for subscriptions. Clones share
+/// them.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_toolcall::idempotency::{IdempotencyLayer, RedisDedupeStore};
+/// use tower_toolcall::registry::ToolRegistry;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisDedupeStore::builder("redis://127.0.0.1:6379/")
+///     .key_prefix("agents:idem:")
+///     .operation_timeout(Duration::from_millis(500))
+///     .build()?;
+/// store.ping().await?;
+/// let layer = IdempotencyLayer::new(ToolRegistry::open(), store);
+/// # let _ = layer;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisDedupeStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: Client,
+    connection_config: ConnectionManagerConfig,
+    commands: OnceLock<Result<ConnectionManager, String>>,
+    subscriber: Arc<Subscriber>,
+    key_prefix: String,
+    operation_timeout: Duration,
+    fallback_poll_interval: Duration,
+    scripts: Scripts,
+    fallback_polls: AtomicU64,
+    pubsub_wakeups: AtomicU64,
+}
+
+struct Scripts {
+    replace: Script,
+    take_over: Script,
+    read: Script,
+}
+
+/// What a [`RedisDedupeStore`] has done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisStoreStats {
+    /// Reads of a waited-on record that no completion message caused: the fallback poll and
+    /// the read at the end of a lease.
+    pub fallback_polls: u64,
+    /// Waits ended by a completion message.
+    pub pubsub_wakeups: u64,
+    /// Channels this process is subscribed to now.
+    pub subscribed_channels: usize,
+}
+
+impl RedisDedupeStore {
+    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
+    pub fn open(url: &str) -> Result<RedisDedupeStore, ConfigError> {
+        RedisDedupeStore::builder(url).build()
+    }
+
+    /// A builder for a store at `url`.
+    pub fn builder(url: impl Into<String>) -> RedisDedupeStoreBuilder {
+        RedisDedupeStoreBuilder {
+            url: url.into(),
+            key_prefix: DEFAULT_REDIS_KEY_PREFIX.to_owned(),
+            operation_timeout: DEFAULT_REDIS_OPERATION_TIMEOUT,
+            fallback_poll_interval: DEFAULT_FALLBACK_POLL_INTERVAL,
+        }
+    }
+
+    /// Checks that the server answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.shared.command(&redis::cmd("PING")).await
+    }
+
+    /// What the store has done.
+    pub fn stats(&self) -> RedisStoreStats {
+        RedisStoreStats {
+            fallback_polls: self.shared.fallback_polls.load(Ordering::Relaxed),
+            pubsub_wakeups: self.shared.pubsub_wakeups.load(Ordering::Relaxed),
+            subscribed_channels: self.shared.subscriber.channel_count(),
+        }
+    }
+
+    /// The Redis key of the record of `store_key`.
+    pub fn record_key(&self, store_key: &str) -> String {
+        self.shared.record_key(store_key)
+    }
+}
+
+impl fmt::Debug for RedisDedupeStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisDedupeStore")
+            .field("server", &self.shared.client.get_connection_info().addr())
+            .field("key_prefix", &self.shared.key_prefix)
+            .field("operation_timeout", &self.shared.operation_timeout)
+            .field(
+                "fallback_poll_interval",
+                &self.shared.fallback_poll_interval,
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs one Redis operation within `timeout`.
+async fn bounded<T>(
+    timeout: Duration,
+    op: impl Future<Output = RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, op).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(StoreError::Unavailable(
+            if error.to_string().contains("syntax error") {
+                format!("{error} (the store needs Redis 7.0 or later)")
+            } else {
+                error.to_string()
+            },
+        )),
+        Err(_) => Err(StoreError::Timeout(timeout)),
+    }
+}
+
+/// The connection in `cell`, made on first use.
+fn connection(
+    cell: &OnceLock<Result<ConnectionManager, String>>,
+    client: &Client,
+    config: &ConnectionManagerConfig,
+) -> Result<ConnectionManager, StoreError> {
+    cell.get_or_init(|| {
+        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(StoreError::Unavailable)
+}
+
+impl Shared {
+    fn record_key(&self, store_key: &str) -> String {
+        let mut key = String::with_capacity(self.key_prefix.len() + store_key.len() + 2);
+        key.push_str(&self.key_prefix);
+        key.push('{');
+        key.push_str(store_key);
+        key.push('}');
+        key
+    }
+
+    fn channel(record_key: &str) -> String {
+        format!("{record_key}:done")
+    }
+
+    /// Runs one command within the operation timeout.
+    async fn command<T: FromRedisValue>(&self, command: &Cmd) -> Result<T, StoreError> {
+        let mut conn = connection(&self.commands, &self.client, &self.connection_config)?;
+        bounded(self.operation_timeout, command.query_async(&mut conn)).await
+    }
+
+    /// Runs one script within the operation timeout.
+    async fn eval<T: FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let mut conn = connection(&self.commands, &self.client, &self.connection_config)?;
+        bounded(self.operation_timeout, invocation.invoke_async(&mut conn)).await
+    }
+
+    /// Replaces the in-flight record `claimed` by `next`, kept for `ttl`, if its claim still
+    /// holds; publishes `next` when asked.
+    async fn replace(
+        &self,
+        claimed: &DedupeRecord,
+        next: &DedupeRecord,
+        ttl: Duration,
+        publish: bool,
+    ) -> Result<Finalized, StoreError> {
+        let record_key = self.record_key(&claimed.key);
+        let reply: Vec<Value> = self
+            .eval(
+                self.scripts
+                    .replace
+                    .key(&record_key)
+                    .key(Shared::channel(&record_key))
+                    .arg(claimed.version)
+                    .arg(encode(next)?)
+                    .arg(duration_ms(ttl).max(1))
+                    .arg(u8::from(publish)),
+            )
+            .await?;
+        let mut reply = reply.into_iter();
+        if number(reply.next())? == 1 {
+            return Ok(Finalized::Written);
+        }
+        let current_version = match reply.next() {
+            None | Some(Value::Nil) => None,
+            other => Some(number(other)?),
+        };
+        Ok(Finalized::Stale { current_version })
+    }
+
+    /// The record at `record_key` and how long it has left.
+    async fn read(&self, record_key: &str) -> Result<Option<(DedupeRecord, Duration)>, StoreError> {
+        let reply: Vec<Value> = self.eval(&self.scripts.read.key(record_key)).await?;
+        let mut reply = reply.into_iter();
+        let value = reply.next();
+        let left = number(reply.next()).unwrap_or(0);
+        match value {
+            Some(Value::BulkString(bytes)) => {
+                Ok(Some((decode(&bytes)?, Duration::from_millis(left))))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// One `SCAN` step over the keys that match `pattern`.
+    async fn scan(&self, cursor: u64, pattern: &str) -> Result<(u64, Vec<String>), StoreError> {
+        self.command(
+            redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000),
+        )
+        .await
+    }
+}
+
+/// A fencing token for a fresh claim at `now_ms`: unique to the claim, and growing with time.
+fn fresh_version(now_ms: u64) -> u64 {
+    static SALT: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let salt = *SALT.get_or_init(|| RandomState::new().hash_one(std::process::id()));
+    let low = salt.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed)) & 1023;
+    (now_ms << 10) | low
+}
+
+fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, duration_ms)
+}
+
+fn number(value: Option<Value>) -> Result<u64, StoreError> {
+    match value {
+        Some(Value::Int(n)) => u64::try_from(n).ok(),
+        Some(Value::BulkString(bytes)) => std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|s| s.parse().ok()),
+        _ => None,
+    }
+    .ok_or_else(|| StoreError::Corrupt("a script answered without a number".to_owned()))
+}
+
+impl DedupeStore for RedisDedupeStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let shared = &self.shared;
+        let record_key = shared.record_key(&request.key);
+        let lease_ms = duration_ms(request.lease).max(1);
+        let now_ms = unix_now_ms();
+        let record = request.inflight_record(fresh_version(now_ms), now_ms);
+        let previous: Option<Vec<u8>> = shared
+            .command(
+                redis::cmd("SET")
+                    .arg(&record_key)
+                    .arg(encode(&record)?)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(lease_ms)
+                    .arg("GET"),
+            )
+            .await?;
+        let Some(previous) = previous else {
+            return Ok(ClaimOutcome::Claimed(record));
+        };
+        let mut existing = decode(&previous)?;
+        for _ in 0..TAKE_OVER_ATTEMPTS {
+            // The server expires an in-flight record with its lease: one that exists is live.
+            if existing.state == RecordState::Inflight || request.is_held_by(&existing, now_ms) {
+                break;
+            }
+            let version = fresh_version(now_ms).max(existing.version + 1);
+            let record = request.inflight_record(version, now_ms);
+            let reply: Vec<Value> = shared
+                .eval(
+                    shared
+                        .scripts
+                        .take_over
+                        .key(&record_key)
+                        .arg(existing.version)
+                        .arg(encode(&record)?)
+                        .arg(lease_ms),
+                )
+                .await?;
+            let mut reply = reply.into_iter();
+            if number(reply.next())? == 1 {
+                return Ok(ClaimOutcome::Claimed(record));
+            }
+            existing = match reply.next() {
+                Some(Value::BulkString(bytes)) => decode(&bytes)?,
+                _ => {
+                    return Err(StoreError::Corrupt(
+                        "a takeover answered nothing".to_owned(),
+                    ))
+                }
+            };
+        }
+        Ok(ClaimOutcome::Existing {
+            record: existing,
+            now_ms,
+        })
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<DedupeRecord>, StoreError> {
+        let value: Option<Vec<u8>> = self
+            .shared
+            .command(redis::cmd("GET").arg(self.shared.record_key(key)))
+            .await?;
+        value.as_deref().map(decode).transpose()
+    }
+
+    async fn finalize(
+        &self,
+        claimed: &DedupeRecord,
+        completion: Completion,
+    ) -> Result<Finalized, StoreError> {
+        let ttl = completion.ttl;
+        let settled = completion.settle(claimed, unix_now_ms());
+        self.shared.replace(claimed, &settled, ttl, true).await
+    }
+
+    async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
+        let now_ms = unix_now_ms();
+        let keep_ms = duration_ms(keep_for);
+        let cancelled = DedupeRecord {
+            state: RecordState::Cancelled,
+            updated_at_ms: now_ms,
+            expires_at_ms: now_ms.saturating_add(keep_ms),
+            ttl_ms: keep_ms,
+            lock_until_ms: None,
+            ..claimed.clone()
+        };
+        let written = self
+            .shared
+            .replace(claimed, &cancelled, keep_for, true)
+            .await?;
+        Ok(written == Finalized::Written)
+    }
+
+    async fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> Result<bool, StoreError> {
+        let now_ms = unix_now_ms();
+        let until = now_ms.saturating_add(duration_ms(lease));
+        let renewed = DedupeRecord {
+            updated_at_ms: now_ms,
+            expires_at_ms: until,
+            lock_until_ms: Some(until),
+            ..claimed.clone()
+        };
+        let written = self.shared.replace(claimed, &renewed, lease, false).await?;
+        Ok(written == Finalized::Written)
+    }
+
+    async fn wait(&self, seen: &DedupeRecord) -> Result<Option<DedupeRecord>, StoreError> {
+        let shared = &self.shared;
+        let record_key = shared.record_key(&seen.key);
+        // Subscribe before reading the record again, so that no completion falls in between.
+        let mut subscription = match shared
+            .subscriber
+            .subscribe(&Shared::channel(&record_key))
+            .await
+        {
+            Ok(subscription) => Some(subscription),
+            Err(error) => {
+                tracing::debug!(%error, "cannot subscribe to completions; waiting by polling");
+                None
+            }
+        };
+        loop {
+            let lease_left = match shared.read(&record_key).await? {
+                None => return Ok(None),
+                Some((record, _))
+                    if record.state != RecordState::Inflight || record.version != seen.version =>
+                {
+                    return Ok(Some(record));
+                }
+                Some((_, left)) if left.is_zero() => return Ok(None),
+                Some((_, left)) => left,
+            };
+            let next_read = shared
+                .fallback_poll_interval
+                .min(lease_left + Duration::from_millis(1));
+            let message = match subscription.as_mut() {
+                Some(subscription) => subscription.next_message(next_read).await,
+                None => {
+                    tokio::time::sleep(next_read).await;
+                    None
+                }
+            };
+            let Some(message) = message else {
+                shared.fallback_polls.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            shared.pubsub_wakeups.fetch_add(1, Ordering::Relaxed);
+            match decode(&message) {
+                Ok(record) if record.state != RecordState::Inflight => return Ok(Some(record)),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "unreadable completion message; reading the record");
+                }
+            }
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let deleted: u64 = self
+            .shared
+            .command(redis::cmd("DEL").arg(self.shared.record_key(key)))
+            .await?;
+        Ok(deleted > 0)
+    }
+
+    async fn flush_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let pattern = format!(
+            "{}{{{}*",
+            glob_escape(&self.shared.key_prefix),
+            glob_escape(prefix)
+        );
+        let mut deleted = 0;
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
+            if !keys.is_empty() {
+                let n: u64 = self.shared.command(redis::cmd("UNLINK").arg(keys)).await?;
+                deleted += n;
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+
+    async fn sweep_expired(&self) -> Result<u64, StoreError> {
+        // Redis expires records itself.
+        Ok(0)
+    }
+
+    async fn size(&self) -> Result<u64, StoreError> {
+        let pattern = format!("{}{{*", glob_escape(&self.shared.key_prefix));
+        let mut count = 0;
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
+            count += keys.len() as u64;
+            if next == 0 {
+                return Ok(count);
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// `\`-escapes the characters `SCAN MATCH` gives a meaning.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Builds a [`RedisDedupeStore`]; made by [`RedisDedupeStore::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedisDedupeStoreBuilder {
+    url: String,
+    key_prefix: String,
+    operation_timeout: Duration,
+    fallback_poll_interval: Duration,
+}
+
+impl RedisDedupeStoreBuilder {
+    /// The prefix of every key the store writes (default `toolcall:idem:`); it must not hold
+    /// `{` or `}`, which would break the hash tag.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The time one Redis operation may take (default 1 s).
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The longest a waiting call goes without reading the record it waits on, should a
+    /// completion message be lost (default 2 s).
+    pub fn fallback_poll_interval(mut self, interval: Duration) -> Self {
+        self.fallback_poll_interval = interval;
+        self
+    }
+
+    /// Checks the configuration and builds the store. No connection is made yet.
+    pub fn build(self) -> Result<RedisDedupeStore, ConfigError> {
+        let client = Client::open(self.url.as_str()).map_err(|e| {
+            ConfigError::new(
+                "idempotency.redis.url",
+                format!("is not a usable Redis URL: {e}; write it as redis://host:port/db"),
+            )
+        })?;
+        if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
+            return Err(ConfigError::new(
+                "idempotency.redis.key_prefix",
+                format!(
+                    "must be non-empty and free of `{{` and `}}`, got {:?}",
+                    self.key_prefix
+                ),
+            ));
+        }
+        at_least_a_millisecond(
+            "idempotency.redis.operation_timeout",
+            self.operation_timeout,
+        )?;
+        at_least_a_millisecond(
+            "idempotency.redis.fallback_poll_interval",
+            self.fallback_poll_interval,
+        )?;
+        let info = client.get_connection_info().clone();
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let subscriber_client = Client::open(info.set_redis_settings(resp3)).map_err(|e| {
+            ConfigError::new(
+                "idempotency.redis.url",
+                format!("cannot be used for subscriptions: {e}"),
+            )
+        })?;
+        let connection_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.operation_timeout))
+            .set_response_timeout(Some(self.operation_timeout))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(1));
+        Ok(RedisDedupeStore {
+            shared: Arc::new(Shared {
+                client,
+                subscriber: Arc::new(Subscriber::new(
+                    subscriber_client,
+                    connection_config.clone(),
+                    self.operation_timeout,
+                )),
+                connection_config,
+                commands: OnceLock::new(),
+                key_prefix: self.key_prefix,
+                operation_timeout: self.operation_timeout,
+                fallback_poll_interval: self.fallback_poll_interval,
+                scripts: Scripts {
+                    replace: Script::new(value::REPLACE),
+                    take_over: Script::new(value::TAKE_OVER),
+                    read: Script::new(value::READ),
+                },
+                fallback_polls: AtomicU64::new(0),
+                pubsub_wakeups: AtomicU64::new(0),
+            }),
+        })
+    }
+}
