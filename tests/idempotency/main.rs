@@ -162,6 +162,7 @@ macro_rules! store_suite {
 store_suite!(
     concurrent_identical_calls_run_the_tool_once,
     best_effort_duplicate_in_flight_fails_fast,
+    duplicate_stops_waiting_at_the_call_deadline,
     done_is_answered_from_cache_until_its_ttl_ends,
     result_envelope_reports_the_cache_match,
     retriable_failure_runs_again_under_best_effort_only,
@@ -372,6 +373,7 @@ async fn concurrent_identical_calls_run_the_tool_once<B: Backend>(b: B) {
     let svc = over(&layer, &tool);
     let params = json!({"path": "XYZ/Foo.md", "content": "hello"});
 
+    let started = tokio::time::Instant::now();
     let calls: Vec<_> = (0..100)
         .map(|_| {
             let svc = svc.clone();
@@ -384,6 +386,10 @@ async fn concurrent_identical_calls_run_the_tool_once<B: Backend>(b: B) {
         outputs.push(handle.await.unwrap().expect("every call succeeds"));
     }
 
+    assert!(
+        started.elapsed() < Duration::from_millis(1800),
+        "the waiters were woken by the result, not by a poll or the end of the lease"
+    );
     assert_eq!(tool.runs(), 1, "the tool runs once for 100 identical calls");
     let first = &outputs[0].content;
     assert!(outputs.iter().all(|o| &o.content == first));
@@ -420,6 +426,48 @@ async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
     );
     assert_eq!(tool.runs(), 1);
 
+    let out = first.await.unwrap().unwrap();
+    assert!(!out.record().from_cache);
+    assert_eq!(tool.runs(), 1);
+
+    // The tool's policy gives the mode when the call does not say.
+    let tool = MockTool::echo(Duration::from_millis(500));
+    let svc = over(
+        &layer(
+            b.store(),
+            policy(IdempotencyOverrides {
+                dedupe_mode: Some(DedupeMode::BestEffort),
+                ..Default::default()
+            }),
+        ),
+        &tool,
+    );
+    let make = || call("sess-43", json!({"path": "a.md"})).build().unwrap();
+    let first = tokio::spawn(run_owned(svc.clone(), make()));
+    tool.started.notified().await;
+    let err = run(&svc, make()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::IdempotencyInFlight);
+    first.await.unwrap().unwrap();
+    assert_eq!(tool.runs(), 1);
+}
+
+async fn duplicate_stops_waiting_at_the_call_deadline<B: Backend>(b: B) {
+    let tool = MockTool::echo(b.time(Duration::from_secs(10)));
+    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    let make = || call("sess-42", json!({"path": "a.md"}));
+    let first = tokio::spawn(run_owned(svc.clone(), make().build().unwrap()));
+    tool.started.notified().await;
+
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let hurried = make().deadline_at_ms(now_ms + 100).build().unwrap();
+    let err = run(&svc, hurried).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Timeout);
+    assert!(err.is_not_processed());
+    assert!(err.message().contains("deadline"), "{}", err.message());
+    assert!(!first.is_finished(), "the first call still runs");
     let out = first.await.unwrap().unwrap();
     assert!(!out.record().from_cache);
     assert_eq!(tool.runs(), 1);
