@@ -1,8 +1,9 @@
 //! How a record is kept in Redis, and the scripts that change it.
 //!
-//! A record is one string: a header line `<state> <version>` that the scripts read, then the
-//! record's JSON. A claim is a plain `SET … NX PX … GET`, so that a duplicate costs the server
-//! no more than a `GET`; every step that must compare versions is a script.
+//! A record is one string: a header line `<state> <version>` (at most 31 bytes; the scripts
+//! read its first 41 bytes, never the whole record), then the record's JSON. A claim is a
+//! plain `SET … NX PX … GET`, so that a duplicate costs the server no more than a `GET`; every
+//! step that must compare versions is a script.
 
 use crate::idempotency::record::{DedupeRecord, RecordState};
 use crate::idempotency::store::StoreError;
@@ -12,11 +13,8 @@ use crate::idempotency::store::StoreError;
 /// Replaces the in-flight record of that version (finalize, cancel, renew) and, when asked,
 /// publishes the new value. Returns `{1}`, or `{0, version that holds the key}`.
 pub(super) const REPLACE: &str = "\
-local cur = redis.call('GET', KEYS[1])
-if not cur then
-  return {0}
-end
-local state, version = string.match(cur, '^(%a+) (%d+)\\n')
+local head = redis.call('GETRANGE', KEYS[1], 0, 40)
+local state, version = string.match(head, '^(%a+) (%d+)\\n')
 if state ~= 'inflight' or version ~= ARGV[1] then
   return {0, version}
 end
@@ -32,9 +30,9 @@ return {1}
 /// Claims a key whose record (cancelled, or a retriable failure) still has the version seen,
 /// or that has no record any more. Returns `{1}`, or `{0, value that holds the key}`.
 pub(super) const TAKE_OVER: &str = "\
-local cur = redis.call('GET', KEYS[1])
-if cur and string.match(cur, '^%a+ (%d+)\\n') ~= ARGV[1] then
-  return {0, cur}
+local head = redis.call('GETRANGE', KEYS[1], 0, 40)
+if head ~= '' and string.match(head, '^%a+ (%d+)\\n') ~= ARGV[1] then
+  return {0, redis.call('GET', KEYS[1])}
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return {1}
