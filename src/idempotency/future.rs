@@ -1,5 +1,5 @@
 use std::fmt;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -111,7 +111,7 @@ where
                 return execute(&shared, inner, call, &plan, record).await;
             }
             Ok(ClaimOutcome::Existing { record, now_ms }) => (record, now_ms),
-            Err(error) => return store_failed(&shared, error, inner, call, &plan).await,
+            Err(error) => return Box::pin(store_failed(&shared, error, inner, call, &plan)).await,
         };
         loop {
             if record.request.params_digest != plan.claim.params_digest {
@@ -138,7 +138,9 @@ where
                             );
                             answer
                         }
-                        Err(error) => store_failed(&shared, error, inner, call, &plan).await,
+                        Err(error) => {
+                            Box::pin(store_failed(&shared, error, inner, call, &plan)).await
+                        }
                     };
                 }
                 RecordState::Cancelled => break,
@@ -148,21 +150,21 @@ where
                 }
                 RecordState::Inflight => {
                     joined = true;
+                    // Boxed: only joins pay for the waiting machinery.
+                    let wait = Box::pin(store.wait(&record));
                     let waited = match wait_deadline {
-                        Some(deadline) => {
-                            match tokio::time::timeout_at(deadline, store.wait(&record)).await {
-                                Ok(waited) => waited,
-                                Err(_) => return Err(deadline_passed(&record.key)),
-                            }
-                        }
-                        None => store.wait(&record).await,
+                        Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
+                            Ok(waited) => waited,
+                            Err(_) => return Err(deadline_passed(&record.key)),
+                        },
+                        None => wait.await,
                     };
                     match waited {
                         Ok(Some(next)) if next.state != RecordState::Cancelled => record = next,
                         // Free again: claim it.
                         Ok(_) => break,
                         Err(error) => {
-                            return store_failed(&shared, error, inner, call, &plan).await
+                            return Box::pin(store_failed(&shared, error, inner, call, &plan)).await
                         }
                     }
                 }
@@ -199,7 +201,7 @@ where
         if error.is_not_processed() {
             // Nothing happened: free the key rather than keep an error for it.
             Counters::bump(&shared.counters.released_unprocessed);
-            guard.release().await;
+            Box::pin(guard.release()).await;
             return outcome;
         }
     }
@@ -263,35 +265,43 @@ where
     F: Future<Output = Result<ToolOutput, ToolError>>,
     St: DedupeStore,
 {
-    let renew = async {
-        let every = (lease / 2).max(Duration::from_millis(1));
-        loop {
-            tokio::time::sleep(every).await;
-            match store.renew(claimed, lease).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(
-                        idempotency_key_hash = %key_fingerprint(&claimed.key),
-                        version = claimed.version,
-                        "the in-flight lease could not be renewed: another call holds the key"
-                    );
-                    break;
-                }
-                Err(error) => tracing::warn!(
-                    idempotency_key_hash = %key_fingerprint(&claimed.key),
-                    error = %error,
-                    "the in-flight lease could not be renewed; trying again"
-                ),
-            }
-        }
-        std::future::pending::<()>().await;
-    };
-    let tool = pin!(tool);
-    let renew = pin!(renew);
+    let mut tool = pin!(tool);
+    // A tool that answers at once never needs a renewal: the renewer is made (and boxed, to
+    // keep this future small) only for one that does not.
+    let first = poll_fn(|cx| Poll::Ready(tool.as_mut().poll(cx))).await;
+    if let Poll::Ready(outcome) = first {
+        return outcome;
+    }
+    let renew = Box::pin(renew_periodically(store, claimed, lease));
     match select(tool, renew).await {
         Either::Left((outcome, _)) => outcome,
         Either::Right(((), tool)) => tool.await,
     }
+}
+
+/// Renews the lease of `claimed` every half lease; never ends.
+async fn renew_periodically<St: DedupeStore>(store: &St, claimed: &DedupeRecord, lease: Duration) {
+    let every = (lease / 2).max(Duration::from_millis(1));
+    loop {
+        tokio::time::sleep(every).await;
+        match store.renew(claimed, lease).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    idempotency_key_hash = %key_fingerprint(&claimed.key),
+                    version = claimed.version,
+                    "the in-flight lease could not be renewed: another call holds the key"
+                );
+                break;
+            }
+            Err(error) => tracing::warn!(
+                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                error = %error,
+                "the in-flight lease could not be renewed; trying again"
+            ),
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Answers from a settled record.
