@@ -82,12 +82,18 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod breaker;
 pub mod canonical;
+pub mod classify;
 pub mod envelope;
 mod error;
 mod outcome;
 pub mod registry;
+mod spans;
+mod time;
+pub mod timeout;
 mod tool_fn;
+mod tool_table;
 pub mod trace;
 pub mod validate;
 
@@ -99,3 +105,6 @@ pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
 pub use outcome::{BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ToolOutput};
 pub use tool_fn::{tool_fn, ToolFn};
 pub use validate::EnvelopeValidateLayer;
+
+pub use breaker::CircuitBreakerLayer;
+pub use timeout::TimeoutLayer;
