@@ -408,6 +408,20 @@ impl SharedClassifier {
     ) -> Classification {
         self.0.classify(outcome, tool)
     }
+
+    /// Classifies a failure, handing the error back.
+    pub(crate) fn classify_error(
+        &self,
+        error: ToolError,
+        tool: &ToolProfile,
+    ) -> (Classification, ToolError) {
+        let outcome = Err(error);
+        let classification = self.classify(&outcome, tool);
+        match outcome {
+            Err(error) => (classification, error),
+            Ok(_) => unreachable!("the outcome is the error it was made from"),
+        }
+    }
 }
 
 impl Default for SharedClassifier {

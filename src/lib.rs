@@ -88,7 +88,9 @@ pub mod classify;
 pub mod envelope;
 mod error;
 mod outcome;
+pub mod rate_limit;
 pub mod registry;
+pub mod retry;
 mod spans;
 mod time;
 pub mod timeout;
@@ -107,4 +109,6 @@ pub use tool_fn::{tool_fn, ToolFn};
 pub use validate::EnvelopeValidateLayer;
 
 pub use breaker::CircuitBreakerLayer;
+pub use rate_limit::RateLimitLayer;
+pub use retry::RetryLayer;
 pub use timeout::TimeoutLayer;

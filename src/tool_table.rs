@@ -66,9 +66,11 @@ impl<T> ToolTable<T> {
         self.get(call.tool_namespace(), call.tool_name())
     }
 
-    /// The value of unregistered tools.
-    pub(crate) fn unregistered(&self) -> &T {
-        &self.unregistered
+    /// Every value: the registered tools' and the unregistered one.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
+        self.iter()
+            .map(|(_, _, value)| value)
+            .chain(std::iter::once(&self.unregistered))
     }
 
     /// Every registered tool's namespace, name and value.

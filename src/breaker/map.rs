@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+#[cfg(test)]
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -97,6 +99,7 @@ impl BreakerMap {
             .collect()
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.lock().len
     }
@@ -152,5 +155,61 @@ impl BreakerMap {
         }
         tracing::debug!(evicted = evict, "evicted idle circuit breakers");
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::admin::Events;
+    use crate::breaker::state::{Admission, BreakerConfig, CallOutcome};
+
+    fn cell(name: &str) -> BreakerCell {
+        BreakerCell::new(
+            BreakerKey::tool("ns", name),
+            BreakerConfig::default().consecutive_failures(1),
+            Arc::new(Events::default()),
+        )
+    }
+
+    fn used(cell: &BreakerCell, outcome: CallOutcome) {
+        let Admission::Admitted(ticket) = cell.admit() else {
+            panic!("closed breakers admit");
+        };
+        cell.record(ticket, outcome);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn evicts_idle_closed_breakers_first_and_never_one_in_use() {
+        let map = BreakerMap::new(3);
+        let open = map.tool("ns", "open", || cell("open"));
+        used(&open, CallOutcome::Failure);
+        drop(open);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let busy = map.tool("ns", "busy", || cell("busy"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        used(
+            &map.tool("ns", "idle", || cell("idle")),
+            CallOutcome::Success,
+        );
+        assert_eq!(map.len(), 3);
+
+        // Full: the open breaker is older, but the idle closed one goes first.
+        map.tool("ns", "new", || cell("new"));
+        assert_eq!(map.len(), 3);
+        assert!(map.find(&BreakerKey::tool("ns", "idle")).is_none());
+        assert!(map.find(&BreakerKey::tool("ns", "open")).is_some());
+
+        // Then the open one (idle), never the busy one.
+        map.tool("ns", "newer", || cell("newer"));
+        assert!(map.find(&BreakerKey::tool("ns", "open")).is_none());
+        assert!(map.find(&BreakerKey::tool("ns", "busy")).is_some());
+
+        // Every breaker in use: a new one serves its call but is not kept.
+        let held: Vec<_> = map.cells();
+        let transient = map.tool("ns", "extra", || cell("extra"));
+        assert_eq!(map.len(), 3);
+        assert!(map.find(transient.key()).is_none());
+        drop((held, busy));
     }
 }

@@ -489,9 +489,9 @@ impl CircuitState {
                 Some(self.open(reason, now, cfg))
             }
             (Phase::HalfOpen { probes, successes }, outcome) => {
-                let Some(at) = probes.iter().position(|(id, _)| Some(*id) == ticket.probe) else {
-                    return None;
-                };
+                let at = probes
+                    .iter()
+                    .position(|(id, _)| Some(*id) == ticket.probe)?;
                 probes.swap_remove(at);
                 match outcome {
                     CallOutcome::Success => {
