@@ -17,7 +17,7 @@
 //! [`DefaultClassifier`] decides an error, in this order:
 //!
 //! 1. the ignored codes ([`IGNORED_CODES`]) and refused calls → ignored;
-//! 2. the tool's overrides from the registry ([`ClassifyOverrides`]): HTTP statuses first, then
+//! 2. the tool's overrides from the registry ([`ClassifyOverrides`](crate::registry::ClassifyOverrides)): HTTP statuses first, then
 //!    error codes ("treat 503 as terminal for this tool");
 //! 3. the error's own [`ErrorClass`], when it is retriable or terminal (the constructors of
 //!    [`ToolError`] set it from the default lists);

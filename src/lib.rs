@@ -87,6 +87,7 @@ pub mod canonical;
 pub mod classify;
 pub mod envelope;
 mod error;
+mod middleware;
 mod outcome;
 pub mod rate_limit;
 pub mod registry;

@@ -12,9 +12,16 @@ use crate::registry::{ToolDescriptor, ToolPolicy, ToolRegistry};
 /// One resolved value per registered tool, and one for every unregistered tool.
 pub(crate) struct ToolTable<T> {
     /// Tool name → (namespace, value). Most names live in one namespace only.
-    by_name: HashMap<Box<str>, Vec<(Box<str>, T)>>,
+    by_name: ByName<T>,
     unregistered: T,
 }
+
+/// Tool name → the (namespace, value) of each tool with that name.
+type ByName<T> = HashMap<Box<str>, Vec<(Box<str>, T)>, FastHash>;
+
+/// The table is filled once when a layer is built and only read afterwards, so a fast hasher
+/// is safe from collision attacks.
+type FastHash = foldhash::fast::RandomState;
 
 impl<T> ToolTable<T> {
     /// Resolves a value for every tool of `registry` and for unregistered tools.
@@ -29,7 +36,7 @@ impl<T> ToolTable<T> {
             resolve(None, registry.unregistered_policy()).map_err(|e| e.within("unregistered"))?;
         let mut tools: Vec<_> = registry.tools().collect();
         tools.sort_by(|a, b| a.full_name().cmp(b.full_name()));
-        let mut by_name: HashMap<Box<str>, Vec<(Box<str>, T)>> = HashMap::new();
+        let mut by_name: ByName<T> = HashMap::default();
         for tool in tools {
             let descriptor = tool.descriptor();
             let value = resolve(Some(descriptor), &descriptor.policy)

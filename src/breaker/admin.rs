@@ -159,24 +159,25 @@ impl Events {
             reason: transition.reason,
             at: transition.at,
         };
+        macro_rules! log_transition {
+            ($level:ident, $message:literal) => {
+                tracing::$level!(
+                    event = "tool_call_circuit_state",
+                    breaker = %key,
+                    from = transition.from.as_str(),
+                    state = transition.to.as_str(),
+                    reason = transition.reason.as_str(),
+                    $message
+                )
+            };
+        }
         if matches!(transition.to, BreakerState::Open | BreakerState::ForcedOpen) {
-            tracing::warn!(
-                event = "tool_call_circuit_state",
-                breaker = %key,
-                from = transition.from.as_str(),
-                state = transition.to.as_str(),
-                reason = transition.reason.as_str(),
+            log_transition!(
+                warn,
                 "circuit breaker opened: calls fail fast until it recovers"
             );
         } else {
-            tracing::info!(
-                event = "tool_call_circuit_state",
-                breaker = %key,
-                from = transition.from.as_str(),
-                state = transition.to.as_str(),
-                reason = transition.reason.as_str(),
-                "circuit breaker changed state"
-            );
+            log_transition!(info, "circuit breaker changed state");
         }
         let listeners = self
             .listeners

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -13,6 +14,7 @@ use crate::outcome::BreakerState;
 
 /// The phase bits of [`BreakerCell::view`]; the generation is in the bits above.
 const CLOSED: u64 = 0;
+const OPEN: u64 = 1;
 const PHASE_BITS: u32 = 2;
 const PHASE_MASK: u64 = (1 << PHASE_BITS) - 1;
 
@@ -22,6 +24,12 @@ pub(crate) struct BreakerCell {
     state: Mutex<CellState>,
     /// `generation << 2 | phase`, written under the lock after every transition.
     view: AtomicU64,
+    /// While open: when the cooldown ends, in nanoseconds since `origin`. Written under the
+    /// lock before `view`, so that an open breaker refuses calls without taking the lock.
+    open_until: AtomicU64,
+    origin: Instant,
+    /// Calls refused, counted outside the lock.
+    rejected: AtomicU64,
     events: Arc<Events>,
 }
 
@@ -42,6 +50,9 @@ impl BreakerCell {
                 last_used: None,
             }),
             view: AtomicU64::new(view_of(&CircuitState::new())),
+            open_until: AtomicU64::new(0),
+            origin: Instant::now(),
+            rejected: AtomicU64::new(0),
             events,
         }
     }
@@ -50,19 +61,35 @@ impl BreakerCell {
         &self.key
     }
 
-    /// Lets a call through or refuses it. A closed breaker answers from its lock-free view:
-    /// a call that races a transition is admitted in the generation it saw, and its outcome
-    /// is then late (counted, never acted on), as if it had been admitted just before.
+    /// Lets a call through or refuses it.
+    ///
+    /// A closed breaker answers from its lock-free view: a call that races a transition is
+    /// admitted in the generation it saw, and its outcome is then late (counted, never acted
+    /// on), as if it had been admitted just before. An open breaker whose cooldown has not
+    /// passed refuses without the lock too; everything else goes through the state machine.
     pub(crate) fn admit(&self) -> Admission {
         let view = self.view.load(Ordering::Acquire);
         if view & PHASE_MASK == CLOSED {
             return Admission::Admitted(Ticket::closed(view >> PHASE_BITS));
         }
         let now = Instant::now();
+        if view & PHASE_MASK == OPEN {
+            let left = self
+                .open_until
+                .load(Ordering::Acquire)
+                .saturating_sub(self.since_origin(now));
+            if left > 0 {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                return Admission::Rejected {
+                    state: BreakerState::Open,
+                    retry_after: Some(Duration::from_nanos(left)),
+                };
+            }
+        }
         let mut state = self.lock();
         let (admission, transition) = state.machine.admit(now, &self.config);
         if matches!(admission, Admission::Rejected { .. }) {
-            state.stats.rejected += 1;
+            self.rejected.fetch_add(1, Ordering::Relaxed);
         }
         state.last_used = Some(now);
         self.after(state, transition);
@@ -121,6 +148,7 @@ impl BreakerCell {
             probes_in_flight: machine.probes_in_flight(),
             stats: BreakerStats {
                 late: machine.late_results(),
+                rejected: self.rejected.load(Ordering::Relaxed),
                 ..state.stats
             },
         };
@@ -145,7 +173,11 @@ impl BreakerCell {
 
     /// Publishes the state's view, releases the lock, then tells the listeners.
     fn after(&self, state: MutexGuard<'_, CellState>, transition: Option<Transition>) {
-        if transition.is_some() {
+        if let Some(transition) = &transition {
+            if let Some(left) = state.machine.open_for(transition.at) {
+                let until = self.since_origin(transition.at).saturating_add(nanos(left));
+                self.open_until.store(until, Ordering::Release);
+            }
             self.view.store(view_of(&state.machine), Ordering::Release);
         }
         drop(state);
@@ -155,10 +187,20 @@ impl BreakerCell {
     }
 }
 
+impl BreakerCell {
+    fn since_origin(&self, at: Instant) -> u64 {
+        nanos(at.saturating_duration_since(self.origin))
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 fn view_of(machine: &CircuitState) -> u64 {
     let phase = match machine.state() {
         BreakerState::Closed => CLOSED,
-        BreakerState::Open => 1,
+        BreakerState::Open => OPEN,
         BreakerState::HalfOpen => 2,
         BreakerState::ForcedOpen => 3,
     };

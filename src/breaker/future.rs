@@ -49,11 +49,19 @@ pin_project! {
 #[derive(Debug)]
 struct Permit {
     tool: Arc<ToolBreaker>,
-    cell: Arc<BreakerCell>,
+    /// The breaker of another scope than the tool's own, which `tool` holds.
+    scoped: Option<Arc<BreakerCell>>,
     ticket: Option<Ticket>,
 }
 
 impl Permit {
+    fn cell(&self) -> &BreakerCell {
+        self.scoped
+            .as_deref()
+            .or(self.tool.own.as_deref())
+            .expect("a registered tool has its own breaker")
+    }
+
     fn record(&mut self, outcome: &Result<ToolOutput, ToolError>) -> BreakerState {
         let ticket = self.ticket.take().expect("a permit records once");
         let classification = self.tool.classifier.classify(outcome, &self.tool.profile);
@@ -62,7 +70,7 @@ impl Permit {
             _ if classification.is_health_failure() => CallOutcome::Failure,
             _ => CallOutcome::Neutral,
         };
-        self.cell.record(ticket, counted)
+        self.cell().record(ticket, counted)
     }
 }
 
@@ -70,7 +78,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
             if ticket.is_probe() {
-                self.cell.release(ticket);
+                self.cell().release(ticket);
             }
         }
     }
@@ -86,7 +94,7 @@ impl<F> ResponseFuture<F> {
     pub(super) fn admitted(
         future: F,
         tool: Arc<ToolBreaker>,
-        cell: Arc<BreakerCell>,
+        scoped: Option<Arc<BreakerCell>>,
         ticket: Ticket,
     ) -> Self {
         ResponseFuture {
@@ -94,7 +102,7 @@ impl<F> ResponseFuture<F> {
                 future,
                 permit: Permit {
                     tool,
-                    cell,
+                    scoped,
                     ticket: Some(ticket),
                 },
             },
@@ -121,7 +129,7 @@ where
                 let mut outcome = ready!(future.poll(cx));
                 let state = permit.record(&outcome);
                 match &mut outcome {
-                    Ok(output) => output.record.breaker_state = Some(state),
+                    Ok(output) => output.record_mut().breaker_state = Some(state),
                     Err(error) => error.record_mut().breaker_state = Some(state),
                 }
                 this.state.set(State::Done);

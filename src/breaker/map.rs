@@ -195,21 +195,22 @@ mod tests {
         assert_eq!(map.len(), 3);
 
         // Full: the open breaker is older, but the idle closed one goes first.
-        map.tool("ns", "new", || cell("new"));
+        let new = map.tool("ns", "new", || cell("new"));
         assert_eq!(map.len(), 3);
         assert!(map.find(&BreakerKey::tool("ns", "idle")).is_none());
         assert!(map.find(&BreakerKey::tool("ns", "open")).is_some());
 
-        // Then the open one (idle), never the busy one.
+        // With no idle closed one left, the idle open one goes; never one in use.
         map.tool("ns", "newer", || cell("newer"));
         assert!(map.find(&BreakerKey::tool("ns", "open")).is_none());
         assert!(map.find(&BreakerKey::tool("ns", "busy")).is_some());
+        assert!(map.find(&BreakerKey::tool("ns", "new")).is_some());
 
         // Every breaker in use: a new one serves its call but is not kept.
         let held: Vec<_> = map.cells();
         let transient = map.tool("ns", "extra", || cell("extra"));
         assert_eq!(map.len(), 3);
         assert!(map.find(transient.key()).is_none());
-        drop((held, busy));
+        drop((held, busy, new));
     }
 }

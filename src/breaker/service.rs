@@ -52,21 +52,20 @@ pub(crate) struct ToolBreaker {
 }
 
 impl Shared {
-    /// The breaker that guards `call`, in the scope the call asks for.
-    fn cell_for(&self, call: &ToolCall, tool: &ToolBreaker) -> Arc<BreakerCell> {
+    /// The breaker that guards `call`, in the scope the call asks for: `None` for the tool's
+    /// own breaker, which `tool` holds.
+    fn scoped_cell(&self, call: &ToolCall, tool: &ToolBreaker) -> Option<Arc<BreakerCell>> {
         let (namespace, name) = (call.tool_namespace(), call.tool_name());
         let scope = call
             .transport()
             .circuit_breaker_hint
             .unwrap_or(BreakerScope::Tool);
         match scope {
-            BreakerScope::Tool => match &tool.own {
-                Some(cell) => cell.clone(),
-                None => self.on_demand.tool(namespace, name, || {
-                    self.make_cell(BreakerKey::tool(namespace, name), tool.config.clone())
-                }),
-            },
-            BreakerScope::Dependency => match &tool.dependency {
+            BreakerScope::Tool if tool.own.is_some() => None,
+            BreakerScope::Tool => Some(self.on_demand.tool(namespace, name, || {
+                self.make_cell(BreakerKey::tool(namespace, name), tool.config.clone())
+            })),
+            BreakerScope::Dependency => Some(match &tool.dependency {
                 Some(cell) => cell.clone(),
                 None => self.on_demand.dependency(namespace, || {
                     self.make_cell(
@@ -74,8 +73,8 @@ impl Shared {
                         self.scoped_config.clone(),
                     )
                 }),
-            },
-            BreakerScope::Global => self.global.clone(),
+            }),
+            BreakerScope::Global => Some(self.global.clone()),
         }
     }
 
@@ -141,20 +140,7 @@ impl<S> CircuitBreaker<S> {
         CircuitBreaker { inner, shared }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, by value.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::middleware::inner_service_accessors!();
 }
 
 impl<S> Service<ToolCall> for CircuitBreaker<S>
@@ -175,10 +161,14 @@ where
         let Some(tool) = self.shared.tools.for_call(&call) else {
             return ResponseFuture::passed(self.inner.call(call));
         };
-        let cell = self.shared.cell_for(&call, tool);
+        let scoped = self.shared.scoped_cell(&call, tool);
+        let cell = scoped
+            .as_ref()
+            .or(tool.own.as_ref())
+            .expect("a registered tool has its own breaker");
         match cell.admit() {
             Admission::Admitted(ticket) => {
-                ResponseFuture::admitted(self.inner.call(call), tool.clone(), cell, ticket)
+                ResponseFuture::admitted(self.inner.call(call), tool.clone(), scoped, ticket)
             }
             Admission::Rejected { state, retry_after } => {
                 tracing::debug!(

@@ -670,6 +670,14 @@ mod tests {
         }
     }
 
+    /// A call admitted and failed at `t` that opens the breaker by consecutive failures.
+    fn tripping(t: u64) -> Vec<(u64, Step, BreakerState, Option<&'static str>)> {
+        vec![
+            (t, Admit(true), Closed, None),
+            (t, Finish(F), Open, Some("consecutive_failures")),
+        ]
+    }
+
     fn cat<T>(parts: impl IntoIterator<Item = Vec<T>>) -> Vec<T> {
         parts.into_iter().flatten().collect()
     }
@@ -701,14 +709,7 @@ mod tests {
             Case {
                 name: "neutral outcomes neither count nor end the run",
                 cfg: BreakerConfig::default(),
-                steps: cat([
-                    calls(0, 4, F, Closed),
-                    calls(0, 3, N, Closed),
-                    vec![
-                        (0, Admit(true), Closed, None),
-                        (0, Finish(F), Open, Some("consecutive_failures")),
-                    ],
-                ]),
+                steps: cat([calls(0, 4, F, Closed), calls(0, 3, N, Closed), tripping(0)]),
             },
             Case {
                 name: "failures older than the window do not count",
@@ -716,10 +717,7 @@ mod tests {
                 steps: cat([
                     calls(0, 4, F, Closed),
                     calls(121, 4, F, Closed),
-                    vec![
-                        (122, Admit(true), Closed, None),
-                        (122, Finish(F), Open, Some("consecutive_failures")),
-                    ],
+                    tripping(122),
                 ]),
             },
             Case {
@@ -774,10 +772,7 @@ mod tests {
                 cfg: BreakerConfig::default(),
                 steps: cat([
                     calls(0, 4, F, Closed),
-                    vec![
-                        (0, Admit(true), Closed, None),
-                        (0, Finish(F), Open, Some("consecutive_failures")),
-                    ],
+                    tripping(0),
                     vec![
                         (30, Admit(true), HalfOpen, Some("cooldown_elapsed")),
                         (40, Finish(F), Open, Some("probe_failed")),

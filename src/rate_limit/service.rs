@@ -41,20 +41,7 @@ impl<S> RateLimit<S> {
         RateLimit { inner, limits }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, by value.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::middleware::inner_service_accessors!();
 }
 
 impl<S> Service<ToolCall> for RateLimit<S>

@@ -218,7 +218,9 @@ impl<S> Run<S> {
 
     fn succeeded(&mut self, mut output: ToolOutput) -> ToolOutput {
         self.executed += 1;
-        self.fill(&mut output.record);
+        if self.attempt > 1 {
+            self.fill(output.record_mut());
+        }
         output
     }
 

@@ -95,8 +95,8 @@
 //! let call = ToolCall::builder("agents.tools.web", "search")
 //!     .session("s").actor("u").build().unwrap();
 //! let out = svc.ready().await.unwrap().call(call).await.unwrap();
-//! assert_eq!(out.record.attempts, Some(2));
-//! assert_eq!(out.record.retried_by[0].reason_code, "UPSTREAM_UNAVAILABLE");
+//! assert_eq!(out.record().attempts, Some(2));
+//! assert_eq!(out.record().retried_by[0].reason_code, "UPSTREAM_UNAVAILABLE");
 //! # }
 //! ```
 

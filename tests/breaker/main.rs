@@ -52,6 +52,16 @@ impl Transitions {
 
 use BreakerState::{Closed, HalfOpen, Open};
 
+/// Calls `vault::createFile` `n` times, whatever it answers.
+async fn create_files<S>(svc: &mut S, n: usize)
+where
+    S: tower::Service<ToolCall, Response = tower_toolcall::ToolOutput, Error = ToolError>,
+{
+    for _ in 0..n {
+        let _ = call_once(svc, call_of(VAULT, "createFile")).await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn tr8_five_failures_open_it_and_calls_then_fail_fast_without_the_tool() {
     let tool = ScriptedTool::new(std::iter::repeat_n(unavailable(), 5).chain([Step::Ok]));
@@ -99,9 +109,7 @@ async fn tr9_after_the_cooldown_two_successful_probes_close_it() {
         .unwrap();
     let admin = layer.admin();
     let mut svc = layer.layer(tool.service());
-    for _ in 0..5 {
-        let _ = call_once(&mut svc, call_of(VAULT, "createFile")).await;
-    }
+    create_files(&mut svc, 5).await;
 
     tokio::time::advance(Duration::from_millis(29_999)).await;
     let err = call_once(&mut svc, call_of(VAULT, "createFile"))
@@ -115,7 +123,7 @@ async fn tr9_after_the_cooldown_two_successful_probes_close_it() {
         .await
         .unwrap();
     assert_eq!(
-        out.record.breaker_state,
+        out.record().breaker_state,
         Some(HalfOpen),
         "one probe is not enough"
     );
@@ -123,7 +131,7 @@ async fn tr9_after_the_cooldown_two_successful_probes_close_it() {
     let out = call_once(&mut svc, call_of(VAULT, "createFile"))
         .await
         .unwrap();
-    assert_eq!(out.record.breaker_state, Some(Closed));
+    assert_eq!(out.record().breaker_state, Some(Closed));
     assert_eq!(admin.state(VAULT, "createFile"), Closed);
     assert_eq!(
         transitions.get(),
@@ -147,9 +155,7 @@ async fn tr10_a_failed_probe_reopens_it_and_restarts_the_cooldown() {
         .build()
         .unwrap();
     let mut svc = layer.layer(tool.service());
-    for _ in 0..5 {
-        let _ = call_once(&mut svc, call_of(VAULT, "createFile")).await;
-    }
+    create_files(&mut svc, 5).await;
     tokio::time::advance(Duration::from_secs(30)).await;
 
     // The probe fails 10 s later, at t = 40 s.
@@ -172,7 +178,7 @@ async fn tr10_a_failed_probe_reopens_it_and_restarts_the_cooldown() {
     let out = call_once(&mut svc, call_of(VAULT, "createFile"))
         .await
         .unwrap();
-    assert_eq!(out.record.breaker_state, Some(HalfOpen));
+    assert_eq!(out.record().breaker_state, Some(HalfOpen));
     assert_eq!(
         transitions.get()[1..],
         [
@@ -191,9 +197,7 @@ async fn two_concurrent_calls_when_half_open_make_one_probe_and_one_refusal() {
     );
     let layer = CircuitBreakerLayer::new(registry_of([create_file()]));
     let mut svc = layer.layer(tool.service());
-    for _ in 0..5 {
-        let _ = call_once(&mut svc, call_of(VAULT, "createFile")).await;
-    }
+    create_files(&mut svc, 5).await;
     tokio::time::advance(Duration::from_secs(30)).await;
 
     let mut first = svc.clone();
@@ -226,7 +230,7 @@ async fn half_of_ten_calls_failing_opens_it_by_rate() {
     for i in 0..10 {
         let outcome = call_once(&mut svc, call_of(WEB, "search")).await;
         let state = match &outcome {
-            Ok(out) => out.record.breaker_state,
+            Ok(out) => out.record().breaker_state,
             Err(err) => err.record().breaker_state,
         };
         assert_eq!(
@@ -256,13 +260,9 @@ async fn failures_older_than_the_window_do_not_count() {
     let admin = layer.admin();
     let mut svc = layer.layer(tool.service());
 
-    for _ in 0..4 {
-        let _ = call_once(&mut svc, call_of(VAULT, "createFile")).await;
-    }
+    create_files(&mut svc, 4).await;
     tokio::time::advance(Duration::from_secs(121)).await;
-    for _ in 0..4 {
-        let _ = call_once(&mut svc, call_of(VAULT, "createFile")).await;
-    }
+    create_files(&mut svc, 4).await;
     assert_eq!(
         admin.state(VAULT, "createFile"),
         Closed,
@@ -317,9 +317,7 @@ async fn a_probe_that_never_answers_is_abandoned_after_the_attempt_timeout() {
         .unwrap();
     let admin = layer.admin();
     let mut svc = layer.layer(tool.service());
-    for _ in 0..5 {
-        let _ = call_once(&mut svc, call_of(VAULT, "createFile")).await;
-    }
+    create_files(&mut svc, 5).await;
     tokio::time::advance(Duration::from_secs(30)).await;
     let mut prober = svc.clone();
     let probe =
@@ -356,9 +354,7 @@ async fn a_probe_whose_caller_gives_up_frees_its_place() {
     let tool = ScriptedTool::new(std::iter::repeat_n(unavailable(), 5).chain([Step::Hang]));
     let layer = CircuitBreakerLayer::new(registry_of([create_file()]));
     let mut svc = layer.layer(tool.service());
-    for _ in 0..5 {
-        let _ = call_once(&mut svc, call_of(VAULT, "createFile")).await;
-    }
+    create_files(&mut svc, 5).await;
     tokio::time::advance(Duration::from_secs(30)).await;
 
     let gave_up = tokio::time::timeout(
@@ -416,7 +412,7 @@ async fn results_arriving_after_it_opened_never_extend_the_break() {
     let out = call_once(&mut svc, call_of(VAULT, "createFile"))
         .await
         .unwrap();
-    assert_eq!(out.record.breaker_state, Some(HalfOpen));
+    assert_eq!(out.record().breaker_state, Some(HalfOpen));
 }
 
 #[tokio::test(start_paused = true)]
@@ -573,9 +569,7 @@ fn listeners_run_after_the_lock_is_released() {
             });
             let tool = ScriptedTool::always(unavailable());
             let mut svc = layer.layer(tool.service());
-            for _ in 0..5 {
-                let _ = call_once(&mut svc, call_of(VAULT, "createFile")).await;
-            }
+            create_files(&mut svc, 5).await;
             done.send(seen.lock().unwrap().clone()).unwrap();
         });
     });

@@ -19,7 +19,8 @@ use tower_toolcall::registry::{
 };
 use tower_toolcall::retry::{Backoff, GlobalRetryBudget};
 use tower_toolcall::{
-    ErrorCode, ResultStatus, RetryLayer, RetryRecord, TimeoutLayer, ToolCall, ToolError, ToolResult,
+    CallRecord, ErrorCode, ResultStatus, RetryLayer, RetryRecord, TimeoutLayer, ToolCall,
+    ToolError, ToolResult,
 };
 
 const WEB: &str = "agents.tools.web";
@@ -82,9 +83,9 @@ async fn tr5_a_timed_out_attempt_is_retried_after_the_seeded_delay() {
         Duration::from_secs(1) + Duration::from_millis(delay),
         "the retry comes after the 1 s timeout and the jittered delay"
     );
-    assert_eq!(out.record.attempts, Some(2));
+    assert_eq!(out.record().attempts, Some(2));
     assert_eq!(
-        out.record.retried_by,
+        out.record().retried_by,
         vec![RetryRecord {
             attempt: 1,
             delay_ms: delay,
@@ -108,7 +109,7 @@ async fn successive_delays_are_successive_draws_of_the_seeded_generator() {
     let out = call_once(&mut svc, call_of(WEB, "search")).await.unwrap();
 
     let delays = full_jitter(99, 3);
-    let recorded: Vec<u64> = out.record.retried_by.iter().map(|r| r.delay_ms).collect();
+    let recorded: Vec<u64> = out.record().retried_by.iter().map(|r| r.delay_ms).collect();
     assert_eq!(recorded, delays);
     assert_eq!(
         start.elapsed(),
@@ -313,7 +314,10 @@ async fn a_mutating_tool_is_retried_after_connection_refused() {
         .unwrap();
 
     assert_eq!(tool.calls(), 2);
-    assert_eq!(out.record.retried_by[0].reason_code, "UPSTREAM_UNAVAILABLE");
+    assert_eq!(
+        out.record().retried_by[0].reason_code,
+        "UPSTREAM_UNAVAILABLE"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -443,8 +447,8 @@ async fn retry_after_sets_the_delay() {
 
     let times = tool.call_times();
     assert_eq!(times[1] - times[0], Duration::from_secs(2));
-    assert_eq!(out.record.retried_by[0].delay_ms, 2000);
-    assert_eq!(out.record.retried_by[0].reason_code, "RATE_LIMITED");
+    assert_eq!(out.record().retried_by[0].delay_ms, 2000);
+    assert_eq!(out.record().retried_by[0].reason_code, "RATE_LIMITED");
 }
 
 #[tokio::test(start_paused = true)]
@@ -663,7 +667,7 @@ async fn a_success_on_the_first_attempt_leaves_the_record_alone() {
     let tool = ScriptedTool::always(Step::Ok);
     let mut svc = RetryLayer::new(registry_of([search()])).layer(tool.service());
     let out = call_once(&mut svc, call_of(WEB, "search")).await.unwrap();
-    assert_eq!(out.record, Default::default());
+    assert_eq!(out.record(), &CallRecord::EMPTY);
     assert_eq!(tool.calls(), 1);
 }
 
