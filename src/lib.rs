@@ -9,6 +9,10 @@
 //! | layer | what it does |
 //! |---|---|
 //! | [`EnvelopeValidateLayer`] | refuses malformed, unknown, denied, unconfirmed, oversized and schema-violating calls |
+//! | [`RateLimitLayer`] | holds each tool (or tool and tenant, or tool and session) to a quota of calls a second: `RATE_LIMITED` or a wait |
+//! | [`RetryLayer`] | retries failures the [classifier](classify) calls retriable, when a repeat is safe, with jittered backoff, deadlines and a global retry budget |
+//! | [`CircuitBreakerLayer`] | fails calls fast while a tool or its dependency keeps failing, and probes its recovery |
+//! | [`TimeoutLayer`] | bounds each attempt by the tool's timeout, narrowed by the call's hint |
 //! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
 //!
 //! # Example

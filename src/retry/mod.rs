@@ -22,8 +22,10 @@
 //! before retry `k` (full jitter; equal, decorrelated and ±percent jitter are selectable), and
 //! 30 s for all attempts and sleeps. A tool's `policy.retry` overrides them. A call's
 //! `transport.retryBudget` narrows the attempts (`maxAttempts`) and the time (`maxElapsedMs`),
-//! and `control.deadlineAtMs` sets a deadline of its own. A `Retry-After` on the error replaces
-//! the backoff when it fits before the deadline.
+//! `control.deadlineAtMs` sets a deadline of its own, and `callHints.timeoutMs` narrows the
+//! time of each attempt through [`TimeoutLayer`](crate::TimeoutLayer) below (it bounds one
+//! attempt, not the retries). A `Retry-After` on the error replaces the backoff when it fits
+//! before the deadline.
 //!
 //! The deadline bounds the attempt in flight and the sleeps: an attempt still running when
 //! it passes is dropped, and a retry whose delay would end past it is not made.
