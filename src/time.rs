@@ -1,4 +1,4 @@
-//! Time helpers shared by the layers. Every clock reading is `tokio::time::Instant`, so that
+//! Time functions shared by the layers. Every clock reading is `tokio::time::Instant`, so that
 //! paused tokio time governs the layers in tests.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
