@@ -1,1 +1,3 @@
+//! Benchmarks of envelope parsing and validation.
+
 fn main() {}

@@ -1,1 +1,3 @@
+//! Run with `cargo run --example quickstart`.
+
 fn main() {}

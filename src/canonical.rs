@@ -125,7 +125,7 @@ impl CanonicalOptions {
     }
 
     fn keeps(&self, name: &str, value: &Value) -> bool {
-        !(self.drop_null_members && value.is_null()) && !self.volatile.iter().any(|v| **v == *name)
+        !(self.volatile.iter().any(|v| **v == *name) || self.drop_null_members && value.is_null())
     }
 
     fn normalize<'s>(&self, s: &'s str) -> &'s str {

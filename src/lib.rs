@@ -9,6 +9,7 @@
 //! | layer | what it does |
 //! |---|---|
 //! | [`EnvelopeValidateLayer`] | refuses malformed, unknown, denied, unconfirmed, oversized and schema-violating calls |
+//! | [`LoopDetectLayer`] | stops a model that repeats the same call, cycles through calls, or retries a failing call ([`loop_detect`]) |
 //! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
 //!
 //! # Example
@@ -85,6 +86,8 @@
 pub mod canonical;
 pub mod envelope;
 mod error;
+pub mod loop_detect;
+mod lru;
 mod outcome;
 pub mod registry;
 mod tool_fn;
@@ -95,6 +98,7 @@ pub use envelope::{
     ToolResult,
 };
 pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
+pub use loop_detect::LoopDetectLayer;
 pub use outcome::{BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ToolOutput};
 pub use tool_fn::{tool_fn, ToolFn};
 pub use validate::EnvelopeValidateLayer;

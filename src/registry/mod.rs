@@ -139,7 +139,7 @@ impl ToolRegistry {
             .map_err(|e| ConfigError::new("", format!("is not valid TOML: {e}")))?;
         let file: RegistryFile = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            file_error(&path, &e.into_inner().message().to_owned())
+            file_error(&path, e.into_inner().message())
         })?;
         ToolRegistry::from_file(file)
     }
