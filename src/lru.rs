@@ -57,8 +57,10 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
         Q: Hash + Eq + ?Sized,
     {
         let slot = *self.index.get(key)?;
-        self.unlink(slot);
-        self.link_newest(slot);
+        if slot != self.newest {
+            self.unlink(slot);
+            self.link_newest(slot);
+        }
         self.slots[slot].entry.as_mut().map(|(_, v)| v)
     }
 

@@ -1,4 +1,3 @@
-use std::collections::hash_map::RandomState;
 use std::sync::Arc;
 
 use tower_layer::Layer;
@@ -224,7 +223,7 @@ impl LoopDetectLayerBuilder {
             },
             tracker: Tracker::new(self.max_sessions),
             canonical: self.canonical,
-            hasher: RandomState::new(),
+            hasher: foldhash::quality::RandomState::default(),
         };
         Ok(LoopDetectLayer {
             monitor: Arc::new(monitor),

@@ -11,6 +11,7 @@
 //! equally redacted) params, with the signature's hash, are logged at DEBUG only.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use serde_json::{json, Map, Value};
 
@@ -33,7 +34,9 @@ const UNKNOWN: &str = "unknown";
 /// which rule fired when it is not plain repetition, and ends with advice for the model.
 pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits) -> ToolError {
     let window = limits.ttl.as_secs();
-    let mut message = format!(
+    let mut message = String::with_capacity(400);
+    let _ = write!(
+        message,
         "Tool call loop detected: '{}' invoked with identical params {} times within {window}s.",
         call.tool_name(),
         detection.count,
@@ -42,19 +45,21 @@ pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits
         Action::Break => " Session stopped to prevent unintended looping.",
         Action::Chance => " This call was not executed.",
     });
-    match detection.rule {
-        Rule::Repeat => {}
-        Rule::UnchangedPoll => message.push_str(" Its result did not change between these calls."),
-        Rule::Cycle { length } => message.push_str(&format!(
+    let _ = match detection.rule {
+        Rule::Repeat => Ok(()),
+        Rule::UnchangedPoll => message.write_str(" Its result did not change between these calls."),
+        Rule::Cycle { length } => write!(
+            message,
             " The last {} calls repeat a cycle of {length} calls {} times.",
             length * detection.count as usize,
             detection.count
-        )),
-        Rule::Failures { code } => message.push_str(&format!(
+        ),
+        Rule::Failures { code } => write!(
+            message,
             " Each of the last {} identical calls failed with {code}.",
             detection.count
-        )),
-    }
+        ),
+    };
     message.push_str(match detection.action {
         Action::Break => {
             " Hint: change the inputs or the strategy instead of repeating the same call."
@@ -89,6 +94,9 @@ pub(super) fn log_detection(
     canonical: &str,
     options: &CanonicalOptions,
 ) {
+    if !tracing::enabled!(tracing::Level::WARN) {
+        return;
+    }
     let params = redacted_canonical(call, canonical, options);
     let prefix = match params.char_indices().nth(SIGNATURE_PREFIX_CHARS) {
         Some((end, _)) => &params[..end],

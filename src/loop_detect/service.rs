@@ -1,4 +1,3 @@
-use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -31,7 +30,8 @@ pub(super) struct Monitor {
     pub(super) tiers: Tiers,
     pub(super) tracker: Tracker,
     pub(super) canonical: CanonicalOptions,
-    pub(super) hasher: RandomState,
+    /// Keyed, fast hashing of signatures and results; the key is random per layer.
+    pub(super) hasher: foldhash::quality::RandomState,
 }
 
 /// What the monitor decided about one call.
