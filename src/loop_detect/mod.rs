@@ -25,8 +25,8 @@
 //! The mode decides ([`LoopMode`](crate::registry::LoopMode)):
 //!
 //! - **`break`** (default): the tool is not called, and the call fails with
-//!   `LOOP_DETECTED`: "Tool call loop detected: '<tool>' invoked with identical params <N>
-//!   times within <TTL>s. Session stopped to prevent unintended looping." and a hint to
+//!   `LOOP_DETECTED`: "Tool call loop detected: 'search' invoked with identical params 4
+//!   times within 120s. Session stopped to prevent unintended looping." followed by a hint to
 //!   change inputs or strategy. The agent runtime should end the model's turn on it.
 //! - **`chance_then_break`** (`chance`): the first detection is a tool failure with the same
 //!   code, `LOOP_DETECTED`, whose details say `"action": "chance"` and whose message tells the
@@ -89,7 +89,7 @@
 //!
 //! # Memory
 //!
-//! A session's history holds only as many calls as the rules need (9 with the defaults). A
+//! A session's history holds only as many calls as the rules need (the last 8 with the defaults). A
 //! session idle for its whole window is dropped; at most
 //! [`max_sessions`](LoopDetectLayerBuilder::max_sessions) (100 000) are tracked, and the least
 //! recently used one makes room for a new one ([`LoopDetectHandle::evicted_sessions`] counts
