@@ -126,7 +126,11 @@
 //! ```
 //!
 //! In a stack, put the layer after validation and before idempotency, so that it sees every
-//! repeat the model issues before the idempotency cache answers it.
+//! repeat the model issues before the idempotency cache answers it, and outside retry, so
+//! that retried attempts are not taken for repeats.
+//!
+//! Sessions are told apart by `target.sessionKey` alone: in a multi-tenant deployment, make
+//! session keys unique across tenants (a ULID, or the tenant as a prefix).
 
 mod command;
 mod config;

@@ -206,16 +206,33 @@ fn is_secret_name(name: &str) -> bool {
     WORDS.iter().any(|w| folded.contains(w))
 }
 
-/// Values that look like credentials: bearer and basic credentials, JWTs, and the key
+/// Values that look like credentials: `Bearer` and `Basic` credentials, JWTs, and the key
 /// formats of OpenAI (`sk-…`), GitHub (`ghp_…`, `github_pat_…`), AWS (`AKIA…`) and Slack
 /// (`xoxb-…`), also inside a longer text.
 fn looks_like_credential(text: &str) -> bool {
-    let lower = text.to_ascii_lowercase();
-    if lower.contains("bearer ") || lower.contains("basic ") {
-        return true;
+    let mut words = text
+        .split(|c: char| c.is_whitespace() || "\"'`,;()[]{}<>".contains(c))
+        .filter(|w| !w.is_empty())
+        .peekable();
+    while let Some(word) = words.next() {
+        let scheme = word.eq_ignore_ascii_case("bearer") || word.eq_ignore_ascii_case("basic");
+        if scheme && words.peek().is_some_and(|next| is_token(next, 16)) {
+            return true;
+        }
+        // `key=sk-…`, `token:ghp_…`: look at each side of `=` and `:` too.
+        if word.split(['=', ':']).any(is_credential_word) {
+            return true;
+        }
     }
-    text.split(|c: char| c.is_whitespace() || "\"'`,;=()[]{}<>".contains(c))
-        .any(is_credential_word)
+    false
+}
+
+/// At least `min` characters of a token (base64, base64url or JWT alphabet).
+fn is_token(word: &str, min: usize) -> bool {
+    word.len() >= min
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._~+/=".contains(c))
 }
 
 fn is_credential_word(word: &str) -> bool {
@@ -251,9 +268,12 @@ mod tests {
             (json!({"headers": {"Authorization": "x"}}), true),
             (json!({"accessToken": null}), false),
             (
-                json!({"cmd": "curl -H 'Authorization: Bearer abc.def'"}),
+                json!({"cmd": "curl -H 'Authorization: Bearer 0123456789abcdef.ghi'"}),
                 true,
             ),
+            (json!({"header": "Basic dXNlcjpwYXNzd29yZDEyMw=="}), true),
+            (json!({"query": "basic income, bearer bonds"}), false),
+            (json!({"q": "key=sk-abcdefghijklmnop1234"}), true),
             (json!({"key": "sk-proj-abcdefghijklmnop1234"}), true),
             (json!({"items": ["ghp_0123456789abcdefABCDEF"]}), true),
             (json!({"id": "AKIAIOSFODNN7EXAMPLE"}), true),
