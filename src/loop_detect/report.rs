@@ -70,11 +70,12 @@ pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits
              this exact call stops the session."
         }
     });
+    // In the map's order, so that each member is appended rather than inserted.
     let mut details = json!({
         "action": detection.action.as_str(),
-        "rule": detection.rule.as_str(),
-        "repeats": detection.count,
         "maxRepeats": detection.threshold,
+        "repeats": detection.count,
+        "rule": detection.rule.as_str(),
         "windowSecs": window,
     });
     match detection.rule {
