@@ -1293,3 +1293,59 @@ async fn clones_of_the_layer_share_one_history() {
         .await
         .expect("a reset session counts afresh");
 }
+
+/// A tool that asks for the canonical params twice with the default options, as the
+/// idempotency layer does, and counts the calls in which both answers were the one cached
+/// form.
+fn canonical_sharing_tool(
+    shared: Arc<AtomicUsize>,
+) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> {
+    use tower_toolcall::canonical::CanonicalOptions;
+    tool_fn(move |call: ToolCall| {
+        let first = call
+            .params()
+            .canonical(&CanonicalOptions::default())
+            .unwrap();
+        let again = call
+            .params()
+            .canonical(&CanonicalOptions::default())
+            .unwrap();
+        if Arc::ptr_eq(&first, &again) {
+            shared.fetch_add(1, Ordering::SeqCst);
+        }
+        async { Ok(ToolOutput::new(json!(null))) }
+    })
+}
+
+#[tokio::test]
+async fn the_canonical_form_is_computed_once_and_shared_with_the_next_layer() {
+    let shared = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(ToolRegistry::open()))
+        .service(canonical_sharing_tool(shared.clone()));
+    send(&mut svc, search("sess-1", json!({"query": "shared"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        shared.load(Ordering::SeqCst),
+        1,
+        "the tool got the cached form"
+    );
+
+    // With other options the layer caches its own form, and the next layer's default
+    // options compute theirs afresh each time: this is what sharing avoids.
+    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+        .canonical_options(
+            tower_toolcall::canonical::CanonicalOptions::default().trim_strings(false),
+        )
+        .build()
+        .unwrap();
+    let shared = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(canonical_sharing_tool(shared.clone()));
+    send(&mut svc, search("sess-1", json!({"query": "not shared"})))
+        .await
+        .unwrap();
+    assert_eq!(shared.load(Ordering::SeqCst), 0);
+}
