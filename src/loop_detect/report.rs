@@ -30,8 +30,9 @@ const UNKNOWN: &str = "unknown";
 
 /// The `LOOP_DETECTED` error for a refused call.
 ///
-/// Terminal and not processed (attempts 0). The message repeats the seed's wording, says
-/// which rule fired when it is not plain repetition, and ends with advice for the model.
+/// Terminal and not processed (attempts 0). The message names the tool, the count and the
+/// window, says which rule fired when it is not plain repetition, and ends with advice for
+/// the model.
 pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits) -> ToolError {
     let window = limits.ttl.as_secs();
     let mut message = String::with_capacity(400);
@@ -149,7 +150,7 @@ fn redacted_canonical<'a>(
     let mut redacted = params.clone();
     redact(&mut redacted);
     // Redaction only shortens strings and never deepens nesting, so this cannot fail where
-    // the unredacted params did not; fall back to a placeholder all the same.
+    // the unredacted params did not; fall back to the redaction marker all the same.
     Cow::Owned(canonical_json(&redacted, options).unwrap_or_else(|_| REDACTED.to_owned()))
 }
 
