@@ -9,6 +9,7 @@
 //! | layer | what it does |
 //! |---|---|
 //! | [`EnvelopeValidateLayer`] | refuses malformed, unknown, denied, unconfirmed, oversized and schema-violating calls |
+//! | [`LoopDetectLayer`] | stops a model that repeats the same call, cycles through calls, or retries a failing call ([`loop_detect`]) |
 //! | [`RateLimitLayer`] | holds each tool (or tool and tenant, or tool and session) to a quota of calls a second: `RATE_LIMITED` or a wait |
 //! | [`RetryLayer`] | retries failures the [classifier](classify) calls retriable, when a repeat is safe, with jittered backoff, deadlines and a global retry budget |
 //! | [`CircuitBreakerLayer`] | fails calls fast while a tool or its dependency keeps failing, and probes its recovery |
@@ -91,6 +92,8 @@ pub mod canonical;
 pub mod classify;
 pub mod envelope;
 mod error;
+pub mod loop_detect;
+mod lru;
 mod middleware;
 mod outcome;
 pub mod rate_limit;
@@ -109,6 +112,7 @@ pub use envelope::{
     ToolResult,
 };
 pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
+pub use loop_detect::LoopDetectLayer;
 pub use outcome::{BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ToolOutput};
 pub use tool_fn::{tool_fn, ToolFn};
 pub use validate::EnvelopeValidateLayer;
