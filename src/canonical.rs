@@ -35,7 +35,7 @@ use std::cmp::Ordering;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use serde_json::{Map, Number, Value};
+use serde_json::{Number, Value};
 use sha2::{Digest, Sha256};
 
 use crate::error::{ErrorCode, ToolError};
@@ -142,7 +142,7 @@ impl CanonicalOptions {
 ///
 /// Nesting deeper than the limit is a `VALIDATION_ERROR` naming `payload.params`.
 pub fn canonical_json(value: &Value, options: &CanonicalOptions) -> Result<String, ToolError> {
-    let mut out = String::with_capacity(128);
+    let mut out = String::with_capacity(256);
     write_canonical(value, options, &mut out)?;
     Ok(out)
 }
@@ -277,7 +277,7 @@ impl Writer<'_> {
             Value::Null => self.out.push_str("null"),
             Value::Bool(true) => self.out.push_str("true"),
             Value::Bool(false) => self.out.push_str("false"),
-            Value::Number(n) => self.out.push_str(ryu_js::Buffer::new().format(as_f64(n))),
+            Value::Number(n) => write_number(self.out, n),
             Value::String(s) => write_escaped(self.out, self.options.normalize(s)),
             Value::Array(items) => {
                 let depth = enter(depth, self.options)?;
@@ -292,41 +292,60 @@ impl Writer<'_> {
             }
             Value::Object(map) => {
                 let depth = enter(depth, self.options)?;
-                let members = sorted_members(map, self.options);
+                let kept = map
+                    .iter()
+                    .filter(|(name, value)| self.options.keeps(name, value))
+                    .map(|(name, value)| (name.as_str(), value));
+                // serde_json keeps members sorted by bytes unless `preserve_order` is on
+                // somewhere in the build; sort (into a new list) only when the order is not
+                // already the canonical one.
+                let in_order = kept
+                    .clone()
+                    .is_sorted_by(|a, b| cmp_utf16(a.0, b.0) == Ordering::Less);
                 self.out.push('{');
-                for (i, (name, member)) in members.into_iter().enumerate() {
-                    if i > 0 {
-                        self.out.push(',');
-                    }
-                    write_escaped(self.out, name);
-                    self.out.push(':');
-                    self.value(member, depth)?;
+                if in_order {
+                    self.members(kept, depth)?;
+                } else {
+                    let mut members: Vec<(&str, &Value)> = kept.collect();
+                    members.sort_by(|a, b| cmp_utf16(a.0, b.0));
+                    self.members(members.into_iter(), depth)?;
                 }
                 self.out.push('}');
             }
         }
         Ok(())
     }
+
+    fn members<'v>(
+        &mut self,
+        members: impl Iterator<Item = (&'v str, &'v Value)>,
+        depth: usize,
+    ) -> Result<(), TooDeep> {
+        for (i, (name, member)) in members.enumerate() {
+            if i > 0 {
+                self.out.push(',');
+            }
+            write_escaped(self.out, name);
+            self.out.push(':');
+            self.value(member, depth)?;
+        }
+        Ok(())
+    }
 }
 
-fn sorted_members<'v>(
-    map: &'v Map<String, Value>,
-    options: &CanonicalOptions,
-) -> Vec<(&'v str, &'v Value)> {
-    let mut members: Vec<(&str, &Value)> = map
-        .iter()
-        .filter(|(name, value)| options.keeps(name, value))
-        .map(|(name, value)| (name.as_str(), value))
-        .collect();
-    // serde_json keeps members sorted by bytes unless `preserve_order` is on somewhere in
-    // the build; sort only when the order is not already the canonical one.
-    let in_order = members
-        .windows(2)
-        .all(|w| cmp_utf16(w[0].0, w[1].0) == Ordering::Less);
-    if !in_order {
-        members.sort_by(|a, b| cmp_utf16(a.0, b.0));
+/// Writes a number as ECMAScript writes a double. Integers up to 2^53 in magnitude are
+/// exact doubles whose shortest form is their decimal digits, so they skip the float path.
+fn write_number(out: &mut String, n: &Number) {
+    const EXACT: u64 = 1 << 53;
+    match (n.as_u64(), n.as_i64()) {
+        (Some(v), _) if v <= EXACT => {
+            let _ = write!(out, "{v}");
+        }
+        (_, Some(v)) if v.unsigned_abs() <= EXACT => {
+            let _ = write!(out, "{v}");
+        }
+        _ => out.push_str(ryu_js::Buffer::new().format(as_f64(n))),
     }
-    members
 }
 
 /// Numbers are IEEE doubles in RFC 8785; integers past 2^53 lose precision as they do in

@@ -9,7 +9,12 @@
 //! | layer | what it does |
 //! |---|---|
 //! | [`EnvelopeValidateLayer`] | refuses malformed, unknown, denied, unconfirmed, oversized and schema-violating calls |
+//! | [`LoopDetectLayer`] | stops a model that repeats the same call, cycles through calls, or retries a failing call ([`loop_detect`]) |
+//! | [`RateLimitLayer`] | holds each tool (or tool and tenant, or tool and session) to a quota of calls a second: `RATE_LIMITED` or a wait |
 //! | [`IdempotencyLayer`] | runs each idempotency key at most once: in-flight joins, cached results, key-reuse conflicts, memory and Redis stores |
+//! | [`RetryLayer`] | retries failures the [classifier](classify) calls retriable, when a repeat is safe, with jittered backoff, deadlines and a global retry budget |
+//! | [`CircuitBreakerLayer`] | fails calls fast while a tool or its dependency keeps failing, and probes its recovery |
+//! | [`TimeoutLayer`] | bounds each attempt by the tool's timeout, narrowed by the call's hint |
 //! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
 //!
 //! # Example
@@ -84,13 +89,24 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod breaker;
 pub mod canonical;
+pub mod classify;
 pub mod envelope;
 mod error;
 pub mod idempotency;
+pub mod loop_detect;
+mod lru;
+mod middleware;
 mod outcome;
+pub mod rate_limit;
 pub mod registry;
+pub mod retry;
+mod spans;
+mod time;
+pub mod timeout;
 mod tool_fn;
+mod tool_table;
 pub mod trace;
 pub mod validate;
 
@@ -100,6 +116,12 @@ pub use envelope::{
 };
 pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
 pub use idempotency::IdempotencyLayer;
+pub use loop_detect::LoopDetectLayer;
 pub use outcome::{BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ToolOutput};
 pub use tool_fn::{tool_fn, ToolFn};
 pub use validate::EnvelopeValidateLayer;
+
+pub use breaker::CircuitBreakerLayer;
+pub use rate_limit::RateLimitLayer;
+pub use retry::RetryLayer;
+pub use timeout::TimeoutLayer;

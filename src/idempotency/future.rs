@@ -3,7 +3,7 @@ use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures_util::future::{select, Either};
 use pin_project_lite::pin_project;
@@ -13,10 +13,11 @@ use tower_service::Service;
 use super::key::key_fingerprint;
 use super::record::{DedupeRecord, Execution, RecordState, StoredError};
 use super::service::{Counters, Plan, Shared};
-use super::store::{duration_ms, ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
+use super::store::{ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ErrorCode, ToolError};
 use crate::outcome::{CacheMatch, CallRecord, MatchedOn, ToolOutput};
+use crate::time::{call_deadline, millis};
 
 type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
 
@@ -103,7 +104,7 @@ where
 {
     let store = &shared.store;
     let counters = &shared.counters;
-    let wait_deadline = wait_deadline(&call);
+    let wait_deadline = call_deadline(&call, Instant::now());
     let mut joined = false;
     loop {
         let (mut record, now_ms) = match store.claim(&plan.claim).await {
@@ -207,7 +208,7 @@ where
     }
     let finished_at_ms = claimed
         .created_at_ms
-        .saturating_add(duration_ms(started.elapsed()));
+        .saturating_add(millis(started.elapsed()));
     let completion = Completion {
         result: match &outcome {
             Ok(output) => {
@@ -409,15 +410,6 @@ fn refusal(code: ErrorCode, store_key: &str, message: impl FnOnce(&str) -> Strin
     let fingerprint = key_fingerprint(store_key);
     ToolError::rejected(code, message(&fingerprint))
         .with_details(serde_json::json!({ "keyFingerprint": fingerprint }))
-}
-
-/// When a duplicate must stop waiting: `control.deadlineAtMs`, on Tokio's clock.
-fn wait_deadline(call: &ToolCall) -> Option<Instant> {
-    let deadline_ms = call.control().deadline_at_ms?;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, duration_ms);
-    Some(Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms)))
 }
 
 /// Holds a claim until the result is stored; dropped while armed (the caller dropped the

@@ -4,13 +4,14 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::service::{Counters, Defaults, Idempotency, IdempotencyStats, Shared};
+use super::service::{Counters, Idempotency, IdempotencyStats, Settings, Shared};
 use super::store::{at_least_a_millisecond, DedupeStore, InMemoryDedupeStore};
 use super::{DEFAULT_DONE_TTL, DEFAULT_FAILED_TTL, DEFAULT_INFLIGHT_LEASE};
 use crate::canonical::CanonicalOptions;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ConfigError, ToolError};
 use crate::registry::{KeyScope, OnStoreError, ParamsMismatch, ToolRegistry};
+use crate::tool_table::ToolTable;
 
 /// Applies [`Idempotency`] to a service. See the [module docs](super).
 ///
@@ -41,7 +42,7 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
             registry,
             store,
             canonical: CanonicalOptions::default(),
-            defaults: Defaults {
+            defaults: Settings {
                 mode: DedupeMode::Enforced,
                 scope: KeyScope::Session,
                 derive_keys: true,
@@ -125,7 +126,7 @@ pub struct IdempotencyLayerBuilder<St> {
     registry: ToolRegistry,
     store: St,
     canonical: CanonicalOptions,
-    defaults: Defaults,
+    defaults: Settings,
 }
 
 impl<St: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<St> {
@@ -202,9 +203,13 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
         at_least_a_millisecond("idempotency.done_ttl", self.defaults.done_ttl)?;
         at_least_a_millisecond("idempotency.failed_ttl", self.defaults.failed_ttl)?;
         at_least_a_millisecond("idempotency.inflight_lease", self.defaults.inflight_lease)?;
+        let defaults = &self.defaults;
+        let tools = ToolTable::resolve(&self.registry, |_, policy| {
+            Ok(defaults.for_tool(&policy.idempotency))
+        })?;
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
-                registry: self.registry,
+                tools,
                 store: self.store,
                 canonical: self.canonical,
                 defaults: self.defaults,

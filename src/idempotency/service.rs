@@ -13,7 +13,8 @@ use crate::canonical::CanonicalOptions;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::ToolError;
 use crate::outcome::ToolOutput;
-use crate::registry::{KeyScope, OnStoreError, ParamsMismatch, ToolRegistry};
+use crate::registry::{IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch};
+use crate::tool_table::ToolTable;
 
 /// Executes each idempotency key at most once; made by
 /// [`IdempotencyLayer`](super::IdempotencyLayer). See the [module docs](super).
@@ -24,16 +25,19 @@ pub struct Idempotency<S, St = InMemoryDedupeStore> {
 
 /// What every clone of a layer and its services share.
 pub(super) struct Shared<St> {
-    pub(super) registry: ToolRegistry,
+    /// Each tool's settings; `None` where the tool's policy switches the layer off.
+    pub(super) tools: ToolTable<Option<Settings>>,
     pub(super) store: St,
     pub(super) canonical: CanonicalOptions,
-    pub(super) defaults: Defaults,
+    /// The layer's settings, for `Debug`.
+    pub(super) defaults: Settings,
     pub(super) counters: Counters,
 }
 
-/// The layer's settings, which a tool's policy overrides.
+/// How the calls of one tool are deduplicated: the layer's settings with the tool's policy
+/// over them, resolved once when the layer is built.
 #[derive(Clone, Debug)]
-pub(super) struct Defaults {
+pub(super) struct Settings {
     pub(super) mode: DedupeMode,
     pub(super) scope: KeyScope,
     pub(super) derive_keys: bool,
@@ -42,6 +46,30 @@ pub(super) struct Defaults {
     pub(super) inflight_lease: Duration,
     pub(super) on_params_mismatch: ParamsMismatch,
     pub(super) on_store_error: OnStoreError,
+}
+
+impl Settings {
+    /// These settings with a tool's `policy.idempotency` over them; `None` when it is off.
+    pub(super) fn for_tool(&self, setting: &LayerSetting<IdempotencyOverrides>) -> Option<Self> {
+        let overrides = match setting {
+            LayerSetting::Off => return None,
+            LayerSetting::Default => return Some(self.clone()),
+            LayerSetting::On(overrides) => overrides,
+        };
+        let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
+        Some(Settings {
+            mode: overrides.dedupe_mode.unwrap_or(self.mode),
+            scope: overrides.scope.unwrap_or(self.scope),
+            derive_keys: overrides.derive_key.unwrap_or(self.derive_keys),
+            done_ttl: ms(overrides.done_ttl_ms, self.done_ttl),
+            failed_ttl: ms(overrides.failed_ttl_ms, self.failed_ttl),
+            inflight_lease: ms(overrides.inflight_lease_ms, self.inflight_lease),
+            on_params_mismatch: overrides
+                .on_params_mismatch
+                .unwrap_or(self.on_params_mismatch),
+            on_store_error: overrides.on_store_error.unwrap_or(self.on_store_error),
+        })
+    }
 }
 
 /// What one call is deduplicated with.
@@ -60,46 +88,26 @@ impl<St: DedupeStore> Shared<St> {
     /// How `call` is deduplicated, or `None` when it passes through: the layer is off for its
     /// tool, its dedupe mode is `disabled`, or it has no key and derivation is off.
     pub(super) fn plan(&self, call: &ToolCall) -> Result<Option<Plan>, ToolError> {
-        let setting = &self.registry.policy_for(call).idempotency;
-        if setting.is_off() {
+        let Some(settings) = self.tools.for_call(call) else {
             return Ok(None);
-        }
-        let overrides = setting.overrides();
-        let mode = call
-            .transport()
-            .dedupe_mode
-            .or_else(|| overrides.and_then(|o| o.dedupe_mode))
-            .unwrap_or(self.defaults.mode);
+        };
+        let mode = call.transport().dedupe_mode.unwrap_or(settings.mode);
         if mode == DedupeMode::Disabled {
             return Ok(None);
         }
-        let derive = overrides
-            .and_then(|o| o.derive_key)
-            .unwrap_or(self.defaults.derive_keys);
-        let scope = overrides
-            .and_then(|o| o.scope)
-            .unwrap_or(self.defaults.scope);
         let Some((idempotency_key, key_source)) =
-            key::idempotency_key(call, derive, scope, &self.canonical)?
+            key::idempotency_key(call, settings.derive_keys, settings.scope, &self.canonical)?
         else {
             return Ok(None);
         };
         let digest = call.params().digest(&self.canonical)?;
-        let independent = overrides
-            .and_then(|o| o.on_params_mismatch)
-            .unwrap_or(self.defaults.on_params_mismatch)
-            == ParamsMismatch::Independent;
+        let independent = settings.on_params_mismatch == ParamsMismatch::Independent;
         let store_key = key::store_key(
             call,
             &idempotency_key,
-            scope,
+            settings.scope,
             independent.then_some(&*digest),
         );
-        let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
-        let fail_open = overrides
-            .and_then(|o| o.on_store_error)
-            .unwrap_or(self.defaults.on_store_error)
-            == OnStoreError::FailOpen;
         Ok(Some(Plan {
             mode,
             claim: ClaimRequest {
@@ -107,22 +115,13 @@ impl<St: DedupeStore> Shared<St> {
                 idempotency_key: idempotency_key.into(),
                 params_digest: digest,
                 call: call.clone(),
-                lease: ms(
-                    overrides.and_then(|o| o.inflight_lease_ms),
-                    self.defaults.inflight_lease,
-                ),
+                lease: settings.inflight_lease,
                 take_over_retriable_failure: mode == DedupeMode::BestEffort,
             },
             key_source,
-            done_ttl: ms(
-                overrides.and_then(|o| o.done_ttl_ms),
-                self.defaults.done_ttl,
-            ),
-            failed_ttl: ms(
-                overrides.and_then(|o| o.failed_ttl_ms),
-                self.defaults.failed_ttl,
-            ),
-            fail_open,
+            done_ttl: settings.done_ttl,
+            failed_ttl: settings.failed_ttl,
+            fail_open: settings.on_store_error == OnStoreError::FailOpen,
         }))
     }
 }
@@ -193,20 +192,7 @@ impl<S, St> Idempotency<S, St> {
         Idempotency { inner, shared }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, by value.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::middleware::inner_service_accessors!();
 }
 
 impl<S: Clone, St> Clone for Idempotency<S, St> {

@@ -285,12 +285,17 @@ pub struct RateLimitOverrides {
     /// What happens over the quota.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_limit: Option<OnLimit>,
+    /// With `on_limit = "wait"`: the longest wait, in milliseconds; a call that would wait
+    /// longer is rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
 }
 
 impl RateLimitOverrides {
     fn check(&self) -> Result<(), ConfigError> {
         at_least("per_second", self.per_second, 1)?;
-        at_least("burst", self.burst, 1)
+        at_least("burst", self.burst, 1)?;
+        at_least("max_wait_ms", self.max_wait_ms, 1)
     }
 }
 
@@ -398,6 +403,10 @@ pub struct RetryOverrides {
     /// Spread of `percent` jitter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter_percent: Option<u32>,
+    /// The tool forwards the call's idempotency key to its upstream, which honours it: a
+    /// call that carries a key may be retried even when the tool is mutating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwards_idempotency_key: Option<bool>,
 }
 
 impl RetryOverrides {

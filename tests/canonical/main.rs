@@ -314,3 +314,34 @@ fn any_json() -> impl Strategy<Value = Value> {
         ]
     })
 }
+
+#[test]
+fn integers_around_two_to_the_53_are_written_as_doubles() {
+    let exact = 1_i64 << 53;
+    let values = [
+        json!(0),
+        json!(-1),
+        json!(exact - 1),
+        json!(exact),
+        json!(exact + 1),
+        json!(-exact),
+        json!(-exact - 1),
+        json!(i64::MIN),
+        json!(i64::MAX),
+        json!(u64::MAX),
+        json!(1_000_000_000_000_000_000_u64),
+    ];
+    let options = CanonicalOptions::default();
+    for value in values {
+        let reference = serde_json_canonicalizer::to_string(&value).unwrap();
+        assert_eq!(
+            canonical_json(&value, &options).unwrap(),
+            reference,
+            "{value}"
+        );
+    }
+    assert_eq!(
+        canonical_json(&json!(exact + 1), &options).unwrap(),
+        "9007199254740992"
+    );
+}

@@ -83,4 +83,130 @@ pub fn search_call(params: Value) -> ToolCall {
         .expect("a valid call")
 }
 
+/// One answer of a [`ScriptedTool`].
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// Answer `{"ok": true}` at once.
+    Ok,
+    /// Fail at once with this error.
+    Fail(ToolError),
+    /// Wait this long (tokio time), then answer as the inner step.
+    After(std::time::Duration, Box<Step>),
+    /// Never answer.
+    Hang,
+}
+
+/// A tool that answers from a script (the last step repeats), counts its calls and notes the
+/// tokio time of each.
+#[derive(Clone)]
+pub struct ScriptedTool {
+    state: Arc<std::sync::Mutex<Script>>,
+}
+
+struct Script {
+    steps: std::collections::VecDeque<Step>,
+    calls: Vec<tokio::time::Instant>,
+}
+
+impl ScriptedTool {
+    pub fn new(steps: impl IntoIterator<Item = Step>) -> Self {
+        let steps: std::collections::VecDeque<Step> = steps.into_iter().collect();
+        assert!(!steps.is_empty(), "a script needs at least one step");
+        ScriptedTool {
+            state: Arc::new(std::sync::Mutex::new(Script {
+                steps,
+                calls: Vec::new(),
+            })),
+        }
+    }
+
+    /// A tool that always answers `step`.
+    pub fn always(step: Step) -> Self {
+        ScriptedTool::new([step])
+    }
+
+    /// How many times the tool was called.
+    pub fn calls(&self) -> usize {
+        self.state.lock().unwrap().calls.len()
+    }
+
+    /// When each call came, on the tokio clock.
+    pub fn call_times(&self) -> Vec<tokio::time::Instant> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    /// The tool as a service.
+    pub fn service(
+        &self,
+    ) -> impl tower::Service<
+        ToolCall,
+        Response = ToolOutput,
+        Error = ToolError,
+        Future = impl Future<Output = Result<ToolOutput, ToolError>> + Send,
+    > + Clone
+           + Send {
+        let state = self.state.clone();
+        tool_fn(move |_call: ToolCall| {
+            let step = {
+                let mut script = state.lock().unwrap();
+                script.calls.push(tokio::time::Instant::now());
+                if script.steps.len() > 1 {
+                    script.steps.pop_front().unwrap()
+                } else {
+                    script.steps[0].clone()
+                }
+            };
+            play(step)
+        })
+    }
+}
+
+fn play(
+    step: Step,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>> {
+    Box::pin(async move {
+        match step {
+            Step::Ok => Ok(ToolOutput::new(json!({"ok": true}))),
+            Step::Fail(error) => Err(error),
+            Step::After(delay, then) => {
+                tokio::time::sleep(delay).await;
+                play(*then).await
+            }
+            Step::Hang => std::future::pending().await,
+        }
+    })
+}
+
+/// A call of `namespace::name` in session `sess-42`.
+pub fn call_of(namespace: &str, name: &str) -> ToolCall {
+    ToolCall::builder(namespace, name)
+        .session("sess-42")
+        .actor("user-7")
+        .build()
+        .expect("a valid call")
+}
+
+/// A registry of `tools`.
+pub fn registry_of(
+    tools: impl IntoIterator<Item = tower_toolcall::registry::ToolDescriptor>,
+) -> tower_toolcall::registry::ToolRegistry {
+    tools
+        .into_iter()
+        .fold(
+            tower_toolcall::registry::ToolRegistry::builder(),
+            |builder, tool| builder.tool(tool),
+        )
+        .build()
+        .expect("a valid registry")
+}
+
+/// Calls `svc` once it is ready.
+pub async fn call_once<S>(svc: &mut S, call: ToolCall) -> Result<ToolOutput, ToolError>
+where
+    S: tower::Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    use tower::ServiceExt;
+    svc.ready().await?.call(call).await
+}
+
 pub mod redis_server;

@@ -5,18 +5,19 @@ use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use lru::LruCache;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{
-    at_least_a_millisecond, duration_ms, ClaimOutcome, ClaimRequest, Completion, DedupeStore,
-    Finalized, StoreError,
+    at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
+    StoreError,
 };
 use crate::error::ConfigError;
 use crate::idempotency::record::{DedupeRecord, RecordState};
+use crate::lru::LruMap;
+use crate::time::{millis, unix_now_ms};
 
 /// The default capacity: 25 000 records.
 pub const DEFAULT_MEMORY_CAPACITY: usize = 25_000;
@@ -71,7 +72,7 @@ type FastHash = foldhash::fast::RandomState;
 
 struct State {
     inflight: HashMap<Arc<str>, Inflight, FastHash>,
-    settled: LruCache<Arc<str>, Arc<DedupeRecord>, FastHash>,
+    settled: LruMap<Arc<str>, Arc<DedupeRecord>>,
     last_version: u64,
 }
 
@@ -106,9 +107,7 @@ struct Clock {
 
 impl Clock {
     fn new() -> Clock {
-        let origin_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, duration_ms);
+        let origin_unix_ms = unix_now_ms();
         Clock {
             origin: Instant::now(),
             origin_unix_ms,
@@ -116,7 +115,7 @@ impl Clock {
     }
 
     fn now_ms(&self) -> u64 {
-        self.origin_unix_ms.saturating_add(duration_ms(
+        self.origin_unix_ms.saturating_add(millis(
             Instant::now().saturating_duration_since(self.origin),
         ))
     }
@@ -219,21 +218,13 @@ impl Shared {
     fn sweep(&self) -> u64 {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let expired: Vec<Arc<str>> = state
-            .settled
-            .iter()
-            .filter(|(_, record)| record.expires_at_ms <= now)
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in &expired {
-            state.settled.pop(key);
-        }
+        let expired = state.settled.retain(|_, record| record.expires_at_ms > now);
         let before = state.inflight.len();
         // Dropping an entry drops its channel, which wakes its waiters.
         state
             .inflight
             .retain(|_, entry| entry.record.lock_until_ms.is_some_and(|until| until > now));
-        let removed = (expired.len() + before - state.inflight.len()) as u64;
+        let removed = (expired + before - state.inflight.len()) as u64;
         self.expired.fetch_add(removed, Ordering::Relaxed);
         removed
     }
@@ -268,7 +259,7 @@ impl Shared {
                 "taking over a dedupe record whose lease ended"
             );
             state.inflight.remove(key);
-        } else if let Some(record) = state.settled.get(key) {
+        } else if let Some(record) = state.settled.get_mut(key) {
             let expired = record.expires_at_ms <= now;
             if !expired && request.is_held_by(record, now) {
                 return Ok(ClaimOutcome::Existing {
@@ -276,9 +267,9 @@ impl Shared {
                     now_ms: now,
                 });
             }
-            state.settled.pop(key);
+            state.settled.remove(key);
         } else if state.inflight.len() + state.settled.len() >= self.capacity {
-            if state.settled.pop_lru().is_some() {
+            if state.settled.pop_oldest().is_some() {
                 self.evicted.fetch_add(1, Ordering::Relaxed);
             } else {
                 drop(state);
@@ -326,7 +317,7 @@ impl Shared {
             .remove_entry(key)
             .expect("the entry was found above");
         let record = Arc::new(settle(now));
-        state.settled.put(key, record.clone());
+        state.settled.insert(key, record.clone());
         drop(state);
         if let Some(waiters) = entry.settled {
             waiters.send_replace(Some(record));
@@ -344,7 +335,7 @@ impl Shared {
         if entry.record.version != claimed.version || !live {
             return false;
         }
-        let until = now.saturating_add(duration_ms(lease));
+        let until = now.saturating_add(millis(lease));
         let mut record = (*entry.record).clone();
         record.lock_until_ms = Some(until);
         record.expires_at_ms = until;
@@ -355,23 +346,15 @@ impl Shared {
 
     fn remove(&self, key: &str) -> bool {
         let mut state = self.lock();
-        state.inflight.remove(key).is_some() || state.settled.pop(key).is_some()
+        state.inflight.remove(key).is_some() || state.settled.remove(key).is_some()
     }
 
     fn flush_prefix(&self, prefix: &str) -> u64 {
         let mut state = self.lock();
         let before = state.inflight.len();
         state.inflight.retain(|key, _| !key.starts_with(prefix));
-        let settled: Vec<Arc<str>> = state
-            .settled
-            .iter()
-            .filter(|(key, _)| key.starts_with(prefix))
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in &settled {
-            state.settled.pop(key);
-        }
-        (before - state.inflight.len() + settled.len()) as u64
+        let settled = state.settled.retain(|key, _| !key.starts_with(prefix));
+        (before - state.inflight.len() + settled) as u64
     }
 }
 
@@ -399,7 +382,7 @@ impl DedupeStore for InMemoryDedupeStore {
 
     async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
         let written = self.shared.settle(claimed, |now| {
-            let keep_ms = duration_ms(keep_for);
+            let keep_ms = millis(keep_for);
             DedupeRecord {
                 state: RecordState::Cancelled,
                 updated_at_ms: now,
@@ -500,7 +483,7 @@ impl InMemoryDedupeStoreBuilder {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     inflight: HashMap::default(),
-                    settled: LruCache::unbounded_with_hasher(FastHash::default()),
+                    settled: LruMap::new(),
                     last_version: 0,
                 }),
                 capacity: capacity.get(),

@@ -32,6 +32,7 @@ use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredE
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
+use crate::time::millis;
 
 /// A store of dedupe records.
 ///
@@ -124,7 +125,7 @@ pub struct ClaimRequest {
 impl ClaimRequest {
     /// The in-flight record a store writes for this claim.
     pub fn inflight_record(&self, version: u64, now_ms: u64) -> DedupeRecord {
-        let lease_ms = duration_ms(self.lease);
+        let lease_ms = millis(self.lease);
         let lock_until_ms = now_ms.saturating_add(lease_ms);
         let call = &self.call;
         DedupeRecord {
@@ -201,7 +202,7 @@ pub struct Completion {
 impl Completion {
     /// The settled record that `claimed` becomes at `now_ms`.
     pub fn settle(self, claimed: &DedupeRecord, now_ms: u64) -> DedupeRecord {
-        let ttl_ms = duration_ms(self.ttl);
+        let ttl_ms = millis(self.ttl);
         let (state, payload, error) = match self.result {
             Ok(output) => (RecordState::Done, Some(output), None),
             Err(error) => (RecordState::Failed, None, Some(error)),
@@ -292,10 +293,6 @@ impl From<StoreError> for ToolError {
         )
         .with_source(error)
     }
-}
-
-pub(crate) fn duration_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Refuses a configured duration under one millisecond, the resolution of records.

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, Script, Value};
@@ -16,11 +16,12 @@ use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, Script, V
 use self::subscriptions::Subscriber;
 use self::value::{decode, encode};
 use super::{
-    at_least_a_millisecond, duration_ms, ClaimOutcome, ClaimRequest, Completion, DedupeStore,
-    Finalized, StoreError,
+    at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
+    StoreError,
 };
 use crate::error::ConfigError;
 use crate::idempotency::record::{DedupeRecord, RecordState};
+use crate::time::{millis, unix_now_ms};
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_REDIS_KEY_PREFIX: &str = "toolcall:idem:";
@@ -247,7 +248,7 @@ impl Shared {
                     .key(Shared::channel(&record_key))
                     .arg(claimed.version)
                     .arg(encode(next)?)
-                    .arg(duration_ms(ttl).max(1))
+                    .arg(millis(ttl).max(1))
                     .arg(u8::from(publish)),
             )
             .await?;
@@ -299,12 +300,6 @@ fn fresh_version(now_ms: u64) -> u64 {
     (now_ms << 10) | low
 }
 
-fn unix_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, duration_ms)
-}
-
 fn number(value: Option<Value>) -> Result<u64, StoreError> {
     match value {
         Some(Value::Int(n)) => u64::try_from(n).ok(),
@@ -320,7 +315,7 @@ impl DedupeStore for RedisDedupeStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let shared = &self.shared;
         let record_key = shared.record_key(&request.key);
-        let lease_ms = duration_ms(request.lease).max(1);
+        let lease_ms = millis(request.lease).max(1);
         let now_ms = unix_now_ms();
         let record = request.inflight_record(fresh_version(now_ms), now_ms);
         let previous: Option<Vec<u8>> = shared
@@ -395,7 +390,7 @@ impl DedupeStore for RedisDedupeStore {
 
     async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
         let now_ms = unix_now_ms();
-        let keep_ms = duration_ms(keep_for);
+        let keep_ms = millis(keep_for);
         let cancelled = DedupeRecord {
             state: RecordState::Cancelled,
             updated_at_ms: now_ms,
@@ -413,7 +408,7 @@ impl DedupeStore for RedisDedupeStore {
 
     async fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> Result<bool, StoreError> {
         let now_ms = unix_now_ms();
-        let until = now_ms.saturating_add(duration_ms(lease));
+        let until = now_ms.saturating_add(millis(lease));
         let renewed = DedupeRecord {
             updated_at_ms: now_ms,
             expires_at_ms: until,

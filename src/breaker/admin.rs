@@ -1,0 +1,284 @@
+//! The operator's side of the breakers: look at them, hold them open, reset them, and hear
+//! about every transition.
+
+use std::fmt;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::service::Shared;
+use super::state::{Transition, TransitionReason};
+use crate::envelope::BreakerScope;
+use crate::outcome::BreakerState;
+
+/// Which breaker: a tool's own, the one of a dependency (a tool namespace), or the global one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BreakerKey {
+    /// The breaker of one tool (scope `tool`, the default).
+    Tool {
+        /// The tool's namespace.
+        namespace: String,
+        /// The tool's name.
+        name: String,
+    },
+    /// The breaker shared by the tools of a namespace (scope `dependency`).
+    Dependency {
+        /// The namespace.
+        namespace: String,
+    },
+    /// The breaker shared by every tool (scope `global`).
+    Global,
+}
+
+impl BreakerKey {
+    /// The key of the tool `namespace::name`.
+    pub fn tool(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        BreakerKey::Tool {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of the dependency `namespace`.
+    pub fn dependency(namespace: impl Into<String>) -> Self {
+        BreakerKey::Dependency {
+            namespace: namespace.into(),
+        }
+    }
+
+    /// The scope of the breaker.
+    pub fn scope(&self) -> BreakerScope {
+        match self {
+            BreakerKey::Tool { .. } => BreakerScope::Tool,
+            BreakerKey::Dependency { .. } => BreakerScope::Dependency,
+            BreakerKey::Global => BreakerScope::Global,
+        }
+    }
+}
+
+impl fmt::Display for BreakerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BreakerKey::Tool { namespace, name } => write!(f, "tool {namespace}::{name}"),
+            BreakerKey::Dependency { namespace } => write!(f, "dependency {namespace}"),
+            BreakerKey::Global => f.write_str("global"),
+        }
+    }
+}
+
+/// Counts of what a breaker saw since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BreakerStats {
+    /// Calls that succeeded.
+    pub successes: u64,
+    /// Calls that failed in a way that speaks of the dependency's health.
+    pub failures: u64,
+    /// Calls that finished with an outcome that does not count (caller errors, refusals).
+    pub neutral: u64,
+    /// Calls refused with `CIRCUIT_OPEN`.
+    pub rejected: u64,
+    /// Outcomes of calls admitted before the latest transition: counted, never acted on.
+    pub late: u64,
+}
+
+/// What one breaker looks like now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BreakerStatus {
+    /// Which breaker.
+    pub key: BreakerKey,
+    /// Its state.
+    pub state: BreakerState,
+    /// How long until an open breaker admits a probe.
+    pub retry_after: Option<Duration>,
+    /// The current run of consecutive failures (closed only).
+    pub consecutive_failures: u32,
+    /// Calls inside the rolling window (closed only).
+    pub window_calls: u32,
+    /// Failures among them.
+    pub window_failures: u32,
+    /// Probes in flight (half-open only).
+    pub probes_in_flight: usize,
+    /// Counts since the breaker was created.
+    pub stats: BreakerStats,
+}
+
+/// One transition of one breaker, as listeners get it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransitionEvent {
+    /// Which breaker.
+    pub key: BreakerKey,
+    /// The state before.
+    pub from: BreakerState,
+    /// The state after.
+    pub to: BreakerState,
+    /// Why.
+    pub reason: TransitionReason,
+    /// When, on the tokio clock.
+    pub at: Instant,
+}
+
+/// Hears about every transition of every breaker of a layer.
+///
+/// Listeners are called after the breaker's lock is released, on the task that caused the
+/// transition: keep them short. Implemented by every `Fn(&TransitionEvent)`.
+pub trait TransitionListener: Send + Sync + 'static {
+    /// Called once per transition.
+    fn on_transition(&self, event: &TransitionEvent);
+}
+
+impl<F> TransitionListener for F
+where
+    F: Fn(&TransitionEvent) + Send + Sync + 'static,
+{
+    fn on_transition(&self, event: &TransitionEvent) {
+        self(event)
+    }
+}
+
+/// The listeners of a layer's breakers; every transition is also logged here.
+#[derive(Default)]
+pub(crate) struct Events {
+    listeners: RwLock<Vec<Arc<dyn TransitionListener>>>,
+}
+
+impl Events {
+    pub(crate) fn add(&self, listener: Arc<dyn TransitionListener>) {
+        self.listeners
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(listener);
+    }
+
+    /// Logs `transition` of `key` and tells every listener. Called with no lock held.
+    pub(crate) fn emit(&self, key: &BreakerKey, transition: Transition) {
+        let event = TransitionEvent {
+            key: key.clone(),
+            from: transition.from,
+            to: transition.to,
+            reason: transition.reason,
+            at: transition.at,
+        };
+        macro_rules! log_transition {
+            ($level:ident, $message:literal) => {
+                tracing::$level!(
+                    event = "tool_call_circuit_state",
+                    breaker = %key,
+                    from = transition.from.as_str(),
+                    state = transition.to.as_str(),
+                    reason = transition.reason.as_str(),
+                    $message
+                )
+            };
+        }
+        if matches!(transition.to, BreakerState::Open | BreakerState::ForcedOpen) {
+            log_transition!(
+                warn,
+                "circuit breaker opened: calls fail fast until it recovers"
+            );
+        } else {
+            log_transition!(info, "circuit breaker changed state");
+        }
+        let listeners = self
+            .listeners
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for listener in listeners {
+            listener.on_transition(&event);
+        }
+    }
+}
+
+impl fmt::Debug for Events {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let listeners = self
+            .listeners
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        f.debug_struct("Events")
+            .field("listeners", &listeners)
+            .finish()
+    }
+}
+
+/// A handle on the breakers of a [`CircuitBreakerLayer`](super::CircuitBreakerLayer): made
+/// by [`admin`](super::CircuitBreakerLayer::admin), cheap to clone, shared with every service
+/// the layer made.
+///
+/// ```
+/// use tower_toolcall::breaker::{BreakerKey, CircuitBreakerLayer};
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::BreakerState;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = CircuitBreakerLayer::new(ToolRegistry::open());
+/// let admin = layer.admin();
+/// admin.on_transition(|event: &tower_toolcall::breaker::TransitionEvent| {
+///     println!("{} is now {}", event.key, event.to.as_str());
+/// });
+/// let key = BreakerKey::tool("agents.tools.web", "search");
+/// admin.force_open(&key);
+/// assert_eq!(admin.state("agents.tools.web", "search"), BreakerState::ForcedOpen);
+/// admin.reset(&key);
+/// assert_eq!(admin.state("agents.tools.web", "search"), BreakerState::Closed);
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct BreakerAdmin {
+    shared: Arc<Shared>,
+}
+
+impl BreakerAdmin {
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
+        BreakerAdmin { shared }
+    }
+
+    /// The state of the tool `namespace::name`'s own breaker; `Closed` when it has none yet.
+    pub fn state(&self, namespace: &str, name: &str) -> BreakerState {
+        self.status(&BreakerKey::tool(namespace, name))
+            .map_or(BreakerState::Closed, |status| status.state)
+    }
+
+    /// The status of one breaker; `None` when it does not exist (no call has needed it yet,
+    /// or its tool's policy switches the layer off).
+    pub fn status(&self, key: &BreakerKey) -> Option<BreakerStatus> {
+        self.shared.find(key).map(|cell| cell.status())
+    }
+
+    /// The status of every breaker, ordered by key.
+    pub fn snapshot(&self) -> Vec<BreakerStatus> {
+        let mut all: Vec<BreakerStatus> = self
+            .shared
+            .cells()
+            .iter()
+            .map(|cell| cell.status())
+            .collect();
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        all
+    }
+
+    /// Holds a breaker open until it is reset; creates it when no call has needed it yet.
+    pub fn force_open(&self, key: &BreakerKey) {
+        self.shared.find_or_create(key).force_open();
+    }
+
+    /// Closes a breaker at once, with an empty window. `false` when it does not exist.
+    pub fn reset(&self, key: &BreakerKey) -> bool {
+        self.shared.find(key).map(|cell| cell.reset()).is_some()
+    }
+
+    /// Closes every breaker.
+    pub fn reset_all(&self) {
+        for cell in self.shared.cells() {
+            cell.reset();
+        }
+    }
+
+    /// Adds a listener of every transition of every breaker of the layer.
+    pub fn on_transition(&self, listener: impl TransitionListener) {
+        self.shared.events.add(Arc::new(listener));
+    }
+}

@@ -1,0 +1,89 @@
+//! [`CircuitBreakerLayer`]: stops calling a tool (or a dependency) that keeps failing, and
+//! lets it recover.
+//!
+//! Each tool has its own breaker by default; a call whose `transport.circuitBreakerHint` is
+//! `dependency` is guarded by the breaker of its tool's namespace instead, and `global` by one
+//! breaker for every tool. A breaker is
+//!
+//! - **closed**: calls pass and their outcomes are counted. It opens when, inside a rolling
+//!   window (120 s), either 5 consecutive calls failed, or at least 50 % of the last 20 calls
+//!   failed, with at least 10 of them counted;
+//! - **open**: calls fail at once with `CIRCUIT_OPEN` (retriable, with a retry-after of the
+//!   time left); the tool is not touched. After the cooldown (30 s) it becomes
+//! - **half-open**: one probe at a time is let through (others fail fast); 2 consecutive
+//!   successful probes close it, a failed probe reopens it and restarts the cooldown, and a
+//!   probe that has not answered within the tool's attempt timeout (30 s if it has none) is
+//!   abandoned as failed, so the breaker cannot stick half-open;
+//! - **forced open** by an operator ([`BreakerAdmin::force_open`]) until reset.
+//!
+//! Only failures that speak of the dependency's health count — the [classifier](crate::classify)
+//! decides; caller errors (validation, 4xx) and calls refused by other layers do not.
+//! Results of calls admitted before a transition are counted in the stats but never re-open
+//! or extend a break.
+//!
+//! Read-only tools start from [`BreakerConfig::read_only`] (8 consecutive failures, 20 s
+//! cooldown), mutating tools from [`BreakerConfig::mutating`] (a 25 % failure rate), and a
+//! tool's `policy.breaker` overrides any number; `breaker = "off"` lets its calls through
+//! untouched. The breakers of registered tools are made when the layer is built; those of
+//! unregistered tools and namespaces on demand, in a map whose size is bounded
+//! ([`CircuitBreakerLayerBuilder::max_breakers`]).
+//!
+//! Every outcome the breaker sees leaves the breaker's state in the call's
+//! [`CallRecord`](crate::CallRecord). Every transition is logged (`tool_call_circuit_state`)
+//! and given to the [listeners](BreakerAdmin::on_transition), after the breaker's lock is
+//! released. The state machine itself ([`CircuitState`]) is pure: it takes `now` and the
+//! configuration and returns the transition; the service reads the tokio clock, so paused
+//! time drives the breakers in tests.
+//!
+//! Put the breaker inside the [`RetryLayer`](crate::RetryLayer): each attempt is then counted,
+//! and an open breaker stops the retries.
+//!
+//! ```
+//! use serde_json::json;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+//! use tower_toolcall::{tool_fn, BreakerState, CircuitBreakerLayer, ErrorCode, ToolCall, ToolError};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let registry = ToolRegistry::builder()
+//!     .tool(ToolDescriptor::new("vault", "createFile", RiskLevel::Writes))
+//!     .build()
+//!     .unwrap();
+//! let breaker = CircuitBreakerLayer::new(registry);
+//! let admin = breaker.admin();
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(breaker)
+//!     .service(tool_fn(|_call: ToolCall| async {
+//!         Err(ToolError::from_http_status(503, "vault is down"))
+//!     }));
+//! let call = ToolCall::builder("vault", "createFile").session("s").actor("u").build().unwrap();
+//! for _ in 0..5 {
+//!     let err = svc.ready().await.unwrap().call(call.clone()).await.unwrap_err();
+//!     assert_eq!(err.code(), ErrorCode::UpstreamUnavailable);
+//! }
+//! assert_eq!(admin.state("vault", "createFile"), BreakerState::Open);
+//! let err = svc.ready().await.unwrap().call(call).await.unwrap_err();
+//! assert_eq!(err.code(), ErrorCode::CircuitOpen);
+//! # }
+//! ```
+
+mod admin;
+mod cell;
+mod future;
+mod layer;
+mod map;
+mod service;
+mod state;
+mod window;
+
+pub use admin::{
+    BreakerAdmin, BreakerKey, BreakerStats, BreakerStatus, TransitionEvent, TransitionListener,
+};
+pub use future::ResponseFuture;
+pub use layer::{CircuitBreakerLayer, CircuitBreakerLayerBuilder, DEFAULT_MAX_BREAKERS};
+pub use service::CircuitBreaker;
+pub use state::{
+    Admission, BreakerConfig, CallOutcome, CircuitState, Ticket, Transition, TransitionReason,
+};
+pub use window::{OutcomeWindow, Trip};

@@ -1,0 +1,102 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use pin_project_lite::pin_project;
+
+use super::detector::Outcome;
+use super::service::Monitor;
+use super::tracker::{lock, SharedHistory};
+use crate::error::ToolError;
+use crate::outcome::ToolOutput;
+
+pin_project! {
+    /// The response future of [`LoopDetect`](super::LoopDetect): refused with
+    /// `LOOP_DETECTED`, or the inner call, whose outcome is reported to the session's history.
+    #[derive(Debug)]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = Projection]
+    #[derive(Debug)]
+    enum State<F> {
+        Refused { error: Option<ToolError> },
+        Called {
+            #[pin]
+            future: F,
+            report: Option<OutcomeReport>,
+        },
+    }
+}
+
+/// Where an admitted call's outcome goes.
+#[derive(Debug)]
+pub(super) struct OutcomeReport {
+    history: SharedHistory,
+    seq: u64,
+    /// Set for pollers, whose outputs are fingerprinted.
+    results: Option<Arc<Monitor>>,
+}
+
+impl OutcomeReport {
+    pub(super) fn new(history: SharedHistory, seq: u64, results: Option<Arc<Monitor>>) -> Self {
+        OutcomeReport {
+            history,
+            seq,
+            results,
+        }
+    }
+
+    fn record(self, result: &Result<ToolOutput, ToolError>) {
+        let outcome = match result {
+            Ok(output) => Outcome::Succeeded(
+                self.results
+                    .as_ref()
+                    .map_or(0, |monitor| monitor.result_fingerprint(output, self.seq)),
+            ),
+            Err(error) => Outcome::Failed(error.code()),
+        };
+        lock(&self.history).record_outcome(self.seq, outcome);
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn refused(error: ToolError) -> Self {
+        ResponseFuture {
+            state: State::Refused { error: Some(error) },
+        }
+    }
+
+    pub(super) fn called(future: F, report: Option<OutcomeReport>) -> Self {
+        ResponseFuture {
+            state: State::Called { future, report },
+        }
+    }
+}
+
+impl<F> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<ToolOutput, ToolError>>,
+{
+    type Output = Result<ToolOutput, ToolError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            Projection::Refused { error } => Poll::Ready(Err(error
+                .take()
+                .expect("ResponseFuture polled after completion"))),
+            Projection::Called { future, report } => {
+                let result = ready!(future.poll(cx));
+                if let Some(report) = report.take() {
+                    report.record(&result);
+                }
+                Poll::Ready(result)
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! [`LoopDetectLayer`]: stops a model that calls the same tool again and again.
+//!
+//! Per session (`target.sessionKey`), the layer remembers each call's time and *signature*:
+//! the tool (`namespace::name`) and its params in canonical form, the same form idempotency
+//! keys are derived from (volatile members such as `clientTs` ignored, key order and white
+//! space irrelevant, see [`canonical`](crate::canonical)). That form is cached in the
+//! params, so the idempotency layer behind this one does not compute it again. Calls older
+//! than the window (`ttl`, 120 s by default) are forgotten.
+//!
+//! # What is a loop
+//!
+//! | rule | default | a loop when |
+//! |---|---|---|
+//! | repeats | on, 4 | the call would be the 4th identical call in a row (`max_repeats`) |
+//! | cycles | on, 3 | the call would complete the 3rd repetition of a cycle of 2 or 3 different calls: A,B,A,B,A,**B** or A,B,C,A,B,C,A,B,**C** |
+//! | failures | on, 3 | the same call failed with the same error code the last 3 times in a row, even below `max_repeats` |
+//! | polling | on | a tool marked `poller` in the registry (`job.status`) is counted only while its result stays the same: a poll whose result changes is never a loop |
+//!
+//! All rules look only at calls inside the window, and the first call that would make a
+//! loop is not run. Calls the layer refused count as repeats too, so a model that goes on
+//! repeating stays refused until it does something else or the window passes.
+//!
+//! # What happens then
+//!
+//! The mode decides ([`LoopMode`](crate::registry::LoopMode)):
+//!
+//! - **`break`** (default): the tool is not called, and the call fails with
+//!   `LOOP_DETECTED`: "Tool call loop detected: 'search' invoked with identical params 4
+//!   times within 120s. Session stopped to prevent unintended looping." followed by a hint to
+//!   change inputs or strategy. The agent runtime should end the model's turn on it.
+//! - **`chance_then_break`** (`chance`): the first detection is a tool failure with the same
+//!   code, `LOOP_DETECTED`, whose details say `"action": "chance"` and whose message tells the
+//!   model that the call was not executed and to reflect and change its approach. If the
+//!   session's next call differs, it runs; if it repeats the call, the session breaks. The
+//!   chance is given once per looping call and window.
+//!
+//! Both errors are terminal and not processed ([`ToolError::rejected`](crate::ToolError::rejected):
+//! attempts 0), with details
+//!
+//! ```json
+//! {"action": "break", "rule": "repeat", "repeats": 4, "maxRepeats": 4, "windowSecs": 120}
+//! ```
+//!
+//! where `action` is `break` or `chance`, `rule` is `repeat`, `unchanged_poll`, `cycle`
+//! (with `cycleLength`) or `failures` (with `errorCode`), and `repeats`/`maxRepeats` are how far
+//! the rule counted and where it fires (calls for repeats; full repetitions for cycles;
+//! failures for failures).
+//!
+//! # Configuration
+//!
+//! Four settings (`enabled`, `max_repeats`, `ttl_secs`, `mode`) come in tiers, and each is
+//! resolved on its own: **session, then tool, then model, then server**.
+//!
+//! - **server**: [`LoopDetectConfig`], in code or from the environment:
+//!   `TOOL_LOOP_DETECTION_ENABLED` (default `true`), `TOOL_LOOP_MAX_REPEATS` (4),
+//!   `TOOL_LOOP_TTL_SECONDS` (120), `TOOL_LOOP_MODE` (`break` | `chance` |
+//!   `chance_then_break`). A bad value fails the build with a
+//!   [`ConfigError`](crate::ConfigError) naming the variable.
+//! - **model**: [`LoopSettings`] per (backend, model), given to
+//!   [`LoopDetectLayerBuilder::model`]. A call names its model in `trace.baggage`, with the
+//!   OpenTelemetry GenAI keys `gen_ai.system` (the backend, e.g. `openai`) and
+//!   `gen_ai.request.model` (e.g. `gpt-4o-mini`); a call without them gets no model tier.
+//! - **tool**: `policy.loop_detect` in the [registry](crate::registry): `max_repeats`,
+//!   `ttl_secs`, `mode` and `poller`, or `"off"`, which lets the tool's calls through
+//!   untracked whatever the other tiers say. A tool's numbers beat the model's, because
+//!   they describe the tool, which a model default does not know.
+//! - **session**: [`LoopSettings`] set and unset at run time through the
+//!   [`LoopDetectHandle`], directly or from the in-chat commands `!/set(tool-loop-…=…)` and
+//!   `!/unset(tool-loop-…)` (see [`LoopCommand`]).
+//!
+//! The other rules' switches and thresholds are the layer's, set on its
+//! [builder](LoopDetectLayerBuilder).
+//!
+//! # Logs
+//!
+//! Each detection logs one WARN event:
+//!
+//! ```text
+//! Tool call loop detected in session sess-42: tool=search, repeats=4/4, window=120s, model=gpt-4o-mini, backend=openai, action=break, signature={"query":"rust tower retry"}...
+//! ```
+//!
+//! with the same values as fields (`session_id`, `tool_name`, `repeats`, `max_repeats`,
+//! `window_secs`, `model`, `backend`, `action`, `signature`, plus `tool_namespace` and
+//! `rule`). The signature shown is the first 50 characters of the canonical params; the
+//! full params and the signature's hash are logged at DEBUG only. Members whose names look
+//! secret (`token`, `password`, `api_key`, `authorization`, …) and values that look like
+//! credentials (bearer tokens, JWTs, `sk-…`, `ghp_…`, `AKIA…`) are replaced by `[REDACTED]`
+//! in both.
+//!
+//! # Memory
+//!
+//! A session's history holds only as many calls as the rules need (the last 8 with the defaults). A
+//! session idle for its whole window is dropped; at most
+//! [`max_sessions`](LoopDetectLayerBuilder::max_sessions) (100 000) are tracked, and the least
+//! recently used one makes room for a new one ([`LoopDetectHandle::evicted_sessions`] counts
+//! them). When detection is off for a call, nothing is tracked for it.
+//!
+//! # Example
+//!
+//! ```
+//! use serde_json::json;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_toolcall::loop_detect::LoopDetectLayer;
+//! use tower_toolcall::registry::ToolRegistry;
+//! use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolOutput};
+//!
+//! # tokio_test::block_on(async {
+//! let layer = LoopDetectLayer::new(ToolRegistry::open());
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service(tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!({"hits": []}))) }));
+//!
+//! let call = ToolCall::builder("agents.tools.web", "search")
+//!     .session("sess-42")
+//!     .actor("user-7")
+//!     .params(json!({"query": "rust tower retry"}))
+//!     .build()?;
+//! for _ in 0..3 {
+//!     svc.ready().await?.call(call.clone()).await?;
+//! }
+//! let err = svc.ready().await?.call(call).await.unwrap_err();
+//! assert_eq!(err.code(), ErrorCode::LoopDetected);
+//! assert_eq!(err.details().unwrap()["repeats"], 4);
+//! # Ok::<(), tower_toolcall::ToolError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! In a stack, put the layer after validation and before idempotency, so that it sees every
+//! repeat the model issues before the idempotency cache answers it, and outside retry, so
+//! that retried attempts are not taken for repeats.
+//!
+//! Sessions are told apart by `target.sessionKey` alone: in a multi-tenant deployment, make
+//! session keys unique across tenants (a ULID, or the tenant as a prefix).
+
+mod command;
+mod config;
+mod detector;
+mod future;
+mod handle;
+mod layer;
+mod report;
+mod service;
+mod tracker;
+
+pub use command::{CommandError, CommandErrorKind, LoopCommand};
+pub use config::{
+    LoopDetectConfig, LoopSettingKey, LoopSettings, BAGGAGE_BACKEND, BAGGAGE_MODEL,
+    DEFAULT_MAX_REPEATS, DEFAULT_TTL_SECS, ENV_ENABLED, ENV_MAX_REPEATS, ENV_MODE, ENV_TTL_SECONDS,
+    MAX_REPEATS_LIMIT,
+};
+pub use future::ResponseFuture;
+pub use handle::LoopDetectHandle;
+pub use layer::{
+    LoopDetectLayer, LoopDetectLayerBuilder, DEFAULT_CYCLE_REPETITIONS, DEFAULT_FAILURE_THRESHOLD,
+    DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_SESSIONS,
+};
+pub use service::LoopDetect;

@@ -1,0 +1,145 @@
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::config::Tiers;
+use super::detector::{Decision, Signature};
+use super::future::{OutcomeReport, ResponseFuture};
+use super::report;
+use super::tracker::{lock, Tracker};
+use crate::canonical::{canonical_json, CanonicalOptions};
+use crate::envelope::ToolCall;
+use crate::error::ToolError;
+use crate::outcome::ToolOutput;
+use crate::registry::{LayerSetting, ToolRegistry};
+
+/// Stops calls that repeat in a loop; made by [`LoopDetectLayer`](super::LoopDetectLayer).
+#[derive(Clone, Debug)]
+pub struct LoopDetect<S> {
+    inner: S,
+    monitor: Arc<Monitor>,
+}
+
+/// The state every clone of the layer and its services shares.
+#[derive(Debug)]
+pub(super) struct Monitor {
+    pub(super) registry: ToolRegistry,
+    pub(super) tiers: Tiers,
+    pub(super) tracker: Tracker,
+    pub(super) canonical: CanonicalOptions,
+    /// Keyed, fast hashing of signatures and results; the key is random per layer.
+    pub(super) hasher: foldhash::quality::RandomState,
+}
+
+/// What the monitor decided about one call.
+pub(super) enum Verdict {
+    /// Detection is off for the call: pass it through untouched.
+    Untracked,
+    /// Run the call and report its outcome.
+    Tracked(OutcomeReport),
+    /// Do not run the call.
+    Refused(ToolError),
+}
+
+impl Monitor {
+    pub(super) fn inspect(self: &Arc<Self>, call: &ToolCall) -> Verdict {
+        let tool = match &self.registry.policy_for(call).loop_detect {
+            LayerSetting::Off => return Verdict::Untracked,
+            LayerSetting::On(overrides) => Some(overrides),
+            LayerSetting::Default => None,
+        };
+        let Some(limits) = self.tiers.limits(call, tool) else {
+            return Verdict::Untracked;
+        };
+        let canonical = match call.params().canonical(&self.canonical) {
+            Ok(canonical) => canonical,
+            Err(error) => return Verdict::Refused(error),
+        };
+        let signature = Signature::new(
+            &self.hasher,
+            call.tool_namespace(),
+            call.tool_name(),
+            &canonical,
+        );
+        let now = Instant::now();
+        let history = self.tracker.session(call.session_key(), now, limits.ttl);
+        let decision = lock(&history).observe(now, signature, &limits);
+        match decision {
+            Decision::Admit(seq) => {
+                tracing::debug!(
+                    session_id = call.session_key(),
+                    tool_name = call.tool_name(),
+                    signature_hash = %format_args!("{:016x}", signature.raw()),
+                    "tool call recorded for loop detection"
+                );
+                let results = limits.poller.then(|| self.clone());
+                Verdict::Tracked(OutcomeReport::new(history, seq, results))
+            }
+            Decision::Refuse(detection) => {
+                report::log_detection(
+                    call,
+                    &detection,
+                    &limits,
+                    signature,
+                    &canonical,
+                    &self.canonical,
+                );
+                Verdict::Refused(report::loop_error(call, &detection, &limits))
+            }
+        }
+    }
+
+    /// A fingerprint of a poller's output, to tell a changed result from the same one.
+    pub(super) fn result_fingerprint(&self, output: &ToolOutput, seq: u64) -> u64 {
+        match canonical_json(&output.content, &self.canonical) {
+            Ok(canonical) => self.hasher.hash_one(canonical.as_str()),
+            // Output too deep to write canonically: count it as a change, never as a repeat.
+            Err(_) => self.hasher.hash_one(("unwritable output", seq)),
+        }
+    }
+}
+
+impl<S> LoopDetect<S> {
+    pub(super) fn new(inner: S, monitor: Arc<Monitor>) -> Self {
+        LoopDetect { inner, monitor }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, by value.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S> Service<ToolCall> for LoopDetect<S>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        match self.monitor.inspect(&call) {
+            Verdict::Untracked => ResponseFuture::called(self.inner.call(call), None),
+            Verdict::Tracked(report) => ResponseFuture::called(self.inner.call(call), Some(report)),
+            Verdict::Refused(error) => ResponseFuture::refused(error),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The tracked sessions: a bounded map from session key to [`SessionHistory`].
+//!
+//! Sessions idle for longer than their window are dropped (all their calls have expired);
+//! when the map is at its capacity, the least recently used session makes room, and the
+//! eviction is counted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::detector::SessionHistory;
+use crate::lru::LruMap;
+
+/// One session's history, shared with the responses still in flight.
+pub(super) type SharedHistory = Arc<Mutex<SessionHistory>>;
+
+/// Locks a mutex, ignoring poisoning: the data behind it is consistent after every step.
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Debug)]
+pub(super) struct Tracker {
+    sessions: Mutex<LruMap<Arc<str>, TrackedSession>>,
+    capacity: usize,
+    evicted: AtomicU64,
+}
+
+#[derive(Debug)]
+struct TrackedSession {
+    last_seen: Instant,
+    ttl: Duration,
+    history: SharedHistory,
+}
+
+impl TrackedSession {
+    fn is_idle(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.last_seen) >= self.ttl
+    }
+}
+
+impl Tracker {
+    pub(super) fn new(capacity: usize) -> Self {
+        Tracker {
+            sessions: Mutex::new(LruMap::new()),
+            capacity,
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    /// The history of `session`, seen at `now` with a window of `ttl`; created when the
+    /// session is new.
+    pub(super) fn session(&self, session: &str, now: Instant, ttl: Duration) -> SharedHistory {
+        let mut sessions = lock(&self.sessions);
+        // The least recently used sessions are the idle ones, so this looks at one session
+        // unless some are due.
+        while sessions.oldest().is_some_and(|(_, s)| s.is_idle(now)) {
+            sessions.pop_oldest();
+        }
+        if let Some(tracked) = sessions.get_mut(session) {
+            tracked.last_seen = now;
+            tracked.ttl = ttl;
+            return tracked.history.clone();
+        }
+        if sessions.len() >= self.capacity && sessions.pop_oldest().is_some() {
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        let history = SharedHistory::default();
+        sessions.insert(
+            Arc::from(session),
+            TrackedSession {
+                last_seen: now,
+                ttl,
+                history: history.clone(),
+            },
+        );
+        history
+    }
+
+    /// Forgets `session`.
+    pub(super) fn remove(&self, session: &str) -> bool {
+        lock(&self.sessions).remove(session).is_some()
+    }
+
+    /// How many sessions are tracked.
+    pub(super) fn len(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// How many sessions were evicted to stay within the capacity.
+    pub(super) fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_sessions_are_dropped_and_full_maps_evict() {
+        let tracker = Tracker::new(3);
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let a = tracker.session("a", t0, ttl);
+        assert!(Arc::ptr_eq(&a, &tracker.session("a", t0, ttl)));
+        tracker.session("b", t0 + Duration::from_secs(5), ttl);
+        tracker.session("c", t0 + Duration::from_secs(6), ttl);
+        tracker.session("d", t0 + Duration::from_secs(7), ttl);
+        assert_eq!(tracker.len(), 3);
+        assert_eq!(tracker.evicted(), 1, "a was the least recently used");
+        // At 15 s, b (seen at 5 s) has been idle for its whole window.
+        let b = tracker.session("b", t0 + Duration::from_secs(15), ttl);
+        assert_eq!(tracker.len(), 3, "b was dropped as idle and tracked afresh");
+        assert_eq!(
+            tracker.evicted(),
+            1,
+            "dropping idle sessions is not eviction"
+        );
+        assert!(!Arc::ptr_eq(&a, &b));
+        tracker.session("z", t0 + Duration::from_secs(40), ttl);
+        assert_eq!(tracker.len(), 1);
+        assert!(tracker.remove("z"));
+        assert!(!tracker.remove("z"));
+        assert_eq!(tracker.len(), 0);
+    }
+}

@@ -1,0 +1,258 @@
+//! [`LruMap`]: a hash map that remembers the order in which its entries were used, so that
+//! the least recently used one can be found and dropped in O(1).
+//!
+//! Entries live in a slab of slots linked into a list from the least to the most recently
+//! used; the hash map points from a key to its slot. Freed slots are reused, so a map that
+//! stays at its capacity allocates nothing more.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+
+/// The end of the list.
+const NIL: usize = usize::MAX;
+
+/// A hash map ordered by use; see the [module docs](self).
+pub(crate) struct LruMap<K, V> {
+    index: HashMap<K, usize>,
+    slots: Vec<Slot<K, V>>,
+    /// Slots that hold no entry, ready for reuse.
+    free: Vec<usize>,
+    /// The least recently used entry.
+    oldest: usize,
+    /// The most recently used entry.
+    newest: usize,
+}
+
+struct Slot<K, V> {
+    entry: Option<(K, V)>,
+    /// Toward the least recently used end.
+    older: usize,
+    /// Toward the most recently used end.
+    newer: usize,
+}
+
+impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
+    /// An empty map.
+    pub(crate) fn new() -> Self {
+        LruMap {
+            index: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            oldest: NIL,
+            newest: NIL,
+        }
+    }
+
+    /// How many entries the map holds.
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The value of `key`, which becomes the most recently used entry.
+    pub(crate) fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let slot = *self.index.get(key)?;
+        if slot != self.newest {
+            self.unlink(slot);
+            self.link_newest(slot);
+        }
+        self.slots[slot].entry.as_mut().map(|(_, v)| v)
+    }
+
+    /// Inserts `key` as the most recently used entry; returns the value it replaces.
+    pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
+        if let Some(&slot) = self.index.get(&key) {
+            self.unlink(slot);
+            self.link_newest(slot);
+            let (_, old) = self.slots[slot].entry.as_mut()?;
+            return Some(std::mem::replace(old, value));
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot].entry = Some((key.clone(), value));
+                slot
+            }
+            None => {
+                self.slots.push(Slot {
+                    entry: Some((key.clone(), value)),
+                    older: NIL,
+                    newer: NIL,
+                });
+                self.slots.len() - 1
+            }
+        };
+        self.index.insert(key, slot);
+        self.link_newest(slot);
+        None
+    }
+
+    /// Removes `key`; returns its value.
+    pub(crate) fn remove<Q>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let slot = self.index.remove(key)?;
+        Some(self.free_slot(slot).1)
+    }
+
+    /// The value of `key`, left where it is in the order of use.
+    pub(crate) fn peek<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let slot = *self.index.get(key)?;
+        self.slots[slot].entry.as_ref().map(|(_, v)| v)
+    }
+
+    /// Keeps the entries for which `keep` is true, in their order; returns how many it
+    /// removed.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K, &V) -> bool) -> usize {
+        let mut removed = 0;
+        for slot in 0..self.slots.len() {
+            if matches!(&self.slots[slot].entry, Some((k, v)) if !keep(k, v)) {
+                let (key, _) = self.free_slot(slot);
+                self.index.remove(&key);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// The least recently used entry, left in place.
+    pub(crate) fn oldest(&self) -> Option<(&K, &V)> {
+        let (k, v) = self.slots.get(self.oldest)?.entry.as_ref()?;
+        Some((k, v))
+    }
+
+    /// Removes the least recently used entry and returns it.
+    pub(crate) fn pop_oldest(&mut self) -> Option<(K, V)> {
+        if self.oldest == NIL {
+            return None;
+        }
+        let slot = self.oldest;
+        let entry = self.free_slot(slot);
+        self.index.remove(&entry.0);
+        Some(entry)
+    }
+
+    fn free_slot(&mut self, slot: usize) -> (K, V) {
+        self.unlink(slot);
+        self.free.push(slot);
+        self.slots[slot]
+            .entry
+            .take()
+            .expect("an indexed slot holds an entry")
+    }
+
+    fn unlink(&mut self, slot: usize) {
+        let (older, newer) = (self.slots[slot].older, self.slots[slot].newer);
+        match older {
+            NIL => self.oldest = newer,
+            older => self.slots[older].newer = newer,
+        }
+        match newer {
+            NIL => self.newest = older,
+            newer => self.slots[newer].older = older,
+        }
+        self.slots[slot].older = NIL;
+        self.slots[slot].newer = NIL;
+    }
+
+    fn link_newest(&mut self, slot: usize) {
+        self.slots[slot].older = self.newest;
+        self.slots[slot].newer = NIL;
+        match self.newest {
+            NIL => self.oldest = slot,
+            newest => self.slots[newest].newer = slot,
+        }
+        self.newest = slot;
+    }
+}
+
+impl<K, V> fmt::Debug for LruMap<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LruMap")
+            .field("len", &self.index.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LruMap;
+
+    fn keys_oldest_first(map: &mut LruMap<String, u32>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some((k, _)) = map.pop_oldest() {
+            out.push(k);
+        }
+        out
+    }
+
+    #[test]
+    fn use_moves_an_entry_to_the_newest_end() {
+        let mut map = LruMap::new();
+        for (i, k) in ["a", "b", "c"].into_iter().enumerate() {
+            assert_eq!(map.insert(k.to_owned(), i as u32), None);
+        }
+        assert_eq!(map.oldest().map(|(k, _)| k.as_str()), Some("a"));
+        *map.get_mut("a").unwrap() += 10;
+        assert_eq!(map.insert("b".to_owned(), 7), Some(1));
+        assert_eq!(map.oldest(), Some((&"c".to_owned(), &2)));
+        assert_eq!(keys_oldest_first(&mut map), ["c", "a", "b"]);
+        assert_eq!(map.len(), 0);
+        assert!(map.oldest().is_none());
+    }
+
+    #[test]
+    fn removed_slots_are_reused_and_order_survives() {
+        let mut map = LruMap::new();
+        for i in 0..5u32 {
+            map.insert(i.to_string(), i);
+        }
+        assert_eq!(map.remove("2"), Some(2));
+        assert_eq!(map.remove("2"), None);
+        assert_eq!(map.remove("0"), Some(0));
+        assert_eq!(map.remove("4"), Some(4));
+        map.insert("x".to_owned(), 9);
+        map.insert("y".to_owned(), 10);
+        assert_eq!(map.slots.len(), 5, "freed slots are reused");
+        assert_eq!(map.len(), 4);
+        assert_eq!(map.get_mut("missing"), None);
+        assert_eq!(keys_oldest_first(&mut map), ["1", "3", "x", "y"]);
+    }
+
+    #[test]
+    fn peek_keeps_the_order_and_retain_keeps_the_rest_in_order() {
+        let mut map = LruMap::new();
+        for i in 0..6u32 {
+            map.insert(i.to_string(), i);
+        }
+        assert_eq!(map.peek("0"), Some(&0));
+        assert_eq!(map.peek("9"), None);
+        assert_eq!(map.oldest().map(|(k, _)| k.as_str()), Some("0"));
+        assert_eq!(map.retain(|_, v| v % 2 == 1), 3);
+        assert_eq!(map.len(), 3);
+        assert_eq!(map.peek("2"), None);
+        map.insert("x".to_owned(), 7);
+        assert_eq!(keys_oldest_first(&mut map), ["1", "3", "5", "x"]);
+    }
+
+    #[test]
+    fn a_single_entry_is_both_ends() {
+        let mut map = LruMap::new();
+        map.insert("only".to_owned(), 1);
+        assert!(map.get_mut("only").is_some());
+        assert_eq!(map.pop_oldest(), Some(("only".to_owned(), 1)));
+        assert_eq!(map.pop_oldest(), None);
+        map.insert("again".to_owned(), 2);
+        assert_eq!(map.oldest(), Some((&"again".to_owned(), &2)));
+    }
+}

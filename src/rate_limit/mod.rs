@@ -1,0 +1,65 @@
+//! [`RateLimitLayer`]: a quota of calls per second for each tool, on governor's keyed
+//! limiter.
+//!
+//! A tool's quota comes from its `policy.rate_limit` (`per_second`, `burst`), or from the
+//! layer's default rate when it sets one; a tool with neither, or with
+//! `rate_limit = "off"`, is not limited. The quota is kept per key, by policy:
+//!
+//! - `tool` (default): one quota for all calls of the tool;
+//! - `tool_tenant`: one per tool and `target.tenantId` (calls without a tenant share one);
+//! - `tool_session`: one per tool and `target.sessionKey`.
+//!
+//! A call over its quota is, by policy ([`OnLimit`](crate::registry::OnLimit)), either
+//! rejected with `RATE_LIMITED` — retriable, not processed, with a retry-after of the time
+//! until the quota allows a call — or made to wait that long, up to `max_wait`; a call that
+//! would wait longer is rejected.
+//!
+//! governor keeps a state for every key it has seen and never drops one by itself. The layer
+//! drops the keys whose quota is full again (they are as good as new) on a schedule (every
+//! minute by default), and at once in a limiter that holds more than `max_keys` keys.
+//!
+//! Time is tokio's, so paused time drives the limits in tests.
+//!
+//! ```
+//! use serde_json::json;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_toolcall::registry::{RateLimitOverrides, LayerSetting, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry};
+//! use tower_toolcall::{tool_fn, ErrorCode, RateLimitLayer, ToolCall, ToolOutput};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let registry = ToolRegistry::builder()
+//!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
+//!         .policy(ToolPolicy {
+//!             rate_limit: LayerSetting::On(RateLimitOverrides {
+//!                 per_second: Some(2),
+//!                 ..RateLimitOverrides::default()
+//!             }),
+//!             ..ToolPolicy::default()
+//!         }))
+//!     .build()
+//!     .unwrap();
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(RateLimitLayer::new(registry))
+//!     .service(tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!([]))) }));
+//! let call = ToolCall::builder("agents.tools.web", "search").session("s").actor("u").build().unwrap();
+//! for _ in 0..2 {
+//!     svc.ready().await.unwrap().call(call.clone()).await.unwrap();
+//! }
+//! let err = svc.ready().await.unwrap().call(call).await.unwrap_err();
+//! assert_eq!(err.code(), ErrorCode::RateLimited);
+//! assert!(err.retry_after().is_some());
+//! # }
+//! ```
+
+mod future;
+mod layer;
+mod limiter;
+mod service;
+
+pub use future::ResponseFuture;
+pub use layer::{
+    RateLimitLayer, RateLimitLayerBuilder, DEFAULT_MAX_KEYS, DEFAULT_MAX_WAIT,
+    DEFAULT_SWEEP_INTERVAL,
+};
+pub use service::RateLimit;

@@ -1,0 +1,115 @@
+use std::mem;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use serde_json::json;
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::limiter::{Sweeper, ToolLimit};
+use crate::envelope::ToolCall;
+use crate::error::{ErrorCode, ToolError};
+use crate::outcome::ToolOutput;
+use crate::registry::{OnLimit, RateLimitKey};
+use crate::time::millis;
+use crate::tool_table::ToolTable;
+
+/// Holds calls to their tool's quota; made by [`RateLimitLayer`](super::RateLimitLayer).
+#[derive(Clone, Debug)]
+pub struct RateLimit<S> {
+    inner: S,
+    limits: Arc<Limits>,
+}
+
+/// What the clones of a layer share.
+#[derive(Debug)]
+pub(crate) struct Limits {
+    /// Per tool; `None` where the tool is not limited.
+    pub(super) tools: ToolTable<Option<Arc<ToolLimit>>>,
+    pub(super) sweeper: Sweeper,
+}
+
+impl Limits {
+    pub(super) fn all(&self) -> impl Iterator<Item = &ToolLimit> {
+        self.tools.values().filter_map(|limit| limit.as_deref())
+    }
+}
+
+impl<S> RateLimit<S> {
+    pub(super) fn new(inner: S, limits: Arc<Limits>) -> Self {
+        RateLimit { inner, limits }
+    }
+
+    crate::middleware::inner_service_accessors!();
+}
+
+impl<S> Service<ToolCall> for RateLimit<S>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone,
+{
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = ResponseFuture<S, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Quotas are per call: an exhausted quota refuses (or delays) in `call`, so that one
+        // busy tool never holds up the others.
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let Some(limit) = self.limits.tools.for_call(&call) else {
+            return ResponseFuture::called(self.inner.call(call));
+        };
+        let key = limit.key_for(&call);
+        let decision = limit.check(&key);
+        self.limits.sweeper.tend(limit, self.limits.all());
+        match decision {
+            Ok(()) => ResponseFuture::called(self.inner.call(call)),
+            Err(wait) if limit.on_limit == OnLimit::Wait && wait <= limit.max_wait => {
+                // The ready service makes the call once the quota allows it.
+                let clone = self.inner.clone();
+                let service = mem::replace(&mut self.inner, clone);
+                ResponseFuture::waiting(service, call, limit.clone(), key, wait)
+            }
+            Err(wait) => {
+                tracing::debug!(
+                    event = "tool_call_blocked",
+                    request_id = call.request_id(),
+                    tool = call.tool_name(),
+                    retry_after_ms = millis(wait),
+                    "rate limit refused the call"
+                );
+                ResponseFuture::rejected(over_limit(&call, limit, wait))
+            }
+        }
+    }
+}
+
+/// The error of a call over its quota.
+pub(super) fn over_limit(call: &ToolCall, limit: &ToolLimit, wait: Duration) -> ToolError {
+    let (key, whose) = match limit.key {
+        RateLimitKey::Tool => ("tool", ""),
+        RateLimitKey::ToolTenant => ("tool_tenant", " for this tenant"),
+        RateLimitKey::ToolSession => ("tool_session", " for this session"),
+    };
+    let wait_ms = millis(wait).max(1);
+    ToolError::rejected(
+        ErrorCode::RateLimited,
+        format!(
+            "{} is over its rate limit of {} calls a second (bursts of {}){whose}: it was not \
+             called; retry after {wait_ms} ms",
+            call.tool_name(),
+            limit.per_second,
+            limit.burst
+        ),
+    )
+    .with_retry_after(wait)
+    .with_details(json!({
+        "retryAfterMs": wait_ms,
+        "perSecond": limit.per_second,
+        "burst": limit.burst,
+        "key": key,
+    }))
+}

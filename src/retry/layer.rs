@@ -1,0 +1,231 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tower_layer::Layer;
+
+use super::backoff::{Backoff, SharedRng};
+use super::budget::GlobalRetryBudget;
+use super::policy::RetryPolicy;
+use super::service::{Retry, ToolRetry};
+use crate::classify::{Classify, SharedClassifier, ToolProfile};
+use crate::error::ConfigError;
+use crate::registry::{JitterKind, LayerSetting, ToolRegistry};
+use crate::tool_table::ToolTable;
+
+/// Applies [`Retry`] to a service. See the [module docs](crate::retry).
+///
+/// Clones share the per-tool policies, the global retry budget and the random number
+/// generator of the jitter behind [`Arc`]s.
+#[derive(Clone, Debug)]
+pub struct RetryLayer {
+    tools: Arc<ToolTable<Option<Arc<ToolRetry>>>>,
+    budget: Option<GlobalRetryBudget>,
+}
+
+impl RetryLayer {
+    /// A layer with the default policy for the tools of `registry`, a default global retry
+    /// budget, and jitter seeded from the process's random hash keys.
+    pub fn new(registry: ToolRegistry) -> Self {
+        RetryLayer::builder(registry)
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A builder for a layer with other numbers.
+    pub fn builder(registry: ToolRegistry) -> RetryLayerBuilder {
+        RetryLayerBuilder {
+            registry,
+            policy: RetryPolicy::default(),
+            classifier: SharedClassifier::default(),
+            budget: Some(GlobalRetryBudget::new()),
+            rng: None,
+        }
+    }
+
+    /// The policy of the tool `namespace::name` (the unregistered policy for a tool the
+    /// registry does not know); `None` when its policy switches the layer off.
+    pub fn policy(&self, namespace: &str, name: &str) -> Option<&RetryPolicy> {
+        self.tools
+            .get(namespace, name)
+            .as_ref()
+            .map(|tool| &tool.policy)
+    }
+
+    /// The global retry budget, unless the layer has none.
+    pub fn budget(&self) -> Option<&GlobalRetryBudget> {
+        self.budget.as_ref()
+    }
+}
+
+impl<S> Layer<S> for RetryLayer {
+    type Service = Retry<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Retry::new(inner, self.tools.clone())
+    }
+}
+
+/// Builds a [`RetryLayer`].
+///
+/// The numbers set here are the defaults of every tool; a tool's `policy.retry` overrides
+/// them, and a call's envelope may narrow them further.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_toolcall::registry::{JitterKind, ToolRegistry};
+/// use tower_toolcall::retry::GlobalRetryBudget;
+/// use tower_toolcall::RetryLayer;
+///
+/// let layer = RetryLayer::builder(ToolRegistry::open())
+///     .max_attempts(3)
+///     .base_delay(Duration::from_millis(100))
+///     .max_delay(Duration::from_secs(5))
+///     .jitter(JitterKind::Percent)
+///     .jitter_percent(20)
+///     .budget(GlobalRetryBudget::new())
+///     .seed(42)
+///     .build()?;
+/// assert_eq!(layer.policy("any", "tool").unwrap().max_attempts(), 3);
+///
+/// let err = RetryLayer::builder(ToolRegistry::open()).max_attempts(0).build().unwrap_err();
+/// assert_eq!(err.field(), "retry.max_attempts");
+/// let err = RetryLayer::builder(ToolRegistry::open())
+///     .base_delay(Duration::from_secs(1))
+///     .max_delay(Duration::from_millis(500))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.field(), "retry.max_delay");
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[must_use]
+pub struct RetryLayerBuilder {
+    registry: ToolRegistry,
+    policy: RetryPolicy,
+    classifier: SharedClassifier,
+    budget: Option<GlobalRetryBudget>,
+    rng: Option<SharedRng>,
+}
+
+impl RetryLayerBuilder {
+    /// Attempts in all, the first included (default 4).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.policy.max_attempts = attempts;
+        self
+    }
+
+    /// The base of the exponential backoff (default 200 ms).
+    pub fn base_delay(mut self, base: Duration) -> Self {
+        let b = self.policy.backoff;
+        self.policy.backoff = Backoff::new(base, b.max(), b.jitter(), b.percent());
+        self
+    }
+
+    /// The cap of one backoff (default 4 s).
+    pub fn max_delay(mut self, max: Duration) -> Self {
+        let b = self.policy.backoff;
+        self.policy.backoff = Backoff::new(b.base(), max, b.jitter(), b.percent());
+        self
+    }
+
+    /// How the backoff is randomized (default [`JitterKind::Full`]).
+    pub fn jitter(mut self, jitter: JitterKind) -> Self {
+        let b = self.policy.backoff;
+        self.policy.backoff = Backoff::new(b.base(), b.max(), jitter, b.percent());
+        self
+    }
+
+    /// The spread of [`JitterKind::Percent`] (default 20).
+    pub fn jitter_percent(mut self, percent: u32) -> Self {
+        let b = self.policy.backoff;
+        self.policy.backoff = Backoff::new(b.base(), b.max(), b.jitter(), percent);
+        self
+    }
+
+    /// The time all attempts and sleeps of a call may take (default 30 s).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.policy.deadline = deadline;
+        self
+    }
+
+    /// Whether tools forward the call's idempotency key to their upstream by default
+    /// (default `false`; a tool's `policy.retry.forwards_idempotency_key` overrides it).
+    pub fn forwards_idempotency_key(mut self, forwards: bool) -> Self {
+        self.policy.forwards_idempotency_key = forwards;
+        self
+    }
+
+    /// The classifier that decides which failures are retriable (default:
+    /// [`DefaultClassifier`](crate::classify::DefaultClassifier)). Give the breaker the same
+    /// one.
+    pub fn classifier(mut self, classifier: impl Classify) -> Self {
+        self.classifier = SharedClassifier::new(classifier);
+        self
+    }
+
+    /// The classifier, already shared.
+    pub fn shared_classifier(mut self, classifier: SharedClassifier) -> Self {
+        self.classifier = classifier;
+        self
+    }
+
+    /// The global retry budget (default: [`GlobalRetryBudget::new`]). Pass a clone of one
+    /// budget to several layers to share it.
+    pub fn budget(mut self, budget: GlobalRetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// No global retry budget: only attempts and deadlines limit retries.
+    pub fn no_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// The random number generator of the jitter.
+    pub fn rng(mut self, rng: impl Rng + Send + 'static) -> Self {
+        self.rng = Some(SharedRng::new(rng));
+        self
+    }
+
+    /// Seeds the jitter's generator ([`SmallRng`](rand::rngs::SmallRng)) with `seed`, so that
+    /// the delays can be computed in advance.
+    pub fn seed(self, seed: u64) -> Self {
+        use rand::SeedableRng;
+        self.rng(rand::rngs::SmallRng::seed_from_u64(seed))
+    }
+
+    /// Checks the configuration, resolves every tool's policy, and builds the layer.
+    pub fn build(self) -> Result<RetryLayer, ConfigError> {
+        self.policy.check("retry", "")?;
+        let rng = self.rng.unwrap_or_else(SharedRng::from_entropy);
+        let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
+            let resolved = match &policy.retry {
+                LayerSetting::Off => return Ok(None),
+                LayerSetting::Default => self.policy.clone(),
+                LayerSetting::On(overrides) => self.policy.with_overrides(overrides)?,
+            };
+            Ok(Some(Arc::new(ToolRetry {
+                policy: resolved,
+                profile: ToolProfile::new(descriptor, policy),
+                classifier: self.classifier.clone(),
+                budget: self.budget.clone(),
+                rng: rng.clone(),
+            })))
+        })?;
+        Ok(RetryLayer {
+            tools: Arc::new(tools),
+            budget: self.budget,
+        })
+    }
+}
+
+impl std::fmt::Debug for RetryLayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetryLayerBuilder")
+            .field("registry", &self.registry)
+            .field("policy", &self.policy)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,117 @@
+//! [`RetryLayer`]: tries a failed call again when another attempt may succeed and repeating
+//! it is safe, within a number of attempts, a deadline and a global retry budget.
+//!
+//! # What is retried
+//!
+//! The [classifier](crate::classify) decides: only [retriable](crate::classify::Verdict)
+//! failures are retried — timeouts, connection failures, 408, 429 and 5xx answers, throttles.
+//! Terminal failures come back at once, and so does `CIRCUIT_OPEN`: while a breaker is open,
+//! nothing is retried.
+//!
+//! A mutating tool (`writes`, `commands`, or any unregistered tool) is retried only with a
+//! reason to believe a repeat is safe: the tool is idempotent; the call carries an
+//! idempotency key that the tool forwards (`policy.retry.forwards_idempotency_key`); the error
+//! says the request was not processed (connection refused, 429, 503 — see
+//! [`ToolError::is_not_processed`](crate::ToolError::is_not_processed)); or the caller vouches
+//! for it with `callHints.expectedRetrySafe`. A call marked `callHints.safetyCritical` is
+//! retried only when it was not processed.
+//!
+//! # How often and how long
+//!
+//! Defaults: 4 attempts in all, a [`Backoff`] of `random(0, min(4 s, 200 ms · 2^(k−1)))`
+//! before retry `k` (full jitter; equal, decorrelated and ±percent jitter are selectable), and
+//! 30 s for all attempts and sleeps. A tool's `policy.retry` overrides them. A call's
+//! `transport.retryBudget` narrows the attempts (`maxAttempts`) and the time (`maxElapsedMs`),
+//! `control.deadlineAtMs` sets a deadline of its own, and `callHints.timeoutMs` narrows the
+//! time of each attempt through [`TimeoutLayer`](crate::TimeoutLayer) below (it bounds one
+//! attempt, not the retries). A `Retry-After` on the error replaces the backoff when it fits
+//! before the deadline.
+//!
+//! The deadline bounds the attempt in flight and the sleeps: an attempt still running when
+//! it passes is dropped, and a retry whose delay would end past it is not made.
+//!
+//! Every call deposits into the [`GlobalRetryBudget`] shared by the layer's clones, and every
+//! retry withdraws from it: retries stay below 20 % of calls plus 10 a second, so that an
+//! outage cannot become a retry storm.
+//!
+//! # What comes back
+//!
+//! A call that succeeds after retries has `attempts` and `retried_by` (attempt, delay, reason
+//! code, latency of each failed attempt) in its [`CallRecord`](crate::CallRecord). A call the
+//! layer gives up on fails with
+//!
+//! - `RETRY_EXHAUSTED` (status `retry_exhausted`) when every allowed attempt failed, when the
+//!   global budget is spent, or when no time is left within the retry deadline (policy or
+//!   `retryBudget.maxElapsedMs`);
+//! - `TIMEOUT` (status `timeout`) when the call's own deadline, `control.deadlineAtMs`, ends
+//!   it;
+//!
+//! each with the last error's code and message in its message and in its details
+//! (`{"reason", "attempts", "lastError": {"code", "message", "httpStatus"}}`), the last error
+//! as its [source](std::error::Error::source), and the record of every attempt. A failure
+//! that is not retried comes back as it is. A tool whose policy sets `retry = "off"` is
+//! passed through untouched.
+//!
+//! Each attempt runs in a `tool_attempt` span and each sleep in a `tool_backoff` span; each
+//! retry logs a `tool_call_retry` event.
+//!
+//! # Why not tower's `Retry`
+//!
+//! tower's [`Retry`](https://docs.rs/tower/latest/tower/retry/struct.Retry.html) with a
+//! policy of ours would classify and back off well enough, but its policy only acts between
+//! attempts, so it cannot bound the attempt in flight by the call's deadline; it clones the
+//! whole policy and service for every call; and its policy would have to look the tool's
+//! policy up, narrow it per call and rewrite the final error from inside `retry`. This
+//! service does all of it in one state machine: attempt, sleep, wait for readiness, with the
+//! deadline raced against each, and the per-tool policy resolved once, when the layer is
+//! built.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use serde_json::json;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+//! use tower_toolcall::{tool_fn, RetryLayer, ToolCall, ToolError, ToolOutput};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let registry = ToolRegistry::builder()
+//!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly))
+//!     .build()
+//!     .unwrap();
+//! let calls = Arc::new(AtomicUsize::new(0));
+//! let seen = calls.clone();
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(RetryLayer::builder(registry).seed(7).build().unwrap())
+//!     .service(tool_fn(move |_call: ToolCall| {
+//!         let n = seen.fetch_add(1, Ordering::SeqCst);
+//!         async move {
+//!             if n == 0 {
+//!                 Err(ToolError::from_http_status(503, "search backend is down"))
+//!             } else {
+//!                 Ok(ToolOutput::new(json!({"hits": 3})))
+//!             }
+//!         }
+//!     }));
+//! let call = ToolCall::builder("agents.tools.web", "search")
+//!     .session("s").actor("u").build().unwrap();
+//! let out = svc.ready().await.unwrap().call(call).await.unwrap();
+//! assert_eq!(out.record().attempts, Some(2));
+//! assert_eq!(out.record().retried_by[0].reason_code, "UPSTREAM_UNAVAILABLE");
+//! # }
+//! ```
+
+mod backoff;
+mod budget;
+mod future;
+mod layer;
+mod policy;
+mod service;
+
+pub use backoff::Backoff;
+pub use budget::{BudgetStats, GlobalRetryBudget, GlobalRetryBudgetBuilder};
+pub use future::ResponseFuture;
+pub use layer::{RetryLayer, RetryLayerBuilder};
+pub use policy::RetryPolicy;
+pub use service::Retry;

@@ -1,0 +1,314 @@
+//! The retry policy of a tool, how a call narrows it, when a retry is safe, and the error of a
+//! call that ran out of attempts, budget or time.
+
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use super::backoff::Backoff;
+use crate::classify::ToolProfile;
+use crate::envelope::ToolCall;
+use crate::error::{ConfigError, ErrorCode, ToolError};
+use crate::outcome::RetryRecord;
+use crate::registry::{JitterKind, RetryOverrides};
+use crate::time::{call_deadline, millis};
+
+/// The retry policy of one tool: the layer's defaults with the tool's `policy.retry`
+/// overrides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub(super) max_attempts: u32,
+    pub(super) backoff: Backoff,
+    pub(super) deadline: Duration,
+    pub(super) forwards_idempotency_key: bool,
+}
+
+impl Default for RetryPolicy {
+    /// 4 attempts, full jitter of `min(4 s, 200 ms · 2^n)`, 30 s for all attempts.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            backoff: Backoff::new(
+                Duration::from_millis(200),
+                Duration::from_secs(4),
+                JitterKind::Full,
+                20,
+            ),
+            deadline: Duration::from_secs(30),
+            forwards_idempotency_key: false,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Attempts in all, the first included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The backoff between attempts.
+    pub fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    /// The time all attempts and sleeps may take.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Whether the tool forwards the call's idempotency key to its upstream.
+    pub fn forwards_idempotency_key(&self) -> bool {
+        self.forwards_idempotency_key
+    }
+
+    /// This policy with a tool's `overrides`, checked; errors name `policy.retry.<field>`.
+    pub(super) fn with_overrides(&self, o: &RetryOverrides) -> Result<RetryPolicy, ConfigError> {
+        let b = &self.backoff;
+        let policy = RetryPolicy {
+            max_attempts: o.max_attempts.unwrap_or(self.max_attempts),
+            backoff: Backoff::new(
+                o.base_delay_ms.map_or(b.base(), Duration::from_millis),
+                o.max_delay_ms.map_or(b.max(), Duration::from_millis),
+                o.jitter.unwrap_or(b.jitter()),
+                o.jitter_percent.unwrap_or(b.percent()),
+            ),
+            deadline: o.deadline_ms.map_or(self.deadline, Duration::from_millis),
+            forwards_idempotency_key: o
+                .forwards_idempotency_key
+                .unwrap_or(self.forwards_idempotency_key),
+        };
+        policy.check("policy.retry", "_ms")?;
+        Ok(policy)
+    }
+
+    /// Checks the numbers; errors name `<prefix>.<field><unit>` (`retry.max_delay` for the
+    /// layer's builder, `policy.retry.max_delay_ms` for a tool's overrides).
+    pub(super) fn check(&self, prefix: &str, unit: &str) -> Result<(), ConfigError> {
+        let b = &self.backoff;
+        if self.max_attempts == 0 {
+            return Err(ConfigError::new(
+                format!("{prefix}.max_attempts"),
+                "must be at least 1 (the first attempt), got 0",
+            ));
+        }
+        if b.max() < b.base() {
+            return Err(ConfigError::new(
+                format!("{prefix}.max_delay{unit}"),
+                format!(
+                    "must not be below the base delay ({} ms), got {} ms",
+                    millis(b.base()),
+                    millis(b.max())
+                ),
+            ));
+        }
+        if self.deadline.is_zero() {
+            return Err(ConfigError::new(
+                format!("{prefix}.deadline{unit}"),
+                "must be longer than zero",
+            ));
+        }
+        if b.percent() > 100 {
+            return Err(ConfigError::new(
+                format!("{prefix}.jitter_percent"),
+                format!("must be at most 100, got {}", b.percent()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The limits of one call: its tool's policy narrowed by the envelope.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CallLimits {
+    /// Attempts in all: the policy's, at most `transport.retryBudget.maxAttempts`.
+    pub(super) max_attempts: u32,
+    /// Time for all attempts and sleeps: the policy's deadline, at most
+    /// `transport.retryBudget.maxElapsedMs`.
+    pub(super) retry_time: Duration,
+    /// When `retry_time` runs out.
+    pub(super) retry_deadline: Instant,
+    /// `control.deadlineAtMs`, the call's own deadline.
+    pub(super) call_deadline: Option<Instant>,
+}
+
+impl CallLimits {
+    pub(super) fn new(policy: &RetryPolicy, call: &ToolCall, started: Instant) -> Self {
+        let budget = call.transport().retry_budget;
+        let max_attempts = budget.map_or(policy.max_attempts, |b| {
+            policy.max_attempts.min(b.max_attempts.max(1))
+        });
+        let retry_time = budget.map_or(policy.deadline, |b| {
+            policy.deadline.min(Duration::from_millis(b.max_elapsed_ms))
+        });
+        CallLimits {
+            max_attempts,
+            retry_time,
+            retry_deadline: started + retry_time,
+            call_deadline: call_deadline(call, started),
+        }
+    }
+
+    /// The earlier of the two deadlines.
+    pub(super) fn end(&self) -> Instant {
+        self.call_deadline
+            .map_or(self.retry_deadline, |d| d.min(self.retry_deadline))
+    }
+
+    /// Which deadline is reached at `at`, the call's first.
+    pub(super) fn reached(&self, at: Instant) -> Option<GiveUp> {
+        if self.call_deadline.is_some_and(|d| at >= d) {
+            Some(GiveUp::CallDeadline)
+        } else if at >= self.retry_deadline {
+            Some(GiveUp::RetryDeadline)
+        } else {
+            None
+        }
+    }
+}
+
+/// Whether another attempt of `call` may run after `error`, for a tool with `profile`.
+///
+/// A read-only tool may always run again. A mutating one needs a reason to believe it is
+/// safe: the tool is idempotent; the call carries an idempotency key that the tool forwards
+/// (`policy.retry.forwards_idempotency_key`); the error says the request was not processed
+/// (connection refused, 429, 503 before processing); or the caller vouches for it with
+/// `callHints.expectedRetrySafe`. A call marked `callHints.safetyCritical` is run again only
+/// when the error says it was not processed.
+pub(super) fn retry_safety(
+    profile: &ToolProfile,
+    policy: &RetryPolicy,
+    call: &ToolCall,
+    error: &ToolError,
+) -> Result<(), &'static str> {
+    let hints = call.call_hints();
+    if error.is_not_processed() {
+        return Ok(());
+    }
+    if hints.safety_critical == Some(true) {
+        return Err("the call is safety-critical and may have been processed");
+    }
+    if !profile.is_mutating() || profile.is_idempotent() {
+        return Ok(());
+    }
+    let has_key =
+        call.idempotency_key().is_some() || call.envelope().hook_idempotency_key.is_some();
+    if has_key && policy.forwards_idempotency_key {
+        return Ok(());
+    }
+    if hints.expected_retry_safe == Some(true) {
+        return Ok(());
+    }
+    Err("the tool is mutating, the request may have been processed, and nothing says a repeat is safe")
+}
+
+/// Why the layer stopped retrying a call that still failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GiveUp {
+    /// Every allowed attempt failed.
+    MaxAttempts,
+    /// The global retry budget is spent.
+    RetryBudget,
+    /// No time is left within the retry deadline.
+    RetryDeadline,
+    /// The call's own deadline ended it.
+    CallDeadline,
+}
+
+impl GiveUp {
+    fn as_str(self) -> &'static str {
+        match self {
+            GiveUp::MaxAttempts => "max_attempts",
+            GiveUp::RetryBudget => "retry_budget",
+            GiveUp::RetryDeadline => "retry_deadline",
+            GiveUp::CallDeadline => "call_deadline",
+        }
+    }
+}
+
+/// What the call went through before the layer gave up.
+#[derive(Debug)]
+pub(super) struct History {
+    /// Attempts that ran the tool.
+    pub(super) attempts: u32,
+    pub(super) retried_by: Vec<RetryRecord>,
+    /// An attempt was still running when the deadline ended the call.
+    pub(super) cut_short: bool,
+}
+
+/// The error of a call the layer gave up on: `RETRY_EXHAUSTED`, or `TIMEOUT` when the call's
+/// deadline ended it. It carries the last error's code and message in its message and
+/// details, the last error as its source, and the last error's record with the attempts and
+/// retries filled in.
+pub(super) fn give_up(
+    why: GiveUp,
+    last: ToolError,
+    call: &ToolCall,
+    limits: &CallLimits,
+    history: History,
+) -> ToolError {
+    let tool = call.tool_name();
+    let n = history.attempts;
+    let failed = match n {
+        0 => format!("{tool} never ran"),
+        1 => format!("{tool} failed once"),
+        n => format!("{tool} failed {n} times"),
+    };
+    let running = if history.cut_short {
+        " while an attempt was running"
+    } else {
+        ""
+    };
+    let last_said = format!("{}: {}", last.code(), last.message());
+    let (code, message) = match why {
+        GiveUp::MaxAttempts => (
+            ErrorCode::RetryExhausted,
+            format!("{failed}: {}", last.message()),
+        ),
+        GiveUp::RetryBudget => (
+            ErrorCode::RetryExhausted,
+            format!(
+                "{failed} and the retry budget shared by all calls is spent, which happens \
+                 when many calls fail at once; wait before calling again. Last error: \
+                 {last_said}"
+            ),
+        ),
+        GiveUp::RetryDeadline => (
+            ErrorCode::RetryExhausted,
+            format!(
+                "{failed} and its retry deadline of {} ms ran out{running}. Last error: \
+                 {last_said}",
+                millis(limits.retry_time)
+            ),
+        ),
+        GiveUp::CallDeadline => (
+            ErrorCode::Timeout,
+            format!(
+                "the call's deadline (control.deadlineAtMs) passed{running}; {failed}. Last \
+                 error: {last_said}"
+            ),
+        ),
+    };
+    let mut last_error = Map::new();
+    last_error.insert("code".into(), json!(last.code().as_str()));
+    last_error.insert("message".into(), json!(last.message()));
+    if let Some(status) = last.http_status() {
+        last_error.insert("httpStatus".into(), json!(status));
+    }
+    let details = json!({
+        "reason": why.as_str(),
+        "attempts": n,
+        "lastError": Value::Object(last_error),
+    });
+    let mut error = ToolError::new(code, message)
+        .not_processed(n == 0)
+        .with_details(details);
+    if let Some(after) = last.retry_after() {
+        error = error.with_retry_after(after);
+    }
+    let mut record = last.record().clone();
+    record.attempts = Some(n);
+    record.retried_by = history.retried_by;
+    *error.record_mut() = record;
+    error.with_source(last)
+}

@@ -1,0 +1,33 @@
+//! The child spans the layers open inside a call's span: one per attempt and one per backoff
+//! sleep. Every layer makes them here, so that their names and fields stay the same wherever
+//! they come from.
+
+use std::time::Duration;
+
+use tracing::Span;
+
+use crate::envelope::ToolCall;
+use crate::time::millis;
+
+/// The span of attempt `attempt` (1-based) of `call`.
+pub(crate) fn attempt(call: &ToolCall, attempt: u32) -> Span {
+    tracing::info_span!(
+        "tool_attempt",
+        gen_ai.tool.name = call.tool_name(),
+        tool.namespace = call.tool_namespace(),
+        request_id = call.request_id(),
+        retry.attempt = attempt,
+    )
+}
+
+/// The span of the sleep after attempt `attempt` of `call` failed.
+pub(crate) fn backoff(call: &ToolCall, attempt: u32, delay: Duration) -> Span {
+    tracing::info_span!(
+        "tool_backoff",
+        gen_ai.tool.name = call.tool_name(),
+        tool.namespace = call.tool_namespace(),
+        request_id = call.request_id(),
+        retry.attempt = attempt,
+        retry.delay_ms = millis(delay),
+    )
+}

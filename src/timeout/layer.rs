@@ -1,0 +1,119 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::service::{AttemptLimit, Timeout};
+use crate::error::ConfigError;
+use crate::registry::{LayerSetting, ToolRegistry};
+use crate::tool_table::ToolTable;
+
+/// The attempt timeout of tools that set none: 30 s.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Applies [`Timeout`] to a service. See the [module docs](crate::timeout).
+///
+/// Clones share the per-tool timeouts, resolved once from the registry, behind an [`Arc`].
+#[derive(Clone, Debug)]
+pub struct TimeoutLayer {
+    limits: Arc<ToolTable<AttemptLimit>>,
+}
+
+impl TimeoutLayer {
+    /// A layer with the default attempt timeout ([`DEFAULT_ATTEMPT_TIMEOUT`]) for tools of
+    /// `registry` that set none.
+    pub fn new(registry: ToolRegistry) -> Self {
+        TimeoutLayer::builder(registry)
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A builder for a layer with another default.
+    pub fn builder(registry: ToolRegistry) -> TimeoutLayerBuilder {
+        TimeoutLayerBuilder {
+            registry,
+            default_timeout: Some(DEFAULT_ATTEMPT_TIMEOUT),
+        }
+    }
+
+    /// The attempt timeout of the tool `namespace::name`, before a call's hint narrows it;
+    /// `None` when its attempts are not bounded.
+    pub fn attempt_timeout(&self, namespace: &str, name: &str) -> Option<Duration> {
+        self.limits.get(namespace, name).limit
+    }
+}
+
+impl<S> Layer<S> for TimeoutLayer {
+    type Service = Timeout<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Timeout::new(inner, self.limits.clone())
+    }
+}
+
+/// Builds a [`TimeoutLayer`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::TimeoutLayer;
+///
+/// let layer = TimeoutLayer::builder(ToolRegistry::open())
+///     .default_timeout(Duration::from_secs(10))
+///     .build()?;
+/// assert_eq!(layer.attempt_timeout("any", "tool"), Some(Duration::from_secs(10)));
+///
+/// let err = TimeoutLayer::builder(ToolRegistry::open())
+///     .default_timeout(Duration::ZERO)
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.field(), "timeout.default_timeout");
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct TimeoutLayerBuilder {
+    registry: ToolRegistry,
+    default_timeout: Option<Duration>,
+}
+
+impl TimeoutLayerBuilder {
+    /// The attempt timeout of tools whose policy sets none (default 30 s).
+    pub fn default_timeout(mut self, timeout: Duration) -> Self {
+        self.default_timeout = Some(timeout);
+        self
+    }
+
+    /// Leaves the attempts of tools whose policy sets no timeout unbounded (a call's
+    /// `callHints.timeoutMs` still bounds them).
+    pub fn no_default_timeout(mut self) -> Self {
+        self.default_timeout = None;
+        self
+    }
+
+    /// Checks the configuration, resolves every tool's timeout, and builds the layer.
+    pub fn build(self) -> Result<TimeoutLayer, ConfigError> {
+        if self.default_timeout == Some(Duration::ZERO) {
+            return Err(ConfigError::new(
+                "timeout.default_timeout",
+                "must be longer than zero; use no_default_timeout() for no timeout",
+            ));
+        }
+        let default = self.default_timeout;
+        let limits = ToolTable::resolve(&self.registry, |_, policy| {
+            Ok(match &policy.timeout {
+                LayerSetting::Off => AttemptLimit::OFF,
+                LayerSetting::Default => AttemptLimit::on(default),
+                LayerSetting::On(overrides) => AttemptLimit::on(
+                    overrides
+                        .attempt_timeout_ms
+                        .map(Duration::from_millis)
+                        .or(default),
+                ),
+            })
+        })?;
+        Ok(TimeoutLayer {
+            limits: Arc::new(limits),
+        })
+    }
+}

@@ -1,0 +1,79 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use crate::envelope::ToolCall;
+use crate::error::ToolError;
+use crate::outcome::ToolOutput;
+use crate::tool_table::ToolTable;
+
+/// Bounds each attempt of the inner service; made by
+/// [`TimeoutLayer`](super::TimeoutLayer).
+#[derive(Clone, Debug)]
+pub struct Timeout<S> {
+    inner: S,
+    limits: Arc<ToolTable<AttemptLimit>>,
+}
+
+/// A tool's attempt timeout, resolved from its policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct AttemptLimit {
+    /// `false` when the tool's policy switches the layer off.
+    pub(super) enabled: bool,
+    pub(super) limit: Option<Duration>,
+}
+
+impl AttemptLimit {
+    pub(super) const OFF: AttemptLimit = AttemptLimit {
+        enabled: false,
+        limit: None,
+    };
+
+    pub(super) fn on(limit: Option<Duration>) -> Self {
+        AttemptLimit {
+            enabled: true,
+            limit,
+        }
+    }
+
+    /// The limit for `call`: the tool's, narrowed by `callHints.timeoutMs`.
+    fn for_call(self, call: &ToolCall) -> Option<Duration> {
+        if !self.enabled {
+            return None;
+        }
+        let hint = call.call_hints().timeout_ms.map(Duration::from_millis);
+        match (self.limit, hint) {
+            (Some(limit), Some(hint)) => Some(limit.min(hint)),
+            (limit, hint) => limit.or(hint),
+        }
+    }
+}
+
+impl<S> Timeout<S> {
+    pub(super) fn new(inner: S, limits: Arc<ToolTable<AttemptLimit>>) -> Self {
+        Timeout { inner, limits }
+    }
+
+    crate::middleware::inner_service_accessors!();
+}
+
+impl<S> Service<ToolCall> for Timeout<S>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let limit = self.limits.for_call(&call).for_call(&call);
+        ResponseFuture::new(self.inner.call(call), limit)
+    }
+}

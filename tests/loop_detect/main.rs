@@ -1,0 +1,1351 @@
+//! Loop detection: thresholds, modes, windows, tiers, rules beyond repeats, logs and bounds.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::Counter;
+use tokio_test::{assert_pending, assert_ready_ok};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_toolcall::loop_detect::{
+    CommandErrorKind, LoopCommand, LoopDetectConfig, LoopDetectLayer, LoopSettingKey, LoopSettings,
+};
+use tower_toolcall::registry::{
+    LayerSetting, LoopDetectOverrides, LoopMode, RiskLevel, ToolDescriptor, ToolPolicy,
+    ToolRegistry,
+};
+use tower_toolcall::{
+    tool_fn, ErrorClass, ErrorCode, ResultStatus, ToolCall, ToolError, ToolOutput, ToolResult,
+};
+
+const NS: &str = "agents.tools.web";
+const BREAK_MESSAGE: &str = "Tool call loop detected: 'search' invoked with identical params 4 \
+     times within 120s. Session stopped to prevent unintended looping. Hint: change the inputs \
+     or the strategy instead of repeating the same call.";
+
+fn call_in(session: &str, tool: &str, params: Value) -> ToolCall {
+    ToolCall::builder(NS, tool)
+        .session(session)
+        .actor("user-7")
+        .params(params)
+        .build()
+        .expect("a valid call")
+}
+
+fn search(session: &str, params: Value) -> ToolCall {
+    call_in(session, "search", params)
+}
+
+/// A call issued by `model` of `backend`, as the trace baggage says.
+fn from_model(session: &str, params: Value, backend: &str, model: &str) -> ToolCall {
+    ToolCall::builder(NS, "search")
+        .session(session)
+        .actor("user-7")
+        .params(params)
+        .baggage("gen_ai.system", backend)
+        .baggage("gen_ai.request.model", model)
+        .build()
+        .expect("a valid call")
+}
+
+async fn send<S>(svc: &mut S, call: ToolCall) -> Result<ToolOutput, ToolError>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    svc.ready().await?.call(call).await
+}
+
+/// Sends `call` until the layer refuses it; returns how many calls reached the tool before
+/// (whether it succeeded or failed), and the refusal.
+async fn runs_before_refusal<S>(svc: &mut S, call: &ToolCall) -> (usize, ToolError)
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    for ran in 0..100 {
+        match send(svc, call.clone()).await {
+            Err(error) if error.code() == ErrorCode::LoopDetected => return (ran, error),
+            Ok(_) | Err(_) => {}
+        }
+    }
+    panic!("100 identical calls ran and none was refused");
+}
+
+/// A layer over an open registry with `config` as its server tier.
+fn layer_with(config: LoopDetectConfig) -> LoopDetectLayer {
+    LoopDetectLayer::builder(ToolRegistry::open())
+        .config(config)
+        .build()
+        .expect("a valid configuration")
+}
+
+fn stack(
+    layer: LoopDetectLayer,
+    counter: &Counter,
+) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> {
+    ServiceBuilder::new().layer(layer).service(counter.tool())
+}
+
+#[tokio::test]
+async fn breaks_at_max_repeats_without_calling_the_tool() {
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let call = search("sess-1", json!({"query": "rust tower retry"}));
+
+    for expected in 1..=3 {
+        send(&mut svc, call.clone())
+            .await
+            .expect("below the threshold");
+        assert_eq!(counter.get(), expected);
+    }
+    let err = send(&mut svc, call.clone()).await.unwrap_err();
+    assert_eq!(
+        counter.get(),
+        3,
+        "the 4th identical call never reaches the tool"
+    );
+    assert_eq!(err.code(), ErrorCode::LoopDetected);
+    assert_eq!(err.class(), ErrorClass::Terminal);
+    assert!(err.is_not_processed());
+    assert_eq!(err.record().attempts, Some(0));
+    assert_eq!(err.message(), BREAK_MESSAGE);
+    assert_eq!(
+        err.details(),
+        Some(&json!({
+            "action": "break",
+            "rule": "repeat",
+            "repeats": 4,
+            "maxRepeats": 4,
+            "windowSecs": 120
+        }))
+    );
+
+    // A model that goes on repeating stays refused.
+    let again = send(&mut svc, call.clone()).await.unwrap_err();
+    assert_eq!(again.code(), ErrorCode::LoopDetected);
+    assert_eq!(counter.get(), 3);
+
+    let result = ToolResult::from_outcome(&call, Err(err));
+    assert_eq!(result.status, ResultStatus::Error);
+    assert_eq!(result.attempts, 0);
+    assert!(result.error.unwrap().terminal);
+}
+
+#[tokio::test]
+async fn chance_then_break_lets_a_different_call_run() {
+    let counter = Counter::default();
+    let layer = layer_with(LoopDetectConfig::default().mode(LoopMode::ChanceThenBreak));
+    let mut svc = stack(layer, &counter);
+    let looping = search("sess-1", json!({"query": "a"}));
+
+    let (ran, chance) = runs_before_refusal(&mut svc, &looping).await;
+    assert_eq!(ran, 3);
+    assert_eq!(chance.details().unwrap()["action"], "chance");
+    assert_eq!(chance.class(), ErrorClass::Terminal);
+    assert!(chance.is_not_processed());
+    assert_eq!(
+        chance.message(),
+        "Tool call loop detected: 'search' invoked with identical params 4 times within 120s. \
+         This call was not executed. Stop and reflect on why the repeated calls did not bring \
+         you closer to the goal, then change your approach: other inputs, another tool, or ask \
+         the user. Repeating this exact call stops the session."
+    );
+    assert_eq!(counter.get(), 3, "the chance does not run the tool");
+
+    let different = search("sess-1", json!({"query": "b"}));
+    send(&mut svc, different)
+        .await
+        .expect("a changed call runs");
+    assert_eq!(counter.get(), 4);
+}
+
+#[tokio::test]
+async fn chance_then_break_breaks_when_the_call_repeats() {
+    let counter = Counter::default();
+    let layer = layer_with(LoopDetectConfig::default().mode(LoopMode::ChanceThenBreak));
+    let mut svc = stack(layer, &counter);
+    let looping = search("sess-1", json!({"query": "a"}));
+
+    let (_, chance) = runs_before_refusal(&mut svc, &looping).await;
+    assert_eq!(chance.details().unwrap()["action"], "chance");
+    let broken = send(&mut svc, looping).await.unwrap_err();
+    assert_eq!(
+        broken.details(),
+        Some(&json!({
+            "action": "break",
+            "rule": "repeat",
+            "repeats": 5,
+            "maxRepeats": 4,
+            "windowSecs": 120
+        }))
+    );
+    assert!(broken.message().contains("Session stopped"));
+    assert_eq!(counter.get(), 3);
+}
+
+#[tokio::test]
+async fn disabled_detection_tracks_nothing() {
+    let counter = Counter::default();
+    let layer = layer_with(LoopDetectConfig::default().enabled(false));
+    let handle = layer.handle();
+    let mut svc = stack(layer, &counter);
+    for i in 0..10 {
+        let session = format!("sess-{}", i % 3);
+        send(&mut svc, search(&session, json!({"query": "same"})))
+            .await
+            .unwrap();
+    }
+    assert_eq!(counter.get(), 10);
+    assert_eq!(handle.tracked_sessions(), 0);
+
+    // A session that switches detection on is tracked; switching it off again forgets it.
+    handle
+        .apply_command("sess-0", "!/set(tool-loop-detection=true)")
+        .unwrap();
+    let call = search("sess-0", json!({"query": "same"}));
+    let (ran, _) = runs_before_refusal(&mut svc, &call).await;
+    assert_eq!(ran, 3);
+    assert_eq!(handle.tracked_sessions(), 1);
+    handle
+        .apply_command("sess-0", "!/set(tool-loop-detection=false)")
+        .unwrap();
+    assert_eq!(handle.tracked_sessions(), 0);
+    send(&mut svc, call).await.expect("untracked again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_window_forgets_old_calls() {
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let call = search("sess-1", json!({"query": "a"}));
+
+    for _ in 0..3 {
+        send(&mut svc, call.clone()).await.unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(119)).await;
+    send(&mut svc, call.clone())
+        .await
+        .expect_err("119 s later the calls are still in the window");
+
+    let other = search("sess-2", json!({"query": "a"}));
+    for _ in 0..3 {
+        send(&mut svc, other.clone()).await.unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(120)).await;
+    let (ran, _) = runs_before_refusal(&mut svc, &other).await;
+    assert_eq!(ran, 3, "after the window the count starts again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_sessions_are_dropped_after_their_window() {
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::new(ToolRegistry::open());
+    let handle = layer.handle();
+    let mut svc = stack(layer, &counter);
+    for i in 0..10 {
+        send(&mut svc, search(&format!("idle-{i}"), json!({"q": i})))
+            .await
+            .unwrap();
+    }
+    assert_eq!(handle.tracked_sessions(), 10);
+    tokio::time::advance(Duration::from_secs(120)).await;
+    send(&mut svc, search("fresh", json!({"q": 0})))
+        .await
+        .unwrap();
+    assert_eq!(handle.tracked_sessions(), 1);
+    assert_eq!(handle.evicted_sessions(), 0, "expiry is not eviction");
+}
+
+#[tokio::test]
+async fn session_beats_model_beats_server_and_unset_falls_back() {
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+        .config(LoopDetectConfig::default().max_repeats(6))
+        .model(
+            "openai",
+            "gpt-4o",
+            LoopSettings {
+                max_repeats: Some(5),
+                ..LoopSettings::default()
+            },
+        )
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let mut svc = stack(layer, &counter);
+    let mut phase = 0;
+    let mut runs = |model: Option<(&'static str, &'static str)>| {
+        phase += 1;
+        let params = json!({"phase": phase});
+        match model {
+            Some((backend, model)) => from_model("sess-1", params, backend, model),
+            None => search("sess-1", params),
+        }
+    };
+
+    let gpt4o = Some(("openai", "gpt-4o"));
+    assert_eq!(
+        runs_before_refusal(&mut svc, &runs(gpt4o)).await.0,
+        4,
+        "model: 5"
+    );
+    assert_eq!(
+        runs_before_refusal(&mut svc, &runs(None)).await.0,
+        5,
+        "server: 6"
+    );
+    let other_model = Some(("openai", "gpt-4o-mini"));
+    assert_eq!(runs_before_refusal(&mut svc, &runs(other_model)).await.0, 5);
+
+    handle
+        .apply_command("sess-1", "!/set(tool-loop-max-repeats=3)")
+        .unwrap();
+    assert_eq!(
+        runs_before_refusal(&mut svc, &runs(gpt4o)).await.0,
+        2,
+        "session: 3"
+    );
+    assert_eq!(runs_before_refusal(&mut svc, &runs(None)).await.0, 2);
+
+    handle
+        .apply_command("sess-1", "!/unset(tool-loop-max-repeats)")
+        .unwrap();
+    assert_eq!(
+        runs_before_refusal(&mut svc, &runs(gpt4o)).await.0,
+        4,
+        "model again"
+    );
+    assert_eq!(
+        runs_before_refusal(&mut svc, &runs(None)).await.0,
+        5,
+        "server again"
+    );
+}
+
+#[tokio::test]
+async fn a_model_can_switch_detection_off_and_a_session_back_on() {
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+        .model(
+            "anthropic",
+            "claude-x",
+            LoopSettings {
+                enabled: Some(false),
+                ..LoopSettings::default()
+            },
+        )
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let mut svc = stack(layer, &counter);
+    let call = from_model("sess-1", json!({"q": 1}), "anthropic", "claude-x");
+    for _ in 0..8 {
+        send(&mut svc, call.clone()).await.unwrap();
+    }
+    assert_eq!(handle.tracked_sessions(), 0);
+    handle
+        .set(
+            "sess-1",
+            LoopSettings {
+                enabled: Some(true),
+                ..LoopSettings::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(runs_before_refusal(&mut svc, &call).await.0, 3);
+}
+
+#[tokio::test]
+async fn sessions_never_affect_each_other() {
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::new(ToolRegistry::open());
+    let handle = layer.handle();
+    let mut svc = stack(layer, &counter);
+    let params = json!({"query": "same"});
+    handle
+        .apply_command("strict", "!/set(tool-loop-max-repeats=2)")
+        .unwrap();
+
+    for _ in 0..3 {
+        send(&mut svc, search("a", params.clone())).await.unwrap();
+    }
+    for _ in 0..2 {
+        send(&mut svc, search("b", params.clone())).await.unwrap();
+    }
+    send(&mut svc, search("strict", params.clone()))
+        .await
+        .unwrap();
+    send(&mut svc, search("a", params.clone()))
+        .await
+        .expect_err("a's 4th");
+    send(&mut svc, search("strict", params.clone()))
+        .await
+        .expect_err("strict's 2nd");
+    send(&mut svc, search("b", params.clone()))
+        .await
+        .expect("b's 3rd runs whatever a and strict did");
+    assert_eq!(counter.get(), 3 + 3 + 1);
+    assert_eq!(handle.session_settings("b"), LoopSettings::default());
+}
+
+#[tokio::test]
+async fn canonically_equal_params_are_identical_and_a_change_is_not() {
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let spellings = [
+        r#"{"query": "rust", "limit": 10, "filters": {"lang": "en", "site": "docs.rs"}}"#,
+        r#"{"limit":10.0,"filters":{"site":"docs.rs","lang":"en"},"query":"  rust "}"#,
+        "{\n  \"filters\" : { \"lang\" : \"en\" , \"site\" : \"docs.rs\" },\n  \"query\" : \"rust\",\n  \"limit\" : 1e1,\n  \"clientTs\": 1734372720000, \"cursor\": null\n}",
+    ];
+    let parse = |params: &str| {
+        let text = format!(
+            r#"{{"contractVersion":"1.1","requestId":"01J9Z8Q4V6K3T2M1N0P9R8S7T7","toolName":"search",
+               "toolNamespace":"{NS}","target":{{"sessionKey":"sess-1","actorId":"user-7"}},
+               "payload":{{"version":"1.0","params":{params}}}}}"#
+        );
+        ToolCall::from_json(text.as_bytes()).unwrap()
+    };
+    for spelling in spellings {
+        send(&mut svc, parse(spelling)).await.unwrap();
+    }
+    let changed = r#"{"query": "rust", "limit": 11, "filters": {"lang": "en", "site": "docs.rs"}}"#;
+    send(&mut svc, parse(changed))
+        .await
+        .expect("a changed param is another call");
+    for spelling in spellings {
+        send(&mut svc, parse(spelling)).await.unwrap();
+    }
+    let err = send(&mut svc, parse(spellings[1])).await.unwrap_err();
+    assert_eq!(err.details().unwrap()["repeats"], 4);
+    assert_eq!(counter.get(), 7);
+}
+
+#[tokio::test]
+async fn the_same_params_for_another_tool_are_another_call() {
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    for i in 0..8 {
+        let tool = if i < 4 { "search" } else { "fetch" };
+        send(&mut svc, call_in("sess-1", tool, json!({"q": 1})))
+            .await
+            .expect_err_if(i == 3 || i == 7);
+    }
+    assert_eq!(counter.get(), 6);
+}
+
+/// `expect_err_if(c)`: an error when `c`, a success otherwise.
+trait ExpectErrIf {
+    fn expect_err_if(self, err: bool);
+}
+
+impl ExpectErrIf for Result<ToolOutput, ToolError> {
+    fn expect_err_if(self, err: bool) {
+        match (self, err) {
+            (Ok(_), false) => {}
+            (Err(e), true) => assert_eq!(e.code(), ErrorCode::LoopDetected),
+            (Ok(_), true) => panic!("expected LOOP_DETECTED, the call ran"),
+            (Err(e), false) => panic!("expected the call to run, got {e}"),
+        }
+    }
+}
+
+/// Sends calls of `pattern` (one signature per letter) and returns what happened to each:
+/// `.` ran, `x` refused.
+async fn pattern<S>(svc: &mut S, session: &str, pattern: &str) -> (String, Vec<ToolError>)
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    let mut marks = String::new();
+    let mut errors = Vec::new();
+    for letter in pattern.chars() {
+        match send(svc, search(session, json!({"step": letter.to_string()}))).await {
+            Ok(_) => marks.push('.'),
+            Err(e) => {
+                assert_eq!(e.code(), ErrorCode::LoopDetected);
+                marks.push('x');
+                errors.push(e);
+            }
+        }
+    }
+    (marks, errors)
+}
+
+#[tokio::test]
+async fn cycles_of_two_and_three_calls_are_loops() {
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+
+    let (marks, errors) = pattern(&mut svc, "ab", "ABABABAB").await;
+    assert_eq!(marks, ".....xxx");
+    assert_eq!(
+        errors[0].details(),
+        Some(&json!({
+            "action": "break",
+            "rule": "cycle",
+            "cycleLength": 2,
+            "repeats": 3,
+            "maxRepeats": 3,
+            "windowSecs": 120
+        }))
+    );
+    assert_eq!(
+        errors[0].message(),
+        "Tool call loop detected: 'search' invoked with identical params 3 times within 120s. \
+         Session stopped to prevent unintended looping. The last 6 calls repeat a cycle of 2 \
+         calls 3 times. Hint: change the inputs or the strategy instead of repeating the same \
+         call."
+    );
+
+    let (marks, errors) = pattern(&mut svc, "abc", "ABCABCABC").await;
+    assert_eq!(marks, "........x");
+    assert_eq!(errors[0].details().unwrap()["cycleLength"], 3);
+}
+
+#[tokio::test]
+async fn a_a_b_twice_is_not_taken_for_a_loop_before_its_threshold() {
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let (marks, _) = pattern(&mut svc, "aab", "AABAAB").await;
+    assert_eq!(
+        marks, "......",
+        "two repetitions of A,A,B and at most 2 identical in a row"
+    );
+    let (marks, errors) = pattern(&mut svc, "aab", "AAB").await;
+    assert_eq!(marks, "..x", "the third repetition completes a cycle of 3");
+    assert_eq!(errors[0].details().unwrap()["cycleLength"], 3);
+    assert_eq!(counter.get(), 8);
+}
+
+#[tokio::test]
+async fn cycles_can_be_switched_off() {
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+        .cycles(false)
+        .build()
+        .unwrap();
+    let mut svc = stack(layer, &counter);
+    let (marks, _) = pattern(&mut svc, "ab", "ABABABABAB").await;
+    assert_eq!(marks, "..........");
+}
+
+/// A tool that fails with the codes it is given, in turn, and counts its calls.
+fn failing(
+    codes: Vec<ErrorCode>,
+    calls: Arc<AtomicUsize>,
+) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone {
+    tool_fn(move |_call: ToolCall| {
+        let n = calls.fetch_add(1, Ordering::SeqCst);
+        let code = codes[n % codes.len()];
+        async move { Err(ToolError::new(code, "the upstream failed")) }
+    })
+}
+
+#[tokio::test]
+async fn repeated_identical_failures_break_below_max_repeats() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = layer_with(LoopDetectConfig::default().max_repeats(10));
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(failing(vec![ErrorCode::UpstreamError], calls.clone()));
+    let call = search("sess-1", json!({"query": "a"}));
+    for _ in 0..3 {
+        let err = send(&mut svc, call.clone()).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::UpstreamError);
+    }
+    let err = send(&mut svc, call).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LoopDetected);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        err.details(),
+        Some(&json!({
+            "action": "break",
+            "rule": "failures",
+            "errorCode": "UPSTREAM_ERROR",
+            "repeats": 3,
+            "maxRepeats": 3,
+            "windowSecs": 120
+        }))
+    );
+    assert!(err
+        .message()
+        .contains("Each of the last 3 identical calls failed with UPSTREAM_ERROR."));
+}
+
+#[tokio::test]
+async fn failures_with_changing_codes_count_as_plain_repeats() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = layer_with(LoopDetectConfig::default().max_repeats(6));
+    let codes = vec![ErrorCode::UpstreamError, ErrorCode::Timeout];
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(failing(codes, calls.clone()));
+    let (ran, err) = runs_before_refusal(&mut svc, &search("sess-1", json!({"q": 1}))).await;
+    assert_eq!(ran, 5, "max_repeats (6) decides");
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert_eq!(err.details().unwrap()["rule"], "repeat");
+}
+
+fn poller_registry() -> ToolRegistry {
+    let poller = ToolPolicy {
+        loop_detect: LayerSetting::On(LoopDetectOverrides {
+            poller: Some(true),
+            ..LoopDetectOverrides::default()
+        }),
+        ..ToolPolicy::default()
+    };
+    ToolRegistry::builder()
+        .tool(ToolDescriptor::new("jobs", "status", RiskLevel::ReadOnly).policy(poller))
+        .build()
+        .unwrap()
+}
+
+/// A job status tool whose answers are `states`, in turn.
+fn job_status(
+    states: Vec<Value>,
+    calls: Arc<AtomicUsize>,
+) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone {
+    tool_fn(move |_call: ToolCall| {
+        let n = calls.fetch_add(1, Ordering::SeqCst);
+        let state = states[n.min(states.len() - 1)].clone();
+        async move { Ok(ToolOutput::new(state)) }
+    })
+}
+
+fn poll(session: &str) -> ToolCall {
+    ToolCall::builder("jobs", "status")
+        .session(session)
+        .actor("user-7")
+        .params(json!({"jobId": "job-1"}))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_poller_whose_result_changes_is_never_blocked() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let progress: Vec<Value> = (0..=20)
+        .map(|p| json!({"state": "running", "progress": p * 5}))
+        .collect();
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(poller_registry()))
+        .service(job_status(progress, calls.clone()));
+    for _ in 0..20 {
+        send(&mut svc, poll("sess-1"))
+            .await
+            .expect("progress changes");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 20);
+}
+
+#[tokio::test]
+async fn a_poller_whose_result_stays_the_same_is_a_loop() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let states = vec![
+        json!({"state": "queued"}),
+        json!({"state": "running", "progress": 10}),
+        json!({"state": "running", "progress": 10}),
+    ];
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(poller_registry()))
+        .service(job_status(states, calls.clone()));
+    let (ran, err) = runs_before_refusal(&mut svc, &poll("sess-1")).await;
+    assert_eq!(ran, 4, "queued, then the same running result three times");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert_eq!(err.details().unwrap()["rule"], "unchanged_poll");
+    assert!(err
+        .message()
+        .contains("Its result did not change between these calls."));
+}
+
+#[tokio::test]
+async fn result_aware_polling_can_be_switched_off() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let progress: Vec<Value> = (0..10).map(|p| json!({"progress": p})).collect();
+    let layer = LoopDetectLayer::builder(poller_registry())
+        .result_aware_polling(false)
+        .build()
+        .unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(job_status(progress, calls.clone()));
+    let (ran, err) = runs_before_refusal(&mut svc, &poll("sess-1")).await;
+    assert_eq!(ran, 3);
+    assert_eq!(err.details().unwrap()["rule"], "repeat");
+}
+
+#[tokio::test]
+async fn a_tool_can_switch_detection_off_or_set_its_own_limits() {
+    let off = ToolPolicy {
+        loop_detect: LayerSetting::Off,
+        ..ToolPolicy::default()
+    };
+    let own = ToolPolicy {
+        loop_detect: LayerSetting::On(LoopDetectOverrides {
+            max_repeats: Some(2),
+            mode: Some(LoopMode::ChanceThenBreak),
+            ..LoopDetectOverrides::default()
+        }),
+        ..ToolPolicy::default()
+    };
+    let registry = ToolRegistry::builder()
+        .tool(ToolDescriptor::new(NS, "heartbeat", RiskLevel::ReadOnly).policy(off))
+        .tool(ToolDescriptor::new(NS, "deploy", RiskLevel::Commands).policy(own))
+        .tool(ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly))
+        .build()
+        .unwrap();
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::builder(registry)
+        .model(
+            "openai",
+            "gpt-4o",
+            LoopSettings {
+                max_repeats: Some(8),
+                ..LoopSettings::default()
+            },
+        )
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let mut svc = stack(layer, &counter);
+
+    for _ in 0..20 {
+        send(&mut svc, call_in("sess-1", "heartbeat", json!({})))
+            .await
+            .expect("detection is off for this tool");
+    }
+    assert_eq!(handle.tracked_sessions(), 0, "an off tool is not tracked");
+
+    let deploy = ToolCall::builder(NS, "deploy")
+        .session("sess-1")
+        .actor("user-7")
+        .params(json!({"env": "prod"}))
+        .baggage("gen_ai.system", "openai")
+        .baggage("gen_ai.request.model", "gpt-4o")
+        .build()
+        .unwrap();
+    let (ran, err) = runs_before_refusal(&mut svc, &deploy).await;
+    assert_eq!(ran, 1, "the tool's max_repeats (2) beats the model's (8)");
+    assert_eq!(err.details().unwrap()["action"], "chance");
+
+    handle
+        .apply_command(
+            "sess-1",
+            "!/set(tool-loop-max-repeats=3, tool-loop-mode=break)",
+        )
+        .unwrap();
+    send(&mut svc, search("sess-1", json!({}))).await.unwrap();
+    let deploy2 = ToolCall::builder(NS, "deploy")
+        .session("sess-1")
+        .actor("user-7")
+        .params(json!({"env": "staging"}))
+        .build()
+        .unwrap();
+    let (ran, err) = runs_before_refusal(&mut svc, &deploy2).await;
+    assert_eq!(ran, 2, "the session's settings beat the tool's");
+    assert_eq!(err.details().unwrap()["action"], "break");
+}
+
+#[derive(Clone, Debug)]
+struct CapturedEvent {
+    level: tracing::Level,
+    fields: BTreeMap<String, String>,
+}
+
+/// The events of one test, collected on its thread.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<CapturedEvent>>>);
+
+impl Capture {
+    fn events(&self) -> Vec<CapturedEvent> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+thread_local! {
+    static THREAD_CAPTURE: std::cell::RefCell<Option<Capture>> = const { std::cell::RefCell::new(None) };
+}
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+/// A subscriber layer that hands each event to the capture of the thread that emits it.
+///
+/// It is installed once as the global subscriber, so that no test depends on callsite
+/// interest cached while another test's scoped subscriber came and went.
+struct ThreadCaptureLayer;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ThreadCaptureLayer {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        THREAD_CAPTURE.with(|capture| {
+            if let Some(capture) = &*capture.borrow() {
+                let mut fields = BTreeMap::new();
+                event.record(&mut Fields(&mut fields));
+                capture.0.lock().unwrap().push(CapturedEvent {
+                    level: *event.metadata().level(),
+                    fields,
+                });
+            }
+        });
+    }
+}
+
+/// Stops capturing on this thread when dropped.
+struct CaptureGuard;
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        THREAD_CAPTURE.with(|capture| capture.borrow_mut().take());
+    }
+}
+
+/// Captures the events of this thread (the test's, under a current-thread runtime).
+fn capture() -> (Capture, CaptureGuard) {
+    use tracing_subscriber::layer::SubscriberExt;
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(ThreadCaptureLayer),
+        )
+        .expect("no other global subscriber in this test binary");
+    });
+    let capture = Capture::default();
+    THREAD_CAPTURE.with(|slot| *slot.borrow_mut() = Some(capture.clone()));
+    (capture, CaptureGuard)
+}
+
+#[tokio::test]
+async fn each_detection_logs_the_warn_line_with_its_fields() {
+    let (capture, _guard) = capture();
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let call = from_model(
+        "sess-log",
+        json!({"query": "rust tower retry", "page": 2, "filters": {"site": "docs.rs", "lang": "en"}}),
+        "openai",
+        "gpt-4o",
+    );
+    runs_before_refusal(&mut svc, &call).await;
+
+    let warnings: Vec<CapturedEvent> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warnings.len(), 1, "one WARN per detection");
+    let fields = &warnings[0].fields;
+    let signature = r#"{"filters":{"lang":"en","site":"docs.rs"},"page":2"#;
+    assert_eq!(signature.chars().count(), 50);
+    assert_eq!(
+        fields["message"],
+        format!(
+            "Tool call loop detected in session sess-log: tool=search, repeats=4/4, \
+             window=120s, model=gpt-4o, backend=openai, action=break, signature={signature}..."
+        )
+    );
+    let expected: BTreeMap<String, String> = [
+        ("session_id", "sess-log"),
+        ("tool_name", "search"),
+        ("tool_namespace", NS),
+        ("repeats", "4"),
+        ("max_repeats", "4"),
+        ("window_secs", "120"),
+        ("model", "gpt-4o"),
+        ("backend", "openai"),
+        ("action", "break"),
+        ("rule", "repeat"),
+        ("signature", signature),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .chain([("message".to_owned(), fields["message"].clone())])
+    .collect();
+    assert_eq!(fields, &expected);
+
+    let events = capture.events();
+    let full = events
+        .iter()
+        .find(|e| {
+            e.level == tracing::Level::DEBUG && e.fields["message"] == "loop detection signature"
+        })
+        .expect("the full signature at DEBUG");
+    assert_eq!(
+        full.fields["params"],
+        r#"{"filters":{"lang":"en","site":"docs.rs"},"page":2,"query":"rust tower retry"}"#
+    );
+    assert_eq!(full.fields["signature_hash"].len(), 16);
+}
+
+#[tokio::test]
+async fn logs_never_show_secrets_and_name_unknown_models() {
+    let (capture, _guard) = capture();
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let secret = "sk-proj-0123456789abcdefghijklmnop";
+    let call = search(
+        "sess-secret",
+        json!({"apiKey": "hunter2", "note": format!("use {secret}"), "q": "x"}),
+    );
+    runs_before_refusal(&mut svc, &call).await;
+
+    let events = capture.events();
+    let warn = events
+        .iter()
+        .find(|e| e.level == tracing::Level::WARN)
+        .expect("a WARN event");
+    assert_eq!(
+        warn.fields["signature"],
+        r#"{"apiKey":"[REDACTED]","note":"[REDACTED]","q":"x""#
+    );
+    assert_eq!(warn.fields["model"], "unknown");
+    assert_eq!(warn.fields["backend"], "unknown");
+    for event in &events {
+        for value in event.fields.values() {
+            assert!(
+                !value.contains("hunter2") && !value.contains(secret),
+                "a secret leaked into {event:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_tracker_stays_at_its_cap() {
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+        .max_sessions(1_000)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let mut svc = stack(layer, &counter);
+    for session in 0..20_000 {
+        let session = format!("sess-{session}");
+        for step in ["B", "C", "A", "A", "A"] {
+            send(&mut svc, search(&session, json!({"step": step})))
+                .await
+                .unwrap();
+        }
+        assert!(handle.tracked_sessions() <= 1_000);
+    }
+    assert_eq!(counter.get(), 100_000);
+    assert_eq!(handle.tracked_sessions(), 1_000);
+    assert_eq!(handle.evicted_sessions(), 19_000);
+
+    // The most recent sessions keep their history; the evicted ones start afresh.
+    send(&mut svc, search("sess-19999", json!({"step": "A"})))
+        .await
+        .expect_err("the 4th A of a tracked session");
+    send(&mut svc, search("sess-0", json!({"step": "A"})))
+        .await
+        .expect("an evicted session starts counting again");
+}
+
+#[test]
+fn every_malformed_command_is_named() {
+    let cases = [
+        (
+            "!/set(tool-loop-speed=3)",
+            CommandErrorKind::UnknownKey,
+            Some("tool-loop-speed"),
+            "unknown setting `tool-loop-speed`",
+        ),
+        (
+            "!/unset(tool-loop-mode, tool-loop-colour)",
+            CommandErrorKind::UnknownKey,
+            Some("tool-loop-colour"),
+            "unknown setting `tool-loop-colour`",
+        ),
+        (
+            "!/set(tool-loop-max-repeats=four)",
+            CommandErrorKind::BadNumber,
+            Some("tool-loop-max-repeats"),
+            "`tool-loop-max-repeats` must be a whole number from 2 to 1000, got \"four\"",
+        ),
+        (
+            "!/set(tool-loop-max-repeats=1)",
+            CommandErrorKind::BadNumber,
+            Some("tool-loop-max-repeats"),
+            "`tool-loop-max-repeats` must be a whole number from 2 to 1000, got 1",
+        ),
+        (
+            "!/set(tool-loop-ttl=-5)",
+            CommandErrorKind::BadNumber,
+            Some("tool-loop-ttl"),
+            "`tool-loop-ttl` must be a whole number of seconds, at least 1, got \"-5\"",
+        ),
+        (
+            "!/set(tool-loop-mode=stop)",
+            CommandErrorKind::BadMode,
+            Some("tool-loop-mode"),
+            "`tool-loop-mode` must be break, chance or chance_then_break, got \"stop\"",
+        ),
+        (
+            "!/set(tool-loop-detection=maybe)",
+            CommandErrorKind::BadBool,
+            Some("tool-loop-detection"),
+            "`tool-loop-detection` must be true or false, got \"maybe\"",
+        ),
+        (
+            "!/set tool-loop-ttl=5)",
+            CommandErrorKind::MissingParenthesis,
+            None,
+            "`!/set` must be followed by `(`",
+        ),
+        (
+            "!/set(tool-loop-ttl=5",
+            CommandErrorKind::MissingParenthesis,
+            None,
+            "missing its closing parenthesis",
+        ),
+        (
+            "!/unset(tool-loop-ttl",
+            CommandErrorKind::MissingParenthesis,
+            None,
+            "`!/unset(` is missing its closing parenthesis `)`",
+        ),
+        (
+            "!/set(tool-loop-ttl)",
+            CommandErrorKind::MissingValue,
+            Some("tool-loop-ttl"),
+            "`tool-loop-ttl` needs a value",
+        ),
+        (
+            "!/unset(tool-loop-ttl=5)",
+            CommandErrorKind::UnexpectedValue,
+            Some("tool-loop-ttl"),
+            "takes setting names only",
+        ),
+        (
+            "!/set(tool-loop-ttl=5, tool-loop-ttl=6)",
+            CommandErrorKind::DuplicateKey,
+            Some("tool-loop-ttl"),
+            "`tool-loop-ttl` is named twice",
+        ),
+        ("!/set()", CommandErrorKind::Empty, None, "names no setting"),
+        (
+            "!/set(tool-loop-ttl=5) please",
+            CommandErrorKind::TrailingText,
+            None,
+            "unexpected text after",
+        ),
+        (
+            "set tool-loop-ttl to 5",
+            CommandErrorKind::NotACommand,
+            None,
+            "not a loop detection command",
+        ),
+        (
+            "!/settings(tool-loop-ttl=5)",
+            CommandErrorKind::NotACommand,
+            None,
+            "not a loop detection command",
+        ),
+    ];
+    for (input, kind, key, says) in cases {
+        let err = LoopCommand::parse(input).unwrap_err();
+        assert_eq!(err.kind(), kind, "{input}: {err}");
+        assert_eq!(err.key(), key, "{input}");
+        assert!(err.to_string().contains(says), "{input}: {err}");
+    }
+}
+
+#[test]
+fn a_wrong_command_or_setting_changes_nothing() {
+    let handle = LoopDetectLayer::new(ToolRegistry::open()).handle();
+    handle
+        .apply_command("s", "!/set(tool-loop-ttl=30)")
+        .unwrap();
+    handle
+        .apply_command("s", "!/set(tool-loop-ttl=60, tool-loop-mode=stop)")
+        .unwrap_err();
+    let bad = LoopSettings {
+        max_repeats: Some(0),
+        mode: Some(LoopMode::ChanceThenBreak),
+        ..LoopSettings::default()
+    };
+    let err = handle.set("s", bad).unwrap_err();
+    assert_eq!(err.field(), "max_repeats");
+    let err = handle
+        .apply(
+            "s",
+            &LoopCommand::Set(LoopSettings {
+                ttl_secs: Some(0),
+                ..LoopSettings::default()
+            }),
+        )
+        .unwrap_err();
+    assert_eq!(err.field(), "ttl_secs");
+    assert_eq!(
+        handle.session_settings("s"),
+        LoopSettings {
+            ttl_secs: Some(30),
+            ..LoopSettings::default()
+        }
+    );
+    handle.unset("s", &[LoopSettingKey::Ttl]);
+    assert_eq!(handle.sessions_with_settings(), 0);
+}
+
+#[test]
+fn bad_configuration_is_refused_with_the_field_named() {
+    let registry = ToolRegistry::open;
+    let cases: Vec<(Result<LoopDetectLayer, tower_toolcall::ConfigError>, &str)> = vec![
+        (
+            LoopDetectLayer::builder(registry())
+                .config(LoopDetectConfig::default().max_repeats(1))
+                .build(),
+            "loop_detect.max_repeats",
+        ),
+        (
+            LoopDetectLayer::builder(registry())
+                .config(LoopDetectConfig::default().ttl_secs(0))
+                .build(),
+            "loop_detect.ttl_secs",
+        ),
+        (
+            LoopDetectLayer::builder(registry())
+                .model(
+                    "openai",
+                    "gpt-4o",
+                    LoopSettings {
+                        max_repeats: Some(5000),
+                        ..LoopSettings::default()
+                    },
+                )
+                .build(),
+            "loop_detect.models[openai/gpt-4o].max_repeats",
+        ),
+        (
+            LoopDetectLayer::builder(registry())
+                .cycle_repetitions(1)
+                .build(),
+            "loop_detect.cycle_repetitions",
+        ),
+        (
+            LoopDetectLayer::builder(registry())
+                .max_cycle_length(11)
+                .build(),
+            "loop_detect.max_cycle_length",
+        ),
+        (
+            LoopDetectLayer::builder(registry())
+                .failure_threshold(1)
+                .build(),
+            "loop_detect.failure_threshold",
+        ),
+        (
+            LoopDetectLayer::builder(registry()).max_sessions(0).build(),
+            "loop_detect.max_sessions",
+        ),
+        (
+            LoopDetectLayer::builder(
+                ToolRegistry::builder()
+                    .tool(
+                        ToolDescriptor::new("jobs", "status", RiskLevel::ReadOnly).policy(
+                            ToolPolicy {
+                                loop_detect: LayerSetting::On(LoopDetectOverrides {
+                                    max_repeats: Some(100_000),
+                                    ..LoopDetectOverrides::default()
+                                }),
+                                ..ToolPolicy::default()
+                            },
+                        ),
+                    )
+                    .build()
+                    .unwrap(),
+            )
+            .build(),
+            "tools[jobs::status].policy.loop_detect.max_repeats",
+        ),
+    ];
+    for (result, field) in cases {
+        let err = result.expect_err(field);
+        assert_eq!(err.field(), field, "{err}");
+    }
+}
+
+#[test]
+fn the_environment_tier_names_the_variable_it_refuses() {
+    let read = |vars: &[(&str, &str)]| {
+        LoopDetectConfig::from_env_with(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    };
+    let config = read(&[
+        ("TOOL_LOOP_DETECTION_ENABLED", "on"),
+        ("TOOL_LOOP_MAX_REPEATS", "5"),
+        ("TOOL_LOOP_TTL_SECONDS", "60"),
+        ("TOOL_LOOP_MODE", "chance"),
+    ])
+    .unwrap();
+    assert_eq!(
+        config,
+        LoopDetectConfig::default()
+            .max_repeats(5)
+            .ttl_secs(60)
+            .mode(LoopMode::ChanceThenBreak)
+    );
+    for (name, value) in [
+        ("TOOL_LOOP_DETECTION_ENABLED", "sometimes"),
+        ("TOOL_LOOP_MAX_REPEATS", "0"),
+        ("TOOL_LOOP_TTL_SECONDS", "2m"),
+        ("TOOL_LOOP_MODE", "halt"),
+    ] {
+        let err = read(&[(name, value)]).unwrap_err();
+        assert_eq!(err.field(), name);
+        assert!(err.to_string().contains(value), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn too_deep_params_are_refused_and_leave_nothing_behind() {
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::new(ToolRegistry::open());
+    let handle = layer.handle();
+    let mut svc = stack(layer, &counter);
+    let mut deep = json!(1);
+    for _ in 0..100 {
+        deep = json!({ "d": deep });
+    }
+    let err = send(&mut svc, search("sess-1", deep)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ValidationError);
+    assert!(err.message().contains("payload.params"));
+    assert_eq!(counter.get(), 0);
+    assert_eq!(handle.tracked_sessions(), 0);
+}
+
+#[tokio::test]
+async fn readiness_is_the_inner_service_s_and_calls_in_flight_count() {
+    let (mock, mut mock_handle) = tower_test::mock::pair::<ToolCall, ToolOutput>();
+    let layer = LoopDetectLayer::new(ToolRegistry::open());
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .map_err(|e: tower::BoxError| ToolError::new(ErrorCode::InternalError, e.to_string()))
+        .service(mock);
+    let mut svc = tower_test::mock::Spawn::new(svc);
+
+    mock_handle.allow(0);
+    assert_pending!(svc.poll_ready());
+    mock_handle.allow(4);
+    assert_ready_ok!(svc.poll_ready());
+
+    let call = search("sess-1", json!({"query": "slow"}));
+    let mut in_flight = Vec::new();
+    for _ in 0..3 {
+        assert_ready_ok!(svc.poll_ready());
+        in_flight.push(tokio_test::task::spawn(svc.call(call.clone())));
+    }
+    assert_ready_ok!(svc.poll_ready());
+    let mut fourth = tokio_test::task::spawn(svc.call(call.clone()));
+    let err = tokio_test::assert_ready_err!(fourth.poll());
+    assert_eq!(
+        err.code(),
+        ErrorCode::LoopDetected,
+        "three identical calls are in flight"
+    );
+
+    for future in &mut in_flight {
+        assert_pending!(future.poll());
+    }
+    for _ in 0..3 {
+        let (request, respond) = mock_handle.next_request().await.unwrap();
+        assert_eq!(request.request_id(), call.request_id());
+        respond.send_response(ToolOutput::new(json!("done")));
+    }
+    for future in &mut in_flight {
+        assert_ready_ok!(future.poll());
+    }
+}
+
+#[tokio::test]
+async fn clones_of_the_layer_share_one_history() {
+    let counter = Counter::default();
+    let layer = LoopDetectLayer::new(ToolRegistry::open());
+    let mut first = stack(layer.clone(), &counter);
+    let mut second = stack(layer.clone(), &counter);
+    let call = search("sess-1", json!({"q": 1}));
+    send(&mut first, call.clone()).await.unwrap();
+    send(&mut second, call.clone()).await.unwrap();
+    send(&mut first, call.clone()).await.unwrap();
+    send(&mut second, call.clone()).await.unwrap_err();
+    assert_eq!(layer.handle().tracked_sessions(), 1);
+    layer.handle().reset_session("sess-1");
+    send(&mut first, call)
+        .await
+        .expect("a reset session counts afresh");
+}
+
+/// A tool that asks for the canonical params twice with the default options, as the
+/// idempotency layer does, and counts the calls in which both answers were the one cached
+/// form.
+fn canonical_sharing_tool(
+    shared: Arc<AtomicUsize>,
+) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> {
+    use tower_toolcall::canonical::CanonicalOptions;
+    tool_fn(move |call: ToolCall| {
+        let first = call
+            .params()
+            .canonical(&CanonicalOptions::default())
+            .unwrap();
+        let again = call
+            .params()
+            .canonical(&CanonicalOptions::default())
+            .unwrap();
+        if Arc::ptr_eq(&first, &again) {
+            shared.fetch_add(1, Ordering::SeqCst);
+        }
+        async { Ok(ToolOutput::new(json!(null))) }
+    })
+}
+
+#[tokio::test]
+async fn the_canonical_form_is_computed_once_and_shared_with_the_next_layer() {
+    let shared = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(ToolRegistry::open()))
+        .service(canonical_sharing_tool(shared.clone()));
+    send(&mut svc, search("sess-1", json!({"query": "shared"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        shared.load(Ordering::SeqCst),
+        1,
+        "the tool got the cached form"
+    );
+
+    // With other options the layer caches its own form, and the next layer's default
+    // options compute theirs afresh each time: this is what sharing avoids.
+    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+        .canonical_options(
+            tower_toolcall::canonical::CanonicalOptions::default().trim_strings(false),
+        )
+        .build()
+        .unwrap();
+    let shared = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(canonical_sharing_tool(shared.clone()));
+    send(&mut svc, search("sess-1", json!({"query": "not shared"})))
+        .await
+        .unwrap();
+    assert_eq!(shared.load(Ordering::SeqCst), 0);
+}
