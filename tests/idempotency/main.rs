@@ -18,7 +18,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::canonical::{canonical_json, params_digest, CanonicalOptions};
 use tower_toolcall::idempotency::{
     key_fingerprint, tenant_prefix, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Execution,
-    Finalized, IdempotencyLayer, InMemoryDedupeStore, RecordState, StoreError,
+    Finalized, IdempotencyLayer, InMemoryDedupeStore, RecordState,
 };
 use tower_toolcall::registry::{
     IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch, RiskLevel,
@@ -1332,7 +1332,7 @@ fn bad_configuration_is_refused_with_the_field_named() {
 mod redis_only {
     use super::redis_backend::Redis;
     use super::*;
-    use tower_toolcall::idempotency::RedisDedupeStore;
+    use tower_toolcall::idempotency::{RedisDedupeStore, StoreError};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_replicas_run_the_tool_once_and_wake_waiters_by_pubsub() {
