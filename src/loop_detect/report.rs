@@ -71,20 +71,25 @@ pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits
              this exact call stops the session."
         }
     });
-    // In the map's order, so that each member is appended rather than inserted.
-    let mut details = json!({
-        "action": detection.action.as_str(),
-        "maxRepeats": detection.threshold,
-        "repeats": detection.count,
-        "rule": detection.rule.as_str(),
-        "windowSecs": window,
-    });
-    match detection.rule {
-        Rule::Cycle { length } => details["cycleLength"] = json!(length),
-        Rule::Failures { code } => details["errorCode"] = json!(code.as_str()),
-        Rule::Repeat | Rule::UnchangedPoll => {}
-    }
-    ToolError::rejected(ErrorCode::LoopDetected, message).with_details(details)
+    // Made when read: a refused call whose details nobody inspects costs no JSON.
+    let (action, rule) = (detection.action, detection.rule);
+    let (repeats, max_repeats) = (detection.count, detection.threshold);
+    let details = move || {
+        let mut details = json!({
+            "action": action.as_str(),
+            "maxRepeats": max_repeats,
+            "repeats": repeats,
+            "rule": rule.as_str(),
+            "windowSecs": window,
+        });
+        match rule {
+            Rule::Cycle { length } => details["cycleLength"] = json!(length),
+            Rule::Failures { code } => details["errorCode"] = json!(code.as_str()),
+            Rule::Repeat | Rule::UnchangedPoll => {}
+        }
+        details
+    };
+    ToolError::rejected(ErrorCode::LoopDetected, message).with_details_fn(details)
 }
 
 /// Logs a detection: the WARN line, and at DEBUG the full signature.

@@ -1310,7 +1310,7 @@ fn canonical_sharing_tool(
             .params()
             .canonical(&CanonicalOptions::default())
             .unwrap();
-        if Arc::ptr_eq(&first, &again) {
+        if std::ptr::eq(first.as_ptr(), again.as_ptr()) {
             shared.fetch_add(1, Ordering::SeqCst);
         }
         async { Ok(ToolOutput::new(json!(null))) }
