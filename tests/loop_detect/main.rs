@@ -912,7 +912,7 @@ async fn logs_never_show_secrets_and_name_unknown_models() {
         .expect("a WARN event");
     assert_eq!(
         warn.fields["signature"],
-        r#"{"apiKey":"[REDACTED]","note":"[REDACTED]","q":"x""#
+        r#"{"apiKey":"[REDACTED]","note":"use [REDACTED]","q""#
     );
     assert_eq!(warn.fields["model"], "unknown");
     assert_eq!(warn.fields["backend"], "unknown");
