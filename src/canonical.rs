@@ -32,7 +32,6 @@
 //! ```
 
 use std::cmp::Ordering;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde_json::{Number, Value};
@@ -130,10 +129,13 @@ impl CanonicalOptions {
     }
 
     fn normalize<'s>(&self, s: &'s str) -> &'s str {
-        if self.trim_strings {
-            s.trim()
-        } else {
+        let untrimmed =
+            |b: Option<&u8>| b.is_some_and(|b| b.is_ascii() && !b.is_ascii_whitespace());
+        let bytes = s.as_bytes();
+        if !self.trim_strings || (untrimmed(bytes.first()) && untrimmed(bytes.last())) {
             s
+        } else {
+            s.trim()
         }
     }
 }
@@ -198,7 +200,7 @@ pub fn check_limits(
 
 /// `hex(sha256(canonical))`: the digest stored with an idempotency record.
 pub fn params_digest(canonical: &str) -> String {
-    lower_hex(&Sha256::digest(canonical.as_bytes()))
+    hex_lower(&Sha256::digest(canonical.as_bytes()))
 }
 
 /// The derived idempotency key:
@@ -220,14 +222,7 @@ pub fn derive_key(
         }
         hasher.update(part.as_bytes());
     }
-    lower_hex(&hasher.finalize())
-}
-
-/// Lower-case hex of `bytes`, through a lookup table (`hex::encode` goes char by char).
-pub(crate) fn lower_hex(bytes: &[u8]) -> String {
-    let mut out = vec![0; bytes.len() * 2];
-    hex::encode_to_slice(bytes, &mut out).expect("the buffer is twice the input");
-    String::from_utf8(out).expect("hex digits are ASCII")
+    hex_lower(&hasher.finalize())
 }
 
 /// Compares two strings by their UTF-16 code units, as RFC 8785 sorts member names.
@@ -296,16 +291,14 @@ impl Writer<'_> {
                     .iter()
                     .filter(|(name, value)| self.options.keeps(name, value))
                     .map(|(name, value)| (name.as_str(), value));
-                // serde_json keeps members sorted by bytes unless `preserve_order` is on
-                // somewhere in the build; sort (into a new list) only when the order is not
-                // already the canonical one.
-                let in_order = kept
-                    .clone()
-                    .is_sorted_by(|a, b| cmp_utf16(a.0, b.0) == Ordering::Less);
+                // Members are written in the map's order, which is the canonical one unless
+                // serde_json's `preserve_order` is on somewhere in the build or a name holds
+                // a supplementary character; then the object is written again, sorted.
+                let start = self.out.len();
                 self.out.push('{');
-                if in_order {
-                    self.members(kept, depth)?;
-                } else {
+                if !self.members_in_order(kept.clone(), depth)? {
+                    self.out.truncate(start);
+                    self.out.push('{');
                     let mut members: Vec<(&str, &Value)> = kept.collect();
                     members.sort_by(|a, b| cmp_utf16(a.0, b.0));
                     self.members(members.into_iter(), depth)?;
@@ -314,6 +307,31 @@ impl Writer<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Writes members while they come in canonical order; `false` as soon as one does not.
+    fn members_in_order<'v>(
+        &mut self,
+        members: impl Iterator<Item = (&'v str, &'v Value)>,
+        depth: usize,
+    ) -> Result<bool, TooDeep> {
+        let mut previous: Option<&str> = None;
+        for (name, member) in members {
+            // Bytes order names as UTF-16 does while no name holds a supplementary character
+            // (a 4-byte UTF-8 sequence).
+            let supplementary = name.bytes().any(|b| b >= 0xF0);
+            if supplementary || previous.is_some_and(|p| p.as_bytes() >= name.as_bytes()) {
+                return Ok(false);
+            }
+            if previous.is_some() {
+                self.out.push(',');
+            }
+            write_escaped(self.out, name);
+            self.out.push(':');
+            self.value(member, depth)?;
+            previous = Some(name);
+        }
+        Ok(true)
     }
 
     fn members<'v>(
@@ -333,17 +351,24 @@ impl Writer<'_> {
     }
 }
 
+/// Lowercase hex of a digest.
+pub(crate) fn hex_lower(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    out
+}
+
 /// Writes a number as ECMAScript writes a double. Integers up to 2^53 in magnitude are
 /// exact doubles whose shortest form is their decimal digits, so they skip the float path.
 fn write_number(out: &mut String, n: &Number) {
     const EXACT: u64 = 1 << 53;
     match (n.as_u64(), n.as_i64()) {
-        (Some(v), _) if v <= EXACT => {
-            let _ = write!(out, "{v}");
-        }
-        (_, Some(v)) if v.unsigned_abs() <= EXACT => {
-            let _ = write!(out, "{v}");
-        }
+        (Some(v), _) if v <= EXACT => out.push_str(itoa::Buffer::new().format(v)),
+        (_, Some(v)) if v.unsigned_abs() <= EXACT => out.push_str(itoa::Buffer::new().format(v)),
         _ => out.push_str(ryu_js::Buffer::new().format(as_f64(n))),
     }
 }
@@ -354,32 +379,42 @@ fn as_f64(n: &Number) -> f64 {
     n.as_f64().unwrap_or(0.0)
 }
 
-fn escape_of(byte: u8) -> Option<&'static str> {
-    match byte {
-        b'"' => Some("\\\""),
-        b'\\' => Some("\\\\"),
-        b'\n' => Some("\\n"),
-        b'\r' => Some("\\r"),
-        b'\t' => Some("\\t"),
-        0x08 => Some("\\b"),
-        0x0c => Some("\\f"),
-        _ => None,
+/// How JSON.stringify writes each byte: 0 as it is, `u` as `\u00XX`, anything else as a
+/// backslash and that letter.
+const ESCAPES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut byte = 0;
+    while byte < 0x20 {
+        table[byte] = b'u';
+        byte += 1;
     }
-}
+    table[0x08] = b'b';
+    table[0x0c] = b'f';
+    table[b'\n' as usize] = b'n';
+    table[b'\r' as usize] = b'r';
+    table[b'\t' as usize] = b't';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
 
 fn write_escaped(out: &mut String, s: &str) {
     out.push('"');
     let mut start = 0;
     for (i, &byte) in s.as_bytes().iter().enumerate() {
-        if byte >= 0x20 && byte != b'"' && byte != b'\\' {
+        let escape = ESCAPES[usize::from(byte)];
+        if escape == 0 {
             continue;
         }
         out.push_str(&s[start..i]);
-        match escape_of(byte) {
-            Some(escape) => out.push_str(escape),
-            None => {
-                let _ = write!(out, "\\u{byte:04x}");
-            }
+        out.push('\\');
+        if escape == b'u' {
+            const DIGITS: &[u8; 16] = b"0123456789abcdef";
+            out.push_str("u00");
+            out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+        } else {
+            out.push(char::from(escape));
         }
         start = i + 1;
     }
@@ -390,11 +425,10 @@ fn write_escaped(out: &mut String, s: &str) {
 fn escaped_len(s: &str) -> usize {
     2 + s
         .bytes()
-        .map(|byte| match byte {
-            b'"' | b'\\' => 2,
-            _ if byte >= 0x20 => 1,
-            _ if escape_of(byte).is_some() => 2,
-            _ => 6,
+        .map(|byte| match ESCAPES[usize::from(byte)] {
+            0 => 1,
+            b'u' => 6,
+            _ => 2,
         })
         .sum::<usize>()
 }

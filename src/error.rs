@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -173,9 +173,21 @@ struct Inner {
     not_processed: bool,
     http_status: Option<u16>,
     retry_after: Option<Duration>,
-    details: Option<Value>,
+    details: Details,
     source: Option<Arc<dyn std::error::Error + Send + Sync>>,
     record: CallRecord,
+}
+
+/// Structured details: none, a value, or a value made when first read.
+#[derive(Clone, Default)]
+enum Details {
+    #[default]
+    None,
+    Ready(Value),
+    Lazy {
+        make: Arc<dyn Fn() -> Value + Send + Sync>,
+        made: OnceLock<Value>,
+    },
 }
 
 impl ToolError {
@@ -189,7 +201,7 @@ impl ToolError {
                 not_processed: false,
                 http_status: None,
                 retry_after: None,
-                details: None,
+                details: Details::None,
                 source: None,
                 record: CallRecord::default(),
             }),
@@ -330,7 +342,11 @@ impl ToolError {
 
     /// Structured details, if any.
     pub fn details(&self) -> Option<&Value> {
-        self.inner.details.as_ref()
+        match &self.inner.details {
+            Details::None => None,
+            Details::Ready(value) => Some(value),
+            Details::Lazy { make, made } => Some(made.get_or_init(|| make())),
+        }
     }
 
     /// The record the layers enriched on the way out.
@@ -369,7 +385,27 @@ impl ToolError {
 
     /// Sets structured details.
     pub fn with_details(mut self, details: Value) -> Self {
-        self.inner.details = Some(details);
+        self.inner.details = Details::Ready(details);
+        self
+    }
+
+    /// Sets structured details made by `make` when they are first read, so that an error
+    /// nobody inspects costs no JSON. `make` must give the same value each time.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_toolcall::{ErrorCode, ToolError};
+    ///
+    /// let repeats = 4;
+    /// let err = ToolError::rejected(ErrorCode::LoopDetected, "loop")
+    ///     .with_details_fn(move || json!({"repeats": repeats}));
+    /// assert_eq!(err.details(), Some(&json!({"repeats": 4})));
+    /// ```
+    pub fn with_details_fn(mut self, make: impl Fn() -> Value + Send + Sync + 'static) -> Self {
+        self.inner.details = Details::Lazy {
+            make: Arc::new(make),
+            made: OnceLock::new(),
+        };
         self
     }
 
@@ -399,7 +435,7 @@ impl fmt::Debug for ToolError {
         if let Some(after) = self.inner.retry_after {
             d.field("retry_after", &after);
         }
-        if let Some(details) = &self.inner.details {
+        if let Some(details) = self.details() {
             d.field("details", details);
         }
         d.finish_non_exhaustive()

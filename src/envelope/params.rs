@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -23,7 +24,10 @@ use crate::error::ToolError;
 /// let params = Params::from_value(json!({"b": 1, "a": " x "})).unwrap();
 /// let copy = params.clone(); // O(1)
 /// let canonical = copy.canonical(&CanonicalOptions::default()).unwrap();
-/// assert_eq!(&*canonical, r#"{"a":"x","b":1}"#);
+/// assert_eq!(canonical, r#"{"a":"x","b":1}"#);
+/// // Computed once: every clone borrows the same string.
+/// let again = params.canonical(&CanonicalOptions::default()).unwrap();
+/// assert!(std::ptr::eq(canonical.as_ptr(), again.as_ptr()));
 /// ```
 #[derive(Clone)]
 pub struct Params {
@@ -39,8 +43,8 @@ struct ParamsInner {
 #[derive(Clone)]
 struct CachedCanonical {
     options: CanonicalOptions,
-    canonical: Result<Arc<str>, ToolError>,
-    digest: OnceLock<Arc<str>>,
+    canonical: Result<String, ToolError>,
+    digest: OnceLock<String>,
 }
 
 impl Params {
@@ -95,28 +99,33 @@ impl Params {
     }
 
     /// The canonical JSON of the params under `options`, computed once and shared by every
-    /// clone. A request with other options than the cached ones is computed afresh.
-    pub fn canonical(&self, options: &CanonicalOptions) -> Result<Arc<str>, ToolError> {
+    /// clone: borrowed from the cache when `options` are the cached ones, computed afresh
+    /// (and not cached) for other options.
+    pub fn canonical(&self, options: &CanonicalOptions) -> Result<Cow<'_, str>, ToolError> {
         match self.cached(options) {
-            Some(cached) => cached.canonical.clone(),
-            None => canonical::canonical_json(&self.inner.value, options).map(Arc::from),
+            Some(cached) => match &cached.canonical {
+                Ok(canonical) => Ok(Cow::Borrowed(canonical)),
+                Err(error) => Err(error.clone()),
+            },
+            None => canonical::canonical_json(&self.inner.value, options).map(Cow::Owned),
         }
     }
 
     /// `hex(sha256(canonical))` of the params under `options`, cached like
     /// [`canonical`](Params::canonical).
-    pub fn digest(&self, options: &CanonicalOptions) -> Result<Arc<str>, ToolError> {
+    pub fn digest(&self, options: &CanonicalOptions) -> Result<Cow<'_, str>, ToolError> {
         match self.cached(options) {
             Some(cached) => {
                 let canonical = cached.canonical.as_ref().map_err(Clone::clone)?;
-                Ok(cached
-                    .digest
-                    .get_or_init(|| canonical::params_digest(canonical).into())
-                    .clone())
+                Ok(Cow::Borrowed(
+                    cached
+                        .digest
+                        .get_or_init(|| canonical::params_digest(canonical)),
+                ))
             }
             None => {
                 let canonical = canonical::canonical_json(&self.inner.value, options)?;
-                Ok(canonical::params_digest(&canonical).into())
+                Ok(Cow::Owned(canonical::params_digest(&canonical)))
             }
         }
     }
@@ -124,7 +133,7 @@ impl Params {
     fn cached(&self, options: &CanonicalOptions) -> Option<&CachedCanonical> {
         let cached = self.inner.canonical.get_or_init(|| CachedCanonical {
             options: options.clone(),
-            canonical: canonical::canonical_json(&self.inner.value, options).map(Arc::from),
+            canonical: canonical::canonical_json(&self.inner.value, options),
             digest: OnceLock::new(),
         });
         (cached.options == *options).then_some(cached)

@@ -151,7 +151,7 @@ pub fn tenant_prefix(tenant: Option<&str>) -> String {
 /// ```
 pub fn key_fingerprint(store_key: &str) -> String {
     let digest = Sha256::digest(store_key.as_bytes());
-    canonical::lower_hex(&digest[..8])
+    canonical::hex_lower(&digest[..8])
 }
 
 /// Appends `part`, with `%`, `/`, `{` and `}` percent-encoded.

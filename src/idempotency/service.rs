@@ -113,7 +113,7 @@ impl<St: DedupeStore> Shared<St> {
             claim: ClaimRequest {
                 key: store_key.into(),
                 idempotency_key: idempotency_key.into(),
-                params_digest: digest,
+                params_digest: Arc::from(&*digest),
                 call: call.clone(),
                 lease: settings.inflight_lease,
                 take_over_retriable_failure: mode == DedupeMode::BestEffort,

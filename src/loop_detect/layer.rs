@@ -13,6 +13,7 @@ use super::tracker::Tracker;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, ToolPolicy, ToolRegistry};
+use crate::trace::Redactor;
 
 /// Default of [`LoopDetectLayerBuilder::max_sessions`].
 pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
@@ -69,6 +70,7 @@ impl LoopDetectLayer {
             result_aware_polling: true,
             max_sessions: DEFAULT_MAX_SESSIONS,
             canonical: CanonicalOptions::default(),
+            redactor: Redactor::default(),
         }
     }
 
@@ -121,6 +123,7 @@ pub struct LoopDetectLayerBuilder {
     result_aware_polling: bool,
     max_sessions: usize,
     canonical: CanonicalOptions,
+    redactor: Redactor,
 }
 
 impl LoopDetectLayerBuilder {
@@ -199,6 +202,13 @@ impl LoopDetectLayerBuilder {
         self
     }
 
+    /// What is cut out of the params before they are logged (default
+    /// [`Redactor::default`]).
+    pub fn redactor(mut self, redactor: Redactor) -> Self {
+        self.redactor = redactor;
+        self
+    }
+
     /// Checks the configuration and builds the layer. Errors name the field, below
     /// `loop_detect` for the layer's settings and below `tools[namespace::name]` for a
     /// tool's overrides.
@@ -223,6 +233,7 @@ impl LoopDetectLayerBuilder {
             },
             tracker: Tracker::new(self.max_sessions),
             canonical: self.canonical,
+            redactor: self.redactor,
             hasher: foldhash::quality::RandomState::default(),
         };
         Ok(LoopDetectLayer {

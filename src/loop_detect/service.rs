@@ -15,6 +15,7 @@ use crate::envelope::ToolCall;
 use crate::error::ToolError;
 use crate::outcome::ToolOutput;
 use crate::registry::{LayerSetting, ToolRegistry};
+use crate::trace::Redactor;
 
 /// Stops calls that repeat in a loop; made by [`LoopDetectLayer`](super::LoopDetectLayer).
 #[derive(Clone, Debug)]
@@ -30,6 +31,8 @@ pub(super) struct Monitor {
     pub(super) tiers: Tiers,
     pub(super) tracker: Tracker,
     pub(super) canonical: CanonicalOptions,
+    /// Applied to everything the layer logs.
+    pub(super) redactor: Redactor,
     /// Keyed, fast hashing of signatures and results; the key is random per layer.
     pub(super) hasher: foldhash::quality::RandomState,
 }
@@ -86,6 +89,7 @@ impl Monitor {
                     signature,
                     &canonical,
                     &self.canonical,
+                    &self.redactor,
                 );
                 Verdict::Refused(report::loop_error(call, &detection, &limits))
             }

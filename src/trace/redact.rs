@@ -36,7 +36,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use regex::{Captures, Regex};
 use serde_json::{Map, Value};
@@ -74,8 +74,8 @@ const SECRET_NAMES: [&str; 2] = ["auth", "pass"];
 
 /// Credential shapes cut out of strings.
 const CREDENTIAL_PATTERNS: [&str; 11] = [
-    r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*",
-    r"(?i)\bbasic\s+[A-Za-z0-9+/]{8,}=*",
+    r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{16,}=*",
+    r"(?i)\bbasic\s+[A-Za-z0-9+/]{16,}=*",
     r"\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}",
     r"\bsk-[A-Za-z0-9_-]{16,}",
     r"\bgh[pousr]_[A-Za-z0-9]{20,}",
@@ -109,10 +109,16 @@ struct Inner {
 }
 
 impl Default for Redactor {
+    /// The built-in rules; every default redactor shares one compiled set.
     fn default() -> Self {
-        Redactor::builder()
-            .build()
-            .expect("the built-in patterns compile")
+        static DEFAULT: OnceLock<Redactor> = OnceLock::new();
+        DEFAULT
+            .get_or_init(|| {
+                Redactor::builder()
+                    .build()
+                    .expect("the built-in patterns compile")
+            })
+            .clone()
     }
 }
 
@@ -153,6 +159,19 @@ impl Redactor {
                     REDACTED.to_owned()
                 }
             })
+    }
+
+    /// `true` when [`redact_value`](Redactor::redact_value) would change `value`; it
+    /// allocates nothing.
+    pub fn needs_redaction(&self, value: &Value) -> bool {
+        match value {
+            Value::String(s) => self.inner.credentials.is_match(s),
+            Value::Array(items) => items.iter().any(|item| self.needs_redaction(item)),
+            Value::Object(map) => map.iter().any(|(name, member)| {
+                (!member.is_null() && self.is_secret_name(name)) || self.needs_redaction(member)
+            }),
+            _ => false,
+        }
     }
 
     /// A copy of `value` with every secret replaced.

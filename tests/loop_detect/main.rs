@@ -912,7 +912,7 @@ async fn logs_never_show_secrets_and_name_unknown_models() {
         .expect("a WARN event");
     assert_eq!(
         warn.fields["signature"],
-        r#"{"apiKey":"[REDACTED]","note":"[REDACTED]","q":"x""#
+        r#"{"apiKey":"[REDACTED]","note":"use [REDACTED]","q""#
     );
     assert_eq!(warn.fields["model"], "unknown");
     assert_eq!(warn.fields["backend"], "unknown");
@@ -1310,7 +1310,7 @@ fn canonical_sharing_tool(
             .params()
             .canonical(&CanonicalOptions::default())
             .unwrap();
-        if Arc::ptr_eq(&first, &again) {
+        if std::ptr::eq(first.as_ptr(), again.as_ptr()) {
             shared.fetch_add(1, Ordering::SeqCst);
         }
         async { Ok(ToolOutput::new(json!(null))) }

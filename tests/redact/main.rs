@@ -44,6 +44,10 @@ fn plain_text_is_left_alone_and_borrowed() {
         "ask-me later",
         "the key is in the drawer",
         "akia is a name",
+        "basic income, bearer bonds",
+        "basic authentication",
+        "a skeleton key, sk-short",
+        "eyJ alone",
     ] {
         assert!(
             matches!(redactor.redact_str(text), std::borrow::Cow::Borrowed(_)),
@@ -98,7 +102,7 @@ fn values_are_redacted_at_any_depth_and_in_arrays() {
         "max_tokens": 256,
         "auth": {"user": "ana", "password": "hunter2"},
         "headers": [
-            {"name": "Authorization", "Authorization": "Bearer abcdefgh"},
+            {"name": "Authorization", "Authorization": "Bearer abcdefgh12345678"},
             {"Cookie": ["a=1", "b=2"]}
         ],
         "nested": {"deeper": {"list": ["ok", CREDENTIALS[2], {"apiKey": 12345}]}},
@@ -122,6 +126,59 @@ fn values_are_redacted_at_any_depth_and_in_arrays() {
     let text = redacted.to_string();
     for secret in ["hunter2", "abcdefgh", "a=1", "12345", "sk-proj"] {
         assert!(!text.contains(secret), "{secret} leaked: {text}");
+    }
+}
+
+#[test]
+fn needs_redaction_agrees_with_redact_value() {
+    let redactor = Redactor::default();
+    for value in [
+        json!({"query": "rust tower"}),
+        json!({"api_key": "abc"}),
+        json!({"accessToken": null}),
+        json!({"cmd": "curl -H 'Authorization: Bearer 0123456789abcdef.ghi'"}),
+        json!({"q": "key=sk-abcdefghijklmnop1234"}),
+        json!({"items": ["ghp_0123456789abcdefABCDEFGH"]}),
+        json!({"query": "basic income, bearer bonds"}),
+        json!([1, {"nested": {"password": 0}}]),
+        json!({"X-Api-Key": "abc"}),
+        json!({"headers": {"Authorization": "x"}}),
+        json!({"header": "Basic dXNlcjpwYXNzd29yZDEyMw=="}),
+        json!({"id": "AKIAIOSFODNN7EXAMPLE"}),
+        json!({"t": "eyJhbGciOi.eyJzdWIiOi.sig_nature"}),
+        json!({"word": "skeleton", "n": "sk-short"}),
+    ] {
+        assert_eq!(
+            redactor.needs_redaction(&value),
+            redactor.redact_value(&value) != value,
+            "{value}"
+        );
+    }
+}
+
+#[test]
+fn secrets_are_found_by_name_and_by_shape() {
+    let redactor = Redactor::default();
+    let cases = [
+        (json!({"query": "rust tower"}), false),
+        (json!({"api_key": "abc"}), true),
+        (json!({"X-Api-Key": "abc"}), true),
+        (json!({"headers": {"Authorization": "x"}}), true),
+        (json!({"accessToken": null}), false),
+        (
+            json!({"cmd": "curl -H 'Authorization: Bearer 0123456789abcdef.ghi'"}),
+            true,
+        ),
+        (json!({"header": "Basic dXNlcjpwYXNzd29yZDEyMw=="}), true),
+        (json!({"query": "basic income, bearer bonds"}), false),
+        (json!({"q": "key=sk-abcdefghijklmnop1234"}), true),
+        (json!({"items": ["ghp_0123456789abcdefABCDEF"]}), true),
+        (json!({"id": "AKIAIOSFODNN7EXAMPLE"}), true),
+        (json!({"t": "eyJhbGciOi.eyJzdWIiOi.sig_nature"}), true),
+        (json!({"word": "skeleton", "n": "sk-short"}), false),
+    ];
+    for (value, secret) in cases {
+        assert_eq!(redactor.needs_redaction(&value), secret, "{value}");
     }
 }
 
