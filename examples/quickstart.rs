@@ -1,18 +1,39 @@
 //! Run with: `cargo run --example quickstart`
 //!
-//! Two tools behind one stack: a read-only web search and a file write that needs a schema-valid
-//! path and content and the user's confirmation. Valid and invalid calls go through the stack,
-//! and each answer is printed as the `ToolResult` envelope the agent would get back.
+//! Two tools behind the whole stack: a read-only web search whose upstream fails now and then,
+//! and a file write that needs schema-valid params and the user's confirmation. Calls go
+//! through validation, loop detection, rate limiting, idempotency, retry, the circuit breaker
+//! and the attempt timeout; each answer is printed as the `ToolResult` envelope the agent
+//! would get back.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use serde_json::json;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{
-    tool_fn, EnvelopeValidateLayer, ErrorCode, ResultEnvelopeLayer, ToolCall, ToolError, ToolOutput,
+    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer,
+    LoopDetectLayer, RateLimitLayer, ResultEnvelopeLayer, RetryLayer, TimeoutLayer, ToolCall,
+    ToolError, ToolOutput,
 };
 
-/// The web search tool: read-only, answers from a tiny in-memory index.
-async fn search(call: ToolCall) -> Result<ToolOutput, ToolError> {
+/// How often each tool really ran.
+#[derive(Default)]
+struct Runs {
+    search: AtomicUsize,
+    create_file: AtomicUsize,
+}
+
+/// The web search: read-only; its upstream answers 503 to every third request.
+fn search(call: &ToolCall, runs: &Runs) -> Result<ToolOutput, ToolError> {
+    let run = runs.search.fetch_add(1, Ordering::SeqCst);
+    if run % 3 == 0 {
+        return Err(ToolError::from_http_status(
+            503,
+            "search upstream is overloaded",
+        ));
+    }
     let query = call.params().as_map()["query"].as_str().unwrap_or_default();
     let hits: Vec<_> = [
         "tower: a library of modular components",
@@ -24,16 +45,11 @@ async fn search(call: ToolCall) -> Result<ToolOutput, ToolError> {
     Ok(ToolOutput::new(json!({ "query": query, "hits": hits })))
 }
 
-/// The file tool: mutating; pretends to write and returns the new etag.
-async fn create_file(call: ToolCall) -> Result<ToolOutput, ToolError> {
+/// The file write: mutating; pretends to write and returns the new etag.
+fn create_file(call: &ToolCall, runs: &Runs) -> Result<ToolOutput, ToolError> {
+    runs.create_file.fetch_add(1, Ordering::SeqCst);
     let params = call.params().as_map();
     let path = params["path"].as_str().unwrap_or_default();
-    if path.contains("..") {
-        return Err(ToolError::new(
-            ErrorCode::PolicyDenied,
-            "paths may not leave the vault; use a path inside it",
-        ));
-    }
     let content = params["content"].as_str().unwrap_or_default();
     Ok(
         ToolOutput::new(json!({ "path": path, "etag": format!("{:08x}", content.len()) }))
@@ -41,9 +57,8 @@ async fn create_file(call: ToolCall) -> Result<ToolOutput, ToolError> {
     )
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let registry = ToolRegistry::builder()
+fn registry() -> Result<ToolRegistry, tower_toolcall::ConfigError> {
+    ToolRegistry::builder()
         .tool(
             ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
                 .idempotent(true)
@@ -67,40 +82,67 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 })),
         )
         .deny("agents.tools.shell::*")
-        .build()?;
+        .build()
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let registry = registry()?;
+    let runs = Arc::new(Runs::default());
 
     // One service for every tool: it dispatches on the tool's name.
-    let tools = tool_fn(|call: ToolCall| async move {
-        match (call.tool_namespace(), call.tool_name()) {
-            ("agents.tools.web", "search") => search(call).await,
-            ("vault", "createFile") => create_file(call).await,
-            (ns, name) => Err(ToolError::new(
-                ErrorCode::NotFound,
-                format!("no implementation for {ns}::{name}"),
-            )),
-        }
-    });
+    let tools = {
+        let runs = runs.clone();
+        tool_fn(move |call: ToolCall| {
+            let runs = runs.clone();
+            async move {
+                match (call.tool_namespace(), call.tool_name()) {
+                    ("agents.tools.web", "search") => search(&call, &runs),
+                    ("vault", "createFile") => create_file(&call, &runs),
+                    (ns, name) => Err(ToolError::new(
+                        ErrorCode::NotFound,
+                        format!("no implementation for {ns}::{name}"),
+                    )),
+                }
+            }
+        })
+    };
 
+    // The recommended order, outermost first.
     let mut stack = ServiceBuilder::new()
         .layer(ResultEnvelopeLayer::new())
-        .layer(EnvelopeValidateLayer::new(registry))
+        .layer(EnvelopeValidateLayer::new(registry.clone()))
+        .layer(LoopDetectLayer::new(registry.clone()))
+        .layer(RateLimitLayer::new(registry.clone()))
+        .layer(IdempotencyLayer::in_memory(registry.clone()))
+        .layer(RetryLayer::new(registry.clone()))
+        .layer(CircuitBreakerLayer::new(registry.clone()))
+        .layer(TimeoutLayer::new(registry))
         .service(tools);
 
+    let search_call = |query: &str| {
+        ToolCall::builder("agents.tools.web", "search")
+            .session("sess-42")
+            .actor("user-7")
+            .params(json!({ "query": query }))
+    };
+    let write_call = || {
+        ToolCall::builder("vault", "createFile")
+            .session("sess-42")
+            .actor("user-7")
+            .idempotency_key("create-today-1")
+            .confirmation_id("confirm-1")
+            .params(json!({"path": "notes/today.md", "content": "hello"}))
+    };
     let calls = [
         (
-            "a valid search",
-            ToolCall::builder("agents.tools.web", "search")
-                .session("sess-42")
-                .actor("user-7")
-                .params(json!({"query": "tower"})),
+            "a search whose upstream fails once: retried",
+            search_call("tower"),
         ),
+        ("a confirmed file write", write_call()),
         (
-            "a confirmed file write",
-            ToolCall::builder("vault", "createFile")
-                .session("sess-42")
-                .actor("user-7")
-                .confirmation_id("confirm-1")
-                .params(json!({"path": "notes/today.md", "content": "hello"})),
+            "the same write again (a client retry): answered from the cache",
+            write_call(),
         ),
         (
             "a file write without confirmation",
@@ -130,6 +172,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .session("sess-42")
                 .actor("user-7"),
         ),
+        (
+            "a model in a loop: 1st identical search",
+            search_call("tokio"),
+        ),
+        (
+            "a model in a loop: 2nd identical search",
+            search_call("tokio"),
+        ),
+        (
+            "a model in a loop: 3rd identical search",
+            search_call("tokio"),
+        ),
+        (
+            "a model in a loop: 4th identical search",
+            search_call("tokio"),
+        ),
     ];
 
     for (what, builder) in calls {
@@ -142,9 +200,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let malformed = br#"{"contractVersion": "1.1", "requestId": "r-1", "toolName": "search",
         "toolNamespace": "agents.tools.web", "target": {"actorId": "user-7"},
         "payload": {"version": "1.0", "params": {"query": "tower"}}}"#;
-    match ToolCall::from_json(malformed) {
-        Ok(_) => unreachable!("the session key is missing"),
-        Err(err) => println!("# a malformed envelope\n{}: {}", err.code(), err.message()),
+    if let Err(err) = ToolCall::from_json(malformed) {
+        println!(
+            "# a malformed envelope\n{}: {}\n",
+            err.code(),
+            err.message()
+        );
     }
+
+    println!(
+        "# the tools ran: search {} times, createFile {} time(s)",
+        runs.search.load(Ordering::SeqCst),
+        runs.create_file.load(Ordering::SeqCst)
+    );
     Ok(())
 }
