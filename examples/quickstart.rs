@@ -28,7 +28,7 @@ struct Runs {
 /// The web search: read-only; its upstream answers 503 to every third request.
 fn search(call: &ToolCall, runs: &Runs) -> Result<ToolOutput, ToolError> {
     let run = runs.search.fetch_add(1, Ordering::SeqCst);
-    if run % 3 == 0 {
+    if run.is_multiple_of(3) {
         return Err(ToolError::from_http_status(
             503,
             "search upstream is overloaded",
