@@ -9,9 +9,10 @@
 //! - `pass/cached`: the params' canonical form was computed before (as when validation or
 //!   an earlier layer asked for it);
 //! - `block/fresh` and `block/cached`: the session is looping and every call is refused;
-//! - `with_idempotency_key`: the inner tool derives the idempotency key from the canonical
-//!   params, as the idempotency layer does, so the canonical form computed by loop detection
-//!   is the one the key uses: the pair canonicalizes once.
+//! - `with_idempotency`: `IdempotencyLayer` (in-memory store, derived keys) alone, and with
+//!   `LoopDetectLayer` in front of it as in the full stack: the idempotency key is derived
+//!   from the canonical form loop detection computed, so the pair canonicalizes once and the
+//!   difference is what loop detection adds.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +22,8 @@ use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Crit
 use futures::FutureExt;
 use serde_json::{json, Value};
 use tower::{Layer, Service, ServiceExt};
-use tower_toolcall::canonical::{canonical_json, derive_key, CanonicalOptions};
+use tower_toolcall::canonical::{canonical_json, CanonicalOptions};
+use tower_toolcall::idempotency::IdempotencyLayer;
 use tower_toolcall::loop_detect::LoopDetectLayer;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{tool_fn, Params, ToolCall, ToolError, ToolOutput};
@@ -56,27 +58,15 @@ fn cached(call: ToolCall) -> ToolCall {
 }
 
 /// A tool that answers at once.
-fn bare_tool() -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone {
+fn bare_tool() -> impl Service<
+    ToolCall,
+    Response = ToolOutput,
+    Error = ToolError,
+    Future = impl std::future::Future<Output = Result<ToolOutput, ToolError>> + Send + 'static,
+> + Clone
+       + Send
+       + 'static {
     tool_fn(|_call: ToolCall| std::future::ready(Ok(ToolOutput::new(Value::Null))))
-}
-
-/// A tool that first derives the call's idempotency key, as the idempotency layer does.
-fn keyed_tool() -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone {
-    tool_fn(|call: ToolCall| {
-        let key = call
-            .params()
-            .canonical(&CanonicalOptions::default())
-            .map(|canonical| {
-                derive_key(
-                    call.tool_namespace(),
-                    call.tool_name(),
-                    &canonical,
-                    call.session_key(),
-                    call.actor_id(),
-                )
-            });
-        std::future::ready(key.map(|key| ToolOutput::new(Value::String(key))))
-    })
 }
 
 /// Drives one call of an always-ready service to its end.
@@ -137,12 +127,18 @@ fn pass(c: &mut Criterion) {
     );
     group.finish();
 
-    let mut group = c.benchmark_group("with_idempotency_key/fresh");
-    bench(&mut group, "key_only", keyed_tool(), fresh);
+    let idempotency = || IdempotencyLayer::in_memory(ToolRegistry::open());
+    let mut group = c.benchmark_group("with_idempotency/fresh");
     bench(
         &mut group,
-        "loop_detect+key",
-        layer().layer(keyed_tool()),
+        "idempotency",
+        idempotency().layer(bare_tool()),
+        fresh,
+    );
+    bench(
+        &mut group,
+        "loop_detect+idempotency",
+        layer().layer(idempotency().layer(bare_tool())),
         fresh,
     );
     group.finish();
