@@ -31,20 +31,7 @@ impl<S> EnvelopeValidate<S> {
         EnvelopeValidate { inner, validator }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, by value.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::middleware::inner_service_accessors!();
 }
 
 impl Validator {
