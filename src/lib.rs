@@ -73,6 +73,54 @@
 //! whether it is idempotent, its JSON Schemas, and per-layer settings, any of which may be
 //! `"off"`. It loads from TOML or JSON; bad files are refused with the field named.
 //!
+//! # Layer order
+//!
+//! Outermost first: `ResultEnvelope → EnvelopeValidate → LoopDetect → RateLimit → Idempotency →
+//! Retry → CircuitBreaker → Timeout → tool`. Loop detection sees every repeat the model issues
+//! before the idempotency cache answers it; idempotency wraps the whole retried execution as
+//! one record; the breaker sits inside retry, so that it counts each attempt and an open
+//! breaker stops the retries; the timeout bounds each attempt.
+//!
+//! ```
+//! use serde_json::json;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_toolcall::registry::ToolRegistry;
+//! use tower_toolcall::*;
+//!
+//! # tokio_test::block_on(async {
+//! let registry = ToolRegistry::open();
+//! let mut stack = ServiceBuilder::new()
+//!     .layer(ResultEnvelopeLayer::new())
+//!     .layer(EnvelopeValidateLayer::new(registry.clone()))
+//!     .layer(LoopDetectLayer::new(registry.clone()))
+//!     .layer(RateLimitLayer::new(registry.clone()))
+//!     .layer(IdempotencyLayer::in_memory(registry.clone()))
+//!     .layer(RetryLayer::new(registry.clone()))
+//!     .layer(CircuitBreakerLayer::new(registry.clone()))
+//!     .layer(TimeoutLayer::new(registry))
+//!     .service(tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!("done"))) }));
+//!
+//! let call = || {
+//!     ToolCall::builder("vault", "createFile")
+//!         .session("s")
+//!         .actor("u")
+//!         .idempotency_key("create-1")
+//!         .params(json!({"path": "a.md"}))
+//!         .build()
+//!         .unwrap()
+//! };
+//! let first = stack.ready().await.unwrap().call(call()).await.unwrap();
+//! let again = stack.ready().await.unwrap().call(call()).await.unwrap();
+//! assert!(!first.from_cache && again.from_cache);
+//! # });
+//! ```
+//!
+//! # Redaction and audit
+//!
+//! [`trace::Redactor`] replaces secret-looking members and credential-shaped values before
+//! anything is logged; [`trace::AuditLog`] writes `calls.jsonl`, `results.jsonl` and
+//! `events.jsonl` off the call path.
+//!
 //! # Canonical params
 //!
 //! [`canonical`] writes params as RFC 8785 canonical JSON after removing nulls, volatile
