@@ -99,6 +99,20 @@ pub struct ResultError {
 }
 
 impl ResultStatus {
+    /// The status as it is written in envelopes and logs, e.g. `retry_exhausted`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ResultStatus::Success => "success",
+            ResultStatus::Error => "error",
+            ResultStatus::RetriableError => "retriable_error",
+            ResultStatus::RetryExhausted => "retry_exhausted",
+            ResultStatus::CircuitOpen => "circuit_open",
+            ResultStatus::Timeout => "timeout",
+            ResultStatus::Cancelled => "cancelled",
+            ResultStatus::Skipped => "skipped",
+        }
+    }
+
     /// The status of a failed call with `error`.
     pub fn of_error(error: &ToolError) -> ResultStatus {
         match error.code() {

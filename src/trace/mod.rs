@@ -1,8 +1,29 @@
-//! Observability and safety: redaction of secrets before anything is logged or stored, and
-//! the audit log.
+//! Observability and safety: a `tracing` span and log events per call, redaction of
+//! secrets before anything is logged or stored, and the audit log.
+//!
+//! [`TraceLayer`] opens one span per call, named `execute_tool` with `otel.name =
+//! "execute_tool {tool}"` and the OpenTelemetry GenAI attributes `gen_ai.operation.name`,
+//! `gen_ai.tool.name` and `gen_ai.tool.call.id`, plus `requestId`, `sessionKey`,
+//! `correlationId`, and `error.type` when the call fails. Inside it, the event
+//! `tool_call_start` (DEBUG) and, at the end, `tool_call_end` or — when a layer answered
+//! without running the tool — `tool_call_blocked` (INFO), each with the contract's field set
+//! and a redacted error message. Put it outermost, just inside
+//! [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer), so that it sees every call.
+//!
+//! With an [`AuditLog`], the layer also writes each call to `calls.jsonl`, its result to
+//! `results.jsonl`, and its run and step events (`run.started`, `step.failed` per retried
+//! attempt, `step.finished`, `run.finished`, `run.failed`, `run.blocked`) to `events.jsonl`,
+//! all redacted, without file I/O on the call path.
 
 mod audit;
+mod events;
+mod future;
+mod layer;
 mod redact;
+mod service;
 
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
+pub use future::ResponseFuture;
+pub use layer::TraceLayer;
 pub use redact::{Redactor, RedactorBuilder, REDACTED};
+pub use service::Trace;

@@ -4,12 +4,13 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::fmt;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use support::capture::{capture, CapturedEvent};
 use support::Counter;
 use tokio_test::{assert_pending, assert_ready_ok};
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -748,87 +749,6 @@ async fn a_tool_can_switch_detection_off_or_set_its_own_limits() {
     let (ran, err) = runs_before_refusal(&mut svc, &deploy2).await;
     assert_eq!(ran, 2, "the session's settings beat the tool's");
     assert_eq!(err.details().unwrap()["action"], "break");
-}
-
-#[derive(Clone, Debug)]
-struct CapturedEvent {
-    level: tracing::Level,
-    fields: BTreeMap<String, String>,
-}
-
-/// The events of one test, collected on its thread.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<CapturedEvent>>>);
-
-impl Capture {
-    fn events(&self) -> Vec<CapturedEvent> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-thread_local! {
-    static THREAD_CAPTURE: std::cell::RefCell<Option<Capture>> = const { std::cell::RefCell::new(None) };
-}
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-/// A subscriber layer that hands each event to the capture of the thread that emits it.
-///
-/// It is installed once as the global subscriber, so that no test depends on callsite
-/// interest cached while another test's scoped subscriber came and went.
-struct ThreadCaptureLayer;
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ThreadCaptureLayer {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        THREAD_CAPTURE.with(|capture| {
-            if let Some(capture) = &*capture.borrow() {
-                let mut fields = BTreeMap::new();
-                event.record(&mut Fields(&mut fields));
-                capture.0.lock().unwrap().push(CapturedEvent {
-                    level: *event.metadata().level(),
-                    fields,
-                });
-            }
-        });
-    }
-}
-
-/// Stops capturing on this thread when dropped.
-struct CaptureGuard;
-
-impl Drop for CaptureGuard {
-    fn drop(&mut self) {
-        THREAD_CAPTURE.with(|capture| capture.borrow_mut().take());
-    }
-}
-
-/// Captures the events of this thread (the test's, under a current-thread runtime).
-fn capture() -> (Capture, CaptureGuard) {
-    use tracing_subscriber::layer::SubscriberExt;
-    static GLOBAL: std::sync::Once = std::sync::Once::new();
-    GLOBAL.call_once(|| {
-        tracing::subscriber::set_global_default(
-            tracing_subscriber::registry().with(ThreadCaptureLayer),
-        )
-        .expect("no other global subscriber in this test binary");
-    });
-    let capture = Capture::default();
-    THREAD_CAPTURE.with(|slot| *slot.borrow_mut() = Some(capture.clone()));
-    (capture, CaptureGuard)
 }
 
 #[tokio::test]

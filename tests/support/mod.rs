@@ -209,4 +209,5 @@ where
     svc.ready().await?.call(call).await
 }
 
+pub mod capture;
 pub mod redis_server;

@@ -1,0 +1,72 @@
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::audit::AuditLog;
+use super::redact::Redactor;
+use super::service::Trace;
+
+/// Applies [`Trace`] to a service: one `tracing` span per call, start and end events, and
+/// the audit log. See the [module docs](crate::trace).
+///
+/// Clones share one configuration behind an [`Arc`].
+///
+/// ```
+/// use serde_json::json;
+/// use tower::{Service, ServiceBuilder, ServiceExt};
+/// use tower_toolcall::trace::TraceLayer;
+/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+///
+/// # tokio_test::block_on(async {
+/// let mut svc = ServiceBuilder::new()
+///     .layer(TraceLayer::new())
+///     .service(tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!("done"))) }));
+/// let call = ToolCall::builder("ns", "tool").session("s").actor("u").build().unwrap();
+/// svc.ready().await.unwrap().call(call).await.unwrap();
+/// # });
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct TraceLayer {
+    config: Arc<TraceConfig>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct TraceConfig {
+    pub(super) redactor: Redactor,
+    pub(super) audit: Option<AuditLog>,
+}
+
+impl TraceLayer {
+    /// A layer with the default redactor and no audit log.
+    pub fn new() -> Self {
+        TraceLayer::default()
+    }
+
+    /// Redacts with `redactor` instead of the default one.
+    pub fn redactor(self, redactor: Redactor) -> Self {
+        TraceLayer {
+            config: Arc::new(TraceConfig {
+                redactor,
+                audit: self.config.audit.clone(),
+            }),
+        }
+    }
+
+    /// Writes every call, result and run event to `audit`.
+    pub fn audit(self, audit: AuditLog) -> Self {
+        TraceLayer {
+            config: Arc::new(TraceConfig {
+                redactor: self.config.redactor.clone(),
+                audit: Some(audit),
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for TraceLayer {
+    type Service = Trace<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Trace::new(inner, self.config.clone())
+    }
+}

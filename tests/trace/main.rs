@@ -1,0 +1,262 @@
+//! TraceLayer: the span and events of every call, redacted, and the audit log behind it.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use support::capture::capture;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::trace::{AuditLog, TraceLayer};
+use tower_toolcall::{
+    tool_fn, EnvelopeValidateLayer, ErrorCode, RetryLayer, ToolCall, ToolError, ToolOutput,
+};
+
+async fn run<S>(svc: &mut S, call: ToolCall) -> Result<ToolOutput, ToolError>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    svc.ready().await?.call(call).await
+}
+
+fn search(params: Value) -> ToolCall {
+    ToolCall::builder("agents.tools.web", "search")
+        .session("sess-42")
+        .actor("user-7")
+        .tool_call_id("call_1")
+        .correlation_id("corr-9")
+        .params(params)
+        .build()
+        .unwrap()
+}
+
+fn event<'a>(
+    events: &'a [support::capture::CapturedEvent],
+    name: &str,
+) -> &'a BTreeMap<String, String> {
+    &events
+        .iter()
+        .find(|e| e.fields.get("event").map(String::as_str) == Some(name))
+        .unwrap_or_else(|| panic!("no {name} event in {events:?}"))
+        .fields
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_opens_a_gen_ai_span_and_logs_its_start_and_end() {
+    let (capture, _guard) = capture();
+    let mut svc = TraceLayer::new().layer(tool_fn(|_call: ToolCall| async {
+        Ok(ToolOutput::new(json!({"hits": 1})))
+    }));
+    let call = search(json!({"query": "tower"}));
+    run(&mut svc, call.clone()).await.unwrap();
+
+    let spans = capture.spans();
+    assert_eq!(spans.len(), 1);
+    let span = &spans[0];
+    assert_eq!(span.name, "execute_tool");
+    for (field, value) in [
+        ("otel.name", "execute_tool search"),
+        ("gen_ai.operation.name", "execute_tool"),
+        ("gen_ai.tool.name", "search"),
+        ("gen_ai.tool.call.id", "call_1"),
+        ("requestId", call.request_id()),
+        ("sessionKey", "sess-42"),
+        ("correlationId", "corr-9"),
+    ] {
+        assert_eq!(
+            span.fields.get(field).map(String::as_str),
+            Some(value),
+            "{field}"
+        );
+    }
+    assert!(!span.fields.contains_key("error.type"));
+
+    let events = capture.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let start = event(&events, "tool_call_start");
+    assert_eq!(start["requestId"], call.request_id());
+    assert_eq!(start["toolName"], "search");
+    assert_eq!(events[0].level, tracing::Level::DEBUG);
+    let end = event(&events, "tool_call_end");
+    assert_eq!(end["state"], "success");
+    assert_eq!(end["attempt"], "1");
+    assert_eq!(end["fromCache"], "false");
+    assert_eq!(end["correlationId"], "corr-9");
+    assert!(end.contains_key("elapsedMs"));
+    assert_eq!(events[1].level, tracing::Level::INFO);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_call_is_blocked_and_marks_the_span_with_its_error_type() {
+    let (capture, _guard) = capture();
+    let closed = ToolRegistry::builder().build().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let mut svc = ServiceBuilder::new()
+        .layer(TraceLayer::new())
+        .layer(EnvelopeValidateLayer::new(closed))
+        .service(tool_fn(move |_call: ToolCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok(ToolOutput::new(json!(null))) }
+        }));
+    let err = run(&mut svc, search(json!({}))).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    let events = capture.events();
+    let blocked = event(&events, "tool_call_blocked");
+    assert_eq!(blocked["errorCode"], "NOT_FOUND");
+    assert_eq!(blocked["attempt"], "0");
+    assert_eq!(blocked["retriable"], "false");
+    assert_eq!(blocked["state"], "error");
+    assert!(events
+        .iter()
+        .all(|e| e.fields.get("event").map(String::as_str) != Some("tool_call_end")));
+    assert_eq!(capture.spans()[0].fields["error.type"], "NOT_FOUND");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_exhausted_retry_ends_with_its_state_and_attempts() {
+    let (capture, _guard) = capture();
+    let registry = ToolRegistry::open();
+    let mut svc = ServiceBuilder::new()
+        .layer(TraceLayer::new())
+        .layer(RetryLayer::builder(registry).seed(1).build().unwrap())
+        .service(tool_fn(|_call: ToolCall| async {
+            Err::<ToolOutput, _>(ToolError::from_http_status(503, "down"))
+        }));
+    let call = ToolCall::builder("agents.tools.web", "search")
+        .session("s")
+        .actor("u")
+        .params(json!({"q": 1}))
+        .build()
+        .unwrap();
+    let err = run(&mut svc, call).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RetryExhausted);
+    let events = capture.events();
+    let end = event(&events, "tool_call_end");
+    assert_eq!(end["state"], "retry_exhausted");
+    assert_eq!(end["attempt"], "4");
+    assert_eq!(end["errorCode"], "RETRY_EXHAUSTED");
+    assert_eq!(capture.spans()[0].fields["error.type"], "RETRY_EXHAUSTED");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn secrets_and_raw_keys_never_reach_the_logs() {
+    let (capture, _guard) = capture();
+    let secret = "sk-live-0123456789abcdefghij";
+    let mut svc = TraceLayer::new().layer(tool_fn(move |_call: ToolCall| async move {
+        Err::<ToolOutput, _>(ToolError::from_http_status(
+            401,
+            format!("upstream refused the key {secret}"),
+        ))
+    }));
+    let call = ToolCall::builder("agents.tools.web", "search")
+        .session("s")
+        .actor("u")
+        .idempotency_key("order-4711-raw-key")
+        .params(json!({"api_key": secret}))
+        .build()
+        .unwrap();
+    run(&mut svc, call).await.unwrap_err();
+    let events = capture.events();
+    let end = event(&events, "tool_call_end");
+    assert_eq!(end["error"], "upstream refused the key [REDACTED]");
+    assert_eq!(end["idempotencyKeyHash"].len(), 16);
+    for value in capture.all_values() {
+        assert!(!value.contains(secret), "secret in {value}");
+        assert!(!value.contains("order-4711"), "raw key in {value}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_audited_run_of_a_thousand_calls_is_reconstructable() {
+    let dir =
+        std::env::temp_dir().join(format!("tower-toolcall-trace-audit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let audit = AuditLog::builder(&dir)
+        .queue_capacity(100_000)
+        .build()
+        .unwrap();
+    let registry = ToolRegistry::builder()
+        .tool(ToolDescriptor::new(
+            "agents.tools.web",
+            "search",
+            RiskLevel::ReadOnly,
+        ))
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    // Every third run fails once with 503, so some calls take two attempts.
+    let mut svc = ServiceBuilder::new()
+        .layer(TraceLayer::new().audit(audit.clone()))
+        .layer(RetryLayer::builder(registry).seed(3).build().unwrap())
+        .service(tool_fn(move |call: ToolCall| {
+            let run = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if run.is_multiple_of(3) {
+                    Err(ToolError::from_http_status(503, "busy"))
+                } else {
+                    Ok(ToolOutput::new(json!({"n": call.params().as_map()["n"]})))
+                }
+            }
+        }));
+    for n in 0..1000 {
+        let call = ToolCall::builder("agents.tools.web", "search")
+            .session("s")
+            .actor("u")
+            .request_id(format!("req-{n}"))
+            .params(json!({"n": n, "token": "t0p-secret"}))
+            .build()
+            .unwrap();
+        run(&mut svc, call).await.unwrap();
+    }
+    let stats = audit.shutdown();
+    assert_eq!(stats.dropped, 0);
+
+    let read = |name: &str| -> Vec<Value> {
+        std::fs::read_to_string(dir.join(name))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let calls = read("calls.jsonl");
+    let results = read("results.jsonl");
+    let events = read("events.jsonl");
+    assert_eq!(calls.len(), 1000);
+    assert_eq!(results.len(), 1000);
+    let mut attempts_by_request = BTreeMap::new();
+    for result in &results {
+        let result = &result["result"];
+        assert_eq!(result["status"], "success");
+        attempts_by_request.insert(
+            result["requestId"].as_str().unwrap().to_owned(),
+            result["attempts"].as_u64().unwrap(),
+        );
+    }
+    for call in &calls {
+        let id = call["call"]["requestId"].as_str().unwrap();
+        assert!(attempts_by_request.contains_key(id), "{id} has no result");
+        assert_eq!(call["call"]["payload"]["params"]["token"], "[REDACTED]");
+    }
+    // Each call's step events account for each of its attempts.
+    let mut steps = BTreeMap::<String, u64>::new();
+    for e in &events {
+        if e["type"].as_str().unwrap().starts_with("step.") {
+            *steps
+                .entry(e["runId"].as_str().unwrap().to_owned())
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(steps, attempts_by_request);
+    let total: u64 = attempts_by_request.values().sum();
+    assert_eq!(total, runs.load(Ordering::SeqCst) as u64);
+    assert!(total > 1000, "some calls were retried");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
