@@ -16,6 +16,7 @@
 //! | [`CircuitBreakerLayer`] | fails calls fast while a tool or its dependency keeps failing, and probes its recovery |
 //! | [`TimeoutLayer`] | bounds each attempt by the tool's timeout, narrowed by the call's hint |
 //! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
+//! | [`TraceLayer`](trace::TraceLayer) | a `tracing` span and events per call, metrics, redaction and the audit log ([`trace`]) |
 //!
 //! # Example
 //!
@@ -132,6 +133,7 @@
 //! |---|---|---|
 //! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
 //! | `redis` | no | `RedisDedupeStore`: idempotency records shared by every replica |
+//! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]

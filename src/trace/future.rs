@@ -62,6 +62,10 @@ where
             elapsed,
             &this.config.redactor,
         );
+        #[cfg(feature = "metrics")]
+        if let Some(metrics) = &this.config.metrics {
+            metrics.record_call(this.call, &outcome, elapsed);
+        }
         if let Some(audit) = &this.config.audit {
             super::events::audit_finished(audit, this.call, &outcome, elapsed);
         }

@@ -30,10 +30,12 @@ pub struct TraceLayer {
     config: Arc<TraceConfig>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct TraceConfig {
     pub(super) redactor: Redactor,
     pub(super) audit: Option<AuditLog>,
+    #[cfg(feature = "metrics")]
+    pub(super) metrics: Option<super::metrics::ToolMetrics>,
 }
 
 impl TraceLayer {
@@ -44,21 +46,26 @@ impl TraceLayer {
 
     /// Redacts with `redactor` instead of the default one.
     pub fn redactor(self, redactor: Redactor) -> Self {
-        TraceLayer {
-            config: Arc::new(TraceConfig {
-                redactor,
-                audit: self.config.audit.clone(),
-            }),
-        }
+        self.with(|config| config.redactor = redactor)
     }
 
     /// Writes every call, result and run event to `audit`.
     pub fn audit(self, audit: AuditLog) -> Self {
+        self.with(|config| config.audit = Some(audit))
+    }
+
+    /// Records the metrics of every call.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics(self, metrics: super::metrics::ToolMetrics) -> Self {
+        self.with(|config| config.metrics = Some(metrics))
+    }
+
+    fn with(self, change: impl FnOnce(&mut TraceConfig)) -> Self {
+        let mut config = (*self.config).clone();
+        change(&mut config);
         TraceLayer {
-            config: Arc::new(TraceConfig {
-                redactor: self.config.redactor.clone(),
-                audit: Some(audit),
-            }),
+            config: Arc::new(config),
         }
     }
 }

@@ -19,11 +19,16 @@ mod audit;
 mod events;
 mod future;
 mod layer;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod redact;
 mod service;
 
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
 pub use future::ResponseFuture;
 pub use layer::TraceLayer;
+#[cfg(feature = "metrics")]
+pub use metrics::{ToolMetrics, ToolMetricsBuilder};
 pub use redact::{Redactor, RedactorBuilder, REDACTED};
 pub use service::Trace;

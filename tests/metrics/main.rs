@@ -1,0 +1,224 @@
+//! Metrics (TR-13): a scripted run produces exact counters, labels and breaker transitions,
+//! and any number of unregistered tool names leaves the label set bounded.
+
+use std::collections::BTreeMap;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+use serde_json::json;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::trace::{ToolMetrics, TraceLayer};
+use tower_toolcall::{
+    tool_fn, CircuitBreakerLayer, IdempotencyLayer, LoopDetectLayer, RetryLayer, ToolCall,
+    ToolError, ToolOutput,
+};
+
+/// Counter and gauge values by `name{label=value,…}`.
+fn snapshot(recorder: &DebuggingRecorder) -> BTreeMap<String, f64> {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| {
+            let (kind, key) = key.into_parts();
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            match (kind, value) {
+                (MetricKind::Counter, DebugValue::Counter(n)) => Some((name, n as f64)),
+                (MetricKind::Gauge, DebugValue::Gauge(g)) => Some((name, g.into_inner())),
+                (MetricKind::Histogram, DebugValue::Histogram(h)) => {
+                    Some((format!("{name}#count"), h.len() as f64))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn registry() -> ToolRegistry {
+    ToolRegistry::from_json_str(
+        r#"{"tools": [
+            {"namespace": "web", "name": "search", "risk": "read-only", "idempotent": true},
+            {"namespace": "vault", "name": "write", "risk": "writes",
+             "policy": {"retry": "off", "idempotency": "off",
+                        "breaker": {"consecutive_failures": 2}}}
+        ]}"#,
+    )
+    .unwrap()
+}
+
+fn call(namespace: &str, name: &str, mode: &str, n: u32) -> ToolCall {
+    ToolCall::builder(namespace, name)
+        .session("sess-1")
+        .actor("u")
+        .params(json!({"mode": mode, "n": n}))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_scripted_run_produces_exact_series() {
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let registry = registry();
+            let metrics = ToolMetrics::new(&registry);
+            let flaky_seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let tool = tool_fn(move |call: ToolCall| {
+                let flaky_seen = flaky_seen.clone();
+                async move {
+                    match call.params().as_map()["mode"].as_str().unwrap() {
+                        "ok" => Ok(ToolOutput::new(json!("ok"))),
+                        "flaky" if !flaky_seen.swap(true, std::sync::atomic::Ordering::SeqCst) => {
+                            Err(ToolError::from_http_status(503, "busy"))
+                        }
+                        "flaky" => Ok(ToolOutput::new(json!("ok at last"))),
+                        "bad" => Err(ToolError::from_http_status(400, "bad input")),
+                        _ => Err(ToolError::from_http_status(503, "down")),
+                    }
+                }
+            });
+            let mut svc = ServiceBuilder::new()
+                .layer(TraceLayer::new().metrics(metrics.clone()))
+                .layer(LoopDetectLayer::new(registry.clone()))
+                .layer(IdempotencyLayer::in_memory(registry.clone()))
+                .layer(
+                    RetryLayer::builder(registry.clone())
+                        .seed(5)
+                        .build()
+                        .unwrap(),
+                )
+                .layer(
+                    CircuitBreakerLayer::builder(registry.clone())
+                        .on_transition(metrics.breaker_listener())
+                        .build()
+                        .unwrap(),
+                )
+                .service(tool);
+            // a retried success and a terminal failure
+            svc.ready_and_call(call("web", "search", "flaky", 2))
+                .await
+                .unwrap();
+            svc.ready_and_call(call("web", "search", "bad", 3))
+                .await
+                .unwrap_err();
+            // the same search four times in a row: run, two cache hits, then the loop breaks
+            svc.ready_and_call(call("web", "search", "ok", 1))
+                .await
+                .unwrap();
+            svc.ready_and_call(call("web", "search", "ok", 1))
+                .await
+                .unwrap();
+            svc.ready_and_call(call("web", "search", "ok", 1))
+                .await
+                .unwrap();
+            let loop_err = svc
+                .ready_and_call(call("web", "search", "ok", 1))
+                .await
+                .unwrap_err();
+            assert_eq!(loop_err.code().as_str(), "LOOP_DETECTED");
+            // a failing write opens its breaker after two failures; the third call is refused
+            for n in 0..3 {
+                svc.ready_and_call(call("vault", "write", "down", n))
+                    .await
+                    .unwrap_err();
+            }
+        });
+    });
+
+    let series = snapshot(&recorder);
+    let expected = [
+        ("toolcall_tool_calls_total{status=success,tool=web::search}", 4.0),
+        ("toolcall_tool_calls_total{status=error,tool=web::search}", 2.0),
+        ("toolcall_tool_calls_total{status=retriable_error,tool=vault::write}", 2.0),
+        ("toolcall_tool_calls_total{status=circuit_open,tool=vault::write}", 1.0),
+        ("toolcall_tool_call_duration_ms{status=success,tool=web::search}#count", 4.0),
+        ("toolcall_tool_retry_attempts_total{reason=UPSTREAM_UNAVAILABLE,tool=web::search}", 1.0),
+        ("toolcall_tool_idempotency_hits_total{state=completed,tool=web::search}", 2.0),
+        ("toolcall_tool_loop_detections_total{action=break,tool=web::search}", 1.0),
+        (
+            "toolcall_tool_circuit_breaker_transitions_total{from_state=closed,to_state=open,tool=vault::write}",
+            1.0,
+        ),
+        ("toolcall_tool_circuit_breaker_state{state=open,tool=vault::write}", 1.0),
+        ("toolcall_tool_circuit_breaker_state{state=closed,tool=vault::write}", 0.0),
+    ];
+    for (name, value) in expected {
+        assert_eq!(series.get(name), Some(&value), "{name} in {series:#?}");
+    }
+    let calls: f64 = series
+        .iter()
+        .filter(|(k, _)| k.starts_with("toolcall_tool_calls_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(calls, 9.0, "every call is counted once: {series:#?}");
+}
+
+#[test]
+fn ten_thousand_unregistered_tool_names_leave_one_label() {
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let registry = ToolRegistry::open();
+            let mut svc = ServiceBuilder::new()
+                .layer(TraceLayer::new().metrics(ToolMetrics::new(&registry)))
+                .service(tool_fn(|_call: ToolCall| async {
+                    Ok(ToolOutput::new(json!(null)))
+                }));
+            for n in 0..10_000 {
+                svc.ready_and_call(call("random", &format!("tool-{n}"), "ok", n))
+                    .await
+                    .unwrap();
+            }
+        });
+    });
+    let series = snapshot(&recorder);
+    let calls: Vec<_> = series
+        .iter()
+        .filter(|(k, _)| k.starts_with("toolcall_tool_calls_total"))
+        .collect();
+    assert_eq!(
+        calls,
+        [(
+            &"toolcall_tool_calls_total{status=success,tool=unregistered}".to_owned(),
+            &10_000.0
+        )]
+    );
+    assert!(series.keys().all(|k| !k.contains("tool-")));
+}
+
+#[test]
+fn a_bad_prefix_is_refused_naming_the_field() {
+    let err = ToolMetrics::builder(&ToolRegistry::open())
+        .prefix("1bad-prefix")
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "metrics.prefix");
+}
+
+/// `ready().await` then `call()`, as one future.
+trait ReadyAndCall: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Sized {
+    fn ready_and_call(
+        &mut self,
+        call: ToolCall,
+    ) -> impl std::future::Future<Output = Result<ToolOutput, ToolError>> {
+        async move { self.ready().await?.call(call).await }
+    }
+}
+
+impl<S: Service<ToolCall, Response = ToolOutput, Error = ToolError>> ReadyAndCall for S {}
