@@ -1,0 +1,132 @@
+//! Run with: `cargo bench --features metrics --bench trace`
+//!
+//! The cost of `TraceLayer` over the bare tool: with no subscriber, with a JSON subscriber
+//! writing to a sink, with metrics recorded; and the whole stack of layers with tracing,
+//! 200-byte params and the in-memory store, against the bare tool. Calls are built outside the
+//! timed part; each has params of its own.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion};
+use futures::FutureExt;
+use serde_json::{json, Value};
+use tower::{Layer, Service, ServiceBuilder};
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::trace::{ToolMetrics, TraceLayer};
+use tower_toolcall::{
+    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, IdempotencyLayer, LoopDetectLayer,
+    RateLimitLayer, RetryLayer, TimeoutLayer, ToolCall, ToolError, ToolOutput,
+};
+
+fn call(n: u64) -> ToolCall {
+    ToolCall::builder("agents.tools.web", "search")
+        .session("sess-bench")
+        .actor("user-7")
+        .params(json!({
+            "query": "tower middleware retry with exponential backoff",
+            "limit": 10,
+            "offset": n,
+            "safe": true,
+            "region": "eu-west-1",
+            "filters": {"lang": "en", "site": "docs.rs", "after": "2024-01-01", "kind": "article"}
+        }))
+        .build()
+        .unwrap()
+}
+
+fn bare_tool() -> impl Service<
+    ToolCall,
+    Response = ToolOutput,
+    Error = ToolError,
+    Future = impl std::future::Future<Output = Result<ToolOutput, ToolError>> + Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    tool_fn(|_call: ToolCall| std::future::ready(Ok(ToolOutput::new(Value::Null))))
+}
+
+fn bench<S>(
+    group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    mut svc: S,
+) where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    let mut n = 0;
+    group.bench_function(name, |b| {
+        b.iter_batched_ref(
+            || {
+                n += 1;
+                call(n)
+            },
+            |call| {
+                let out = svc
+                    .call(call.clone())
+                    .now_or_never()
+                    .expect("ready at once");
+                black_box(out.expect("success"))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+}
+
+fn trace(c: &mut Criterion) {
+    let registry = ToolRegistry::open();
+    let mut group = c.benchmark_group("trace");
+    bench(&mut group, "bare", bare_tool());
+    bench(
+        &mut group,
+        "no_subscriber",
+        TraceLayer::new().layer(bare_tool()),
+    );
+
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        bench(
+            &mut group,
+            "metrics",
+            TraceLayer::new()
+                .metrics(ToolMetrics::new(&registry))
+                .layer(bare_tool()),
+        );
+    });
+
+    let json = tracing_subscriber::fmt()
+        .json()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(std::io::sink)
+        .finish();
+    tracing::subscriber::with_default(json, || {
+        bench(
+            &mut group,
+            "json_subscriber",
+            TraceLayer::new().layer(bare_tool()),
+        );
+    });
+    group.finish();
+
+    // The whole stack, in the recommended order, as a gateway would run it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _entered = runtime.enter();
+    let stack = ServiceBuilder::new()
+        .layer(TraceLayer::new())
+        .layer(EnvelopeValidateLayer::new(registry.clone()))
+        .layer(LoopDetectLayer::new(registry.clone()))
+        .layer(RateLimitLayer::new(registry.clone()))
+        .layer(IdempotencyLayer::in_memory(registry.clone()))
+        .layer(RetryLayer::new(registry.clone()))
+        .layer(CircuitBreakerLayer::new(registry.clone()))
+        .layer(TimeoutLayer::new(registry))
+        .service(bare_tool());
+    let mut group = c.benchmark_group("stack");
+    bench(&mut group, "bare", bare_tool());
+    bench(&mut group, "whole_stack", stack);
+    group.finish();
+}
+
+criterion_group!(benches, trace);
+criterion_main!(benches);
