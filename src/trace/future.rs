@@ -19,11 +19,17 @@ pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         future: F,
-        span: Span,
-        call: ToolCall,
-        start: Instant,
-        config: Arc<TraceConfig>,
+        observed: Option<Observed>,
     }
+}
+
+/// What a call that is listened to keeps until it ends.
+#[derive(Debug)]
+struct Observed {
+    span: Span,
+    call: ToolCall,
+    start: Instant,
+    config: Arc<TraceConfig>,
 }
 
 impl<F> ResponseFuture<F> {
@@ -36,10 +42,20 @@ impl<F> ResponseFuture<F> {
     ) -> Self {
         ResponseFuture {
             future,
-            span,
-            call,
-            start,
-            config,
+            observed: Some(Observed {
+                span,
+                call,
+                start,
+                config,
+            }),
+        }
+    }
+
+    /// The inner call, when nothing listens.
+    pub(super) fn unobserved(future: F) -> Self {
+        ResponseFuture {
+            future,
+            observed: None,
         }
     }
 }
@@ -52,22 +68,25 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let _entered = this.span.enter();
+        let Some(observed) = this.observed.as_ref() else {
+            return this.future.poll(cx);
+        };
+        let _entered = observed.span.enter();
         let outcome = ready!(this.future.poll(cx));
-        let elapsed = this.start.elapsed();
-        super::events::finished(
-            this.span,
-            this.call,
-            &outcome,
-            elapsed,
-            &this.config.redactor,
-        );
+        let Observed {
+            span,
+            call,
+            start,
+            config,
+        } = observed;
+        let elapsed = start.elapsed();
+        super::events::finished(span, call, &outcome, elapsed, &config.redactor);
         #[cfg(feature = "metrics")]
-        if let Some(metrics) = &this.config.metrics {
-            metrics.record_call(this.call, &outcome, elapsed);
+        if let Some(metrics) = &config.metrics {
+            metrics.record_call(call, &outcome, elapsed);
         }
-        if let Some(audit) = &this.config.audit {
-            super::events::audit_finished(audit, this.call, &outcome, elapsed);
+        if let Some(audit) = &config.audit {
+            super::events::audit_finished(audit, call, &outcome, elapsed);
         }
         Poll::Ready(outcome)
     }

@@ -38,6 +38,18 @@ pub(super) struct TraceConfig {
     pub(super) metrics: Option<super::metrics::ToolMetrics>,
 }
 
+impl TraceConfig {
+    /// `true` when something besides the span wants to hear about calls: an audit log,
+    /// metrics, or a subscriber of the layer's INFO events.
+    pub(super) fn observes(&self) -> bool {
+        #[cfg(feature = "metrics")]
+        if self.metrics.is_some() {
+            return true;
+        }
+        self.audit.is_some() || tracing::enabled!(tracing::Level::INFO)
+    }
+}
+
 impl TraceLayer {
     /// A layer with the default redactor and no audit log.
     pub fn new() -> Self {
