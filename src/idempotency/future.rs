@@ -129,7 +129,7 @@ where
                         MatchedOn::Completed
                     };
                     // A joined call's record was written after `now_ms`: its age is 0.
-                    return match answer_from(record, matched_on, now_ms) {
+                    return match answer_from(&record, matched_on, now_ms) {
                         Ok(answer) => {
                             tracing::debug!(
                                 request_id = call.request_id(),
@@ -161,7 +161,9 @@ where
                         None => wait.await,
                     };
                     match waited {
-                        Ok(Some(next)) if next.state != RecordState::Cancelled => record = next,
+                        Ok(Some(next)) if next.state != RecordState::Cancelled => {
+                            record = Arc::new(next);
+                        }
                         // Free again: claim it.
                         Ok(_) => break,
                         Err(error) => {
@@ -181,7 +183,7 @@ async fn execute<S, St>(
     mut inner: S,
     call: ToolCall,
     plan: &Plan,
-    claimed: DedupeRecord,
+    claimed: Arc<DedupeRecord>,
 ) -> Result<ToolOutput, ToolError>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
@@ -305,9 +307,9 @@ async fn renew_periodically<St: DedupeStore>(store: &St, claimed: &DedupeRecord,
     std::future::pending::<()>().await;
 }
 
-/// Answers from a settled record.
+/// Answers from a settled record, with a copy of its output or error.
 fn answer_from(
-    record: DedupeRecord,
+    record: &DedupeRecord,
     matched_on: MatchedOn,
     store_now_ms: u64,
 ) -> Result<Result<ToolOutput, ToolError>, StoreError> {
@@ -322,8 +324,8 @@ fn answer_from(
         cache: Some(cache),
         ..CallRecord::default()
     };
-    match (record.state, record.payload, record.error) {
-        (RecordState::Done, Some(output), _) => Ok(Ok(output.with_record(cached_record))),
+    match (record.state, &record.payload, &record.error) {
+        (RecordState::Done, Some(output), _) => Ok(Ok(output.clone().with_record(cached_record))),
         (RecordState::Failed, _, Some(stored)) => {
             let mut error = stored.to_error();
             *error.record_mut() = cached_record;
@@ -416,7 +418,7 @@ fn refusal(code: ErrorCode, store_key: &str, message: impl FnOnce(&str) -> Strin
 /// response future, or the tool panicked), it cancels the record so that the key is free.
 struct ClaimGuard<St: DedupeStore> {
     store: St,
-    claimed: Option<DedupeRecord>,
+    claimed: Option<Arc<DedupeRecord>>,
     keep_cancelled_for: Duration,
 }
 
@@ -461,7 +463,7 @@ impl<St: DedupeStore> Drop for ClaimGuard<St> {
     }
 }
 
-async fn cancel_claim<St: DedupeStore>(store: St, claimed: DedupeRecord, keep_for: Duration) {
+async fn cancel_claim<St: DedupeStore>(store: St, claimed: Arc<DedupeRecord>, keep_for: Duration) {
     match store.cancel(&claimed, keep_for).await {
         Ok(true) => tracing::debug!(
             idempotency_key_hash = %key_fingerprint(&claimed.key),

@@ -244,12 +244,15 @@ impl Shared {
 
     fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = self.clock.now_ms();
+        // Declared before the lock, so dropped after it: a record evicted or replaced here is
+        // freed outside the critical section.
+        let mut removed = None;
         let mut state = self.lock();
         let key: &str = &request.key;
         if let Some(entry) = state.inflight.get(key) {
             if request.is_held_by(&entry.record, now) {
                 return Ok(ClaimOutcome::Existing {
-                    record: (*entry.record).clone(),
+                    record: entry.record.clone(),
                     now_ms: now,
                 });
             }
@@ -258,18 +261,19 @@ impl Shared {
                 version = entry.record.version,
                 "taking over a dedupe record whose lease ended"
             );
-            state.inflight.remove(key);
+            removed = state.inflight.remove(key).map(|entry| entry.record);
         } else if let Some(record) = state.settled.get_mut(key) {
             let expired = record.expires_at_ms <= now;
             if !expired && request.is_held_by(record, now) {
                 return Ok(ClaimOutcome::Existing {
-                    record: (**record).clone(),
+                    record: record.clone(),
                     now_ms: now,
                 });
             }
-            state.settled.remove(key);
+            removed = state.settled.remove(key);
         } else if state.inflight.len() + state.settled.len() >= self.capacity {
-            if state.settled.pop_oldest().is_some() {
+            if let Some((_, evicted)) = state.settled.pop_oldest() {
+                removed = Some(evicted);
                 self.evicted.fetch_add(1, Ordering::Relaxed);
             } else {
                 drop(state);
@@ -284,14 +288,16 @@ impl Shared {
             }
         }
         state.last_version += 1;
-        let record = request.inflight_record(state.last_version, now);
+        let record = Arc::new(request.inflight_record(state.last_version, now));
         state.inflight.insert(
             request.key.clone(),
             Inflight {
-                record: Arc::new(record.clone()),
+                record: record.clone(),
                 settled: None,
             },
         );
+        drop(state);
+        drop(removed);
         Ok(ClaimOutcome::Claimed(record))
     }
 

@@ -175,14 +175,17 @@ impl ClaimRequest {
 }
 
 /// What [`DedupeStore::claim`] found.
+///
+/// Records are shared, never copied: a store hands out the record it holds (the memory
+/// store) or the one it decoded (Redis).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClaimOutcome {
     /// The key was free: this in-flight record now holds it for the caller.
-    Claimed(DedupeRecord),
+    Claimed(Arc<DedupeRecord>),
     /// Another record holds the key.
     Existing {
         /// That record.
-        record: DedupeRecord,
+        record: Arc<DedupeRecord>,
         /// The store's clock when it was read, in Unix milliseconds.
         now_ms: u64,
     },
