@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::key::key_fingerprint;
+use super::key;
 use super::record::{DedupeRecord, Execution, RecordState, StoredError};
 use super::service::{Counters, Plan, Shared};
 use super::store::{ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
@@ -115,9 +115,13 @@ where
             Err(error) => return Box::pin(store_failed(&shared, error, inner, call, &plan)).await,
         };
         loop {
-            if record.request.params_digest != plan.claim.params_digest {
+            // Two claims under one derived key have the same params: the key hashes them.
+            let same_params = (record.key_derived_from_params
+                && plan.claim.key_derived_from_params())
+                || *record.request.params_digest == *plan.claim.params_digest();
+            if !same_params {
                 Counters::bump(&counters.key_conflicts);
-                return Err(key_reused(&record.key, &plan));
+                return Err(key_reused(&plan));
             }
             match record.state {
                 RecordState::Done | RecordState::Failed => {
@@ -129,7 +133,7 @@ where
                         MatchedOn::Completed
                     };
                     // A joined call's record was written after `now_ms`: its age is 0.
-                    return match answer_from(&record, matched_on, now_ms) {
+                    return match answer_from(&record, &plan, matched_on, now_ms) {
                         Ok(answer) => {
                             tracing::debug!(
                                 request_id = call.request_id(),
@@ -147,7 +151,7 @@ where
                 RecordState::Cancelled => break,
                 RecordState::Inflight if plan.mode == DedupeMode::BestEffort => {
                     Counters::bump(&counters.in_flight_rejections);
-                    return Err(in_flight(&record.key));
+                    return Err(in_flight(&plan));
                 }
                 RecordState::Inflight => {
                     joined = true;
@@ -156,7 +160,7 @@ where
                     let waited = match wait_deadline {
                         Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
                             Ok(waited) => waited,
-                            Err(_) => return Err(deadline_passed(&record.key)),
+                            Err(_) => return Err(deadline_passed(&plan)),
                         },
                         None => wait.await,
                     };
@@ -235,7 +239,7 @@ where
             tracing::warn!(
                 request_id = call.request_id(),
                 tool = call.tool_name(),
-                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                idempotency_key_hash = %record_fingerprint(&claimed),
                 version = claimed.version,
                 current_version,
                 "the lease of this call ended and another call took its idempotency key over; \
@@ -248,7 +252,7 @@ where
             tracing::warn!(
                 request_id = call.request_id(),
                 tool = call.tool_name(),
-                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                idempotency_key_hash = %record_fingerprint(&claimed),
                 error = %error,
                 "the result of the tool call could not be stored"
             );
@@ -291,14 +295,14 @@ async fn renew_periodically<St: DedupeStore>(store: &St, claimed: &DedupeRecord,
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(
-                    idempotency_key_hash = %key_fingerprint(&claimed.key),
+                    idempotency_key_hash = %record_fingerprint(claimed),
                     version = claimed.version,
                     "the in-flight lease could not be renewed: another call holds the key"
                 );
                 break;
             }
             Err(error) => tracing::warn!(
-                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                idempotency_key_hash = %record_fingerprint(claimed),
                 error = %error,
                 "the in-flight lease could not be renewed; trying again"
             ),
@@ -307,16 +311,26 @@ async fn renew_periodically<St: DedupeStore>(store: &St, claimed: &DedupeRecord,
     std::future::pending::<()>().await;
 }
 
+/// What logs name the key of `record` by (see [`key::fingerprint`]).
+fn record_fingerprint(record: &DedupeRecord) -> String {
+    key::fingerprint(
+        &record.key,
+        &record.idempotency_key,
+        record.key_derived_from_params,
+    )
+}
+
 /// Answers from a settled record, with a copy of its output or error.
 fn answer_from(
     record: &DedupeRecord,
+    plan: &Plan,
     matched_on: MatchedOn,
     store_now_ms: u64,
 ) -> Result<Result<ToolOutput, ToolError>, StoreError> {
     let cache = CacheMatch {
         matched_on,
         age_ms: store_now_ms.saturating_sub(record.updated_at_ms),
-        key_fingerprint: key_fingerprint(&record.key),
+        key_fingerprint: plan.key_fingerprint(),
     };
     let cached_record = CallRecord {
         attempts: record.execution.as_ref().map(|e| e.attempt_count),
@@ -356,7 +370,7 @@ where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
 {
     Counters::bump(&shared.counters.store_errors);
-    let fingerprint = key_fingerprint(&plan.claim.key);
+    let fingerprint = plan.key_fingerprint();
     if plan.fail_open {
         Counters::bump(&shared.counters.fail_open_runs);
         tracing::warn!(
@@ -379,8 +393,8 @@ where
     Err(error.into())
 }
 
-fn key_reused(store_key: &str, plan: &Plan) -> ToolError {
-    refusal(ErrorCode::IdempotencyKeyReused, store_key, |fingerprint| {
+fn key_reused(plan: &Plan) -> ToolError {
+    refusal(ErrorCode::IdempotencyKeyReused, plan, |fingerprint| {
         format!(
             "the {} idempotency key (fingerprint {fingerprint}) was used before with other \
              params; use a new idempotency key for new params",
@@ -389,8 +403,8 @@ fn key_reused(store_key: &str, plan: &Plan) -> ToolError {
     })
 }
 
-fn in_flight(store_key: &str) -> ToolError {
-    refusal(ErrorCode::IdempotencyInFlight, store_key, |fingerprint| {
+fn in_flight(plan: &Plan) -> ToolError {
+    refusal(ErrorCode::IdempotencyInFlight, plan, |fingerprint| {
         format!(
             "a call with the same idempotency key (fingerprint {fingerprint}) is still running; \
              wait for its result, or try again later"
@@ -398,8 +412,8 @@ fn in_flight(store_key: &str) -> ToolError {
     })
 }
 
-fn deadline_passed(store_key: &str) -> ToolError {
-    refusal(ErrorCode::Timeout, store_key, |fingerprint| {
+fn deadline_passed(plan: &Plan) -> ToolError {
+    refusal(ErrorCode::Timeout, plan, |fingerprint| {
         format!(
             "the call's deadline passed while it waited for a running call with the same \
              idempotency key (fingerprint {fingerprint}); try again later"
@@ -408,8 +422,8 @@ fn deadline_passed(store_key: &str) -> ToolError {
 }
 
 /// A refusal whose message and details name the key by its fingerprint.
-fn refusal(code: ErrorCode, store_key: &str, message: impl FnOnce(&str) -> String) -> ToolError {
-    let fingerprint = key_fingerprint(store_key);
+fn refusal(code: ErrorCode, plan: &Plan, message: impl FnOnce(&str) -> String) -> ToolError {
+    let fingerprint = plan.key_fingerprint();
     ToolError::rejected(code, message(&fingerprint))
         .with_details(serde_json::json!({ "keyFingerprint": fingerprint }))
 }
@@ -466,12 +480,12 @@ impl<St: DedupeStore> Drop for ClaimGuard<St> {
 async fn cancel_claim<St: DedupeStore>(store: St, claimed: Arc<DedupeRecord>, keep_for: Duration) {
     match store.cancel(&claimed, keep_for).await {
         Ok(true) => tracing::debug!(
-            idempotency_key_hash = %key_fingerprint(&claimed.key),
+            idempotency_key_hash = %record_fingerprint(&claimed),
             "idempotency key released: the call ended before its result"
         ),
         Ok(false) => {}
         Err(error) => tracing::warn!(
-            idempotency_key_hash = %key_fingerprint(&claimed.key),
+            idempotency_key_hash = %record_fingerprint(&claimed),
             error = %error,
             "idempotency key could not be released; it stays held until its lease ends"
         ),

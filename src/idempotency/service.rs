@@ -100,29 +100,58 @@ impl<St: DedupeStore> Shared<St> {
         else {
             return Ok(None);
         };
-        let digest = call.params().digest(&self.canonical)?;
         let independent = settings.on_params_mismatch == ParamsMismatch::Independent;
+        let derived = key_source == KeySource::Derived;
+        // A derived key hashes the params already: their digest waits until a record needs it,
+        // unless the store key or the comparison of a reused key needs it now.
+        let digest = if derived && !independent {
+            None
+        } else {
+            Some(call.params().digest(&self.canonical)?)
+        };
         let store_key = key::store_key(
             call,
             &idempotency_key,
             settings.scope,
-            independent.then_some(&*digest),
+            digest.as_deref().filter(|_| independent),
         );
+        let mut claim = match digest {
+            Some(digest) if !derived => ClaimRequest::new(
+                store_key,
+                idempotency_key,
+                &*digest,
+                call.clone(),
+                settings.inflight_lease,
+            ),
+            digest => ClaimRequest::derived(
+                store_key.into(),
+                idempotency_key.into(),
+                call.clone(),
+                self.canonical.clone(),
+                settings.inflight_lease,
+                digest.map(|digest| Arc::from(&*digest)),
+            ),
+        };
+        claim.take_over_retriable_failure = mode == DedupeMode::BestEffort;
         Ok(Some(Plan {
             mode,
-            claim: ClaimRequest {
-                key: store_key.into(),
-                idempotency_key: idempotency_key.into(),
-                params_digest: Arc::from(&*digest),
-                call: call.clone(),
-                lease: settings.inflight_lease,
-                take_over_retriable_failure: mode == DedupeMode::BestEffort,
-            },
+            claim,
             key_source,
             done_ttl: settings.done_ttl,
             failed_ttl: settings.failed_ttl,
             fail_open: settings.on_store_error == OnStoreError::FailOpen,
         }))
+    }
+}
+
+impl Plan {
+    /// What results and logs name the key by (see [`key::fingerprint`]).
+    pub(super) fn key_fingerprint(&self) -> String {
+        key::fingerprint(
+            &self.claim.key,
+            &self.claim.idempotency_key,
+            self.claim.key_derived_from_params(),
+        )
     }
 }
 
