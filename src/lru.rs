@@ -6,16 +6,16 @@
 //! stays at its capacity allocates nothing more.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap, RandomState};
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 /// The end of the list.
 const NIL: usize = usize::MAX;
 
-/// A hash map ordered by use; see the [module docs](self).
-pub(crate) struct LruMap<K, V> {
-    index: HashMap<K, usize>,
+/// A hash map ordered by use; see the [module docs](self). `S` hashes the keys.
+pub(crate) struct LruMap<K, V, S = RandomState> {
+    index: HashMap<K, usize, S>,
     slots: Vec<Slot<K, V>>,
     /// Slots that hold no entry, ready for reuse.
     free: Vec<usize>,
@@ -36,8 +36,15 @@ struct Slot<K, V> {
 impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
     /// An empty map.
     pub(crate) fn new() -> Self {
+        LruMap::with_hasher(RandomState::new())
+    }
+}
+
+impl<K: Hash + Eq + Clone, V, S: BuildHasher> LruMap<K, V, S> {
+    /// An empty map whose keys are hashed by `hasher`.
+    pub(crate) fn with_hasher(hasher: S) -> Self {
         LruMap {
-            index: HashMap::new(),
+            index: HashMap::with_hasher(hasher),
             slots: Vec::new(),
             free: Vec::new(),
             oldest: NIL,
@@ -66,12 +73,17 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
 
     /// Inserts `key` as the most recently used entry; returns the value it replaces.
     pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
-        if let Some(&slot) = self.index.get(&key) {
-            self.unlink(slot);
-            self.link_newest(slot);
-            let (_, old) = self.slots[slot].entry.as_mut()?;
-            return Some(std::mem::replace(old, value));
-        }
+        let vacant = match self.index.entry(key) {
+            Entry::Occupied(occupied) => {
+                let slot = *occupied.get();
+                self.unlink(slot);
+                self.link_newest(slot);
+                let (_, old) = self.slots[slot].entry.as_mut()?;
+                return Some(std::mem::replace(old, value));
+            }
+            Entry::Vacant(vacant) => vacant,
+        };
+        let key = vacant.key().clone();
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot].entry = Some((key.clone(), value));
@@ -86,7 +98,7 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
                 self.slots.len() - 1
             }
         };
-        self.index.insert(key, slot);
+        vacant.insert(slot);
         self.link_newest(slot);
         None
     }
@@ -176,7 +188,7 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
     }
 }
 
-impl<K, V> fmt::Debug for LruMap<K, V> {
+impl<K, V, S> fmt::Debug for LruMap<K, V, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LruMap")
             .field("len", &self.index.len())
