@@ -35,7 +35,7 @@ pin_project! {
     enum State<F> {
         Passed { #[pin] future: F },
         Deduplicated { future: BoxedOutcome },
-        Rejected { error: Option<ToolError> },
+        Ready { result: Option<Result<ToolOutput, ToolError>> },
     }
 }
 
@@ -52,9 +52,13 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) fn rejected(error: ToolError) -> Self {
+    /// A future that answers `result` at its first poll: a refusal, or an answer found
+    /// without waiting.
+    pub(super) fn ready(result: Result<ToolOutput, ToolError>) -> Self {
         ResponseFuture {
-            state: State::Rejected { error: Some(error) },
+            state: State::Ready {
+                result: Some(result),
+            },
         }
     }
 }
@@ -64,7 +68,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
         let state = match &self.state {
             State::Passed { .. } => "passed",
             State::Deduplicated { .. } => "deduplicated",
-            State::Rejected { .. } => "rejected",
+            State::Ready { .. } => "ready",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -82,82 +86,57 @@ where
         match self.project().state.project() {
             Projection::Passed { future } => future.poll(cx),
             Projection::Deduplicated { future } => future.as_mut().poll(cx),
-            Projection::Rejected { error } => Poll::Ready(Err(error
-                .take()
-                .expect("ResponseFuture polled after completion"))),
+            Projection::Ready { result } => Poll::Ready(
+                result
+                    .take()
+                    .expect("ResponseFuture polled after completion"),
+            ),
         }
     }
 }
 
 /// Runs `call` at most once for its key: claims the key and runs the tool, or answers from
 /// the record that holds the key, waiting for it when it is in flight and the mode is
-/// `enforced`.
+/// `enforced`. `first` is the outcome of a claim already made, if any.
 pub(super) async fn deduplicate<S, St>(
     shared: Arc<Shared<St>>,
     inner: S,
     call: ToolCall,
     plan: Plan,
+    mut first: Option<Result<Claim<St>, StoreError>>,
 ) -> Result<ToolOutput, ToolError>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
     St: DedupeStore,
 {
     let store = &shared.store;
-    let counters = &shared.counters;
-    let wait_deadline = call_deadline(&call, Instant::now());
     let mut joined = false;
     loop {
-        let (mut record, now_ms) = match store.claim(&plan.claim).await {
-            Ok(ClaimOutcome::Claimed(record)) => {
-                return execute(&shared, inner, call, &plan, record).await;
+        let claimed = match first.take() {
+            Some(claimed) => claimed,
+            None => {
+                (store.claim(&plan.claim).await).map(|outcome| Claim::new(outcome, store, &plan))
             }
-            Ok(ClaimOutcome::Existing { record, now_ms }) => (record, now_ms),
+        };
+        let (mut record, now_ms) = match claimed {
+            Ok(Claim::Held { guard, record }) => {
+                return execute(&shared, inner, call, &plan, guard, record).await;
+            }
+            Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(error) => return Box::pin(store_failed(&shared, error, inner, call, &plan)).await,
         };
         loop {
-            // Two claims under one derived key have the same params: the key hashes them.
-            let same_params = (record.key_derived_from_params
-                && plan.claim.key_derived_from_params())
-                || *record.request.params_digest == *plan.claim.params_digest();
-            if !same_params {
-                Counters::bump(&counters.key_conflicts);
-                return Err(key_reused(&plan));
-            }
-            match record.state {
-                RecordState::Done | RecordState::Failed => {
-                    let matched_on = if joined {
-                        Counters::bump(&counters.inflight_joins);
-                        MatchedOn::Inflight
-                    } else {
-                        Counters::bump(&counters.completed_hits);
-                        MatchedOn::Completed
-                    };
-                    // A joined call's record was written after `now_ms`: its age is 0.
-                    return match answer_from(&record, &plan, matched_on, now_ms) {
-                        Ok(answer) => {
-                            tracing::debug!(
-                                request_id = call.request_id(),
-                                tool = call.tool_name(),
-                                matched_on = ?matched_on,
-                                "tool call answered by the idempotency cache"
-                            );
-                            answer
-                        }
-                        Err(error) => {
-                            Box::pin(store_failed(&shared, error, inner, call, &plan)).await
-                        }
-                    };
-                }
-                RecordState::Cancelled => break,
-                RecordState::Inflight if plan.mode == DedupeMode::BestEffort => {
-                    Counters::bump(&counters.in_flight_rejections);
-                    return Err(in_flight(&plan));
-                }
-                RecordState::Inflight => {
+            let error = match found(&shared, &call, &plan, &record, now_ms, joined) {
+                Found::Answer(answer) => return answer,
+                Found::Unreadable(error) => error,
+                Found::Free => break,
+                Found::Running => {
                     joined = true;
                     // Boxed: only joins pay for the waiting machinery.
                     let wait = Box::pin(store.wait(&record));
-                    let waited = match wait_deadline {
+                    // The deadline is absolute: reading the clocks now or at the call's start
+                    // gives the same instant.
+                    let waited = match call_deadline(&call, Instant::now()) {
                         Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
                             Ok(waited) => waited,
                             Err(_) => return Err(deadline_passed(&plan)),
@@ -167,16 +146,112 @@ where
                     match waited {
                         Ok(Some(next)) if next.state != RecordState::Cancelled => {
                             record = Arc::new(next);
+                            continue;
                         }
                         // Free again: claim it.
                         Ok(_) => break,
-                        Err(error) => {
-                            return Box::pin(store_failed(&shared, error, inner, call, &plan)).await
-                        }
+                        Err(error) => error,
                     }
                 }
+            };
+            return Box::pin(store_failed(&shared, error, inner, call, &plan)).await;
+        }
+    }
+}
+
+/// What a claim found, with the key guarded from the moment it is claimed: a response
+/// future dropped before it runs the tool frees the key.
+pub(super) enum Claim<St: DedupeStore> {
+    /// The key was free: `record` holds it for the call.
+    Held {
+        guard: ClaimGuard<St>,
+        record: Arc<DedupeRecord>,
+    },
+    /// Another record holds the key.
+    Existing {
+        record: Arc<DedupeRecord>,
+        now_ms: u64,
+    },
+}
+
+impl<St: DedupeStore> Claim<St> {
+    pub(super) fn new(outcome: ClaimOutcome, store: &St, plan: &Plan) -> Self {
+        match outcome {
+            ClaimOutcome::Claimed(record) => Claim::Held {
+                guard: ClaimGuard {
+                    store: store.clone(),
+                    claimed: Some(record.clone()),
+                    keep_cancelled_for: plan.failed_ttl,
+                },
+                record,
+            },
+            ClaimOutcome::Existing { record, now_ms } => Claim::Existing { record, now_ms },
+        }
+    }
+}
+
+/// What a call does about the record that holds its key.
+pub(super) enum Found {
+    /// Answer with this (a cached result, or a refusal).
+    Answer(Result<ToolOutput, ToolError>),
+    /// The record cannot be read: the store failed.
+    Unreadable(StoreError),
+    /// The key is free again: claim it.
+    Free,
+    /// The record is in flight and the mode is `enforced`: wait for it.
+    Running,
+}
+
+/// What `call` does about `record`, read from the store at `now_ms`; `joined` when the call
+/// waited for it to run. Counts what it answers.
+pub(super) fn found<St>(
+    shared: &Shared<St>,
+    call: &ToolCall,
+    plan: &Plan,
+    record: &DedupeRecord,
+    now_ms: u64,
+    joined: bool,
+) -> Found {
+    let counters = &shared.counters;
+    // Two claims under one derived key have the same params: the key hashes them.
+    let same_params = (record.key_derived_from_params && plan.claim.key_derived_from_params())
+        || *record.request.params_digest == *plan.claim.params_digest();
+    if !same_params {
+        Counters::bump(&counters.key_conflicts);
+        return Found::Answer(Err(key_reused(plan)));
+    }
+    match record.state {
+        RecordState::Done | RecordState::Failed => {
+            let matched_on = if joined {
+                MatchedOn::Inflight
+            } else {
+                MatchedOn::Completed
+            };
+            // A joined call's record was written after `now_ms`: its age is 0.
+            match answer_from(record, plan, matched_on, now_ms) {
+                Ok(answer) => {
+                    Counters::bump(if joined {
+                        &counters.inflight_joins
+                    } else {
+                        &counters.completed_hits
+                    });
+                    tracing::debug!(
+                        request_id = call.request_id(),
+                        tool = call.tool_name(),
+                        matched_on = ?matched_on,
+                        "tool call answered by the idempotency cache"
+                    );
+                    Found::Answer(answer)
+                }
+                Err(error) => Found::Unreadable(error),
             }
         }
+        RecordState::Cancelled => Found::Free,
+        RecordState::Inflight if plan.mode == DedupeMode::BestEffort => {
+            Counters::bump(&counters.in_flight_rejections);
+            Found::Answer(Err(in_flight(plan)))
+        }
+        RecordState::Inflight => Found::Running,
     }
 }
 
@@ -187,6 +262,7 @@ async fn execute<S, St>(
     mut inner: S,
     call: ToolCall,
     plan: &Plan,
+    mut guard: ClaimGuard<St>,
     claimed: Arc<DedupeRecord>,
 ) -> Result<ToolOutput, ToolError>
 where
@@ -195,11 +271,6 @@ where
 {
     Counters::bump(&shared.counters.executions);
     let store = &shared.store;
-    let mut guard = ClaimGuard {
-        store: store.clone(),
-        claimed: Some(claimed.clone()),
-        keep_cancelled_for: plan.failed_ttl,
-    };
     let started = Instant::now();
     let tool = inner.call(call.clone());
     let outcome = renewing_lease(tool, store, &claimed, plan.claim.lease).await;
@@ -430,7 +501,7 @@ fn refusal(code: ErrorCode, plan: &Plan, message: impl FnOnce(&str) -> String) -
 
 /// Holds a claim until the result is stored; dropped while armed (the caller dropped the
 /// response future, or the tool panicked), it cancels the record so that the key is free.
-struct ClaimGuard<St: DedupeStore> {
+pub(super) struct ClaimGuard<St: DedupeStore> {
     store: St,
     claimed: Option<Arc<DedupeRecord>>,
     keep_cancelled_for: Duration,

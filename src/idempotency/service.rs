@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use super::future::{deduplicate, ResponseFuture};
+use super::future::{deduplicate, found, Claim, Found, ResponseFuture};
 use super::key::{self, KeySource};
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::CanonicalOptions;
@@ -261,6 +261,19 @@ where
         match self.shared.plan(&call) {
             Ok(None) => ResponseFuture::passed(self.inner.call(call)),
             Ok(Some(plan)) => {
+                // A store that answers at once (the memory store) lets a settled record be
+                // answered here, without the machinery of a claim that waits or runs.
+                let store = &self.shared.store;
+                let first = store
+                    .claim_now(&plan.claim)
+                    .map(|claimed| claimed.map(|outcome| Claim::new(outcome, store, &plan)));
+                if let Some(Ok(Claim::Existing { record, now_ms })) = &first {
+                    if let Found::Answer(answer) =
+                        found(&self.shared, &call, &plan, record, *now_ms, false)
+                    {
+                        return ResponseFuture::ready(answer);
+                    }
+                }
                 // The ready service goes into the future; this one keeps a fresh clone.
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
@@ -269,9 +282,10 @@ where
                     inner,
                     call,
                     plan,
+                    first,
                 )))
             }
-            Err(error) => ResponseFuture::rejected(error),
+            Err(error) => ResponseFuture::ready(Err(error)),
         }
     }
 }

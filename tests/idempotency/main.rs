@@ -1179,6 +1179,30 @@ async fn store_deletes_and_flushes_by_tenant_prefix<B: Backend>(b: B) {
 // The memory store only
 
 #[tokio::test(start_paused = true)]
+async fn memory_store_response_future_dropped_unpolled_frees_the_key() {
+    // The memory store claims the key when the call is made; a response future dropped
+    // before it is polled must not leave the key held until its lease ends.
+    let store = InMemoryDedupeStore::new();
+    let tool = MockTool::echo(Duration::ZERO);
+    let idem = layer(store.clone(), ToolPolicy::default());
+    let mut svc = over(&idem, &tool);
+    let make = || call("sess-42", json!({"path": "a.md"})).build().unwrap();
+    let key = idem.store_key(&make()).unwrap().unwrap();
+    ServiceExt::ready(&mut svc).await.unwrap();
+    drop(svc.call(make()));
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Cancelled);
+    assert_eq!(tool.runs(), 0);
+    let out = run(&svc, make()).await.unwrap();
+    assert!(!out.record().from_cache);
+    assert_eq!(
+        tool.runs(),
+        1,
+        "the key was free: the next call runs the tool"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn memory_store_stays_at_capacity_under_200_000_keys_and_evicts_the_oldest() {
     let store = InMemoryDedupeStore::new();
     let cap = store.capacity();

@@ -376,6 +376,11 @@ impl DedupeStore for InMemoryDedupeStore {
         self.shared.claim(request)
     }
 
+    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
+        self.start_sweeper();
+        Some(self.shared.claim(request))
+    }
+
     async fn get(&self, key: &str) -> Result<Option<DedupeRecord>, StoreError> {
         let now = self.shared.clock.now_ms();
         let state = self.shared.lock();

@@ -52,6 +52,14 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
 
+    /// [`claim`](DedupeStore::claim), when the store answers without waiting (it keeps
+    /// its records in the process); `None` when it does not, and the caller awaits `claim`.
+    /// The default is `None`.
+    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
+        let _ = request;
+        None
+    }
+
     /// The record of `key`, if the store has a live one.
     fn get(
         &self,
