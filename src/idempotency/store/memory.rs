@@ -12,7 +12,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{
     at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
-    StoreError,
+    RecentStrings, StoreError,
 };
 use crate::error::ConfigError;
 use crate::idempotency::record::{DedupeRecord, RecordState};
@@ -80,6 +80,7 @@ struct State {
     inflight: HashMap<Arc<str>, Inflight, KeyHasher>,
     settled: LruMap<Arc<str>, Arc<DedupeRecord>, KeyHasher>,
     last_version: u64,
+    recent: RecentStrings,
 }
 
 struct Inflight {
@@ -294,7 +295,8 @@ impl Shared {
             }
         }
         state.last_version += 1;
-        let record = Arc::new(request.inflight_record(state.last_version, now));
+        let version = state.last_version;
+        let record = Arc::new(request.inflight_record_sharing(version, now, &mut state.recent));
         state.inflight.insert(
             request.key.clone(),
             Inflight {
@@ -502,6 +504,7 @@ impl InMemoryDedupeStoreBuilder {
                     inflight: HashMap::default(),
                     settled: LruMap::with_hasher(KeyHasher::default()),
                     last_version: 0,
+                    recent: RecentStrings::default(),
                 }),
                 capacity: capacity.get(),
                 sweep_interval: self.sweep_interval,
