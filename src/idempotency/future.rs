@@ -255,6 +255,22 @@ pub(super) fn found<St>(
     }
 }
 
+/// [`execute`] for a call whose key was claimed before its response future ran.
+pub(super) async fn execute_claimed<S, St>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    call: ToolCall,
+    plan: Plan,
+    guard: ClaimGuard<St>,
+    claimed: Arc<DedupeRecord>,
+) -> Result<ToolOutput, ToolError>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+    St: DedupeStore,
+{
+    execute(&shared, inner, call, &plan, guard, claimed).await
+}
+
 /// Runs the tool for the call that claimed `claimed`, renewing the lease while it runs, and
 /// stores the result.
 async fn execute<S, St>(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use super::future::{deduplicate, found, Claim, Found, ResponseFuture};
+use super::future::{deduplicate, execute_claimed, found, Claim, Found, ResponseFuture};
 use super::key::{self, KeySource};
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::CanonicalOptions;
@@ -267,23 +267,47 @@ where
                 let first = store
                     .claim_now(&plan.claim)
                     .map(|claimed| claimed.map(|outcome| Claim::new(outcome, store, &plan)));
-                if let Some(Ok(Claim::Existing { record, now_ms })) = &first {
-                    if let Found::Answer(answer) =
-                        found(&self.shared, &call, &plan, record, *now_ms, false)
-                    {
-                        return ResponseFuture::ready(answer);
-                    }
-                }
                 // The ready service goes into the future; this one keeps a fresh clone.
-                let clone = self.inner.clone();
-                let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::deduplicated(Box::pin(deduplicate(
-                    self.shared.clone(),
-                    inner,
-                    call,
-                    plan,
-                    first,
-                )))
+                let mut inner = || {
+                    let clone = self.inner.clone();
+                    mem::replace(&mut self.inner, clone)
+                };
+                let shared = &self.shared;
+                match first {
+                    Some(Ok(Claim::Existing { record, now_ms })) => {
+                        if let Found::Answer(answer) =
+                            found(shared, &call, &plan, &record, now_ms, false)
+                        {
+                            return ResponseFuture::ready(answer);
+                        }
+                        let first = Some(Ok(Claim::Existing { record, now_ms }));
+                        ResponseFuture::deduplicated(Box::pin(deduplicate(
+                            shared.clone(),
+                            inner(),
+                            call,
+                            plan,
+                            first,
+                        )))
+                    }
+                    // Only the execution's machinery is boxed: a smaller future.
+                    Some(Ok(Claim::Held { guard, record })) => {
+                        ResponseFuture::deduplicated(Box::pin(execute_claimed(
+                            shared.clone(),
+                            inner(),
+                            call,
+                            plan,
+                            guard,
+                            record,
+                        )))
+                    }
+                    first => ResponseFuture::deduplicated(Box::pin(deduplicate(
+                        shared.clone(),
+                        inner(),
+                        call,
+                        plan,
+                        first,
+                    ))),
+                }
             }
             Err(error) => ResponseFuture::ready(Err(error)),
         }
