@@ -23,7 +23,8 @@ type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> +
 
 pin_project! {
     /// The response future of [`Idempotency`](super::Idempotency): the inner call when the
-    /// call is not deduplicated, the deduplicated execution, or a rejection.
+    /// call is not deduplicated, the deduplicated execution, or an answer known when the call
+    /// was made (a rejection, or a cached result from a store that answers at once).
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,

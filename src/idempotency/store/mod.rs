@@ -55,6 +55,10 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
     /// [`claim`](DedupeStore::claim), when the store answers without waiting (it keeps
     /// its records in the process); `None` when it does not, and the caller awaits `claim`.
     /// The default is `None`.
+    ///
+    /// The layer asks it when a call is made: a settled record answers the call without a
+    /// boxed future, and a key claimed this way is released if the response future is
+    /// dropped before it runs the tool.
     fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
         let _ = request;
         None
