@@ -2,20 +2,26 @@
 //! the least recently used one can be found and dropped in O(1).
 //!
 //! Entries live in a slab of slots linked into a list from the least to the most recently
-//! used; the hash map points from a key to its slot. Freed slots are reused, so a map that
-//! stays at its capacity allocates nothing more.
+//! used; a hash table of slot numbers finds a key's slot. Each slot keeps its key's hash, so
+//! that the table never hashes a stored key again, and dropping the oldest entry finds it by
+//! its slot number without reading its key. Freed slots are reused, so a map that stays at its
+//! capacity allocates nothing more.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
+
+use hashbrown::HashTable;
 
 /// The end of the list.
 const NIL: usize = usize::MAX;
 
-/// A hash map ordered by use; see the [module docs](self).
-pub(crate) struct LruMap<K, V> {
-    index: HashMap<K, usize>,
+/// A hash map ordered by use; see the [module docs](self). `S` hashes the keys.
+pub(crate) struct LruMap<K, V, S = RandomState> {
+    /// Slot numbers, by the hash of their key.
+    index: HashTable<usize>,
+    hasher: S,
     slots: Vec<Slot<K, V>>,
     /// Slots that hold no entry, ready for reuse.
     free: Vec<usize>,
@@ -27,17 +33,27 @@ pub(crate) struct LruMap<K, V> {
 
 struct Slot<K, V> {
     entry: Option<(K, V)>,
+    /// The hash of the entry's key.
+    hash: u64,
     /// Toward the least recently used end.
     older: usize,
     /// Toward the most recently used end.
     newer: usize,
 }
 
-impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
+impl<K: Hash + Eq, V> LruMap<K, V> {
     /// An empty map.
     pub(crate) fn new() -> Self {
+        LruMap::with_hasher(RandomState::new())
+    }
+}
+
+impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
+    /// An empty map whose keys are hashed by `hasher`.
+    pub(crate) fn with_hasher(hasher: S) -> Self {
         LruMap {
-            index: HashMap::new(),
+            index: HashTable::new(),
+            hasher,
             slots: Vec::new(),
             free: Vec::new(),
             oldest: NIL,
@@ -50,13 +66,37 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
         self.index.len()
     }
 
+    /// The slot of `key`, if the map holds it.
+    fn find<Q>(&self, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find_hashed(self.hasher.hash_one(key), key)
+    }
+
+    /// The slot of `key`, whose hash is `hash`, if the map holds it.
+    fn find_hashed<Q>(&self, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&slot| {
+                slots[slot].hash == hash
+                    && matches!(&slots[slot].entry, Some((k, _)) if k.borrow() == key)
+            })
+            .copied()
+    }
+
     /// The value of `key`, which becomes the most recently used entry.
     pub(crate) fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let slot = *self.index.get(key)?;
+        let slot = self.find(key)?;
         if slot != self.newest {
             self.unlink(slot);
             self.link_newest(slot);
@@ -66,7 +106,8 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
 
     /// Inserts `key` as the most recently used entry; returns the value it replaces.
     pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
-        if let Some(&slot) = self.index.get(&key) {
+        let hash = self.hasher.hash_one(&key);
+        if let Some(slot) = self.find_hashed(hash, &key) {
             self.unlink(slot);
             self.link_newest(slot);
             let (_, old) = self.slots[slot].entry.as_mut()?;
@@ -74,19 +115,23 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
         }
         let slot = match self.free.pop() {
             Some(slot) => {
-                self.slots[slot].entry = Some((key.clone(), value));
+                self.slots[slot].entry = Some((key, value));
+                self.slots[slot].hash = hash;
                 slot
             }
             None => {
                 self.slots.push(Slot {
-                    entry: Some((key.clone(), value)),
+                    entry: Some((key, value)),
+                    hash,
                     older: NIL,
                     newer: NIL,
                 });
                 self.slots.len() - 1
             }
         };
-        self.index.insert(key, slot);
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash, slot, |&slot| slots[slot].hash);
         self.link_newest(slot);
         None
     }
@@ -97,8 +142,8 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let slot = self.index.remove(key)?;
-        Some(self.free_slot(slot).1)
+        let slot = self.find(key)?;
+        Some(self.remove_slot(slot).1)
     }
 
     /// The value of `key`, left where it is in the order of use.
@@ -107,7 +152,7 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let slot = *self.index.get(key)?;
+        let slot = self.find(key)?;
         self.slots[slot].entry.as_ref().map(|(_, v)| v)
     }
 
@@ -117,8 +162,7 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
         let mut removed = 0;
         for slot in 0..self.slots.len() {
             if matches!(&self.slots[slot].entry, Some((k, v)) if !keep(k, v)) {
-                let (key, _) = self.free_slot(slot);
-                self.index.remove(&key);
+                self.remove_slot(slot);
                 removed += 1;
             }
         }
@@ -136,13 +180,18 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
         if self.oldest == NIL {
             return None;
         }
-        let slot = self.oldest;
-        let entry = self.free_slot(slot);
-        self.index.remove(&entry.0);
-        Some(entry)
+        Some(self.remove_slot(self.oldest))
     }
 
-    fn free_slot(&mut self, slot: usize) -> (K, V) {
+    /// Removes the entry of `slot` from the table (found by its slot number, its key unread)
+    /// and from the list.
+    fn remove_slot(&mut self, slot: usize) -> (K, V) {
+        if let Ok(found) = self
+            .index
+            .find_entry(self.slots[slot].hash, |&other| other == slot)
+        {
+            found.remove();
+        }
         self.unlink(slot);
         self.free.push(slot);
         self.slots[slot]
@@ -176,7 +225,7 @@ impl<K: Hash + Eq + Clone, V> LruMap<K, V> {
     }
 }
 
-impl<K, V> fmt::Debug for LruMap<K, V> {
+impl<K, V, S> fmt::Debug for LruMap<K, V, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LruMap")
             .field("len", &self.index.len())

@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::key::key_fingerprint;
+use super::key;
 use super::record::{DedupeRecord, Execution, RecordState, StoredError};
 use super::service::{Counters, Plan, Shared};
 use super::store::{ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
@@ -23,7 +23,8 @@ type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> +
 
 pin_project! {
     /// The response future of [`Idempotency`](super::Idempotency): the inner call when the
-    /// call is not deduplicated, the deduplicated execution, or a rejection.
+    /// call is not deduplicated, the deduplicated execution, or an answer known when the call
+    /// was made (a rejection, or a cached result from a store that answers at once).
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,
@@ -35,7 +36,7 @@ pin_project! {
     enum State<F> {
         Passed { #[pin] future: F },
         Deduplicated { future: BoxedOutcome },
-        Rejected { error: Option<ToolError> },
+        Ready { result: Option<Result<ToolOutput, ToolError>> },
     }
 }
 
@@ -52,9 +53,13 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) fn rejected(error: ToolError) -> Self {
+    /// A future that answers `result` at its first poll: a refusal, or an answer found
+    /// without waiting.
+    pub(super) fn ready(result: Result<ToolOutput, ToolError>) -> Self {
         ResponseFuture {
-            state: State::Rejected { error: Some(error) },
+            state: State::Ready {
+                result: Some(result),
+            },
         }
     }
 }
@@ -64,7 +69,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
         let state = match &self.state {
             State::Passed { .. } => "passed",
             State::Deduplicated { .. } => "deduplicated",
-            State::Rejected { .. } => "rejected",
+            State::Ready { .. } => "ready",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -82,96 +87,189 @@ where
         match self.project().state.project() {
             Projection::Passed { future } => future.poll(cx),
             Projection::Deduplicated { future } => future.as_mut().poll(cx),
-            Projection::Rejected { error } => Poll::Ready(Err(error
-                .take()
-                .expect("ResponseFuture polled after completion"))),
+            Projection::Ready { result } => Poll::Ready(
+                result
+                    .take()
+                    .expect("ResponseFuture polled after completion"),
+            ),
         }
     }
 }
 
 /// Runs `call` at most once for its key: claims the key and runs the tool, or answers from
 /// the record that holds the key, waiting for it when it is in flight and the mode is
-/// `enforced`.
+/// `enforced`. `first` is the outcome of a claim already made, if any.
 pub(super) async fn deduplicate<S, St>(
     shared: Arc<Shared<St>>,
     inner: S,
     call: ToolCall,
     plan: Plan,
+    mut first: Option<Result<Claim<St>, StoreError>>,
 ) -> Result<ToolOutput, ToolError>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
     St: DedupeStore,
 {
     let store = &shared.store;
-    let counters = &shared.counters;
-    let wait_deadline = call_deadline(&call, Instant::now());
     let mut joined = false;
     loop {
-        let (mut record, now_ms) = match store.claim(&plan.claim).await {
-            Ok(ClaimOutcome::Claimed(record)) => {
-                return execute(&shared, inner, call, &plan, record).await;
+        let claimed = match first.take() {
+            Some(claimed) => claimed,
+            None => {
+                (store.claim(&plan.claim).await).map(|outcome| Claim::new(outcome, store, &plan))
             }
-            Ok(ClaimOutcome::Existing { record, now_ms }) => (record, now_ms),
+        };
+        let (mut record, now_ms) = match claimed {
+            Ok(Claim::Held { guard, record }) => {
+                return execute(&shared, inner, call, &plan, guard, record).await;
+            }
+            Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(error) => return Box::pin(store_failed(&shared, error, inner, call, &plan)).await,
         };
         loop {
-            if record.request.params_digest != plan.claim.params_digest {
-                Counters::bump(&counters.key_conflicts);
-                return Err(key_reused(&record.key, &plan));
-            }
-            match record.state {
-                RecordState::Done | RecordState::Failed => {
-                    let matched_on = if joined {
-                        Counters::bump(&counters.inflight_joins);
-                        MatchedOn::Inflight
-                    } else {
-                        Counters::bump(&counters.completed_hits);
-                        MatchedOn::Completed
-                    };
-                    // A joined call's record was written after `now_ms`: its age is 0.
-                    return match answer_from(record, matched_on, now_ms) {
-                        Ok(answer) => {
-                            tracing::debug!(
-                                request_id = call.request_id(),
-                                tool = call.tool_name(),
-                                matched_on = ?matched_on,
-                                "tool call answered by the idempotency cache"
-                            );
-                            answer
-                        }
-                        Err(error) => {
-                            Box::pin(store_failed(&shared, error, inner, call, &plan)).await
-                        }
-                    };
-                }
-                RecordState::Cancelled => break,
-                RecordState::Inflight if plan.mode == DedupeMode::BestEffort => {
-                    Counters::bump(&counters.in_flight_rejections);
-                    return Err(in_flight(&record.key));
-                }
-                RecordState::Inflight => {
+            let error = match found(&shared, &call, &plan, &record, now_ms, joined) {
+                Found::Answer(answer) => return answer,
+                Found::Unreadable(error) => error,
+                Found::Free => break,
+                Found::Running => {
                     joined = true;
                     // Boxed: only joins pay for the waiting machinery.
                     let wait = Box::pin(store.wait(&record));
-                    let waited = match wait_deadline {
+                    // The deadline is absolute: reading the clocks now or at the call's start
+                    // gives the same instant.
+                    let waited = match call_deadline(&call, Instant::now()) {
                         Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
                             Ok(waited) => waited,
-                            Err(_) => return Err(deadline_passed(&record.key)),
+                            Err(_) => return Err(deadline_passed(&plan)),
                         },
                         None => wait.await,
                     };
                     match waited {
-                        Ok(Some(next)) if next.state != RecordState::Cancelled => record = next,
+                        Ok(Some(next)) if next.state != RecordState::Cancelled => {
+                            record = Arc::new(next);
+                            continue;
+                        }
                         // Free again: claim it.
                         Ok(_) => break,
-                        Err(error) => {
-                            return Box::pin(store_failed(&shared, error, inner, call, &plan)).await
-                        }
+                        Err(error) => error,
                     }
                 }
-            }
+            };
+            return Box::pin(store_failed(&shared, error, inner, call, &plan)).await;
         }
     }
+}
+
+/// What a claim found, with the key guarded from the moment it is claimed: a response
+/// future dropped before it runs the tool frees the key.
+pub(super) enum Claim<St: DedupeStore> {
+    /// The key was free: `record` holds it for the call.
+    Held {
+        guard: ClaimGuard<St>,
+        record: Arc<DedupeRecord>,
+    },
+    /// Another record holds the key.
+    Existing {
+        record: Arc<DedupeRecord>,
+        now_ms: u64,
+    },
+}
+
+impl<St: DedupeStore> Claim<St> {
+    pub(super) fn new(outcome: ClaimOutcome, store: &St, plan: &Plan) -> Self {
+        match outcome {
+            ClaimOutcome::Claimed(record) => Claim::Held {
+                guard: ClaimGuard {
+                    store: store.clone(),
+                    claimed: Some(record.clone()),
+                    keep_cancelled_for: plan.failed_ttl,
+                },
+                record,
+            },
+            ClaimOutcome::Existing { record, now_ms } => Claim::Existing { record, now_ms },
+        }
+    }
+}
+
+/// What a call does about the record that holds its key.
+pub(super) enum Found {
+    /// Answer with this (a cached result, or a refusal).
+    Answer(Result<ToolOutput, ToolError>),
+    /// The record cannot be read: the store failed.
+    Unreadable(StoreError),
+    /// The key is free again: claim it.
+    Free,
+    /// The record is in flight and the mode is `enforced`: wait for it.
+    Running,
+}
+
+/// What `call` does about `record`, read from the store at `now_ms`; `joined` when the call
+/// waited for it to run. Counts what it answers.
+pub(super) fn found<St>(
+    shared: &Shared<St>,
+    call: &ToolCall,
+    plan: &Plan,
+    record: &DedupeRecord,
+    now_ms: u64,
+    joined: bool,
+) -> Found {
+    let counters = &shared.counters;
+    // Two claims under one derived key have the same params: the key hashes them.
+    let same_params = (record.key_derived_from_params && plan.claim.key_derived_from_params())
+        || *record.request.params_digest == *plan.claim.params_digest();
+    if !same_params {
+        Counters::bump(&counters.key_conflicts);
+        return Found::Answer(Err(key_reused(plan)));
+    }
+    match record.state {
+        RecordState::Done | RecordState::Failed => {
+            let matched_on = if joined {
+                MatchedOn::Inflight
+            } else {
+                MatchedOn::Completed
+            };
+            // A joined call's record was written after `now_ms`: its age is 0.
+            match answer_from(record, plan, matched_on, now_ms) {
+                Ok(answer) => {
+                    Counters::bump(if joined {
+                        &counters.inflight_joins
+                    } else {
+                        &counters.completed_hits
+                    });
+                    tracing::debug!(
+                        request_id = call.request_id(),
+                        tool = call.tool_name(),
+                        matched_on = ?matched_on,
+                        "tool call answered by the idempotency cache"
+                    );
+                    Found::Answer(answer)
+                }
+                Err(error) => Found::Unreadable(error),
+            }
+        }
+        RecordState::Cancelled => Found::Free,
+        RecordState::Inflight if plan.mode == DedupeMode::BestEffort => {
+            Counters::bump(&counters.in_flight_rejections);
+            Found::Answer(Err(in_flight(plan)))
+        }
+        RecordState::Inflight => Found::Running,
+    }
+}
+
+/// [`execute`] for a call whose key was claimed before its response future ran.
+pub(super) async fn execute_claimed<S, St>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    call: ToolCall,
+    plan: Plan,
+    guard: ClaimGuard<St>,
+    claimed: Arc<DedupeRecord>,
+) -> Result<ToolOutput, ToolError>
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+    St: DedupeStore,
+{
+    execute(&shared, inner, call, &plan, guard, claimed).await
 }
 
 /// Runs the tool for the call that claimed `claimed`, renewing the lease while it runs, and
@@ -181,7 +279,8 @@ async fn execute<S, St>(
     mut inner: S,
     call: ToolCall,
     plan: &Plan,
-    claimed: DedupeRecord,
+    mut guard: ClaimGuard<St>,
+    claimed: Arc<DedupeRecord>,
 ) -> Result<ToolOutput, ToolError>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
@@ -189,11 +288,6 @@ where
 {
     Counters::bump(&shared.counters.executions);
     let store = &shared.store;
-    let mut guard = ClaimGuard {
-        store: store.clone(),
-        claimed: Some(claimed.clone()),
-        keep_cancelled_for: plan.failed_ttl,
-    };
     let started = Instant::now();
     let tool = inner.call(call.clone());
     let outcome = renewing_lease(tool, store, &claimed, plan.claim.lease).await;
@@ -233,7 +327,7 @@ where
             tracing::warn!(
                 request_id = call.request_id(),
                 tool = call.tool_name(),
-                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                idempotency_key_hash = %record_fingerprint(&claimed),
                 version = claimed.version,
                 current_version,
                 "the lease of this call ended and another call took its idempotency key over; \
@@ -246,7 +340,7 @@ where
             tracing::warn!(
                 request_id = call.request_id(),
                 tool = call.tool_name(),
-                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                idempotency_key_hash = %record_fingerprint(&claimed),
                 error = %error,
                 "the result of the tool call could not be stored"
             );
@@ -289,14 +383,14 @@ async fn renew_periodically<St: DedupeStore>(store: &St, claimed: &DedupeRecord,
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(
-                    idempotency_key_hash = %key_fingerprint(&claimed.key),
+                    idempotency_key_hash = %record_fingerprint(claimed),
                     version = claimed.version,
                     "the in-flight lease could not be renewed: another call holds the key"
                 );
                 break;
             }
             Err(error) => tracing::warn!(
-                idempotency_key_hash = %key_fingerprint(&claimed.key),
+                idempotency_key_hash = %record_fingerprint(claimed),
                 error = %error,
                 "the in-flight lease could not be renewed; trying again"
             ),
@@ -305,16 +399,26 @@ async fn renew_periodically<St: DedupeStore>(store: &St, claimed: &DedupeRecord,
     std::future::pending::<()>().await;
 }
 
-/// Answers from a settled record.
+/// What logs name the key of `record` by (see [`key::fingerprint`]).
+fn record_fingerprint(record: &DedupeRecord) -> String {
+    key::fingerprint(
+        &record.key,
+        &record.idempotency_key,
+        record.key_derived_from_params,
+    )
+}
+
+/// Answers from a settled record, with a copy of its output or error.
 fn answer_from(
-    record: DedupeRecord,
+    record: &DedupeRecord,
+    plan: &Plan,
     matched_on: MatchedOn,
     store_now_ms: u64,
 ) -> Result<Result<ToolOutput, ToolError>, StoreError> {
     let cache = CacheMatch {
         matched_on,
         age_ms: store_now_ms.saturating_sub(record.updated_at_ms),
-        key_fingerprint: key_fingerprint(&record.key),
+        key_fingerprint: plan.key_fingerprint(),
     };
     let cached_record = CallRecord {
         attempts: record.execution.as_ref().map(|e| e.attempt_count),
@@ -322,8 +426,8 @@ fn answer_from(
         cache: Some(cache),
         ..CallRecord::default()
     };
-    match (record.state, record.payload, record.error) {
-        (RecordState::Done, Some(output), _) => Ok(Ok(output.with_record(cached_record))),
+    match (record.state, &record.payload, &record.error) {
+        (RecordState::Done, Some(output), _) => Ok(Ok(output.clone().with_record(cached_record))),
         (RecordState::Failed, _, Some(stored)) => {
             let mut error = stored.to_error();
             *error.record_mut() = cached_record;
@@ -354,7 +458,7 @@ where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
 {
     Counters::bump(&shared.counters.store_errors);
-    let fingerprint = key_fingerprint(&plan.claim.key);
+    let fingerprint = plan.key_fingerprint();
     if plan.fail_open {
         Counters::bump(&shared.counters.fail_open_runs);
         tracing::warn!(
@@ -377,8 +481,8 @@ where
     Err(error.into())
 }
 
-fn key_reused(store_key: &str, plan: &Plan) -> ToolError {
-    refusal(ErrorCode::IdempotencyKeyReused, store_key, |fingerprint| {
+fn key_reused(plan: &Plan) -> ToolError {
+    refusal(ErrorCode::IdempotencyKeyReused, plan, |fingerprint| {
         format!(
             "the {} idempotency key (fingerprint {fingerprint}) was used before with other \
              params; use a new idempotency key for new params",
@@ -387,8 +491,8 @@ fn key_reused(store_key: &str, plan: &Plan) -> ToolError {
     })
 }
 
-fn in_flight(store_key: &str) -> ToolError {
-    refusal(ErrorCode::IdempotencyInFlight, store_key, |fingerprint| {
+fn in_flight(plan: &Plan) -> ToolError {
+    refusal(ErrorCode::IdempotencyInFlight, plan, |fingerprint| {
         format!(
             "a call with the same idempotency key (fingerprint {fingerprint}) is still running; \
              wait for its result, or try again later"
@@ -396,8 +500,8 @@ fn in_flight(store_key: &str) -> ToolError {
     })
 }
 
-fn deadline_passed(store_key: &str) -> ToolError {
-    refusal(ErrorCode::Timeout, store_key, |fingerprint| {
+fn deadline_passed(plan: &Plan) -> ToolError {
+    refusal(ErrorCode::Timeout, plan, |fingerprint| {
         format!(
             "the call's deadline passed while it waited for a running call with the same \
              idempotency key (fingerprint {fingerprint}); try again later"
@@ -406,17 +510,17 @@ fn deadline_passed(store_key: &str) -> ToolError {
 }
 
 /// A refusal whose message and details name the key by its fingerprint.
-fn refusal(code: ErrorCode, store_key: &str, message: impl FnOnce(&str) -> String) -> ToolError {
-    let fingerprint = key_fingerprint(store_key);
+fn refusal(code: ErrorCode, plan: &Plan, message: impl FnOnce(&str) -> String) -> ToolError {
+    let fingerprint = plan.key_fingerprint();
     ToolError::rejected(code, message(&fingerprint))
         .with_details(serde_json::json!({ "keyFingerprint": fingerprint }))
 }
 
 /// Holds a claim until the result is stored; dropped while armed (the caller dropped the
 /// response future, or the tool panicked), it cancels the record so that the key is free.
-struct ClaimGuard<St: DedupeStore> {
+pub(super) struct ClaimGuard<St: DedupeStore> {
     store: St,
-    claimed: Option<DedupeRecord>,
+    claimed: Option<Arc<DedupeRecord>>,
     keep_cancelled_for: Duration,
 }
 
@@ -461,15 +565,15 @@ impl<St: DedupeStore> Drop for ClaimGuard<St> {
     }
 }
 
-async fn cancel_claim<St: DedupeStore>(store: St, claimed: DedupeRecord, keep_for: Duration) {
+async fn cancel_claim<St: DedupeStore>(store: St, claimed: Arc<DedupeRecord>, keep_for: Duration) {
     match store.cancel(&claimed, keep_for).await {
         Ok(true) => tracing::debug!(
-            idempotency_key_hash = %key_fingerprint(&claimed.key),
+            idempotency_key_hash = %record_fingerprint(&claimed),
             "idempotency key released: the call ended before its result"
         ),
         Ok(false) => {}
         Err(error) => tracing::warn!(
-            idempotency_key_hash = %key_fingerprint(&claimed.key),
+            idempotency_key_hash = %record_fingerprint(&claimed),
             error = %error,
             "idempotency key could not be released; it stays held until its lease ends"
         ),

@@ -154,6 +154,16 @@ pub fn key_fingerprint(store_key: &str) -> String {
     canonical::hex_lower(&digest[..8])
 }
 
+/// What results and logs name a key by: for a key derived from the params (a SHA-256
+/// already, which reveals nothing) its first 16 hex digits, for another key the
+/// [`key_fingerprint`] of its store key.
+pub(crate) fn fingerprint(store_key: &str, idempotency_key: &str, derived: bool) -> String {
+    match idempotency_key.get(..16) {
+        Some(prefix) if derived => prefix.to_owned(),
+        _ => key_fingerprint(store_key),
+    }
+}
+
 /// Appends `part`, with `%`, `/`, `{` and `}` percent-encoded.
 fn push_part(out: &mut String, part: &str) {
     if !part.bytes().any(needs_escape) {

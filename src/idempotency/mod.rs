@@ -9,7 +9,8 @@
 //! without a key passes through. The store key is scoped to the session and actor (or, for
 //! tools whose policy says `scope = "global"`, shared by every session: a derived key then
 //! leaves the session and actor out), always prefixed by the tenant, and names the tool. Results and logs name a key only by its
-//! [fingerprint](key_fingerprint), never by itself.
+//! fingerprint, never by itself: a derived key (a SHA-256 already) by its first 16 hex digits,
+//! another key by the [fingerprint](key_fingerprint) of its store key.
 //!
 //! # What a call finds
 //!
@@ -30,6 +31,9 @@
 //! `dedupeMode = disabled` (from the call, else the tool's policy, else the layer's default)
 //! means no deduplication. With `on_params_mismatch = "independent"` a reused key with other
 //! params is another key (the digest is appended to the store key), so both calls run.
+//! A derived key hashes the params, so a duplicate found under it by another derived call has
+//! the same params; the digests are compared when the record was written under a key from a
+//! caller or a hook, or read back from a shared store.
 //!
 //! When the caller drops the response future before the result is stored, the record becomes
 //! `cancelled` and the key is free. When a holder's lease ends without a result (the process

@@ -80,6 +80,11 @@ pub struct DedupeRecord {
     pub lock_until_ms: Option<u64>,
     /// The fencing token (optimistic concurrency control).
     pub version: u64,
+    /// The idempotency key was derived from the canonical params of the claim, so a derived
+    /// claim that finds this record under the same key has the same params. Not stored: a
+    /// record read back from a shared store has `false`, and its params digest is compared.
+    #[serde(skip)]
+    pub key_derived_from_params: bool,
 }
 
 /// Where the execution of a key stands.

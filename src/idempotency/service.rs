@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use super::future::{deduplicate, ResponseFuture};
+use super::future::{deduplicate, execute_claimed, found, Claim, Found, ResponseFuture};
 use super::key::{self, KeySource};
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::CanonicalOptions;
@@ -100,29 +100,58 @@ impl<St: DedupeStore> Shared<St> {
         else {
             return Ok(None);
         };
-        let digest = call.params().digest(&self.canonical)?;
         let independent = settings.on_params_mismatch == ParamsMismatch::Independent;
+        let derived = key_source == KeySource::Derived;
+        // A derived key hashes the params already: their digest waits until a record needs it,
+        // unless the store key or the comparison of a reused key needs it now.
+        let digest = if derived && !independent {
+            None
+        } else {
+            Some(call.params().digest(&self.canonical)?)
+        };
         let store_key = key::store_key(
             call,
             &idempotency_key,
             settings.scope,
-            independent.then_some(&*digest),
+            digest.as_deref().filter(|_| independent),
         );
+        let mut claim = match digest {
+            Some(digest) if !derived => ClaimRequest::new(
+                store_key,
+                idempotency_key,
+                &*digest,
+                call.clone(),
+                settings.inflight_lease,
+            ),
+            digest => ClaimRequest::derived(
+                store_key.into(),
+                idempotency_key.into(),
+                call.clone(),
+                self.canonical.clone(),
+                settings.inflight_lease,
+                digest.map(|digest| Arc::from(&*digest)),
+            ),
+        };
+        claim.take_over_retriable_failure = mode == DedupeMode::BestEffort;
         Ok(Some(Plan {
             mode,
-            claim: ClaimRequest {
-                key: store_key.into(),
-                idempotency_key: idempotency_key.into(),
-                params_digest: Arc::from(&*digest),
-                call: call.clone(),
-                lease: settings.inflight_lease,
-                take_over_retriable_failure: mode == DedupeMode::BestEffort,
-            },
+            claim,
             key_source,
             done_ttl: settings.done_ttl,
             failed_ttl: settings.failed_ttl,
             fail_open: settings.on_store_error == OnStoreError::FailOpen,
         }))
+    }
+}
+
+impl Plan {
+    /// What results and logs name the key by (see [`key::fingerprint`]).
+    pub(super) fn key_fingerprint(&self) -> String {
+        key::fingerprint(
+            &self.claim.key,
+            &self.claim.idempotency_key,
+            self.claim.key_derived_from_params(),
+        )
     }
 }
 
@@ -232,17 +261,55 @@ where
         match self.shared.plan(&call) {
             Ok(None) => ResponseFuture::passed(self.inner.call(call)),
             Ok(Some(plan)) => {
+                // A store that answers at once (the memory store) lets a settled record be
+                // answered here, without the machinery of a claim that waits or runs.
+                let store = &self.shared.store;
+                let first = store
+                    .claim_now(&plan.claim)
+                    .map(|claimed| claimed.map(|outcome| Claim::new(outcome, store, &plan)));
                 // The ready service goes into the future; this one keeps a fresh clone.
-                let clone = self.inner.clone();
-                let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::deduplicated(Box::pin(deduplicate(
-                    self.shared.clone(),
-                    inner,
-                    call,
-                    plan,
-                )))
+                let mut inner = || {
+                    let clone = self.inner.clone();
+                    mem::replace(&mut self.inner, clone)
+                };
+                let shared = &self.shared;
+                match first {
+                    Some(Ok(Claim::Existing { record, now_ms })) => {
+                        if let Found::Answer(answer) =
+                            found(shared, &call, &plan, &record, now_ms, false)
+                        {
+                            return ResponseFuture::ready(answer);
+                        }
+                        let first = Some(Ok(Claim::Existing { record, now_ms }));
+                        ResponseFuture::deduplicated(Box::pin(deduplicate(
+                            shared.clone(),
+                            inner(),
+                            call,
+                            plan,
+                            first,
+                        )))
+                    }
+                    // Only the execution's machinery is boxed: a smaller future.
+                    Some(Ok(Claim::Held { guard, record })) => {
+                        ResponseFuture::deduplicated(Box::pin(execute_claimed(
+                            shared.clone(),
+                            inner(),
+                            call,
+                            plan,
+                            guard,
+                            record,
+                        )))
+                    }
+                    first => ResponseFuture::deduplicated(Box::pin(deduplicate(
+                        shared.clone(),
+                        inner(),
+                        call,
+                        plan,
+                        first,
+                    ))),
+                }
             }
-            Err(error) => ResponseFuture::rejected(error),
+            Err(error) => ResponseFuture::ready(Err(error)),
         }
     }
 }

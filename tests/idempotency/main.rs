@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_toolcall::canonical::{canonical_json, params_digest, CanonicalOptions};
+use tower_toolcall::canonical::{canonical_json, derive_key, params_digest, CanonicalOptions};
 use tower_toolcall::idempotency::{
     key_fingerprint, tenant_prefix, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Execution,
     Finalized, IdempotencyLayer, InMemoryDedupeStore, RecordState,
@@ -495,8 +495,16 @@ async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
     let params = json!({"path": "XYZ/Foo.md", "content": "hello", "clientTs": 1});
     let first_call = call("sess-42", params).build().unwrap();
     let key = layer.store_key(&first_call).unwrap().unwrap();
-    let digest = params_digest(
-        &canonical_json(first_call.params().as_value(), &CanonicalOptions::default()).unwrap(),
+    let canonical =
+        canonical_json(first_call.params().as_value(), &CanonicalOptions::default()).unwrap();
+    let digest = params_digest(&canonical);
+    // The key is derived, a hash already: results name it by its first 16 hex digits.
+    let derived = derive_key(
+        first_call.tool_namespace(),
+        first_call.tool_name(),
+        &canonical,
+        first_call.session_key(),
+        first_call.actor_id(),
     );
 
     let first = run(&svc, first_call).await.unwrap();
@@ -518,7 +526,7 @@ async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
     assert!(again.record().from_cache);
     let cache = again.record().cache.clone().unwrap();
     assert_eq!(cache.matched_on, MatchedOn::Completed);
-    assert_eq!(cache.key_fingerprint, key_fingerprint(&key));
+    assert_eq!(cache.key_fingerprint, derived[..16]);
     assert_eq!(again.record().attempts, Some(1));
     let unchanged = store.get(&key).await.unwrap().unwrap();
     assert_eq!(
@@ -707,6 +715,28 @@ async fn same_key_with_other_params_is_a_conflict_or_an_independent_key<B: Backe
     assert!(a_again.record().from_cache);
     assert_eq!(a_again.content, a.content);
     assert_eq!(independent_tool.runs(), 2);
+
+    // A caller's key that equals the key derived for other params is no false hit either:
+    // the record it wrote is checked by its params digest.
+    let derived_for = |path: &str| {
+        let params = json!({"path": path});
+        let canonical = canonical_json(&params, &CanonicalOptions::default()).unwrap();
+        derive_key(NS, TOOL, &canonical, "sess-42", "user-7")
+    };
+    let posing = call("sess-42", json!({"path": "c.md"}))
+        .idempotency_key(derived_for("d.md"))
+        .build()
+        .unwrap();
+    run(&svc, posing).await.unwrap();
+    assert_eq!(tool.runs(), 2);
+    let honest = call("sess-42", json!({"path": "d.md"})).build().unwrap();
+    let err = run(&svc, honest).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::IdempotencyKeyReused);
+    assert_eq!(
+        tool.runs(),
+        2,
+        "the derived call gets no output of other params"
+    );
 }
 
 async fn scope_session_global_and_tenant_separate_keys<B: Backend>(b: B) {
@@ -1012,18 +1042,17 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
 }
 
 fn claim_request(key: &str, digest: &str, lease: Duration) -> ClaimRequest {
-    ClaimRequest {
-        key: key.into(),
-        idempotency_key: "k".into(),
-        params_digest: digest.into(),
-        call: call("sess-42", json!({"path": "a.md"}))
+    ClaimRequest::new(
+        key,
+        "k",
+        digest,
+        call("sess-42", json!({"path": "a.md"}))
             .request_id("01J9Z8Q4V6K3T2M1N0P9R8S7T6")
             .tool_call_id("call_1")
             .build()
             .unwrap(),
         lease,
-        take_over_retriable_failure: false,
-    }
+    )
 }
 
 fn done(content: Value, ttl: Duration) -> Completion {
@@ -1148,6 +1177,30 @@ async fn store_deletes_and_flushes_by_tenant_prefix<B: Backend>(b: B) {
 
 // ---------------------------------------------------------------------------------------------
 // The memory store only
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_response_future_dropped_unpolled_frees_the_key() {
+    // The memory store claims the key when the call is made; a response future dropped
+    // before it is polled must not leave the key held until its lease ends.
+    let store = InMemoryDedupeStore::new();
+    let tool = MockTool::echo(Duration::ZERO);
+    let idem = layer(store.clone(), ToolPolicy::default());
+    let mut svc = over(&idem, &tool);
+    let make = || call("sess-42", json!({"path": "a.md"})).build().unwrap();
+    let key = idem.store_key(&make()).unwrap().unwrap();
+    ServiceExt::ready(&mut svc).await.unwrap();
+    drop(svc.call(make()));
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Cancelled);
+    assert_eq!(tool.runs(), 0);
+    let out = run(&svc, make()).await.unwrap();
+    assert!(!out.record().from_cache);
+    assert_eq!(
+        tool.runs(),
+        1,
+        "the key was free: the next call runs the tool"
+    );
+}
 
 #[tokio::test(start_paused = true)]
 async fn memory_store_stays_at_capacity_under_200_000_keys_and_evicts_the_oldest() {

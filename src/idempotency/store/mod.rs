@@ -14,7 +14,7 @@ mod redis;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use memory::{
@@ -29,6 +29,7 @@ pub use redis::{
 };
 
 use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};
+use crate::canonical::CanonicalOptions;
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
@@ -50,6 +51,18 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
         &self,
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+
+    /// [`claim`](DedupeStore::claim), when the store answers without waiting (it keeps
+    /// its records in the process); `None` when it does not, and the caller awaits `claim`.
+    /// The default is `None`.
+    ///
+    /// The layer asks it when a call is made: a settled record answers the call without a
+    /// boxed future, and a key claimed this way is released if the response future is
+    /// dropped before it runs the tool.
+    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
+        let _ = request;
+        None
+    }
 
     /// The record of `key`, if the store has a live one.
     fn get(
@@ -105,14 +118,17 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
 }
 
 /// What a call asks of [`DedupeStore::claim`].
+///
+/// The params digest of a claim whose idempotency key was derived from the params is
+/// computed only when a store needs it (to write a record, or to compare it with a failure's):
+/// a duplicate found under a derived key already has the same params, since the key hashes
+/// them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimRequest {
     /// The store key.
     pub key: Arc<str>,
     /// The idempotency key.
     pub idempotency_key: Arc<str>,
-    /// `hex(sha256(canonical_json(params)))` of the call.
-    pub params_digest: Arc<str>,
     /// The call that claims the key.
     pub call: ToolCall,
     /// The in-flight lease.
@@ -120,19 +136,112 @@ pub struct ClaimRequest {
     /// Take over a `failed` record whose error is retriable and whose params digest is the
     /// same (dedupe mode `bestEffort`).
     pub take_over_retriable_failure: bool,
+    /// `hex(sha256(canonical_json(params)))`, once known.
+    params_digest: OnceLock<Arc<str>>,
+    /// The options the params digest is computed under, when it is not known yet.
+    canonical: CanonicalOptions,
+    /// The idempotency key was derived from the canonical params.
+    key_derived_from_params: bool,
 }
 
 impl ClaimRequest {
+    /// A claim of `key` (for the idempotency key `idempotency_key`) by `call`, whose params
+    /// digest is `params_digest`, under an in-flight lease of `lease`; it does not take
+    /// retriable failures over.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_toolcall::idempotency::ClaimRequest;
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let call = ToolCall::builder("vault", "createFile").session("s").actor("a").build()?;
+    /// let request = ClaimRequest::new("/vault::createFile/g/k", "k", "d1", call, Duration::from_secs(120));
+    /// assert_eq!(request.params_digest(), "d1");
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn new(
+        key: impl Into<Arc<str>>,
+        idempotency_key: impl Into<Arc<str>>,
+        params_digest: impl Into<Arc<str>>,
+        call: ToolCall,
+        lease: Duration,
+    ) -> ClaimRequest {
+        ClaimRequest {
+            key: key.into(),
+            idempotency_key: idempotency_key.into(),
+            call,
+            lease,
+            take_over_retriable_failure: false,
+            params_digest: OnceLock::from(params_digest.into()),
+            canonical: CanonicalOptions::default(),
+            key_derived_from_params: false,
+        }
+    }
+
+    /// A claim under an idempotency key derived from the params of `call`, canonicalized
+    /// under `canonical` without error: their digest, unless known, is computed when it is
+    /// first needed.
+    pub(crate) fn derived(
+        key: Arc<str>,
+        idempotency_key: Arc<str>,
+        call: ToolCall,
+        canonical: CanonicalOptions,
+        lease: Duration,
+        params_digest: Option<Arc<str>>,
+    ) -> ClaimRequest {
+        ClaimRequest {
+            key,
+            idempotency_key,
+            call,
+            lease,
+            take_over_retriable_failure: false,
+            params_digest: params_digest.map_or_else(OnceLock::new, OnceLock::from),
+            canonical,
+            key_derived_from_params: true,
+        }
+    }
+
+    /// `hex(sha256(canonical_json(params)))` of the call.
+    pub fn params_digest(&self) -> &str {
+        self.shared_params_digest()
+    }
+
+    /// `true` when the idempotency key was derived from the canonical params: a record
+    /// claimed under it by another derived claim has the same params.
+    pub fn key_derived_from_params(&self) -> bool {
+        self.key_derived_from_params
+    }
+
+    fn shared_params_digest(&self) -> &Arc<str> {
+        self.params_digest.get_or_init(|| {
+            let digest = self
+                .call
+                .params()
+                .digest(&self.canonical)
+                .expect("a claim with a deferred digest has params that canonicalize");
+            Arc::from(&*digest)
+        })
+    }
+
     /// The in-flight record a store writes for this claim.
     pub fn inflight_record(&self, version: u64, now_ms: u64) -> DedupeRecord {
+        self.inflight_record_sharing(version, now_ms, &mut RecentStrings::default())
+    }
+
+    /// [`inflight_record`](Self::inflight_record), sharing the tool, session and actor
+    /// strings of the previous record when they are the same.
+    pub(crate) fn inflight_record_sharing(
+        &self,
+        version: u64,
+        now_ms: u64,
+        recent: &mut RecentStrings,
+    ) -> DedupeRecord {
         let lease_ms = millis(self.lease);
         let lock_until_ms = now_ms.saturating_add(lease_ms);
         let call = &self.call;
         DedupeRecord {
             key: self.key.clone(),
-            tool: [call.tool_namespace(), "::", call.tool_name()]
-                .concat()
-                .into(),
+            tool: recent.tool(call.tool_namespace(), call.tool_name()),
             idempotency_key: self.idempotency_key.clone(),
             state: RecordState::Inflight,
             created_at_ms: now_ms,
@@ -140,12 +249,13 @@ impl ClaimRequest {
             expires_at_ms: lock_until_ms,
             ttl_ms: lease_ms,
             request: RecordRequest {
-                session_key: call.session_key().into(),
-                actor_id: call.actor_id().into(),
+                session_key: RecentStrings::share(&mut recent.session_key, call.session_key()),
+                actor_id: RecentStrings::share(&mut recent.actor_id, call.actor_id()),
                 request_id: call.request_id().into(),
                 tool_call_id: call.envelope().tool_call_id.as_deref().map(Arc::from),
-                params_digest: self.params_digest.clone(),
+                params_digest: self.shared_params_digest().clone(),
             },
+            key_derived_from_params: self.key_derived_from_params,
             execution: None,
             payload: None,
             error: None,
@@ -167,22 +277,63 @@ impl ClaimRequest {
                 let retriable = record.error.as_ref().is_some_and(|e| e.retriable);
                 !(self.take_over_retriable_failure
                     && retriable
-                    && record.request.params_digest == self.params_digest)
+                    && *record.request.params_digest == *self.params_digest())
             }
             RecordState::Done => true,
         }
     }
 }
 
+/// The tool, session and actor strings of the last record a store wrote. The next records of
+/// the same tool and session share them rather than hold copies of their own: a record takes
+/// fewer allocations, and a store that evicts it touches less memory.
+#[derive(Debug, Default)]
+pub(crate) struct RecentStrings {
+    tool: Option<Arc<str>>,
+    session_key: Option<Arc<str>>,
+    actor_id: Option<Arc<str>>,
+}
+
+impl RecentStrings {
+    /// `namespace::name`.
+    fn tool(&mut self, namespace: &str, name: &str) -> Arc<str> {
+        let same = |tool: &str| {
+            tool.len() == namespace.len() + 2 + name.len()
+                && tool.starts_with(namespace)
+                && tool[namespace.len()..].starts_with("::")
+                && tool.ends_with(name)
+        };
+        match &self.tool {
+            Some(tool) if same(tool) => tool.clone(),
+            _ => {
+                let tool: Arc<str> = [namespace, "::", name].concat().into();
+                self.tool = Some(tool.clone());
+                tool
+            }
+        }
+    }
+
+    /// `value`, shared with the string `recent` holds when it is the same.
+    fn share(recent: &mut Option<Arc<str>>, value: &str) -> Arc<str> {
+        match recent {
+            Some(shared) if **shared == *value => shared.clone(),
+            _ => recent.insert(Arc::from(value)).clone(),
+        }
+    }
+}
+
 /// What [`DedupeStore::claim`] found.
+///
+/// Records are shared, never copied: a store hands out the record it holds (the memory
+/// store) or the one it decoded (Redis).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClaimOutcome {
     /// The key was free: this in-flight record now holds it for the caller.
-    Claimed(DedupeRecord),
+    Claimed(Arc<DedupeRecord>),
     /// Another record holds the key.
     Existing {
         /// That record.
-        record: DedupeRecord,
+        record: Arc<DedupeRecord>,
         /// The store's clock when it was read, in Unix milliseconds.
         now_ms: u64,
     },

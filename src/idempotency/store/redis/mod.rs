@@ -330,7 +330,7 @@ impl DedupeStore for RedisDedupeStore {
             )
             .await?;
         let Some(previous) = previous else {
-            return Ok(ClaimOutcome::Claimed(record));
+            return Ok(ClaimOutcome::Claimed(Arc::new(record)));
         };
         let mut existing = decode(&previous)?;
         for _ in 0..TAKE_OVER_ATTEMPTS {
@@ -353,7 +353,7 @@ impl DedupeStore for RedisDedupeStore {
                 .await?;
             let mut reply = reply.into_iter();
             if number(reply.next())? == 1 {
-                return Ok(ClaimOutcome::Claimed(record));
+                return Ok(ClaimOutcome::Claimed(Arc::new(record)));
             }
             existing = match reply.next() {
                 Some(Value::BulkString(bytes)) => decode(&bytes)?,
@@ -365,7 +365,7 @@ impl DedupeStore for RedisDedupeStore {
             };
         }
         Ok(ClaimOutcome::Existing {
-            record: existing,
+            record: Arc::new(existing),
             now_ms,
         })
     }

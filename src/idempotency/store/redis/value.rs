@@ -88,18 +88,17 @@ mod tests {
 
     #[test]
     fn a_record_round_trips_and_its_header_is_checked() {
-        let request = ClaimRequest {
-            key: "/vault::createFile/g/k".into(),
-            idempotency_key: "k".into(),
-            params_digest: "d".into(),
-            call: ToolCall::builder("vault", "createFile")
+        let request = ClaimRequest::new(
+            "/vault::createFile/g/k",
+            "k",
+            "d",
+            ToolCall::builder("vault", "createFile")
                 .session("s")
                 .actor("a")
                 .build()
                 .unwrap(),
-            lease: Duration::from_secs(120),
-            take_over_retriable_failure: false,
-        };
+            Duration::from_secs(120),
+        );
         let record = request.inflight_record(1_734_372_720_000_123, 1_734_372_720_000);
         let value = encode(&record).unwrap();
         assert!(value.starts_with(b"inflight 1734372720000123\n{"));
