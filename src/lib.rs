@@ -152,6 +152,7 @@ mod outcome;
 pub mod rate_limit;
 pub mod registry;
 pub mod retry;
+mod serde_message;
 mod spans;
 mod time;
 pub mod timeout;

@@ -25,10 +25,5 @@ pub(crate) fn unix_now_ms() -> u64 {
 /// seen from `now`; a deadline in the past is `now`.
 pub(crate) fn call_deadline(call: &ToolCall, now: Instant) -> Option<Instant> {
     let at = call.control().deadline_at_ms?;
-    let unix_now = millis(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default(),
-    );
-    Some(now + Duration::from_millis(at.saturating_sub(unix_now)))
+    Some(now + Duration::from_millis(at.saturating_sub(unix_now_ms())))
 }

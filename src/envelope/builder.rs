@@ -9,6 +9,7 @@ use super::call::{
 };
 use super::params::Params;
 use crate::error::ToolError;
+use crate::time::millis;
 
 /// Builds a [`ToolCall`] from code; made by [`ToolCall::builder`].
 ///
@@ -126,7 +127,7 @@ impl ToolCallBuilder {
 
     /// `payload.callHints.timeoutMs`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.hints().timeout_ms = Some(duration_ms(timeout));
+        self.hints().timeout_ms = Some(millis(timeout));
         self
     }
 
@@ -152,7 +153,7 @@ impl ToolCallBuilder {
     pub fn retry_budget(mut self, max_attempts: u32, max_elapsed: Duration) -> Self {
         self.envelope.transport.retry_budget = Some(RetryBudget {
             max_attempts,
-            max_elapsed_ms: duration_ms(max_elapsed),
+            max_elapsed_ms: millis(max_elapsed),
         });
         self
     }
@@ -225,8 +226,4 @@ impl ToolCallBuilder {
             .call_hints
             .get_or_insert_with(CallHints::default)
     }
-}
-
-fn duration_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

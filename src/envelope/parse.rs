@@ -4,6 +4,7 @@ use std::fmt;
 
 use super::call::{CallEnvelope, CONTRACT_VERSION, PAYLOAD_VERSION};
 use crate::error::{ErrorCode, ToolError};
+use crate::serde_message::{missing_field, strip_position};
 
 /// The invariants that types alone do not hold.
 pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
@@ -109,24 +110,10 @@ impl fmt::Display for Problem<'_> {
     }
 }
 
-fn missing_field(problem: &str) -> Option<&str> {
-    problem
-        .strip_prefix("missing field `")
-        .and_then(|rest| rest.strip_suffix('`'))
-}
-
 fn join(path: &str, field: &str) -> String {
     if path == "." || path.is_empty() {
         field.to_owned()
     } else {
         format!("{path}.{field}")
-    }
-}
-
-/// serde_json appends " at line L column C"; the path says more than the position.
-fn strip_position(message: &str) -> &str {
-    match message.rfind(" at line ") {
-        Some(i) => &message[..i],
-        None => message,
     }
 }

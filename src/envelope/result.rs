@@ -4,6 +4,7 @@ use serde_json::Value;
 use super::call::ToolCall;
 use crate::error::{ErrorCode, ToolError};
 use crate::outcome::{BreakerState, CacheMatch, CallRecord, RetryRecord, ToolOutput};
+use crate::time::millis;
 
 /// The result envelope of a call, as it goes back to the agent (camelCase JSON).
 ///
@@ -169,9 +170,7 @@ impl ToolResult {
             from_cache: record.from_cache,
             cache: record.cache,
             tool_name: call.tool_name().to_owned(),
-            duration_ms: record
-                .duration
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            duration_ms: record.duration.map_or(0, millis),
             attempts: record.attempts.unwrap_or(1),
             output,
             error,

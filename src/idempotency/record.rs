@@ -304,9 +304,7 @@ impl StoredError {
             class: error.class(),
             not_processed: error.is_not_processed(),
             http_status: error.http_status(),
-            retry_after_ms: error
-                .retry_after()
-                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            retry_after_ms: error.retry_after().map(crate::time::millis),
             details: error.details().cloned(),
         }
     }

@@ -130,7 +130,7 @@ impl ToolDescriptor {
 
     /// Sets the time one attempt may take (`policy.timeout.attempt_timeout_ms`).
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let ms = crate::time::millis(timeout);
         match &mut self.policy.timeout {
             LayerSetting::On(t) => t.attempt_timeout_ms = Some(ms),
             other => {

@@ -52,6 +52,7 @@ pub use policy::{
 
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
+use crate::serde_message::{missing_field, strip_position};
 
 /// The most schema violations listed in one error message.
 const MAX_LISTED_VIOLATIONS: usize = 8;
@@ -159,7 +160,7 @@ impl ToolRegistry {
             if inner.is_syntax() || inner.is_eof() {
                 ConfigError::new("", format!("is not valid JSON: {inner}"))
             } else {
-                file_error(&path, &strip_position(&inner.to_string()))
+                file_error(&path, strip_position(&inner.to_string()))
             }
         })?;
         de.end()
@@ -498,10 +499,7 @@ fn dotted(root: &str, pointer: &str) -> String {
 
 fn file_error(path: &str, message: &str) -> ConfigError {
     let field = if path == "." { "" } else { path };
-    if let Some(missing) = message
-        .strip_prefix("missing field `")
-        .and_then(|rest| rest.split('`').next())
-    {
+    if let Some(missing) = missing_field(message) {
         let field = if field.is_empty() {
             missing.to_owned()
         } else {
@@ -510,11 +508,4 @@ fn file_error(path: &str, message: &str) -> ConfigError {
         return ConfigError::new(field, "is required");
     }
     ConfigError::new(field, message.trim().to_owned())
-}
-
-fn strip_position(message: &str) -> String {
-    match message.rfind(" at line ") {
-        Some(i) => message[..i].to_owned(),
-        None => message.to_owned(),
-    }
 }

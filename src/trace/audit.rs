@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -35,6 +34,7 @@ use serde_json::{json, Value};
 use super::redact::Redactor;
 use crate::envelope::{ToolCall, ToolResult};
 use crate::error::ConfigError;
+use crate::time::unix_now_ms;
 
 /// The three streams of the audit log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -216,17 +216,17 @@ impl AuditLog {
 
     /// Queues the call envelope for `calls.jsonl`; never waits.
     pub fn record_call(&self, call: &ToolCall) {
-        self.send(Entry::Call(call.clone(), now_ms()));
+        self.send(Entry::Call(call.clone(), unix_now_ms()));
     }
 
     /// Queues the result envelope for `results.jsonl`; never waits.
     pub fn record_result(&self, result: ToolResult) {
-        self.send(Entry::Result(Box::new(result), now_ms()));
+        self.send(Entry::Result(Box::new(result), unix_now_ms()));
     }
 
     /// Queues an event for `events.jsonl`; never waits.
     pub fn record_event(&self, event: ExecutionEvent) {
-        self.send(Entry::Event(Box::new(event), now_ms()));
+        self.send(Entry::Event(Box::new(event), unix_now_ms()));
     }
 
     /// What has been written and dropped so far.
@@ -318,12 +318,6 @@ fn render(entry: Entry, redactor: &Redactor) -> (AuditStream, Value) {
             (AuditStream::Events, redactor.redact_value(&value))
         }
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Unix milliseconds as RFC 3339 in UTC, e.g. `2025-12-16T18:12:00.000Z`.

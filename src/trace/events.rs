@@ -17,6 +17,7 @@ use crate::envelope::{ResultStatus, ToolCall, ToolResult};
 use crate::error::ToolError;
 use crate::idempotency::key_fingerprint;
 use crate::outcome::{CallRecord, ToolOutput};
+use crate::time::millis;
 
 /// The span of one call: `execute_tool {tool}` with the OpenTelemetry GenAI attributes.
 pub(super) fn call_span(call: &ToolCall) -> Span {
@@ -61,7 +62,7 @@ pub(super) fn finished(
     elapsed: Duration,
     redactor: &Redactor,
 ) {
-    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    let elapsed_ms = millis(elapsed);
     match outcome {
         Ok(output) => {
             let record = output.record();
@@ -166,7 +167,7 @@ pub(super) fn audit_finished(
             .payload(json!({ "attempts": attempts, "fromCache": record.from_cache })),
     );
     let mut result = ToolResult::from_outcome(call, outcome.clone());
-    result.duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    result.duration_ms = millis(elapsed);
     audit.record_result(result);
 }
 
