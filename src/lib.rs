@@ -142,6 +142,7 @@
 pub mod breaker;
 pub mod canonical;
 pub mod classify;
+pub mod control;
 pub mod envelope;
 mod error;
 pub mod idempotency;
@@ -168,7 +169,10 @@ pub use envelope::{
 pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
 pub use idempotency::IdempotencyLayer;
 pub use loop_detect::LoopDetectLayer;
-pub use outcome::{BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ToolOutput};
+pub use outcome::{
+    BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ShadowDecision, ShadowVerdict,
+    ShortCircuit, ToolOutput,
+};
 pub use tool_fn::{tool_fn, ToolFn};
 pub use validate::EnvelopeValidateLayer;
 

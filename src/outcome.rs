@@ -7,6 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::control::ShadowLayer;
+
 /// The successful output of a tool: its `content` and optional `metadata`.
 ///
 /// ```
@@ -91,6 +93,12 @@ pub struct CallRecord {
     pub breaker_state: Option<BreakerState>,
     /// How long the call took, measured at the edge.
     pub duration: Option<Duration>,
+    /// The layer that answered without running the tool, when one did (for a retried call:
+    /// on its last attempt).
+    pub short_circuit: Option<ShortCircuit>,
+    /// What the layers in shadow mode would have done to the call, in the order they
+    /// decided it.
+    pub shadow: Vec<ShadowDecision>,
 }
 
 impl CallRecord {
@@ -102,7 +110,91 @@ impl CallRecord {
         retried_by: Vec::new(),
         breaker_state: None,
         duration: None,
+        short_circuit: None,
+        shadow: Vec::new(),
     };
+}
+
+/// How a layer answered a call without running the tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ShortCircuit {
+    /// The envelope validation layer refused the call.
+    ValidationRejected,
+    /// Loop detection blocked the call.
+    LoopBlocked,
+    /// The rate limiter refused the call.
+    RateLimited,
+    /// The idempotency layer answered with a completed call's result.
+    CacheHit,
+    /// The idempotency layer answered with the result of a running call it joined.
+    InflightJoin,
+    /// The idempotency layer refused a key reused with other params.
+    KeyConflict,
+    /// An open circuit breaker failed the call fast.
+    BreakerOpen,
+}
+
+impl ShortCircuit {
+    /// The path's name in logs and audit lines.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ShortCircuit::ValidationRejected => "validation_rejected",
+            ShortCircuit::LoopBlocked => "loop_blocked",
+            ShortCircuit::RateLimited => "rate_limited",
+            ShortCircuit::CacheHit => "cache_hit",
+            ShortCircuit::InflightJoin => "inflight_join",
+            ShortCircuit::KeyConflict => "key_conflict",
+            ShortCircuit::BreakerOpen => "breaker_open",
+        }
+    }
+}
+
+/// What a layer in shadow mode would have done to a call, had it enforced its decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShadowDecision {
+    /// The layer that decided.
+    pub layer: ShadowLayer,
+    /// What it would have done.
+    pub verdict: ShadowVerdict,
+}
+
+/// What a layer in shadow mode would have done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ShadowVerdict {
+    /// The breaker would have opened after this call's failure.
+    WouldOpen,
+    /// The breaker would have failed this call fast.
+    WouldReject,
+    /// Loop detection would have blocked this call.
+    WouldBlock,
+    /// The idempotency layer would have answered with a completed call's result.
+    WouldReplay,
+    /// The idempotency layer would have joined a running call.
+    WouldJoin,
+    /// The idempotency layer would have refused a key reused with other params.
+    WouldConflict,
+    /// The rate limiter would have refused this call.
+    WouldLimit,
+    /// The rate limiter would have made this call wait.
+    WouldWait,
+}
+
+impl ShadowVerdict {
+    /// The verdict's name in logs and the `decision` metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ShadowVerdict::WouldOpen => "would_open",
+            ShadowVerdict::WouldReject => "would_reject",
+            ShadowVerdict::WouldBlock => "would_block",
+            ShadowVerdict::WouldReplay => "would_replay",
+            ShadowVerdict::WouldJoin => "would_join",
+            ShadowVerdict::WouldConflict => "would_conflict",
+            ShadowVerdict::WouldLimit => "would_limit",
+            ShadowVerdict::WouldWait => "would_wait",
+        }
+    }
 }
 
 /// How the idempotency cache answered a call.

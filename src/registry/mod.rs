@@ -50,6 +50,7 @@ pub use policy::{
     RetryOverrides, TimeoutOverrides, ToolPolicy, UnclassifiedAs, ValidateOverrides,
 };
 
+use crate::control::ReliabilityControl;
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::serde_message::{missing_field, strip_position};
@@ -59,10 +60,12 @@ const MAX_LISTED_VIOLATIONS: usize = 8;
 
 /// The registered tools, the denied ones, and the policy of unregistered tools.
 ///
-/// Cheap to clone: clones share one immutable registry.
+/// Cheap to clone: clones share one immutable registry, and the operator's
+/// [`ReliabilityControl`] that every layer built from it obeys.
 #[derive(Clone)]
 pub struct ToolRegistry {
     inner: Arc<RegistryInner>,
+    control: ReliabilityControl,
 }
 
 /// Tools by namespace, then by name. The maps are filled once when the registry is built and
@@ -234,6 +237,28 @@ impl ToolRegistry {
         &self.inner.unregistered
     }
 
+    /// The switches every layer built from this registry obeys: the kill switch, breaker
+    /// enforcement, key derivation and shadow mode ([`control`](crate::control)).
+    pub fn control(&self) -> &ReliabilityControl {
+        &self.control
+    }
+
+    /// The same tools under other switches; clones of `control` flip every layer built
+    /// from the returned registry.
+    ///
+    /// ```
+    /// use tower_toolcall::control::ReliabilityControl;
+    /// use tower_toolcall::registry::ToolRegistry;
+    ///
+    /// let registry = ToolRegistry::open().with_control(ReliabilityControl::from_env()?);
+    /// # let _ = registry;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn with_control(mut self, control: ReliabilityControl) -> Self {
+        self.control = control;
+        self
+    }
+
     /// How many tools are registered.
     pub fn len(&self) -> usize {
         self.inner.count
@@ -256,6 +281,7 @@ impl fmt::Debug for ToolRegistry {
             .field("tools", &self.inner.count)
             .field("open", &self.inner.open)
             .field("denied", &self.inner.denied.len())
+            .field("control", &self.control)
             .finish()
     }
 }
@@ -341,6 +367,7 @@ pub struct ToolRegistryBuilder {
     open: bool,
     denied: Vec<String>,
     unregistered: ToolPolicy,
+    control: ReliabilityControl,
 }
 
 impl ToolRegistryBuilder {
@@ -365,6 +392,12 @@ impl ToolRegistryBuilder {
     /// The policy of unregistered tools in an open registry.
     pub fn unregistered_policy(mut self, policy: ToolPolicy) -> Self {
         self.unregistered = policy;
+        self
+    }
+
+    /// The switches every layer built from the registry obeys (default: everything on).
+    pub fn control(mut self, control: ReliabilityControl) -> Self {
+        self.control = control;
         self
     }
 
@@ -405,6 +438,7 @@ impl ToolRegistryBuilder {
                 denied,
                 unregistered: self.unregistered,
             }),
+            control: self.control,
         })
     }
 }

@@ -1,0 +1,327 @@
+//! The operator's switches over every layer: the kill switch, breaker enforcement, key
+//! derivation and shadow mode, read from the environment when the stack is built and
+//! flippable at run time through a shared handle.
+//!
+//! | variable | values | effect |
+//! |---|---|---|
+//! | `TOOL_RELIABILITY_ENABLED` | `true` (default) / `false` | `false` makes every layer a pass-through: the tool sees exactly what the bare service would |
+//! | `TOOL_RELIABILITY_OPEN_MODE` | `on` (default) / `off` | `off` keeps the breakers counting but never fails a call fast |
+//! | `TOOL_RELIABLE_DERIVE_IDEMPOTENCY` | `on` (default) / `off` | `off` uses only the keys callers or hooks give; none is derived from the params |
+//! | `TOOL_RELIABILITY_SHADOW` | comma-separated `breaker`, `loop_detect`, `idempotency`, `rate_limit` | those layers compute, log and count their decisions but enforce none |
+//!
+//! A [`ReliabilityControl`] reaches the layers through the registry they are built from
+//! ([`ToolRegistry::with_control`](crate::registry::ToolRegistry::with_control)); every
+//! clone shares the same switches, so flipping one takes effect on the next call of every
+//! layer.
+//!
+//! ```
+//! use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
+//! use tower_toolcall::registry::ToolRegistry;
+//!
+//! let control = ReliabilityControl::from_lookup(|name| match name {
+//!     "TOOL_RELIABILITY_SHADOW" => Some("breaker, rate_limit".to_owned()),
+//!     _ => None,
+//! })?;
+//! assert!(control.is_enabled());
+//! assert!(control.is_shadow(ShadowLayer::Breaker));
+//! assert!(!control.is_shadow(ShadowLayer::Idempotency));
+//!
+//! let registry = ToolRegistry::open().with_control(control.clone());
+//! // ... build the layers from `registry` ...
+//! control.set_enabled(false); // every layer passes calls straight through from now on
+//! assert!(!registry.control().is_enabled());
+//! # Ok::<(), tower_toolcall::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use crate::error::ConfigError;
+
+/// The variable of the kill switch.
+pub const ENABLED_VAR: &str = "TOOL_RELIABILITY_ENABLED";
+/// The variable of breaker enforcement.
+pub const OPEN_MODE_VAR: &str = "TOOL_RELIABILITY_OPEN_MODE";
+/// The variable of idempotency key derivation.
+pub const DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABLE_DERIVE_IDEMPOTENCY";
+/// The variable listing the layers in shadow mode.
+pub const SHADOW_VAR: &str = "TOOL_RELIABILITY_SHADOW";
+
+/// A layer that can run in shadow mode: deciding, logging and counting, never enforcing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ShadowLayer {
+    /// The circuit breaker: `would_reject` instead of `CIRCUIT_OPEN`, `would_open` when a
+    /// failure trips it.
+    Breaker,
+    /// Loop detection: `would_block` instead of `LOOP_DETECTED`.
+    LoopDetect,
+    /// Idempotency: `would_replay`, `would_join` or `would_conflict` instead of answering
+    /// from the store; the tool runs again.
+    Idempotency,
+    /// The rate limiter: `would_limit` or `would_wait` instead of `RATE_LIMITED` or a wait.
+    RateLimit,
+}
+
+impl ShadowLayer {
+    /// Every layer that has a shadow mode.
+    pub const ALL: [ShadowLayer; 4] = [
+        ShadowLayer::Breaker,
+        ShadowLayer::LoopDetect,
+        ShadowLayer::Idempotency,
+        ShadowLayer::RateLimit,
+    ];
+
+    /// The layer's name in `TOOL_RELIABILITY_SHADOW`, logs and the `layer` metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ShadowLayer::Breaker => "breaker",
+            ShadowLayer::LoopDetect => "loop_detect",
+            ShadowLayer::Idempotency => "idempotency",
+            ShadowLayer::RateLimit => "rate_limit",
+        }
+    }
+
+    /// The layer named `name`, as [`as_str`](Self::as_str) spells it.
+    pub fn parse(name: &str) -> Option<ShadowLayer> {
+        ShadowLayer::ALL.into_iter().find(|l| l.as_str() == name)
+    }
+
+    const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+impl fmt::Display for ShadowLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The shared switches over every layer. Cheap to clone: clones share the switches.
+///
+/// [`ReliabilityControl::new`] has everything on and enforced, the same as the default of
+/// every registry; [`ReliabilityControl::from_env`] reads the variables listed in the
+/// [module documentation](self).
+#[derive(Clone)]
+pub struct ReliabilityControl {
+    switches: Arc<Switches>,
+}
+
+struct Switches {
+    enabled: AtomicBool,
+    breaker_enforced: AtomicBool,
+    derive_idempotency_keys: AtomicBool,
+    shadow: AtomicU8,
+}
+
+impl Default for ReliabilityControl {
+    fn default() -> Self {
+        ReliabilityControl::new()
+    }
+}
+
+impl fmt::Debug for ReliabilityControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shadow: Vec<_> = ShadowLayer::ALL
+            .into_iter()
+            .filter(|l| self.is_shadow(*l))
+            .map(ShadowLayer::as_str)
+            .collect();
+        f.debug_struct("ReliabilityControl")
+            .field("enabled", &self.is_enabled())
+            .field("breaker_enforced", &self.is_breaker_enforced())
+            .field("derive_idempotency_keys", &self.derives_idempotency_keys())
+            .field("shadow", &shadow)
+            .finish()
+    }
+}
+
+impl ReliabilityControl {
+    /// Every layer on and enforcing.
+    pub fn new() -> Self {
+        ReliabilityControl {
+            switches: Arc::new(Switches {
+                enabled: AtomicBool::new(true),
+                breaker_enforced: AtomicBool::new(true),
+                derive_idempotency_keys: AtomicBool::new(true),
+                shadow: AtomicU8::new(0),
+            }),
+        }
+    }
+
+    /// The switches as the process environment sets them; an unset variable keeps its
+    /// default, a value that is not understood is refused naming the variable.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        ReliabilityControl::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// The switches as `lookup` gives the variables (for configuration sources other than
+    /// the process environment, and for tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let control = ReliabilityControl::new();
+        if let Some(value) = lookup(ENABLED_VAR) {
+            control.set_enabled(parse_switch(ENABLED_VAR, &value)?);
+        }
+        if let Some(value) = lookup(OPEN_MODE_VAR) {
+            control.set_breaker_enforced(parse_switch(OPEN_MODE_VAR, &value)?);
+        }
+        if let Some(value) = lookup(DERIVE_IDEMPOTENCY_VAR) {
+            control.set_derive_idempotency_keys(parse_switch(DERIVE_IDEMPOTENCY_VAR, &value)?);
+        }
+        if let Some(value) = lookup(SHADOW_VAR) {
+            for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                let layer = ShadowLayer::parse(&name.to_ascii_lowercase()).ok_or_else(|| {
+                    ConfigError::new(
+                        SHADOW_VAR,
+                        format!(
+                            "lists {name:?}; name layers among `breaker`, `loop_detect`, \
+                             `idempotency` and `rate_limit`, separated by commas"
+                        ),
+                    )
+                })?;
+                control.set_shadow(layer, true);
+            }
+        }
+        Ok(control)
+    }
+
+    /// Whether the layers do their work; `false` makes every one a pass-through.
+    #[inline]
+    pub fn is_enabled(&self) -> bool {
+        self.switches.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Turns every layer on or into a pass-through, from the next call on.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.switches.enabled.store(enabled, Ordering::Relaxed);
+    }
+
+    /// Whether open breakers fail calls fast (`TOOL_RELIABILITY_OPEN_MODE`). A breaker in
+    /// shadow mode never does, whatever this says.
+    #[inline]
+    pub fn is_breaker_enforced(&self) -> bool {
+        self.switches.breaker_enforced.load(Ordering::Relaxed)
+    }
+
+    /// Turns breaker enforcement on or off, from the next call on.
+    pub fn set_breaker_enforced(&self, enforced: bool) {
+        self.switches
+            .breaker_enforced
+            .store(enforced, Ordering::Relaxed);
+    }
+
+    /// Whether the idempotency layer derives a key for calls that carry none
+    /// (`TOOL_RELIABLE_DERIVE_IDEMPOTENCY`).
+    #[inline]
+    pub fn derives_idempotency_keys(&self) -> bool {
+        self.switches
+            .derive_idempotency_keys
+            .load(Ordering::Relaxed)
+    }
+
+    /// Turns key derivation on or off, from the next call on.
+    pub fn set_derive_idempotency_keys(&self, derive: bool) {
+        self.switches
+            .derive_idempotency_keys
+            .store(derive, Ordering::Relaxed);
+    }
+
+    /// Whether `layer` is in shadow mode.
+    #[inline]
+    pub fn is_shadow(&self, layer: ShadowLayer) -> bool {
+        self.switches.shadow.load(Ordering::Relaxed) & layer.bit() != 0
+    }
+
+    /// Puts `layer` in or out of shadow mode, from the next call on.
+    pub fn set_shadow(&self, layer: ShadowLayer, shadow: bool) {
+        if shadow {
+            self.switches
+                .shadow
+                .fetch_or(layer.bit(), Ordering::Relaxed);
+        } else {
+            self.switches
+                .shadow
+                .fetch_and(!layer.bit(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// `true` / `false`, `on` / `off`, `1` / `0`, `yes` / `no`, in any case.
+fn parse_switch(variable: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "on" | "1" | "yes" | "enabled" => Ok(true),
+        "false" | "off" | "0" | "no" | "disabled" => Ok(false),
+        _ => Err(ConfigError::new(
+            variable,
+            format!("is {value:?}; set it to `true` or `false` (or `on` / `off`)"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn unset_variables_keep_everything_on() {
+        let control = ReliabilityControl::from_lookup(|_| None).unwrap();
+        assert!(control.is_enabled());
+        assert!(control.is_breaker_enforced());
+        assert!(control.derives_idempotency_keys());
+        assert!(ShadowLayer::ALL.iter().all(|l| !control.is_shadow(*l)));
+    }
+
+    #[test]
+    fn the_seed_variables_turn_their_switches_off() {
+        let control = ReliabilityControl::from_lookup(lookup(&[
+            ("TOOL_RELIABILITY_ENABLED", "false"),
+            ("TOOL_RELIABILITY_OPEN_MODE", "off"),
+            ("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "OFF"),
+            ("TOOL_RELIABILITY_SHADOW", " loop_detect ,Idempotency,"),
+        ]))
+        .unwrap();
+        assert!(!control.is_enabled());
+        assert!(!control.is_breaker_enforced());
+        assert!(!control.derives_idempotency_keys());
+        assert!(control.is_shadow(ShadowLayer::LoopDetect));
+        assert!(control.is_shadow(ShadowLayer::Idempotency));
+        assert!(!control.is_shadow(ShadowLayer::Breaker));
+        assert!(!control.is_shadow(ShadowLayer::RateLimit));
+    }
+
+    #[test]
+    fn clones_share_the_switches() {
+        let control = ReliabilityControl::new();
+        let clone = control.clone();
+        clone.set_enabled(false);
+        clone.set_shadow(ShadowLayer::RateLimit, true);
+        assert!(!control.is_enabled());
+        assert!(control.is_shadow(ShadowLayer::RateLimit));
+        clone.set_shadow(ShadowLayer::RateLimit, false);
+        assert!(!control.is_shadow(ShadowLayer::RateLimit));
+    }
+
+    #[test]
+    fn values_not_understood_name_the_variable() {
+        let err = ReliabilityControl::from_lookup(lookup(&[("TOOL_RELIABILITY_ENABLED", "nope")]))
+            .unwrap_err();
+        assert_eq!(err.field(), "TOOL_RELIABILITY_ENABLED");
+        assert!(err.to_string().contains("\"nope\""), "{err}");
+
+        let err = ReliabilityControl::from_lookup(lookup(&[("TOOL_RELIABILITY_SHADOW", "retry")]))
+            .unwrap_err();
+        assert_eq!(err.field(), "TOOL_RELIABILITY_SHADOW");
+        assert!(err.to_string().contains("loop_detect"), "{err}");
+    }
+}
