@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::outcome::CallRecord;
+use crate::outcome::{CallRecord, ShortCircuit};
 
 /// Stable, machine-readable error codes.
 ///
@@ -214,6 +214,13 @@ impl ToolError {
         let mut err = ToolError::new(code, message).not_processed(true);
         err.inner.record.attempts = Some(0);
         err
+    }
+
+    /// Marks the error as the answer of a layer that did not run the tool, and on which path
+    /// ([`CallRecord::short_circuit`]); hooks and logs tell such answers from attempts by it.
+    pub fn short_circuited(mut self, path: ShortCircuit) -> Self {
+        self.inner.record.short_circuit = Some(path);
+        self
     }
 
     /// A `VALIDATION_ERROR` about `field` (a dotted path such as `target.sessionKey`); the

@@ -11,7 +11,7 @@ use super::service::ToolBreaker;
 use super::state::{CallOutcome, Ticket};
 use crate::classify::Verdict;
 use crate::error::{ErrorCode, ToolError};
-use crate::outcome::{BreakerState, ToolOutput};
+use crate::outcome::{BreakerState, ShortCircuit, ToolOutput};
 
 pin_project! {
     /// The response future of [`CircuitBreaker`](super::CircuitBreaker): refused with
@@ -163,7 +163,8 @@ fn circuit_open(state: BreakerState, retry_after: Option<Duration>) -> ToolError
              tool"
         }
     };
-    let mut error = ToolError::rejected(ErrorCode::CircuitOpen, message);
+    let mut error = ToolError::rejected(ErrorCode::CircuitOpen, message)
+        .short_circuited(ShortCircuit::BreakerOpen);
     if let Some(after) = retry_after {
         error = error.with_retry_after(after);
     }

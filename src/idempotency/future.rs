@@ -16,7 +16,7 @@ use super::service::{Counters, Plan, Shared};
 use super::store::{ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ErrorCode, ToolError};
-use crate::outcome::{CacheMatch, CallRecord, MatchedOn, ToolOutput};
+use crate::outcome::{CacheMatch, CallRecord, MatchedOn, ShortCircuit, ToolOutput};
 use crate::time::{call_deadline, millis};
 
 type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
@@ -424,6 +424,10 @@ fn answer_from(
         attempts: record.execution.as_ref().map(|e| e.attempt_count),
         from_cache: true,
         cache: Some(cache),
+        short_circuit: Some(match matched_on {
+            MatchedOn::Inflight => ShortCircuit::InflightJoin,
+            MatchedOn::Completed => ShortCircuit::CacheHit,
+        }),
         ..CallRecord::default()
     };
     match (record.state, &record.payload, &record.error) {
@@ -482,37 +486,58 @@ where
 }
 
 fn key_reused(plan: &Plan) -> ToolError {
-    refusal(ErrorCode::IdempotencyKeyReused, plan, |fingerprint| {
-        format!(
-            "the {} idempotency key (fingerprint {fingerprint}) was used before with other \
+    refusal(
+        ErrorCode::IdempotencyKeyReused,
+        ShortCircuit::KeyConflict,
+        plan,
+        |fingerprint| {
+            format!(
+                "the {} idempotency key (fingerprint {fingerprint}) was used before with other \
              params; use a new idempotency key for new params",
-            plan.key_source.as_str()
-        )
-    })
+                plan.key_source.as_str()
+            )
+        },
+    )
 }
 
 fn in_flight(plan: &Plan) -> ToolError {
-    refusal(ErrorCode::IdempotencyInFlight, plan, |fingerprint| {
-        format!(
+    refusal(
+        ErrorCode::IdempotencyInFlight,
+        ShortCircuit::InflightJoin,
+        plan,
+        |fingerprint| {
+            format!(
             "a call with the same idempotency key (fingerprint {fingerprint}) is still running; \
              wait for its result, or try again later"
         )
-    })
+        },
+    )
 }
 
 fn deadline_passed(plan: &Plan) -> ToolError {
-    refusal(ErrorCode::Timeout, plan, |fingerprint| {
-        format!(
-            "the call's deadline passed while it waited for a running call with the same \
+    refusal(
+        ErrorCode::Timeout,
+        ShortCircuit::InflightJoin,
+        plan,
+        |fingerprint| {
+            format!(
+                "the call's deadline passed while it waited for a running call with the same \
              idempotency key (fingerprint {fingerprint}); try again later"
-        )
-    })
+            )
+        },
+    )
 }
 
 /// A refusal whose message and details name the key by its fingerprint.
-fn refusal(code: ErrorCode, plan: &Plan, message: impl FnOnce(&str) -> String) -> ToolError {
+fn refusal(
+    code: ErrorCode,
+    path: ShortCircuit,
+    plan: &Plan,
+    message: impl FnOnce(&str) -> String,
+) -> ToolError {
     let fingerprint = plan.key_fingerprint();
     ToolError::rejected(code, message(&fingerprint))
+        .short_circuited(path)
         .with_details(serde_json::json!({ "keyFingerprint": fingerprint }))
 }
 

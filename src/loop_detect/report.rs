@@ -20,6 +20,7 @@ use super::detector::{Action, Detection, Limits, Rule, Signature};
 use crate::canonical::{canonical_json, CanonicalOptions};
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
+use crate::outcome::ShortCircuit;
 use crate::trace::{Redactor, REDACTED};
 
 /// How many characters of the canonical params the WARN line shows.
@@ -88,7 +89,9 @@ pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits
         }
         details
     };
-    ToolError::rejected(ErrorCode::LoopDetected, message).with_details_fn(details)
+    ToolError::rejected(ErrorCode::LoopDetected, message)
+        .short_circuited(ShortCircuit::LoopBlocked)
+        .with_details_fn(details)
 }
 
 /// Logs a detection: the WARN line, and at DEBUG the full signature.

@@ -12,7 +12,7 @@ use super::limiter::ToolLimit;
 use super::service::over_limit;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
-use crate::outcome::ToolOutput;
+use crate::outcome::{ShortCircuit, ToolOutput};
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the call, refused with
@@ -54,6 +54,7 @@ impl<S, F> ResponseFuture<S, F> {
     }
 
     pub(super) fn rejected(error: ToolError) -> Self {
+        let error = error.short_circuited(ShortCircuit::RateLimited);
         ResponseFuture {
             state: State::Rejected { error: Some(error) },
             waiting: None,

@@ -6,7 +6,7 @@ use std::task::{ready, Context, Poll};
 use pin_project_lite::pin_project;
 
 use crate::error::ToolError;
-use crate::outcome::ToolOutput;
+use crate::outcome::{ShortCircuit, ToolOutput};
 use crate::registry::RegisteredTool;
 
 pin_project! {
@@ -34,6 +34,7 @@ pin_project! {
 
 impl<F> ResponseFuture<F> {
     pub(super) fn rejected(error: ToolError) -> Self {
+        let error = error.short_circuited(ShortCircuit::ValidationRejected);
         ResponseFuture {
             state: State::Rejected { error: Some(error) },
         }
