@@ -145,6 +145,7 @@ pub mod classify;
 pub mod control;
 pub mod envelope;
 mod error;
+pub mod hooks;
 pub mod idempotency;
 pub mod loop_detect;
 mod lru;
@@ -167,6 +168,7 @@ pub use envelope::{
     ToolResult,
 };
 pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
+pub use hooks::{HookLayer, ToolHooks};
 pub use idempotency::IdempotencyLayer;
 pub use loop_detect::LoopDetectLayer;
 pub use outcome::{

@@ -74,6 +74,14 @@ impl ToolOutput {
     }
 }
 
+/// The record of a call's outcome, whichever way it ended.
+pub(crate) fn record_of(outcome: &Result<ToolOutput, crate::error::ToolError>) -> &CallRecord {
+    match outcome {
+        Ok(output) => output.record(),
+        Err(error) => error.record(),
+    }
+}
+
 /// What the layers learned about one call: attempts, cache use, retries, breaker state and
 /// duration.
 ///

@@ -9,14 +9,14 @@ use tracing::Span;
 use crate::envelope::ToolCall;
 use crate::time::millis;
 
-/// The span of attempt `attempt` (1-based) of `call`.
-pub(crate) fn attempt(call: &ToolCall, attempt: u32) -> Span {
+/// The span of the attempt `call` makes ([`ToolCall::attempt`]).
+pub(crate) fn attempt(call: &ToolCall) -> Span {
     tracing::info_span!(
         "tool_attempt",
         gen_ai.tool.name = call.tool_name(),
         tool.namespace = call.tool_namespace(),
         request_id = call.request_id(),
-        retry.attempt = attempt,
+        retry.attempt = call.attempt(),
     )
 }
 

@@ -40,9 +40,15 @@ pub const PAYLOAD_VERSION: &str = "1.0";
 /// assert_eq!(parsed.envelope(), call.envelope());
 /// # Ok::<(), tower_toolcall::ToolError>(())
 /// ```
-#[derive(Clone, PartialEq)]
+///
+/// Besides the envelope, a call carries the number of the [attempt](ToolCall::attempt) it
+/// makes: 1 unless a [`RetryLayer`](crate::RetryLayer) outside is trying it again. The
+/// attempt number is not on the wire and not part of the call's identity: two calls are
+/// equal when their envelopes are.
+#[derive(Clone)]
 pub struct ToolCall {
     envelope: Arc<CallEnvelope>,
+    attempt: u32,
 }
 
 /// The fields of a tool call, as they are on the wire (camelCase JSON).
@@ -253,6 +259,7 @@ impl ToolCall {
         super::parse::check_envelope(&envelope)?;
         Ok(ToolCall {
             envelope: Arc::new(envelope),
+            attempt: 1,
         })
     }
 
@@ -276,6 +283,26 @@ impl ToolCall {
     /// The envelope, by value.
     pub fn into_envelope(self) -> CallEnvelope {
         Arc::try_unwrap(self.envelope).unwrap_or_else(|shared| (*shared).clone())
+    }
+
+    /// The attempt this call makes, 1-based: 1 for the first, 2 for the first retry, and so
+    /// on. A [`RetryLayer`](crate::RetryLayer) numbers the calls it sends below it; anywhere
+    /// else the number is 1.
+    ///
+    /// ```
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let call = ToolCall::builder("ns", "tool").session("s").actor("u").build()?;
+    /// assert_eq!(call.attempt(), 1);
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Numbers the attempt this call makes.
+    pub(crate) fn set_attempt(&mut self, attempt: u32) {
+        self.attempt = attempt;
     }
 
     /// `requestId`.
@@ -358,7 +385,15 @@ impl fmt::Debug for ToolCall {
                 &format_args!("{}::{}", self.tool_namespace(), self.tool_name()),
             )
             .field("session_key", &self.envelope.target.session_key)
+            .field("attempt", &self.attempt)
             .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for ToolCall {
+    /// Compares the envelopes; the attempt number is not part of a call's identity.
+    fn eq(&self, other: &Self) -> bool {
+        self.envelope == other.envelope
     }
 }
 

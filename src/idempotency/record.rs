@@ -195,10 +195,7 @@ impl Execution {
         started_at_ms: u64,
         finished_at_ms: u64,
     ) -> Execution {
-        let record = match outcome {
-            Ok(output) => output.record(),
-            Err(error) => error.record(),
-        };
+        let record = crate::outcome::record_of(outcome);
         let mut attempts = Vec::with_capacity(record.retried_by.len() + 1);
         let mut at = started_at_ms;
         for retry in &record.retried_by {

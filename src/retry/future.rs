@@ -102,8 +102,9 @@ impl<S, F> ResponseFuture<S, F> {
     where
         S: Service<ToolCall, Future = F>,
     {
-        let span = spans::attempt(&call, 1);
-        let future = span.in_scope(|| service.call(call.clone()));
+        let first = attempt_of(&call, 1);
+        let span = spans::attempt(&first);
+        let future = span.in_scope(|| service.call(first));
         ResponseFuture {
             kind: Kind::Retrying {
                 step: Step::Attempt { future, span },
@@ -201,10 +202,19 @@ where
     fn next_attempt(&mut self) -> (S::Future, Span) {
         self.attempt += 1;
         self.attempt_started = Some(Instant::now());
-        let span = spans::attempt(&self.call, self.attempt);
-        let future = span.in_scope(|| self.service.call(self.call.clone()));
+        let call = attempt_of(&self.call, self.attempt);
+        let span = spans::attempt(&call);
+        let future = span.in_scope(|| self.service.call(call));
         (future, span)
     }
+}
+
+/// The call of attempt `attempt` (1-based): a copy of `call` numbered for the layers and hooks
+/// below.
+fn attempt_of(call: &ToolCall, attempt: u32) -> ToolCall {
+    let mut call = call.clone();
+    call.set_attempt(attempt);
+    call
 }
 
 impl<S> Run<S> {

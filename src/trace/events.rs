@@ -3,7 +3,8 @@
 //! Events carry the field set of the tool reliability contract: `event`, `requestId`,
 //! `toolName`, `sessionKey`, `correlationId`, `idempotencyKeyHash` (a fingerprint, never the
 //! key), `state`, `attempt`, `elapsedMs`, `fromCache`, `errorCode`, `retriable` and
-//! `breakerState`. Error messages are redacted.
+//! `breakerState`, and `path` — the [`ShortCircuit`] path — when a layer answered without
+//! running the tool. Error messages are redacted.
 
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use super::redact::Redactor;
 use crate::envelope::{ResultStatus, ToolCall, ToolResult};
 use crate::error::ToolError;
 use crate::idempotency::key_fingerprint;
-use crate::outcome::{CallRecord, ToolOutput};
+use crate::outcome::{record_of, CallRecord, ShortCircuit, ToolOutput};
 use crate::time::millis;
 
 /// The span of one call: `execute_tool {tool}` with the OpenTelemetry GenAI attributes.
@@ -78,13 +79,14 @@ pub(super) fn finished(
                 elapsedMs = elapsed_ms,
                 fromCache = record.from_cache,
                 breakerState = record.breaker_state.map(|s| s.as_str()),
+                path = record.short_circuit.map(ShortCircuit::as_str),
                 "tool call ended"
             );
         }
         Err(error) => {
             span.record("error.type", error.code().as_str());
             let record = error.record();
-            let blocked = record.attempts == Some(0);
+            let blocked = is_blocked(record);
             let message = redactor.redact_str(error.message());
             tracing::info!(
                 event = if blocked {
@@ -104,6 +106,7 @@ pub(super) fn finished(
                 errorCode = error.code().as_str(),
                 retriable = error.is_retriable(),
                 breakerState = record.breaker_state.map(|s| s.as_str()),
+                path = record.short_circuit.map(ShortCircuit::as_str),
                 error = &*message,
                 "{}",
                 if blocked {
@@ -123,10 +126,7 @@ pub(super) fn audit_finished(
     outcome: &Result<ToolOutput, ToolError>,
     elapsed: Duration,
 ) {
-    let record = match outcome {
-        Ok(output) => output.record(),
-        Err(error) => error.record(),
-    };
+    let record = record_of(outcome);
     let attempts = record.attempts.unwrap_or(1);
     for retried in &record.retried_by {
         audit.record_event(
@@ -142,7 +142,7 @@ pub(super) fn audit_finished(
     }
     let (kind, level, message) = match outcome {
         Ok(_) => ("run.finished", "info", "call succeeded".to_owned()),
-        Err(error) if record.attempts == Some(0) => (
+        Err(error) if is_blocked(record) => (
             "run.blocked",
             "warn",
             format!("call refused: {}", error.code()),
@@ -153,7 +153,8 @@ pub(super) fn audit_finished(
             format!("call failed: {}", error.code()),
         ),
     };
-    if attempts > 0 && !record.from_cache {
+    // The attempt that ran last, unless a layer refused the last one.
+    if attempts > 0 && !record.from_cache && !is_blocked(record) {
         let step = if outcome.is_ok() {
             ExecutionEvent::new("step.finished", call, "attempt succeeded")
         } else {
@@ -169,6 +170,15 @@ pub(super) fn audit_finished(
     let mut result = ToolResult::from_outcome(call, outcome.clone());
     result.duration_ms = millis(elapsed);
     audit.record_result(result);
+}
+
+/// `true` when a layer refused the call: it short-circuited the last attempt with an answer
+/// of its own (not a replay of another call's result), or no attempt ran the tool.
+fn is_blocked(record: &CallRecord) -> bool {
+    match record.short_circuit {
+        Some(_) => !record.from_cache,
+        None => record.attempts == Some(0),
+    }
 }
 
 /// The fingerprint of the key the idempotency layer matched, else of the caller's key.

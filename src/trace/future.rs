@@ -14,7 +14,8 @@ use crate::outcome::ToolOutput;
 
 pin_project! {
     /// The response future of [`Trace`](super::Trace): the inner call, polled inside the
-    /// call's span, reported when it ends.
+    /// call's span, reported (and handed to the hooks, when it was short-circuited) when it
+    /// ends.
     #[derive(Debug)]
     pub struct ResponseFuture<F> {
         #[pin]
@@ -87,6 +88,9 @@ where
         }
         if let Some(audit) = &config.audit {
             super::events::audit_finished(audit, call, &outcome, elapsed);
+        }
+        if let Some(hooks) = &config.hooks {
+            hooks.short_circuited(call, &outcome);
         }
         Poll::Ready(outcome)
     }

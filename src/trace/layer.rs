@@ -5,6 +5,7 @@ use tower_layer::Layer;
 use super::audit::AuditLog;
 use super::redact::Redactor;
 use super::service::Trace;
+use crate::hooks::{SharedHooks, ToolHooks};
 
 /// Applies [`Trace`] to a service: one `tracing` span per call, start and end events, and
 /// the audit log. See the [module docs](crate::trace).
@@ -34,19 +35,20 @@ pub struct TraceLayer {
 pub(super) struct TraceConfig {
     pub(super) redactor: Redactor,
     pub(super) audit: Option<AuditLog>,
+    pub(super) hooks: Option<SharedHooks>,
     #[cfg(feature = "metrics")]
     pub(super) metrics: Option<super::metrics::ToolMetrics>,
 }
 
 impl TraceConfig {
     /// `true` when something besides the span wants to hear about calls: an audit log,
-    /// metrics, or a subscriber of the layer's INFO events.
+    /// metrics, hooks, or a subscriber of the layer's INFO events.
     pub(super) fn observes(&self) -> bool {
         #[cfg(feature = "metrics")]
         if self.metrics.is_some() {
             return true;
         }
-        self.audit.is_some() || tracing::enabled!(tracing::Level::INFO)
+        self.audit.is_some() || self.hooks.is_some() || tracing::enabled!(tracing::Level::INFO)
     }
 }
 
@@ -64,6 +66,29 @@ impl TraceLayer {
     /// Writes every call, result and run event to `audit`.
     pub fn audit(self, audit: AuditLog) -> Self {
         self.with(|config| config.audit = Some(audit))
+    }
+
+    /// Calls [`ToolHooks::on_short_circuit`] of `hooks` once for every call a layer answered
+    /// without running the tool (see [`hooks`](crate::hooks)). Share `hooks` with the
+    /// [`HookLayer`](crate::HookLayer) around the tool through an [`Arc`].
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_toolcall::hooks::{HookLayer, ToolHooks};
+    /// use tower_toolcall::trace::TraceLayer;
+    ///
+    /// #[derive(Debug)]
+    /// struct Quiet;
+    /// impl ToolHooks for Quiet {}
+    ///
+    /// let hooks = Arc::new(Quiet);
+    /// let outermost = TraceLayer::new().hooks(hooks.clone());
+    /// let innermost = HookLayer::new(hooks);
+    /// # let _ = (outermost, innermost);
+    /// ```
+    pub fn hooks(self, hooks: impl ToolHooks) -> Self {
+        let hooks = SharedHooks::new(hooks);
+        self.with(|config| config.hooks = Some(hooks))
     }
 
     /// Records the metrics of every call.
