@@ -17,6 +17,7 @@
 //! | [`TimeoutLayer`] | bounds each attempt by the tool's timeout, narrowed by the call's hint |
 //! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
 //! | [`TraceLayer`](trace::TraceLayer) | a `tracing` span and events per call, metrics, redaction and the audit log ([`trace`]) |
+//! | [`HookLayer`] | runs the application's [`ToolHooks`] before and after every attempt; with [`TraceLayer::hooks`](trace::TraceLayer::hooks), once on every short-circuit path ([`hooks`]) |
 //!
 //! # Example
 //!
@@ -80,7 +81,9 @@
 //! Retry → CircuitBreaker → Timeout → tool`. Loop detection sees every repeat the model issues
 //! before the idempotency cache answers it; idempotency wraps the whole retried execution as
 //! one record; the breaker sits inside retry, so that it counts each attempt and an open
-//! breaker stops the retries; the timeout bounds each attempt.
+//! breaker stops the retries; the timeout bounds each attempt. A [`TraceLayer`](trace::TraceLayer)
+//! goes just inside `ResultEnvelope`, and a [`HookLayer`] just around the tool (see
+//! [`hooks`] for the whole stack with both).
 //!
 //! ```
 //! use serde_json::json;

@@ -17,7 +17,7 @@
 //!   [`CallRecord`](crate::CallRecord) names. An attempt that never reached the tool fires no
 //!   `before_attempt`/`after_attempt`, so every path fires exactly once.
 //!
-//! Share the object with an [`Arc`](std::sync::Arc): `ToolHooks` is implemented for
+//! Share the object with an [`Arc`]: `ToolHooks` is implemented for
 //! `Arc<T>`. The hook layer is not a reliability layer: it fires whether or not the
 //! registry's [kill switch](crate::control) is on, so turning reliability off leaves the
 //! hooks as they were.

@@ -55,7 +55,7 @@ pub(super) fn started(call: &ToolCall) {
     );
 }
 
-/// `tool_call_end`, or `tool_call_blocked` when a layer answered without running the tool.
+/// `tool_call_end`, or `tool_call_blocked` when a layer refused the call (see [`is_blocked`]).
 pub(super) fn finished(
     span: &Span,
     call: &ToolCall,

@@ -5,10 +5,14 @@
 //! "execute_tool {tool}"` and the OpenTelemetry GenAI attributes `gen_ai.operation.name`,
 //! `gen_ai.tool.name` and `gen_ai.tool.call.id`, plus `requestId`, `sessionKey`,
 //! `correlationId`, and `error.type` when the call fails. Inside it, the event
-//! `tool_call_start` (DEBUG) and, at the end, `tool_call_end` or — when a layer answered
-//! without running the tool — `tool_call_blocked` (INFO), each with the contract's field set
-//! and a redacted error message. Put it outermost, just inside
+//! `tool_call_start` (DEBUG) and, at the end, `tool_call_end` or — when a layer refused the
+//! call instead of running the tool — `tool_call_blocked` (INFO), each with the contract's
+//! field set, a redacted error message, and the short-circuit `path` when a layer answered. Put it outermost, just inside
 //! [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer), so that it sees every call.
+//!
+//! With [`TraceLayer::hooks`], the layer calls the application's
+//! [`ToolHooks::on_short_circuit`](crate::ToolHooks::on_short_circuit) once for every call a
+//! layer answered without running the tool (see [`hooks`](crate::hooks)).
 //!
 //! With an [`AuditLog`], the layer also writes each call to `calls.jsonl`, its result to
 //! `results.jsonl`, and its run and step events (`run.started`, `step.failed` per retried

@@ -96,8 +96,8 @@ pub enum Step {
     Hang,
 }
 
-/// A tool that answers from a script (the last step repeats), counts its calls and notes the
-/// tokio time of each.
+/// A tool that answers from a script (the last step repeats), counts its calls and keeps
+/// each call it received with the tokio time it came.
 #[derive(Clone)]
 pub struct ScriptedTool {
     state: Arc<std::sync::Mutex<Script>>,
@@ -106,6 +106,7 @@ pub struct ScriptedTool {
 struct Script {
     steps: std::collections::VecDeque<Step>,
     calls: Vec<tokio::time::Instant>,
+    received: Vec<ToolCall>,
 }
 
 impl ScriptedTool {
@@ -116,6 +117,7 @@ impl ScriptedTool {
             state: Arc::new(std::sync::Mutex::new(Script {
                 steps,
                 calls: Vec::new(),
+                received: Vec::new(),
             })),
         }
     }
@@ -135,6 +137,11 @@ impl ScriptedTool {
         self.state.lock().unwrap().calls.clone()
     }
 
+    /// The calls the tool received, as it received them.
+    pub fn received(&self) -> Vec<ToolCall> {
+        self.state.lock().unwrap().received.clone()
+    }
+
     /// The tool as a service.
     pub fn service(
         &self,
@@ -146,10 +153,11 @@ impl ScriptedTool {
     > + Clone
            + Send {
         let state = self.state.clone();
-        tool_fn(move |_call: ToolCall| {
+        tool_fn(move |call: ToolCall| {
             let step = {
                 let mut script = state.lock().unwrap();
                 script.calls.push(tokio::time::Instant::now());
+                script.received.push(call);
                 if script.steps.len() > 1 {
                     script.steps.pop_front().unwrap()
                 } else {

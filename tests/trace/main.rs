@@ -13,7 +13,8 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, TraceLayer};
 use tower_toolcall::{
-    tool_fn, EnvelopeValidateLayer, ErrorCode, RetryLayer, ToolCall, ToolError, ToolOutput,
+    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer, RetryLayer,
+    ToolCall, ToolError, ToolOutput,
 };
 
 async fn run<S>(svc: &mut S, call: ToolCall) -> Result<ToolOutput, ToolError>
@@ -113,10 +114,86 @@ async fn a_refused_call_is_blocked_and_marks_the_span_with_its_error_type() {
     assert_eq!(blocked["attempt"], "0");
     assert_eq!(blocked["retriable"], "false");
     assert_eq!(blocked["state"], "error");
+    assert_eq!(blocked["path"], "validation_rejected");
     assert!(events
         .iter()
         .all(|e| e.fields.get("event").map(String::as_str) != Some("tool_call_end")));
     assert_eq!(capture.spans()[0].fields["error.type"], "NOT_FOUND");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_breaker_that_refuses_a_retry_blocks_the_call_on_its_path() {
+    let (capture, _guard) = capture();
+    let registry = ToolRegistry::from_json_str(
+        r#"{"tools": [{"namespace": "web", "name": "search", "risk": "read-only",
+                       "policy": {"breaker": {"consecutive_failures": 1}}}]}"#,
+    )
+    .unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(TraceLayer::new())
+        .layer(
+            RetryLayer::builder(registry.clone())
+                .seed(1)
+                .build()
+                .unwrap(),
+        )
+        .layer(CircuitBreakerLayer::new(registry))
+        .service(tool_fn(|_call: ToolCall| async {
+            Err::<ToolOutput, _>(ToolError::from_http_status(503, "down"))
+        }));
+    let call = ToolCall::builder("web", "search")
+        .session("s")
+        .actor("u")
+        .build()
+        .unwrap();
+    let err = run(&mut svc, call).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+
+    // The breaker logs its own refusal; the layer's event carries the contract's fields.
+    let events: Vec<_> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.fields.contains_key("toolName"))
+        .collect();
+    let blocked = event(&events, "tool_call_blocked");
+    assert_eq!(blocked["path"], "breaker_open");
+    assert_eq!(blocked["attempt"], "1");
+    assert_eq!(blocked["errorCode"], "CIRCUIT_OPEN");
+    assert!(events
+        .iter()
+        .all(|e| e.fields.get("event").map(String::as_str) != Some("tool_call_end")));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_replayed_answer_ends_the_call_and_names_its_path() {
+    let (capture, _guard) = capture();
+    let mut svc = ServiceBuilder::new()
+        .layer(TraceLayer::new())
+        .layer(IdempotencyLayer::in_memory(ToolRegistry::open()))
+        .service(tool_fn(|_call: ToolCall| async {
+            Ok(ToolOutput::new(json!({"hits": 1})))
+        }));
+    let call = || {
+        ToolCall::builder("web", "search")
+            .session("s")
+            .actor("u")
+            .idempotency_key("k-1")
+            .build()
+            .unwrap()
+    };
+    run(&mut svc, call()).await.unwrap();
+    run(&mut svc, call()).await.unwrap();
+
+    let ends: Vec<_> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.fields.get("event").map(String::as_str) == Some("tool_call_end"))
+        .map(|e| e.fields)
+        .collect();
+    assert_eq!(ends.len(), 2);
+    assert!(!ends[0].contains_key("path"));
+    assert_eq!(ends[1]["path"], "cache_hit");
+    assert_eq!(ends[1]["fromCache"], "true");
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
