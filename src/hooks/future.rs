@@ -30,8 +30,8 @@ pin_project! {
     #[project = Projection]
     enum State<F> {
         Attempt { #[pin] future: F },
-        // The hooks denied the attempt; they have seen the error already.
-        Denied { error: Option<ToolError> },
+        // The hooks denied the attempt, and have seen its outcome already.
+        Denied { outcome: Option<Result<ToolOutput, ToolError>> },
     }
 }
 
@@ -44,9 +44,10 @@ impl<F, H: ToolHooks> ResponseFuture<F, H> {
     }
 
     pub(super) fn denied(outcome: Result<ToolOutput, ToolError>) -> Self {
-        let error = outcome.err();
         ResponseFuture {
-            state: State::Denied { error },
+            state: State::Denied {
+                outcome: Some(outcome),
+            },
             after: None,
         }
     }
@@ -62,9 +63,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.state.project() {
-            Projection::Denied { error } => Poll::Ready(Err(error
-                .take()
-                .expect("hooks::ResponseFuture polled after completion"))),
+            Projection::Denied { outcome } => Poll::Ready(
+                outcome
+                    .take()
+                    .expect("hooks::ResponseFuture polled after completion"),
+            ),
             Projection::Attempt { future } => {
                 let outcome = ready!(future.poll(cx));
                 if let Some(after) = this.after {
