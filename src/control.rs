@@ -12,7 +12,43 @@
 //! A [`ReliabilityControl`] reaches the layers through the registry they are built from
 //! ([`ToolRegistry::with_control`](crate::registry::ToolRegistry::with_control)); every
 //! clone shares the same switches, so flipping one takes effect on the next call of every
-//! layer.
+//! layer. Each layer reads a switch per call with one relaxed atomic load.
+//!
+//! # What the switches do
+//!
+//! **Kill switch.** While [`is_enabled`](ReliabilityControl::is_enabled) is `false`, every
+//! reliability layer — validation, loop detection, rate limit, idempotency, retry, breaker,
+//! timeout — hands each call straight to its inner service and returns the inner answer
+//! unchanged: nothing is validated, tracked, limited, stored, retried, counted or timed. The
+//! tool sees exactly what the bare service would, and the caller gets exactly the tool's
+//! result. The [`TraceLayer`](crate::trace::TraceLayer) and the
+//! [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer) go on observing and converting.
+//!
+//! **Breaker enforcement and breaker shadow.** With `TOOL_RELIABILITY_OPEN_MODE=off`, or
+//! `breaker` in `TOOL_RELIABILITY_SHADOW` ([`breakers_fail_fast`](ReliabilityControl::breakers_fail_fast)
+//! `false`), the breakers run their state machines exactly as when enforcing, half-open
+//! probes included, but never fail a call: a call a breaker would have refused runs, its
+//! outcome uncounted as if refused, noting `would_reject`; a failure that opens a breaker
+//! notes `would_open`.
+//!
+//! **Key derivation.** With `TOOL_RELIABLE_DERIVE_IDEMPOTENCY=off` the idempotency layer
+//! deduplicates only calls with a caller's or a hook's key; a call with neither runs as it
+//! is.
+//!
+//! **Shadow mode** of the other layers: the layer decides and keeps its state as when
+//! enforcing, and the call runs:
+//!
+//! | layer | decisions noted | state kept |
+//! |---|---|---|
+//! | loop detection | `would_block` | the session's history, with the call remembered as refused |
+//! | idempotency | `would_replay`, `would_join`, `would_conflict` | the store: the record that would have answered is left as it is; a call that finds its key free claims it and stores its result |
+//! | rate limit | `would_limit`, `would_wait` | the quotas |
+//!
+//! Every decision goes into the call's record ([`CallRecord::shadow`](crate::CallRecord::shadow)),
+//! in the order the layers decided, the earlier attempts' first for a retried call. The
+//! `TraceLayer` logs each as an INFO event `tool_call_shadow`, counts it in
+//! `tool_shadow_decisions_total{layer, decision}` and writes a `step.shadow` audit event
+//! (see [`trace`](crate::trace)).
 //!
 //! ```
 //! use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
@@ -203,6 +239,26 @@ impl ReliabilityControl {
     #[inline]
     pub fn is_breaker_enforced(&self) -> bool {
         self.switches.breaker_enforced.load(Ordering::Relaxed)
+    }
+
+    /// Whether open breakers fail calls fast: breaker enforcement is on and the breaker is
+    /// not in shadow mode. When they do not, a breaker keeps its state machine as it would
+    /// but lets every call through, noting `would_reject` and `would_open` in the records.
+    ///
+    /// ```
+    /// use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
+    ///
+    /// let control = ReliabilityControl::new();
+    /// assert!(control.breakers_fail_fast());
+    /// control.set_shadow(ShadowLayer::Breaker, true);
+    /// assert!(!control.breakers_fail_fast());
+    /// control.set_shadow(ShadowLayer::Breaker, false);
+    /// control.set_breaker_enforced(false);
+    /// assert!(!control.breakers_fail_fast());
+    /// ```
+    #[inline]
+    pub fn breakers_fail_fast(&self) -> bool {
+        self.is_breaker_enforced() && !self.is_shadow(ShadowLayer::Breaker)
     }
 
     /// Turns breaker enforcement on or off, from the next call on.

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::control::ShadowLayer;
+use crate::error::ToolError;
 
 /// The successful output of a tool: its `content` and optional `metadata`.
 ///
@@ -123,6 +124,14 @@ impl CallRecord {
     };
 }
 
+/// The record of an outcome, success or error, for a layer to write in.
+pub(crate) fn outcome_record_mut(outcome: &mut Result<ToolOutput, ToolError>) -> &mut CallRecord {
+    match outcome {
+        Ok(output) => output.record_mut(),
+        Err(error) => error.record_mut(),
+    }
+}
+
 /// How a layer answered a call without running the tool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -165,6 +174,22 @@ pub struct ShadowDecision {
     pub layer: ShadowLayer,
     /// What it would have done.
     pub verdict: ShadowVerdict,
+}
+
+impl ShadowDecision {
+    /// The decision of `layer` that it would have done `verdict`.
+    ///
+    /// ```
+    /// use tower_toolcall::control::ShadowLayer;
+    /// use tower_toolcall::{ShadowDecision, ShadowVerdict};
+    ///
+    /// let decision = ShadowDecision::new(ShadowLayer::Breaker, ShadowVerdict::WouldOpen);
+    /// assert_eq!(decision.layer.as_str(), "breaker");
+    /// assert_eq!(decision.verdict.as_str(), "would_open");
+    /// ```
+    pub const fn new(layer: ShadowLayer, verdict: ShadowVerdict) -> Self {
+        ShadowDecision { layer, verdict }
+    }
 }
 
 /// What a layer in shadow mode would have done.

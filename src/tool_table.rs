@@ -1,10 +1,14 @@
 //! Per-tool values that a layer resolves once, when it is built, from the registry: the
 //! layer's defaults merged with each tool's overrides. Looking one up for a call costs a hash
 //! of the tool's name and a comparison of its namespace; nothing is merged per call.
+//!
+//! The table also keeps the registry's [`ReliabilityControl`], so that a layer reads the
+//! operator's switches from where it reads its tools.
 
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::control::ReliabilityControl;
 use crate::envelope::ToolCall;
 use crate::error::ConfigError;
 use crate::registry::{ToolDescriptor, ToolPolicy, ToolRegistry};
@@ -14,6 +18,7 @@ pub(crate) struct ToolTable<T> {
     /// Tool name → (namespace, value). Most names live in one namespace only.
     by_name: ByName<T>,
     unregistered: T,
+    control: ReliabilityControl,
 }
 
 /// Tool name → the (namespace, value) of each tool with that name.
@@ -49,7 +54,13 @@ impl<T> ToolTable<T> {
         Ok(ToolTable {
             by_name,
             unregistered,
+            control: registry.control().clone(),
         })
+    }
+
+    /// The switches of the registry the table was resolved from.
+    pub(crate) fn control(&self) -> &ReliabilityControl {
+        &self.control
     }
 
     /// The value of the registered tool `namespace::name`.

@@ -33,6 +33,15 @@ pub(crate) struct BreakerCell {
     events: Arc<Events>,
 }
 
+/// What recording an outcome did to a breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Recorded {
+    /// The state the outcome left the breaker in.
+    pub(crate) state: BreakerState,
+    /// The outcome opened the breaker.
+    pub(crate) opened: bool,
+}
+
 struct CellState {
     machine: CircuitState,
     stats: BreakerStats,
@@ -96,8 +105,9 @@ impl BreakerCell {
         admission
     }
 
-    /// Records the outcome of an admitted call; returns the state it leaves the breaker in.
-    pub(crate) fn record(&self, ticket: Ticket, outcome: CallOutcome) -> BreakerState {
+    /// Records the outcome of an admitted call; returns the state it leaves the breaker in,
+    /// and whether this outcome opened it.
+    pub(crate) fn record(&self, ticket: Ticket, outcome: CallOutcome) -> Recorded {
         let now = Instant::now();
         let mut state = self.lock();
         let transition = state.machine.record(ticket, outcome, now, &self.config);
@@ -107,9 +117,12 @@ impl BreakerCell {
             CallOutcome::Neutral => state.stats.neutral += 1,
         }
         state.last_used = Some(now);
-        let current = state.machine.state();
+        let recorded = Recorded {
+            state: state.machine.state(),
+            opened: transition.is_some_and(|t| t.to == BreakerState::Open),
+        };
         self.after(state, transition);
-        current
+        recorded
     }
 
     /// Releases a call whose caller dropped it before it finished.

@@ -6,12 +6,16 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
-use super::cell::BreakerCell;
+use super::cell::{BreakerCell, Recorded};
 use super::service::ToolBreaker;
 use super::state::{CallOutcome, Ticket};
 use crate::classify::Verdict;
+use crate::control::ShadowLayer;
 use crate::error::{ErrorCode, ToolError};
-use crate::outcome::{BreakerState, ShortCircuit, ToolOutput};
+use crate::middleware::Passthrough;
+use crate::outcome::{
+    outcome_record_mut, BreakerState, ShadowDecision, ShadowVerdict, ShortCircuit, ToolOutput,
+};
 
 pin_project! {
     /// The response future of [`CircuitBreaker`](super::CircuitBreaker): refused with
@@ -38,7 +42,7 @@ pin_project! {
         },
         Passed {
             #[pin]
-            future: F,
+            future: Passthrough<F>,
         },
         Done,
     }
@@ -62,7 +66,7 @@ impl Permit {
             .expect("a registered tool has its own breaker")
     }
 
-    fn record(&mut self, outcome: &Result<ToolOutput, ToolError>) -> BreakerState {
+    fn record(&mut self, outcome: &Result<ToolOutput, ToolError>) -> Recorded {
         let ticket = self.ticket.take().expect("a permit records once");
         let classification = self.tool.classifier.classify(outcome, &self.tool.profile);
         let counted = match classification.verdict() {
@@ -109,7 +113,9 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) fn passed(future: F) -> Self {
+    /// The inner call, not counted: the layer is switched off, or the breaker would have
+    /// refused the call but does not fail calls fast.
+    pub(super) fn passed(future: Passthrough<F>) -> Self {
         ResponseFuture {
             state: State::Passed { future },
         }
@@ -127,10 +133,15 @@ where
         match this.state.as_mut().project() {
             Projection::Admitted { future, permit } => {
                 let mut outcome = ready!(future.poll(cx));
-                let state = permit.record(&outcome);
-                match &mut outcome {
-                    Ok(output) => output.record_mut().breaker_state = Some(state),
-                    Err(error) => error.record_mut().breaker_state = Some(state),
+                let recorded = permit.record(&outcome);
+                let record = outcome_record_mut(&mut outcome);
+                record.breaker_state = Some(recorded.state);
+                if recorded.opened && !permit.tool.control.breakers_fail_fast() {
+                    // The transition itself is logged as when enforcing.
+                    record.shadow.push(ShadowDecision::new(
+                        ShadowLayer::Breaker,
+                        ShadowVerdict::WouldOpen,
+                    ));
                 }
                 this.state.set(State::Done);
                 Poll::Ready(outcome)

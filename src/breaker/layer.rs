@@ -208,6 +208,7 @@ impl CircuitBreakerLayerBuilder {
                 profile: ToolProfile::new(descriptor, policy),
                 classifier: self.classifier.clone(),
                 config,
+                control: self.registry.control().clone(),
                 own,
                 dependency,
             })))

@@ -38,6 +38,15 @@
 //! Put the breaker inside the [`RetryLayer`](crate::RetryLayer): each attempt is then counted,
 //! and an open breaker stops the retries.
 //!
+//! The operator's switches ([`control`](crate::control)): while every layer is turned off
+//! (`TOOL_RELIABILITY_ENABLED=false`), calls pass untouched and uncounted. With
+//! `TOOL_RELIABILITY_OPEN_MODE=off`, or the breaker in shadow mode
+//! (`TOOL_RELIABILITY_SHADOW=breaker`), the breakers run their state machines exactly as when
+//! enforcing — transitions, probes, listeners — but never fail a call: a call a breaker
+//! would have refused runs, uncounted as if refused, with `would_reject` in its record's
+//! [shadow decisions](crate::ShadowDecision), and a failure that opens a breaker notes
+//! `would_open`.
+//!
 //! ```
 //! use serde_json::json;
 //! use tower::{Service, ServiceBuilder, ServiceExt};

@@ -10,9 +10,11 @@ use super::future::ResponseFuture;
 use super::map::BreakerMap;
 use super::state::{Admission, BreakerConfig};
 use crate::classify::{SharedClassifier, ToolProfile};
+use crate::control::{ReliabilityControl, ShadowLayer};
 use crate::envelope::{BreakerScope, ToolCall};
 use crate::error::ToolError;
-use crate::outcome::ToolOutput;
+use crate::middleware::{shadow_decision, Passthrough};
+use crate::outcome::{ShadowVerdict, ToolOutput};
 use crate::tool_table::ToolTable;
 
 /// Fails calls fast while the breaker that guards them is open; made by
@@ -45,6 +47,8 @@ pub(crate) struct ToolBreaker {
     pub(super) classifier: SharedClassifier,
     /// The tool's configuration: its risk preset with its overrides.
     pub(super) config: BreakerConfig,
+    /// The operator's switches, read when the tool's breaker would refuse a call or opens.
+    pub(super) control: ReliabilityControl,
     /// The tool's own breaker (registered tools only).
     pub(super) own: Option<Arc<BreakerCell>>,
     /// Its namespace's breaker (registered tools only).
@@ -158,8 +162,11 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        if !self.shared.tools.control().is_enabled() {
+            return ResponseFuture::passed(Passthrough::new(self.inner.call(call)));
+        }
         let Some(tool) = self.shared.tools.for_call(&call) else {
-            return ResponseFuture::passed(self.inner.call(call));
+            return ResponseFuture::passed(Passthrough::new(self.inner.call(call)));
         };
         let scoped = self.shared.scoped_cell(&call, tool);
         let cell = scoped
@@ -169,6 +176,12 @@ where
         match cell.admit() {
             Admission::Admitted(ticket) => {
                 ResponseFuture::admitted(self.inner.call(call), tool.clone(), scoped, ticket)
+            }
+            // Not enforced: the call runs, uncounted, as if it had been refused.
+            Admission::Rejected { .. } if !tool.control.breakers_fail_fast() => {
+                let decision =
+                    shadow_decision(&call, ShadowLayer::Breaker, ShadowVerdict::WouldReject);
+                ResponseFuture::passed(Passthrough::shadowed(self.inner.call(call), decision))
             }
             Admission::Rejected { state, retry_after } => {
                 tracing::debug!(

@@ -14,9 +14,13 @@ use super::key;
 use super::record::{DedupeRecord, Execution, RecordState, StoredError};
 use super::service::{Counters, Plan, Shared};
 use super::store::{ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
+use crate::control::ShadowLayer;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ErrorCode, ToolError};
-use crate::outcome::{CacheMatch, CallRecord, MatchedOn, ShortCircuit, ToolOutput};
+use crate::middleware::{shadow_decision, Passthrough};
+use crate::outcome::{
+    CacheMatch, CallRecord, MatchedOn, ShadowDecision, ShadowVerdict, ShortCircuit, ToolOutput,
+};
 use crate::time::{call_deadline, millis};
 
 type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
@@ -34,14 +38,16 @@ pin_project! {
 pin_project! {
     #[project = Projection]
     enum State<F> {
-        Passed { #[pin] future: F },
+        Passed { #[pin] future: Passthrough<F> },
         Deduplicated { future: BoxedOutcome },
         Ready { result: Option<Result<ToolOutput, ToolError>> },
     }
 }
 
 impl<F> ResponseFuture<F> {
-    pub(super) fn passed(future: F) -> Self {
+    /// The inner call without the store: the call is not deduplicated, or the layer is in
+    /// shadow mode and would have answered it from the store.
+    pub(super) fn passed(future: Passthrough<F>) -> Self {
         ResponseFuture {
             state: State::Passed { future },
         }
@@ -101,7 +107,7 @@ where
 /// `enforced`. `first` is the outcome of a claim already made, if any.
 pub(super) async fn deduplicate<S, St>(
     shared: Arc<Shared<St>>,
-    inner: S,
+    mut inner: S,
     call: ToolCall,
     plan: Plan,
     mut first: Option<Result<Claim<St>, StoreError>>,
@@ -129,6 +135,9 @@ where
         loop {
             let error = match found(&shared, &call, &plan, &record, now_ms, joined) {
                 Found::Answer(answer) => return answer,
+                Found::Shadowed(decision) => {
+                    return Passthrough::shadowed(inner.call(call), decision).await;
+                }
                 Found::Unreadable(error) => error,
                 Found::Free => break,
                 Found::Running => {
@@ -195,6 +204,9 @@ impl<St: DedupeStore> Claim<St> {
 pub(super) enum Found {
     /// Answer with this (a cached result, or a refusal).
     Answer(Result<ToolOutput, ToolError>),
+    /// Run the tool, leaving the store alone: the layer is in shadow mode and would have
+    /// answered otherwise.
+    Shadowed(ShadowDecision),
     /// The record cannot be read: the store failed.
     Unreadable(StoreError),
     /// The key is free again: claim it.
@@ -205,6 +217,9 @@ pub(super) enum Found {
 
 /// What `call` does about `record`, read from the store at `now_ms`; `joined` when the call
 /// waited for it to run. Counts what it answers.
+///
+/// In shadow mode, what it would have answered is a [`Found::Shadowed`] decision instead;
+/// a record that leaves the key free is claimed as when enforcing.
 pub(super) fn found<St>(
     shared: &Shared<St>,
     call: &ToolCall,
@@ -217,12 +232,27 @@ pub(super) fn found<St>(
     // Two claims under one derived key have the same params: the key hashes them.
     let same_params = (record.key_derived_from_params && plan.claim.key_derived_from_params())
         || *record.request.params_digest == *plan.claim.params_digest();
+    let shadowed = |verdict| {
+        let shadow = shared.tools.control().is_shadow(ShadowLayer::Idempotency);
+        shadow.then(|| Found::Shadowed(shadow_decision(call, ShadowLayer::Idempotency, verdict)))
+    };
     if !same_params {
+        if let Some(shadowed) = shadowed(ShadowVerdict::WouldConflict) {
+            return shadowed;
+        }
         Counters::bump(&counters.key_conflicts);
         return Found::Answer(Err(key_reused(plan)));
     }
     match record.state {
         RecordState::Done | RecordState::Failed => {
+            let would = if joined {
+                ShadowVerdict::WouldJoin
+            } else {
+                ShadowVerdict::WouldReplay
+            };
+            if let Some(shadowed) = shadowed(would) {
+                return shadowed;
+            }
             let matched_on = if joined {
                 MatchedOn::Inflight
             } else {
@@ -248,11 +278,18 @@ pub(super) fn found<St>(
             }
         }
         RecordState::Cancelled => Found::Free,
-        RecordState::Inflight if plan.mode == DedupeMode::BestEffort => {
-            Counters::bump(&counters.in_flight_rejections);
-            Found::Answer(Err(in_flight(plan)))
+        RecordState::Inflight => {
+            // Joined when enforced, refused as in flight when best effort.
+            if let Some(shadowed) = shadowed(ShadowVerdict::WouldJoin) {
+                return shadowed;
+            }
+            if plan.mode == DedupeMode::BestEffort {
+                Counters::bump(&counters.in_flight_rejections);
+                Found::Answer(Err(in_flight(plan)))
+            } else {
+                Found::Running
+            }
         }
-        RecordState::Inflight => Found::Running,
     }
 }
 

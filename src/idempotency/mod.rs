@@ -47,6 +47,19 @@
 //! Put the layer inside `EnvelopeValidateLayer`, so a call it refuses never reaches the
 //! store; a call this layer refuses leaves no record either.
 //!
+//! # Operator switches
+//!
+//! From [`control`](crate::control): while every layer is turned off
+//! (`TOOL_RELIABILITY_ENABLED=false`), calls pass untouched and the store is not used.
+//! `TOOL_RELIABLE_DERIVE_IDEMPOTENCY=off` derives no key: only the caller's or a hook's key
+//! deduplicates, and a call with neither passes through. In shadow mode
+//! (`TOOL_RELIABILITY_SHADOW=idempotency`) a call that would have been answered from the
+//! store — a completed record, an in-flight one, or a key reused with other params — runs
+//! the tool instead, leaving that record as it is, with `would_replay`, `would_join` or
+//! `would_conflict` in its record's [shadow decisions](crate::ShadowDecision); a call that
+//! finds its key free claims it and stores its result as usual, so that later decisions
+//! stay accurate.
+//!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::sync::Arc;

@@ -12,6 +12,7 @@ use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::CanonicalOptions;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::ToolError;
+use crate::middleware::Passthrough;
 use crate::outcome::ToolOutput;
 use crate::registry::{IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch};
 use crate::tool_table::ToolTable;
@@ -86,7 +87,8 @@ pub(super) struct Plan {
 
 impl<St: DedupeStore> Shared<St> {
     /// How `call` is deduplicated, or `None` when it passes through: the layer is off for its
-    /// tool, its dedupe mode is `disabled`, or it has no key and derivation is off.
+    /// tool, its dedupe mode is `disabled`, or it has no key and derivation is off (by the
+    /// tool's policy or by the operator).
     pub(super) fn plan(&self, call: &ToolCall) -> Result<Option<Plan>, ToolError> {
         let Some(settings) = self.tools.for_call(call) else {
             return Ok(None);
@@ -95,8 +97,9 @@ impl<St: DedupeStore> Shared<St> {
         if mode == DedupeMode::Disabled {
             return Ok(None);
         }
+        let derive = settings.derive_keys && self.tools.control().derives_idempotency_keys();
         let Some((idempotency_key, key_source)) =
-            key::idempotency_key(call, settings.derive_keys, settings.scope, &self.canonical)?
+            key::idempotency_key(call, derive, settings.scope, &self.canonical)?
         else {
             return Ok(None);
         };
@@ -258,8 +261,11 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        if !self.shared.tools.control().is_enabled() {
+            return ResponseFuture::passed(Passthrough::new(self.inner.call(call)));
+        }
         match self.shared.plan(&call) {
-            Ok(None) => ResponseFuture::passed(self.inner.call(call)),
+            Ok(None) => ResponseFuture::passed(Passthrough::new(self.inner.call(call))),
             Ok(Some(plan)) => {
                 // A store that answers at once (the memory store) lets a settled record be
                 // answered here, without the machinery of a claim that waits or runs.
@@ -275,10 +281,13 @@ where
                 let shared = &self.shared;
                 match first {
                     Some(Ok(Claim::Existing { record, now_ms })) => {
-                        if let Found::Answer(answer) =
-                            found(shared, &call, &plan, &record, now_ms, false)
-                        {
-                            return ResponseFuture::ready(answer);
+                        match found(shared, &call, &plan, &record, now_ms, false) {
+                            Found::Answer(answer) => return ResponseFuture::ready(answer),
+                            Found::Shadowed(decision) => {
+                                let future = Passthrough::shadowed(self.inner.call(call), decision);
+                                return ResponseFuture::passed(future);
+                            }
+                            _ => {}
                         }
                         let first = Some(Ok(Claim::Existing { record, now_ms }));
                         ResponseFuture::deduplicated(Box::pin(deduplicate(

@@ -9,11 +9,13 @@ use super::detector::Outcome;
 use super::service::Monitor;
 use super::tracker::{lock, SharedHistory};
 use crate::error::ToolError;
+use crate::middleware::Passthrough;
 use crate::outcome::ToolOutput;
 
 pin_project! {
     /// The response future of [`LoopDetect`](super::LoopDetect): refused with
-    /// `LOOP_DETECTED`, or the inner call, whose outcome is reported to the session's history.
+    /// `LOOP_DETECTED`, the inner call, whose outcome is reported to the session's history,
+    /// or the inner call untracked.
     #[derive(Debug)]
     pub struct ResponseFuture<F> {
         #[pin]
@@ -31,6 +33,7 @@ pin_project! {
             future: F,
             report: Option<OutcomeReport>,
         },
+        Passthrough { #[pin] future: Passthrough<F> },
     }
 }
 
@@ -72,9 +75,20 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) fn called(future: F, report: Option<OutcomeReport>) -> Self {
+    pub(super) fn called(future: F, report: OutcomeReport) -> Self {
         ResponseFuture {
-            state: State::Called { future, report },
+            state: State::Called {
+                future,
+                report: Some(report),
+            },
+        }
+    }
+
+    /// The inner call, untracked: detection is off for it, or the layer is in shadow mode
+    /// and the call would have been refused.
+    pub(super) fn passthrough(future: Passthrough<F>) -> Self {
+        ResponseFuture {
+            state: State::Passthrough { future },
         }
     }
 }
@@ -97,6 +111,7 @@ where
                 }
                 Poll::Ready(result)
             }
+            Projection::Passthrough { future } => future.poll(cx),
         }
     }
 }

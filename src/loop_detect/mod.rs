@@ -95,6 +95,15 @@
 //! recently used one makes room for a new one ([`LoopDetectHandle::evicted_sessions`] counts
 //! them). When detection is off for a call, nothing is tracked for it.
 //!
+//! # Operator switches
+//!
+//! While the operator turns every layer off (`TOOL_RELIABILITY_ENABLED=false`, see
+//! [`control`](crate::control)), calls pass untouched and untracked. In shadow mode
+//! (`TOOL_RELIABILITY_SHADOW=loop_detect`) the history is kept exactly as when enforcing —
+//! a call that would have been refused is remembered as refused — but the call runs, with
+//! `would_block` in its record's [shadow decisions](crate::ShadowDecision) instead of the
+//! WARN event above.
+//!
 //! # Example
 //!
 //! ```

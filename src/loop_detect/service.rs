@@ -11,9 +11,11 @@ use super::future::{OutcomeReport, ResponseFuture};
 use super::report;
 use super::tracker::{lock, Tracker};
 use crate::canonical::{canonical_json, CanonicalOptions};
+use crate::control::ShadowLayer;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
-use crate::outcome::ToolOutput;
+use crate::middleware::{shadow_decision, Passthrough};
+use crate::outcome::{ShadowDecision, ShadowVerdict, ToolOutput};
 use crate::registry::{LayerSetting, ToolRegistry};
 use crate::trace::Redactor;
 
@@ -45,6 +47,8 @@ pub(super) enum Verdict {
     Tracked(OutcomeReport),
     /// Do not run the call.
     Refused(ToolError),
+    /// Run the call although it loops: the layer is in shadow mode.
+    Shadowed(ShadowDecision),
 }
 
 impl Monitor {
@@ -80,6 +84,13 @@ impl Monitor {
                 );
                 let results = limits.poller.then(|| self.clone());
                 Verdict::Tracked(OutcomeReport::new(history, seq, results))
+            }
+            Decision::Refuse(_) if self.registry.control().is_shadow(ShadowLayer::LoopDetect) => {
+                Verdict::Shadowed(shadow_decision(
+                    call,
+                    ShadowLayer::LoopDetect,
+                    ShadowVerdict::WouldBlock,
+                ))
             }
             Decision::Refuse(detection) => {
                 report::log_detection(
@@ -127,10 +138,18 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        if !self.monitor.registry.control().is_enabled() {
+            return ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)));
+        }
         match self.monitor.inspect(&call) {
-            Verdict::Untracked => ResponseFuture::called(self.inner.call(call), None),
-            Verdict::Tracked(report) => ResponseFuture::called(self.inner.call(call), Some(report)),
+            Verdict::Untracked => {
+                ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)))
+            }
+            Verdict::Tracked(report) => ResponseFuture::called(self.inner.call(call), report),
             Verdict::Refused(error) => ResponseFuture::refused(error),
+            Verdict::Shadowed(decision) => {
+                ResponseFuture::passthrough(Passthrough::shadowed(self.inner.call(call), decision))
+            }
         }
     }
 }

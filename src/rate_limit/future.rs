@@ -12,7 +12,8 @@ use super::limiter::ToolLimit;
 use super::service::over_limit;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
-use crate::outcome::{ShortCircuit, ToolOutput};
+use crate::middleware::Passthrough;
+use crate::outcome::{ShadowDecision, ShortCircuit, ToolOutput};
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the call, refused with
@@ -27,7 +28,7 @@ pin_project! {
 pin_project! {
     #[project = Projection]
     enum State<F> {
-        Called { #[pin] future: F },
+        Called { #[pin] future: Passthrough<F> },
         Rejected { error: Option<ToolError> },
         Sleeping { sleep: Pin<Box<Sleep>> },
         // The quota allows the call; waiting for the service to be ready.
@@ -46,7 +47,18 @@ struct Waiting<S> {
 }
 
 impl<S, F> ResponseFuture<S, F> {
+    /// The inner call: within its quota, or not limited.
     pub(super) fn called(future: F) -> Self {
+        ResponseFuture::passthrough(Passthrough::new(future))
+    }
+
+    /// The inner call, run at once although it is over its quota: the layer is in shadow
+    /// mode.
+    pub(super) fn shadowed(future: F, decision: ShadowDecision) -> Self {
+        ResponseFuture::passthrough(Passthrough::shadowed(future, decision))
+    }
+
+    fn passthrough(future: Passthrough<F>) -> Self {
         ResponseFuture {
             state: State::Called { future },
             waiting: None,
@@ -121,7 +133,7 @@ where
                     let Waiting {
                         mut service, call, ..
                     } = *this.waiting.take().expect("a ready call waited");
-                    let future = service.call(call);
+                    let future = Passthrough::new(service.call(call));
                     this.state.set(State::Called { future });
                 }
             }

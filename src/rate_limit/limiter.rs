@@ -106,6 +106,12 @@ impl ToolLimit {
             .map_err(|not_until| not_until.wait_time_from(self.limiter.clock().now()))
     }
 
+    /// `true` when a call over the quota, allowed one after `wait`, waits for it rather
+    /// than being refused.
+    pub(crate) fn waits_for(&self, wait: Duration) -> bool {
+        self.on_limit == OnLimit::Wait && wait <= self.max_wait
+    }
+
     /// `true` once every [`SIZE_CHECK_EVERY`] calls: time to look at the number of keys.
     fn size_check_due(&self) -> bool {
         self.calls.fetch_add(1, Ordering::Relaxed) % SIZE_CHECK_EVERY == SIZE_CHECK_EVERY - 1

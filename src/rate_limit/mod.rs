@@ -18,6 +18,12 @@
 //! drops the keys whose quota is full again (they are as good as new) on a schedule (every
 //! minute by default), and at once in a limiter that holds more than `max_keys` keys.
 //!
+//! While the operator turns every layer off (`TOOL_RELIABILITY_ENABLED=false`, see
+//! [`control`](crate::control)), calls pass untouched and draw on no quota. In shadow mode
+//! (`TOOL_RELIABILITY_SHADOW=rate_limit`) quotas are counted as usual but a call over its
+//! quota runs at once, with `would_limit` (or `would_wait`) in its record's
+//! [shadow decisions](crate::ShadowDecision).
+//!
 //! Time is tokio's, so paused time drives the limits in tests.
 //!
 //! ```

@@ -8,10 +8,12 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::limiter::{Sweeper, ToolLimit};
+use crate::control::ShadowLayer;
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
-use crate::outcome::ToolOutput;
-use crate::registry::{OnLimit, RateLimitKey};
+use crate::middleware::shadow_decision;
+use crate::outcome::{ShadowVerdict, ToolOutput};
+use crate::registry::RateLimitKey;
 use crate::time::millis;
 use crate::tool_table::ToolTable;
 
@@ -59,6 +61,10 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        let control = self.limits.tools.control();
+        if !control.is_enabled() {
+            return ResponseFuture::called(self.inner.call(call));
+        }
         let Some(limit) = self.limits.tools.for_call(&call) else {
             return ResponseFuture::called(self.inner.call(call));
         };
@@ -67,7 +73,16 @@ where
         self.limits.sweeper.tend(limit, self.limits.all());
         match decision {
             Ok(()) => ResponseFuture::called(self.inner.call(call)),
-            Err(wait) if limit.on_limit == OnLimit::Wait && wait <= limit.max_wait => {
+            Err(wait) if control.is_shadow(ShadowLayer::RateLimit) => {
+                let verdict = if limit.waits_for(wait) {
+                    ShadowVerdict::WouldWait
+                } else {
+                    ShadowVerdict::WouldLimit
+                };
+                let decision = shadow_decision(&call, ShadowLayer::RateLimit, verdict);
+                ResponseFuture::shadowed(self.inner.call(call), decision)
+            }
+            Err(wait) if limit.waits_for(wait) => {
                 // The ready service makes the call once the quota allows it.
                 let clone = self.inner.clone();
                 let service = mem::replace(&mut self.inner, clone);

@@ -14,7 +14,7 @@ use super::service::ToolRetry;
 use crate::classify::Verdict;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
-use crate::outcome::{CallRecord, RetryRecord, ToolOutput};
+use crate::outcome::{CallRecord, RetryRecord, ShadowDecision, ToolOutput};
 use crate::spans;
 use crate::time::millis;
 
@@ -30,7 +30,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<S, F> {
-        // The tool's policy switches the layer off.
+        // The layer is switched off: by the operator, or by the tool's policy.
         Passed { #[pin] future: F },
         // Refused before the first attempt.
         Expired { error: Option<ToolError> },
@@ -69,6 +69,9 @@ struct Run<S> {
     /// The deadline over attempts and sleeps, armed when the call first waits.
     deadline: Option<Pin<Box<Sleep>>>,
     retried_by: Vec<RetryRecord>,
+    /// What layers in shadow mode would have done to the attempts that failed and were
+    /// retried; the final record lists them before those of the last attempt.
+    shadow: Vec<ShadowDecision>,
     previous_delay: Option<Duration>,
     /// The error of the latest failed attempt, while the next one is prepared.
     last_error: Option<ToolError>,
@@ -118,6 +121,7 @@ impl<S, F> ResponseFuture<S, F> {
                     limits,
                     deadline: None,
                     retried_by: Vec::new(),
+                    shadow: Vec::new(),
                     previous_delay: None,
                     last_error: None,
                 },
@@ -240,12 +244,22 @@ impl<S> Run<S> {
         error
     }
 
-    /// Writes the attempts and retries into the record of a retried call; a call that ran
-    /// once keeps its record as the layers below left it.
+    /// Writes the attempts, the retries and the shadow decisions of the earlier attempts
+    /// into the record of a retried call; a call that ran once keeps its record as the layers
+    /// below left it.
     fn fill(&mut self, record: &mut CallRecord) {
         if self.attempt > 1 {
             record.attempts = Some(self.executed);
             record.retried_by = std::mem::take(&mut self.retried_by);
+            self.carry_shadow(record);
+        }
+    }
+
+    /// Puts the shadow decisions of the earlier attempts before those of the last one.
+    fn carry_shadow(&mut self, record: &mut CallRecord) {
+        if !self.shadow.is_empty() {
+            let last = std::mem::replace(&mut record.shadow, std::mem::take(&mut self.shadow));
+            record.shadow.extend(last);
         }
     }
 
@@ -256,7 +270,9 @@ impl<S> Run<S> {
             retried_by: std::mem::take(&mut self.retried_by),
             cut_short,
         };
-        give_up(why, last, &self.call, &limits, history)
+        let mut error = give_up(why, last, &self.call, &limits, history);
+        self.carry_shadow(error.record_mut());
+        error
     }
 
     /// Decides what follows a failed attempt.
@@ -268,7 +284,7 @@ impl<S> Run<S> {
             self.executed += 1;
         }
         let tool = self.tool.clone();
-        let (classification, error) = tool.classifier.classify_error(error, &tool.profile);
+        let (classification, mut error) = tool.classifier.classify_error(error, &tool.profile);
         if classification.verdict() != Verdict::Retriable {
             return Next::Stop(self.stopped(error));
         }
@@ -314,6 +330,7 @@ impl<S> Run<S> {
             latency_ms: millis(latency),
         });
         self.previous_delay = Some(delay);
+        self.shadow.append(&mut error.record_mut().shadow);
         self.last_error = Some(error);
         Next::Sleep(delay)
     }

@@ -49,8 +49,12 @@
 //! each with the last error's code and message in its message and in its details
 //! (`{"reason", "attempts", "lastError": {"code", "message", "httpStatus"}}`), the last error
 //! as its [source](std::error::Error::source), and the record of every attempt. A failure
-//! that is not retried comes back as it is. A tool whose policy sets `retry = "off"` is
-//! passed through untouched.
+//! that is not retried comes back as it is. The record of a retried call lists the
+//! [shadow decisions](crate::ShadowDecision) of layers below about every attempt, the
+//! earlier attempts' first. A tool whose policy sets `retry = "off"` is passed through
+//! untouched, and so is every call while the operator turns every layer off
+//! (`TOOL_RELIABILITY_ENABLED=false`, see [`control`](crate::control)): no retry, and no
+//! deposit into the budget.
 //!
 //! Each attempt runs in a `tool_attempt` span and each sleep in a `tool_backoff` span; each
 //! retry logs a `tool_call_retry` event.

@@ -54,6 +54,9 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        if !self.tools.control().is_enabled() {
+            return ResponseFuture::passed(self.inner.call(call));
+        }
         let Some(tool) = self.tools.for_call(&call) else {
             return ResponseFuture::passed(self.inner.call(call));
         };

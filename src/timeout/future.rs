@@ -24,6 +24,11 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
+    /// The attempt, unbounded: the layer is switched off.
+    pub(super) fn passthrough(attempt: F) -> Self {
+        ResponseFuture::new(attempt, None)
+    }
+
     pub(super) fn new(attempt: F, limit: Option<Duration>) -> Self {
         ResponseFuture {
             attempt,

@@ -12,7 +12,9 @@
 //!   else the layer's default ([`DEFAULT_ATTEMPT_TIMEOUT`] unless configured);
 //! - narrowed by the call's `payload.callHints.timeoutMs`, which may shorten it, never lengthen
 //!   it;
-//! - none at all when the tool's policy sets `timeout = "off"`: its calls pass untouched.
+//! - none at all when the tool's policy sets `timeout = "off"`, or when the operator turned
+//!   every layer off (`TOOL_RELIABILITY_ENABLED=false`, see [`control`](crate::control)):
+//!   the calls pass untouched.
 //!
 //! The clock of an attempt starts when the attempt first waits: an attempt that answers at
 //! once costs no timer. Time is tokio's, so paused time drives the layer in tests.

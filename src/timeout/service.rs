@@ -73,6 +73,9 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        if !self.limits.control().is_enabled() {
+            return ResponseFuture::passthrough(self.inner.call(call));
+        }
         let limit = self.limits.for_call(&call).for_call(&call);
         ResponseFuture::new(self.inner.call(call), limit)
     }

@@ -79,8 +79,9 @@ pub trait AuditSink: Send + 'static {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecutionEvent {
-    /// `run.started`, `step.started`, `step.finished`, `step.failed`, `run.finished`,
-    /// `run.cancelled` or `run.blocked`.
+    /// `run.started`, `step.started`, `step.finished`, `step.failed`, `step.shadow` (a
+    /// decision a layer in shadow mode did not enforce), `run.finished`, `run.cancelled` or
+    /// `run.blocked`.
     #[serde(rename = "type")]
     pub kind: &'static str,
     /// The call's `requestId`.

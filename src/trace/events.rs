@@ -55,7 +55,8 @@ pub(super) fn started(call: &ToolCall) {
     );
 }
 
-/// `tool_call_end`, or `tool_call_blocked` when a layer refused the call (see [`is_blocked`]).
+/// `tool_call_end`, or `tool_call_blocked` when a layer refused the call (see [`is_blocked`]);
+/// then one `tool_call_shadow` per decision a layer in shadow mode did not enforce.
 pub(super) fn finished(
     span: &Span,
     call: &ToolCall,
@@ -117,6 +118,21 @@ pub(super) fn finished(
             );
         }
     }
+    let record = match outcome {
+        Ok(output) => output.record(),
+        Err(error) => error.record(),
+    };
+    for decision in &record.shadow {
+        tracing::info!(
+            event = "tool_call_shadow",
+            requestId = call.request_id(),
+            toolName = call.tool_name(),
+            sessionKey = call.session_key(),
+            layer = decision.layer.as_str(),
+            decision = decision.verdict.as_str(),
+            "layer in shadow mode did not enforce its decision"
+        );
+    }
 }
 
 /// The result line and the run and step events of a finished call.
@@ -138,6 +154,17 @@ pub(super) fn audit_finished(
                     "latencyMs": retried.latency_ms,
                     "delayMs": retried.delay_ms,
                 })),
+        );
+    }
+    for decision in &record.shadow {
+        let (layer, verdict) = (decision.layer.as_str(), decision.verdict.as_str());
+        audit.record_event(
+            ExecutionEvent::new(
+                "step.shadow",
+                call,
+                format!("{layer} in shadow mode: {verdict}"),
+            )
+            .payload(json!({ "layer": layer, "decision": verdict })),
         );
     }
     let (kind, level, message) = match outcome {

@@ -8,6 +8,7 @@
 //! | `{prefix}tool_idempotency_hits_total` | counter | `tool`, `state` (`inflight` or `completed`) |
 //! | `{prefix}tool_loop_detections_total` | counter | `tool`, `action` (`break` or `chance`) |
 //! | `{prefix}tool_rate_limited_total` | counter | `tool` |
+//! | `{prefix}tool_shadow_decisions_total` | counter | `layer` (`breaker`, `loop_detect`, `idempotency`, `rate_limit`), `decision` (`would_open`, `would_reject`, `would_block`, `would_replay`, `would_join`, `would_conflict`, `would_limit`, `would_wait`) |
 //! | `{prefix}tool_circuit_breaker_state` | gauge (1 for the current state) | `tool`, `state` |
 //! | `{prefix}tool_circuit_breaker_transitions_total` | counter | `tool`, `from_state`, `to_state` |
 //!
@@ -62,6 +63,7 @@ struct Inner {
     idempotency_hits_total: SharedString,
     loop_detections_total: SharedString,
     rate_limited_total: SharedString,
+    shadow_decisions_total: SharedString,
     breaker_state: SharedString,
     breaker_transitions_total: SharedString,
 }
@@ -167,6 +169,14 @@ impl ToolMetrics {
             )
             .increment(1);
         }
+        for decision in &record.shadow {
+            metrics::counter!(
+                i.shadow_decisions_total.clone(),
+                "layer" => decision.layer.as_str(),
+                "decision" => decision.verdict.as_str()
+            )
+            .increment(1);
+        }
         if let Err(error) = outcome {
             match error.code() {
                 ErrorCode::LoopDetected => {
@@ -241,6 +251,7 @@ impl ToolMetricsBuilder {
                 idempotency_hits_total: name("tool_idempotency_hits_total"),
                 loop_detections_total: name("tool_loop_detections_total"),
                 rate_limited_total: name("tool_rate_limited_total"),
+                shadow_decisions_total: name("tool_shadow_decisions_total"),
                 breaker_state: name("tool_circuit_breaker_state"),
                 breaker_transitions_total: name("tool_circuit_breaker_transitions_total"),
             }),

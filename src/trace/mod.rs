@@ -7,17 +7,25 @@
 //! `correlationId`, and `error.type` when the call fails. Inside it, the event
 //! `tool_call_start` (DEBUG) and, at the end, `tool_call_end` or — when a layer refused the
 //! call instead of running the tool — `tool_call_blocked` (INFO), each with the contract's
-//! field set, a redacted error message, and the short-circuit `path` when a layer answered. Put it outermost, just inside
-//! [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer), so that it sees every call.
+//! field set, a redacted error message, and the short-circuit `path` when a layer answered.
+//! Put it outermost, just inside [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer), so that
+//! it sees every call.
 //!
 //! With [`TraceLayer::hooks`], the layer calls the application's
 //! [`ToolHooks::on_short_circuit`](crate::ToolHooks::on_short_circuit) once for every call a
 //! layer answered without running the tool (see [`hooks`](crate::hooks)).
 //!
+//! Layers in shadow mode (see [`control`](crate::control)) decide without enforcing: each
+//! decision in the call's record is logged as one more INFO event, `tool_call_shadow`, with
+//! `layer` (`breaker`, `loop_detect`, `idempotency`, `rate_limit`), `decision`
+//! (`would_reject`, `would_open`, `would_block`, `would_replay`, …), `toolName` and
+//! `requestId`; counted by the metrics; and written to the audit log as a `step.shadow`
+//! event.
+//!
 //! With an [`AuditLog`], the layer also writes each call to `calls.jsonl`, its result to
 //! `results.jsonl`, and its run and step events (`run.started`, `step.failed` per retried
-//! attempt, `step.finished`, `run.finished`, `run.failed`, `run.blocked`) to `events.jsonl`,
-//! all redacted, without file I/O on the call path.
+//! attempt, `step.shadow` per shadow decision, `step.finished`, `run.finished`, `run.failed`,
+//! `run.blocked`) to `events.jsonl`, all redacted, without file I/O on the call path.
 
 mod audit;
 mod events;

@@ -40,6 +40,11 @@ impl<F> ResponseFuture<F> {
         }
     }
 
+    /// The inner call, unchecked: the layer is switched off.
+    pub(super) fn passthrough(future: F) -> Self {
+        ResponseFuture::called(future, None)
+    }
+
     pub(super) fn called(future: F, output_schema: Option<Arc<RegisteredTool>>) -> Self {
         ResponseFuture {
             state: State::Called {

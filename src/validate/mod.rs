@@ -19,7 +19,9 @@
 //! `INTERNAL_ERROR` listing the paths. Every rejection is terminal.
 //!
 //! A tool whose policy sets `validate = "off"` skips steps 5 and 6 and the output check;
-//! 1 to 4 always apply.
+//! 1 to 4 always apply, unless the operator turned every layer off
+//! (`TOOL_RELIABILITY_ENABLED=false`, see [`control`](crate::control)): then no check
+//! applies and every call reaches the inner service as it came.
 //!
 //! ```
 //! use serde_json::json;

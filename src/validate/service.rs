@@ -108,6 +108,9 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
+        if !self.validator.registry.control().is_enabled() {
+            return ResponseFuture::passthrough(self.inner.call(call));
+        }
         match self.validator.admit(&call) {
             Ok(output_schema) => ResponseFuture::called(self.inner.call(call), output_schema),
             Err(error) => {
