@@ -10,6 +10,12 @@
 //! and a redacted error message. Put it outermost, just inside
 //! [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer), so that it sees every call.
 //!
+//! With the feature `opentelemetry`, a well-formed W3C `traceparent` in the envelope
+//! (`trace.traceparent`) becomes the remote parent of the call's span for
+//! [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry), so that the span joins
+//! the caller's trace; a malformed one is ignored (and logged at DEBUG) and the call starts a
+//! new trace. Without an OpenTelemetry layer in the subscriber this changes nothing.
+//!
 //! With an [`AuditLog`], the layer also writes each call to `calls.jsonl`, its result to
 //! `results.jsonl`, and its run and step events (`run.started`, `step.failed` per retried
 //! attempt, `step.finished`, `run.finished`, `run.failed`, `run.blocked`) to `events.jsonl`,
@@ -24,6 +30,8 @@ mod layer;
 pub mod metrics;
 mod redact;
 mod service;
+#[cfg(feature = "opentelemetry")]
+mod traceparent;
 
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
 pub use future::ResponseFuture;
