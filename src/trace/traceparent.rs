@@ -69,7 +69,10 @@ impl TraceParent {
         if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' {
             return Err(Malformed::Separator);
         }
-        let trace_id = lower_hex(&bytes[3..35]).ok_or(Malformed::TraceId)?;
+        let trace_id = lower_hex(&bytes[3..19])
+            .zip(lower_hex(&bytes[19..35]))
+            .map(|(high, low)| u128::from(high) << 64 | u128::from(low))
+            .ok_or(Malformed::TraceId)?;
         let parent_id = lower_hex(&bytes[36..52]).ok_or(Malformed::ParentId)?;
         let flags = lower_hex(&bytes[53..55]).ok_or(Malformed::Flags)?;
         match bytes.get(FOUR_FIELDS_LEN) {
@@ -86,7 +89,7 @@ impl TraceParent {
         }
         Ok(TraceParent {
             trace_id,
-            parent_id: parent_id as u64,
+            parent_id,
             sampled: flags & 0x01 == 1,
         })
     }
@@ -108,16 +111,22 @@ impl TraceParent {
     }
 }
 
-/// `digits` (at most 32) as a number, if they are all lowercase hex.
-fn lower_hex(digits: &[u8]) -> Option<u128> {
-    digits.iter().try_fold(0u128, |value, &digit| {
+/// `digits` (at most 16) as a number, if they are all lowercase hex.
+fn lower_hex(digits: &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    let mut valid = true;
+    for &digit in digits {
         let nibble = match digit {
             b'0'..=b'9' => digit - b'0',
             b'a'..=b'f' => digit - b'a' + 10,
-            _ => return None,
+            _ => {
+                valid = false;
+                0
+            }
         };
-        Some(value << 4 | u128::from(nibble))
-    })
+        value = value << 4 | u64::from(nibble);
+    }
+    valid.then_some(value)
 }
 
 /// Makes the call's `traceparent`, if well-formed, the OpenTelemetry parent of `span`, which
