@@ -48,7 +48,7 @@ impl fmt::Display for Malformed {
             Malformed::TraceId => "has a trace id that is not 32 lowercase hex digits",
             Malformed::ParentId => "has a parent id that is not 16 lowercase hex digits",
             Malformed::Flags => "has flags that are not two lowercase hex digits",
-            Malformed::TrailingData => "has version 00 but more than four fields",
+            Malformed::TrailingData => "has version 00 but is longer than its 55 characters",
             Malformed::ZeroTraceId => "has an all-zero trace id",
             Malformed::ZeroParentId => "has an all-zero parent id",
         })
@@ -130,8 +130,8 @@ fn lower_hex(digits: &[u8]) -> Option<u64> {
 }
 
 /// Makes the call's `traceparent`, if well-formed, the OpenTelemetry parent of `span`, which
-/// must not have been entered yet. A malformed one is logged at DEBUG and ignored; without an
-/// OpenTelemetry layer the parent is simply not kept.
+/// must not have been entered yet. A malformed one is logged at DEBUG and ignored, and so is
+/// a well-formed one when no OpenTelemetry layer listens.
 pub(super) fn adopt_remote_parent(span: &Span, call: &ToolCall) {
     let Some(header) = call.trace().traceparent.as_deref() else {
         return;
@@ -147,7 +147,7 @@ pub(super) fn adopt_remote_parent(span: &Span, call: &ToolCall) {
         Err(why) => span.in_scope(|| {
             tracing::debug!(
                 requestId = call.request_id(),
-                "trace.traceparent ignored: it {why}; the call starts a new trace"
+                "trace.traceparent ignored: it {why}; the span keeps its local parent"
             );
         }),
     }
