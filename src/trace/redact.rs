@@ -230,8 +230,8 @@ impl Redactor {
             })
     }
 
-    /// `true` when [`redact_value`](Redactor::redact_value) would change `value`; it
-    /// allocates nothing.
+    /// `true` when [`redact_value`](Redactor::redact_value) would change `value`; it builds
+    /// no copy of the value.
     pub fn needs_redaction(&self, value: &Value) -> bool {
         match value {
             Value::String(s) => {
