@@ -137,6 +137,7 @@
 //! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
 //! | `redis` | no | `RedisDedupeStore`: idempotency records shared by every replica |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
+//! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]

@@ -20,7 +20,8 @@ use crate::idempotency::key_fingerprint;
 use crate::outcome::{record_of, CallRecord, ShortCircuit, ToolOutput};
 use crate::time::millis;
 
-/// The span of one call: `execute_tool {tool}` with the OpenTelemetry GenAI attributes.
+/// The span of one call: `execute_tool {tool}` with the OpenTelemetry GenAI attributes, and,
+/// with the feature `opentelemetry`, the caller's `traceparent` as its remote parent.
 pub(super) fn call_span(call: &ToolCall) -> Span {
     let span = tracing::info_span!(
         "execute_tool",
@@ -38,6 +39,8 @@ pub(super) fn call_span(call: &ToolCall) -> Span {
             "otel.name",
             format!("execute_tool {}", call.tool_name()).as_str(),
         );
+        #[cfg(feature = "opentelemetry")]
+        super::traceparent::adopt_remote_parent(&span, call);
     }
     span
 }

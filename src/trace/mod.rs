@@ -22,6 +22,12 @@
 //! `requestId`; counted by the metrics; and written to the audit log as a `step.shadow`
 //! event.
 //!
+//! With the feature `opentelemetry`, a well-formed W3C `traceparent` in the envelope
+//! (`trace.traceparent`) becomes the remote parent of the call's span for
+//! [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry), so that the span joins
+//! the caller's trace; a malformed one is ignored (and logged at DEBUG) and the call starts a
+//! new trace. Without an OpenTelemetry layer in the subscriber this changes nothing.
+//!
 //! With an [`AuditLog`], the layer also writes each call to `calls.jsonl`, its result to
 //! `results.jsonl`, and its run and step events (`run.started`, `step.failed` per retried
 //! attempt, `step.shadow` per shadow decision, `step.finished`, `run.finished`, `run.failed`,
@@ -36,6 +42,8 @@ mod layer;
 pub mod metrics;
 mod redact;
 mod service;
+#[cfg(feature = "opentelemetry")]
+mod traceparent;
 
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
 pub use future::ResponseFuture;

@@ -1,6 +1,6 @@
 //! Redaction of secrets before anything is logged, audited or used as a metric label.
 //!
-//! Two rules, applied at any depth and inside arrays:
+//! Three rules, applied at any depth and inside arrays:
 //!
 //! - a member whose *name* looks secret has its value replaced, whatever it is: after folding
 //!   case and dropping `-`, `_`, `.` and spaces, the name ends with `token`, `secret`,
@@ -11,9 +11,14 @@
 //! - a *value* that looks like a credential is cut out of any string: bearer and basic
 //!   authorization values, JWTs, `sk-…` keys, GitHub tokens (`ghp_…`, `gho_…`,
 //!   `github_pat_…`), AWS access key ids (`AKIA…`, `ASIA…`), Slack tokens (`xox…`), Google
-//!   API keys (`AIza…`), PEM private keys, and the password of a URL (`scheme://user:pw@`).
+//!   API keys (`AIza…`), PEM private keys, and the user and password of a URL
+//!   (`scheme://user:pw@`);
+//! - in any string, the value given to a secret name, as error messages and echoed requests
+//!   write it: `password=…`, `api_key: …`, `?client_secret=…&`, `"token": "…"`, and
+//!   `Authorization: Basic …` with its scheme. A quoted value is cut to its closing quote, a
+//!   bare one to the next white space or `&`, `,`, `;`, quote, `<`, `>`, `)`, `]` or `}`.
 //!
-//! Both lists can be extended.
+//! Both lists can be extended; the third rule follows the first rule's names.
 //!
 //! ```
 //! use serde_json::json;
@@ -25,17 +30,20 @@
 //!     "api_key": "abc123",
 //!     "headers": [{"Authorization": "Bearer abc.def"}],
 //!     "note": "use sk-proj-0123456789abcdefghij for the call",
+//!     "error": "GET /v1?api_key=abc123&q=1 refused",
 //! });
 //! assert_eq!(redactor.redact_value(&params), json!({
 //!     "query": "weather",
 //!     "api_key": "[REDACTED]",
 //!     "headers": [{"Authorization": "[REDACTED]"}],
 //!     "note": "use [REDACTED] for the call",
+//!     "error": "GET /v1?api_key=[REDACTED]&q=1 refused",
 //! }));
 //! ```
 
 use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use regex::{Captures, Regex};
@@ -88,6 +96,22 @@ const CREDENTIAL_PATTERNS: [&str; 11] = [
     r"://[^/\s:@]+:[^/\s@]+@",
 ];
 
+/// A name given a value in text: `name=`, `name: `, `"name": `. The value follows the match.
+const ASSIGNMENT_PATTERN: &str = r#"(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)["']?[ \t]*[:=]{1,2}[ \t]*"#;
+
+/// HTTP authorization schemes: after a secret name, the credentials that follow one are part
+/// of its value (`Authorization: Basic dXNlcg==`).
+const AUTH_SCHEMES: [&str; 8] = [
+    "basic",
+    "bearer",
+    "digest",
+    "token",
+    "negotiate",
+    "ntlm",
+    "apikey",
+    "aws4-hmac-sha256",
+];
+
 /// Folds case and drops the separators names are spelled with.
 fn normalize_name(name: &str) -> String {
     name.chars()
@@ -106,6 +130,7 @@ struct Inner {
     name_endings: Vec<String>,
     names: Vec<String>,
     credentials: Regex,
+    assignments: Regex,
 }
 
 impl Default for Redactor {
@@ -148,9 +173,11 @@ impl Redactor {
                 .any(|ending| normalized.ends_with(ending.as_str()))
     }
 
-    /// `text` with every credential cut out; borrowed when there was none.
+    /// `text` with every credential and every value of a secret name cut out; borrowed
+    /// when there was none.
     pub fn redact_str<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        self.inner
+        let shapes_cut = self
+            .inner
             .credentials
             .replace_all(text, |caps: &Captures<'_>| {
                 if caps[0].starts_with("://") {
@@ -158,14 +185,58 @@ impl Redactor {
                 } else {
                     REDACTED.to_owned()
                 }
+            });
+        match shapes_cut {
+            Cow::Borrowed(text) => self.redact_assignments(text),
+            Cow::Owned(text) => Cow::Owned(self.redact_assignments(&text).into_owned()),
+        }
+    }
+
+    /// `text` with the values of its secret names replaced.
+    fn redact_assignments<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let mut redacted: Option<String> = None;
+        let mut copied = 0;
+        for value in self.secret_values(text) {
+            let out = redacted.get_or_insert_with(|| String::with_capacity(text.len()));
+            out.push_str(&text[copied..value.start]);
+            out.push_str(REDACTED);
+            copied = value.end;
+        }
+        match redacted {
+            None => Cow::Borrowed(text),
+            Some(mut out) => {
+                out.push_str(&text[copied..]);
+                Cow::Owned(out)
+            }
+        }
+    }
+
+    /// Where `text` gives a secret name a value not redacted yet, in order.
+    fn secret_values<'t>(&'t self, text: &'t str) -> impl Iterator<Item = Range<usize>> + 't {
+        let has_assignment = text.bytes().any(|b| b == b'=' || b == b':');
+        let mut resume = 0;
+        has_assignment
+            .then(|| self.inner.assignments.captures_iter(text))
+            .into_iter()
+            .flatten()
+            .filter_map(move |caps| {
+                let (whole, name) = (caps.get(0)?, caps.name("name")?);
+                if whole.start() < resume || !self.is_secret_name(name.as_str()) {
+                    return None;
+                }
+                let value = value_at(text, whole.end())?;
+                resume = value.end;
+                Some(value)
             })
     }
 
-    /// `true` when [`redact_value`](Redactor::redact_value) would change `value`; it
-    /// allocates nothing.
+    /// `true` when [`redact_value`](Redactor::redact_value) would change `value`; it builds
+    /// no copy of the value.
     pub fn needs_redaction(&self, value: &Value) -> bool {
         match value {
-            Value::String(s) => self.inner.credentials.is_match(s),
+            Value::String(s) => {
+                self.inner.credentials.is_match(s) || self.secret_values(s).next().is_some()
+            }
             Value::Array(items) => items.iter().any(|item| self.needs_redaction(item)),
             Value::Object(map) => map.iter().any(|(name, member)| {
                 (!member.is_null() && self.is_secret_name(name)) || self.needs_redaction(member)
@@ -208,6 +279,55 @@ impl Redactor {
             })
             .collect()
     }
+}
+
+/// The value that starts at `at` in `text`: a quoted string's content, or a bare run up to
+/// a separator, with the credentials after an authorization scheme. `None` when it is empty
+/// or already redacted.
+fn value_at(text: &str, at: usize) -> Option<Range<usize>> {
+    let rest = &text[at..];
+    if rest.starts_with(REDACTED) {
+        return None;
+    }
+    if let Some(quote) = rest.chars().next().filter(|c| matches!(c, '"' | '\'')) {
+        let body = &rest[1..];
+        let mut escaped = false;
+        let end = body
+            .char_indices()
+            .find(|&(_, c)| {
+                let closes = !escaped && c == quote;
+                escaped = !escaped && c == '\\';
+                closes
+            })
+            .map_or(body.len(), |(i, _)| i);
+        return (end > 0 && !body.starts_with(REDACTED)).then(|| at + 1..at + 1 + end);
+    }
+    let bare_len = |s: &str| {
+        s.find(|c: char| {
+            c.is_whitespace()
+                || matches!(
+                    c,
+                    '&' | ',' | ';' | '"' | '\'' | '<' | '>' | ')' | ']' | '}'
+                )
+        })
+        .unwrap_or(s.len())
+    };
+    let mut end = bare_len(rest);
+    if end == 0 {
+        return None;
+    }
+    if AUTH_SCHEMES
+        .iter()
+        .any(|scheme| rest[..end].eq_ignore_ascii_case(scheme))
+    {
+        let after = &rest[end..];
+        let spaces = after.len() - after.trim_start_matches(' ').len();
+        let credentials = bare_len(&after[spaces..]);
+        if spaces > 0 && credentials > 0 {
+            end += spaces + credentials;
+        }
+    }
+    Some(at..at + end)
 }
 
 /// Builds a [`Redactor`] with more secret names or credential patterns.
@@ -287,6 +407,8 @@ impl RedactorBuilder {
                     .chain(self.names.iter().map(|s| normalize_name(s)))
                     .collect(),
                 credentials,
+                assignments: Regex::new(ASSIGNMENT_PATTERN)
+                    .expect("the assignment pattern compiles"),
             }),
         })
     }

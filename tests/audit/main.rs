@@ -1,13 +1,20 @@
-//! The audit log: three JSONL streams, redacted, rotated, and never in the way of a call.
+//! The audit log: three JSONL streams, redacted, rotated, and never in the way of a call,
+//! whether written to directly or through the TraceLayer.
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use tower_toolcall::trace::{AuditLog, AuditSink, AuditStream, ExecutionEvent, Redactor};
-use tower_toolcall::{ToolCall, ToolOutput, ToolResult};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+use tower_toolcall::trace::{
+    AuditLog, AuditSink, AuditStream, ExecutionEvent, Redactor, TraceLayer,
+};
+use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolResult};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -210,4 +217,107 @@ fn bad_configuration_names_the_field() {
     let err = AuditLog::builder(file.join("audit")).build().unwrap_err();
     assert_eq!(err.field(), "audit.dir");
     std::fs::remove_file(&file).unwrap();
+}
+
+/// A sink whose writes wait until its gate opens, and that counts what it wrote.
+#[derive(Clone, Default)]
+struct GatedSink {
+    gate: Arc<(Mutex<bool>, Condvar)>,
+    written: Arc<AtomicU64>,
+}
+
+impl GatedSink {
+    fn open(&self) {
+        let (open, opened) = &*self.gate;
+        *open.lock().unwrap() = true;
+        opened.notify_all();
+    }
+
+    fn is_open(&self) -> bool {
+        *self.gate.0.lock().unwrap()
+    }
+}
+
+impl AuditSink for GatedSink {
+    fn write_line(&mut self, _stream: AuditStream, _line: &[u8]) -> io::Result<()> {
+        let (open, opened) = &*self.gate;
+        let _open = opened
+            .wait_while(open.lock().unwrap(), |open| !*open)
+            .unwrap();
+        self.written.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_writer_never_slows_a_call_through_the_trace_layer() {
+    const CALLS: usize = 200;
+    // Each successful call: calls.jsonl, run.started, step.finished, run.finished and
+    // results.jsonl.
+    const LINES_PER_CALL: u64 = 5;
+    const QUEUE: usize = 4;
+    let tool_time = Duration::from_millis(250);
+
+    let sink = GatedSink::default();
+    // Should the call path ever wait for the writer, this opens the gate after a while of
+    // real time, and the check below that the gate was still shut fails instead of hanging.
+    let watchdog = {
+        let sink = sink.clone();
+        let (stop, stopped) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if stopped.recv_timeout(Duration::from_secs(30)).is_err() {
+                sink.open();
+            }
+        });
+        stop
+    };
+    let audit = AuditLog::with_sink(sink.clone(), QUEUE, Redactor::default());
+    let svc =
+        TraceLayer::new()
+            .audit(audit.clone())
+            .layer(tool_fn(move |_call: ToolCall| async move {
+                tokio::time::sleep(tool_time).await;
+                Ok(ToolOutput::new(json!({"done": true})))
+            }));
+
+    let start = Instant::now();
+    let elapsed = futures::future::join_all((0..CALLS).map(|n| {
+        let mut svc = svc.clone();
+        async move {
+            let called = Instant::now();
+            svc.ready().await.unwrap().call(call(n)).await.unwrap();
+            called.elapsed()
+        }
+    }))
+    .await;
+    assert!(
+        !sink.is_open(),
+        "every call ended while the writer was still stalled"
+    );
+    assert!(elapsed.iter().all(|e| *e == tool_time), "{elapsed:?}");
+    assert_eq!(start.elapsed(), tool_time);
+
+    let produced = CALLS as u64 * LINES_PER_CALL;
+    let stalled = audit.stats();
+    // At most a full queue and the line held by the writer got through.
+    assert!(
+        stalled.dropped >= produced - QUEUE as u64 - 1,
+        "{stalled:?}"
+    );
+    assert_eq!(stalled.written, 0);
+
+    sink.open();
+    let stats = audit.shutdown();
+    watchdog.send(()).unwrap();
+    assert_eq!(stats.written + stats.dropped, produced, "{stats:?}");
+    assert_eq!(
+        stats.dropped, stalled.dropped,
+        "nothing was dropped after the release"
+    );
+    assert_eq!(stats.failed, 0);
+    assert_eq!(sink.written.load(Ordering::SeqCst), stats.written);
 }

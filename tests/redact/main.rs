@@ -36,6 +36,52 @@ fn every_credential_shape_is_cut_out_of_strings() {
 }
 
 #[test]
+fn values_of_secret_names_are_cut_out_of_text() {
+    let redactor = Redactor::default();
+    for (text, expected) in [
+        (
+            "GET /v1/login?user=ana&client_secret=cs-123&api_key=k-9 refused",
+            "GET /v1/login?user=ana&client_secret=[REDACTED]&api_key=[REDACTED] refused",
+        ),
+        (
+            "password=hunter2, retry later",
+            "password=[REDACTED], retry later",
+        ),
+        (
+            "X-Api-Key: k-9\nAccept: */*",
+            "X-Api-Key: [REDACTED]\nAccept: */*",
+        ),
+        (
+            r#"upstream said {"error": "bad", "password": "hunter 2", "n": 1}"#,
+            r#"upstream said {"error": "bad", "password": "[REDACTED]", "n": 1}"#,
+        ),
+        (
+            r#"{"token":"a\"b","ok":true}"#,
+            r#"{"token":"[REDACTED]","ok":true}"#,
+        ),
+        ("session_token = 'abc def'", "session_token = '[REDACTED]'"),
+        (
+            "Authorization: Basic dXNlcg== sent",
+            "Authorization: [REDACTED] sent",
+        ),
+        (
+            "cookie: sid=abc; theme=dark",
+            "cookie: [REDACTED]; theme=dark",
+        ),
+        // A credential shape under a secret name is redacted once.
+        (
+            "Authorization: Bearer abcdefghijklmnop0123",
+            "Authorization: [REDACTED]",
+        ),
+        ("pwd=", "pwd="),
+    ] {
+        assert_eq!(redactor.redact_str(text), expected, "{text}");
+    }
+    let custom = Redactor::builder().secret_name("pin").build().unwrap();
+    assert_eq!(custom.redact_str("card pin: 1234"), "card pin: [REDACTED]");
+}
+
+#[test]
 fn plain_text_is_left_alone_and_borrowed() {
     let redactor = Redactor::default();
     for text in [
@@ -48,6 +94,9 @@ fn plain_text_is_left_alone_and_borrowed() {
         "basic authentication",
         "a skeleton key, sk-short",
         "eyJ alone",
+        "max_tokens=256, status: ok; retry=3 for vault::login",
+        "see https://docs.rs/tower?version=0.5#retry",
+        "password: [REDACTED]",
     ] {
         assert!(
             matches!(redactor.redact_str(text), std::borrow::Cow::Borrowed(_)),
@@ -147,6 +196,9 @@ fn needs_redaction_agrees_with_redact_value() {
         json!({"id": "AKIAIOSFODNN7EXAMPLE"}),
         json!({"t": "eyJhbGciOi.eyJzdWIiOi.sig_nature"}),
         json!({"word": "skeleton", "n": "sk-short"}),
+        json!({"error": "POST /x?api_key=abc failed"}),
+        json!({"error": "password: [REDACTED]"}),
+        json!({"error": "max_tokens=5"}),
     ] {
         assert_eq!(
             redactor.needs_redaction(&value),
