@@ -127,7 +127,7 @@ where
         };
         let (mut record, now_ms) = match claimed {
             Ok(Claim::Held { guard, record }) => {
-                return execute(&shared, inner, call, &plan, guard, record).await;
+                return execute(shared, inner, call, plan, guard, record).await;
             }
             Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(error) => return Box::pin(store_failed(&shared, error, inner, call, &plan)).await,
@@ -293,29 +293,16 @@ pub(super) fn found<St>(
     }
 }
 
-/// [`execute`] for a call whose key was claimed before its response future ran.
-pub(super) async fn execute_claimed<S, St>(
-    shared: Arc<Shared<St>>,
-    inner: S,
-    call: ToolCall,
-    plan: Plan,
-    guard: ClaimGuard<St>,
-    claimed: Arc<DedupeRecord>,
-) -> Result<ToolOutput, ToolError>
-where
-    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
-    St: DedupeStore,
-{
-    execute(&shared, inner, call, &plan, guard, claimed).await
-}
-
 /// Runs the tool for the call that claimed `claimed`, renewing the lease while it runs, and
 /// stores the result.
-async fn execute<S, St>(
-    shared: &Shared<St>,
+///
+/// It owns what it uses, so that its future, which the layer boxes when the key was claimed
+/// before the response future ran, holds each of them once.
+pub(super) async fn execute<S, St>(
+    shared: Arc<Shared<St>>,
     mut inner: S,
     call: ToolCall,
-    plan: &Plan,
+    plan: Plan,
     mut guard: ClaimGuard<St>,
     claimed: Arc<DedupeRecord>,
 ) -> Result<ToolOutput, ToolError>

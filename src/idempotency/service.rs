@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use super::future::{deduplicate, execute_claimed, found, Claim, Found, ResponseFuture};
+use super::future::{deduplicate, execute, found, Claim, Found, ResponseFuture};
 use super::key::{self, KeySource};
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::CanonicalOptions;
@@ -16,6 +16,30 @@ use crate::middleware::Passthrough;
 use crate::outcome::ToolOutput;
 use crate::registry::{IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch};
 use crate::tool_table::ToolTable;
+
+/// The largest inner future kept inside the boxed execution; a larger one is boxed apart.
+const INLINE_INNER_FUTURE_MAX: usize = 128;
+
+/// The inner service with each of its futures boxed.
+#[derive(Clone)]
+struct BoxedFutures<S>(S);
+
+impl<S> Service<ToolCall> for BoxedFutures<S>
+where
+    S: Service<ToolCall>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<S::Future>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        Box::pin(self.0.call(call))
+    }
+}
 
 /// Executes each idempotency key at most once; made by
 /// [`IdempotencyLayer`](super::IdempotencyLayer). See the [module docs](super).
@@ -298,16 +322,25 @@ where
                             first,
                         )))
                     }
-                    // Only the execution's machinery is boxed: a smaller future.
+                    // Only the execution's machinery is boxed: a smaller future. The inner
+                    // future goes in a box of its own when it is large, so that neither box
+                    // outgrows the sizes the allocator serves from its per-thread caches.
                     Some(Ok(Claim::Held { guard, record })) => {
-                        ResponseFuture::deduplicated(Box::pin(execute_claimed(
-                            shared.clone(),
-                            inner(),
-                            call,
-                            plan,
-                            guard,
-                            record,
-                        )))
+                        let shared = shared.clone();
+                        ResponseFuture::deduplicated(
+                            if mem::size_of::<S::Future>() > INLINE_INNER_FUTURE_MAX {
+                                Box::pin(execute(
+                                    shared,
+                                    BoxedFutures(inner()),
+                                    call,
+                                    plan,
+                                    guard,
+                                    record,
+                                ))
+                            } else {
+                                Box::pin(execute(shared, inner(), call, plan, guard, record))
+                            },
+                        )
                     }
                     first => ResponseFuture::deduplicated(Box::pin(deduplicate(
                         shared.clone(),
