@@ -4,19 +4,47 @@
 //! and a file write that needs schema-valid params and the user's confirmation. Calls go
 //! through validation, loop detection, rate limiting, idempotency, retry, the circuit breaker
 //! and the attempt timeout; each answer is printed as the `ToolResult` envelope the agent
-//! would get back.
+//! would get back. Hooks count every attempt and every short cut, and at the end the kill
+//! switch (`TOOL_RELIABILITY_ENABLED`, here flipped at run time) turns every layer into a
+//! pass-through.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde_json::json;
 use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_toolcall::control::ReliabilityControl;
+use tower_toolcall::hooks::{HookLayer, ToolHooks};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::trace::TraceLayer;
 use tower_toolcall::{
     tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer,
-    LoopDetectLayer, RateLimitLayer, ResultEnvelopeLayer, RetryLayer, TimeoutLayer, ToolCall,
-    ToolError, ToolOutput,
+    LoopDetectLayer, RateLimitLayer, ResultEnvelopeLayer, RetryLayer, ShortCircuit, TimeoutLayer,
+    ToolCall, ToolError, ToolOutput,
 };
+
+/// Counts the attempts that reached the tools and the calls answered without them.
+#[derive(Debug, Default)]
+struct Counting {
+    attempts: AtomicUsize,
+    short_circuits: AtomicUsize,
+}
+
+impl ToolHooks for Counting {
+    fn before_attempt(&self, _call: &mut ToolCall) -> Result<(), ToolError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn on_short_circuit(
+        &self,
+        _call: &ToolCall,
+        _path: ShortCircuit,
+        _outcome: &Result<ToolOutput, ToolError>,
+    ) {
+        self.short_circuits.fetch_add(1, Ordering::SeqCst);
+    }
+}
 
 /// How often each tool really ran.
 #[derive(Default)]
@@ -57,8 +85,9 @@ fn create_file(call: &ToolCall, runs: &Runs) -> Result<ToolOutput, ToolError> {
     )
 }
 
-fn registry() -> Result<ToolRegistry, tower_toolcall::ConfigError> {
+fn registry(control: ReliabilityControl) -> Result<ToolRegistry, tower_toolcall::ConfigError> {
     ToolRegistry::builder()
+        .control(control)
         .tool(
             ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
                 .idempotent(true)
@@ -87,8 +116,11 @@ fn registry() -> Result<ToolRegistry, tower_toolcall::ConfigError> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let registry = registry()?;
+    // The operator's switches, as the environment sets them.
+    let control = ReliabilityControl::from_env()?;
+    let registry = registry(control.clone())?;
     let runs = Arc::new(Runs::default());
+    let hooks = Arc::new(Counting::default());
 
     // One service for every tool: it dispatches on the tool's name.
     let tools = {
@@ -111,6 +143,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The recommended order, outermost first.
     let mut stack = ServiceBuilder::new()
         .layer(ResultEnvelopeLayer::new())
+        .layer(TraceLayer::new().hooks(hooks.clone()))
         .layer(EnvelopeValidateLayer::new(registry.clone()))
         .layer(LoopDetectLayer::new(registry.clone()))
         .layer(RateLimitLayer::new(registry.clone()))
@@ -118,6 +151,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .layer(RetryLayer::new(registry.clone()))
         .layer(CircuitBreakerLayer::new(registry.clone()))
         .layer(TimeoutLayer::new(registry))
+        .layer(HookLayer::new(hooks.clone()))
         .service(tools);
 
     let search_call = |query: &str| {
@@ -208,10 +242,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
+    // The kill switch: from the next call on, every layer passes calls straight through, so
+    // the same write runs again instead of coming from the cache.
+    control.set_enabled(false);
+    let result = stack.ready().await?.call(write_call().build()?).await?;
     println!(
-        "# the tools ran: search {} times, createFile {} time(s)",
+        "# the same write with reliability switched off: fromCache = {}\n",
+        result.from_cache
+    );
+
+    println!(
+        "# the tools ran: search {} times, createFile {} time(s); hooks saw {} attempts and {} \
+         calls answered without the tools",
         runs.search.load(Ordering::SeqCst),
-        runs.create_file.load(Ordering::SeqCst)
+        runs.create_file.load(Ordering::SeqCst),
+        hooks.attempts.load(Ordering::SeqCst),
+        hooks.short_circuits.load(Ordering::SeqCst)
     );
     Ok(())
 }

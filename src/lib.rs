@@ -125,6 +125,13 @@
 //! anything is logged; [`trace::AuditLog`] writes `calls.jsonl`, `results.jsonl` and
 //! `events.jsonl` off the call path.
 //!
+//! # Operator switches
+//!
+//! A [`control::ReliabilityControl`] carried by the registry holds the kill switch
+//! (`TOOL_RELIABILITY_ENABLED=false` makes every layer a pass-through), breaker enforcement,
+//! key derivation and shadow mode per layer; read from the environment when the stack is
+//! built, flipped at run time through any clone of the handle.
+//!
 //! # Canonical params
 //!
 //! [`canonical`] writes params as RFC 8785 canonical JSON after removing nulls, volatile
