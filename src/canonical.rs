@@ -438,6 +438,16 @@ const ESCAPES: [u8; 256] = {
 
 fn write_escaped(out: &mut String, s: &str) {
     out.push('"');
+    // Most strings need no escape: one pass that the compiler vectorizes (no early exit)
+    // finds that out, and the string is copied whole.
+    let needs_escape = s.bytes().fold(false, |any, byte| {
+        any | (byte < 0x20) | (byte == b'"') | (byte == b'\\')
+    });
+    if !needs_escape {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     let mut start = 0;
     for (i, &byte) in s.as_bytes().iter().enumerate() {
         let escape = ESCAPES[usize::from(byte)];
