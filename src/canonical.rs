@@ -200,7 +200,12 @@ pub fn check_limits(
 
 /// `hex(sha256(canonical))`: the digest stored with an idempotency record.
 pub fn params_digest(canonical: &str) -> String {
-    hex_lower(&Sha256::digest(canonical.as_bytes()))
+    params_digest_hex(canonical).as_str().to_owned()
+}
+
+/// [`params_digest`], on the stack.
+pub(crate) fn params_digest_hex(canonical: &str) -> HexDigest {
+    HexDigest::of(&Sha256::digest(canonical.as_bytes()).into())
 }
 
 /// The derived idempotency key:
@@ -212,6 +217,19 @@ pub fn derive_key(
     session_key: &str,
     actor_id: &str,
 ) -> String {
+    derived_key_hex(namespace, name, canonical, session_key, actor_id)
+        .as_str()
+        .to_owned()
+}
+
+/// [`derive_key`], on the stack.
+pub(crate) fn derived_key_hex(
+    namespace: &str,
+    name: &str,
+    canonical: &str,
+    session_key: &str,
+    actor_id: &str,
+) -> HexDigest {
     let mut hasher = Sha256::new();
     for (i, part) in [namespace, name, canonical, session_key, actor_id]
         .into_iter()
@@ -222,8 +240,29 @@ pub fn derive_key(
         }
         hasher.update(part.as_bytes());
     }
-    hex_lower(&hasher.finalize())
+    HexDigest::of(&hasher.finalize().into())
 }
+
+/// The lowercase hex of a SHA-256 digest, held on the stack, so that the one string made of
+/// it is the shared one.
+pub(crate) struct HexDigest([u8; 64]);
+
+impl HexDigest {
+    fn of(digest: &[u8; 32]) -> HexDigest {
+        let mut out = [0; 64];
+        for (pair, &byte) in out.chunks_exact_mut(2).zip(digest) {
+            pair[0] = HEX_DIGITS[usize::from(byte >> 4)];
+            pair[1] = HEX_DIGITS[usize::from(byte & 0x0f)];
+        }
+        HexDigest(out)
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+    }
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// Compares two strings by their UTF-16 code units, as RFC 8785 sorts member names.
 pub fn cmp_utf16(a: &str, b: &str) -> Ordering {
@@ -353,11 +392,10 @@ impl Writer<'_> {
 
 /// Lowercase hex of a digest.
 pub(crate) fn hex_lower(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for &byte in bytes {
-        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+        out.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(HEX_DIGITS[usize::from(byte & 0x0f)]));
     }
     out
 }
@@ -400,6 +438,16 @@ const ESCAPES: [u8; 256] = {
 
 fn write_escaped(out: &mut String, s: &str) {
     out.push('"');
+    // Most strings need no escape: one pass that the compiler vectorizes (no early exit)
+    // finds that out, and the string is copied whole.
+    let needs_escape = s.bytes().fold(false, |any, byte| {
+        any | (byte < 0x20) | (byte == b'"') | (byte == b'\\')
+    });
+    if !needs_escape {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     let mut start = 0;
     for (i, &byte) in s.as_bytes().iter().enumerate() {
         let escape = ESCAPES[usize::from(byte)];

@@ -6,6 +6,10 @@
 //! that the table never hashes a stored key again, and dropping the oldest entry finds it by
 //! its slot number without reading its key. Freed slots are reused, so a map that stays at its
 //! capacity allocates nothing more.
+//!
+//! An entry may also be held outside the order of use ([`LruMap::insert_unordered`]): it is
+//! found by its key like any other, but it is never the oldest and never dropped to make
+//! room, until [`LruMap::place_newest`] puts it in the order.
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
@@ -30,6 +34,11 @@ pub(crate) struct LruMap<K, V, S = RandomState> {
     /// The most recently used entry.
     newest: usize,
 }
+
+/// Where an entry lives in the map, as [`LruMap::find_slot`] found it; valid until the map
+/// next changes which entries it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlotId(usize);
 
 struct Slot<K, V> {
     entry: Option<(K, V)>,
@@ -90,6 +99,76 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
             .copied()
     }
 
+    /// The hash of `key`, for the `*_hashed` and slot methods, so that an operation that
+    /// looks a key up and then inserts it hashes it once.
+    pub(crate) fn hash_key<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.hasher.hash_one(key)
+    }
+
+    /// The slot of `key`, whose hash is `hash` (see [`hash_key`](Self::hash_key)), if the
+    /// map holds it; its order of use is left as it is.
+    pub(crate) fn find_slot<Q>(&self, hash: u64, key: &Q) -> Option<SlotId>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find_hashed(hash, key).map(SlotId)
+    }
+
+    /// The value in `slot`.
+    pub(crate) fn value(&self, slot: SlotId) -> &V {
+        let (_, value) = self.slots[slot.0]
+            .entry
+            .as_ref()
+            .expect("a found slot holds an entry");
+        value
+    }
+
+    /// The value in `slot`, to change; its order of use is left as it is.
+    pub(crate) fn value_mut(&mut self, slot: SlotId) -> &mut V {
+        let (_, value) = self.slots[slot.0]
+            .entry
+            .as_mut()
+            .expect("a found slot holds an entry");
+        value
+    }
+
+    /// Inserts `key`, which the map does not hold and whose hash is `hash`, outside the
+    /// order of use: [`oldest`](Self::oldest) and [`pop_oldest`](Self::pop_oldest) pass it
+    /// by until [`place_newest`](Self::place_newest) puts it in the order.
+    pub(crate) fn insert_unordered(&mut self, hash: u64, key: K, value: V) -> SlotId {
+        debug_assert!(self.find_hashed(hash, &key).is_none(), "the key is new");
+        let slot = self.occupy(hash, key, value);
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash, slot, |&slot| slots[slot].hash);
+        SlotId(slot)
+    }
+
+    /// Makes the entry of `slot` the most recently used one, whether or not it was in the
+    /// order of use.
+    pub(crate) fn place_newest(&mut self, slot: SlotId) {
+        let slot = slot.0;
+        if slot != self.newest {
+            self.unlink(slot);
+            self.link_newest(slot);
+        }
+    }
+
+    /// Takes the entry of `slot` out of the order of use, where it is never the oldest.
+    pub(crate) fn take_out_of_order(&mut self, slot: SlotId) {
+        self.unlink(slot.0);
+    }
+
+    /// Removes the entry of `slot`; returns it.
+    pub(crate) fn remove_at(&mut self, slot: SlotId) -> (K, V) {
+        self.remove_slot(slot.0)
+    }
+
     /// The value of `key`, which becomes the most recently used entry.
     pub(crate) fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
     where
@@ -113,7 +192,18 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
             let (_, old) = self.slots[slot].entry.as_mut()?;
             return Some(std::mem::replace(old, value));
         }
-        let slot = match self.free.pop() {
+        let slot = self.occupy(hash, key, value);
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash, slot, |&slot| slots[slot].hash);
+        self.link_newest(slot);
+        None
+    }
+
+    /// Puts an entry in a free slot (a new one when none is free), outside the index and the
+    /// order of use; returns the slot.
+    fn occupy(&mut self, hash: u64, key: K, value: V) -> usize {
+        match self.free.pop() {
             Some(slot) => {
                 self.slots[slot].entry = Some((key, value));
                 self.slots[slot].hash = hash;
@@ -128,12 +218,7 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
                 });
                 self.slots.len() - 1
             }
-        };
-        let slots = &self.slots;
-        self.index
-            .insert_unique(hash, slot, |&slot| slots[slot].hash);
-        self.link_newest(slot);
-        None
+        }
     }
 
     /// Removes `key`; returns its value.
@@ -144,16 +229,6 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
     {
         let slot = self.find(key)?;
         Some(self.remove_slot(slot).1)
-    }
-
-    /// The value of `key`, left where it is in the order of use.
-    pub(crate) fn peek<Q>(&self, key: &Q) -> Option<&V>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let slot = self.find(key)?;
-        self.slots[slot].entry.as_ref().map(|(_, v)| v)
     }
 
     /// Keeps the entries for which `keep` is true, in their order; returns how many it
@@ -200,7 +275,17 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
             .expect("an indexed slot holds an entry")
     }
 
+    /// `true` when the entry of `slot` is in the order of use.
+    fn is_linked(&self, slot: usize) -> bool {
+        let Slot { older, newer, .. } = self.slots[slot];
+        older != NIL || newer != NIL || self.oldest == slot
+    }
+
+    /// Takes `slot` out of the order of use; a slot outside it is left alone.
     fn unlink(&mut self, slot: usize) {
+        if !self.is_linked(slot) {
+            return;
+        }
         let (older, newer) = (self.slots[slot].older, self.slots[slot].newer);
         match older {
             NIL => self.oldest = newer,
@@ -279,19 +364,48 @@ mod tests {
     }
 
     #[test]
-    fn peek_keeps_the_order_and_retain_keeps_the_rest_in_order() {
+    fn a_lookup_keeps_the_order_and_retain_keeps_the_rest_in_order() {
         let mut map = LruMap::new();
         for i in 0..6u32 {
             map.insert(i.to_string(), i);
         }
-        assert_eq!(map.peek("0"), Some(&0));
-        assert_eq!(map.peek("9"), None);
+        let slot = map.find_slot(map.hash_key("0"), "0").unwrap();
+        assert_eq!(map.value(slot), &0);
+        assert_eq!(map.find_slot(map.hash_key("9"), "9"), None);
         assert_eq!(map.oldest().map(|(k, _)| k.as_str()), Some("0"));
         assert_eq!(map.retain(|_, v| v % 2 == 1), 3);
         assert_eq!(map.len(), 3);
-        assert_eq!(map.peek("2"), None);
+        assert_eq!(map.find_slot(map.hash_key("2"), "2"), None);
         map.insert("x".to_owned(), 7);
         assert_eq!(keys_oldest_first(&mut map), ["1", "3", "5", "x"]);
+    }
+
+    #[test]
+    fn unordered_entries_are_found_but_never_popped_until_placed() {
+        let mut map = LruMap::new();
+        map.insert("a".to_owned(), 1);
+        let hash = map.hash_key("pinned");
+        let pinned = map.insert_unordered(hash, "pinned".to_owned(), 2);
+        map.insert("b".to_owned(), 3);
+        assert_eq!(map.len(), 3);
+        assert_eq!(map.find_slot(hash, "pinned"), Some(pinned));
+        assert_eq!(map.find_slot(map.hash_key("b"), "pinned"), None);
+        *map.value_mut(pinned) += 10;
+        assert_eq!(*map.value(pinned), 12);
+        assert_eq!(map.pop_oldest(), Some(("a".to_owned(), 1)));
+        assert_eq!(map.pop_oldest(), Some(("b".to_owned(), 3)));
+        assert_eq!(map.pop_oldest(), None, "the unordered entry is passed by");
+        assert_eq!(map.len(), 1);
+
+        map.insert("c".to_owned(), 4);
+        map.place_newest(pinned);
+        assert_eq!(map.oldest().map(|(k, _)| k.as_str()), Some("c"));
+        map.take_out_of_order(pinned);
+        map.take_out_of_order(pinned);
+        map.insert("d".to_owned(), 5);
+        assert_eq!(keys_oldest_first(&mut map), ["c", "d"]);
+        assert_eq!(map.remove_at(pinned), ("pinned".to_owned(), 12));
+        assert_eq!(map.len(), 0);
     }
 
     #[test]

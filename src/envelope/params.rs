@@ -44,7 +44,7 @@ struct ParamsInner {
 struct CachedCanonical {
     options: CanonicalOptions,
     canonical: Result<String, ToolError>,
-    digest: OnceLock<String>,
+    digest: OnceLock<Arc<str>>,
 }
 
 impl Params {
@@ -115,19 +115,31 @@ impl Params {
     /// [`canonical`](Params::canonical).
     pub fn digest(&self, options: &CanonicalOptions) -> Result<Cow<'_, str>, ToolError> {
         match self.cached(options) {
-            Some(cached) => {
-                let canonical = cached.canonical.as_ref().map_err(Clone::clone)?;
-                Ok(Cow::Borrowed(
-                    cached
-                        .digest
-                        .get_or_init(|| canonical::params_digest(canonical)),
-                ))
-            }
+            Some(cached) => Ok(Cow::Borrowed(Self::cached_digest(cached)?)),
             None => {
                 let canonical = canonical::canonical_json(&self.inner.value, options)?;
                 Ok(Cow::Owned(canonical::params_digest(&canonical)))
             }
         }
+    }
+
+    /// [`digest`](Params::digest) as a shared string: the cached one, when `options` are
+    /// the cached ones.
+    pub(crate) fn shared_digest(&self, options: &CanonicalOptions) -> Result<Arc<str>, ToolError> {
+        match self.cached(options) {
+            Some(cached) => Self::cached_digest(cached).cloned(),
+            None => {
+                let canonical = canonical::canonical_json(&self.inner.value, options)?;
+                Ok(Arc::from(canonical::params_digest_hex(&canonical).as_str()))
+            }
+        }
+    }
+
+    fn cached_digest(cached: &CachedCanonical) -> Result<&Arc<str>, ToolError> {
+        let canonical = cached.canonical.as_ref().map_err(Clone::clone)?;
+        Ok(cached
+            .digest
+            .get_or_init(|| Arc::from(canonical::params_digest_hex(canonical).as_str())))
     }
 
     fn cached(&self, options: &CanonicalOptions) -> Option<&CachedCanonical> {

@@ -14,6 +14,9 @@
 //! a store key never closes a Redis Cluster hash tag. A call without a tenant has an empty
 //! first part.
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 use crate::canonical::{self, CanonicalOptions};
@@ -53,9 +56,9 @@ pub(crate) fn idempotency_key(
     derive: bool,
     scope: KeyScope,
     options: &CanonicalOptions,
-) -> Result<Option<(String, KeySource)>, ToolError> {
+) -> Result<Option<(Arc<str>, KeySource)>, ToolError> {
     if let Some(key) = call.idempotency_key().filter(|k| !k.trim().is_empty()) {
-        return Ok(Some((key.to_owned(), KeySource::Caller)));
+        return Ok(Some((Arc::from(key), KeySource::Caller)));
     }
     if let Some(key) = call
         .envelope()
@@ -63,7 +66,7 @@ pub(crate) fn idempotency_key(
         .as_deref()
         .filter(|k| !k.trim().is_empty())
     {
-        return Ok(Some((key.to_owned(), KeySource::Hook)));
+        return Ok(Some((Arc::from(key), KeySource::Hook)));
     }
     if !derive {
         return Ok(None);
@@ -73,14 +76,14 @@ pub(crate) fn idempotency_key(
         KeyScope::Session => (call.session_key(), call.actor_id()),
         KeyScope::Global => ("", ""),
     };
-    let key = canonical::derive_key(
+    let key = canonical::derived_key_hex(
         call.tool_namespace(),
         call.tool_name(),
         &canonical,
         session_key,
         actor_id,
     );
-    Ok(Some((key, KeySource::Derived)))
+    Ok(Some((Arc::from(key.as_str()), KeySource::Derived)))
 }
 
 /// The store key of `idempotency_key` for `call` in `scope`; `distinct_by` (the params digest)
@@ -90,36 +93,45 @@ pub(crate) fn store_key(
     idempotency_key: &str,
     scope: KeyScope,
     distinct_by: Option<&str>,
-) -> String {
-    let mut out = String::with_capacity(
-        32 + call.tool_namespace().len()
-            + call.tool_name().len()
-            + call.session_key().len()
-            + call.actor_id().len()
-            + idempotency_key.len()
-            + distinct_by.map_or(0, |d| d.len() + 1),
-    );
-    push_part(&mut out, call.tenant_id().unwrap_or_default());
+) -> Arc<str> {
+    thread_local! {
+        /// Where store keys are written before the one shared copy is made.
+        static STORE_KEY: RefCell<String> = const { RefCell::new(String::new()) };
+    }
+    STORE_KEY.with_borrow_mut(|out| {
+        out.clear();
+        write_store_key(out, call, idempotency_key, scope, distinct_by);
+        Arc::from(out.as_str())
+    })
+}
+
+fn write_store_key(
+    out: &mut String,
+    call: &ToolCall,
+    idempotency_key: &str,
+    scope: KeyScope,
+    distinct_by: Option<&str>,
+) {
+    push_part(out, call.tenant_id().unwrap_or_default());
     out.push('/');
-    push_part(&mut out, call.tool_namespace());
+    push_part(out, call.tool_namespace());
     out.push_str("::");
-    push_part(&mut out, call.tool_name());
+    push_part(out, call.tool_name());
     match scope {
         KeyScope::Session => {
             out.push_str("/s/");
-            push_part(&mut out, call.session_key());
+            push_part(out, call.session_key());
             out.push('/');
-            push_part(&mut out, call.actor_id());
+            push_part(out, call.actor_id());
         }
         KeyScope::Global => out.push_str("/g"),
     }
     out.push('/');
-    push_part(&mut out, idempotency_key);
+    push_part(out, idempotency_key);
     if let Some(digest) = distinct_by {
         out.push('/');
-        push_part(&mut out, digest);
+        push_part(out, digest);
     }
-    out
 }
 
 /// The store-key prefix of every record of `tenant` (`None`: calls without a tenant), for
@@ -166,7 +178,8 @@ pub(crate) fn fingerprint(store_key: &str, idempotency_key: &str, derived: bool)
 
 /// Appends `part`, with `%`, `/`, `{` and `}` percent-encoded.
 fn push_part(out: &mut String, part: &str) {
-    if !part.bytes().any(needs_escape) {
+    // No early exit, so that the compiler vectorizes the scan.
+    if !part.bytes().fold(false, |any, b| any | needs_escape(b)) {
         out.push_str(part);
         return;
     }
@@ -206,15 +219,15 @@ mod tests {
     fn store_keys_are_scoped_and_prefixed_by_the_tenant() {
         let c = call(Some("acme"), "sess-42");
         assert_eq!(
-            store_key(&c, "k1", KeyScope::Session, None),
+            &*store_key(&c, "k1", KeyScope::Session, None),
             "acme/vault::createFile/s/sess-42/user-7/k1"
         );
         assert_eq!(
-            store_key(&c, "k1", KeyScope::Global, Some("abc")),
+            &*store_key(&c, "k1", KeyScope::Global, Some("abc")),
             "acme/vault::createFile/g/k1/abc"
         );
         assert_eq!(
-            store_key(&call(None, "s"), "k1", KeyScope::Global, None),
+            &*store_key(&call(None, "s"), "k1", KeyScope::Global, None),
             "/vault::createFile/g/k1"
         );
     }
@@ -223,9 +236,9 @@ mod tests {
     fn separators_in_parts_cannot_forge_another_key() {
         // Session "a/b" with actor "user-7" must not equal session "a" with a key "b/…".
         let forged = store_key(&call(None, "a/b"), "k", KeyScope::Session, None);
-        assert_eq!(forged, "/vault::createFile/s/a%2Fb/user-7/k");
+        assert_eq!(&*forged, "/vault::createFile/s/a%2Fb/user-7/k");
         let braces = store_key(&call(Some("{t}"), "s"), "100%", KeyScope::Global, None);
-        assert_eq!(braces, "%7Bt%7D/vault::createFile/g/100%25");
+        assert_eq!(&*braces, "%7Bt%7D/vault::createFile/g/100%25");
     }
 
     #[test]
@@ -237,14 +250,14 @@ mod tests {
         assert_eq!(source, KeySource::Derived);
         let canonical = c.params().canonical(&opts).unwrap();
         assert_eq!(
-            derived,
+            *derived,
             canonical::derive_key("vault", "createFile", &canonical, "s", "user-7")
         );
         let (global, _) = idempotency_key(&c, true, KeyScope::Global, &opts)
             .unwrap()
             .unwrap();
         assert_eq!(
-            global,
+            *global,
             canonical::derive_key("vault", "createFile", &canonical, "", "")
         );
         assert_eq!(idempotency_key(&c, false, session, &opts).unwrap(), None);
@@ -252,12 +265,12 @@ mod tests {
         c.envelope_mut().hook_idempotency_key = Some("from-hook".into());
         assert_eq!(
             idempotency_key(&c, true, session, &opts).unwrap(),
-            Some(("from-hook".to_owned(), KeySource::Hook))
+            Some(("from-hook".into(), KeySource::Hook))
         );
         c.envelope_mut().payload.idempotency_key = Some("from-caller".into());
         assert_eq!(
             idempotency_key(&c, false, session, &opts).unwrap(),
-            Some(("from-caller".to_owned(), KeySource::Caller))
+            Some(("from-caller".into(), KeySource::Caller))
         );
     }
 }

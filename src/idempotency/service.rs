@@ -134,7 +134,7 @@ impl<St: DedupeStore> Shared<St> {
         let digest = if derived && !independent {
             None
         } else {
-            Some(call.params().digest(&self.canonical)?)
+            Some(call.params().shared_digest(&self.canonical)?)
         };
         let store_key = key::store_key(
             call,
@@ -146,17 +146,17 @@ impl<St: DedupeStore> Shared<St> {
             Some(digest) if !derived => ClaimRequest::new(
                 store_key,
                 idempotency_key,
-                &*digest,
+                digest,
                 call.clone(),
                 settings.inflight_lease,
             ),
             digest => ClaimRequest::derived(
-                store_key.into(),
-                idempotency_key.into(),
+                store_key,
+                idempotency_key,
                 call.clone(),
                 self.canonical.clone(),
                 settings.inflight_lease,
-                digest.map(|digest| Arc::from(&*digest)),
+                digest,
             ),
         };
         claim.take_over_retriable_failure = mode == DedupeMode::BestEffort;

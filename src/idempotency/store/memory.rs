@@ -1,6 +1,5 @@
 //! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,9 +26,9 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// The embedded dedupe store: records in this process, bounded, waiters woken without
 /// polling.
 ///
-/// - In-flight records live in a map of their own, each with a channel that wakes the calls
-///   waiting on it when it is finalized, cancelled, taken over or deleted.
-/// - Settled records (`done`, `failed`, `cancelled`) live in a least-recently-used list. At
+/// - In-flight records each have a channel that wakes the calls waiting on it when it is
+///   finalized, cancelled, taken over or deleted.
+/// - Settled records (`done`, `failed`, `cancelled`) are kept in a least-recently-used order. At
 ///   capacity (in-flight and settled together, 25 000 by default) a new key evicts the least
 ///   recently used settled record; an in-flight record is never evicted. When every record is
 ///   in flight the claim fails with [`StoreError::CapacityExhausted`] (the layer answers
@@ -76,11 +75,30 @@ struct Shared {
 /// hashes a 150-byte key several times faster than SipHash.
 type KeyHasher = foldhash::quality::RandomState;
 
+/// One map holds every record, so that an operation on a key finds it with one lookup:
+/// settled records in their order of use, in-flight ones outside it (never evicted).
 struct State {
-    inflight: HashMap<Arc<str>, Inflight, KeyHasher>,
-    settled: LruMap<Arc<str>, Arc<DedupeRecord>, KeyHasher>,
+    records: LruMap<Arc<str>, Entry, KeyHasher>,
+    /// How many of the records are in flight.
+    inflight: usize,
     last_version: u64,
     recent: RecentStrings,
+}
+
+enum Entry {
+    Inflight(Inflight),
+    Settled(Arc<DedupeRecord>),
+}
+
+impl Entry {
+    /// `true` for an in-flight record whose lease has not ended at `now`, or a settled record
+    /// that has not expired.
+    fn is_live(&self, now: u64) -> bool {
+        match self {
+            Entry::Inflight(entry) => entry.is_live(now),
+            Entry::Settled(record) => record.expires_at_ms > now,
+        }
+    }
 }
 
 struct Inflight {
@@ -88,6 +106,12 @@ struct Inflight {
     /// Made when the first call waits: it carries the settled record to the waiters, and
     /// dropping it without one wakes them too.
     settled: Option<watch::Sender<Option<Arc<DedupeRecord>>>>,
+}
+
+impl Inflight {
+    fn is_live(&self, now: u64) -> bool {
+        self.record.lock_until_ms.is_some_and(|until| until > now)
+    }
 }
 
 /// What an [`InMemoryDedupeStore`] holds and has done.
@@ -152,8 +176,8 @@ impl InMemoryDedupeStore {
     pub fn stats(&self) -> MemoryStoreStats {
         let state = self.shared.lock();
         MemoryStoreStats {
-            records: state.inflight.len() + state.settled.len(),
-            inflight: state.inflight.len(),
+            records: state.records.len(),
+            inflight: state.inflight,
             evicted: self.shared.evicted.load(Ordering::Relaxed),
             rejected_at_capacity: self.shared.rejected_at_capacity.load(Ordering::Relaxed),
             expired: self.shared.expired.load(Ordering::Relaxed),
@@ -225,28 +249,19 @@ impl Shared {
     fn sweep(&self) -> u64 {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let expired = state.settled.retain(|_, record| record.expires_at_ms > now);
-        let before = state.inflight.len();
-        // Dropping an entry drops its channel, which wakes its waiters.
-        state
-            .inflight
-            .retain(|_, entry| entry.record.lock_until_ms.is_some_and(|until| until > now));
-        let removed = (expired + before - state.inflight.len()) as u64;
+        // Dropping an in-flight entry drops its channel, which wakes its waiters.
+        let removed = state.retain(|_, entry| entry.is_live(now)) as u64;
         self.expired.fetch_add(removed, Ordering::Relaxed);
         removed
     }
 
-    /// The live record of `key` at `now`, without touching the LRU order.
+    /// The live record of `key` at `now`, without touching the order of use.
     fn current(&self, state: &State, key: &str, now: u64) -> Option<DedupeRecord> {
-        if let Some(entry) = state.inflight.get(key) {
-            let live = entry.record.lock_until_ms.is_some_and(|until| until > now);
-            return live.then(|| (*entry.record).clone());
+        let slot = state.records.find_slot(state.records.hash_key(key), key)?;
+        match state.records.value(slot) {
+            Entry::Inflight(entry) => entry.is_live(now).then(|| (*entry.record).clone()),
+            Entry::Settled(record) => (record.expires_at_ms > now).then(|| (**record).clone()),
         }
-        state
-            .settled
-            .peek(key)
-            .filter(|record| record.expires_at_ms > now)
-            .map(|record| (**record).clone())
     }
 
     fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
@@ -255,34 +270,45 @@ impl Shared {
         // freed outside the critical section.
         let mut removed = None;
         let mut state = self.lock();
+        let State {
+            records,
+            inflight,
+            last_version,
+            recent,
+        } = &mut *state;
         let key: &str = &request.key;
-        if let Some(entry) = state.inflight.get(key) {
-            if request.is_held_by(&entry.record, now) {
-                return Ok(ClaimOutcome::Existing {
-                    record: entry.record.clone(),
-                    now_ms: now,
-                });
+        let hash = records.hash_key(key);
+        let found = records.find_slot(hash, key);
+        if let Some(slot) = found {
+            match records.value(slot) {
+                Entry::Inflight(entry) => {
+                    if request.is_held_by(&entry.record, now) {
+                        return Ok(ClaimOutcome::Existing {
+                            record: entry.record.clone(),
+                            now_ms: now,
+                        });
+                    }
+                    // The lease ended: take the key over. Dropping the entry wakes its
+                    // waiters.
+                    tracing::debug!(
+                        version = entry.record.version,
+                        "taking over a dedupe record whose lease ended"
+                    );
+                }
+                Entry::Settled(record) => {
+                    let expired = record.expires_at_ms <= now;
+                    if !expired && request.is_held_by(record, now) {
+                        let record = record.clone();
+                        records.place_newest(slot);
+                        return Ok(ClaimOutcome::Existing {
+                            record,
+                            now_ms: now,
+                        });
+                    }
+                }
             }
-            // The lease ended: take the key over. Dropping the entry wakes its waiters.
-            tracing::debug!(
-                version = entry.record.version,
-                "taking over a dedupe record whose lease ended"
-            );
-            removed = state.inflight.remove(key).map(|entry| entry.record);
-        } else if let Some(record) = state.settled.get_mut(key) {
-            let expired = record.expires_at_ms <= now;
-            if !expired && request.is_held_by(record, now) {
-                return Ok(ClaimOutcome::Existing {
-                    record: record.clone(),
-                    now_ms: now,
-                });
-            }
-            removed = state.settled.remove(key);
-        } else if state.inflight.len() + state.settled.len() >= self.capacity {
-            if let Some((_, evicted)) = state.settled.pop_oldest() {
-                removed = Some(evicted);
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-            } else {
+        } else if records.len() >= self.capacity {
+            let Some((_, evicted)) = records.pop_oldest() else {
                 drop(state);
                 self.rejected_at_capacity.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
@@ -292,18 +318,31 @@ impl Shared {
                 return Err(StoreError::CapacityExhausted {
                     capacity: self.capacity,
                 });
+            };
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+            removed = Some(evicted);
+        }
+        *last_version += 1;
+        let record = Arc::new(request.inflight_record_sharing(*last_version, now, recent));
+        let entry = Entry::Inflight(Inflight {
+            record: record.clone(),
+            settled: None,
+        });
+        match found {
+            // The key's record is replaced where it is, and leaves the order of use.
+            Some(slot) => {
+                let replaced = std::mem::replace(records.value_mut(slot), entry);
+                if matches!(replaced, Entry::Settled(_)) {
+                    records.take_out_of_order(slot);
+                    *inflight += 1;
+                }
+                removed = Some(replaced);
+            }
+            None => {
+                records.insert_unordered(hash, request.key.clone(), entry);
+                *inflight += 1;
             }
         }
-        state.last_version += 1;
-        let version = state.last_version;
-        let record = Arc::new(request.inflight_record_sharing(version, now, &mut state.recent));
-        state.inflight.insert(
-            request.key.clone(),
-            Inflight {
-                record: record.clone(),
-                settled: None,
-            },
-        );
         drop(state);
         drop(removed);
         Ok(ClaimOutcome::Claimed(record))
@@ -317,23 +356,32 @@ impl Shared {
     ) -> Finalized {
         let now = self.clock.now_ms();
         let mut state = self.lock();
+        let records = &mut state.records;
         let key: &str = &claimed.key;
-        let holds = match state.inflight.get(key) {
-            Some(entry) if entry.record.version == claimed.version => None,
-            Some(entry) => Some(Some(entry.record.version)),
-            None => Some(state.settled.peek(key).map(|record| record.version)),
+        let Some(slot) = records.find_slot(records.hash_key(key), key) else {
+            return Finalized::Stale {
+                current_version: None,
+            };
         };
-        if let Some(current_version) = holds {
-            return Finalized::Stale { current_version };
+        let (current, in_flight) = match records.value(slot) {
+            Entry::Inflight(entry) => (&entry.record, true),
+            Entry::Settled(record) => (record, false),
+        };
+        if !in_flight || current.version != claimed.version {
+            return Finalized::Stale {
+                current_version: Some(current.version),
+            };
         }
-        let (key, entry) = state
-            .inflight
-            .remove_entry(key)
-            .expect("the entry was found above");
         let record = Arc::new(settle(now));
-        state.settled.insert(key, record.clone());
+        let replaced = std::mem::replace(records.value_mut(slot), Entry::Settled(record.clone()));
+        records.place_newest(slot);
+        state.inflight -= 1;
         drop(state);
-        if let Some(waiters) = entry.settled {
+        if let Entry::Inflight(Inflight {
+            settled: Some(waiters),
+            ..
+        }) = replaced
+        {
             waiters.send_replace(Some(record));
         }
         Finalized::Written
@@ -342,11 +390,10 @@ impl Shared {
     fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> bool {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let Some(entry) = state.inflight.get_mut(&*claimed.key) else {
+        let Some(entry) = state.inflight_entry(&claimed.key) else {
             return false;
         };
-        let live = entry.record.lock_until_ms.is_some_and(|until| until > now);
-        if entry.record.version != claimed.version || !live {
+        if entry.record.version != claimed.version || !entry.is_live(now) {
             return false;
         }
         let until = now.saturating_add(millis(lease));
@@ -360,15 +407,43 @@ impl Shared {
 
     fn remove(&self, key: &str) -> bool {
         let mut state = self.lock();
-        state.inflight.remove(key).is_some() || state.settled.remove(key).is_some()
+        let records = &mut state.records;
+        let Some(slot) = records.find_slot(records.hash_key(key), key) else {
+            return false;
+        };
+        if let (_, Entry::Inflight(_)) = records.remove_at(slot) {
+            state.inflight -= 1;
+        }
+        true
     }
 
     fn flush_prefix(&self, prefix: &str) -> u64 {
-        let mut state = self.lock();
-        let before = state.inflight.len();
-        state.inflight.retain(|key, _| !key.starts_with(prefix));
-        let settled = state.settled.retain(|key, _| !key.starts_with(prefix));
-        (before - state.inflight.len() + settled) as u64
+        self.lock().retain(|key, _| !key.starts_with(prefix)) as u64
+    }
+}
+
+impl State {
+    /// The in-flight entry of `key`, if it has one.
+    fn inflight_entry(&mut self, key: &str) -> Option<&mut Inflight> {
+        let slot = self.records.find_slot(self.records.hash_key(key), key)?;
+        match self.records.value_mut(slot) {
+            Entry::Inflight(entry) => Some(entry),
+            Entry::Settled(_) => None,
+        }
+    }
+
+    /// Keeps the records for which `keep` is true; returns how many it removed.
+    fn retain(&mut self, mut keep: impl FnMut(&str, &Entry) -> bool) -> usize {
+        let mut inflight_removed = 0;
+        let removed = self.records.retain(|key, entry| {
+            let kept = keep(key, entry);
+            if !kept && matches!(entry, Entry::Inflight(_)) {
+                inflight_removed += 1;
+            }
+            kept
+        });
+        self.inflight -= inflight_removed;
+        removed
     }
 }
 
@@ -423,7 +498,7 @@ impl DedupeStore for InMemoryDedupeStore {
             let now = self.shared.clock.now_ms();
             let (mut settled, lock_until) = {
                 let mut state = self.shared.lock();
-                match state.inflight.get_mut(&*seen.key) {
+                match state.inflight_entry(&seen.key) {
                     Some(entry) if entry.record.version == seen.version => {
                         let until = entry.record.lock_until_ms.unwrap_or(0);
                         if until <= now {
@@ -467,7 +542,7 @@ impl DedupeStore for InMemoryDedupeStore {
 
     async fn size(&self) -> Result<u64, StoreError> {
         let state = self.shared.lock();
-        Ok((state.inflight.len() + state.settled.len()) as u64)
+        Ok(state.records.len() as u64)
     }
 }
 
@@ -501,8 +576,8 @@ impl InMemoryDedupeStoreBuilder {
         Ok(InMemoryDedupeStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    inflight: HashMap::default(),
-                    settled: LruMap::with_hasher(KeyHasher::default()),
+                    records: LruMap::with_hasher(KeyHasher::default()),
+                    inflight: 0,
                     last_version: 0,
                     recent: RecentStrings::default(),
                 }),

@@ -214,12 +214,10 @@ impl ClaimRequest {
 
     fn shared_params_digest(&self) -> &Arc<str> {
         self.params_digest.get_or_init(|| {
-            let digest = self
-                .call
+            self.call
                 .params()
-                .digest(&self.canonical)
-                .expect("a claim with a deferred digest has params that canonicalize");
-            Arc::from(&*digest)
+                .shared_digest(&self.canonical)
+                .expect("a claim with a deferred digest has params that canonicalize")
         })
     }
 
