@@ -250,10 +250,7 @@ pub(crate) struct HexDigest([u8; 64]);
 impl HexDigest {
     fn of(digest: &[u8; 32]) -> HexDigest {
         let mut out = [0; 64];
-        for (pair, &byte) in out.chunks_exact_mut(2).zip(digest) {
-            pair[0] = HEX_DIGITS[usize::from(byte >> 4)];
-            pair[1] = HEX_DIGITS[usize::from(byte & 0x0f)];
-        }
+        write_hex(&mut out, digest);
         HexDigest(out)
     }
 
@@ -262,7 +259,14 @@ impl HexDigest {
     }
 }
 
-const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+/// Writes the lowercase hex of `bytes` into `out`, two digits a byte.
+fn write_hex(out: &mut [u8], bytes: &[u8]) {
+    const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, &byte) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX_DIGITS[usize::from(byte >> 4)];
+        pair[1] = HEX_DIGITS[usize::from(byte & 0x0f)];
+    }
+}
 
 /// Compares two strings by their UTF-16 code units, as RFC 8785 sorts member names.
 pub fn cmp_utf16(a: &str, b: &str) -> Ordering {
@@ -392,12 +396,9 @@ impl Writer<'_> {
 
 /// Lowercase hex of a digest.
 pub(crate) fn hex_lower(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for &byte in bytes {
-        out.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(HEX_DIGITS[usize::from(byte & 0x0f)]));
-    }
-    out
+    let mut out = vec![0; bytes.len() * 2];
+    write_hex(&mut out, bytes);
+    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// Writes a number as ECMAScript writes a double. Integers up to 2^53 in magnitude are

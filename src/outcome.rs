@@ -76,7 +76,7 @@ impl ToolOutput {
 }
 
 /// The record of a call's outcome, whichever way it ended.
-pub(crate) fn record_of(outcome: &Result<ToolOutput, crate::error::ToolError>) -> &CallRecord {
+pub(crate) fn record_of(outcome: &Result<ToolOutput, ToolError>) -> &CallRecord {
     match outcome {
         Ok(output) => output.record(),
         Err(error) => error.record(),

@@ -121,11 +121,7 @@ pub(super) fn finished(
             );
         }
     }
-    let record = match outcome {
-        Ok(output) => output.record(),
-        Err(error) => error.record(),
-    };
-    for decision in &record.shadow {
+    for decision in &record_of(outcome).shadow {
         tracing::info!(
             event = "tool_call_shadow",
             requestId = call.request_id(),

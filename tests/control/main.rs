@@ -696,24 +696,11 @@ mod metrics_series {
 
     /// Counter values by `name{label=value,…}`.
     fn counters(recorder: &DebuggingRecorder) -> BTreeMap<String, u64> {
-        recorder
-            .snapshotter()
-            .snapshot()
-            .into_vec()
+        support::metrics_series::series(recorder)
             .into_iter()
-            .filter_map(|(key, _, _, value)| {
-                let (kind, key) = key.into_parts();
-                let mut labels: Vec<String> = key
-                    .labels()
-                    .map(|l| format!("{}={}", l.key(), l.value()))
-                    .collect();
-                labels.sort();
-                match (kind, value) {
-                    (MetricKind::Counter, DebugValue::Counter(n)) => {
-                        Some((format!("{}{{{}}}", key.name(), labels.join(",")), n))
-                    }
-                    _ => None,
-                }
+            .filter_map(|(kind, name, value)| match (kind, value) {
+                (MetricKind::Counter, DebugValue::Counter(n)) => Some((name, n)),
+                _ => None,
             })
             .collect()
     }

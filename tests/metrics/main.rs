@@ -3,6 +3,9 @@
 
 use std::collections::BTreeMap;
 
+#[path = "../support/mod.rs"]
+mod support;
+
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use serde_json::json;
@@ -16,27 +19,15 @@ use tower_toolcall::{
 
 /// Counter and gauge values by `name{label=value,…}`.
 fn snapshot(recorder: &DebuggingRecorder) -> BTreeMap<String, f64> {
-    recorder
-        .snapshotter()
-        .snapshot()
-        .into_vec()
+    support::metrics_series::series(recorder)
         .into_iter()
-        .filter_map(|(key, _, _, value)| {
-            let (kind, key) = key.into_parts();
-            let mut labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            labels.sort();
-            let name = format!("{}{{{}}}", key.name(), labels.join(","));
-            match (kind, value) {
-                (MetricKind::Counter, DebugValue::Counter(n)) => Some((name, n as f64)),
-                (MetricKind::Gauge, DebugValue::Gauge(g)) => Some((name, g.into_inner())),
-                (MetricKind::Histogram, DebugValue::Histogram(h)) => {
-                    Some((format!("{name}#count"), h.len() as f64))
-                }
-                _ => None,
+        .filter_map(|(kind, name, value)| match (kind, value) {
+            (MetricKind::Counter, DebugValue::Counter(n)) => Some((name, n as f64)),
+            (MetricKind::Gauge, DebugValue::Gauge(g)) => Some((name, g.into_inner())),
+            (MetricKind::Histogram, DebugValue::Histogram(h)) => {
+                Some((format!("{name}#count"), h.len() as f64))
             }
+            _ => None,
         })
         .collect()
 }

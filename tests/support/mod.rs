@@ -218,4 +218,5 @@ where
 }
 
 pub mod capture;
+pub mod metrics_series;
 pub mod redis_server;
