@@ -32,7 +32,7 @@
 //! ```
 
 use std::cmp::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Number, Value};
 use sha2::{Digest, Sha256};
@@ -358,19 +358,20 @@ impl Writer<'_> {
         members: impl Iterator<Item = (&'v str, &'v Value)>,
         depth: usize,
     ) -> Result<bool, TooDeep> {
+        // Maps that keep their names sorted by bytes need no comparison of neighbours.
+        let check_order = !maps_iterate_sorted();
         let mut previous: Option<&str> = None;
         for (name, member) in members {
-            // Bytes order names as UTF-16 does while no name holds a supplementary character
-            // (a 4-byte UTF-8 sequence).
-            let supplementary = name.bytes().any(|b| b >= 0xF0);
-            if supplementary || previous.is_some_and(|p| p.as_bytes() >= name.as_bytes()) {
+            if check_order && previous.is_some_and(|p| p.as_bytes() >= name.as_bytes()) {
                 return Ok(false);
             }
             if previous.is_some() {
                 self.out.push(',');
             }
-            write_escaped(self.out, name);
-            self.out.push(':');
+            // Bytes order names as UTF-16 does while no name holds a supplementary character.
+            if !write_name(self.out, name) {
+                return Ok(false);
+            }
             self.value(member, depth)?;
             previous = Some(name);
         }
@@ -469,6 +470,43 @@ fn write_escaped(out: &mut String, s: &str) {
     }
     out.push_str(&s[start..]);
     out.push('"');
+}
+
+/// Writes a member's name and its colon, unless the name holds a supplementary character (a
+/// 4-byte UTF-8 sequence, which UTF-16 order puts elsewhere than byte order): then `false`,
+/// having written nothing.
+fn write_name(out: &mut String, name: &str) -> bool {
+    // One pass over the bytes finds both what needs escaping and what is supplementary.
+    let (escape, supplementary) = name.bytes().fold((false, false), |(escape, supp), byte| {
+        (
+            escape | (byte < 0x20) | (byte == b'"') | (byte == b'\\'),
+            supp | (byte >= 0xF0),
+        )
+    });
+    if supplementary {
+        return false;
+    }
+    if escape {
+        write_escaped(out, name);
+    } else {
+        out.push('"');
+        out.push_str(name);
+        out.push('"');
+    }
+    out.push(':');
+    true
+}
+
+/// `true` when serde_json's maps iterate in the byte order of their names, as they do unless
+/// its `preserve_order` feature is on in the build. Found once, by asking a map.
+fn maps_iterate_sorted() -> bool {
+    static SORTED: OnceLock<bool> = OnceLock::new();
+    *SORTED.get_or_init(|| {
+        let mut map = serde_json::Map::new();
+        map.insert("b".to_owned(), Value::Null);
+        map.insert("a".to_owned(), Value::Null);
+        map.keys().map(String::as_str).eq(["a", "b"])
+    })
 }
 
 fn escaped_len(s: &str) -> usize {

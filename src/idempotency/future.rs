@@ -127,7 +127,8 @@ where
         };
         let (mut record, now_ms) = match claimed {
             Ok(Claim::Held { guard, record }) => {
-                return execute(shared, inner, call, plan, guard, record).await;
+                let tool = inner.call(call.clone());
+                return execute(shared, tool, call, plan, guard, record).await;
             }
             Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(error) => return Box::pin(store_failed(&shared, error, inner, call, &plan)).await,
@@ -293,27 +294,26 @@ pub(super) fn found<St>(
     }
 }
 
-/// Runs the tool for the call that claimed `claimed`, renewing the lease while it runs, and
-/// stores the result.
+/// Awaits `tool`, the call that claimed `claimed` made of the inner service, renewing the
+/// lease while it runs, and stores the result.
 ///
 /// It owns what it uses, so that its future, which the layer boxes when the key was claimed
 /// before the response future ran, holds each of them once.
-pub(super) async fn execute<S, St>(
+pub(super) async fn execute<F, St>(
     shared: Arc<Shared<St>>,
-    mut inner: S,
+    tool: F,
     call: ToolCall,
     plan: Plan,
     mut guard: ClaimGuard<St>,
     claimed: Arc<DedupeRecord>,
 ) -> Result<ToolOutput, ToolError>
 where
-    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+    F: Future<Output = Result<ToolOutput, ToolError>>,
     St: DedupeStore,
 {
     Counters::bump(&shared.counters.executions);
     let store = &shared.store;
     let started = Instant::now();
-    let tool = inner.call(call.clone());
     let outcome = renewing_lease(tool, store, &claimed, plan.claim.lease).await;
 
     if let Err(error) = &outcome {

@@ -20,27 +20,6 @@ use crate::tool_table::ToolTable;
 /// The largest inner future kept inside the boxed execution; a larger one is boxed apart.
 const INLINE_INNER_FUTURE_MAX: usize = 128;
 
-/// The inner service with each of its futures boxed.
-#[derive(Clone)]
-struct BoxedFutures<S>(S);
-
-impl<S> Service<ToolCall> for BoxedFutures<S>
-where
-    S: Service<ToolCall>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = std::pin::Pin<Box<S::Future>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, call: ToolCall) -> Self::Future {
-        Box::pin(self.0.call(call))
-    }
-}
-
 /// Executes each idempotency key at most once; made by
 /// [`IdempotencyLayer`](super::IdempotencyLayer). See the [module docs](super).
 pub struct Idempotency<S, St = InMemoryDedupeStore> {
@@ -322,23 +301,18 @@ where
                             first,
                         )))
                     }
-                    // Only the execution's machinery is boxed: a smaller future. The inner
-                    // future goes in a box of its own when it is large, so that neither box
-                    // outgrows the sizes the allocator serves from its per-thread caches.
+                    // The key is held: the tool's future is made now, of the ready service,
+                    // and only the execution's machinery is boxed around it. A large inner
+                    // future goes in a box of its own, so that neither box outgrows the sizes
+                    // the allocator serves from its per-thread caches.
                     Some(Ok(Claim::Held { guard, record })) => {
                         let shared = shared.clone();
+                        let tool = self.inner.call(call.clone());
                         ResponseFuture::deduplicated(
                             if mem::size_of::<S::Future>() > INLINE_INNER_FUTURE_MAX {
-                                Box::pin(execute(
-                                    shared,
-                                    BoxedFutures(inner()),
-                                    call,
-                                    plan,
-                                    guard,
-                                    record,
-                                ))
+                                Box::pin(execute(shared, Box::pin(tool), call, plan, guard, record))
                             } else {
-                                Box::pin(execute(shared, inner(), call, plan, guard, record))
+                                Box::pin(execute(shared, tool, call, plan, guard, record))
                             },
                         )
                     }

@@ -149,6 +149,21 @@ fn utf16_order_differs_from_code_point_order_where_it_must() {
 }
 
 #[test]
+fn names_that_need_escapes_or_sort_by_utf16_are_written_right_at_any_depth() {
+    // A name with a quote, a backslash and a control character is escaped as a string is; a
+    // supplementary name deep inside sorts the inner object only, and the outer one keeps
+    // its order.
+    let value = json!({
+        "z": {"\u{FF21}": [1, {"\u{1F600}": true, "b\"q": null, "a\\\n": "v"}], "a": 0},
+        "a\u{1}": "x"
+    });
+    assert_eq!(
+        canonical_json(&value, &CanonicalOptions::default().drop_null_members(false)).unwrap(),
+        "{\"a\\u0001\":\"x\",\"z\":{\"a\":0,\"\u{FF21}\":[1,{\"a\\\\\\n\":\"v\",\"b\\\"q\":null,\"\u{1F600}\":true}]}}"
+    );
+}
+
+#[test]
 fn depth_100_000_is_a_validation_error_without_overflowing_the_stack() {
     let depth = 100_000;
     let mut value = json!(1);

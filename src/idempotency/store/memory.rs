@@ -101,6 +101,32 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// Reads the reference count of every allocation the entry shares, so that dropping it
+    /// soon after finds them in the cache.
+    ///
+    /// An evicted record is the least recently used one: its memory is cold. Plain reads are
+    /// issued together and their cache misses overlap, where the locked decrements of a drop
+    /// would each wait for theirs in turn.
+    fn warm_for_drop(&self) {
+        let record = match self {
+            Entry::Inflight(entry) => &entry.record,
+            Entry::Settled(record) => record,
+        };
+        let request = &record.request;
+        let attempts = record.execution.as_ref().map(|e| e.attempts.as_ptr());
+        std::hint::black_box((
+            Arc::strong_count(record),
+            Arc::strong_count(&record.key),
+            Arc::strong_count(&record.idempotency_key),
+            Arc::strong_count(&request.request_id),
+            Arc::strong_count(&request.params_digest),
+            request.tool_call_id.as_ref().map(Arc::strong_count),
+            attempts,
+        ));
+    }
+}
+
 struct Inflight {
     record: Arc<DedupeRecord>,
     /// Made when the first call waits: it carries the settled record to the waiters, and
@@ -320,6 +346,7 @@ impl Shared {
                 });
             };
             self.evicted.fetch_add(1, Ordering::Relaxed);
+            evicted.warm_for_drop();
             removed = Some(evicted);
         }
         *last_version += 1;
