@@ -273,7 +273,7 @@ pub fn cmp_utf16(a: &str, b: &str) -> Ordering {
     // UTF-8 byte order is code point order, which differs from UTF-16 order only when a
     // supplementary character (4 UTF-8 bytes, a surrogate pair in UTF-16) meets a character
     // in U+E000..=U+FFFF. Without 4-byte sequences, bytes decide.
-    let supplementary = |s: &str| s.bytes().any(|b| b >= 0xF0);
+    let supplementary = |s: &str| s.bytes().any(starts_supplementary);
     if !supplementary(a) && !supplementary(b) {
         return a.as_bytes().cmp(b.as_bytes());
     }
@@ -438,14 +438,23 @@ const ESCAPES: [u8; 256] = {
     table
 };
 
+/// `true` for a byte `JSON.stringify` escapes: a control character, a quote, a backslash.
+fn needs_escape(byte: u8) -> bool {
+    (byte < 0x20) | (byte == b'"') | (byte == b'\\')
+}
+
+/// `true` for the first byte of a 4-byte UTF-8 sequence: a supplementary character, a
+/// surrogate pair in UTF-16.
+fn starts_supplementary(byte: u8) -> bool {
+    byte >= 0xF0
+}
+
 fn write_escaped(out: &mut String, s: &str) {
     out.push('"');
     // Most strings need no escape: one pass that the compiler vectorizes (no early exit)
     // finds that out, and the string is copied whole.
-    let needs_escape = s.bytes().fold(false, |any, byte| {
-        any | (byte < 0x20) | (byte == b'"') | (byte == b'\\')
-    });
-    if !needs_escape {
+    let any_escape = s.bytes().fold(false, |any, byte| any | needs_escape(byte));
+    if !any_escape {
         out.push_str(s);
         out.push('"');
         return;
@@ -479,8 +488,8 @@ fn write_name(out: &mut String, name: &str) -> bool {
     // One pass over the bytes finds both what needs escaping and what is supplementary.
     let (escape, supplementary) = name.bytes().fold((false, false), |(escape, supp), byte| {
         (
-            escape | (byte < 0x20) | (byte == b'"') | (byte == b'\\'),
-            supp | (byte >= 0xF0),
+            escape | needs_escape(byte),
+            supp | starts_supplementary(byte),
         )
     });
     if supplementary {
