@@ -31,6 +31,7 @@
 //! # Ok::<(), tower_toolcall::ToolError>(())
 //! ```
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::sync::{Arc, OnceLock};
 
@@ -148,6 +149,30 @@ pub fn canonical_json(value: &Value, options: &CanonicalOptions) -> Result<Strin
     write_canonical(value, options, &mut out)?;
     Ok(out)
 }
+
+/// [`canonical_json`] as a shared string: written in a buffer the thread keeps, then copied
+/// once into the one allocation that is shared.
+pub(crate) fn canonical_json_shared(
+    value: &Value,
+    options: &CanonicalOptions,
+) -> Result<Arc<str>, ToolError> {
+    thread_local! {
+        static BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
+    }
+    BUFFER.with_borrow_mut(|out| {
+        out.clear();
+        write_canonical(value, options, out)?;
+        let shared = Arc::from(out.as_str());
+        // A buffer grown by one very large value is not kept.
+        if out.capacity() > SHARED_BUFFER_KEPT_CAPACITY {
+            *out = String::new();
+        }
+        Ok(shared)
+    })
+}
+
+/// The largest buffer [`canonical_json_shared`] keeps between calls.
+const SHARED_BUFFER_KEPT_CAPACITY: usize = 64 * 1024;
 
 /// Appends the canonical JSON of `value` to `out`. On error `out` may hold a partial write.
 pub fn write_canonical(

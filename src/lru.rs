@@ -258,6 +258,23 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
         Some(self.remove_slot(self.oldest))
     }
 
+    /// Reads what removing the least recently used entry will read (its place in the table,
+    /// and whatever `touch` reads of its value), so that the removal, when it comes, finds
+    /// them in the cache. Nothing changes.
+    pub(crate) fn warm_oldest(&self, touch: impl FnOnce(&V)) {
+        let Some(Slot {
+            entry: Some((_, value)),
+            hash,
+            ..
+        }) = self.slots.get(self.oldest)
+        else {
+            return;
+        };
+        let oldest = self.oldest;
+        std::hint::black_box(self.index.find(*hash, |&slot| slot == oldest));
+        touch(value);
+    }
+
     /// Removes the entry of `slot` from the table (found by its slot number, its key unread)
     /// and from the list.
     fn remove_slot(&mut self, slot: usize) -> (K, V) {

@@ -43,7 +43,7 @@ struct ParamsInner {
 #[derive(Clone)]
 struct CachedCanonical {
     options: CanonicalOptions,
-    canonical: Result<String, ToolError>,
+    canonical: Result<Arc<str>, ToolError>,
     digest: OnceLock<Arc<str>>,
 }
 
@@ -135,6 +135,26 @@ impl Params {
         }
     }
 
+    /// [`canonical`](Params::canonical) as a shared string: the cached one, when `options`
+    /// are the cached ones.
+    pub(crate) fn shared_canonical(
+        &self,
+        options: &CanonicalOptions,
+    ) -> Result<Arc<str>, ToolError> {
+        match self.cached(options) {
+            Some(cached) => cached.canonical.clone(),
+            None => canonical::canonical_json_shared(&self.inner.value, options),
+        }
+    }
+
+    /// The digest under `options`, if it has been computed and cached.
+    pub(crate) fn known_digest(&self, options: &CanonicalOptions) -> Option<Arc<str>> {
+        let cached = self.inner.canonical.get()?;
+        (cached.options == *options)
+            .then(|| cached.digest.get().cloned())
+            .flatten()
+    }
+
     fn cached_digest(cached: &CachedCanonical) -> Result<&Arc<str>, ToolError> {
         let canonical = cached.canonical.as_ref().map_err(Clone::clone)?;
         Ok(cached
@@ -145,7 +165,7 @@ impl Params {
     fn cached(&self, options: &CanonicalOptions) -> Option<&CachedCanonical> {
         let cached = self.inner.canonical.get_or_init(|| CachedCanonical {
             options: options.clone(),
-            canonical: canonical::canonical_json(&self.inner.value, options),
+            canonical: canonical::canonical_json_shared(&self.inner.value, options),
             digest: OnceLock::new(),
         });
         (cached.options == *options).then_some(cached)

@@ -21,7 +21,7 @@ use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{
     CacheMatch, CallRecord, MatchedOn, ShadowDecision, ShadowVerdict, ShortCircuit, ToolOutput,
 };
-use crate::time::{call_deadline, millis};
+use crate::time::{call_deadline, unix_now_ms};
 
 type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
 
@@ -122,13 +122,13 @@ where
         let claimed = match first.take() {
             Some(claimed) => claimed,
             None => {
-                (store.claim(&plan.claim).await).map(|outcome| Claim::new(outcome, store, &plan))
+                (store.claim(&plan.claim).await).map(|outcome| Claim::new(outcome, &shared, &plan))
             }
         };
         let (mut record, now_ms) = match claimed {
-            Ok(Claim::Held { guard, record }) => {
-                let tool = inner.call(call.clone());
-                return execute(shared, tool, call, plan, guard, record).await;
+            Ok(Claim::Held { guard }) => {
+                let tool = inner.call(call);
+                return execute(tool, plan, guard).await;
             }
             Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(error) => return Box::pin(store_failed(&shared, error, inner, call, &plan)).await,
@@ -173,11 +173,8 @@ where
 /// What a claim found, with the key guarded from the moment it is claimed: a response
 /// future dropped before it runs the tool frees the key.
 pub(super) enum Claim<St: DedupeStore> {
-    /// The key was free: `record` holds it for the call.
-    Held {
-        guard: ClaimGuard<St>,
-        record: Arc<DedupeRecord>,
-    },
+    /// The key was free: the guard holds the record that holds it for the call.
+    Held { guard: ClaimGuard<St> },
     /// Another record holds the key.
     Existing {
         record: Arc<DedupeRecord>,
@@ -186,15 +183,14 @@ pub(super) enum Claim<St: DedupeStore> {
 }
 
 impl<St: DedupeStore> Claim<St> {
-    pub(super) fn new(outcome: ClaimOutcome, store: &St, plan: &Plan) -> Self {
+    pub(super) fn new(outcome: ClaimOutcome, shared: &Arc<Shared<St>>, plan: &Plan) -> Self {
         match outcome {
             ClaimOutcome::Claimed(record) => Claim::Held {
                 guard: ClaimGuard {
-                    store: store.clone(),
-                    claimed: Some(record.clone()),
+                    shared: shared.clone(),
+                    claimed: Some(record),
                     keep_cancelled_for: plan.failed_ttl,
                 },
-                record,
             },
             ClaimOutcome::Existing { record, now_ms } => Claim::Existing { record, now_ms },
         }
@@ -294,40 +290,36 @@ pub(super) fn found<St>(
     }
 }
 
-/// Awaits `tool`, the call that claimed `claimed` made of the inner service, renewing the
-/// lease while it runs, and stores the result.
+/// Awaits `tool`, the call whose claim `guard` holds, renewing the lease while it runs, and
+/// stores the result.
 ///
 /// It owns what it uses, so that its future, which the layer boxes when the key was claimed
-/// before the response future ran, holds each of them once.
+/// before the response future ran, holds each of them once: the guard holds the layer's
+/// shared state and the claimed record, the plan holds the call.
 pub(super) async fn execute<F, St>(
-    shared: Arc<Shared<St>>,
     tool: F,
-    call: ToolCall,
     plan: Plan,
     mut guard: ClaimGuard<St>,
-    claimed: Arc<DedupeRecord>,
 ) -> Result<ToolOutput, ToolError>
 where
     F: Future<Output = Result<ToolOutput, ToolError>>,
     St: DedupeStore,
 {
-    Counters::bump(&shared.counters.executions);
-    let store = &shared.store;
-    let started = Instant::now();
-    let outcome = renewing_lease(tool, store, &claimed, plan.claim.lease).await;
+    let counters = &guard.shared.counters;
+    Counters::bump(&counters.executions);
+    let claimed = guard.claimed();
+    let (started_at_ms, version) = (claimed.created_at_ms, claimed.version);
+    let outcome = renewing_lease(tool, &guard.shared.store, claimed, plan.claim.lease).await;
 
     if let Err(error) = &outcome {
         if error.is_not_processed() {
             // Nothing happened: free the key rather than keep an error for it.
-            Counters::bump(&shared.counters.released_unprocessed);
+            Counters::bump(&counters.released_unprocessed);
             Box::pin(guard.release()).await;
             return outcome;
         }
     }
-    let finished_at_ms = claimed
-        .created_at_ms
-        .saturating_add(millis(started.elapsed()));
-    let completion = Completion {
+    let completion = |finished_at_ms: u64| Completion {
         result: match &outcome {
             Ok(output) => {
                 let mut stored = ToolOutput::new(output.content.clone());
@@ -336,23 +328,45 @@ where
             }
             Err(error) => Err(StoredError::from_error(error)),
         },
-        execution: Execution::from_outcome(&outcome, claimed.created_at_ms, finished_at_ms),
+        execution: Execution::from_outcome(
+            &outcome,
+            started_at_ms,
+            finished_at_ms.max(started_at_ms),
+        ),
         ttl: if outcome.is_ok() {
             plan.done_ttl
         } else {
             plan.failed_ttl
         },
     };
-    match store.finalize(&claimed, completion).await {
-        Ok(Finalized::Written) => guard.disarm(),
+    // A store that answers at once settles the record where it is, at its own clock; another
+    // is awaited with the claim still guarded.
+    let store = &guard.shared.store;
+    let claimed = guard
+        .claimed
+        .take()
+        .expect("the claim is held until it is finalized");
+    let finalized = match store.finalize_now(claimed, completion) {
+        Ok(finalized) => Ok(finalized),
+        Err((claimed, completion)) => {
+            let claimed = guard.claimed.insert(claimed);
+            let finalized = store.finalize(claimed, completion(unix_now_ms())).await;
+            if finalized.is_ok() {
+                guard.claimed = None;
+            }
+            finalized
+        }
+    };
+    let call = &plan.claim.call;
+    match finalized {
+        Ok(Finalized::Written) => {}
         Ok(Finalized::Stale { current_version }) => {
-            guard.disarm();
-            Counters::bump(&shared.counters.stale_results);
+            Counters::bump(&counters.stale_results);
             tracing::warn!(
                 request_id = call.request_id(),
                 tool = call.tool_name(),
-                idempotency_key_hash = %record_fingerprint(&claimed),
-                version = claimed.version,
+                idempotency_key_hash = %plan.key_fingerprint(),
+                version,
                 current_version,
                 "the lease of this call ended and another call took its idempotency key over; \
                  its result was not stored"
@@ -360,11 +374,11 @@ where
         }
         Err(error) => {
             // The guard releases the key, so that waiters do not wait for the lease to end.
-            Counters::bump(&shared.counters.store_errors);
+            Counters::bump(&counters.store_errors);
             tracing::warn!(
                 request_id = call.request_id(),
                 tool = call.tool_name(),
-                idempotency_key_hash = %record_fingerprint(&claimed),
+                idempotency_key_hash = %plan.key_fingerprint(),
                 error = %error,
                 "the result of the tool call could not be stored"
             );
@@ -568,20 +582,23 @@ fn refusal(
 /// Holds a claim until the result is stored; dropped while armed (the caller dropped the
 /// response future, or the tool panicked), it cancels the record so that the key is free.
 pub(super) struct ClaimGuard<St: DedupeStore> {
-    store: St,
+    shared: Arc<Shared<St>>,
     claimed: Option<Arc<DedupeRecord>>,
     keep_cancelled_for: Duration,
 }
 
 impl<St: DedupeStore> ClaimGuard<St> {
-    fn disarm(&mut self) {
-        self.claimed = None;
+    /// The claimed record, while the guard holds it.
+    fn claimed(&self) -> &DedupeRecord {
+        self.claimed
+            .as_deref()
+            .expect("a claim guard holds its record until it is disarmed or released")
     }
 
     /// Cancels the record now.
     async fn release(&mut self) {
         if let Some(claimed) = self.claimed.take() {
-            cancel_claim(self.store.clone(), claimed, self.keep_cancelled_for).await;
+            cancel_claim(self.shared.store.clone(), claimed, self.keep_cancelled_for).await;
         }
     }
 }
@@ -592,7 +609,7 @@ impl<St: DedupeStore> Drop for ClaimGuard<St> {
             return;
         };
         let mut release = Box::pin(cancel_claim(
-            self.store.clone(),
+            self.shared.store.clone(),
             claimed,
             self.keep_cancelled_for,
         ));

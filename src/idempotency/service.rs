@@ -273,15 +273,15 @@ where
                 // A store that answers at once (the memory store) lets a settled record be
                 // answered here, without the machinery of a claim that waits or runs.
                 let store = &self.shared.store;
+                let shared = &self.shared;
                 let first = store
                     .claim_now(&plan.claim)
-                    .map(|claimed| claimed.map(|outcome| Claim::new(outcome, store, &plan)));
+                    .map(|claimed| claimed.map(|outcome| Claim::new(outcome, shared, &plan)));
                 // The ready service goes into the future; this one keeps a fresh clone.
                 let mut inner = || {
                     let clone = self.inner.clone();
                     mem::replace(&mut self.inner, clone)
                 };
-                let shared = &self.shared;
                 match first {
                     Some(Ok(Claim::Existing { record, now_ms })) => {
                         match found(shared, &call, &plan, &record, now_ms, false) {
@@ -305,14 +305,13 @@ where
                     // and only the execution's machinery is boxed around it. A large inner
                     // future goes in a box of its own, so that neither box outgrows the sizes
                     // the allocator serves from its per-thread caches.
-                    Some(Ok(Claim::Held { guard, record })) => {
-                        let shared = shared.clone();
-                        let tool = self.inner.call(call.clone());
+                    Some(Ok(Claim::Held { guard })) => {
+                        let tool = self.inner.call(call);
                         ResponseFuture::deduplicated(
                             if mem::size_of::<S::Future>() > INLINE_INNER_FUTURE_MAX {
-                                Box::pin(execute(shared, Box::pin(tool), call, plan, guard, record))
+                                Box::pin(execute(Box::pin(tool), plan, guard))
                             } else {
-                                Box::pin(execute(shared, tool, call, plan, guard, record))
+                                Box::pin(execute(tool, plan, guard))
                             },
                         )
                     }

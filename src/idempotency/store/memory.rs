@@ -1,5 +1,6 @@
 //! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -85,58 +86,75 @@ struct State {
     recent: RecentStrings,
 }
 
-enum Entry {
-    Inflight(Inflight),
-    Settled(Arc<DedupeRecord>),
+/// A record and, while it is in flight, the channel of the calls that wait for it.
+struct Entry {
+    record: Arc<DedupeRecord>,
+    /// Made when the first call waits on an in-flight record: it carries the settled record
+    /// to the waiters, and dropping it without one wakes them too.
+    waiters: Option<watch::Sender<Option<Arc<DedupeRecord>>>>,
 }
 
 impl Entry {
+    fn new(record: Arc<DedupeRecord>) -> Entry {
+        Entry {
+            record,
+            waiters: None,
+        }
+    }
+
+    /// `true` while the record is in flight: it is then out of the order of use, and never
+    /// evicted.
+    fn is_in_flight(&self) -> bool {
+        self.record.state == RecordState::Inflight
+    }
+
     /// `true` for an in-flight record whose lease has not ended at `now`, or a settled record
     /// that has not expired.
     fn is_live(&self, now: u64) -> bool {
-        match self {
-            Entry::Inflight(entry) => entry.is_live(now),
-            Entry::Settled(record) => record.expires_at_ms > now,
+        if self.is_in_flight() {
+            self.record.lock_until_ms.is_some_and(|until| until > now)
+        } else {
+            self.record.expires_at_ms > now
         }
     }
-}
 
-impl Entry {
-    /// Reads the reference count of every allocation the entry shares, so that dropping it
-    /// soon after finds them in the cache.
+    /// Reads the record's own memory: the fields that point to the allocations it shares.
     ///
-    /// An evicted record is the least recently used one: its memory is cold. Plain reads are
-    /// issued together and their cache misses overlap, where the locked decrements of a drop
-    /// would each wait for theirs in turn.
+    /// The next record to be evicted is the least recently used one, and its memory is cold;
+    /// read while another is evicted, it is in the cache when its own turn comes.
+    fn warm_record(&self) {
+        let record = &*self.record;
+        std::hint::black_box((
+            Arc::strong_count(&self.record),
+            &record.key,
+            &record.request,
+            &record.execution,
+        ));
+    }
+
+    /// Reads the reference count of every allocation the entry shares, and the attempts
+    /// of its execution, so that dropping it soon after finds them in the cache.
+    ///
+    /// Plain reads are issued together and their cache misses overlap, where the locked
+    /// decrements of a drop would each wait for theirs in turn.
     fn warm_for_drop(&self) {
-        let record = match self {
-            Entry::Inflight(entry) => &entry.record,
-            Entry::Settled(record) => record,
-        };
+        let record = &self.record;
         let request = &record.request;
-        let attempts = record.execution.as_ref().map(|e| e.attempts.as_ptr());
+        let attempts = record.execution.as_ref().map(|e| {
+            e.attempts
+                .iter()
+                .map(|a| a.error_code.as_ref().map_or(0, String::len))
+                .sum::<usize>()
+        });
         std::hint::black_box((
             Arc::strong_count(record),
             Arc::strong_count(&record.key),
             Arc::strong_count(&record.idempotency_key),
             Arc::strong_count(&request.request_id),
-            Arc::strong_count(&request.params_digest),
+            request.params_digest.touch(),
             request.tool_call_id.as_ref().map(Arc::strong_count),
             attempts,
         ));
-    }
-}
-
-struct Inflight {
-    record: Arc<DedupeRecord>,
-    /// Made when the first call waits: it carries the settled record to the waiters, and
-    /// dropping it without one wakes them too.
-    settled: Option<watch::Sender<Option<Arc<DedupeRecord>>>>,
-}
-
-impl Inflight {
-    fn is_live(&self, now: u64) -> bool {
-        self.record.lock_until_ms.is_some_and(|until| until > now)
     }
 }
 
@@ -284,10 +302,8 @@ impl Shared {
     /// The live record of `key` at `now`, without touching the order of use.
     fn current(&self, state: &State, key: &str, now: u64) -> Option<DedupeRecord> {
         let slot = state.records.find_slot(state.records.hash_key(key), key)?;
-        match state.records.value(slot) {
-            Entry::Inflight(entry) => entry.is_live(now).then(|| (*entry.record).clone()),
-            Entry::Settled(record) => (record.expires_at_ms > now).then(|| (**record).clone()),
-        }
+        let entry = state.records.value(slot);
+        entry.is_live(now).then(|| (*entry.record).clone())
     }
 
     fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
@@ -306,32 +322,27 @@ impl Shared {
         let hash = records.hash_key(key);
         let found = records.find_slot(hash, key);
         if let Some(slot) = found {
-            match records.value(slot) {
-                Entry::Inflight(entry) => {
-                    if request.is_held_by(&entry.record, now) {
-                        return Ok(ClaimOutcome::Existing {
-                            record: entry.record.clone(),
-                            now_ms: now,
-                        });
-                    }
-                    // The lease ended: take the key over. Dropping the entry wakes its
-                    // waiters.
-                    tracing::debug!(
-                        version = entry.record.version,
-                        "taking over a dedupe record whose lease ended"
-                    );
+            let entry = records.value(slot);
+            let record = &entry.record;
+            if entry.is_in_flight() {
+                if request.is_held_by(record, now) {
+                    return Ok(ClaimOutcome::Existing {
+                        record: record.clone(),
+                        now_ms: now,
+                    });
                 }
-                Entry::Settled(record) => {
-                    let expired = record.expires_at_ms <= now;
-                    if !expired && request.is_held_by(record, now) {
-                        let record = record.clone();
-                        records.place_newest(slot);
-                        return Ok(ClaimOutcome::Existing {
-                            record,
-                            now_ms: now,
-                        });
-                    }
-                }
+                // The lease ended: take the key over. Dropping the entry wakes its waiters.
+                tracing::debug!(
+                    version = record.version,
+                    "taking over a dedupe record whose lease ended"
+                );
+            } else if record.expires_at_ms > now && request.is_held_by(record, now) {
+                let record = record.clone();
+                records.place_newest(slot);
+                return Ok(ClaimOutcome::Existing {
+                    record,
+                    now_ms: now,
+                });
             }
         } else if records.len() >= self.capacity {
             let Some((_, evicted)) = records.pop_oldest() else {
@@ -347,19 +358,17 @@ impl Shared {
             };
             self.evicted.fetch_add(1, Ordering::Relaxed);
             evicted.warm_for_drop();
+            records.warm_oldest(Entry::warm_record);
             removed = Some(evicted);
         }
         *last_version += 1;
         let record = Arc::new(request.inflight_record_sharing(*last_version, now, recent));
-        let entry = Entry::Inflight(Inflight {
-            record: record.clone(),
-            settled: None,
-        });
+        let entry = Entry::new(record.clone());
         match found {
             // The key's record is replaced where it is, and leaves the order of use.
             Some(slot) => {
                 let replaced = std::mem::replace(records.value_mut(slot), entry);
-                if matches!(replaced, Entry::Settled(_)) {
+                if !replaced.is_in_flight() {
                     records.take_out_of_order(slot);
                     *inflight += 1;
                 }
@@ -375,40 +384,51 @@ impl Shared {
         Ok(ClaimOutcome::Claimed(record))
     }
 
-    /// Replaces the in-flight record `claimed` by `settle(now)`, if the claim still holds.
-    fn settle(
+    /// Settles the in-flight record `claimed` by `apply(record, now)`, if the claim still
+    /// holds.
+    ///
+    /// A caller that gives its reference to the claimed record up (an owned `Arc`) lets the
+    /// record be settled where it is: it is then the store's alone, unless a waiter holds it
+    /// too.
+    fn settle<C: Borrow<DedupeRecord>>(
         &self,
-        claimed: &DedupeRecord,
-        settle: impl FnOnce(u64) -> DedupeRecord,
+        claimed: C,
+        apply: impl FnOnce(&mut DedupeRecord, u64),
     ) -> Finalized {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let records = &mut state.records;
-        let key: &str = &claimed.key;
+        let State {
+            records, inflight, ..
+        } = &mut *state;
+        let (key, version) = (&*claimed.borrow().key, claimed.borrow().version);
         let Some(slot) = records.find_slot(records.hash_key(key), key) else {
             return Finalized::Stale {
                 current_version: None,
             };
         };
-        let (current, in_flight) = match records.value(slot) {
-            Entry::Inflight(entry) => (&entry.record, true),
-            Entry::Settled(record) => (record, false),
-        };
-        if !in_flight || current.version != claimed.version {
+        let entry = records.value_mut(slot);
+        if !entry.is_in_flight() || entry.record.version != version {
             return Finalized::Stale {
-                current_version: Some(current.version),
+                current_version: Some(entry.record.version),
             };
         }
-        let record = Arc::new(settle(now));
-        let replaced = std::mem::replace(records.value_mut(slot), Entry::Settled(record.clone()));
+        drop(claimed);
+        match Arc::get_mut(&mut entry.record) {
+            Some(record) => apply(record, now),
+            None => {
+                let mut record = (*entry.record).clone();
+                apply(&mut record, now);
+                entry.record = Arc::new(record);
+            }
+        }
+        let waiters = entry
+            .waiters
+            .take()
+            .map(|waiters| (waiters, entry.record.clone()));
         records.place_newest(slot);
-        state.inflight -= 1;
+        *inflight -= 1;
         drop(state);
-        if let Entry::Inflight(Inflight {
-            settled: Some(waiters),
-            ..
-        }) = replaced
-        {
+        if let Some((waiters, record)) = waiters {
             waiters.send_replace(Some(record));
         }
         Finalized::Written
@@ -424,11 +444,10 @@ impl Shared {
             return false;
         }
         let until = now.saturating_add(millis(lease));
-        let mut record = (*entry.record).clone();
+        let record = Arc::make_mut(&mut entry.record);
         record.lock_until_ms = Some(until);
         record.expires_at_ms = until;
         record.updated_at_ms = now;
-        entry.record = Arc::new(record);
         true
     }
 
@@ -438,7 +457,7 @@ impl Shared {
         let Some(slot) = records.find_slot(records.hash_key(key), key) else {
             return false;
         };
-        if let (_, Entry::Inflight(_)) = records.remove_at(slot) {
+        if records.remove_at(slot).1.is_in_flight() {
             state.inflight -= 1;
         }
         true
@@ -451,12 +470,9 @@ impl Shared {
 
 impl State {
     /// The in-flight entry of `key`, if it has one.
-    fn inflight_entry(&mut self, key: &str) -> Option<&mut Inflight> {
+    fn inflight_entry(&mut self, key: &str) -> Option<&mut Entry> {
         let slot = self.records.find_slot(self.records.hash_key(key), key)?;
-        match self.records.value_mut(slot) {
-            Entry::Inflight(entry) => Some(entry),
-            Entry::Settled(_) => None,
-        }
+        Some(self.records.value_mut(slot)).filter(|entry| entry.is_in_flight())
     }
 
     /// Keeps the records for which `keep` is true; returns how many it removed.
@@ -464,7 +480,7 @@ impl State {
         let mut inflight_removed = 0;
         let removed = self.records.retain(|key, entry| {
             let kept = keep(key, entry);
-            if !kept && matches!(entry, Entry::Inflight(_)) {
+            if !kept && entry.is_in_flight() {
                 inflight_removed += 1;
             }
             kept
@@ -498,20 +514,30 @@ impl DedupeStore for InMemoryDedupeStore {
     ) -> Result<Finalized, StoreError> {
         Ok(self
             .shared
-            .settle(claimed, |now| completion.settle(claimed, now)))
+            .settle(claimed, |record, now| completion.apply(record, now)))
+    }
+
+    fn finalize_now<C>(
+        &self,
+        claimed: Arc<DedupeRecord>,
+        completion: C,
+    ) -> Result<Finalized, (Arc<DedupeRecord>, C)>
+    where
+        C: FnOnce(u64) -> Completion,
+    {
+        Ok(self
+            .shared
+            .settle(claimed, |record, now| completion(now).apply(record, now)))
     }
 
     async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
-        let written = self.shared.settle(claimed, |now| {
+        let written = self.shared.settle(claimed, |record, now| {
             let keep_ms = millis(keep_for);
-            DedupeRecord {
-                state: RecordState::Cancelled,
-                updated_at_ms: now,
-                expires_at_ms: now.saturating_add(keep_ms),
-                ttl_ms: keep_ms,
-                lock_until_ms: None,
-                ..claimed.clone()
-            }
+            record.state = RecordState::Cancelled;
+            record.updated_at_ms = now;
+            record.expires_at_ms = now.saturating_add(keep_ms);
+            record.ttl_ms = keep_ms;
+            record.lock_until_ms = None;
         });
         Ok(written == Finalized::Written)
     }
@@ -531,7 +557,7 @@ impl DedupeStore for InMemoryDedupeStore {
                         if until <= now {
                             return Ok(None);
                         }
-                        let waiters = entry.settled.get_or_insert_with(|| watch::channel(None).0);
+                        let waiters = entry.waiters.get_or_insert_with(|| watch::channel(None).0);
                         (waiters.subscribe(), until)
                     }
                     _ => return Ok(self.shared.current(&state, &seen.key, now)),

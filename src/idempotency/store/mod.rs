@@ -28,6 +28,7 @@ pub use redis::{
     DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_OPERATION_TIMEOUT,
 };
 
+use super::params_digest::{ParamsDigest, DEFERRED_DIGEST_MAX_CANONICAL};
 use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};
 use crate::canonical::CanonicalOptions;
 use crate::envelope::ToolCall;
@@ -77,6 +78,25 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
         claimed: &DedupeRecord,
         completion: Completion,
     ) -> impl Future<Output = Result<Finalized, StoreError>> + Send;
+
+    /// [`finalize`](DedupeStore::finalize), when the store answers without waiting (it keeps
+    /// its records in the process); `Err` gives both back when it does not, and the caller
+    /// awaits `finalize`. The default is `Err`.
+    ///
+    /// The caller gives its reference to the claimed record up, so that a store that holds
+    /// the only other one settles the record where it is. `completion` makes the result
+    /// from the time the store finalizes at, in Unix milliseconds of its clock: the time
+    /// the execution finished.
+    fn finalize_now<C>(
+        &self,
+        claimed: Arc<DedupeRecord>,
+        completion: C,
+    ) -> Result<Finalized, (Arc<DedupeRecord>, C)>
+    where
+        C: FnOnce(u64) -> Completion,
+    {
+        Err((claimed, completion))
+    }
 
     /// Marks the record `cancelled` (kept for `keep_for`, the key free), if the claim still
     /// holds; wakes every waiter. `true` when it did.
@@ -221,6 +241,24 @@ impl ClaimRequest {
         })
     }
 
+    /// The params digest of the record of this claim: deferred, when the key was derived
+    /// from short params whose digest no one has read yet.
+    fn record_params_digest(&self) -> ParamsDigest {
+        if let Some(known) = self.params_digest.get() {
+            return ParamsDigest::from(known.clone());
+        }
+        let params = self.call.params();
+        if let Some(known) = params.known_digest(&self.canonical) {
+            return ParamsDigest::from(known);
+        }
+        match params.shared_canonical(&self.canonical) {
+            Ok(canonical) if canonical.len() <= DEFERRED_DIGEST_MAX_CANONICAL => {
+                ParamsDigest::of_canonical(canonical)
+            }
+            _ => ParamsDigest::from(self.shared_params_digest().clone()),
+        }
+    }
+
     /// The in-flight record a store writes for this claim.
     pub fn inflight_record(&self, version: u64, now_ms: u64) -> DedupeRecord {
         self.inflight_record_sharing(version, now_ms, &mut RecentStrings::default())
@@ -251,7 +289,7 @@ impl ClaimRequest {
                 actor_id: RecentStrings::share(&mut recent.actor_id, call.actor_id()),
                 request_id: call.request_id().into(),
                 tool_call_id: call.envelope().tool_call_id.as_deref().map(Arc::from),
-                params_digest: self.shared_params_digest().clone(),
+                params_digest: self.record_params_digest(),
             },
             key_derived_from_params: self.key_derived_from_params,
             execution: None,
@@ -351,22 +389,26 @@ pub struct Completion {
 impl Completion {
     /// The settled record that `claimed` becomes at `now_ms`.
     pub fn settle(self, claimed: &DedupeRecord, now_ms: u64) -> DedupeRecord {
+        let mut record = claimed.clone();
+        self.apply(&mut record, now_ms);
+        record
+    }
+
+    /// Settles the in-flight record `record` in place at `now_ms`.
+    pub fn apply(self, record: &mut DedupeRecord, now_ms: u64) {
         let ttl_ms = millis(self.ttl);
         let (state, payload, error) = match self.result {
             Ok(output) => (RecordState::Done, Some(output), None),
             Err(error) => (RecordState::Failed, None, Some(error)),
         };
-        DedupeRecord {
-            state,
-            updated_at_ms: now_ms,
-            expires_at_ms: now_ms.saturating_add(ttl_ms),
-            ttl_ms,
-            execution: Some(self.execution),
-            payload,
-            error,
-            lock_until_ms: None,
-            ..claimed.clone()
-        }
+        record.state = state;
+        record.updated_at_ms = now_ms;
+        record.expires_at_ms = now_ms.saturating_add(ttl_ms);
+        record.ttl_ms = ttl_ms;
+        record.execution = Some(self.execution);
+        record.payload = payload;
+        record.error = error;
+        record.lock_until_ms = None;
     }
 }
 
