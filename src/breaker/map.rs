@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::admin::BreakerKey;
 use super::cell::BreakerCell;
+use crate::lru::CallerKeyHasher;
 
 /// The share of the map evicted at once when it is full, so that a full map does not scan
 /// on every insertion.
@@ -25,8 +26,8 @@ pub(crate) struct BreakerMap {
 #[derive(Debug, Default)]
 struct Maps {
     /// namespace → name → breaker, so that a call is looked up without allocating.
-    tools: HashMap<String, HashMap<String, Arc<BreakerCell>>>,
-    dependencies: HashMap<String, Arc<BreakerCell>>,
+    tools: HashMap<String, HashMap<String, Arc<BreakerCell>, CallerKeyHasher>, CallerKeyHasher>,
+    dependencies: HashMap<String, Arc<BreakerCell>, CallerKeyHasher>,
     len: usize,
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::detector::SessionHistory;
-use crate::lru::LruMap;
+use crate::lru::{CallerKeyHasher, LruMap};
 
 /// One session's history, shared with the responses still in flight.
 pub(super) type SharedHistory = Arc<Mutex<SessionHistory>>;
@@ -23,7 +23,7 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[derive(Debug)]
 pub(super) struct Tracker {
-    sessions: Mutex<LruMap<Arc<str>, TrackedSession>>,
+    sessions: Mutex<LruMap<Arc<str>, TrackedSession, CallerKeyHasher>>,
     capacity: usize,
     evicted: AtomicU64,
 }
@@ -44,7 +44,7 @@ impl TrackedSession {
 impl Tracker {
     pub(super) fn new(capacity: usize) -> Self {
         Tracker {
-            sessions: Mutex::new(LruMap::new()),
+            sessions: Mutex::new(LruMap::with_hasher(CallerKeyHasher::default())),
             capacity,
             evicted: AtomicU64::new(0),
         }

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::error::ConfigError;
 use crate::idempotency::record::{DedupeRecord, RecordState};
-use crate::lru::LruMap;
+use crate::lru::{CallerKeyHasher, LruMap};
 use crate::time::{millis, unix_now_ms};
 
 /// The default capacity: 25 000 records.
@@ -68,18 +68,10 @@ struct Shared {
     expired: AtomicU64,
 }
 
-/// The hasher of the store's maps. Store keys hold strings that callers choose (session,
-/// actor, idempotency key), so the hasher must resist collisions crafted to slow the maps
-/// down: foldhash's `quality` hasher is keyed by a seed drawn at random per process and per
-/// map, and neither its hashes nor the maps' order are ever observable from outside (results
-/// and logs name keys by SHA-256 fingerprints), so inputs that collide cannot be chosen. It
-/// hashes a 150-byte key several times faster than SipHash.
-type KeyHasher = foldhash::quality::RandomState;
-
 /// One map holds every record, so that an operation on a key finds it with one lookup:
 /// settled records in their order of use, in-flight ones outside it (never evicted).
 struct State {
-    records: LruMap<Arc<str>, Entry, KeyHasher>,
+    records: LruMap<Arc<str>, Entry, CallerKeyHasher>,
     /// How many of the records are in flight.
     inflight: usize,
     last_version: u64,
@@ -629,7 +621,7 @@ impl InMemoryDedupeStoreBuilder {
         Ok(InMemoryDedupeStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    records: LruMap::with_hasher(KeyHasher::default()),
+                    records: LruMap::with_hasher(CallerKeyHasher::default()),
                     inflight: 0,
                     last_version: 0,
                     recent: RecentStrings::default(),
