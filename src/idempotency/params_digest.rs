@@ -66,6 +66,14 @@ impl ParamsDigest {
         }
     }
 
+    /// Where the shared allocation the digest keeps is, read from the digest itself.
+    pub(crate) fn touch_pointer(&self) -> *const u8 {
+        match &self.0 {
+            Repr::Hex(hex) => hex.as_ptr(),
+            Repr::Deferred { canonical, .. } => canonical.as_ptr(),
+        }
+    }
+
     /// The shared allocation the digest keeps, read so that dropping it soon after finds it
     /// in the cache.
     pub(crate) fn touch(&self) -> usize {

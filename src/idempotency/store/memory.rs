@@ -116,11 +116,19 @@ impl Entry {
     /// read while another is evicted, it is in the cache when its own turn comes.
     fn warm_record(&self) {
         let record = &*self.record;
+        let request = &record.request;
+        // The pointers themselves are read, from every cache line of the record that holds
+        // one; each read is independent of the others.
         std::hint::black_box((
             Arc::strong_count(&self.record),
-            &record.key,
-            &record.request,
-            &record.execution,
+            Arc::as_ptr(&record.key),
+            Arc::as_ptr(&record.idempotency_key),
+            Arc::as_ptr(&request.request_id),
+            request.params_digest.touch_pointer(),
+            request.tool_call_id.as_ref().map(Arc::as_ptr),
+            record.execution.as_ref().map(|e| e.attempts.as_ptr()),
+            record.payload.is_some(),
+            record.error.is_some(),
         ));
     }
 
