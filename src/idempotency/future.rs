@@ -38,7 +38,7 @@ pin_project! {
 pin_project! {
     #[project = Projection]
     enum State<F> {
-        Passed { #[pin] future: Passthrough<F> },
+        Passed { future: Pin<Box<Passthrough<F>>> },
         Deduplicated { future: BoxedOutcome },
         Ready { result: Option<Result<ToolOutput, ToolError>> },
     }
@@ -47,9 +47,15 @@ pin_project! {
 impl<F> ResponseFuture<F> {
     /// The inner call without the store: the call is not deduplicated, or the layer is in
     /// shadow mode and would have answered it from the store.
+    ///
+    /// The inner future is boxed, as a deduplicated execution is: kept inline, it would make
+    /// this future, and every future of the layers outside, as large as the inner one, and
+    /// each layer would copy it once more on every call.
     pub(super) fn passed(future: Passthrough<F>) -> Self {
         ResponseFuture {
-            state: State::Passed { future },
+            state: State::Passed {
+                future: Box::pin(future),
+            },
         }
     }
 
@@ -91,7 +97,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            Projection::Passed { future } => future.poll(cx),
+            Projection::Passed { future } => future.as_mut().poll(cx),
             Projection::Deduplicated { future } => future.as_mut().poll(cx),
             Projection::Ready { result } => Poll::Ready(
                 result
