@@ -150,11 +150,7 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
     /// by until [`place_newest`](Self::place_newest) puts it in the order.
     pub(crate) fn insert_unordered(&mut self, hash: u64, key: K, value: V) -> SlotId {
         debug_assert!(self.find_hashed(hash, &key).is_none(), "the key is new");
-        let slot = self.occupy(hash, key, value);
-        let slots = &self.slots;
-        self.index
-            .insert_unique(hash, slot, |&slot| slots[slot].hash);
-        SlotId(slot)
+        SlotId(self.occupy(hash, key, value))
     }
 
     /// Makes the entry of `slot` the most recently used one, whether or not it was in the
@@ -201,17 +197,14 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
             return Some(std::mem::replace(old, value));
         }
         let slot = self.occupy(hash, key, value);
-        let slots = &self.slots;
-        self.index
-            .insert_unique(hash, slot, |&slot| slots[slot].hash);
         self.link_newest(slot);
         None
     }
 
-    /// Puts an entry in a free slot (a new one when none is free), outside the index and the
-    /// order of use; returns the slot.
+    /// Puts an entry in a free slot (a new one when none is free) and in the index, outside
+    /// the order of use; returns the slot.
     fn occupy(&mut self, hash: u64, key: K, value: V) -> usize {
-        match self.free.pop() {
+        let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot].entry = Some((key, value));
                 self.slots[slot].hash = hash;
@@ -226,7 +219,11 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
                 });
                 self.slots.len() - 1
             }
-        }
+        };
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash, slot, |&slot| slots[slot].hash);
+        slot
     }
 
     /// Removes `key`; returns its value.

@@ -147,14 +147,6 @@ impl Params {
         }
     }
 
-    /// The digest under `options`, if it has been computed and cached.
-    pub(crate) fn known_digest(&self, options: &CanonicalOptions) -> Option<Arc<str>> {
-        let cached = self.inner.canonical.get()?;
-        (cached.options == *options)
-            .then(|| cached.digest.get().cloned())
-            .flatten()
-    }
-
     fn cached_digest(cached: &CachedCanonical) -> Result<&Arc<str>, ToolError> {
         let canonical = cached.canonical.as_ref().map_err(Clone::clone)?;
         Ok(cached

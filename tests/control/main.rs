@@ -709,24 +709,17 @@ mod metrics_series {
     fn a_breaker_in_shadow_mode_counts_what_it_would_have_done() {
         let recorder = DebuggingRecorder::new();
         let tool = ModeTool::default();
-        metrics::with_local_recorder(&recorder, || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .start_paused(true)
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let control = switches(&[("TOOL_RELIABILITY_SHADOW", "breaker")]);
-                let registry = registry(&control);
-                let mut svc = ServiceBuilder::new()
-                    .layer(TraceLayer::new().metrics(ToolMetrics::new(&registry)))
-                    .layer(CircuitBreakerLayer::new(registry))
-                    .service(tool.service());
-                for n in 0..5 {
-                    let outcome = call_once(&mut svc, write("down", n)).await;
-                    assert_eq!(code(&outcome), Some(ErrorCode::UpstreamUnavailable));
-                }
-            });
+        support::metrics_series::run_recorded(&recorder, async {
+            let control = switches(&[("TOOL_RELIABILITY_SHADOW", "breaker")]);
+            let registry = registry(&control);
+            let mut svc = ServiceBuilder::new()
+                .layer(TraceLayer::new().metrics(ToolMetrics::new(&registry)))
+                .layer(CircuitBreakerLayer::new(registry))
+                .service(tool.service());
+            for n in 0..5 {
+                let outcome = call_once(&mut svc, write("down", n)).await;
+                assert_eq!(code(&outcome), Some(ErrorCode::UpstreamUnavailable));
+            }
         });
         assert_eq!(tool.runs(), 5, "the breaker let every call through");
         let series = counters(&recorder);

@@ -189,6 +189,26 @@ fn unavailable() -> Step {
     Step::Fail(ToolError::from_http_status(503, "upstream unavailable"))
 }
 
+/// Makes `first`, which runs the tool, then `second`, which the stack refuses on `path` with
+/// `code` without running it: the hooks see that one short circuit and nothing else.
+async fn refused_after_one_call(
+    first: ToolCall,
+    second: ToolCall,
+    path: ShortCircuit,
+    code: ErrorCode,
+) {
+    let hooks = Arc::new(Recorder::default());
+    let tool = ScriptedTool::always(Step::Ok);
+    let mut svc = stack(registry(), &hooks, &tool);
+
+    call_once(&mut svc, first).await.unwrap();
+    hooks.forget();
+    let err = call_once(&mut svc, second).await.unwrap_err();
+    assert_eq!(err.code(), code);
+    assert_eq!(tool.calls(), 1);
+    assert_eq!(hooks.fired(), [short_circuit(path, Some(code))]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_successful_call_fires_one_before_and_one_after() {
     let hooks = Arc::new(Recorder::default());
@@ -274,50 +294,24 @@ async fn a_call_refused_by_validation_fires_one_short_circuit() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_blocked_as_a_loop_fires_one_short_circuit() {
-    let hooks = Arc::new(Recorder::default());
-    let tool = ScriptedTool::always(Step::Ok);
-    let mut svc = stack(registry(), &hooks, &tool);
-
-    call_once(&mut svc, call("web", "echo", json!({"say": "again"})))
-        .await
-        .unwrap();
-    hooks.forget();
-    let err = call_once(&mut svc, call("web", "echo", json!({"say": "again"})))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), ErrorCode::LoopDetected);
-    assert_eq!(tool.calls(), 1);
-    assert_eq!(
-        hooks.fired(),
-        [short_circuit(
-            ShortCircuit::LoopBlocked,
-            Some(ErrorCode::LoopDetected)
-        )]
-    );
+    refused_after_one_call(
+        call("web", "echo", json!({"say": "again"})),
+        call("web", "echo", json!({"say": "again"})),
+        ShortCircuit::LoopBlocked,
+        ErrorCode::LoopDetected,
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_call_over_its_rate_limit_fires_one_short_circuit() {
-    let hooks = Arc::new(Recorder::default());
-    let tool = ScriptedTool::always(Step::Ok);
-    let mut svc = stack(registry(), &hooks, &tool);
-
-    call_once(&mut svc, call("web", "quota", json!({"n": 1})))
-        .await
-        .unwrap();
-    hooks.forget();
-    let err = call_once(&mut svc, call("web", "quota", json!({"n": 2})))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), ErrorCode::RateLimited);
-    assert_eq!(tool.calls(), 1);
-    assert_eq!(
-        hooks.fired(),
-        [short_circuit(
-            ShortCircuit::RateLimited,
-            Some(ErrorCode::RateLimited)
-        )]
-    );
+    refused_after_one_call(
+        call("web", "quota", json!({"n": 1})),
+        call("web", "quota", json!({"n": 2})),
+        ShortCircuit::RateLimited,
+        ErrorCode::RateLimited,
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -373,26 +367,13 @@ async fn a_call_that_joins_a_running_one_fires_one_short_circuit() {
 
 #[tokio::test(start_paused = true)]
 async fn a_key_reused_with_other_params_fires_one_short_circuit() {
-    let hooks = Arc::new(Recorder::default());
-    let tool = ScriptedTool::always(Step::Ok);
-    let mut svc = stack(registry(), &hooks, &tool);
-
-    call_once(&mut svc, keyed("search", "k-2", json!({"q": 1})))
-        .await
-        .unwrap();
-    hooks.forget();
-    let err = call_once(&mut svc, keyed("search", "k-2", json!({"q": 2})))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), ErrorCode::IdempotencyKeyReused);
-    assert_eq!(tool.calls(), 1);
-    assert_eq!(
-        hooks.fired(),
-        [short_circuit(
-            ShortCircuit::KeyConflict,
-            Some(ErrorCode::IdempotencyKeyReused)
-        )]
-    );
+    refused_after_one_call(
+        keyed("search", "k-2", json!({"q": 1})),
+        keyed("search", "k-2", json!({"q": 2})),
+        ShortCircuit::KeyConflict,
+        ErrorCode::IdempotencyKeyReused,
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -56,76 +56,69 @@ fn call(namespace: &str, name: &str, mode: &str, n: u32) -> ToolCall {
 #[test]
 fn a_scripted_run_produces_exact_series() {
     let recorder = DebuggingRecorder::new();
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let registry = registry();
-            let metrics = ToolMetrics::new(&registry);
-            let flaky_seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let tool = tool_fn(move |call: ToolCall| {
-                let flaky_seen = flaky_seen.clone();
-                async move {
-                    match call.params().as_map()["mode"].as_str().unwrap() {
-                        "ok" => Ok(ToolOutput::new(json!("ok"))),
-                        "flaky" if !flaky_seen.swap(true, std::sync::atomic::Ordering::SeqCst) => {
-                            Err(ToolError::from_http_status(503, "busy"))
-                        }
-                        "flaky" => Ok(ToolOutput::new(json!("ok at last"))),
-                        "bad" => Err(ToolError::from_http_status(400, "bad input")),
-                        _ => Err(ToolError::from_http_status(503, "down")),
+    support::metrics_series::run_recorded(&recorder, async {
+        let registry = registry();
+        let metrics = ToolMetrics::new(&registry);
+        let flaky_seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tool = tool_fn(move |call: ToolCall| {
+            let flaky_seen = flaky_seen.clone();
+            async move {
+                match call.params().as_map()["mode"].as_str().unwrap() {
+                    "ok" => Ok(ToolOutput::new(json!("ok"))),
+                    "flaky" if !flaky_seen.swap(true, std::sync::atomic::Ordering::SeqCst) => {
+                        Err(ToolError::from_http_status(503, "busy"))
                     }
+                    "flaky" => Ok(ToolOutput::new(json!("ok at last"))),
+                    "bad" => Err(ToolError::from_http_status(400, "bad input")),
+                    _ => Err(ToolError::from_http_status(503, "down")),
                 }
-            });
-            let mut svc = ServiceBuilder::new()
-                .layer(TraceLayer::new().metrics(metrics.clone()))
-                .layer(LoopDetectLayer::new(registry.clone()))
-                .layer(IdempotencyLayer::in_memory(registry.clone()))
-                .layer(
-                    RetryLayer::builder(registry.clone())
-                        .seed(5)
-                        .build()
-                        .unwrap(),
-                )
-                .layer(
-                    CircuitBreakerLayer::builder(registry.clone())
-                        .on_transition(metrics.breaker_listener())
-                        .build()
-                        .unwrap(),
-                )
-                .service(tool);
-            // a retried success and a terminal failure
-            svc.ready_and_call(call("web", "search", "flaky", 2))
-                .await
-                .unwrap();
-            svc.ready_and_call(call("web", "search", "bad", 3))
-                .await
-                .unwrap_err();
-            // the same search four times in a row: run, two cache hits, then the loop breaks
-            svc.ready_and_call(call("web", "search", "ok", 1))
-                .await
-                .unwrap();
-            svc.ready_and_call(call("web", "search", "ok", 1))
-                .await
-                .unwrap();
-            svc.ready_and_call(call("web", "search", "ok", 1))
-                .await
-                .unwrap();
-            let loop_err = svc
-                .ready_and_call(call("web", "search", "ok", 1))
-                .await
-                .unwrap_err();
-            assert_eq!(loop_err.code().as_str(), "LOOP_DETECTED");
-            // a failing write opens its breaker after two failures; the third call is refused
-            for n in 0..3 {
-                svc.ready_and_call(call("vault", "write", "down", n))
-                    .await
-                    .unwrap_err();
             }
         });
+        let mut svc = ServiceBuilder::new()
+            .layer(TraceLayer::new().metrics(metrics.clone()))
+            .layer(LoopDetectLayer::new(registry.clone()))
+            .layer(IdempotencyLayer::in_memory(registry.clone()))
+            .layer(
+                RetryLayer::builder(registry.clone())
+                    .seed(5)
+                    .build()
+                    .unwrap(),
+            )
+            .layer(
+                CircuitBreakerLayer::builder(registry.clone())
+                    .on_transition(metrics.breaker_listener())
+                    .build()
+                    .unwrap(),
+            )
+            .service(tool);
+        // a retried success and a terminal failure
+        svc.ready_and_call(call("web", "search", "flaky", 2))
+            .await
+            .unwrap();
+        svc.ready_and_call(call("web", "search", "bad", 3))
+            .await
+            .unwrap_err();
+        // the same search four times in a row: run, two cache hits, then the loop breaks
+        svc.ready_and_call(call("web", "search", "ok", 1))
+            .await
+            .unwrap();
+        svc.ready_and_call(call("web", "search", "ok", 1))
+            .await
+            .unwrap();
+        svc.ready_and_call(call("web", "search", "ok", 1))
+            .await
+            .unwrap();
+        let loop_err = svc
+            .ready_and_call(call("web", "search", "ok", 1))
+            .await
+            .unwrap_err();
+        assert_eq!(loop_err.code().as_str(), "LOOP_DETECTED");
+        // a failing write opens its breaker after two failures; the third call is refused
+        for n in 0..3 {
+            svc.ready_and_call(call("vault", "write", "down", n))
+                .await
+                .unwrap_err();
+        }
     });
 
     let series = snapshot(&recorder);

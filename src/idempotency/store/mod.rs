@@ -242,16 +242,12 @@ impl ClaimRequest {
     }
 
     /// The params digest of the record of this claim: deferred, when the key was derived
-    /// from short params whose digest no one has read yet.
+    /// from short params whose digest the claim has not needed yet.
     fn record_params_digest(&self) -> ParamsDigest {
         if let Some(known) = self.params_digest.get() {
             return ParamsDigest::from(known.clone());
         }
-        let params = self.call.params();
-        if let Some(known) = params.known_digest(&self.canonical) {
-            return ParamsDigest::from(known);
-        }
-        match params.shared_canonical(&self.canonical) {
+        match self.call.params().shared_canonical(&self.canonical) {
             Ok(canonical) if canonical.len() <= DEFERRED_DIGEST_MAX_CANONICAL => {
                 ParamsDigest::of_canonical(canonical)
             }
