@@ -62,7 +62,7 @@ pub const DEFAULT_VOLATILE_MEMBERS: [&str; 3] = ["clientTs", "retryCount", "trac
 pub struct CanonicalOptions {
     drop_null_members: bool,
     trim_strings: bool,
-    volatile: Arc<[Box<str>]>,
+    volatile: VolatileMembers,
     max_depth: usize,
 }
 
@@ -71,14 +71,66 @@ impl Default for CanonicalOptions {
         CanonicalOptions {
             drop_null_members: true,
             trim_strings: true,
-            volatile: DEFAULT_VOLATILE_MEMBERS
-                .iter()
-                .map(|s| Box::<str>::from(*s))
-                .collect(),
+            volatile: VolatileMembers::default(),
             max_depth: 64,
         }
     }
 }
+
+/// The member names removed at any depth, shared by every clone of the options.
+#[derive(Clone, Debug)]
+struct VolatileMembers(Arc<VolatileNames>);
+
+#[derive(Debug, PartialEq, Eq)]
+struct VolatileNames {
+    names: Box<[Box<str>]>,
+    /// Bit `n` is set when a name is `n` bytes long (names of 63 bytes or more set bit 63):
+    /// most member names are ruled out by their length alone.
+    lengths: u64,
+}
+
+impl VolatileMembers {
+    fn new<I: IntoIterator<Item = Box<str>>>(names: I) -> Self {
+        let names: Box<[Box<str>]> = names.into_iter().collect();
+        let lengths = names
+            .iter()
+            .fold(0, |mask, name| mask | Self::length_bit(name));
+        VolatileMembers(Arc::new(VolatileNames { names, lengths }))
+    }
+
+    fn length_bit(name: &str) -> u64 {
+        1 << name.len().min(63)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.lengths & Self::length_bit(name) != 0 && self.0.names.iter().any(|v| **v == *name)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.names.iter().map(|s| &**s)
+    }
+}
+
+impl Default for VolatileMembers {
+    /// The default names, one allocation shared by every default: options compare equal by
+    /// pointer, as the cache of canonical params compares them on every call.
+    fn default() -> Self {
+        static DEFAULT: OnceLock<VolatileMembers> = OnceLock::new();
+        DEFAULT
+            .get_or_init(|| {
+                VolatileMembers::new(DEFAULT_VOLATILE_MEMBERS.iter().map(|s| Box::from(*s)))
+            })
+            .clone()
+    }
+}
+
+impl PartialEq for VolatileMembers {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for VolatileMembers {}
 
 impl CanonicalOptions {
     /// Whether object members whose value is `null` are removed (default `true`).
@@ -100,10 +152,7 @@ impl CanonicalOptions {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.volatile = names
-            .into_iter()
-            .map(|s| s.into().into_boxed_str())
-            .collect();
+        self.volatile = VolatileMembers::new(names.into_iter().map(|s| s.into().into_boxed_str()));
         self
     }
 
@@ -121,12 +170,12 @@ impl CanonicalOptions {
 
     /// The configured volatile member names.
     pub fn get_volatile_members(&self) -> impl Iterator<Item = &str> {
-        self.volatile.iter().map(|s| &**s)
+        self.volatile.iter()
     }
 
     fn keeps(&self, name: &str, value: &Value) -> bool {
         let dropped_null = self.drop_null_members && value.is_null();
-        !dropped_null && !self.volatile.iter().any(|v| **v == *name)
+        !dropped_null && !self.volatile.contains(name)
     }
 
     fn normalize<'s>(&self, s: &'s str) -> &'s str {

@@ -137,6 +137,35 @@ fn normalizations_can_be_switched_off() {
 }
 
 #[test]
+fn volatile_members_of_any_length_are_removed_and_only_they() {
+    let long = "x".repeat(70);
+    let longer = "x".repeat(71);
+    let opts = CanonicalOptions::default().volatile_members(["nonce", long.as_str()]);
+    let value = json!({
+        "nonce": 1,
+        "nonces": 2,
+        "other": 3,
+        long.clone(): 4,
+        longer.clone(): 5,
+        "inner": [{"nonce": 6, "kept": 7}],
+    });
+    assert_eq!(
+        canonical_json(&value, &opts).unwrap(),
+        format!(r#"{{"inner":[{{"kept":7}}],"nonces":2,"other":3,"{longer}":5}}"#)
+    );
+    // Options compare by their names, whether or not they share them.
+    assert_eq!(
+        opts,
+        CanonicalOptions::default().volatile_members(["nonce", long.as_str()])
+    );
+    assert_ne!(
+        opts,
+        CanonicalOptions::default().volatile_members(["nonce", longer.as_str()])
+    );
+    assert_ne!(opts, CanonicalOptions::default());
+}
+
+#[test]
 fn utf16_order_differs_from_code_point_order_where_it_must() {
     // U+FF21 (fullwidth A) sorts after U+1F600 by code point but before it in UTF-16.
     assert_eq!(cmp_utf16("\u{1F600}", "\u{FF21}"), std::cmp::Ordering::Less);

@@ -218,5 +218,6 @@ where
 }
 
 pub mod capture;
+#[cfg(feature = "metrics")]
 pub mod metrics_series;
 pub mod redis_server;
