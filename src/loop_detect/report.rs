@@ -11,7 +11,6 @@
 //! equally redacted) params, with the signature's hash, are logged at DEBUG only.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
 use serde_json::json;
 
@@ -35,32 +34,46 @@ const UNKNOWN: &str = "unknown";
 /// the model.
 pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits) -> ToolError {
     let window = limits.ttl.as_secs();
+    let count = detection.count;
+    // Written piece by piece: the refusal is on the call path, and formatting machinery would
+    // cost more than the rest of it.
     let mut message = String::with_capacity(400);
-    let _ = write!(
-        message,
-        "Tool call loop detected: '{}' invoked with identical params {} times within {window}s.",
+    let mut number = itoa::Buffer::new();
+    for piece in [
+        "Tool call loop detected: '",
         call.tool_name(),
-        detection.count,
-    );
+        "' invoked with identical params ",
+        number.format(count),
+        " times within ",
+    ] {
+        message.push_str(piece);
+    }
+    message.push_str(number.format(window));
+    message.push_str("s.");
     message.push_str(match detection.action {
         Action::Break => " Session stopped to prevent unintended looping.",
         Action::Chance => " This call was not executed.",
     });
-    let _ = match detection.rule {
-        Rule::Repeat => Ok(()),
-        Rule::UnchangedPoll => message.write_str(" Its result did not change between these calls."),
-        Rule::Cycle { length } => write!(
-            message,
-            " The last {} calls repeat a cycle of {length} calls {} times.",
-            length * detection.count as usize,
-            detection.count
-        ),
-        Rule::Failures { code } => write!(
-            message,
-            " Each of the last {} identical calls failed with {code}.",
-            detection.count
-        ),
-    };
+    match detection.rule {
+        Rule::Repeat => {}
+        Rule::UnchangedPoll => message.push_str(" Its result did not change between these calls."),
+        Rule::Cycle { length } => {
+            message.push_str(" The last ");
+            message.push_str(number.format(length.saturating_mul(count as usize)));
+            message.push_str(" calls repeat a cycle of ");
+            message.push_str(number.format(length));
+            message.push_str(" calls ");
+            message.push_str(number.format(count));
+            message.push_str(" times.");
+        }
+        Rule::Failures { code } => {
+            message.push_str(" Each of the last ");
+            message.push_str(number.format(count));
+            message.push_str(" identical calls failed with ");
+            message.push_str(code.as_str());
+            message.push('.');
+        }
+    }
     message.push_str(match detection.action {
         Action::Break => {
             " Hint: change the inputs or the strategy instead of repeating the same call."
