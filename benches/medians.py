@@ -7,7 +7,8 @@ import sys
 
 group = sys.argv[1]
 baseline = sys.argv[2] if len(sys.argv) > 2 else "bare"
-root = pathlib.Path("target/criterion") / group
+# Criterion names a group's folder with its slashes replaced.
+root = pathlib.Path("target/criterion") / group.replace("/", "_")
 medians = {}
 for estimates in sorted(root.glob("*/new/estimates.json")):
     name = estimates.parent.parent.name

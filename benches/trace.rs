@@ -9,7 +9,9 @@
 //! they are made, as a gateway makes a call it has just parsed (as the idempotency bench
 //! does). In `stack_batched`, criterion's `SmallInput` builds thousands of calls ahead of a
 //! batch, so each call is cold in the cache when it is made; the bare tool never reads the
-//! call, so that figure also counts the cache misses of reading it.
+//! call, so that figure also counts the cache misses of reading it. In `stack_small_store`, the
+//! store holds 64 records instead of 25 000, so the record each fresh key evicts is still in
+//! the cache: the difference is what evicting a cold record costs.
 
 use std::hint::black_box;
 
@@ -17,6 +19,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Crit
 use futures::FutureExt;
 use serde_json::{json, Value};
 use tower::{Layer, Service, ServiceBuilder};
+use tower_toolcall::idempotency::InMemoryDedupeStore;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{ToolMetrics, TraceLayer};
 use tower_toolcall::{
@@ -130,22 +133,34 @@ fn whole_stack(c: &mut Criterion) {
         .build()
         .unwrap();
     let _entered = runtime.enter();
-    let stack = || {
+    let stack = |store: InMemoryDedupeStore| {
         ServiceBuilder::new()
             .layer(TraceLayer::new())
             .layer(EnvelopeValidateLayer::new(registry.clone()))
             .layer(LoopDetectLayer::new(registry.clone()))
             .layer(RateLimitLayer::new(registry.clone()))
-            .layer(IdempotencyLayer::in_memory(registry.clone()))
+            .layer(IdempotencyLayer::new(registry.clone(), store))
             .layer(RetryLayer::new(registry.clone()))
             .layer(CircuitBreakerLayer::new(registry.clone()))
             .layer(TimeoutLayer::new(registry.clone()))
             .service(bare_tool())
     };
+    // The default store holds 25 000 records: each fresh key evicts the least recently used
+    // one, whose memory is cold. A store of 64 records evicts records still in the cache.
+    let small_store = InMemoryDedupeStore::builder().capacity(64).build().unwrap();
+    let mut group = c.benchmark_group("stack_small_store");
+    bench(&mut group, "bare", FRESH, bare_tool());
+    bench(&mut group, "whole_stack", FRESH, stack(small_store));
+    group.finish();
     for (group, batches) in [("stack", FRESH), ("stack_batched", BatchSize::SmallInput)] {
         let mut group = c.benchmark_group(group);
         bench(&mut group, "bare", batches, bare_tool());
-        bench(&mut group, "whole_stack", batches, stack());
+        bench(
+            &mut group,
+            "whole_stack",
+            batches,
+            stack(InMemoryDedupeStore::new()),
+        );
         group.finish();
     }
 }
