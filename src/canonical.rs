@@ -278,8 +278,13 @@ pub fn params_digest(canonical: &str) -> String {
 }
 
 /// [`params_digest`], on the stack.
-pub(crate) fn params_digest_hex(canonical: &str) -> HexDigest {
+fn params_digest_hex(canonical: &str) -> HexDigest {
     HexDigest::of(&Sha256::digest(canonical.as_bytes()).into())
+}
+
+/// [`params_digest`] as a shared string.
+pub(crate) fn params_digest_shared(canonical: &str) -> Arc<str> {
+    Arc::from(params_digest_hex(canonical).as_str())
 }
 
 /// The derived idempotency key:

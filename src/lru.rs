@@ -127,6 +127,15 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
         self.find_hashed(hash, key).map(SlotId)
     }
 
+    /// The slot of `key`, if the map holds it; its order of use is left as it is.
+    pub(crate) fn slot_of<Q>(&self, key: &Q) -> Option<SlotId>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(key).map(SlotId)
+    }
+
     /// The value in `slot`.
     pub(crate) fn value(&self, slot: SlotId) -> &V {
         let (_, value) = self.slots[slot.0]
@@ -391,13 +400,13 @@ mod tests {
         for i in 0..6u32 {
             map.insert(i.to_string(), i);
         }
-        let slot = map.find_slot(map.hash_key("0"), "0").unwrap();
+        let slot = map.slot_of("0").unwrap();
         assert_eq!(map.value(slot), &0);
-        assert_eq!(map.find_slot(map.hash_key("9"), "9"), None);
+        assert_eq!(map.slot_of("9"), None);
         assert_eq!(map.oldest().map(|(k, _)| k.as_str()), Some("0"));
         assert_eq!(map.retain(|_, v| v % 2 == 1), 3);
         assert_eq!(map.len(), 3);
-        assert_eq!(map.find_slot(map.hash_key("2"), "2"), None);
+        assert_eq!(map.slot_of("2"), None);
         map.insert("x".to_owned(), 7);
         assert_eq!(keys_oldest_first(&mut map), ["1", "3", "5", "x"]);
     }

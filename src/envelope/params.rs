@@ -130,7 +130,7 @@ impl Params {
             Some(cached) => Self::cached_digest(cached).cloned(),
             None => {
                 let canonical = canonical::canonical_json(&self.inner.value, options)?;
-                Ok(Arc::from(canonical::params_digest_hex(&canonical).as_str()))
+                Ok(canonical::params_digest_shared(&canonical))
             }
         }
     }
@@ -151,7 +151,7 @@ impl Params {
         let canonical = cached.canonical.as_ref().map_err(Clone::clone)?;
         Ok(cached
             .digest
-            .get_or_init(|| Arc::from(canonical::params_digest_hex(canonical).as_str())))
+            .get_or_init(|| canonical::params_digest_shared(canonical)))
     }
 
     fn cached(&self, options: &CanonicalOptions) -> Option<&CachedCanonical> {

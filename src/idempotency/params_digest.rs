@@ -61,7 +61,7 @@ impl ParamsDigest {
         match &self.0 {
             Repr::Hex(hex) => hex,
             Repr::Deferred { canonical, hex } => {
-                hex.get_or_init(|| Arc::from(canonical::params_digest_hex(canonical).as_str()))
+                hex.get_or_init(|| canonical::params_digest_shared(canonical))
             }
         }
     }

@@ -301,7 +301,7 @@ impl Shared {
 
     /// The live record of `key` at `now`, without touching the order of use.
     fn current(&self, state: &State, key: &str, now: u64) -> Option<DedupeRecord> {
-        let slot = state.records.find_slot(state.records.hash_key(key), key)?;
+        let slot = state.records.slot_of(key)?;
         let entry = state.records.value(slot);
         entry.is_live(now).then(|| (*entry.record).clone())
     }
@@ -401,7 +401,7 @@ impl Shared {
             records, inflight, ..
         } = &mut *state;
         let (key, version) = (&*claimed.borrow().key, claimed.borrow().version);
-        let Some(slot) = records.find_slot(records.hash_key(key), key) else {
+        let Some(slot) = records.slot_of(key) else {
             return Finalized::Stale {
                 current_version: None,
             };
@@ -454,7 +454,7 @@ impl Shared {
     fn remove(&self, key: &str) -> bool {
         let mut state = self.lock();
         let records = &mut state.records;
-        let Some(slot) = records.find_slot(records.hash_key(key), key) else {
+        let Some(slot) = records.slot_of(key) else {
             return false;
         };
         if records.remove_at(slot).1.is_in_flight() {
@@ -471,7 +471,7 @@ impl Shared {
 impl State {
     /// The in-flight entry of `key`, if it has one.
     fn inflight_entry(&mut self, key: &str) -> Option<&mut Entry> {
-        let slot = self.records.find_slot(self.records.hash_key(key), key)?;
+        let slot = self.records.slot_of(key)?;
         Some(self.records.value_mut(slot)).filter(|entry| entry.is_in_flight())
     }
 
