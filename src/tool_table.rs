@@ -1,11 +1,12 @@
 //! Per-tool values that a layer resolves once, when it is built, from the registry: the
-//! layer's defaults merged with each tool's overrides. Looking one up for a call costs a hash
-//! of the tool's name and a comparison of its namespace; nothing is merged per call.
+//! layer's defaults merged with each tool's overrides. A value is found for a call by the
+//! index its registry gives the call's tool, which the call remembers (see
+//! [`ToolRegistry::index_for`]): the first layer of a stack looks the tool up by name, the
+//! others read one number. Nothing is merged per call.
 //!
 //! The table also keeps the registry's [`ReliabilityControl`], so that a layer reads the
 //! operator's switches from where it reads its tools.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use crate::control::ReliabilityControl;
@@ -15,18 +16,12 @@ use crate::registry::{ToolDescriptor, ToolPolicy, ToolRegistry};
 
 /// One resolved value per registered tool, and one for every unregistered tool.
 pub(crate) struct ToolTable<T> {
-    /// Tool name → (namespace, value). Most names live in one namespace only.
-    by_name: ByName<T>,
+    /// The registry the values were resolved from: it finds a call's tool.
+    registry: ToolRegistry,
+    /// The value of each registered tool, at the tool's index in the registry.
+    by_index: Vec<T>,
     unregistered: T,
-    control: ReliabilityControl,
 }
-
-/// Tool name → the (namespace, value) of each tool with that name.
-type ByName<T> = HashMap<Box<str>, Vec<(Box<str>, T)>, FastHash>;
-
-/// The table is filled once when a layer is built and only read afterwards, so a fast hasher
-/// is safe from collision attacks.
-type FastHash = foldhash::fast::RandomState;
 
 impl<T> ToolTable<T> {
     /// Resolves a value for every tool of `registry` and for unregistered tools.
@@ -39,37 +34,31 @@ impl<T> ToolTable<T> {
     ) -> Result<Self, ConfigError> {
         let unregistered =
             resolve(None, registry.unregistered_policy()).map_err(|e| e.within("unregistered"))?;
-        let mut tools: Vec<_> = registry.tools().collect();
-        tools.sort_by(|a, b| a.full_name().cmp(b.full_name()));
-        let mut by_name: ByName<T> = HashMap::default();
-        for tool in tools {
-            let descriptor = tool.descriptor();
-            let value = resolve(Some(descriptor), &descriptor.policy)
-                .map_err(|e| e.within(&format!("tools[{}]", tool.full_name())))?;
-            by_name
-                .entry(descriptor.name.as_str().into())
-                .or_default()
-                .push((descriptor.namespace.as_str().into(), value));
-        }
+        // The registry lists its tools by index.
+        let by_index = registry
+            .tools()
+            .map(|tool| {
+                let descriptor = tool.descriptor();
+                resolve(Some(descriptor), &descriptor.policy)
+                    .map_err(|e| e.within(&format!("tools[{}]", tool.full_name())))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(ToolTable {
-            by_name,
+            registry: registry.clone(),
+            by_index,
             unregistered,
-            control: registry.control().clone(),
         })
     }
 
     /// The switches of the registry the table was resolved from.
     pub(crate) fn control(&self) -> &ReliabilityControl {
-        &self.control
+        self.registry.control()
     }
 
     /// The value of the registered tool `namespace::name`.
     pub(crate) fn registered(&self, namespace: &str, name: &str) -> Option<&T> {
-        self.by_name
-            .get(name)?
-            .iter()
-            .find(|(ns, _)| &**ns == namespace)
-            .map(|(_, value)| value)
+        let tool = self.registry.get(namespace, name)?;
+        self.by_index.get(tool.index() as usize)
     }
 
     /// The value for `namespace::name`: its own when it is registered, the unregistered one
@@ -81,30 +70,39 @@ impl<T> ToolTable<T> {
 
     /// The value for the tool of `call`.
     pub(crate) fn for_call(&self, call: &ToolCall) -> &T {
-        self.get(call.tool_namespace(), call.tool_name())
+        self.registry
+            .index_for(call)
+            .and_then(|index| self.by_index.get(index as usize))
+            .unwrap_or(&self.unregistered)
     }
 
     /// Every value: the registered tools' and the unregistered one.
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
-        self.iter()
-            .map(|(_, _, value)| value)
+        self.by_index
+            .iter()
             .chain(std::iter::once(&self.unregistered))
     }
 
     /// Every registered tool's namespace, name and value.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str, &T)> {
-        self.by_name.iter().flat_map(|(name, entries)| {
-            entries
-                .iter()
-                .map(move |(ns, value)| (&**ns, &**name, value))
-        })
+        self.registry
+            .tools()
+            .zip(&self.by_index)
+            .map(|(tool, value)| {
+                let descriptor = tool.descriptor();
+                (
+                    descriptor.namespace.as_str(),
+                    descriptor.name.as_str(),
+                    value,
+                )
+            })
     }
 }
 
 impl<T> fmt::Debug for ToolTable<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolTable")
-            .field("tools", &self.by_name.values().map(Vec::len).sum::<usize>())
+            .field("tools", &self.by_index.len())
             .finish_non_exhaustive()
     }
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::builder::ToolCallBuilder;
 use super::params::Params;
 use crate::error::ToolError;
+use crate::registry::ToolResolution;
 
 /// The only contract version this crate speaks.
 pub const CONTRACT_VERSION: &str = "1.1";
@@ -49,6 +50,8 @@ pub const PAYLOAD_VERSION: &str = "1.0";
 pub struct ToolCall {
     envelope: Arc<CallEnvelope>,
     attempt: u32,
+    /// Where a registry found the call's tool; not part of the call's identity.
+    tool: ToolResolution,
 }
 
 /// The fields of a tool call, as they are on the wire (camelCase JSON).
@@ -260,6 +263,7 @@ impl ToolCall {
         Ok(ToolCall {
             envelope: Arc::new(envelope),
             attempt: 1,
+            tool: ToolResolution::default(),
         })
     }
 
@@ -277,6 +281,8 @@ impl ToolCall {
     /// Mutable access to the envelope; copies it first if another clone shares it. The params
     /// stay shared until they are changed themselves.
     pub fn envelope_mut(&mut self) -> &mut CallEnvelope {
+        // The tool may change: where a registry found it is looked up again.
+        self.tool.clear();
         Arc::make_mut(&mut self.envelope)
     }
 
@@ -298,6 +304,11 @@ impl ToolCall {
     /// ```
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// Where a registry found the call's tool, as the registry remembers it.
+    pub(crate) fn tool_resolution(&self) -> &ToolResolution {
+        &self.tool
     }
 
     /// Numbers the attempt this call makes.

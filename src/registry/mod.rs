@@ -34,6 +34,7 @@
 
 mod descriptor;
 mod policy;
+mod resolution;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -49,6 +50,8 @@ pub use policy::{
     LoopDetectOverrides, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitOverrides,
     RetryOverrides, TimeoutOverrides, ToolPolicy, UnclassifiedAs, ValidateOverrides,
 };
+
+pub(crate) use resolution::ToolResolution;
 
 use crate::control::ReliabilityControl;
 use crate::envelope::ToolCall;
@@ -75,6 +78,10 @@ type FastHash = foldhash::fast::RandomState;
 
 struct RegistryInner {
     tools: ToolMap,
+    /// The same tools, in the order of their full names; a tool's place is its index.
+    in_order: Vec<Arc<RegisteredTool>>,
+    /// This registry's own id, under which calls remember their tool's index.
+    id: u32,
     count: usize,
     open: bool,
     denied: Vec<DenyRule>,
@@ -85,6 +92,8 @@ struct RegistryInner {
 pub struct RegisteredTool {
     descriptor: ToolDescriptor,
     full_name: String,
+    /// Its place among the registry's tools.
+    index: u32,
     input: Option<jsonschema::Validator>,
     output: Option<jsonschema::Validator>,
 }
@@ -210,7 +219,22 @@ impl ToolRegistry {
 
     /// The registered tool a call is for.
     pub fn tool_for(&self, call: &ToolCall) -> Option<&Arc<RegisteredTool>> {
-        self.get(call.tool_namespace(), call.tool_name())
+        self.inner.in_order.get(self.index_for(call)? as usize)
+    }
+
+    /// The index of the call's tool among this registry's tools, `None` when it is not
+    /// registered. The call remembers the answer, so that the other layers built from this
+    /// registry find it without looking the tool up by name.
+    pub(crate) fn index_for(&self, call: &ToolCall) -> Option<u32> {
+        let resolution = call.tool_resolution();
+        if let Some(known) = resolution.get(self.inner.id) {
+            return known;
+        }
+        let index = self
+            .get(call.tool_namespace(), call.tool_name())
+            .map(|tool| tool.index);
+        resolution.set(self.inner.id, index);
+        index
     }
 
     /// The policy for a call: its tool's, or the `unregistered` policy.
@@ -269,9 +293,9 @@ impl ToolRegistry {
         self.inner.count == 0
     }
 
-    /// Every registered tool, in no particular order.
+    /// Every registered tool, in the order of their full names.
     pub fn tools(&self) -> impl Iterator<Item = &Arc<RegisteredTool>> {
-        self.inner.tools.values().flat_map(|names| names.values())
+        self.inner.in_order.iter()
     }
 }
 
@@ -294,6 +318,11 @@ impl Default for ToolRegistry {
 }
 
 impl RegisteredTool {
+    /// Its place among its registry's tools (see [`ToolRegistry::tools`]).
+    pub(crate) fn index(&self) -> u32 {
+        self.index
+    }
+
     /// The descriptor.
     pub fn descriptor(&self) -> &ToolDescriptor {
         &self.descriptor
@@ -416,23 +445,47 @@ impl ToolRegistryBuilder {
             .check()
             .map_err(|e| e.within("unregistered"))?;
 
-        let mut tools = ToolMap::default();
         let count = self.tools.len();
+        if u32::try_from(count).is_err() {
+            return Err(ConfigError::new(
+                "tools",
+                format!("holds {count} tools; a registry holds fewer than 2^32"),
+            ));
+        }
+        let mut compiled = Vec::with_capacity(count);
+        let mut registered = std::collections::HashSet::with_capacity(count);
         for (i, descriptor) in self.tools.into_iter().enumerate() {
             let at = format!("tools[{i}]");
             let tool = compile(descriptor).map_err(|e| e.within(&at))?;
-            let names = tools.entry(tool.descriptor.namespace.clone()).or_default();
-            if names.contains_key(&tool.descriptor.name) {
+            let names = (
+                tool.descriptor.namespace.clone(),
+                tool.descriptor.name.clone(),
+            );
+            if !registered.insert(names) {
                 return Err(ConfigError::new(
                     at,
                     format!("registers {} a second time", tool.full_name),
                 ));
             }
-            names.insert(tool.descriptor.name.clone(), Arc::new(tool));
+            compiled.push(tool);
+        }
+        compiled.sort_by(|a, b| a.full_name.cmp(&b.full_name));
+        let mut tools = ToolMap::default();
+        let mut in_order = Vec::with_capacity(count);
+        for (index, mut tool) in (0..).zip(compiled) {
+            tool.index = index;
+            let tool = Arc::new(tool);
+            tools
+                .entry(tool.descriptor.namespace.clone())
+                .or_default()
+                .insert(tool.descriptor.name.clone(), tool.clone());
+            in_order.push(tool);
         }
         Ok(ToolRegistry {
             inner: Arc::new(RegistryInner {
                 tools,
+                in_order,
+                id: resolution::next_registry_id(),
                 count,
                 open: self.open,
                 denied,
@@ -465,6 +518,7 @@ fn compile(descriptor: ToolDescriptor) -> Result<RegisteredTool, ConfigError> {
         .transpose()?;
     Ok(RegisteredTool {
         full_name: descriptor.full_name(),
+        index: 0,
         descriptor,
         input,
         output,

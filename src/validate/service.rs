@@ -46,7 +46,7 @@ impl Validator {
                 format!("tool {namespace}::{name} is denied by policy; use another tool"),
             ));
         }
-        let tool = self.registry.get(namespace, name);
+        let tool = self.registry.tool_for(call);
         let policy = match tool {
             Some(tool) => &tool.descriptor().policy,
             None if self.registry.is_open() => self.registry.unregistered_policy(),

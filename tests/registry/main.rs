@@ -349,3 +349,74 @@ fn descriptors_serialize_back_to_what_loads() {
     );
     assert!(matches!(descriptor.policy.retry, LayerSetting::Default));
 }
+
+fn registry_of(tools: impl IntoIterator<Item = ToolDescriptor>) -> ToolRegistry {
+    tools
+        .into_iter()
+        .fold(ToolRegistry::builder(), |builder, tool| builder.tool(tool))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_call_finds_its_tool_in_each_registry_it_meets_and_again_after_its_tool_changes() {
+    let first = registry_of([
+        ToolDescriptor::new("vault", "createFile", RiskLevel::Writes),
+        ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly),
+    ]);
+    let second = registry_of([ToolDescriptor::new(
+        "vault",
+        "createFile",
+        RiskLevel::Commands,
+    )]);
+    let mut call = tower_toolcall::ToolCall::builder("agents.tools.web", "search")
+        .session("sess-42")
+        .actor("user-7")
+        .build()
+        .unwrap();
+    let risk = |registry: &ToolRegistry, call: &tower_toolcall::ToolCall| {
+        registry.tool_for(call).map(|tool| tool.descriptor().risk)
+    };
+
+    // Each registry answers for itself, however the lookups alternate.
+    for _ in 0..2 {
+        assert_eq!(risk(&first, &call), Some(RiskLevel::ReadOnly));
+        assert_eq!(risk(&second, &call), None);
+    }
+    // A clone answers as its original; an equal call built apart does too.
+    assert_eq!(risk(&first, &call.clone()), Some(RiskLevel::ReadOnly));
+
+    // The call's tool changes: both registries look it up again.
+    assert_eq!(risk(&first, &call), Some(RiskLevel::ReadOnly));
+    let envelope = call.envelope_mut();
+    envelope.tool_namespace = "vault".into();
+    envelope.tool_name = "createFile".into();
+    assert_eq!(risk(&first, &call), Some(RiskLevel::Writes));
+    assert_eq!(risk(&second, &call), Some(RiskLevel::Commands));
+    assert_eq!(
+        first.policy_for(&call),
+        &first
+            .get("vault", "createFile")
+            .unwrap()
+            .descriptor()
+            .policy
+    );
+}
+
+#[test]
+fn tools_are_listed_in_the_order_of_their_full_names() {
+    let registry = registry_of([
+        ToolDescriptor::new("vault", "readFile", RiskLevel::ReadOnly),
+        ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly),
+        ToolDescriptor::new("vault", "createFile", RiskLevel::Writes),
+    ]);
+    let names: Vec<&str> = registry.tools().map(|tool| tool.full_name()).collect();
+    assert_eq!(
+        names,
+        [
+            "agents.tools.web::search",
+            "vault::createFile",
+            "vault::readFile"
+        ]
+    );
+}

@@ -726,3 +726,45 @@ fn invalid_configuration_names_the_field() {
         .unwrap_err();
     assert_eq!(err.field(), "retry.budget.capacity");
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_call_through_stacks_of_two_registries_gets_each_registrys_policy() {
+    let attempts = |max_attempts| {
+        search().policy(ToolPolicy {
+            retry: LayerSetting::On(RetryOverrides {
+                max_attempts: Some(max_attempts),
+                ..RetryOverrides::default()
+            }),
+            ..ToolPolicy::default()
+        })
+    };
+    // In the second registry, another tool sorts before `search`: the tool's index differs.
+    let crawl = ToolDescriptor::new(WEB, "crawl", RiskLevel::ReadOnly).policy(ToolPolicy {
+        retry: LayerSetting::Off,
+        ..ToolPolicy::default()
+    });
+    let (two, three) = (
+        registry_of([attempts(2)]),
+        registry_of([attempts(3), crawl]),
+    );
+    let tool = ScriptedTool::always(unavailable());
+    let mut twice = RetryLayer::new(two).layer(tool.service());
+    let mut thrice = RetryLayer::new(three).layer(tool.service());
+
+    // The same call alternates between the stacks, each time as the tool received it from
+    // the other: each stack looks the tool up in its own registry, whatever the other found.
+    let mut call = call_of(WEB, "search");
+    let mut expected = 0;
+    for (in_three, runs) in [(false, 2), (true, 3), (false, 2)] {
+        let err = if in_three {
+            call_once(&mut thrice, call).await
+        } else {
+            call_once(&mut twice, call).await
+        }
+        .unwrap_err();
+        call = tool.received().pop().expect("the tool received the call");
+        expected += runs;
+        assert_eq!(err.record().attempts, Some(runs));
+        assert_eq!(tool.calls(), expected as usize);
+    }
+}
