@@ -5,13 +5,14 @@
 //! 200-byte params and the in-memory store, against the bare tool. Calls are built outside the
 //! timed part; each has params of its own.
 //!
-//! The whole stack is measured twice. In `stack`, calls are built in batches of 64 just before
+//! The whole stack is measured four ways. In `stack`, calls are built in batches of 64 just before
 //! they are made, as a gateway makes a call it has just parsed (as the idempotency bench
 //! does). In `stack_batched`, criterion's `SmallInput` builds thousands of calls ahead of a
 //! batch, so each call is cold in the cache when it is made; the bare tool never reads the
 //! call, so that figure also counts the cache misses of reading it. In `stack_small_store`, the
 //! store holds 64 records instead of 25 000, so the record each fresh key evicts is still in
-//! the cache: the difference is what evicting a cold record costs.
+//! the cache: the difference is what evicting a cold record costs. In `stack_registered`, the
+//! tool is registered in a closed registry of 21 tools instead of called through an open one.
 
 use std::hint::black_box;
 
@@ -20,7 +21,7 @@ use futures::FutureExt;
 use serde_json::{json, Value};
 use tower::{Layer, Service, ServiceBuilder};
 use tower_toolcall::idempotency::InMemoryDedupeStore;
-use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{ToolMetrics, TraceLayer};
 use tower_toolcall::{
     tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, IdempotencyLayer, LoopDetectLayer,
@@ -133,7 +134,7 @@ fn whole_stack(c: &mut Criterion) {
         .build()
         .unwrap();
     let _entered = runtime.enter();
-    let stack = |store: InMemoryDedupeStore| {
+    let stack = |registry: &ToolRegistry, store: InMemoryDedupeStore| {
         ServiceBuilder::new()
             .layer(TraceLayer::new())
             .layer(EnvelopeValidateLayer::new(registry.clone()))
@@ -150,7 +151,12 @@ fn whole_stack(c: &mut Criterion) {
     let small_store = InMemoryDedupeStore::builder().capacity(64).build().unwrap();
     let mut group = c.benchmark_group("stack_small_store");
     bench(&mut group, "bare", FRESH, bare_tool());
-    bench(&mut group, "whole_stack", FRESH, stack(small_store));
+    bench(
+        &mut group,
+        "whole_stack",
+        FRESH,
+        stack(&registry, small_store),
+    );
     group.finish();
     for (group, batches) in [("stack", FRESH), ("stack_batched", BatchSize::SmallInput)] {
         let mut group = c.benchmark_group(group);
@@ -159,10 +165,35 @@ fn whole_stack(c: &mut Criterion) {
             &mut group,
             "whole_stack",
             batches,
-            stack(InMemoryDedupeStore::new()),
+            stack(&registry, InMemoryDedupeStore::new()),
         );
         group.finish();
     }
+    // A closed registry in which the tool is one of 21: each layer finds the tool's policy.
+    let mut group = c.benchmark_group("stack_registered");
+    bench(&mut group, "bare", FRESH, bare_tool());
+    let registered = (0..20)
+        .fold(ToolRegistry::builder(), |builder, i| {
+            builder.tool(ToolDescriptor::new(
+                "agents.tools.web",
+                format!("tool{i}"),
+                RiskLevel::ReadOnly,
+            ))
+        })
+        .tool(ToolDescriptor::new(
+            "agents.tools.web",
+            "search",
+            RiskLevel::ReadOnly,
+        ))
+        .build()
+        .unwrap();
+    bench(
+        &mut group,
+        "whole_stack",
+        FRESH,
+        stack(&registered, InMemoryDedupeStore::new()),
+    );
+    group.finish();
 }
 
 criterion_group!(benches, whole_stack, trace);
