@@ -70,6 +70,10 @@ impl<T> ToolTable<T> {
 
     /// The value for the tool of `call`.
     pub(crate) fn for_call(&self, call: &ToolCall) -> &T {
+        if self.by_index.is_empty() {
+            // An empty registry: every tool is unregistered.
+            return &self.unregistered;
+        }
         self.registry
             .index_for(call)
             .and_then(|index| self.by_index.get(index as usize))

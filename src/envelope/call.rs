@@ -48,8 +48,14 @@ pub const PAYLOAD_VERSION: &str = "1.0";
 /// equal when their envelopes are.
 #[derive(Clone)]
 pub struct ToolCall {
-    envelope: Arc<CallEnvelope>,
+    inner: Arc<SharedCall>,
     attempt: u32,
+}
+
+/// What the clones of a call share.
+#[derive(Clone)]
+struct SharedCall {
+    envelope: CallEnvelope,
     /// Where a registry found the call's tool; not part of the call's identity.
     tool: ToolResolution,
 }
@@ -261,34 +267,39 @@ impl ToolCall {
     pub fn from_envelope(envelope: CallEnvelope) -> Result<ToolCall, ToolError> {
         super::parse::check_envelope(&envelope)?;
         Ok(ToolCall {
-            envelope: Arc::new(envelope),
+            inner: Arc::new(SharedCall {
+                envelope,
+                tool: ToolResolution::default(),
+            }),
             attempt: 1,
-            tool: ToolResolution::default(),
         })
     }
 
     /// Checks the envelope's invariants again (after [`envelope_mut`](ToolCall::envelope_mut),
     /// for example).
     pub fn check(&self) -> Result<(), ToolError> {
-        super::parse::check_envelope(&self.envelope)
+        super::parse::check_envelope(&self.inner.envelope)
     }
 
     /// The envelope.
     pub fn envelope(&self) -> &CallEnvelope {
-        &self.envelope
+        &self.inner.envelope
     }
 
     /// Mutable access to the envelope; copies it first if another clone shares it. The params
     /// stay shared until they are changed themselves.
     pub fn envelope_mut(&mut self) -> &mut CallEnvelope {
+        let inner = Arc::make_mut(&mut self.inner);
         // The tool may change: where a registry found it is looked up again.
-        self.tool.clear();
-        Arc::make_mut(&mut self.envelope)
+        inner.tool.clear();
+        &mut inner.envelope
     }
 
     /// The envelope, by value.
     pub fn into_envelope(self) -> CallEnvelope {
-        Arc::try_unwrap(self.envelope).unwrap_or_else(|shared| (*shared).clone())
+        Arc::try_unwrap(self.inner)
+            .map(|inner| inner.envelope)
+            .unwrap_or_else(|shared| shared.envelope.clone())
     }
 
     /// The attempt this call makes, 1-based: 1 for the first, 2 for the first retry, and so
@@ -308,7 +319,7 @@ impl ToolCall {
 
     /// Where a registry found the call's tool, as the registry remembers it.
     pub(crate) fn tool_resolution(&self) -> &ToolResolution {
-        &self.tool
+        &self.inner.tool
     }
 
     /// Numbers the attempt this call makes.
@@ -318,42 +329,42 @@ impl ToolCall {
 
     /// `requestId`.
     pub fn request_id(&self) -> &str {
-        &self.envelope.request_id
+        &self.inner.envelope.request_id
     }
 
     /// `toolName`.
     pub fn tool_name(&self) -> &str {
-        &self.envelope.tool_name
+        &self.inner.envelope.tool_name
     }
 
     /// `toolNamespace`.
     pub fn tool_namespace(&self) -> &str {
-        &self.envelope.tool_namespace
+        &self.inner.envelope.tool_namespace
     }
 
     /// `target.sessionKey`.
     pub fn session_key(&self) -> &str {
-        &self.envelope.target.session_key
+        &self.inner.envelope.target.session_key
     }
 
     /// `target.actorId`.
     pub fn actor_id(&self) -> &str {
-        &self.envelope.target.actor_id
+        &self.inner.envelope.target.actor_id
     }
 
     /// `target.tenantId`.
     pub fn tenant_id(&self) -> Option<&str> {
-        self.envelope.target.tenant_id.as_deref()
+        self.inner.envelope.target.tenant_id.as_deref()
     }
 
     /// `payload.params`.
     pub fn params(&self) -> &Params {
-        &self.envelope.payload.params
+        &self.inner.envelope.payload.params
     }
 
     /// `payload.idempotencyKey`.
     pub fn idempotency_key(&self) -> Option<&str> {
-        self.envelope.payload.idempotency_key.as_deref()
+        self.inner.envelope.payload.idempotency_key.as_deref()
     }
 
     /// `payload.callHints`, or the empty hints.
@@ -363,39 +374,44 @@ impl ToolCall {
             expected_retry_safe: None,
             timeout_ms: None,
         };
-        self.envelope.payload.call_hints.as_ref().unwrap_or(&NONE)
+        self.inner
+            .envelope
+            .payload
+            .call_hints
+            .as_ref()
+            .unwrap_or(&NONE)
     }
 
     /// `transport`.
     pub fn transport(&self) -> &Transport {
-        &self.envelope.transport
+        &self.inner.envelope.transport
     }
 
     /// `control`.
     pub fn control(&self) -> &Control {
-        &self.envelope.control
+        &self.inner.envelope.control
     }
 
     /// `trace`.
     pub fn trace(&self) -> &TraceContext {
-        &self.envelope.trace
+        &self.inner.envelope.trace
     }
 
     /// The envelope as compact JSON.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(&*self.envelope).expect("an envelope always serializes")
+        serde_json::to_string(&self.inner.envelope).expect("an envelope always serializes")
     }
 }
 
 impl fmt::Debug for ToolCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolCall")
-            .field("request_id", &self.envelope.request_id)
+            .field("request_id", &self.inner.envelope.request_id)
             .field(
                 "tool",
                 &format_args!("{}::{}", self.tool_namespace(), self.tool_name()),
             )
-            .field("session_key", &self.envelope.target.session_key)
+            .field("session_key", &self.inner.envelope.target.session_key)
             .field("attempt", &self.attempt)
             .finish_non_exhaustive()
     }
@@ -404,13 +420,13 @@ impl fmt::Debug for ToolCall {
 impl PartialEq for ToolCall {
     /// Compares the envelopes; the attempt number is not part of a call's identity.
     fn eq(&self, other: &Self) -> bool {
-        self.envelope == other.envelope
+        self.inner.envelope == other.inner.envelope
     }
 }
 
 impl Serialize for ToolCall {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.envelope.serialize(serializer)
+        self.inner.envelope.serialize(serializer)
     }
 }
 

@@ -226,6 +226,9 @@ impl ToolRegistry {
     /// registered. The call remembers the answer, so that the other layers built from this
     /// registry find it without looking the tool up by name.
     pub(crate) fn index_for(&self, call: &ToolCall) -> Option<u32> {
+        if self.inner.in_order.is_empty() {
+            return None;
+        }
         let resolution = call.tool_resolution();
         if let Some(known) = resolution.get(self.inner.id) {
             return known;
