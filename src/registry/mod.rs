@@ -218,6 +218,10 @@ impl ToolRegistry {
     }
 
     /// The registered tool a call is for.
+    ///
+    /// The call (and every clone of it) remembers where this registry found its tool, so that
+    /// the next lookup, by any layer built from this registry, reads an index instead of
+    /// looking the name up; changing the call's envelope makes it look again.
     pub fn tool_for(&self, call: &ToolCall) -> Option<&Arc<RegisteredTool>> {
         self.inner.in_order.get(self.index_for(call)? as usize)
     }
