@@ -66,20 +66,12 @@ impl ParamsDigest {
         }
     }
 
-    /// Where the shared allocation the digest keeps is, read from the digest itself.
-    pub(crate) fn touch_pointer(&self) -> *const u8 {
+    /// The shared allocation the digest keeps: the digest, or the canonical params it is
+    /// computed from. The memory store reads it ahead of dropping an evicted record.
+    pub(crate) fn shared_allocation(&self) -> &Arc<str> {
         match &self.0 {
-            Repr::Hex(hex) => hex.as_ptr(),
-            Repr::Deferred { canonical, .. } => canonical.as_ptr(),
-        }
-    }
-
-    /// The shared allocation the digest keeps, read so that dropping it soon after finds it
-    /// in the cache.
-    pub(crate) fn touch(&self) -> usize {
-        match &self.0 {
-            Repr::Hex(hex) => Arc::strong_count(hex),
-            Repr::Deferred { canonical, .. } => Arc::strong_count(canonical),
+            Repr::Hex(hex) => hex,
+            Repr::Deferred { canonical, .. } => canonical,
         }
     }
 }

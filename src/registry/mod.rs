@@ -82,7 +82,6 @@ struct RegistryInner {
     in_order: Vec<Arc<RegisteredTool>>,
     /// This registry's own id, under which calls remember their tool's index.
     id: u32,
-    count: usize,
     open: bool,
     denied: Vec<DenyRule>,
     unregistered: ToolPolicy,
@@ -230,7 +229,7 @@ impl ToolRegistry {
     /// registered. The call remembers the answer, so that the other layers built from this
     /// registry find it without looking the tool up by name.
     pub(crate) fn index_for(&self, call: &ToolCall) -> Option<u32> {
-        if self.inner.in_order.is_empty() {
+        if self.is_empty() {
             return None;
         }
         let resolution = call.tool_resolution();
@@ -292,12 +291,12 @@ impl ToolRegistry {
 
     /// How many tools are registered.
     pub fn len(&self) -> usize {
-        self.inner.count
+        self.inner.in_order.len()
     }
 
     /// `true` when no tool is registered.
     pub fn is_empty(&self) -> bool {
-        self.inner.count == 0
+        self.inner.in_order.is_empty()
     }
 
     /// Every registered tool, in the order of their full names.
@@ -309,7 +308,7 @@ impl ToolRegistry {
 impl fmt::Debug for ToolRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolRegistry")
-            .field("tools", &self.inner.count)
+            .field("tools", &self.inner.in_order.len())
             .field("open", &self.inner.open)
             .field("denied", &self.inner.denied.len())
             .field("control", &self.control)
@@ -493,7 +492,6 @@ impl ToolRegistryBuilder {
                 tools,
                 in_order,
                 id: resolution::next_registry_id(),
-                count,
                 open: self.open,
                 denied,
                 unregistered: self.unregistered,

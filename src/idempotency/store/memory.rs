@@ -124,7 +124,7 @@ impl Entry {
             Arc::as_ptr(&record.key),
             Arc::as_ptr(&record.idempotency_key),
             Arc::as_ptr(&request.request_id),
-            request.params_digest.touch_pointer(),
+            Arc::as_ptr(request.params_digest.shared_allocation()),
             request.tool_call_id.as_ref().map(Arc::as_ptr),
             record.execution.as_ref().map(|e| e.attempts.as_ptr()),
             record.payload.is_some(),
@@ -151,7 +151,7 @@ impl Entry {
             Arc::strong_count(&record.key),
             Arc::strong_count(&record.idempotency_key),
             Arc::strong_count(&request.request_id),
-            request.params_digest.touch(),
+            Arc::strong_count(request.params_digest.shared_allocation()),
             request.tool_call_id.as_ref().map(Arc::strong_count),
             attempts,
         ));
