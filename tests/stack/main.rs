@@ -251,7 +251,11 @@ async fn a_status_the_tool_classifies_terminal_is_reported_terminal() {
     let unavailable = || ToolError::from_http_status(503, "billing is in maintenance");
     let mut svc = failing_stack(unavailable, runs.clone());
     let result = run(&mut svc, call_of("billing", "invoiceStatus")).await;
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "a terminal failure is not retried");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "a terminal failure is not retried"
+    );
     assert_eq!(
         serde_json::to_value(&result).unwrap(),
         json!({
