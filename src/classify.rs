@@ -3,7 +3,11 @@
 //! [`RetryLayer`](crate::RetryLayer) asks it whether another attempt may succeed,
 //! [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) whether an outcome speaks of the
 //! dependency's health, and tracing whether to report a failure. They all ask the same
-//! [`Classify`] implementation, so that a tool's errors mean one thing everywhere.
+//! [`Classify`] implementation, so that a tool's errors mean one thing everywhere. A layer that
+//! classifies a failure writes the verdict into the error's [class](ErrorClass), so that the
+//! trace, the idempotency record and the [`ToolResult`](crate::ToolResult) envelope say what
+//! the classifier decided for that tool; an error no layer classified is reported with the
+//! [`DefaultClassifier`]'s verdict for a tool nothing is known about.
 //!
 //! An outcome gets a [`Verdict`] and a reason code:
 //!
@@ -213,6 +217,18 @@ impl Classification {
     pub const fn is_retriable(&self) -> bool {
         matches!(self.verdict, Verdict::Retriable)
     }
+
+    /// `error` with its [class](ErrorClass) set to this verdict on it, so that the layers
+    /// outside, the trace, the idempotency record and the result envelope all read what the
+    /// classifier decided. The verdict on a success or an ignored outcome leaves the error as
+    /// it is.
+    pub(crate) fn settle(&self, error: ToolError) -> ToolError {
+        match self.verdict {
+            Verdict::Retriable => error.with_class(ErrorClass::Retriable),
+            Verdict::Terminal => error.with_class(ErrorClass::Terminal),
+            Verdict::Success | Verdict::Ignored => error,
+        }
+    }
 }
 
 /// What the classifier knows about a tool: its risk, whether it is idempotent, and its
@@ -384,6 +400,22 @@ fn classify_error(error: &ToolError, tool: &ToolProfile) -> Classification {
         .by(basis)
 }
 
+/// Whether a later attempt may succeed after the call failed with `error`, as the classifier
+/// decided.
+///
+/// The layers that classify (retry, breaker) write their verdict into the error's class; an
+/// error that no layer classified gets the [`DefaultClassifier`]'s verdict for a tool nothing
+/// is known about. An error that is not the tool's outcome (a layer refused the call) keeps
+/// its own class.
+pub(crate) fn decided_retriable(error: &ToolError) -> bool {
+    let unknown_tool = ToolProfile::new(None, &ToolPolicy::default());
+    match classify_error(error, &unknown_tool).verdict() {
+        Verdict::Retriable => true,
+        Verdict::Terminal => false,
+        Verdict::Success | Verdict::Ignored => error.is_retriable(),
+    }
+}
+
 /// `true` when `error` says the call was wrong rather than the dependency unwell.
 pub fn is_caller_fault(error: &ToolError) -> bool {
     CALLER_FAULT_CODES.contains(&error.code())
@@ -409,18 +441,32 @@ impl SharedClassifier {
         self.0.classify(outcome, tool)
     }
 
-    /// Classifies a failure, handing the error back.
+    /// Classifies a failure, handing the error back with the verdict
+    /// [settled](Classification::settle) in it.
     pub(crate) fn classify_error(
         &self,
         error: ToolError,
         tool: &ToolProfile,
     ) -> (Classification, ToolError) {
-        let outcome = Err(error);
-        let classification = self.classify(&outcome, tool);
+        let (classification, outcome) = self.classify_outcome(Err(error), tool);
         match outcome {
             Err(error) => (classification, error),
             Ok(_) => unreachable!("the outcome is the error it was made from"),
         }
+    }
+
+    /// Classifies `outcome`, handing it back with the verdict on a failure
+    /// [settled](Classification::settle) in the error.
+    pub(crate) fn classify_outcome(
+        &self,
+        outcome: Result<ToolOutput, ToolError>,
+        tool: &ToolProfile,
+    ) -> (Classification, Result<ToolOutput, ToolError>) {
+        let classification = self.classify(&outcome, tool);
+        (
+            classification,
+            outcome.map_err(|error| classification.settle(error)),
+        )
     }
 }
 

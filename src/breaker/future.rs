@@ -66,15 +66,22 @@ impl Permit {
             .expect("a registered tool has its own breaker")
     }
 
-    fn record(&mut self, outcome: &Result<ToolOutput, ToolError>) -> Recorded {
+    /// Records `outcome`, handing it back with the classifier's verdict settled in it.
+    fn record(
+        &mut self,
+        outcome: Result<ToolOutput, ToolError>,
+    ) -> (Recorded, Result<ToolOutput, ToolError>) {
         let ticket = self.ticket.take().expect("a permit records once");
-        let classification = self.tool.classifier.classify(outcome, &self.tool.profile);
+        let (classification, outcome) = self
+            .tool
+            .classifier
+            .classify_outcome(outcome, &self.tool.profile);
         let counted = match classification.verdict() {
             Verdict::Success => CallOutcome::Success,
             _ if classification.is_health_failure() => CallOutcome::Failure,
             _ => CallOutcome::Neutral,
         };
-        self.cell().record(ticket, counted)
+        (self.cell().record(ticket, counted), outcome)
     }
 }
 
@@ -132,8 +139,7 @@ where
         let mut this = self.project();
         match this.state.as_mut().project() {
             Projection::Admitted { future, permit } => {
-                let mut outcome = ready!(future.poll(cx));
-                let recorded = permit.record(&outcome);
+                let (recorded, mut outcome) = permit.record(ready!(future.poll(cx)));
                 let record = outcome_record_mut(&mut outcome);
                 record.breaker_state = Some(recorded.state);
                 if recorded.opened && !permit.tool.control.breakers_fail_fast() {

@@ -47,14 +47,33 @@ impl<S> Layer<S> for ResultEnvelopeLayer {
     type Service = ResultEnvelope<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ResultEnvelope { inner }
+        ResultEnvelope {
+            inner,
+            not_ready: None,
+        }
     }
 }
 
 /// The service of [`ResultEnvelopeLayer`].
-#[derive(Clone, Debug)]
+///
+/// It is always ready: when the inner service's readiness fails, the error is kept and the
+/// next call is answered with it as an error envelope, without calling the inner service;
+/// the call after that polls the inner service's readiness again.
+#[derive(Debug)]
 pub struct ResultEnvelope<S> {
     inner: S,
+    /// The inner service's readiness error, kept for the next call.
+    not_ready: Option<ToolError>,
+}
+
+impl<S: Clone> Clone for ResultEnvelope<S> {
+    /// A clone polls the inner service's readiness for itself.
+    fn clone(&self) -> Self {
+        ResultEnvelope {
+            inner: self.inner.clone(),
+            not_ready: None,
+        }
+    }
 }
 
 impl<S> Service<ToolCall> for ResultEnvelope<S>
@@ -66,17 +85,26 @@ where
     type Future = ResultEnvelopeFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // A stack whose readiness fails still answers every call with an envelope, so
-        // readiness errors surface through `call`.
-        match self.inner.poll_ready(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(_) => Poll::Ready(Ok(())),
+        // A stack whose readiness fails still answers every call with an envelope: the
+        // readiness error is kept and answers the next call, which the failed service never
+        // sees.
+        if self.not_ready.is_none() {
+            if let Err(mut error) = ready!(self.inner.poll_ready(cx)) {
+                error.record_mut().attempts.get_or_insert(0);
+                self.not_ready = Some(error);
+            }
         }
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
         let start = Instant::now();
-        let future = self.inner.call(call.clone());
+        let future = match self.not_ready.take() {
+            Some(error) => Answer::NotReady { error: Some(error) },
+            None => Answer::Called {
+                future: self.inner.call(call.clone()),
+            },
+        };
         ResultEnvelopeFuture {
             future,
             call: Some(call),
@@ -90,9 +118,19 @@ pin_project! {
     #[derive(Debug)]
     pub struct ResultEnvelopeFuture<F> {
         #[pin]
-        future: F,
+        future: Answer<F>,
         call: Option<ToolCall>,
         start: Instant,
+    }
+}
+
+pin_project! {
+    /// The outcome of a call: the inner service's, or the readiness error it gave instead.
+    #[project = AnswerProj]
+    #[derive(Debug)]
+    enum Answer<F> {
+        Called { #[pin] future: F },
+        NotReady { error: Option<ToolError> },
     }
 }
 
@@ -104,7 +142,12 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut outcome = ready!(this.future.poll(cx));
+        let mut outcome = match this.future.project() {
+            AnswerProj::Called { future } => ready!(future.poll(cx)),
+            AnswerProj::NotReady { error } => Err(error
+                .take()
+                .expect("ResultEnvelopeFuture polled after completion")),
+        };
         let elapsed = this.start.elapsed();
         match &mut outcome {
             Ok(output) => output.record_mut().duration = Some(elapsed),

@@ -2,6 +2,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::call::ToolCall;
+use crate::classify::decided_retriable;
 use crate::error::{ErrorCode, ToolError};
 use crate::outcome::{BreakerState, CacheMatch, CallRecord, RetryRecord, ToolOutput};
 use crate::time::millis;
@@ -114,14 +115,21 @@ impl ResultStatus {
         }
     }
 
-    /// The status of a failed call with `error`.
+    /// The status of a failed call with `error`: the code says it for the ways a call ends
+    /// early; otherwise the [classifier](crate::classify) decided whether the error is
+    /// retriable, in the layers that saw it, or here with the default classifier when none
+    /// did.
     pub fn of_error(error: &ToolError) -> ResultStatus {
+        ResultStatus::of_decided_error(error, decided_retriable(error))
+    }
+
+    fn of_decided_error(error: &ToolError, retriable: bool) -> ResultStatus {
         match error.code() {
             ErrorCode::CircuitOpen => ResultStatus::CircuitOpen,
             ErrorCode::RetryExhausted => ResultStatus::RetryExhausted,
             ErrorCode::Timeout => ResultStatus::Timeout,
             ErrorCode::Cancelled => ResultStatus::Cancelled,
-            _ if error.is_retriable() => ResultStatus::RetriableError,
+            _ if retriable => ResultStatus::RetriableError,
             _ => ResultStatus::Error,
         }
     }
@@ -136,8 +144,8 @@ impl ToolResult {
                 ToolResult::with_record(call, ResultStatus::Success, record, Some(output), None)
             }
             Err(error) => {
-                let status = ResultStatus::of_error(&error);
-                let retriable = error.is_retriable();
+                let retriable = decided_retriable(&error);
+                let status = ResultStatus::of_decided_error(&error, retriable);
                 let result_error = ResultError {
                     code: error.code().as_str().to_owned(),
                     message: error.message().to_owned(),
@@ -181,5 +189,48 @@ impl ToolResult {
     /// `true` when the status is `success`.
     pub fn is_success(&self) -> bool {
         self.status == ResultStatus::Success
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call() -> ToolCall {
+        ToolCall::builder("ns", "tool")
+            .session("s")
+            .actor("u")
+            .build()
+            .unwrap()
+    }
+
+    fn error_fields(error: ToolError) -> (ResultStatus, bool, bool) {
+        let result = ToolResult::from_outcome(&call(), Err(error));
+        let error = result.error.unwrap();
+        (result.status, error.retriable, error.terminal)
+    }
+
+    #[test]
+    fn an_error_no_layer_classified_gets_the_default_classifier_verdict() {
+        let overloaded = ToolError::new(ErrorCode::UpstreamError, "busy").with_http_status(503);
+        assert_eq!(
+            error_fields(overloaded),
+            (ResultStatus::RetriableError, true, false)
+        );
+        // Nothing vouches for a tool the result knows nothing about: an error that says
+        // nothing is terminal.
+        let unknown = ToolError::new(ErrorCode::InternalError, "?");
+        assert_eq!(error_fields(unknown), (ResultStatus::Error, false, true));
+    }
+
+    #[test]
+    fn a_refused_call_keeps_the_class_of_its_error() {
+        let throttled = ToolError::rejected(ErrorCode::RateLimited, "slow down");
+        assert_eq!(
+            error_fields(throttled),
+            (ResultStatus::RetriableError, true, false)
+        );
+        let looping = ToolError::rejected(ErrorCode::LoopDetected, "loop");
+        assert_eq!(error_fields(looping), (ResultStatus::Error, false, true));
     }
 }

@@ -245,10 +245,11 @@ impl<S> Run<S> {
     }
 
     /// Writes the attempts, the retries and the shadow decisions of the earlier attempts
-    /// into the record of a retried call; a call that ran once keeps its record as the layers
-    /// below left it.
+    /// into the record of a retried call (a retry was scheduled, even one whose attempt the
+    /// service's failed readiness kept from running); a call that ran once and was not
+    /// retried keeps its record as the layers below left it.
     fn fill(&mut self, record: &mut CallRecord) {
-        if self.attempt > 1 {
+        if self.attempt > 1 || !self.retried_by.is_empty() {
             record.attempts = Some(self.executed);
             record.retried_by = std::mem::take(&mut self.retried_by);
             self.carry_shadow(record);

@@ -48,6 +48,19 @@ fn stack(
             }
         }
     });
+    stack_over(registry, store, tool)
+}
+
+/// The stack in the recommended order, with `registry`, over `tool`.
+fn stack_over<T>(
+    registry: ToolRegistry,
+    store: InMemoryDedupeStore,
+    tool: T,
+) -> impl Service<ToolCall, Response = ToolResult, Error = std::convert::Infallible>
+where
+    T: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+{
     ServiceBuilder::new()
         .layer(ResultEnvelopeLayer::new())
         .layer(EnvelopeValidateLayer::new(registry.clone()))
@@ -188,4 +201,104 @@ async fn a_looping_model_is_stopped_even_when_the_cache_answers() {
         ]
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Tools whose policies change how their errors are classified.
+const CLASSIFIED_TOOLS: &str = r#"
+    [[tools]]
+    namespace = "billing"
+    name = "invoiceStatus"
+    risk = "read-only"
+
+    [tools.policy]
+    classify = { terminal_http_statuses = [503] }
+
+    [[tools]]
+    namespace = "docs"
+    name = "lookup"
+    risk = "read-only"
+
+    [tools.policy]
+    retry = "off"
+"#;
+
+/// The stack with [`CLASSIFIED_TOOLS`] over a tool that always fails with `error`; counts
+/// the tool's runs.
+fn failing_stack(
+    error: fn() -> ToolError,
+    runs: Arc<AtomicUsize>,
+) -> impl Service<ToolCall, Response = ToolResult, Error = std::convert::Infallible> {
+    let registry = ToolRegistry::from_toml_str(CLASSIFIED_TOOLS).unwrap();
+    let tool = tool_fn(move |_call: ToolCall| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async move { Err::<ToolOutput, _>(error()) }
+    });
+    stack_over(registry, InMemoryDedupeStore::new(), tool)
+}
+
+fn call_of(namespace: &str, name: &str) -> ToolCall {
+    ToolCall::builder(namespace, name)
+        .session("sess-42")
+        .actor("user-7")
+        .request_id("req-1")
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_the_tool_classifies_terminal_is_reported_terminal() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let unavailable = || ToolError::from_http_status(503, "billing is in maintenance");
+    let mut svc = failing_stack(unavailable, runs.clone());
+    let result = run(&mut svc, call_of("billing", "invoiceStatus")).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "a terminal failure is not retried"
+    );
+    assert_eq!(
+        serde_json::to_value(&result).unwrap(),
+        json!({
+            "requestId": "req-1",
+            "status": "error",
+            "fromCache": false,
+            "toolName": "invoiceStatus",
+            "durationMs": 0,
+            "attempts": 1,
+            "error": {
+                "code": "UPSTREAM_UNAVAILABLE",
+                "message": "billing is in maintenance",
+                "retriable": false,
+                "terminal": true,
+                "breakerState": "closed"
+            }
+        })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unclassified_error_of_a_read_only_tool_is_reported_retriable() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let unknown = || ToolError::new(ErrorCode::InternalError, "index is being rebuilt");
+    let mut svc = failing_stack(unknown, runs.clone());
+    let result = run(&mut svc, call_of("docs", "lookup")).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "retry is off for this tool");
+    assert_eq!(
+        serde_json::to_value(&result).unwrap(),
+        json!({
+            "requestId": "req-1",
+            "status": "retriable_error",
+            "fromCache": false,
+            "toolName": "lookup",
+            "durationMs": 0,
+            "attempts": 1,
+            "error": {
+                "code": "INTERNAL_ERROR",
+                "message": "index is being rebuilt",
+                "retriable": true,
+                "terminal": false,
+                "breakerState": "closed"
+            }
+        })
+    );
 }
