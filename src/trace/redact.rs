@@ -55,7 +55,33 @@ use crate::error::ConfigError;
 pub const REDACTED: &str = "[REDACTED]";
 
 /// How deep [`Redactor::redact_value`] goes; deeper values are replaced with `[TRUNCATED]`.
-const MAX_DEPTH: usize = 128;
+/// A copy it makes nests at most 127 arrays and objects, so that it is read back by parsers
+/// that stop at 128 levels, as serde_json's does.
+const MAX_DEPTH: usize = 127;
+
+/// What stands for a value nested deeper than the redactor goes.
+const TRUNCATED: &str = "[TRUNCATED]";
+
+/// Replaces, in place, what `value` nests deeper than [`Redactor::redact_value`] goes with
+/// `[TRUNCATED]`, as that copy would; a value cut this way serializes without recursing past
+/// that depth. Nothing is redacted.
+pub(crate) fn cut_too_deep(value: &mut Value) {
+    cut_at(value, 0);
+}
+
+fn cut_at(value: &mut Value, depth: usize) {
+    if depth >= MAX_DEPTH {
+        *value = Value::String(TRUNCATED.to_owned());
+        return;
+    }
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(|item| cut_at(item, depth + 1)),
+        Value::Object(map) => map
+            .values_mut()
+            .for_each(|member| cut_at(member, depth + 1)),
+        _ => {}
+    }
+}
 
 /// Name endings that make a member secret, after normalization.
 const SECRET_NAME_ENDINGS: [&str; 16] = [
@@ -233,13 +259,24 @@ impl Redactor {
     /// `true` when [`redact_value`](Redactor::redact_value) would change `value`; it builds
     /// no copy of the value.
     pub fn needs_redaction(&self, value: &Value) -> bool {
+        self.needs_redaction_at(value, 0)
+    }
+
+    fn needs_redaction_at(&self, value: &Value, depth: usize) -> bool {
+        if depth >= MAX_DEPTH {
+            // `redact_value` cuts here.
+            return true;
+        }
         match value {
             Value::String(s) => {
                 self.inner.credentials.is_match(s) || self.secret_values(s).next().is_some()
             }
-            Value::Array(items) => items.iter().any(|item| self.needs_redaction(item)),
+            Value::Array(items) => items
+                .iter()
+                .any(|item| self.needs_redaction_at(item, depth + 1)),
             Value::Object(map) => map.iter().any(|(name, member)| {
-                (!member.is_null() && self.is_secret_name(name)) || self.needs_redaction(member)
+                (!member.is_null() && self.is_secret_name(name))
+                    || self.needs_redaction_at(member, depth + 1)
             }),
             _ => false,
         }
@@ -250,9 +287,15 @@ impl Redactor {
         self.redact_at(value, 0)
     }
 
+    /// [`redact_value`](Redactor::redact_value) of a value that will sit `depth` levels deep
+    /// in another: the copy is cut where the whole would be.
+    pub(crate) fn redact_value_within(&self, value: &Value, depth: usize) -> Value {
+        self.redact_at(value, depth)
+    }
+
     fn redact_at(&self, value: &Value, depth: usize) -> Value {
         if depth >= MAX_DEPTH {
-            return Value::String("[TRUNCATED]".to_owned());
+            return Value::String(TRUNCATED.to_owned());
         }
         match value {
             Value::String(s) => Value::String(self.redact_str(s).into_owned()),
