@@ -16,6 +16,7 @@ use crate::outcome::{ShadowVerdict, ToolOutput};
 use crate::registry::RateLimitKey;
 use crate::time::millis;
 use crate::tool_table::ToolTable;
+use crate::trace::identifier;
 
 /// Holds calls to their tool's quota; made by [`RateLimitLayer`](super::RateLimitLayer).
 #[derive(Clone, Debug)]
@@ -91,8 +92,8 @@ where
             Err(wait) => {
                 tracing::debug!(
                     event = "tool_call_blocked",
-                    request_id = call.request_id(),
-                    tool = call.tool_name(),
+                    requestId = &*identifier(call.request_id()),
+                    toolName = call.tool_name(),
                     retry_after_ms = millis(wait),
                     "rate limit refused the call"
                 );

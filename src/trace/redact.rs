@@ -173,6 +173,12 @@ impl Default for Redactor {
     }
 }
 
+/// [`Redactor::redact_identifier`] with the built-in rules, for the log lines of the layers
+/// that have no redactor of their own.
+pub(crate) fn identifier(id: &str) -> Cow<'_, str> {
+    Redactor::default().redact_identifier(id)
+}
+
 impl fmt::Debug for Redactor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Redactor")
@@ -216,6 +222,14 @@ impl Redactor {
             Cow::Borrowed(text) => self.redact_assignments(text),
             Cow::Owned(text) => Cow::Owned(self.redact_assignments(&text).into_owned()),
         }
+    }
+
+    /// An identifier of a call (`requestId`, `sessionKey`, `correlationId`, `toolCallId`) as
+    /// log lines and the audit log show it: with every credential in it cut out, as
+    /// [`redact_str`](Redactor::redact_str) does to any string of an audit line, so that both
+    /// name a call the same way.
+    pub fn redact_identifier<'a>(&self, id: &'a str) -> Cow<'a, str> {
+        self.redact_str(id)
     }
 
     /// `text` with the values of its secret names replaced.
