@@ -11,7 +11,9 @@
 //! - a *value* that looks like a credential is cut out of any string: bearer and basic
 //!   authorization values, JWTs, `sk-…` keys, GitHub tokens (`ghp_…`, `gho_…`,
 //!   `github_pat_…`), AWS access key ids (`AKIA…`, `ASIA…`), Slack tokens (`xox…`), Google
-//!   API keys (`AIza…`), PEM private keys, and the user and password of a URL
+//!   API keys (`AIza…`), Stripe secret and restricted keys (`sk_live_…`, `sk_test_…`,
+//!   `rk_live_…`, `rk_test_…`; publishable `pk_…` keys are public and kept) and webhook
+//!   signing secrets (`whsec_…`), PEM private keys, and the user and password of a URL
 //!   (`scheme://user:pw@`);
 //! - in any string, the value given to a secret name, as error messages and echoed requests
 //!   write it: `password=…`, `api_key: …`, `?client_secret=…&`, `"token": "…"`, and
@@ -107,7 +109,7 @@ const SECRET_NAME_ENDINGS: [&str; 16] = [
 const SECRET_NAMES: [&str; 2] = ["auth", "pass"];
 
 /// Credential shapes cut out of strings.
-const CREDENTIAL_PATTERNS: [&str; 11] = [
+const CREDENTIAL_PATTERNS: [&str; 13] = [
     r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{16,}=*",
     r"(?i)\bbasic\s+[A-Za-z0-9+/]{16,}=*",
     r"\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}",
@@ -117,6 +119,8 @@ const CREDENTIAL_PATTERNS: [&str; 11] = [
     r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
     r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
     r"\bAIza[0-9A-Za-z_-]{35}",
+    r"\b[sr]k_(?:live|test)_[0-9A-Za-z]{16,}",
+    r"\bwhsec_[0-9A-Za-z+/=]{16,}",
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?s:.*?)(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
     // The password of a URL; the replacement keeps the scheme separator and the `@`.
     r"://[^/\s:@]+:[^/\s@]+@",

@@ -293,3 +293,28 @@ fn eight_thousand_levels_built_in_code_are_cut_short_without_a_crash() {
         serde_json::from_str::<Value>(&text).unwrap();
     });
 }
+
+#[test]
+fn stripe_secret_restricted_and_webhook_keys_are_cut_out_and_publishable_keys_kept() {
+    let redactor = Redactor::default();
+    for key in [
+        "sk_live_51H8sTr1peS3cretKey0123456789abcdefABCDEF",
+        "sk_test_4eC39HqLyjWDarjtT1zdp7dc",
+        "rk_live_51H8sTr1peRestr1ctedKey0123456789",
+        "rk_test_51H8sTr1peRestr1ctedKey0123456789",
+        "whsec_5tr1peWebh00kS3cret0123456789abcd",
+    ] {
+        assert_eq!(
+            redactor.redact_str(&format!("stripe said no to {key}.")),
+            format!("stripe said no to {REDACTED}."),
+            "{key}"
+        );
+        assert!(redactor.needs_redaction(&json!({"note": key})), "{key}");
+    }
+    let publishable = "pk_live_51H8sTr1pePubl1shableKey0123456789";
+    assert_eq!(redactor.redact_str(publishable), publishable);
+    assert_eq!(
+        redactor.redact_str("sk_live_ is a prefix"),
+        "sk_live_ is a prefix"
+    );
+}
