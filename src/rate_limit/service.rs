@@ -71,7 +71,7 @@ where
         };
         let key = limit.key_for(&call);
         let decision = limit.check(&key);
-        self.limits.sweeper.tend(limit, self.limits.all());
+        self.limits.sweeper.tend(self.limits.all());
         match decision {
             Ok(()) => ResponseFuture::called(self.inner.call(call)),
             Err(wait) if control.is_shadow(ShadowLayer::RateLimit) => {
