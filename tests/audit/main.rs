@@ -327,9 +327,12 @@ async fn a_stalled_writer_never_slows_a_call_through_the_trace_layer() {
     assert_eq!(sink.written.load(Ordering::SeqCst), stats.written);
 }
 
+/// One line of a stream.
+type Line = (AuditStream, Vec<u8>);
+
 /// Lines kept in memory, by stream.
 #[derive(Clone, Default)]
-struct MemorySink(Arc<Mutex<Vec<(AuditStream, Vec<u8>)>>>);
+struct MemorySink(Arc<Mutex<Vec<Line>>>);
 
 impl MemorySink {
     fn lines(&self, stream: AuditStream) -> Vec<Value> {
