@@ -7,6 +7,10 @@
 //! its slot number without reading its key. Freed slots are reused, so a map that stays at its
 //! capacity allocates nothing more.
 //!
+//! Each entry may carry an approximate size in bytes ([`LruMap::set_bytes`]), and the map
+//! keeps their sum ([`LruMap::bytes`]), so that its users can bound the map in bytes as well
+//! as in entries.
+//!
 //! An entry may also be held outside the order of use ([`LruMap::insert_unordered`]): it is
 //! found by its key like any other, but it is never the oldest and never dropped to make
 //! room, until [`LruMap::place_newest`] puts it in the order.
@@ -17,6 +21,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 
 use hashbrown::HashTable;
+use serde_json::Value;
 
 /// The hasher of maps keyed by strings that callers choose (sessions, actors, idempotency
 /// keys, the names of unregistered tools). It must resist collisions crafted to slow the maps
@@ -41,6 +46,8 @@ pub(crate) struct LruMap<K, V, S = RandomState> {
     oldest: usize,
     /// The most recently used entry.
     newest: usize,
+    /// The sum of the entries' sizes.
+    bytes: usize,
 }
 
 /// Where an entry lives in the map, as [`LruMap::find_slot`] found it; valid until the map
@@ -56,6 +63,8 @@ struct Slot<K, V> {
     older: usize,
     /// Toward the most recently used end.
     newer: usize,
+    /// The entry's size, as [`LruMap::set_bytes`] gave it.
+    bytes: usize,
 }
 
 impl<K: Hash + Eq, V> LruMap<K, V> {
@@ -75,12 +84,34 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
             free: Vec::new(),
             oldest: NIL,
             newest: NIL,
+            bytes: 0,
         }
     }
 
     /// How many entries the map holds.
     pub(crate) fn len(&self) -> usize {
         self.index.len()
+    }
+
+    /// The sum of the sizes of the entries the map holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Sets the size of the entry of `slot` (0 until set).
+    pub(crate) fn set_bytes(&mut self, slot: SlotId, bytes: usize) {
+        let slot = &mut self.slots[slot.0];
+        self.bytes = self.bytes - slot.bytes + bytes;
+        slot.bytes = bytes;
+    }
+
+    /// Removes the least recently used entry and returns it, unless it is the entry of
+    /// `keep`.
+    pub(crate) fn pop_oldest_except(&mut self, keep: SlotId) -> Option<(K, V)> {
+        if self.oldest == keep.0 {
+            return None;
+        }
+        self.pop_oldest()
     }
 
     /// The slot of `key`, if the map holds it.
@@ -217,6 +248,7 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
             Some(slot) => {
                 self.slots[slot].entry = Some((key, value));
                 self.slots[slot].hash = hash;
+                self.slots[slot].bytes = 0;
                 slot
             }
             None => {
@@ -225,6 +257,7 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
                     hash,
                     older: NIL,
                     newer: NIL,
+                    bytes: 0,
                 });
                 self.slots.len() - 1
             }
@@ -306,6 +339,7 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
         }
         self.unlink(slot);
         self.free.push(slot);
+        self.bytes -= std::mem::take(&mut self.slots[slot].bytes);
         self.slots[slot]
             .entry
             .take()
@@ -347,10 +381,33 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
     }
 }
 
+/// The approximate heap size of `value`: each value's own size, and the bytes of its strings
+/// and member names. It walks the value without recursion, whatever its depth.
+pub(crate) fn json_bytes(value: &Value) -> usize {
+    let mut bytes = 0;
+    let mut pending = vec![value];
+    while let Some(value) = pending.pop() {
+        bytes += std::mem::size_of::<Value>();
+        match value {
+            Value::String(s) => bytes += s.len(),
+            Value::Array(items) => pending.extend(items),
+            Value::Object(map) => {
+                for (name, member) in map {
+                    bytes += std::mem::size_of::<String>() + name.len();
+                    pending.push(member);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    bytes
+}
+
 impl<K, V, S> fmt::Debug for LruMap<K, V, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LruMap")
             .field("len", &self.index.len())
+            .field("bytes", &self.bytes)
             .finish_non_exhaustive()
     }
 }
@@ -443,6 +500,52 @@ mod tests {
         assert_eq!(keys_oldest_first(&mut map), ["c", "d"]);
         assert_eq!(map.remove_at(pinned), ("pinned".to_owned(), 12));
         assert_eq!(map.len(), 0);
+    }
+
+    #[test]
+    fn sizes_are_summed_and_leave_with_their_entries() {
+        let mut map = LruMap::new();
+        for (key, bytes) in [("a", 10), ("b", 20), ("c", 30)] {
+            map.insert(key.to_owned(), 0u32);
+            let slot = map.slot_of(key).unwrap();
+            map.set_bytes(slot, bytes);
+        }
+        assert_eq!(map.bytes(), 60);
+        let c = map.slot_of("c").unwrap();
+        map.set_bytes(c, 5);
+        assert_eq!(map.bytes(), 35);
+        assert_eq!(map.pop_oldest().map(|(k, _)| k), Some("a".to_owned()));
+        assert_eq!(map.bytes(), 25);
+        map.remove("b");
+        assert_eq!(map.bytes(), 5);
+        assert_eq!(map.pop_oldest_except(c), None, "c is the oldest");
+        map.insert("d".to_owned(), 1);
+        assert_eq!(map.retain(|k, _| k == "d"), 1);
+        assert_eq!((map.len(), map.bytes()), (1, 0));
+    }
+
+    #[test]
+    fn json_sizes_count_strings_and_names_at_any_depth() {
+        use serde_json::{json, Value};
+        let value_size = std::mem::size_of::<Value>();
+        assert_eq!(super::json_bytes(&json!(null)), value_size);
+        assert_eq!(super::json_bytes(&json!("abcd")), value_size + 4);
+        let object = json!({"ab": ["xyz", 1]});
+        assert_eq!(
+            super::json_bytes(&object),
+            4 * value_size + std::mem::size_of::<String>() + 2 + 3
+        );
+        let mut deep = json!(1);
+        for _ in 0..100_000 {
+            deep = Value::Array(vec![deep]);
+        }
+        assert_eq!(super::json_bytes(&deep), 100_001 * value_size);
+        // Taken apart from the leaf up, without a recursive drop.
+        let mut parts = Vec::new();
+        while let Value::Array(mut items) = deep {
+            deep = items.pop().unwrap();
+            parts.push(items);
+        }
     }
 
     #[test]

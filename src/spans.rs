@@ -8,6 +8,7 @@ use tracing::Span;
 
 use crate::envelope::ToolCall;
 use crate::time::millis;
+use crate::trace::identifier;
 
 /// The span of the attempt `call` makes ([`ToolCall::attempt`]).
 pub(crate) fn attempt(call: &ToolCall) -> Span {
@@ -15,7 +16,7 @@ pub(crate) fn attempt(call: &ToolCall) -> Span {
         "tool_attempt",
         gen_ai.tool.name = call.tool_name(),
         tool.namespace = call.tool_namespace(),
-        request_id = call.request_id(),
+        request_id = &*identifier(call.request_id()),
         retry.attempt = call.attempt(),
     )
 }
@@ -26,7 +27,7 @@ pub(crate) fn backoff(call: &ToolCall, attempt: u32, delay: Duration) -> Span {
         "tool_backoff",
         gen_ai.tool.name = call.tool_name(),
         tool.namespace = call.tool_namespace(),
-        request_id = call.request_id(),
+        request_id = &*identifier(call.request_id()),
         retry.attempt = attempt,
         retry.delay_ms = millis(delay),
     )

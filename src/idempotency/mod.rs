@@ -122,7 +122,7 @@ pub use service::{Idempotency, IdempotencyStats};
 pub use store::{
     ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized, InMemoryDedupeStore,
     InMemoryDedupeStoreBuilder, MemoryStoreStats, StoreError, DEFAULT_MEMORY_CAPACITY,
-    DEFAULT_SWEEP_INTERVAL,
+    DEFAULT_MEMORY_MAX_BYTES, DEFAULT_SWEEP_INTERVAL,
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -17,6 +17,10 @@ use crate::trace::Redactor;
 
 /// Default of [`LoopDetectLayerBuilder::max_sessions`].
 pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
+/// Default of [`LoopDetectLayerBuilder::max_session_bytes`]: 64 MiB.
+pub const DEFAULT_MAX_SESSION_BYTES: usize = 64 << 20;
+/// The smallest [`LoopDetectLayerBuilder::max_session_bytes`]: 64 KiB.
+const MIN_MAX_SESSION_BYTES: usize = 64 << 10;
 /// Default of [`LoopDetectLayerBuilder::cycle_repetitions`].
 pub const DEFAULT_CYCLE_REPETITIONS: u32 = 3;
 /// Default of [`LoopDetectLayerBuilder::max_cycle_length`].
@@ -69,6 +73,7 @@ impl LoopDetectLayer {
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             result_aware_polling: true,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
             canonical: CanonicalOptions::default(),
             redactor: Redactor::default(),
         }
@@ -122,6 +127,7 @@ pub struct LoopDetectLayerBuilder {
     failure_threshold: u32,
     result_aware_polling: bool,
     max_sessions: usize,
+    max_session_bytes: usize,
     canonical: CanonicalOptions,
     redactor: Redactor,
 }
@@ -194,6 +200,15 @@ impl LoopDetectLayerBuilder {
         self
     }
 
+    /// The most bytes the tracked sessions take, by their approximate size in memory: their
+    /// keys and their histories (default [`DEFAULT_MAX_SESSION_BYTES`], 64 MiB). Beyond it,
+    /// the least recently used sessions are evicted, as beyond
+    /// [`max_sessions`](Self::max_sessions).
+    pub fn max_session_bytes(mut self, bytes: usize) -> Self {
+        self.max_session_bytes = bytes;
+        self
+    }
+
     /// How params are canonicalized into signatures. Keep the default unless the
     /// idempotency layer uses other options: the canonical form is cached in the params
     /// and shared with the layers that use the same options.
@@ -231,7 +246,7 @@ impl LoopDetectLayerBuilder {
                 sessions: SessionTier::new(self.max_sessions),
                 rules,
             },
-            tracker: Tracker::new(self.max_sessions),
+            tracker: Tracker::new(self.max_sessions, self.max_session_bytes),
             canonical: self.canonical,
             redactor: self.redactor,
             hasher: foldhash::quality::RandomState::default(),
@@ -255,6 +270,15 @@ impl LoopDetectLayerBuilder {
             return Err(ConfigError::new(
                 "max_sessions",
                 "must be at least 1, got 0",
+            ));
+        }
+        if self.max_session_bytes < MIN_MAX_SESSION_BYTES {
+            return Err(ConfigError::new(
+                "max_session_bytes",
+                format!(
+                    "must be at least {MIN_MAX_SESSION_BYTES} (64 KiB), got {}",
+                    self.max_session_bytes
+                ),
             ));
         }
         Ok(())

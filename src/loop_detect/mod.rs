@@ -91,9 +91,10 @@
 //!
 //! A session's history holds only as many calls as the rules need (the last 8 with the defaults). A
 //! session idle for its whole window is dropped; at most
-//! [`max_sessions`](LoopDetectLayerBuilder::max_sessions) (100 000) are tracked, and the least
-//! recently used one makes room for a new one ([`LoopDetectHandle::evicted_sessions`] counts
-//! them). When detection is off for a call, nothing is tracked for it.
+//! [`max_sessions`](LoopDetectLayerBuilder::max_sessions) (100 000) are tracked, taking at
+//! most [`max_session_bytes`](LoopDetectLayerBuilder::max_session_bytes) (64 MiB, by their
+//! approximate size: their keys and histories), and the least recently used ones make room for
+//! a new one ([`LoopDetectHandle::evicted_sessions`] counts them). When detection is off for a call, nothing is tracked for it.
 //!
 //! # Operator switches
 //!
@@ -161,6 +162,6 @@ pub use future::ResponseFuture;
 pub use handle::LoopDetectHandle;
 pub use layer::{
     LoopDetectLayer, LoopDetectLayerBuilder, DEFAULT_CYCLE_REPETITIONS, DEFAULT_FAILURE_THRESHOLD,
-    DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES,
 };
 pub use service::LoopDetect;

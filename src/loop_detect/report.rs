@@ -127,7 +127,7 @@ pub(super) fn log_detection(
     };
     let (backend, model) = backend_and_model(call);
     let (backend, model) = (backend.unwrap_or(UNKNOWN), model.unwrap_or(UNKNOWN));
-    let session_id = call.session_key();
+    let session_id = &*redactor.redact_identifier(call.session_key());
     let tool_name = call.tool_name();
     let (count, max_repeats) = (detection.count, detection.threshold);
     let window_secs = limits.ttl.as_secs();

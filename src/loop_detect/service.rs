@@ -77,7 +77,7 @@ impl Monitor {
         match decision {
             Decision::Admit(seq) => {
                 tracing::debug!(
-                    session_id = call.session_key(),
+                    session_id = &*self.redactor.redact_identifier(call.session_key()),
                     tool_name = call.tool_name(),
                     signature_hash = %format_args!("{:016x}", signature.raw()),
                     "tool call recorded for loop detection"

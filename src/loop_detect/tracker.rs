@@ -1,8 +1,8 @@
 //! The tracked sessions: a bounded map from session key to [`SessionHistory`].
 //!
 //! Sessions idle for longer than their window are dropped (all their calls have expired);
-//! when the map is at its capacity, the least recently used session makes room, and the
-//! eviction is counted.
+//! when the map is at its capacity, in sessions or in bytes, the least recently used sessions
+//! make room, and the evictions are counted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -25,8 +25,15 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(super) struct Tracker {
     sessions: Mutex<LruMap<Arc<str>, TrackedSession, CallerKeyHasher>>,
     capacity: usize,
+    max_bytes: usize,
     evicted: AtomicU64,
 }
+
+/// What a session takes in memory besides its key: its entry, its history and room for the
+/// calls the history keeps (8 with the default rules).
+const SESSION_BYTES: usize = std::mem::size_of::<TrackedSession>()
+    + std::mem::size_of::<Mutex<SessionHistory>>()
+    + 16 * std::mem::size_of::<(Instant, u64, u64)>();
 
 #[derive(Debug)]
 struct TrackedSession {
@@ -42,10 +49,11 @@ impl TrackedSession {
 }
 
 impl Tracker {
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize, max_bytes: usize) -> Self {
         Tracker {
             sessions: Mutex::new(LruMap::with_hasher(CallerKeyHasher::default())),
             capacity,
+            max_bytes,
             evicted: AtomicU64::new(0),
         }
     }
@@ -76,6 +84,13 @@ impl Tracker {
                 history: history.clone(),
             },
         );
+        let slot = sessions
+            .slot_of(session)
+            .expect("the session was just inserted");
+        sessions.set_bytes(slot, session.len() + SESSION_BYTES);
+        while sessions.bytes() > self.max_bytes && sessions.pop_oldest_except(slot).is_some() {
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+        }
         history
     }
 
@@ -101,7 +116,7 @@ mod tests {
 
     #[test]
     fn idle_sessions_are_dropped_and_full_maps_evict() {
-        let tracker = Tracker::new(3);
+        let tracker = Tracker::new(3, usize::MAX);
         let t0 = Instant::now();
         let ttl = Duration::from_secs(10);
         let a = tracker.session("a", t0, ttl);
@@ -125,5 +140,24 @@ mod tests {
         assert!(tracker.remove("z"));
         assert!(!tracker.remove("z"));
         assert_eq!(tracker.len(), 0);
+    }
+
+    #[test]
+    fn sessions_beyond_the_bound_in_bytes_are_evicted_oldest_first() {
+        let max_bytes = 10 * (1000 + SESSION_BYTES);
+        let tracker = Tracker::new(1_000_000, max_bytes);
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(600);
+        let key = |i: usize| format!("{i:04}{}", "k".repeat(996));
+        for i in 0..1000 {
+            tracker.session(&key(i), t0, ttl);
+            assert!(lock(&tracker.sessions).bytes() <= max_bytes, "after {i}");
+        }
+        assert_eq!(tracker.len(), 10);
+        assert_eq!(tracker.evicted(), 990);
+        let newest = tracker.session(&key(999), t0, ttl);
+        assert!(Arc::ptr_eq(&newest, &tracker.session(&key(999), t0, ttl)));
+        assert!(tracker.remove(&key(990)));
+        assert!(!tracker.remove(&key(989)), "evicted");
     }
 }

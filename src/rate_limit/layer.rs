@@ -11,7 +11,7 @@ use crate::tool_table::ToolTable;
 
 /// The longest a call waits for its quota with `on_limit = "wait"`: 10 s.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
-/// The keys a tool's limiter may hold before it drops its idle ones at once: 10 000.
+/// The keys a tool's limiter holds at most: 10 000.
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
 /// How often every limiter drops its idle keys: every minute.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
@@ -137,8 +137,11 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// The keys a limiter may hold before it drops its idle ones at once (default
-    /// [`DEFAULT_MAX_KEYS`]).
+    /// The keys each tool's limiter holds at most (default [`DEFAULT_MAX_KEYS`]): a new key
+    /// beyond them takes the place of the least recently used one, so the number of keys
+    /// never exceeds it (see the [module docs](crate::rate_limit)). Allow for the callers
+    /// active at once: a key that makes room while its quota is not full again starts over
+    /// with a full burst.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -209,13 +212,14 @@ impl RateLimitLayerBuilder {
             Ok(Some(Arc::new(ToolLimit::new(
                 settings,
                 clock,
+                self.max_keys,
                 descriptor.is_none(),
             ))))
         })?;
         Ok(RateLimitLayer {
             limits: Arc::new(Limits {
                 tools,
-                sweeper: Sweeper::new(clock, self.sweep_interval, self.max_keys),
+                sweeper: Sweeper::new(clock, self.sweep_interval),
             }),
         })
     }

@@ -1,17 +1,21 @@
-//! One tool's keyed limiter on governor, on the tokio clock, and the sweep of idle keys that
-//! governor leaves to its users.
+//! One tool's keyed limiter on governor, on the tokio clock, with a hard cap on its keys, and
+//! the sweep of idle keys that governor leaves to its users.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use governor::clock::Clock;
 use governor::middleware::NoOpMiddleware;
-use governor::state::keyed::DashMapStateStore;
+use governor::nanos::Nanos;
+use governor::state::keyed::ShrinkableKeyedStateStore;
+use governor::state::StateStore;
 use governor::{Quota, RateLimiter};
 use tokio::time::Instant;
 
 use crate::envelope::ToolCall;
+use crate::lru::{CallerKeyHasher, LruMap};
 use crate::registry::{OnLimit, RateLimitKey};
 
 /// governor's clock on tokio time, so that paused time drives the limits in tests.
@@ -36,11 +40,72 @@ impl Clock for TokioClock {
     }
 }
 
-type KeyedLimiter =
-    RateLimiter<String, DashMapStateStore<String>, TokioClock, NoOpMiddleware<Duration>>;
+type KeyedLimiter = RateLimiter<String, BoundedKeys, TokioClock, NoOpMiddleware<Duration>>;
 
-/// How often a limiter checks whether it holds too many keys, in calls.
-const SIZE_CHECK_EVERY: u64 = 256;
+/// governor's state of each key (the theoretical arrival time of its next call), for at most
+/// `max_keys` keys: a new key beyond them takes the place of the least recently used one.
+///
+/// The cap holds at every moment, whatever the rate of new keys: one lock guards the check and
+/// the insertion. The key that makes room has gone unused longer than any other; unless more
+/// callers than `max_keys` are active at once, its quota is full again and it loses nothing.
+/// If it was not, it starts again with a full burst when it comes back.
+#[derive(Debug)]
+struct BoundedKeys {
+    keys: Mutex<LruMap<String, u64, CallerKeyHasher>>,
+    max_keys: usize,
+}
+
+impl BoundedKeys {
+    fn new(max_keys: usize) -> Self {
+        BoundedKeys {
+            keys: Mutex::new(LruMap::with_hasher(CallerKeyHasher::default())),
+            max_keys,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LruMap<String, u64, CallerKeyHasher>> {
+        // No code panics while holding the lock, so a poisoned map is still consistent.
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl StateStore for BoundedKeys {
+    type Key = String;
+
+    fn measure_and_replace<T, F, E>(&self, key: &String, f: F) -> Result<T, E>
+    where
+        F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
+    {
+        let mut keys = self.lock();
+        if let Some(state) = keys.get_mut(key.as_str()) {
+            let (outcome, next) = f(Some(Nanos::from(*state)))?;
+            *state = next.into();
+            return Ok(outcome);
+        }
+        // A new key is kept only once it has taken a call.
+        let (outcome, next) = f(None)?;
+        if keys.len() >= self.max_keys {
+            keys.pop_oldest();
+        }
+        keys.insert(key.clone(), next.into());
+        Ok(outcome)
+    }
+}
+
+impl ShrinkableKeyedStateStore<String> for BoundedKeys {
+    fn retain_recent(&self, drop_below: Nanos) {
+        let drop_below = u64::from(drop_below);
+        self.lock().retain(|_, state| *state > drop_below);
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// A tool's quota, resolved once, and the limiter that enforces it.
 pub(crate) struct ToolLimit {
@@ -52,7 +117,6 @@ pub(crate) struct ToolLimit {
     pub(super) max_wait: Duration,
     /// The limit serves every unregistered tool: its keys name the tool.
     shared_by_tools: bool,
-    calls: AtomicU64,
 }
 
 /// What the layer's settings are for one tool.
@@ -66,19 +130,24 @@ pub(crate) struct LimitSettings {
 }
 
 impl ToolLimit {
-    /// A limit with `settings` (checked by the builder: rates of at least 1).
-    pub(crate) fn new(settings: LimitSettings, clock: TokioClock, shared_by_tools: bool) -> Self {
+    /// A limit with `settings` (checked by the builder: rates of at least 1) that tracks at
+    /// most `max_keys` keys.
+    pub(crate) fn new(
+        settings: LimitSettings,
+        clock: TokioClock,
+        max_keys: usize,
+        shared_by_tools: bool,
+    ) -> Self {
         let per_second = nonzero(settings.per_second);
         let quota = Quota::per_second(per_second).allow_burst(nonzero(settings.burst));
         ToolLimit {
-            limiter: RateLimiter::dashmap_with_clock(quota, clock),
+            limiter: RateLimiter::new(quota, BoundedKeys::new(max_keys), clock),
             per_second: settings.per_second,
             burst: settings.burst,
             key: settings.key,
             on_limit: settings.on_limit,
             max_wait: settings.max_wait,
             shared_by_tools,
-            calls: AtomicU64::new(0),
         }
     }
 
@@ -112,16 +181,9 @@ impl ToolLimit {
         self.on_limit == OnLimit::Wait && wait <= self.max_wait
     }
 
-    /// `true` once every [`SIZE_CHECK_EVERY`] calls: time to look at the number of keys.
-    fn size_check_due(&self) -> bool {
-        self.calls.fetch_add(1, Ordering::Relaxed) % SIZE_CHECK_EVERY == SIZE_CHECK_EVERY - 1
-    }
-
-    /// Drops the keys whose quota is full again (they are as good as new), and gives the
-    /// memory back.
+    /// Drops the keys whose quota is full again (they are as good as new).
     pub(crate) fn sweep(&self) {
         self.limiter.retain_recent();
-        self.limiter.shrink_to_fit();
     }
 
     /// Keys tracked now.
@@ -142,33 +204,27 @@ impl fmt::Debug for ToolLimit {
     }
 }
 
-/// Evicts idle keys, which governor keeps forever otherwise: every limiter on a schedule, and
-/// a limiter that holds more keys than allowed as soon as it notices.
+/// Evicts idle keys, which governor keeps forever otherwise: every limiter on a schedule.
 #[derive(Debug)]
 pub(crate) struct Sweeper {
     clock: TokioClock,
     interval: Duration,
-    max_keys: usize,
     /// Milliseconds since the clock's origin of the latest scheduled sweep.
     last_sweep: AtomicU64,
 }
 
 impl Sweeper {
-    pub(crate) fn new(clock: TokioClock, interval: Duration, max_keys: usize) -> Self {
+    pub(crate) fn new(clock: TokioClock, interval: Duration) -> Self {
         Sweeper {
             clock,
             interval,
-            max_keys,
             last_sweep: AtomicU64::new(0),
         }
     }
 
-    /// After a call through `limit`: sweeps it when it holds too many keys, and sweeps
-    /// every limit of `all` when the interval has passed. One caller does each sweep.
-    pub(crate) fn tend<'a>(&self, limit: &ToolLimit, all: impl Iterator<Item = &'a ToolLimit>) {
-        if limit.size_check_due() && limit.len() > self.max_keys {
-            limit.sweep();
-        }
+    /// After a call: sweeps every limit of `all` when the interval has passed. One caller
+    /// does each sweep.
+    pub(crate) fn tend<'a>(&self, all: impl Iterator<Item = &'a ToolLimit>) {
         let now = crate::time::millis(self.clock.now());
         let last = self.last_sweep.load(Ordering::Relaxed);
         let due = now.saturating_sub(last) >= crate::time::millis(self.interval);

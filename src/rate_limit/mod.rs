@@ -14,9 +14,11 @@
 //! until the quota allows a call — or made to wait that long, up to `max_wait`; a call that
 //! would wait longer is rejected.
 //!
-//! governor keeps a state for every key it has seen and never drops one by itself. The layer
-//! drops the keys whose quota is full again (they are as good as new) on a schedule (every
-//! minute by default), and at once in a limiter that holds more than `max_keys` keys.
+//! Each tool's limiter holds at most `max_keys` keys (10 000 by default), at every moment: a
+//! new key beyond them takes the place of the least recently used one, which has usually been
+//! idle long enough for its quota to be full again (a key that made room before then starts
+//! over with a full burst when it returns). On a schedule (every minute by default) the layer
+//! also drops the keys whose quota is full again: they are as good as new.
 //!
 //! While the operator turns every layer off (`TOOL_RELIABILITY_ENABLED=false`, see
 //! [`control`](crate::control)), calls pass untouched and draw on no quota. In shadow mode

@@ -16,6 +16,7 @@ use crate::outcome::{ShadowVerdict, ToolOutput};
 use crate::registry::RateLimitKey;
 use crate::time::millis;
 use crate::tool_table::ToolTable;
+use crate::trace::identifier;
 
 /// Holds calls to their tool's quota; made by [`RateLimitLayer`](super::RateLimitLayer).
 #[derive(Clone, Debug)]
@@ -70,7 +71,7 @@ where
         };
         let key = limit.key_for(&call);
         let decision = limit.check(&key);
-        self.limits.sweeper.tend(limit, self.limits.all());
+        self.limits.sweeper.tend(self.limits.all());
         match decision {
             Ok(()) => ResponseFuture::called(self.inner.call(call)),
             Err(wait) if control.is_shadow(ShadowLayer::RateLimit) => {
@@ -91,8 +92,8 @@ where
             Err(wait) => {
                 tracing::debug!(
                     event = "tool_call_blocked",
-                    request_id = call.request_id(),
-                    tool = call.tool_name(),
+                    requestId = &*identifier(call.request_id()),
+                    toolName = call.tool_name(),
                     retry_after_ms = millis(wait),
                     "rate limit refused the call"
                 );

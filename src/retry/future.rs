@@ -17,6 +17,7 @@ use crate::error::ToolError;
 use crate::outcome::{CallRecord, RetryRecord, ShadowDecision, ToolOutput};
 use crate::spans;
 use crate::time::millis;
+use crate::trace::identifier;
 
 pin_project! {
     /// The response future of [`Retry`](super::Retry): attempts, backoff sleeps between them,
@@ -291,9 +292,9 @@ impl<S> Run<S> {
         }
         if let Err(why) = retry_safety(&tool.profile, &tool.policy, &self.call, &error) {
             tracing::debug!(
-                request_id = self.call.request_id(),
-                tool = self.call.tool_name(),
-                error_code = error.code().as_str(),
+                requestId = &*identifier(self.call.request_id()),
+                toolName = self.call.tool_name(),
+                errorCode = error.code().as_str(),
                 why,
                 "retriable failure not retried"
             );
@@ -316,11 +317,12 @@ impl<S> Run<S> {
         }
         tracing::info!(
             event = "tool_call_retry",
-            request_id = self.call.request_id(),
-            tool = self.call.tool_name(),
+            requestId = &*identifier(self.call.request_id()),
+            toolName = self.call.tool_name(),
+            sessionKey = &*identifier(self.call.session_key()),
             attempt = self.attempt,
-            delay_ms = millis(delay),
-            error_code = error.code().as_str(),
+            delayMs = millis(delay),
+            errorCode = error.code().as_str(),
             reason = classification.reason(),
             "retrying tool call"
         );

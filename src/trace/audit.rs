@@ -31,10 +31,17 @@ use std::thread::JoinHandle;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::redact::Redactor;
-use crate::envelope::{ToolCall, ToolResult};
+use super::redact::{cut_too_deep, Redactor};
+use crate::envelope::{Params, ToolCall, ToolResult};
 use crate::error::ConfigError;
 use crate::time::unix_now_ms;
+
+/// The stack of the writer thread: 64 MiB of address space, of which only the pages used are
+/// ever committed. The writer may hold the last reference to a call's params, or own a tool's
+/// output, and dropping a `serde_json::Value` recurses once per level of nesting: a value that
+/// the thread which built it could drop, the writer can drop too, even when that thread had a
+/// larger stack than the 2 MiB a thread gets by default.
+const WRITER_STACK_BYTES: usize = 64 << 20;
 
 /// The three streams of the audit log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -203,6 +210,7 @@ impl AuditLog {
             let counters = counters.clone();
             std::thread::Builder::new()
                 .name("toolcall-audit".into())
+                .stack_size(WRITER_STACK_BYTES)
                 .spawn(move || write_loop(receiver, sink, redactor, &counters))
                 .expect("the audit writer thread starts")
         };
@@ -303,16 +311,41 @@ fn write_loop(
     let _ = sink.flush();
 }
 
+/// The line of `entry`, redacted.
+///
+/// The values callers and tools fill in (params, output, error details) may have been built in
+/// code deeper than any parser allows, and serializing one whole recurses once per level: they
+/// are cut at the redactor's depth (`[TRUNCATED]` below it) before the rest is serialized, so
+/// that every line is read back by a parser limited to 128 levels.
 fn render(entry: Entry, redactor: &Redactor) -> (AuditStream, Value) {
     match entry {
-        Entry::Call(call, at) => (
-            AuditStream::Calls,
-            json!({ "ts": rfc3339(at), "call": redactor.redact_value(&serde_json::to_value(&call).expect("a call serializes")) }),
-        ),
-        Entry::Result(result, at) => (
-            AuditStream::Results,
-            json!({ "ts": rfc3339(at), "result": redactor.redact_value(&serde_json::to_value(&*result).expect("a result serializes")) }),
-        ),
+        Entry::Call(call, at) => {
+            let mut envelope = call.envelope().clone();
+            envelope.payload.params = Params::empty();
+            let mut line = json!({ "ts": rfc3339(at) });
+            line["call"] = serde_json::to_value(&envelope).expect("a call serializes");
+            let mut line = redactor.redact_value(&line);
+            // `line.call.payload.params`: three levels down.
+            line["call"]["payload"]["params"] =
+                redactor.redact_value_within(call.params().as_value(), 3);
+            (AuditStream::Calls, line)
+        }
+        Entry::Result(mut result, at) => {
+            if let Some(output) = &mut result.output {
+                cut_too_deep(&mut output.content);
+                output
+                    .metadata
+                    .iter_mut()
+                    .flatten()
+                    .for_each(|(_, v)| cut_too_deep(v));
+            }
+            if let Some(details) = result.error.as_mut().and_then(|e| e.details.as_mut()) {
+                cut_too_deep(details);
+            }
+            let mut line = json!({ "ts": rfc3339(at) });
+            line["result"] = serde_json::to_value(&*result).expect("a result serializes");
+            (AuditStream::Results, redactor.redact_value(&line))
+        }
         Entry::Event(event, at) => {
             let mut value = serde_json::to_value(&*event).expect("an event serializes");
             value["timestamp"] = Value::String(rfc3339(at));

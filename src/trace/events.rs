@@ -4,8 +4,10 @@
 //! `toolName`, `sessionKey`, `correlationId`, `idempotencyKeyHash` (a fingerprint, never the
 //! key), `state`, `attempt`, `elapsedMs`, `fromCache`, `errorCode`, `retriable` and
 //! `breakerState`, and `path` — the [`ShortCircuit`] path — when a layer answered without
-//! running the tool. Error messages are redacted.
+//! running the tool. Error messages are redacted, and so are the identifiers of the call
+//! ([`Redactor::redact_identifier`]), as the audit log redacts them.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use serde_json::json;
@@ -20,25 +22,52 @@ use crate::idempotency::key_fingerprint;
 use crate::outcome::{record_of, CallRecord, ShortCircuit, ToolOutput};
 use crate::time::millis;
 
+/// The identifiers of a call, as log lines show them.
+struct Ids<'a> {
+    request_id: Cow<'a, str>,
+    session_key: Cow<'a, str>,
+    correlation_id: Option<Cow<'a, str>>,
+    tool_call_id: Option<Cow<'a, str>>,
+}
+
+impl<'a> Ids<'a> {
+    fn of(call: &'a ToolCall, redactor: &Redactor) -> Self {
+        let envelope = call.envelope();
+        let redact = |id: &'a str| redactor.redact_identifier(id);
+        Ids {
+            request_id: redact(call.request_id()),
+            session_key: redact(call.session_key()),
+            correlation_id: envelope.target.correlation_id.as_deref().map(redact),
+            tool_call_id: envelope.tool_call_id.as_deref().map(redact),
+        }
+    }
+}
+
 /// The span of one call: `execute_tool {tool}` with the OpenTelemetry GenAI attributes, and,
 /// with the feature `opentelemetry`, the caller's `traceparent` as its remote parent.
-pub(super) fn call_span(call: &ToolCall) -> Span {
+pub(super) fn call_span(call: &ToolCall, redactor: &Redactor) -> Span {
+    // The identifiers are redacted only when the span is enabled.
     let span = tracing::info_span!(
         "execute_tool",
         otel.name = Empty,
         gen_ai.operation.name = "execute_tool",
         gen_ai.tool.name = call.tool_name(),
-        gen_ai.tool.call.id = call.envelope().tool_call_id.as_deref(),
-        requestId = call.request_id(),
-        sessionKey = call.session_key(),
-        correlationId = call.envelope().target.correlation_id.as_deref(),
+        gen_ai.tool.call.id = Empty,
+        requestId = Empty,
+        sessionKey = Empty,
+        correlationId = Empty,
         error.type = Empty,
     );
     if !span.is_disabled() {
+        let ids = Ids::of(call, redactor);
         span.record(
             "otel.name",
             format!("execute_tool {}", call.tool_name()).as_str(),
         );
+        span.record("gen_ai.tool.call.id", ids.tool_call_id.as_deref());
+        span.record("requestId", &*ids.request_id);
+        span.record("sessionKey", &*ids.session_key);
+        span.record("correlationId", ids.correlation_id.as_deref());
         #[cfg(feature = "opentelemetry")]
         super::traceparent::adopt_remote_parent(&span, call);
     }
@@ -46,13 +75,17 @@ pub(super) fn call_span(call: &ToolCall) -> Span {
 }
 
 /// `tool_call_start`.
-pub(super) fn started(call: &ToolCall) {
+pub(super) fn started(call: &ToolCall, redactor: &Redactor) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let ids = Ids::of(call, redactor);
     tracing::debug!(
         event = "tool_call_start",
-        requestId = call.request_id(),
+        requestId = &*ids.request_id,
         toolName = call.tool_name(),
-        sessionKey = call.session_key(),
-        correlationId = call.envelope().target.correlation_id.as_deref(),
+        sessionKey = &*ids.session_key,
+        correlationId = ids.correlation_id.as_deref(),
         idempotencyKeyHash = caller_key_hash(call).as_deref(),
         "tool call started"
     );
@@ -68,15 +101,16 @@ pub(super) fn finished(
     redactor: &Redactor,
 ) {
     let elapsed_ms = millis(elapsed);
+    let ids = Ids::of(call, redactor);
     match outcome {
         Ok(output) => {
             let record = output.record();
             tracing::info!(
                 event = "tool_call_end",
-                requestId = call.request_id(),
+                requestId = &*ids.request_id,
                 toolName = call.tool_name(),
-                sessionKey = call.session_key(),
-                correlationId = call.envelope().target.correlation_id.as_deref(),
+                sessionKey = &*ids.session_key,
+                correlationId = ids.correlation_id.as_deref(),
                 idempotencyKeyHash = key_hash(call, record).as_deref(),
                 state = ResultStatus::Success.as_str(),
                 attempt = record.attempts.unwrap_or(1),
@@ -98,10 +132,10 @@ pub(super) fn finished(
                 } else {
                     "tool_call_end"
                 },
-                requestId = call.request_id(),
+                requestId = &*ids.request_id,
                 toolName = call.tool_name(),
-                sessionKey = call.session_key(),
-                correlationId = call.envelope().target.correlation_id.as_deref(),
+                sessionKey = &*ids.session_key,
+                correlationId = ids.correlation_id.as_deref(),
                 idempotencyKeyHash = key_hash(call, record).as_deref(),
                 state = ResultStatus::of_error(error).as_str(),
                 attempt = record.attempts.unwrap_or(1),
@@ -124,9 +158,9 @@ pub(super) fn finished(
     for decision in &record_of(outcome).shadow {
         tracing::info!(
             event = "tool_call_shadow",
-            requestId = call.request_id(),
+            requestId = &*ids.request_id,
             toolName = call.tool_name(),
-            sessionKey = call.session_key(),
+            sessionKey = &*ids.session_key,
             layer = decision.layer.as_str(),
             decision = decision.verdict.as_str(),
             "layer in shadow mode did not enforce its decision"

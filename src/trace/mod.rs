@@ -50,5 +50,6 @@ pub use future::ResponseFuture;
 pub use layer::TraceLayer;
 #[cfg(feature = "metrics")]
 pub use metrics::{ToolMetrics, ToolMetricsBuilder};
+pub(crate) use redact::identifier;
 pub use redact::{Redactor, RedactorBuilder, REDACTED};
 pub use service::Trace;

@@ -11,7 +11,9 @@
 //! - a *value* that looks like a credential is cut out of any string: bearer and basic
 //!   authorization values, JWTs, `sk-…` keys, GitHub tokens (`ghp_…`, `gho_…`,
 //!   `github_pat_…`), AWS access key ids (`AKIA…`, `ASIA…`), Slack tokens (`xox…`), Google
-//!   API keys (`AIza…`), PEM private keys, and the user and password of a URL
+//!   API keys (`AIza…`), Stripe secret and restricted keys (`sk_live_…`, `sk_test_…`,
+//!   `rk_live_…`, `rk_test_…`; publishable `pk_…` keys are public and kept) and webhook
+//!   signing secrets (`whsec_…`), PEM private keys, and the user and password of a URL
 //!   (`scheme://user:pw@`);
 //! - in any string, the value given to a secret name, as error messages and echoed requests
 //!   write it: `password=…`, `api_key: …`, `?client_secret=…&`, `"token": "…"`, and
@@ -55,7 +57,33 @@ use crate::error::ConfigError;
 pub const REDACTED: &str = "[REDACTED]";
 
 /// How deep [`Redactor::redact_value`] goes; deeper values are replaced with `[TRUNCATED]`.
-const MAX_DEPTH: usize = 128;
+/// A copy it makes nests at most 127 arrays and objects, so that it is read back by parsers
+/// that stop at 128 levels, as serde_json's does.
+const MAX_DEPTH: usize = 127;
+
+/// What stands for a value nested deeper than the redactor goes.
+const TRUNCATED: &str = "[TRUNCATED]";
+
+/// Replaces, in place, what `value` nests deeper than [`Redactor::redact_value`] goes with
+/// `[TRUNCATED]`, as that copy would; a value cut this way serializes without recursing past
+/// that depth. Nothing is redacted.
+pub(crate) fn cut_too_deep(value: &mut Value) {
+    cut_at(value, 0);
+}
+
+fn cut_at(value: &mut Value, depth: usize) {
+    if depth >= MAX_DEPTH {
+        *value = Value::String(TRUNCATED.to_owned());
+        return;
+    }
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(|item| cut_at(item, depth + 1)),
+        Value::Object(map) => map
+            .values_mut()
+            .for_each(|member| cut_at(member, depth + 1)),
+        _ => {}
+    }
+}
 
 /// Name endings that make a member secret, after normalization.
 const SECRET_NAME_ENDINGS: [&str; 16] = [
@@ -81,7 +109,7 @@ const SECRET_NAME_ENDINGS: [&str; 16] = [
 const SECRET_NAMES: [&str; 2] = ["auth", "pass"];
 
 /// Credential shapes cut out of strings.
-const CREDENTIAL_PATTERNS: [&str; 11] = [
+const CREDENTIAL_PATTERNS: [&str; 13] = [
     r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{16,}=*",
     r"(?i)\bbasic\s+[A-Za-z0-9+/]{16,}=*",
     r"\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}",
@@ -91,6 +119,8 @@ const CREDENTIAL_PATTERNS: [&str; 11] = [
     r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
     r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
     r"\bAIza[0-9A-Za-z_-]{35}",
+    r"\b[sr]k_(?:live|test)_[0-9A-Za-z]{16,}",
+    r"\bwhsec_[0-9A-Za-z+/=]{16,}",
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?s:.*?)(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
     // The password of a URL; the replacement keeps the scheme separator and the `@`.
     r"://[^/\s:@]+:[^/\s@]+@",
@@ -147,6 +177,12 @@ impl Default for Redactor {
     }
 }
 
+/// [`Redactor::redact_identifier`] with the built-in rules, for the log lines of the layers
+/// that have no redactor of their own.
+pub(crate) fn identifier(id: &str) -> Cow<'_, str> {
+    Redactor::default().redact_identifier(id)
+}
+
 impl fmt::Debug for Redactor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Redactor")
@@ -192,6 +228,14 @@ impl Redactor {
         }
     }
 
+    /// An identifier of a call (`requestId`, `sessionKey`, `correlationId`, `toolCallId`) as
+    /// log lines and the audit log show it: with every credential in it cut out, as
+    /// [`redact_str`](Redactor::redact_str) does to any string of an audit line, so that both
+    /// name a call the same way.
+    pub fn redact_identifier<'a>(&self, id: &'a str) -> Cow<'a, str> {
+        self.redact_str(id)
+    }
+
     /// `text` with the values of its secret names replaced.
     fn redact_assignments<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut redacted: Option<String> = None;
@@ -233,13 +277,24 @@ impl Redactor {
     /// `true` when [`redact_value`](Redactor::redact_value) would change `value`; it builds
     /// no copy of the value.
     pub fn needs_redaction(&self, value: &Value) -> bool {
+        self.needs_redaction_at(value, 0)
+    }
+
+    fn needs_redaction_at(&self, value: &Value, depth: usize) -> bool {
+        if depth >= MAX_DEPTH {
+            // `redact_value` cuts here.
+            return true;
+        }
         match value {
             Value::String(s) => {
                 self.inner.credentials.is_match(s) || self.secret_values(s).next().is_some()
             }
-            Value::Array(items) => items.iter().any(|item| self.needs_redaction(item)),
+            Value::Array(items) => items
+                .iter()
+                .any(|item| self.needs_redaction_at(item, depth + 1)),
             Value::Object(map) => map.iter().any(|(name, member)| {
-                (!member.is_null() && self.is_secret_name(name)) || self.needs_redaction(member)
+                (!member.is_null() && self.is_secret_name(name))
+                    || self.needs_redaction_at(member, depth + 1)
             }),
             _ => false,
         }
@@ -250,9 +305,15 @@ impl Redactor {
         self.redact_at(value, 0)
     }
 
+    /// [`redact_value`](Redactor::redact_value) of a value that will sit `depth` levels deep
+    /// in another: the copy is cut where the whole would be.
+    pub(crate) fn redact_value_within(&self, value: &Value, depth: usize) -> Value {
+        self.redact_at(value, depth)
+    }
+
     fn redact_at(&self, value: &Value, depth: usize) -> Value {
         if depth >= MAX_DEPTH {
-            return Value::String("[TRUNCATED]".to_owned());
+            return Value::String(TRUNCATED.to_owned());
         }
         match value {
             Value::String(s) => Value::String(self.redact_str(s).into_owned()),

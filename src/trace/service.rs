@@ -39,14 +39,14 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let span = super::events::call_span(&call);
+        let span = super::events::call_span(&call, &self.config.redactor);
         if span.is_disabled() && !self.config.observes() {
             // Nothing listens: no clock, no copy of the call.
             return ResponseFuture::unobserved(self.inner.call(call));
         }
         let future = {
             let _entered = span.enter();
-            super::events::started(&call);
+            super::events::started(&call, &self.config.redactor);
             if let Some(audit) = &self.config.audit {
                 audit.record_call(&call);
                 audit.record_event(ExecutionEvent::new("run.started", &call, "call received"));

@@ -16,6 +16,11 @@ use tower_toolcall::trace::{
 };
 use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolResult};
 
+#[path = "../support/mod.rs"]
+mod support;
+
+use support::{deep_value, on_a_large_stack};
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "tower-toolcall-audit-{name}-{}",
@@ -320,4 +325,92 @@ async fn a_stalled_writer_never_slows_a_call_through_the_trace_layer() {
     );
     assert_eq!(stats.failed, 0);
     assert_eq!(sink.written.load(Ordering::SeqCst), stats.written);
+}
+
+/// One line of a stream.
+type Line = (AuditStream, Vec<u8>);
+
+/// Lines kept in memory, by stream.
+#[derive(Clone, Default)]
+struct MemorySink(Arc<Mutex<Vec<Line>>>);
+
+impl MemorySink {
+    fn lines(&self, stream: AuditStream) -> Vec<Value> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, _)| *s == stream)
+            .map(|(_, line)| serde_json::from_slice(line).unwrap())
+            .collect()
+    }
+}
+
+impl AuditSink for MemorySink {
+    fn write_line(&mut self, stream: AuditStream, line: &[u8]) -> io::Result<()> {
+        self.0.lock().unwrap().push((stream, line.to_vec()));
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How many arrays and objects are nested from the top of `value` down its first members.
+fn nesting(value: &Value) -> usize {
+    let mut depth = 0;
+    let mut at = value;
+    loop {
+        at = match at {
+            Value::Array(items) if !items.is_empty() => &items[0],
+            Value::Object(map) if !map.is_empty() => map.values().next().unwrap(),
+            _ => return depth,
+        };
+        depth += 1;
+    }
+}
+
+#[test]
+fn params_eight_thousand_levels_deep_are_audited_cut_short_without_a_crash() {
+    on_a_large_stack(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(audit_a_deep_call());
+    });
+}
+
+async fn audit_a_deep_call() {
+    let sink = MemorySink::default();
+    let audit = AuditLog::with_sink(sink.clone(), 64, Redactor::default());
+    let mut svc =
+        TraceLayer::new()
+            .audit(audit.clone())
+            .layer(tool_fn(|_call: ToolCall| async move {
+                Ok(ToolOutput::new(deep_value(8_000)))
+            }));
+    let call = ToolCall::builder("agents.tools.web", "search")
+        .session("sess-42")
+        .actor("user-7")
+        .params(Value::Object(
+            [("deep".to_owned(), deep_value(8_000))]
+                .into_iter()
+                .collect(),
+        ))
+        .build()
+        .unwrap();
+    svc.ready().await.unwrap().call(call).await.unwrap();
+    drop(svc);
+
+    let stats = audit.shutdown();
+    assert_eq!((stats.written, stats.dropped, stats.failed), (5, 0, 0));
+    let calls = sink.lines(AuditStream::Calls);
+    let params = &calls[0]["call"]["payload"]["params"];
+    let kept = nesting(&params["deep"]);
+    assert!((60..=130).contains(&kept), "{kept} levels kept");
+    assert!(params.to_string().contains("[TRUNCATED]"));
+    let results = sink.lines(AuditStream::Results);
+    let output = &results[0]["result"]["output"];
+    assert!(output.to_string().contains("[TRUNCATED]"), "{output}");
 }

@@ -1563,3 +1563,54 @@ mod redis_only {
         );
     }
 }
+
+// The memory store's bound in bytes.
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_stays_under_its_bound_in_bytes_with_large_results() {
+    const MAX_BYTES: usize = 1 << 20;
+    let store = InMemoryDedupeStore::builder()
+        .max_bytes(MAX_BYTES)
+        .build()
+        .unwrap();
+    assert_eq!(store.max_bytes(), MAX_BYTES);
+    let lease = Duration::from_secs(120);
+    let key = |i: usize| format!("/vault::createFile/g/k{i}");
+    // 500 results of 64 KiB each: 30 MiB in all, far more than the bound.
+    for i in 0..500 {
+        let ClaimOutcome::Claimed(claimed) = store
+            .claim(&claim_request(&key(i), "d", lease))
+            .await
+            .unwrap()
+        else {
+            panic!("key {i} is fresh");
+        };
+        let large = json!({"n": i, "text": "x".repeat(64 << 10)});
+        store
+            .finalize(&claimed, done(large, Duration::from_secs(3600)))
+            .await
+            .unwrap();
+        let stats = store.stats();
+        assert!(stats.bytes <= MAX_BYTES, "{stats:?} after {i}");
+    }
+    let stats = store.stats();
+    assert!((10..20).contains(&stats.records), "{stats:?}");
+    assert_eq!(stats.evicted, 500 - stats.records as u64);
+    // The newest result is kept and replayed; the oldest went first.
+    let newest = store.get(&key(499)).await.unwrap().unwrap();
+    assert_eq!(newest.payload.unwrap().content["n"], 499);
+    assert!(store.get(&key(0)).await.unwrap().is_none());
+    assert!(matches!(
+        store
+            .claim(&claim_request(&key(499), "d", lease))
+            .await
+            .unwrap(),
+        ClaimOutcome::Existing { .. }
+    ));
+
+    let err = InMemoryDedupeStore::builder()
+        .max_bytes(1024)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "idempotency.store.max_bytes");
+}

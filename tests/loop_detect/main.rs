@@ -1269,3 +1269,50 @@ async fn the_canonical_form_is_computed_once_and_shared_with_the_next_layer() {
         .unwrap();
     assert_eq!(shared.load(Ordering::SeqCst), 0);
 }
+
+// The tracker's bound in bytes.
+
+#[tokio::test(start_paused = true)]
+async fn sessions_with_long_keys_stay_within_the_bound_in_bytes_and_the_newest_still_breaks() {
+    const MAX_BYTES: usize = 64 << 10;
+    const KEY_BYTES: usize = 200;
+    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+        .max_session_bytes(MAX_BYTES)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let counter = Counter::default();
+    let mut svc = stack(layer, &counter);
+    // 2 000 sessions with 200-byte keys: 400 KB of keys alone, far more than the bound.
+    let session = |i: usize| format!("{i:05}-{}", "s".repeat(KEY_BYTES - 6));
+    for i in 0..2_000 {
+        send(&mut svc, search(&session(i), json!({"q": i})))
+            .await
+            .unwrap();
+        assert!(
+            handle.tracked_sessions() * KEY_BYTES <= MAX_BYTES,
+            "{} sessions after {i}",
+            handle.tracked_sessions()
+        );
+    }
+    assert!(
+        handle.tracked_sessions() >= 10,
+        "{}",
+        handle.tracked_sessions()
+    );
+    assert_eq!(
+        handle.evicted_sessions(),
+        2_000 - handle.tracked_sessions() as u64
+    );
+    // The newest session keeps its history: its fourth identical call is a loop.
+    let newest = search(&session(1_999), json!({"q": 1_999}));
+    let (ran, error) = runs_before_refusal(&mut svc, &newest).await;
+    assert_eq!((ran, error.code()), (2, ErrorCode::LoopDetected));
+    assert_eq!(counter.get(), 2_000 + 2);
+
+    let err = LoopDetectLayer::builder(ToolRegistry::open())
+        .max_session_bytes(1024)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "loop_detect.max_session_bytes");
+}

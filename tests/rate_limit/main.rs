@@ -230,10 +230,47 @@ async fn idle_keys_are_evicted() {
             .await
             .unwrap();
     }
-    assert_eq!(layer.tracked_keys(WEB, "search"), 255);
+    assert_eq!(layer.tracked_keys(WEB, "search"), 100);
     tokio::time::advance(Duration::from_secs(1)).await;
     call_once(&mut svc, in_session("s255")).await.unwrap();
+    assert_eq!(layer.tracked_keys(WEB, "search"), 100);
+    layer.sweep();
     assert_eq!(layer.tracked_keys(WEB, "search"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_number_of_keys_never_exceeds_max_keys() {
+    const MAX_KEYS: usize = 100;
+    let tool = ScriptedTool::always(Step::Ok);
+    let layer = RateLimitLayer::builder(registry_of([limited(
+        2,
+        RateLimitKey::ToolSession,
+        OnLimit::Reject,
+    )]))
+    .max_keys(MAX_KEYS)
+    .sweep_interval(Duration::from_secs(3600))
+    .build()
+    .unwrap();
+    let mut svc = layer.layer(tool.service());
+    for i in 0..MAX_KEYS * 50 {
+        call_once(&mut svc, in_session(&format!("s{i}")))
+            .await
+            .unwrap();
+        assert!(layer.tracked_keys(WEB, "search") <= MAX_KEYS, "after {i}");
+    }
+    assert_eq!(layer.tracked_keys(WEB, "search"), MAX_KEYS);
+    assert_eq!(tool.calls(), MAX_KEYS * 50);
+
+    // The newest key keeps its own quota: its burst of 2, then a refusal.
+    let newest = format!("s{}", MAX_KEYS * 50 - 1);
+    call_once(&mut svc, in_session(&newest)).await.unwrap();
+    let refused = call_once(&mut svc, in_session(&newest)).await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::RateLimited);
+    // A recently used key too; the least recently used made room and starts over.
+    let recent = format!("s{}", MAX_KEYS * 50 - 2);
+    call_once(&mut svc, in_session(&recent)).await.unwrap();
+    assert!(call_once(&mut svc, in_session(&recent)).await.is_err());
+    assert_eq!(layer.tracked_keys(WEB, "search"), MAX_KEYS);
 }
 
 #[tokio::test(start_paused = true)]

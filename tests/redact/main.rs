@@ -3,6 +3,11 @@
 use serde_json::{json, Value};
 use tower_toolcall::trace::{Redactor, REDACTED};
 
+#[path = "../support/mod.rs"]
+mod support;
+
+use support::{deep_value, on_a_large_stack};
+
 /// Ten credential shapes, each as it would sit in a string.
 const CREDENTIALS: [&str; 10] = [
     "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
@@ -262,4 +267,54 @@ fn extra_rules_extend_the_built_in_ones() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "redact.credential_patterns[0]");
+}
+
+#[test]
+fn eight_thousand_levels_built_in_code_are_cut_short_without_a_crash() {
+    on_a_large_stack(|| {
+        let value = Value::Array(vec![json!({"api_key": "abc123"}), deep_value(8_000)]);
+        let deep_only = Value::Array(vec![json!("plain"), deep_value(8_000)]);
+        // The redactor walks them on a thread of the default size.
+        let text = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let redactor = Redactor::default();
+                    assert!(redactor.needs_redaction(&value));
+                    assert!(redactor.needs_redaction(&deep_only), "it is cut");
+                    let redacted = redactor.redact_value(&value);
+                    assert_eq!(redacted[0], json!({"api_key": REDACTED}));
+                    redacted.to_string()
+                })
+                .join()
+                .unwrap()
+        });
+        assert!(text.contains("[TRUNCATED]"));
+        // What the redactor returns is read back by a parser limited to 128 levels.
+        serde_json::from_str::<Value>(&text).unwrap();
+    });
+}
+
+#[test]
+fn stripe_secret_restricted_and_webhook_keys_are_cut_out_and_publishable_keys_kept() {
+    let redactor = Redactor::default();
+    for key in [
+        "sk_live_51H8sTr1peS3cretKey0123456789abcdefABCDEF",
+        "sk_test_4eC39HqLyjWDarjtT1zdp7dc",
+        "rk_live_51H8sTr1peRestr1ctedKey0123456789",
+        "rk_test_51H8sTr1peRestr1ctedKey0123456789",
+        "whsec_5tr1peWebh00kS3cret0123456789abcd",
+    ] {
+        assert_eq!(
+            redactor.redact_str(&format!("stripe said no to {key}.")),
+            format!("stripe said no to {REDACTED}."),
+            "{key}"
+        );
+        assert!(redactor.needs_redaction(&json!({"note": key})), "{key}");
+    }
+    let publishable = "pk_live_51H8sTr1pePubl1shableKey0123456789";
+    assert_eq!(redactor.redact_str(publishable), publishable);
+    assert_eq!(
+        redactor.redact_str("sk_live_ is a prefix"),
+        "sk_live_ is a prefix"
+    );
 }

@@ -35,6 +35,9 @@ const API_KEY: &str = "k3y-live-a1b2c3d4e5";
 const AUTHORIZATION: &str = "Token plain-authz-s3cret";
 const COOKIE: &str = "sid=c00kie-s3cret-value";
 const CLIENT_SECRET: &str = "cs-0auth-client-s3cret";
+const STRIPE_SECRET_KEY: &str = "sk_live_51H8sTr1peS3cretKey0123456789abcdef";
+const STRIPE_RESTRICTED_KEY: &str = "rk_live_51H8sTr1peRestr1ctedKey0123456789";
+const STRIPE_WEBHOOK_SECRET: &str = "whsec_5tr1peWebh00kS3cret0123456789abcd";
 
 /// What must never be seen: each secret, or for those with a plain prefix, its secret part.
 const NEVER_SEEN: [&str; 13] = [
@@ -54,7 +57,12 @@ const NEVER_SEEN: [&str; 13] = [
 ];
 
 fn never_seen() -> impl Iterator<Item = &'static str> {
-    NEVER_SEEN.into_iter().chain([CLIENT_SECRET])
+    NEVER_SEEN.into_iter().chain([
+        CLIENT_SECRET,
+        STRIPE_SECRET_KEY,
+        STRIPE_RESTRICTED_KEY,
+        STRIPE_WEBHOOK_SECRET,
+    ])
 }
 
 /// Params holding every secret: by shape under innocent names, in text, in arrays, and by
@@ -76,7 +84,8 @@ fn secret_params(mode: &str) -> Value {
         },
         "seen": [GITHUB_TOKEN, GITHUB_PAT, {"aws": AWS_KEY_ID, "slack": SLACK_TOKEN}],
         "claims": JWT,
-        "material": PEM_KEY
+        "material": PEM_KEY,
+        "billing": [STRIPE_SECRET_KEY, format!("webhook {STRIPE_WEBHOOK_SECRET}")]
     })
 }
 
@@ -98,7 +107,8 @@ fn redacted_params(mode: &str) -> Value {
         },
         "seen": [REDACTED, REDACTED, {"aws": REDACTED, "slack": REDACTED}],
         "claims": REDACTED,
-        "material": REDACTED
+        "material": REDACTED,
+        "billing": [REDACTED, "webhook [REDACTED]"]
     })
 }
 
@@ -155,7 +165,7 @@ fn tool(
                     503,
                     format!(
                         "upstream unavailable; it was sent password={PASSWORD}, \
-                         authorization: {AUTHORIZATION} and {AWS_KEY_ID}"
+                         authorization: {AUTHORIZATION}, {AWS_KEY_ID} and {STRIPE_SECRET_KEY}"
                     ),
                 )
                 .with_details(secret_details())
@@ -287,7 +297,8 @@ fn run_scenarios(audit: &AuditLog) -> Answers {
         };
         let mut calls = Vec::new();
         // A result, two idempotency hits, then the repeat is a loop.
-        calls.extend((0..4).map(|_| search("sess-cache", "ok")));
+        // The session key is shaped like a credential: no log line or audit file shows it.
+        calls.extend((0..4).map(|_| search(STRIPE_RESTRICTED_KEY, "ok")));
         // One retried failure.
         calls.push(search("sess-flaky", "flaky"));
         // A terminal failure.
@@ -404,6 +415,10 @@ fn check_logs(lines: &[String]) {
         .find(|e| field(e, "message").is_some_and(|m| m.starts_with("Tool call loop detected")))
         .expect("the loop detection is logged");
     assert!(field(loop_warning, "signature").unwrap().contains(REDACTED));
+    assert_eq!(field(loop_warning, "session_id").as_deref(), Some(REDACTED));
+    assert!(field(loop_warning, "message")
+        .unwrap()
+        .starts_with("Tool call loop detected in session [REDACTED]: tool=search"));
     let loop_params = events
         .iter()
         .find(|e| field(e, "message").as_deref() == Some("loop detection signature"))
@@ -421,7 +436,7 @@ fn check_logs(lines: &[String]) {
     };
     assert_eq!(error_of("POLICY_DENIED"), denied_message_redacted());
     let unavailable = "upstream unavailable; it was sent password=[REDACTED], \
-                       authorization: [REDACTED] and [REDACTED]";
+                       authorization: [REDACTED], [REDACTED] and [REDACTED]";
     assert_eq!(error_of("UPSTREAM_UNAVAILABLE"), unavailable);
     assert_eq!(
         error_of("RETRY_EXHAUSTED"),
@@ -469,8 +484,8 @@ fn check_audit(dir: &Path) {
     let exhausted = error_of("RETRY_EXHAUSTED");
     assert_eq!(
         exhausted["details"]["lastError"]["message"],
-        "upstream unavailable; it was sent password=[REDACTED], authorization: [REDACTED] \
-         and [REDACTED]"
+        "upstream unavailable; it was sent password=[REDACTED], authorization: [REDACTED], \
+         [REDACTED] and [REDACTED]"
     );
 
     let events = read_lines(&dir.join("events.jsonl"));

@@ -217,6 +217,31 @@ where
     svc.ready().await?.call(call).await
 }
 
+/// `{"a": [{"a": [ … "leaf" … ]}]}`, `levels` deep, built in code (a parser stops at 128).
+pub fn deep_value(levels: usize) -> Value {
+    let mut value = json!("leaf");
+    for n in 0..levels {
+        value = if n % 2 == 0 {
+            Value::Array(vec![value])
+        } else {
+            Value::Object([("a".to_owned(), value)].into_iter().collect())
+        };
+    }
+    value
+}
+
+/// Runs `test` on a thread whose stack can drop a value 8 000 levels deep: serde_json drops
+/// recursively, once per level, which the 2 MiB of a test thread cannot hold in a debug
+/// build. The crate's own threads must cope with whatever the caller's could.
+pub fn on_a_large_stack(test: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(test)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
 pub mod capture;
 #[cfg(feature = "metrics")]
 pub mod metrics_series;

@@ -337,3 +337,120 @@ async fn an_audited_run_of_a_thousand_calls_is_reconstructable() {
     assert!(total > 1000, "some calls were retried");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_is_logged_with_the_contract_field_names() {
+    let (capture, _guard) = capture();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let mut svc = ServiceBuilder::new()
+        .layer(TraceLayer::new())
+        .layer(
+            RetryLayer::builder(ToolRegistry::open())
+                .seed(1)
+                .build()
+                .unwrap(),
+        )
+        .service(tool_fn(move |_call: ToolCall| {
+            let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    Err(ToolError::from_http_status(503, "busy"))
+                } else {
+                    Ok(ToolOutput::new(json!({"hits": 1})))
+                }
+            }
+        }));
+    let call = search(json!({"q": 1}));
+    run(&mut svc, call.clone()).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    let events = capture.events();
+    let retry = event(&events, "tool_call_retry");
+    assert_eq!(retry["requestId"], call.request_id());
+    assert_eq!(retry["toolName"], "search");
+    assert_eq!(retry["sessionKey"], "sess-42");
+    assert_eq!(retry["attempt"], "1");
+    assert_eq!(retry["errorCode"], "UPSTREAM_UNAVAILABLE");
+    for legacy in ["request_id", "tool", "error_code", "delay_ms"] {
+        assert!(!retry.contains_key(legacy), "{legacy} in {retry:?}");
+    }
+    assert!(retry.contains_key("delayMs"));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn credential_shaped_identifiers_are_redacted_in_logs_as_in_the_audit_log() {
+    let (capture, _guard) = capture();
+    let dir = std::env::temp_dir().join(format!("tower-toolcall-trace-ids-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let audit = AuditLog::builder(&dir).build().unwrap();
+    let session = "ghp_S3ss10nKeyLooksLikeAT0kenAbcdef12";
+    let correlation = "xoxb-123456789012-C0rrelat10nT0kenValue";
+    let request = "AKIAIOSFODNN7EXAMPLE";
+    let tool_call = "sk-proj-T00lCallIdLooksLikeAKey0123";
+    let mut svc = ServiceBuilder::new()
+        .layer(TraceLayer::new().audit(audit.clone()))
+        .layer(
+            RetryLayer::builder(ToolRegistry::open())
+                .seed(1)
+                .build()
+                .unwrap(),
+        )
+        .service(tool_fn(|call: ToolCall| async move {
+            match call.attempt() {
+                1 => Err(ToolError::from_http_status(503, "busy")),
+                _ => Ok(ToolOutput::new(json!({"hits": 1}))),
+            }
+        }));
+    let call = ToolCall::builder("agents.tools.web", "search")
+        .session(session)
+        .actor("user-7")
+        .request_id(request)
+        .tool_call_id(tool_call)
+        .correlation_id(correlation)
+        .params(json!({"q": 1}))
+        .build()
+        .unwrap();
+    run(&mut svc, call).await.unwrap();
+    audit.shutdown();
+
+    let secrets = [session, correlation, request, tool_call];
+    for value in capture.all_values() {
+        for secret in secrets {
+            assert!(!value.contains(secret), "{secret} in {value}");
+        }
+    }
+    let span = &capture.spans()[0];
+    for field in [
+        "requestId",
+        "sessionKey",
+        "correlationId",
+        "gen_ai.tool.call.id",
+    ] {
+        assert_eq!(span.fields[field], "[REDACTED]", "{field}");
+    }
+    let events = capture.events();
+    for name in ["tool_call_start", "tool_call_retry", "tool_call_end"] {
+        let fields = event(&events, name);
+        assert_eq!(fields["requestId"], "[REDACTED]", "{name}");
+        assert_eq!(fields["sessionKey"], "[REDACTED]", "{name}");
+    }
+
+    // The audit log names the call the same way.
+    let calls = std::fs::read_to_string(dir.join("calls.jsonl")).unwrap();
+    let line: Value = serde_json::from_str(calls.lines().next().unwrap()).unwrap();
+    assert_eq!(line["call"]["requestId"], span.fields["requestId"]);
+    assert_eq!(
+        line["call"]["toolCallId"],
+        span.fields["gen_ai.tool.call.id"]
+    );
+    assert_eq!(
+        line["call"]["target"]["sessionKey"],
+        span.fields["sessionKey"]
+    );
+    assert_eq!(
+        line["call"]["target"]["correlationId"],
+        span.fields["correlationId"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

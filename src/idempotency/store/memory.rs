@@ -15,12 +15,14 @@ use super::{
     RecentStrings, StoreError,
 };
 use crate::error::ConfigError;
-use crate::idempotency::record::{DedupeRecord, RecordState};
-use crate::lru::{CallerKeyHasher, LruMap};
+use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
+use crate::lru::{json_bytes, CallerKeyHasher, LruMap};
 use crate::time::{millis, unix_now_ms};
 
 /// The default capacity: 25 000 records.
 pub const DEFAULT_MEMORY_CAPACITY: usize = 25_000;
+/// The default capacity in bytes: 64 MiB of records, by their approximate size in memory.
+pub const DEFAULT_MEMORY_MAX_BYTES: usize = 64 << 20;
 /// The default interval of the background sweep of expired records: one minute.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -34,6 +36,11 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 ///   recently used settled record; an in-flight record is never evicted. When every record is
 ///   in flight the claim fails with [`StoreError::CapacityExhausted`] (the layer answers
 ///   `STORE_UNAVAILABLE`), which is counted and logged.
+/// - The records are bounded in bytes too (64 MiB by default), by their approximate size in
+///   memory: their strings, and the output or error they keep. A claim or a result that would
+///   pass the bound evicts the least recently used settled records, as the capacity does; a
+///   claim that cannot make room is refused in the same way, and a result is kept even when it
+///   alone passes the bound (the next claim evicts it first).
 /// - Expired records are ignored when read and removed by a background sweep (every minute
 ///   by default) that starts with the first claim and stops when the last handle to the store
 ///   is dropped.
@@ -47,6 +54,7 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 ///
 /// let store = InMemoryDedupeStore::builder()
 ///     .capacity(10_000)
+///     .max_bytes(16 << 20)
 ///     .sweep_interval(Duration::from_secs(30))
 ///     .build()?;
 /// assert_eq!(store.stats().records, 0);
@@ -60,6 +68,7 @@ pub struct InMemoryDedupeStore {
 struct Shared {
     state: Mutex<State>,
     capacity: usize,
+    max_bytes: usize,
     sweep_interval: Duration,
     clock: Clock,
     sweeper_started: AtomicBool,
@@ -108,6 +117,11 @@ impl Entry {
         } else {
             self.record.expires_at_ms > now
         }
+    }
+
+    /// The approximate size of the entry in memory.
+    fn bytes(&self) -> usize {
+        record_bytes(&self.record)
     }
 
     /// Reads the record's own memory: the fields that point to the allocations it shares.
@@ -164,6 +178,8 @@ impl Entry {
 pub struct MemoryStoreStats {
     /// Records held, in flight and settled.
     pub records: usize,
+    /// Their approximate size in memory, in bytes.
+    pub bytes: usize,
     /// Records in flight.
     pub inflight: usize,
     /// Settled records evicted to make room.
@@ -200,6 +216,50 @@ impl Clock {
     }
 }
 
+/// The smallest bound in bytes: room for a few records.
+const MIN_MAX_BYTES: usize = 64 << 10;
+
+/// The approximate size of `record` in memory: its own, its strings, and the output or error
+/// it keeps. Strings that records share are counted in each.
+fn record_bytes(record: &DedupeRecord) -> usize {
+    let request = &record.request;
+    let strings = [
+        &record.key,
+        &record.tool,
+        &record.idempotency_key,
+        &request.session_key,
+        &request.actor_id,
+        &request.request_id,
+    ]
+    .iter()
+    .map(|s| s.len())
+    .sum::<usize>()
+        + request.tool_call_id.as_ref().map_or(0, |id| id.len())
+        // The params digest: 64 hex digits.
+        + 64;
+    let execution = record.execution.as_ref().map_or(0, |execution| {
+        execution.attempts.len() * std::mem::size_of::<AttemptRecord>()
+    });
+    let payload = record.payload.as_ref().map_or(0, |output| {
+        json_bytes(&output.content)
+            + output.metadata.as_ref().map_or(0, |metadata| {
+                metadata
+                    .iter()
+                    .map(|(name, value)| name.len() + json_bytes(value))
+                    .sum()
+            })
+    });
+    let error = record.error.as_ref().map_or(0, |error| {
+        error.code.len() + error.message.len() + error.details.as_ref().map_or(0, json_bytes)
+    });
+    std::mem::size_of::<Entry>()
+        + std::mem::size_of::<DedupeRecord>()
+        + strings
+        + execution
+        + payload
+        + error
+}
+
 impl InMemoryDedupeStore {
     /// A store with the default capacity and sweep interval.
     pub fn new() -> Self {
@@ -212,6 +272,7 @@ impl InMemoryDedupeStore {
     pub fn builder() -> InMemoryDedupeStoreBuilder {
         InMemoryDedupeStoreBuilder {
             capacity: DEFAULT_MEMORY_CAPACITY,
+            max_bytes: DEFAULT_MEMORY_MAX_BYTES,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
         }
     }
@@ -221,6 +282,7 @@ impl InMemoryDedupeStore {
         let state = self.shared.lock();
         MemoryStoreStats {
             records: state.records.len(),
+            bytes: state.records.bytes(),
             inflight: state.inflight,
             evicted: self.shared.evicted.load(Ordering::Relaxed),
             rejected_at_capacity: self.shared.rejected_at_capacity.load(Ordering::Relaxed),
@@ -231,6 +293,11 @@ impl InMemoryDedupeStore {
     /// The capacity.
     pub fn capacity(&self) -> usize {
         self.shared.capacity
+    }
+
+    /// The capacity in bytes.
+    pub fn max_bytes(&self) -> usize {
+        self.shared.max_bytes
     }
 
     /// Starts the background sweep, once, when a Tokio runtime is there to run it. It holds
@@ -263,6 +330,7 @@ impl fmt::Debug for InMemoryDedupeStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InMemoryDedupeStore")
             .field("capacity", &self.shared.capacity)
+            .field("max_bytes", &self.shared.max_bytes)
             .field("sweep_interval", &self.shared.sweep_interval)
             .field("stats", &self.stats())
             .finish()
@@ -308,9 +376,9 @@ impl Shared {
 
     fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = self.clock.now_ms();
-        // Declared before the lock, so dropped after it: a record evicted or replaced here is
+        // Declared before the lock, so dropped after it: records evicted or replaced here are
         // freed outside the critical section.
-        let mut removed = None;
+        let mut removed = Vec::new();
         let mut state = self.lock();
         let State {
             records,
@@ -344,12 +412,22 @@ impl Shared {
                     now_ms: now,
                 });
             }
-        } else if records.len() >= self.capacity {
+        }
+        *last_version += 1;
+        let record = Arc::new(request.inflight_record_sharing(*last_version, now, recent));
+        let entry = Entry::new(record.clone());
+        let bytes = entry.bytes();
+        // The bytes of the record this one replaces are freed with it.
+        let replaced_bytes = found.map_or(0, |slot| records.value(slot).bytes());
+        while (found.is_none() && records.len() >= self.capacity)
+            || records.bytes() - replaced_bytes + bytes > self.max_bytes
+        {
             let Some((_, evicted)) = records.pop_oldest() else {
                 drop(state);
                 self.rejected_at_capacity.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     capacity = self.capacity,
+                    max_bytes = self.max_bytes,
                     "dedupe store full of in-flight records; claim refused"
                 );
                 return Err(StoreError::CapacityExhausted {
@@ -359,11 +437,8 @@ impl Shared {
             self.evicted.fetch_add(1, Ordering::Relaxed);
             evicted.warm_for_drop();
             records.warm_oldest(Entry::warm_record);
-            removed = Some(evicted);
+            removed.push(evicted);
         }
-        *last_version += 1;
-        let record = Arc::new(request.inflight_record_sharing(*last_version, now, recent));
-        let entry = Entry::new(record.clone());
         match found {
             // The key's record is replaced where it is, and leaves the order of use.
             Some(slot) => {
@@ -372,10 +447,12 @@ impl Shared {
                     records.take_out_of_order(slot);
                     *inflight += 1;
                 }
-                removed = Some(replaced);
+                records.set_bytes(slot, bytes);
+                removed.push(replaced);
             }
             None => {
-                records.insert_unordered(hash, request.key.clone(), entry);
+                let slot = records.insert_unordered(hash, request.key.clone(), entry);
+                records.set_bytes(slot, bytes);
                 *inflight += 1;
             }
         }
@@ -425,9 +502,22 @@ impl Shared {
             .waiters
             .take()
             .map(|waiters| (waiters, entry.record.clone()));
+        let bytes = entry.bytes();
         records.place_newest(slot);
+        records.set_bytes(slot, bytes);
         *inflight -= 1;
+        // The result may pass the bound in bytes: older settled records make room.
+        let mut evicted = Vec::new();
+        while records.bytes() > self.max_bytes {
+            let Some((_, entry)) = records.pop_oldest_except(slot) else {
+                break;
+            };
+            evicted.push(entry);
+        }
+        self.evicted
+            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
         drop(state);
+        drop(evicted);
         if let Some((waiters, record)) = waiters {
             waiters.send_replace(Some(record));
         }
@@ -604,6 +694,7 @@ impl DedupeStore for InMemoryDedupeStore {
 #[must_use]
 pub struct InMemoryDedupeStoreBuilder {
     capacity: usize,
+    max_bytes: usize,
     sweep_interval: Duration,
 }
 
@@ -611,6 +702,14 @@ impl InMemoryDedupeStoreBuilder {
     /// The most records held, in flight and settled (default 25 000).
     pub fn capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
+        self
+    }
+
+    /// The most bytes the records take, by their approximate size in memory (default
+    /// [`DEFAULT_MEMORY_MAX_BYTES`], 64 MiB): the least recently used settled records are
+    /// evicted to stay within it.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
         self
     }
 
@@ -625,6 +724,15 @@ impl InMemoryDedupeStoreBuilder {
         let capacity = NonZeroUsize::new(self.capacity).ok_or_else(|| {
             ConfigError::new("idempotency.store.capacity", "must be at least 1, got 0")
         })?;
+        if self.max_bytes < MIN_MAX_BYTES {
+            return Err(ConfigError::new(
+                "idempotency.store.max_bytes",
+                format!(
+                    "must be at least {MIN_MAX_BYTES} (64 KiB), got {}",
+                    self.max_bytes
+                ),
+            ));
+        }
         at_least_a_millisecond("idempotency.store.sweep_interval", self.sweep_interval)?;
         Ok(InMemoryDedupeStore {
             shared: Arc::new(Shared {
@@ -635,6 +743,7 @@ impl InMemoryDedupeStoreBuilder {
                     recent: RecentStrings::default(),
                 }),
                 capacity: capacity.get(),
+                max_bytes: self.max_bytes,
                 sweep_interval: self.sweep_interval,
                 clock: Clock::new(),
                 sweeper_started: AtomicBool::new(false),

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 pub use memory::{
     InMemoryDedupeStore, InMemoryDedupeStoreBuilder, MemoryStoreStats, DEFAULT_MEMORY_CAPACITY,
-    DEFAULT_SWEEP_INTERVAL,
+    DEFAULT_MEMORY_MAX_BYTES, DEFAULT_SWEEP_INTERVAL,
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
