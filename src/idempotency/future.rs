@@ -2,7 +2,7 @@ use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::{select, Either};
@@ -13,7 +13,7 @@ use tower_service::Service;
 use super::key;
 use super::record::{DedupeRecord, Execution, RecordState, StoredError};
 use super::service::{Counters, Plan, Shared};
-use super::store::{ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
+use super::store::{finish_detached, ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
 use crate::control::ShadowLayer;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ErrorCode, ToolError};
@@ -614,25 +614,14 @@ impl<St: DedupeStore> Drop for ClaimGuard<St> {
         let Some(claimed) = self.claimed.take() else {
             return;
         };
-        let mut release = Box::pin(cancel_claim(
-            self.shared.store.clone(),
-            claimed,
-            self.keep_cancelled_for,
-        ));
-        // A store that answers at once (the memory store) is done here; another finishes
+        // A store that answers at once (the memory store) is done at once; another finishes
         // the release on the runtime.
-        let mut cx = Context::from_waker(Waker::noop());
-        if release.as_mut().poll(&mut cx).is_ready() {
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(release);
-            }
-            Err(_) => tracing::warn!(
+        let release = cancel_claim(self.shared.store.clone(), claimed, self.keep_cancelled_for);
+        if !finish_detached(release) {
+            tracing::warn!(
                 "a dropped tool call could not release its idempotency key: no Tokio runtime; \
                  the key stays held until its lease ends"
-            ),
+            );
         }
     }
 }

@@ -1564,6 +1564,167 @@ mod redis_only {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The Redis store: claims whose answer never came, and the commands a call costs
+
+#[cfg(feature = "redis")]
+mod redis_unanswered_claims_and_round_trips {
+    use super::redis_backend::Redis;
+    use super::*;
+    use tower_toolcall::idempotency::StoreError;
+
+    /// How long a test lets a call run before it counts its claim as sent to a frozen server.
+    const CLAIM_ON_ITS_WAY: Duration = Duration::from_millis(100);
+
+    /// A call of the tool whose key is `name`'s own.
+    fn make(name: &str) -> ToolCall {
+        call("sess-42", json!({"path": name})).build().unwrap()
+    }
+
+    /// Connects the store and loads its scripts: a fresh key and a hit of another key.
+    async fn warm_up(svc: &impl ToolStack) {
+        for _ in 0..2 {
+            run(svc, make("warm-up.md")).await.unwrap();
+        }
+    }
+
+    /// Asserts that the record of `key` soon leaves the key free: gone, or cancelled; never
+    /// in flight with nobody to hold it.
+    async fn assert_key_freed(store: &impl DedupeStore, key: &str) {
+        let mut record = None;
+        for _ in 0..50 {
+            record = store.get(key).await.unwrap();
+            if record
+                .as_ref()
+                .is_none_or(|r| r.state == RecordState::Cancelled)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the key is still held by a claim nobody owns: {record:?}");
+    }
+
+    /// `call`'s result within half a second: a free key, not one that waits for a lease.
+    async fn promptly(
+        call: impl Future<Output = Result<ToolOutput, ToolError>>,
+    ) -> Result<ToolOutput, ToolError> {
+        tokio::time::timeout(Duration::from_millis(500), call)
+            .await
+            .expect("the duplicate was answered at once, not after the lease")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn caller_dropped_while_its_claim_is_unanswered_frees_the_key() {
+        let redis = Redis::start();
+        let store = redis.replica(Duration::from_secs(1));
+        let tool = MockTool::echo(Duration::ZERO);
+        let idem = layer(store.clone(), ToolPolicy::default());
+        let svc = over(&idem, &tool);
+        let key = idem.store_key(&make("a.md")).unwrap().unwrap();
+        warm_up(&svc).await;
+
+        redis.server.lock().unwrap().freeze();
+        let first = tokio::spawn(run_owned(svc.clone(), make("a.md")));
+        tokio::time::sleep(CLAIM_ON_ITS_WAY).await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        redis.server.lock().unwrap().resume();
+
+        assert_key_freed(&store, &key).await;
+        let out = promptly(run(&svc, make("a.md"))).await.unwrap();
+        assert_eq!(tool.runs(), 2, "the duplicate ran the tool");
+        assert!(!out.record().from_cache);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claim_that_timed_out_is_released_and_the_retry_runs_at_once() {
+        let redis = Redis::start();
+        let store = redis.replica(Duration::from_millis(300));
+        let tool = MockTool::echo(Duration::ZERO);
+        let idem = layer(store.clone(), ToolPolicy::default());
+        let svc = over(&idem, &tool);
+        let key = idem.store_key(&make("a.md")).unwrap().unwrap();
+        warm_up(&svc).await;
+
+        redis.server.lock().unwrap().freeze();
+        let err = run(&svc, make("a.md")).await.unwrap_err();
+        redis.server.lock().unwrap().resume();
+        assert_eq!(err.code(), ErrorCode::StoreUnavailable);
+        assert!(err.is_retriable() && err.is_not_processed());
+        assert_eq!(tool.runs(), 1, "the tool did not run");
+
+        assert_key_freed(&store, &key).await;
+        let out = promptly(run(&svc, make("a.md"))).await.unwrap();
+        assert_eq!(tool.runs(), 2, "the retry ran the tool");
+        assert!(!out.record().from_cache);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claim_that_timed_out_against_a_held_key_leaves_its_holder_alone() {
+        let redis = Redis::start();
+        let store = redis.replica(Duration::from_millis(300));
+        let request = claim_request("/vault::createFile/g/k", "d1", Duration::from_secs(120));
+        let ClaimOutcome::Claimed(holder) = store.claim(&request).await.unwrap() else {
+            panic!("a fresh key is claimed");
+        };
+
+        redis.server.lock().unwrap().freeze();
+        let err = store.claim(&request).await.unwrap_err();
+        redis.server.lock().unwrap().resume();
+        assert!(
+            matches!(err, StoreError::Timeout(_) | StoreError::Unavailable(_)),
+            "{err}"
+        );
+
+        // The claim that timed out was never applied: its release leaves the holder's record.
+        let record = store.get(&request.key).await.unwrap().unwrap();
+        assert_eq!(
+            (record.state, record.version),
+            (RecordState::Inflight, holder.version)
+        );
+        let finalized = store
+            .finalize(&holder, done(json!({"ok": true}), Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert_eq!(
+            finalized,
+            Finalized::Written,
+            "the holder still holds the key"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fresh_key_costs_two_commands_and_a_hit_one() {
+        let redis = Redis::start();
+        let mut monitor = redis.server.lock().unwrap().monitor();
+        let tool = MockTool::echo(Duration::ZERO);
+        let idem = layer(redis.store(), ToolPolicy::default());
+        let svc = over(&idem, &tool);
+        warm_up(&svc).await;
+        monitor.take_commands();
+
+        let names = ["a.md", "b.md", "c.md", "d.md", "e.md"];
+        for name in names {
+            assert!(!run(&svc, make(name)).await.unwrap().record().from_cache);
+        }
+        assert_eq!(
+            monitor.take_commands(),
+            ["SET", "EVALSHA"].repeat(names.len()),
+            "a fresh key: the claim, then the finalize"
+        );
+        for name in names {
+            assert!(run(&svc, make(name)).await.unwrap().record().from_cache);
+        }
+        assert_eq!(
+            monitor.take_commands(),
+            ["SET"].repeat(names.len()),
+            "a hit: the claim alone"
+        );
+        assert_eq!(tool.runs(), 1 + names.len());
+    }
+}
+
 // The memory store's bound in bytes.
 
 #[tokio::test(start_paused = true)]

@@ -15,6 +15,7 @@ mod redis;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 pub use memory::{
@@ -48,6 +49,10 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
     /// Claims the key of `request` for a new execution when it is free (and, when
     /// `request.take_over_retriable_failure` is set, when it holds a retriable failure with
     /// the same params digest); otherwise returns the record that holds it.
+    ///
+    /// A claim whose answer its caller never reads (the future is dropped, or the store
+    /// fails after sending it) must not hold the key with nobody to own it: a store that
+    /// cannot tell whether it was applied releases it by its version.
     fn claim(
         &self,
         request: &ClaimRequest,
@@ -479,6 +484,28 @@ impl From<StoreError> for ToolError {
             format!("{error}; the tool was not run; {advice}"),
         )
         .with_source(error)
+    }
+}
+
+/// Runs `work`, which its caller leaves behind (the caller's future is being dropped), to its
+/// end: it is polled once here, so that a store that answers at once is done and a command is
+/// on its way before any the caller's task sends next, then it runs on the Tokio runtime.
+/// `false` when it could not finish: it was pending and there is no runtime.
+pub(crate) fn finish_detached(work: impl Future<Output = ()> + Send + 'static) -> bool {
+    let mut work = Box::pin(work);
+    if work
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_ready()
+    {
+        return true;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(work);
+            true
+        }
+        Err(_) => false,
     }
 }
 

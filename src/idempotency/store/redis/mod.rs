@@ -16,10 +16,11 @@ use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, Script, V
 use self::subscriptions::Subscriber;
 use self::value::{decode, encode};
 use super::{
-    at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
-    StoreError,
+    at_least_a_millisecond, finish_detached, ClaimOutcome, ClaimRequest, Completion, DedupeStore,
+    Finalized, StoreError,
 };
 use crate::error::ConfigError;
+use crate::idempotency::key;
 use crate::idempotency::record::{DedupeRecord, RecordState};
 use crate::time::{millis, unix_now_ms};
 
@@ -47,6 +48,13 @@ const TAKE_OVER_ATTEMPTS: usize = 4;
 ///   versions is a Lua script, so it is atomic too: finalize (which also publishes the result
 ///   on the channel), cancel, lease renewal, and taking over a cancelled record or a retriable
 ///   failure. A fresh key costs two round trips: the claim and the finalize.
+/// - A claim whose answer never came (its caller went away while it was on its way, or the
+///   server did not answer within the operation timeout) may still be applied by the server,
+///   and would then hold the key for the whole lease with nobody to finalize it. Its version
+///   is known before it is sent, so it is released by that version right behind it, on the
+///   same connection, in the background: the server deletes the record if the claim was
+///   applied (waiters are told, and a retry claims the key at once), and does nothing if it
+///   was not.
 /// - TTLs mirror the memory store: the in-flight lease, then the done or failed TTL, are the
 ///   key's expiry, kept by the server; an in-flight record whose holder died disappears with
 ///   its lease, and the next claim takes the key. A version is a fencing token that is unique
@@ -291,6 +299,109 @@ impl Shared {
     }
 }
 
+/// `claimed`, cancelled now and kept for `keep_for`.
+fn cancelled(claimed: &DedupeRecord, keep_for: Duration) -> DedupeRecord {
+    let now_ms = unix_now_ms();
+    let keep_ms = millis(keep_for);
+    DedupeRecord {
+        state: RecordState::Cancelled,
+        updated_at_ms: now_ms,
+        expires_at_ms: now_ms.saturating_add(keep_ms),
+        ttl_ms: keep_ms,
+        lock_until_ms: None,
+        ..claimed.clone()
+    }
+}
+
+/// A claim sent to the server whose answer has not been read. Dropped before it is
+/// [`answered`](Unanswered::answered) (its caller went away, or the server failed or did not
+/// answer in time), it releases the record it sent, by its version, should the server have
+/// applied it.
+struct Unanswered<'a> {
+    shared: &'a Arc<Shared>,
+    record_key: &'a str,
+    sent: Option<&'a DedupeRecord>,
+}
+
+impl<'a> Unanswered<'a> {
+    fn new(shared: &'a Arc<Shared>, record_key: &'a str, sent: &'a DedupeRecord) -> Self {
+        Unanswered {
+            shared,
+            record_key,
+            sent: Some(sent),
+        }
+    }
+
+    /// The server answered: the claim holds the key, or another record does.
+    fn answered(mut self) {
+        self.sent = None;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        let Some(sent) = self.sent else {
+            return;
+        };
+        // Polled once here, the release is on the claim's connection before this task sends
+        // anything else: the server runs it after the claim and before the caller's retry.
+        let release = release_unanswered(
+            self.shared.clone(),
+            self.record_key.to_owned(),
+            sent.clone(),
+        );
+        if tokio::runtime::Handle::try_current().is_err() || !finish_detached(release) {
+            tracing::warn!(
+                "a claim whose answer never came could not be released: no Tokio runtime; \
+                 if the server applied it, the key stays held until its lease ends"
+            );
+        }
+    }
+}
+
+/// Deletes the in-flight record `sent` if it holds `record_key`, and tells its waiters.
+///
+/// A plain `EVAL`, not a script loaded by its hash: one command, run right after the claim
+/// whatever scripts the server has loaded.
+async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: DedupeRecord) {
+    let released = async {
+        let message = encode(&cancelled(&sent, Duration::ZERO))?;
+        shared
+            .command::<u64>(
+                redis::cmd("EVAL")
+                    .arg(value::RELEASE)
+                    .arg(2)
+                    .arg(&record_key)
+                    .arg(Shared::channel(&record_key))
+                    .arg(sent.version)
+                    .arg(message),
+            )
+            .await
+    };
+    let fingerprint = || {
+        key::fingerprint(
+            &sent.key,
+            &sent.idempotency_key,
+            sent.key_derived_from_params,
+        )
+    };
+    match released.await {
+        Ok(1) => tracing::debug!(
+            idempotency_key_hash = %fingerprint(),
+            "idempotency key released: its claim was applied after its caller stopped waiting"
+        ),
+        // The claim was not applied, or the key changed hands since.
+        Ok(_) => {}
+        // The release was sent behind the claim: a server that answers neither in time still
+        // runs both, in order.
+        Err(error) => tracing::debug!(
+            idempotency_key_hash = %fingerprint(),
+            %error,
+            "no answer to the release of a claim whose answer never came"
+        ),
+    }
+}
+
 /// A fencing token for a fresh claim at `now_ms`: unique to the claim, and growing with time.
 fn fresh_version(now_ms: u64) -> u64 {
     static SALT: OnceLock<u64> = OnceLock::new();
@@ -318,17 +429,16 @@ impl DedupeStore for RedisDedupeStore {
         let lease_ms = millis(request.lease).max(1);
         let now_ms = unix_now_ms();
         let record = request.inflight_record(fresh_version(now_ms), now_ms);
-        let previous: Option<Vec<u8>> = shared
-            .command(
-                redis::cmd("SET")
-                    .arg(&record_key)
-                    .arg(encode(&record)?)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(lease_ms)
-                    .arg("GET"),
-            )
-            .await?;
+        let mut set = redis::cmd("SET");
+        set.arg(&record_key)
+            .arg(encode(&record)?)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms)
+            .arg("GET");
+        let sent = Unanswered::new(shared, &record_key, &record);
+        let previous: Option<Vec<u8>> = shared.command(&set).await?;
+        sent.answered();
         let Some(previous) = previous else {
             return Ok(ClaimOutcome::Claimed(Arc::new(record)));
         };
@@ -340,17 +450,14 @@ impl DedupeStore for RedisDedupeStore {
             }
             let version = fresh_version(now_ms).max(existing.version + 1);
             let record = request.inflight_record(version, now_ms);
-            let reply: Vec<Value> = shared
-                .eval(
-                    shared
-                        .scripts
-                        .take_over
-                        .key(&record_key)
-                        .arg(existing.version)
-                        .arg(encode(&record)?)
-                        .arg(lease_ms),
-                )
-                .await?;
+            let mut take_over = shared.scripts.take_over.key(&record_key);
+            take_over
+                .arg(existing.version)
+                .arg(encode(&record)?)
+                .arg(lease_ms);
+            let sent = Unanswered::new(shared, &record_key, &record);
+            let reply: Vec<Value> = shared.eval(&take_over).await?;
+            sent.answered();
             let mut reply = reply.into_iter();
             if number(reply.next())? == 1 {
                 return Ok(ClaimOutcome::Claimed(Arc::new(record)));
@@ -389,19 +496,10 @@ impl DedupeStore for RedisDedupeStore {
     }
 
     async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
-        let now_ms = unix_now_ms();
-        let keep_ms = millis(keep_for);
-        let cancelled = DedupeRecord {
-            state: RecordState::Cancelled,
-            updated_at_ms: now_ms,
-            expires_at_ms: now_ms.saturating_add(keep_ms),
-            ttl_ms: keep_ms,
-            lock_until_ms: None,
-            ..claimed.clone()
-        };
+        let record = cancelled(claimed, keep_for);
         let written = self
             .shared
-            .replace(claimed, &cancelled, keep_for, true)
+            .replace(claimed, &record, keep_for, true)
             .await?;
         Ok(written == Finalized::Written)
     }

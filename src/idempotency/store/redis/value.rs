@@ -38,6 +38,20 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return {1}
 ";
 
+/// KEYS: record, channel. ARGV: version, message.
+///
+/// Deletes the in-flight record of that version (a claim whose answer nobody read) and
+/// publishes the message, so that its waiters claim the key. Returns 1 when it did, else 0.
+pub(super) const RELEASE: &str = "\
+local head = redis.call('GETRANGE', KEYS[1], 0, 40)
+if string.match(head, '^inflight (%d+)\\n') ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[2], ARGV[2])
+return 1
+";
+
 /// KEYS: record. Returns `{value or nil, PTTL}`.
 pub(super) const READ: &str = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}\n";
 
