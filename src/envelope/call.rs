@@ -463,10 +463,12 @@ impl<'de> Deserialize<'de> for ToolCall {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let IJsonValue(value) = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
-            de::Error::custom(format_args!(
-                "invalid tool call: `{path}` {}",
-                e.into_inner()
-            ))
+            let problem = e.into_inner();
+            if path == "." {
+                de::Error::custom(format_args!("invalid tool call: {problem}"))
+            } else {
+                de::Error::custom(format_args!("invalid tool call: `{path}` {problem}"))
+            }
         })?;
         ToolCall::from_value(value).map_err(|e| de::Error::custom(e.message()))
     }
