@@ -208,8 +208,10 @@ impl ToolCallBuilder {
         self
     }
 
-    /// Checks the envelope and makes the call; a missing session or actor, or params that
-    /// are not an object, are a `VALIDATION_ERROR` naming the field.
+    /// Checks the envelope and makes the call; a missing session or actor, an identifier
+    /// longer than [`MAX_IDENTIFIER_BYTES`](super::MAX_IDENTIFIER_BYTES) (an idempotency key
+    /// longer than [`MAX_IDEMPOTENCY_KEY_BYTES`](super::MAX_IDEMPOTENCY_KEY_BYTES)), or params
+    /// that are not an object, are a `VALIDATION_ERROR` naming the field.
     pub fn build(mut self) -> Result<ToolCall, ToolError> {
         if let Some(params) = self.params.take() {
             self.envelope.payload.params = Params::from_value(params)?;

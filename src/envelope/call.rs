@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
 use super::builder::ToolCallBuilder;
+use super::ijson::{object, optional_name, optional_object, IJsonValue};
 use super::params::Params;
 use crate::error::ToolError;
 use crate::registry::ToolResolution;
@@ -15,6 +16,11 @@ use crate::registry::ToolResolution;
 pub const CONTRACT_VERSION: &str = "1.1";
 /// The only payload version this crate speaks.
 pub const PAYLOAD_VERSION: &str = "1.0";
+/// The most bytes an identifier of a call may have: `requestId`, `toolCallId`, `toolName`,
+/// `toolNamespace`, `confirmationId` and the ids of `target`.
+pub const MAX_IDENTIFIER_BYTES: usize = 256;
+/// The most bytes of `payload.idempotencyKey`, as in Stripe's API.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 
 /// One tool call: the envelope of contract version 1.1, cheap to clone.
 ///
@@ -61,6 +67,10 @@ struct SharedCall {
 }
 
 /// The fields of a tool call, as they are on the wire (camelCase JSON).
+///
+/// Its `Deserialize` checks the types and that each section is an object; parse envelopes
+/// with [`ToolCall::from_json`], which also holds the whole text to I-JSON (no member name
+/// twice, valid Unicode, numbers that a double can hold) and checks the invariants.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CallEnvelope {
@@ -76,17 +86,19 @@ pub struct CallEnvelope {
     /// The tool's namespace, e.g. `agents.tools.web`.
     pub tool_namespace: String,
     /// Who calls, on whose behalf, in which session.
+    #[serde(deserialize_with = "object")]
     pub target: Target,
     /// The params and what the caller says about them.
+    #[serde(deserialize_with = "object")]
     pub payload: Payload,
     /// Dedupe mode, retry budget and breaker scope.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub transport: Transport,
     /// Deadline, tags, hook provenance and confirmation.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub control: Control,
     /// W3C trace context.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub trace: TraceContext,
     /// An idempotency key that a hook put on the call; the caller's
     /// `payload.idempotencyKey` wins over it. Not part of the wire format.
@@ -128,7 +140,11 @@ pub struct Payload {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// Hints about safety and timing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_object"
+    )]
     pub call_hints: Option<CallHints>,
 }
 
@@ -156,13 +172,25 @@ pub struct CallHints {
 #[serde(rename_all = "camelCase")]
 pub struct Transport {
     /// How duplicates are handled; the tool's policy decides when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_name"
+    )]
     pub dedupe_mode: Option<DedupeMode>,
     /// Narrows the retry policy for this call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_object"
+    )]
     pub retry_budget: Option<RetryBudget>,
     /// Which circuit breaker guards the call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_name"
+    )]
     pub circuit_breaker_hint: Option<BreakerScope>,
 }
 
@@ -248,19 +276,18 @@ impl ToolCall {
     /// example ``invalid tool call: `target.sessionKey` is required``) and whose details hold
     /// `{"field": path}`. Input that is not JSON at all gets a message that says so, with the
     /// line and column.
+    ///
+    /// The text must be I-JSON (RFC 7493), in the members that the crate ignores too: no
+    /// member name twice in one object (``invalid tool call: `payload.params.path` must be
+    /// unique…``), valid Unicode, numbers that a double can hold, and an object wherever the
+    /// contract says object.
     pub fn from_json(bytes: &[u8]) -> Result<ToolCall, ToolError> {
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let envelope: CallEnvelope =
-            serde_path_to_error::deserialize(&mut de).map_err(super::parse::from_json_error)?;
-        de.end().map_err(|e| super::parse::not_json(&e))?;
-        ToolCall::from_envelope(envelope)
+        ToolCall::from_value(super::parse::i_json(bytes)?)
     }
 
     /// Checks a JSON value as an envelope, like [`from_json`](ToolCall::from_json).
     pub fn from_value(value: Value) -> Result<ToolCall, ToolError> {
-        let envelope: CallEnvelope =
-            serde_path_to_error::deserialize(value).map_err(super::parse::from_value_error)?;
-        ToolCall::from_envelope(envelope)
+        ToolCall::from_envelope(super::parse::envelope(value)?)
     }
 
     /// Checks an envelope and wraps it.
@@ -431,9 +458,19 @@ impl Serialize for ToolCall {
 }
 
 impl<'de> Deserialize<'de> for ToolCall {
+    /// Reads the envelope as [`from_json`](ToolCall::from_json) does, and refuses what it
+    /// refuses.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let envelope = CallEnvelope::deserialize(deserializer)?;
-        ToolCall::from_envelope(envelope).map_err(|e| de::Error::custom(e.message()))
+        let IJsonValue(value) = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let problem = e.into_inner();
+            if path == "." {
+                de::Error::custom(format_args!("invalid tool call: {problem}"))
+            } else {
+                de::Error::custom(format_args!("invalid tool call: `{path}` {problem}"))
+            }
+        })?;
+        ToolCall::from_value(value).map_err(|e| de::Error::custom(e.message()))
     }
 }
 

@@ -6,6 +6,7 @@ use serde::de::{self, Deserialize, Deserializer};
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use super::ijson::IJsonValue;
 use crate::canonical::{self, CanonicalOptions};
 use crate::error::ToolError;
 
@@ -189,8 +190,10 @@ impl Serialize for Params {
 }
 
 impl<'de> Deserialize<'de> for Params {
+    /// Reads the params as I-JSON: an object in which no member name appears twice, at any
+    /// depth.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Value::deserialize(deserializer)? {
+        match IJsonValue::deserialize(deserializer)?.0 {
             Value::Object(map) => Ok(Params::from_map(map)),
             other => Err(de::Error::custom(format_args!(
                 "must be a JSON object, got {}",
@@ -208,7 +211,7 @@ impl TryFrom<Value> for Params {
     }
 }
 
-fn json_kind(value: &Value) -> &'static str {
+pub(super) fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -2,9 +2,71 @@
 
 use std::fmt;
 
-use super::call::{CallEnvelope, CONTRACT_VERSION, PAYLOAD_VERSION};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::call::{
+    CallEnvelope, CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES,
+    PAYLOAD_VERSION,
+};
+use super::ijson::{self, IJsonValue};
+use super::params::{json_kind, Params};
 use crate::error::{ErrorCode, ToolError};
-use crate::serde_message::{missing_field, strip_position};
+use crate::serde_message::{missing_field, not_i_json, strip_position};
+
+/// Reads JSON text as I-JSON (RFC 7493) into a value: the first step of parsing an envelope.
+pub(crate) fn i_json(bytes: &[u8]) -> Result<Value, ToolError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let IJsonValue(value) =
+        IJsonValue::deserialize(&mut de).map_err(|error| i_json_error(bytes, &error))?;
+    de.end().map_err(|e| not_json(&e))?;
+    Ok(value)
+}
+
+/// Reads an envelope from a JSON value: the second step of parsing one.
+pub(crate) fn envelope(mut value: Value) -> Result<CallEnvelope, ToolError> {
+    let Value::Object(members) = &mut value else {
+        return Err(
+            ToolError::invalid_field("", "must be a JSON object").with_message(format!(
+            "invalid tool call: the envelope must be a JSON object, got {}; send one JSON object",
+            json_kind(&value)
+        )),
+        );
+    };
+    // The params move into the envelope as they are: deserializing them from the value would
+    // build them a second time.
+    let params = members
+        .get_mut("payload")
+        .and_then(Value::as_object_mut)
+        .and_then(|payload| payload.get_mut("params"))
+        .map(|params| std::mem::replace(params, Value::Object(Map::new())));
+    let mut envelope =
+        CallEnvelope::deserialize(&value).map_err(|error| envelope_error(&value, &error))?;
+    if let Some(params) = params {
+        envelope.payload.params = Params::from_value(params)?;
+    }
+    Ok(envelope)
+}
+
+// Valid input is the common case, so it is read without tracking the path of each member;
+// a refusal reads the input again with the path tracked, to name the member in the error.
+
+/// The error of reading `bytes` as I-JSON, which first gave `error`, naming the member.
+fn i_json_error(bytes: &[u8], error: &serde_json::Error) -> ToolError {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, IJsonValue>(&mut de) {
+        Err(tracked) => from_json_error(tracked),
+        Ok(_) => not_json(error),
+    }
+}
+
+/// The error of reading `value` as an envelope, which first gave `error`, naming the member.
+fn envelope_error(value: &Value, error: &serde_json::Error) -> ToolError {
+    match serde_path_to_error::deserialize::<_, CallEnvelope>(value) {
+        Err(tracked) => from_value_error(tracked),
+        Ok(_) => field_error(".", error),
+    }
+}
 
 /// The invariants that types alone do not hold.
 pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
@@ -22,6 +84,11 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
     non_empty("toolNamespace", &env.tool_namespace)?;
     non_empty("target.sessionKey", &env.target.session_key)?;
     non_empty("target.actorId", &env.target.actor_id)?;
+    for (field, id) in identifiers(env) {
+        if let Some(id) = id {
+            at_most(field, id, MAX_IDENTIFIER_BYTES)?;
+        }
+    }
     if env.payload.version != PAYLOAD_VERSION {
         return Err(ToolError::invalid_field(
             "payload.version",
@@ -33,6 +100,7 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
     }
     if let Some(key) = &env.payload.idempotency_key {
         non_empty("payload.idempotencyKey", key)?;
+        at_most("payload.idempotencyKey", key, MAX_IDEMPOTENCY_KEY_BYTES)?;
     }
     if let Some(budget) = &env.transport.retry_budget {
         if budget.max_attempts == 0 {
@@ -45,6 +113,42 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
     Ok(())
 }
 
+/// The envelope's identifiers, each with its field path.
+fn identifiers(env: &CallEnvelope) -> [(&'static str, Option<&str>); 11] {
+    let target = &env.target;
+    [
+        ("requestId", Some(&env.request_id)),
+        ("toolCallId", env.tool_call_id.as_deref()),
+        ("toolName", Some(&env.tool_name)),
+        ("toolNamespace", Some(&env.tool_namespace)),
+        ("target.agentId", target.agent_id.as_deref()),
+        ("target.sessionKey", Some(&target.session_key)),
+        ("target.actorId", Some(&target.actor_id)),
+        ("target.workspaceId", target.workspace_id.as_deref()),
+        ("target.correlationId", target.correlation_id.as_deref()),
+        ("target.tenantId", target.tenant_id.as_deref()),
+        (
+            "control.confirmationId",
+            env.control.confirmation_id.as_deref(),
+        ),
+    ]
+}
+
+fn at_most(field: &str, value: &str, limit: usize) -> Result<(), ToolError> {
+    if value.len() > limit {
+        Err(ToolError::invalid_field(
+            field,
+            format_args!(
+                "must be at most {limit} bytes, got {}; send a shorter identifier, or a \
+                 digest of a longer one",
+                value.len()
+            ),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 fn non_empty(field: &str, value: &str) -> Result<(), ToolError> {
     if value.chars().all(char::is_whitespace) {
         Err(ToolError::invalid_field(field, "must not be empty"))
@@ -53,18 +157,35 @@ fn non_empty(field: &str, value: &str) -> Result<(), ToolError> {
     }
 }
 
-pub(crate) fn from_json_error(err: serde_path_to_error::Error<serde_json::Error>) -> ToolError {
+fn from_json_error(err: serde_path_to_error::Error<serde_json::Error>) -> ToolError {
+    let path = member_path(err.path());
     if matches!(
         err.inner().classify(),
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof
     ) {
-        return not_json(err.inner());
+        let message = err.inner().to_string();
+        return match not_i_json(strip_position(&message)) {
+            Some(problem) if path != "." => {
+                ToolError::invalid_field(&path, Problem(ijson::problem(problem)))
+            }
+            _ => not_json(err.inner()),
+        };
     }
-    let path = err.path().to_string();
     field_error(&path, err.inner())
 }
 
-pub(crate) fn from_value_error(err: serde_path_to_error::Error<serde_json::Error>) -> ToolError {
+/// The path of the member an error is in; an error in a member's name is in the object
+/// that holds it.
+fn member_path(path: &serde_path_to_error::Path) -> String {
+    let path = path.to_string();
+    match path.strip_suffix("?") {
+        Some("") => ".".to_owned(),
+        Some(object) => object.trim_end_matches('.').to_owned(),
+        None => path,
+    }
+}
+
+fn from_value_error(err: serde_path_to_error::Error<serde_json::Error>) -> ToolError {
     let path = err.path().to_string();
     field_error(&path, err.inner())
 }

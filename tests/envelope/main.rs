@@ -553,3 +553,264 @@ proptest! {
         }
     }
 }
+
+// Only the contract's JSON: I-JSON (RFC 7493) and bounded identifiers.
+
+/// The minimal valid envelope as JSON text, with `extra` spliced in as more members of the
+/// top-level object (`extra` starts with a comma, or is empty).
+fn minimal_with(extra: &str) -> Vec<u8> {
+    format!(
+        r#"{{"contractVersion":"1.1","requestId":"r1","toolName":"search",
+            "toolNamespace":"agents.tools.web",
+            "target":{{"sessionKey":"s","actorId":"u"}},
+            "payload":{{"version":"1.0","params":{{}}}}{extra}}}"#
+    )
+    .into_bytes()
+}
+
+/// `from_json` refuses `bytes` with a `VALIDATION_ERROR` naming `field`; returns the message.
+#[track_caller]
+fn refused_naming(bytes: &[u8], field: &str) -> String {
+    let err = ToolCall::from_json(bytes).expect_err("must be refused");
+    assert_eq!(err.code(), ErrorCode::ValidationError, "{}", err.message());
+    assert_eq!(err.details().unwrap()["field"], field, "{}", err.message());
+    assert_eq!(err.record().attempts, Some(0));
+    err.message().to_owned()
+}
+
+/// The valid-full fixture with the member at `path` replaced by `value`.
+fn full_with(path: &[&str], value: Value) -> Vec<u8> {
+    let (_, bytes) = envelope_fixtures("valid-full").remove(0);
+    let mut envelope: Value = serde_json::from_slice(&bytes).unwrap();
+    let mut slot = &mut envelope;
+    for key in path {
+        slot = &mut slot[*key];
+    }
+    *slot = value;
+    serde_json::to_vec(&envelope).unwrap()
+}
+
+#[test]
+fn an_array_where_the_contract_says_object_is_refused() {
+    // Each of these arrays lists the members in the order of the struct's fields, which
+    // serde's derive accepts for a struct.
+    let cases = [
+        (vec!["target"], json!([null, "s", "u"]), "target"),
+        (vec!["payload"], json!(["1.0", {}]), "payload"),
+        (
+            vec!["payload", "callHints"],
+            json!([true, true, 10]),
+            "payload.callHints",
+        ),
+        (vec!["transport"], json!([]), "transport"),
+        (
+            vec!["transport", "retryBudget"],
+            json!([3, 1000]),
+            "transport.retryBudget",
+        ),
+        (vec!["control"], json!([]), "control"),
+        (vec!["trace"], json!([]), "trace"),
+    ];
+    for (path, array, field) in cases {
+        let message = refused_naming(&full_with(&path, array), field);
+        assert_eq!(
+            message,
+            format!("invalid tool call: `{field}` must be a JSON object, got an array")
+        );
+    }
+
+    // The whole envelope as an array.
+    let whole = br#"["1.1","r1",null,"search","agents.tools.web",
+        {"sessionKey":"s","actorId":"u"},{"version":"1.0","params":{}}]"#;
+    let err = ToolCall::from_json(whole).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ValidationError);
+    assert_eq!(
+        err.message(),
+        "invalid tool call: the envelope must be a JSON object, got an array; send one JSON object"
+    );
+    let value: Value = serde_json::from_slice(whole).unwrap();
+    assert_eq!(
+        ToolCall::from_value(value).unwrap_err().message(),
+        err.message()
+    );
+    assert!(serde_json::from_slice::<ToolCall>(whole).is_err());
+}
+
+#[test]
+fn a_name_where_the_contract_says_string_must_be_a_string() {
+    let message = refused_naming(
+        &full_with(&["transport", "dedupeMode"], json!({"enforced": null})),
+        "transport.dedupeMode",
+    );
+    assert!(message.contains("expected a string"), "{message}");
+    refused_naming(
+        &full_with(
+            &["transport", "circuitBreakerHint"],
+            json!({"global": null}),
+        ),
+        "transport.circuitBreakerHint",
+    );
+}
+
+#[test]
+fn a_repeated_member_name_is_refused_at_every_depth() {
+    let shadow = minimal_with("")
+        .iter()
+        .map(|&b| b as char)
+        .collect::<String>()
+        .replace(
+            r#""params":{}"#,
+            r#""params":{"path":"/safe","path":"/etc/shadow"}"#,
+        );
+    let message = refused_naming(shadow.as_bytes(), "payload.params.path");
+    assert_eq!(
+        message,
+        "invalid tool call: `payload.params.path` must be unique: the name appears twice in \
+         its object; send each member once"
+    );
+
+    let cases = [
+        (
+            r#""params":{"a":{"b":1,"c":2,"b":1}}"#,
+            "payload.params.a.b",
+        ),
+        (
+            r#""params":{"a":[0,{"b":1,"b":1}]}"#,
+            "payload.params.a[1].b",
+        ),
+        (
+            r#""params":{},"idempotencyKey":"k","idempotencyKey":"k""#,
+            "payload.idempotencyKey",
+        ),
+        (
+            r#""params":{},"ignored":{"x":1,"x":2}"#,
+            "payload.ignored.x",
+        ),
+    ];
+    let minimal = String::from_utf8(minimal_with("")).unwrap();
+    for (params, field) in cases {
+        let text = minimal.replace(r#""params":{}"#, params);
+        refused_naming(text.as_bytes(), field);
+    }
+    // Unknown members, which the crate ignores, and known ones at the top.
+    refused_naming(&minimal_with(r#","x":1,"x":1"#), "x");
+    refused_naming(&minimal_with(r#","requestId":"r2""#), "requestId");
+    refused_naming(
+        &minimal_with(r#","trace":{"baggage":{"a":"1","a":"2"}}"#),
+        "trace.baggage.a",
+    );
+    let target = minimal.replace(
+        r#""actorId":"u""#,
+        r#""actorId":"u","tenantId":"a","tenantId":"b""#,
+    );
+    refused_naming(target.as_bytes(), "target.tenantId");
+
+    // Every entry point that reads JSON text agrees.
+    assert!(serde_json::from_str::<ToolCall>(&shadow).is_err());
+    let params = serde_json::from_str::<Params>(r#"{"path":"/safe","path":"/etc/shadow"}"#);
+    assert!(params.is_err());
+}
+
+#[test]
+fn json_that_is_not_i_json_is_refused_even_where_the_crate_ignores_it() {
+    let message = refused_naming(&minimal_with(r#","x":1e400"#), "x");
+    assert_eq!(
+        message,
+        "invalid tool call: `x` must be a number that a double can hold; send a larger number \
+         as a string"
+    );
+    let in_params = String::from_utf8(minimal_with(""))
+        .unwrap()
+        .replace(r#""params":{}"#, r#""params":{"n":[1,-1e400]}"#);
+    refused_naming(in_params.as_bytes(), "payload.params.n[1]");
+
+    for surrogate in [r#""\ud800""#, r#""\udc00""#, r#""\ud800\u0041""#] {
+        let message = refused_naming(&minimal_with(&format!(r#","x":{surrogate}"#)), "x");
+        assert!(
+            message.starts_with("invalid tool call: `x` must be valid Unicode"),
+            "{message}"
+        );
+    }
+    let mut raw = minimal_with(r#","x":"a?b""#);
+    let at = raw.iter().position(|&b| b == b'?').unwrap();
+    raw[at] = 0xFF;
+    let message = refused_naming(&raw, "x");
+    assert!(message.contains("must be valid Unicode"), "{message}");
+
+    // An invalid member name is named by the object that holds it.
+    let mut raw = minimal_with(r#","trace":{"a?":1}"#);
+    let at = raw.iter().position(|&b| b == b'?').unwrap();
+    raw[at] = 0xC0;
+    let message = refused_naming(&raw, "trace");
+    assert!(message.contains("must be valid Unicode"), "{message}");
+
+    // Through serde too.
+    assert!(serde_json::from_slice::<ToolCall>(&minimal_with(r#","x":1e400"#)).is_err());
+}
+
+/// Each identifier of the envelope, where it is in the JSON, and its limit in bytes.
+const IDENTIFIERS: [(&[&str], &str, usize); 7] = [
+    (&["requestId"], "requestId", 256),
+    (&["toolCallId"], "toolCallId", 256),
+    (&["target", "sessionKey"], "target.sessionKey", 256),
+    (&["target", "actorId"], "target.actorId", 256),
+    (&["target", "tenantId"], "target.tenantId", 256),
+    (&["target", "correlationId"], "target.correlationId", 256),
+    (
+        &["payload", "idempotencyKey"],
+        "payload.idempotencyKey",
+        255,
+    ),
+];
+
+#[test]
+fn identifiers_longer_than_their_limit_are_refused_when_parsed() {
+    for (path, field, limit) in IDENTIFIERS {
+        // The limit is in bytes: "é" is two.
+        let longest = "é".repeat(limit / 2) + &"x".repeat(limit % 2);
+        ToolCall::from_json(&full_with(path, json!(longest)))
+            .unwrap_or_else(|e| panic!("{field} of {limit} bytes must pass: {e}"));
+        let message = refused_naming(&full_with(path, json!(longest + "x")), field);
+        assert_eq!(
+            message,
+            format!(
+                "invalid tool call: `{field}` must be at most {limit} bytes, got {}; send a \
+                 shorter identifier, or a digest of a longer one",
+                limit + 1
+            )
+        );
+    }
+}
+
+#[test]
+fn identifiers_longer_than_their_limit_are_refused_when_built_or_changed() {
+    let long = "x".repeat(257);
+    let base = || {
+        ToolCall::builder("agents.tools.web", "search")
+            .session("s")
+            .actor("u")
+    };
+    let built = [
+        (base().session(&long), "target.sessionKey"),
+        (base().actor(&long), "target.actorId"),
+        (base().tenant(&long), "target.tenantId"),
+        (base().correlation_id(&long), "target.correlationId"),
+        (base().request_id(&long), "requestId"),
+        (base().tool_call_id(&long), "toolCallId"),
+        (
+            base().idempotency_key(&long[..256]),
+            "payload.idempotencyKey",
+        ),
+    ];
+    for (builder, field) in built {
+        let err = builder.build().unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ValidationError);
+        assert_eq!(err.details().unwrap()["field"], field, "{}", err.message());
+    }
+    base().idempotency_key(&long[..255]).build().unwrap();
+
+    let mut call = search_call(json!({}));
+    call.envelope_mut().target.session_key = long;
+    let err = call.check().unwrap_err();
+    assert_eq!(err.details().unwrap()["field"], "target.sessionKey");
+}
