@@ -302,8 +302,8 @@ pub(crate) fn params_digest_shared(canonical: &str) -> Arc<str> {
 
 /// The derived idempotency key:
 /// `hex(sha256(namespace + "::" + name + "::" + canonical + "::" + session + "::" + actor))`,
-/// with `%` and `:` in the namespace, the name, the session and the actor escaped as `%25`
-/// and `%3A` (see [`escape_part`]).
+/// with `%` and `:` in the namespace, the name, the session and the actor percent-encoded
+/// as `%25` and `%3A`.
 ///
 /// Escaped, those four parts hold no `:`, so the only `::` outside the canonical params are
 /// the separators, and two different tuples of parts never join to the same text: the
