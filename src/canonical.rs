@@ -3,8 +3,15 @@
 //! [`canonical_json`] writes a value as RFC 8785 (the JSON Canonicalization Scheme) does:
 //! object members sorted by the UTF-16 code units of their names, no whitespace, strings
 //! escaped as `JSON.stringify` escapes them, and numbers in the shortest form that reads back
-//! as the same IEEE double, so `1`, `1.0` and `1e0` are one number and `-0` is `0`. Before
-//! that, three normalizations run by default (each can be switched off in
+//! as the same IEEE double, so `1`, `1.0` and `1e0` are one number and `-0` is `0`.
+//!
+//! One departure from RFC 8785: an integer beyond ±2^53, which a double may not hold exactly,
+//! is written as its exact decimal digits. RFC 8785 would write the double nearest to it, so
+//! the snowflake ids `1234567890123456789` and `1234567890123456788` would share one canonical
+//! form (`1234567890123456800`), one derived key and one loop signature. Integers within
+//! ±2^53 and all other numbers are written as RFC 8785 writes them.
+//!
+//! Before writing, three normalizations run by default (each can be switched off in
 //! [`CanonicalOptions`]):
 //!
 //! - object members whose value is `null` are removed (nulls inside arrays stay);
@@ -28,11 +35,17 @@
 //! assert_eq!(digest.len(), 64);
 //! let key = derive_key("agents.tools.web", "search", &canonical, "sess-42", "user-7");
 //! assert_ne!(key, derive_key("agents.tools.web", "search", &canonical, "sess-43", "user-7"));
+//!
+//! // Integers beyond 2^53 keep every digit.
+//! let snowflake = canonical_json(&json!({"id": 1234567890123456789_u64}), &opts)?;
+//! assert_eq!(snowflake, r#"{"id":1234567890123456789}"#);
 //! # Ok::<(), tower_toolcall::ToolError>(())
 //! ```
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::cmp::Ordering;
+use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::{Number, Value};
@@ -288,7 +301,24 @@ pub(crate) fn params_digest_shared(canonical: &str) -> Arc<str> {
 }
 
 /// The derived idempotency key:
-/// `hex(sha256(namespace + "::" + name + "::" + canonical + "::" + session + "::" + actor))`.
+/// `hex(sha256(namespace + "::" + name + "::" + canonical + "::" + session + "::" + actor))`,
+/// with `%` and `:` in the namespace, the name, the session and the actor percent-encoded
+/// as `%25` and `%3A`.
+///
+/// Escaped, those four parts hold no `:`, so the only `::` outside the canonical params are
+/// the separators, and two different tuples of parts never join to the same text: the
+/// namespace `x::y` with the name `z` is another key than the namespace `x` with the name
+/// `y::z`. Parts without `%` or `:` are written as they are, so their keys are the formula's.
+///
+/// ```
+/// use tower_toolcall::canonical::derive_key;
+///
+/// let params = r#"{"q":1}"#;
+/// assert_ne!(
+///     derive_key("x::y", "z", params, "sess-42", "user-7"),
+///     derive_key("x", "y::z", params, "sess-42", "user-7"),
+/// );
+/// ```
 pub fn derive_key(
     namespace: &str,
     name: &str,
@@ -309,17 +339,47 @@ pub(crate) fn derived_key_hex(
     session_key: &str,
     actor_id: &str,
 ) -> HexDigest {
+    // The params need no escape: they are what lies between the second separator and the
+    // second-to-last one.
+    let escaped = |part| escape_part(part, b":");
+    let parts = [
+        escaped(namespace),
+        escaped(name),
+        Cow::Borrowed(canonical),
+        escaped(session_key),
+        escaped(actor_id),
+    ];
     let mut hasher = Sha256::new();
-    for (i, part) in [namespace, name, canonical, session_key, actor_id]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, part) in parts.iter().enumerate() {
         if i > 0 {
             hasher.update(b"::");
         }
         hasher.update(part.as_bytes());
     }
     HexDigest::of(&hasher.finalize().into())
+}
+
+/// `part` with `%` and each of the ASCII `separators` percent-encoded (`%` as `%25`, `:` as
+/// `%3A`, `/` as `%2F`, …): the result holds none of the separators, and different parts stay
+/// different. A part with none of them is returned as it is.
+///
+/// Derived keys escape `:`; store keys escape `/`, `{` and `}` in every part, and `:` as well
+/// in the tool's namespace and name.
+pub(crate) fn escape_part<'a>(part: &'a str, separators: &[u8]) -> Cow<'a, str> {
+    let escaped = |b: u8| b == b'%' || separators.contains(&b);
+    if !part.bytes().any(escaped) {
+        return Cow::Borrowed(part);
+    }
+    let mut out = String::with_capacity(part.len() + 8);
+    for c in part.chars() {
+        match u8::try_from(c) {
+            Ok(b) if escaped(b) => {
+                write!(out, "%{b:02X}").expect("a String takes any text");
+            }
+            _ => out.push(c),
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// The lowercase hex of a SHA-256 digest, held on the stack, so that the one string made of
@@ -481,21 +541,26 @@ pub(crate) fn hex_lower(bytes: &[u8]) -> String {
     String::from_utf8(out).expect("hex digits are ASCII")
 }
 
-/// Writes a number as ECMAScript writes a double. Integers up to 2^53 in magnitude are
-/// exact doubles whose shortest form is their decimal digits, so they skip the float path.
+/// Writes a number: an integer that serde_json holds as a `u64` or `i64` as its decimal
+/// digits, any other number as ECMAScript writes a double (RFC 8785).
 fn write_number(out: &mut String, n: &Number) {
-    const EXACT: u64 = 1 << 53;
-    match (n.as_u64(), n.as_i64()) {
-        (Some(v), _) if v <= EXACT => out.push_str(itoa::Buffer::new().format(v)),
-        (_, Some(v)) if v.unsigned_abs() <= EXACT => out.push_str(itoa::Buffer::new().format(v)),
-        _ => out.push_str(ryu_js::Buffer::new().format(as_f64(n))),
-    }
+    with_number_text(n, |text| out.push_str(text));
 }
 
-/// Numbers are IEEE doubles in RFC 8785; integers past 2^53 lose precision as they do in
-/// JavaScript.
-fn as_f64(n: &Number) -> f64 {
-    n.as_f64().unwrap_or(0.0)
+/// Calls `f` with the canonical text of `n`.
+///
+/// Within ±2^53 an integer is an exact double whose shortest form is its decimal digits, as
+/// RFC 8785 writes it. Beyond, a double may not hold it (1234567890123456789 and
+/// 1234567890123456788 are the same double) and RFC 8785 would write the rounded value; its
+/// exact digits keep different integers apart. That is the one departure from RFC 8785.
+fn with_number_text<R>(n: &Number, f: impl FnOnce(&str) -> R) -> R {
+    if let Some(v) = n.as_u64() {
+        f(itoa::Buffer::new().format(v))
+    } else if let Some(v) = n.as_i64() {
+        f(itoa::Buffer::new().format(v))
+    } else {
+        f(ryu_js::Buffer::new().format(n.as_f64().unwrap_or(0.0)))
+    }
 }
 
 /// How JSON.stringify writes each byte: 0 as it is, `u` as `\u00XX`, anything else as a
@@ -651,7 +716,7 @@ impl ExactSize<'_> {
         Ok(match value {
             Value::Null | Value::Bool(true) => 4,
             Value::Bool(false) => 5,
-            Value::Number(n) => ryu_js::Buffer::new().format(as_f64(n)).len(),
+            Value::Number(n) => with_number_text(n, str::len),
             Value::String(s) => escaped_len(self.options.normalize(s)),
             Value::Array(items) => {
                 let depth = enter(depth, self.options)?;
@@ -674,5 +739,50 @@ impl ExactSize<'_> {
                 size + kept.saturating_sub(1)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Reverses [`escape_part`].
+    fn unescape(escaped: &str) -> String {
+        let mut bytes = Vec::new();
+        let mut rest = escaped.as_bytes();
+        while let Some((&b, tail)) = rest.split_first() {
+            if b == b'%' {
+                let hex = std::str::from_utf8(&tail[..2]).unwrap();
+                bytes.push(u8::from_str_radix(hex, 16).unwrap());
+                rest = &tail[2..];
+            } else {
+                bytes.push(b);
+                rest = tail;
+            }
+        }
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn escaped_parts_are_percent_encoded_and_others_untouched() {
+        assert_eq!(escape_part("a%:/é", b":/"), "a%25%3A%2Fé");
+        assert_eq!(escape_part("a:b", b"/"), "a:b");
+        assert!(matches!(
+            escape_part("sess-42", b":/"),
+            Cow::Borrowed("sess-42")
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn escaping_holds_no_separator_and_can_be_undone(part in "[x:/%{}é3A]{0,8}") {
+            for separators in [&b":"[..], b"/{}", b"/{}:"] {
+                let escaped = escape_part(&part, separators);
+                prop_assert!(!escaped.bytes().any(|b| separators.contains(&b)), "{}", escaped);
+                prop_assert_eq!(unescape(&escaped), part.clone());
+            }
+        }
     }
 }

@@ -10,9 +10,12 @@
 //! ```
 //!
 //! with `/<paramsDigest>` appended when a reused key with other params counts as another key.
-//! Each part has `%`, `/`, `{` and `}` percent-encoded, so parts never run into each other and
-//! a store key never closes a Redis Cluster hash tag. A call without a tenant has an empty
-//! first part.
+//! Each part has `%`, `/`, `{` and `}` percent-encoded (`%25`, `%2F`, `%7B`, `%7D`), and the
+//! namespace and the name `:` as well (`%3A`), so parts never run into each other: two
+//! different tuples of parts never give the same store key (the namespace `x::y` with the
+//! name `z` is not the namespace `x` with the name `y::z`), and a store key never closes a
+//! Redis Cluster hash tag. Parts without those characters are written as they are. A call
+//! without a tenant has an empty first part.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -114,9 +117,9 @@ fn write_store_key(
 ) {
     push_part(out, call.tenant_id().unwrap_or_default());
     out.push('/');
-    push_part(out, call.tool_namespace());
+    push_tool_part(out, call.tool_namespace());
     out.push_str("::");
-    push_part(out, call.tool_name());
+    push_tool_part(out, call.tool_name());
     match scope {
         KeyScope::Session => {
             out.push_str("/s/");
@@ -176,30 +179,27 @@ pub(crate) fn fingerprint(store_key: &str, idempotency_key: &str, derived: bool)
     }
 }
 
+/// What each part of a store key escapes besides `%`: the `/` between parts, and the braces
+/// that would close a Redis Cluster hash tag.
+const PART_SEPARATORS: &[u8] = b"/{}";
+
+/// What the tool's namespace and name escape besides `%`: [`PART_SEPARATORS`] and the `:` of
+/// the `::` between them.
+const TOOL_PART_SEPARATORS: &[u8] = b"/{}:";
+
 /// Appends `part`, with `%`, `/`, `{` and `}` percent-encoded.
 fn push_part(out: &mut String, part: &str) {
-    // No early exit, so that the compiler vectorizes the scan.
-    if !part.bytes().fold(false, |any, b| any | needs_escape(b)) {
-        out.push_str(part);
-        return;
-    }
-    for c in part.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '/' => out.push_str("%2F"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
-    }
+    out.push_str(&canonical::escape_part(part, PART_SEPARATORS));
 }
 
-fn needs_escape(b: u8) -> bool {
-    matches!(b, b'%' | b'/' | b'{' | b'}')
+/// Appends the tool's namespace or name, with `%`, `/`, `{`, `}` and `:` percent-encoded.
+fn push_tool_part(out: &mut String, part: &str) {
+    out.push_str(&canonical::escape_part(part, TOOL_PART_SEPARATORS));
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy;
     use serde_json::json;
 
     use super::*;
@@ -242,6 +242,83 @@ mod tests {
     }
 
     #[test]
+    fn colons_in_the_tool_are_escaped_and_only_there() {
+        let of = |ns: &str, name: &str| {
+            let call = ToolCall::builder(ns, name)
+                .session("agent:main")
+                .actor("user:7")
+                .build()
+                .unwrap();
+            store_key(&call, "order:1", KeyScope::Session, None)
+        };
+        assert_eq!(
+            &*of("x::y", "z"),
+            "/x%3A%3Ay::z/s/agent:main/user:7/order:1"
+        );
+        assert_eq!(
+            &*of("x", "y::z"),
+            "/x::y%3A%3Az/s/agent:main/user:7/order:1"
+        );
+        assert_eq!(&*of("x%3A", "z"), "/x%253A::z/s/agent:main/user:7/order:1");
+    }
+
+    #[test]
+    fn no_part_can_open_or_close_a_hash_tag() {
+        let call = ToolCall::builder("{ns}", "}n{")
+            .session("{s")
+            .actor("a}")
+            .tenant("}{")
+            .build()
+            .unwrap();
+        let key = store_key(&call, "{k}", KeyScope::Session, Some("{d}"));
+        assert_eq!(
+            &*key,
+            "%7D%7B/%7Bns%7D::%7Dn%7B/s/%7Bs/a%7D/%7Bk%7D/%7Bd%7D"
+        );
+    }
+
+    #[test]
+    fn key_sources_have_stable_names() {
+        let names = [KeySource::Caller, KeySource::Hook, KeySource::Derived].map(KeySource::as_str);
+        assert_eq!(names, ["caller", "hook", "derived"]);
+    }
+
+    #[test]
+    fn fingerprints_show_a_derived_key_s_prefix_and_hash_any_other_key() {
+        let derived = "0123456789abcdef0123456789abcdef";
+        assert_eq!(fingerprint("/t::n/g/x", derived, true), "0123456789abcdef");
+        assert_eq!(
+            fingerprint("/t::n/g/x", derived, false),
+            key_fingerprint("/t::n/g/x")
+        );
+        // A key too short to show is hashed even when derived.
+        assert_eq!(
+            fingerprint("/t::n/g/short", "short", true),
+            key_fingerprint("/t::n/g/short")
+        );
+        // The first 8 bytes of SHA-256("abc"), in hex.
+        assert_eq!(key_fingerprint("abc"), "ba7816bf8f01cfea");
+        assert_ne!(key_fingerprint("abd"), key_fingerprint("abc"));
+    }
+
+    #[test]
+    fn blank_keys_are_no_keys() {
+        let opts = CanonicalOptions::default();
+        let mut c = call(None, "s");
+        c.envelope_mut().hook_idempotency_key = Some("  ".into());
+        assert_eq!(
+            idempotency_key(&c, false, KeyScope::Session, &opts).unwrap(),
+            None
+        );
+        c.envelope_mut().payload.idempotency_key = Some(" ".into());
+        let (key, source) = idempotency_key(&c, true, KeyScope::Session, &opts)
+            .unwrap()
+            .unwrap();
+        assert_eq!(source, KeySource::Derived);
+        assert_eq!(key.len(), 64);
+    }
+
+    #[test]
     fn precedence_is_caller_then_hook_then_derived() {
         let opts = CanonicalOptions::default();
         let mut c = call(None, "s");
@@ -272,5 +349,101 @@ mod tests {
             idempotency_key(&c, false, session, &opts).unwrap(),
             Some(("from-caller".into(), KeySource::Caller))
         );
+    }
+
+    /// Every way to read `text` as parts joined by `separators`, one between each two parts.
+    fn readings(text: &str, separators: &[&str]) -> Vec<Vec<String>> {
+        let Some((separator, rest)) = separators.split_first() else {
+            return vec![vec![text.to_owned()]];
+        };
+        let mut all = Vec::new();
+        for (at, _) in text.char_indices() {
+            if let Some(tail) = text[at..].strip_prefix(separator) {
+                for mut reading in readings(tail, rest) {
+                    reading.insert(0, text[..at].to_owned());
+                    all.push(reading);
+                }
+            }
+        }
+        all
+    }
+
+    /// A part of a key, made of separators, escapes and braces.
+    fn part() -> impl Strategy<Value = String> {
+        "[x:/%{}3A]{1,4}"
+    }
+
+    /// The store key of a call read from `parts` as the shape of `scope` and `digest` lays
+    /// them out, or `None` when a part the call needs is empty.
+    fn store_key_of(parts: &[String], scope: KeyScope, digest: bool) -> Option<Arc<str>> {
+        let (tenant, ns, name, rest) = (&parts[0], &parts[1], &parts[2], &parts[3..]);
+        let (session, actor, rest) = match scope {
+            KeyScope::Session => (rest[0].as_str(), rest[1].as_str(), &rest[2..]),
+            KeyScope::Global => ("s", "u", rest),
+        };
+        let mut builder = ToolCall::builder(ns.as_str(), name.as_str())
+            .session(session)
+            .actor(actor);
+        if !tenant.is_empty() {
+            builder = builder.tenant(tenant.as_str());
+        }
+        let call = builder.build().ok()?;
+        let distinct_by = digest.then(|| rest[1].as_str());
+        Some(store_key(&call, &rest[0], scope, distinct_by))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parts_that_join_alike_give_different_store_keys(
+            parts in proptest::collection::vec(part(), 7),
+            tenant in "[x:/%{}]{0,3}",
+        ) {
+            // Each text the parts make when joined without escapes, read in every layout,
+            // gives tuples of parts that must all get different store keys.
+            let [ns, name, session, actor, key, digest] = [1, 2, 3, 4, 5, 6].map(|i| &parts[i]);
+            let texts = [
+                format!("{tenant}/{ns}::{name}/s/{session}/{actor}/{key}"),
+                format!("{tenant}/{ns}::{name}/s/{session}/{actor}/{key}/{digest}"),
+                format!("{tenant}/{ns}::{name}/g/{key}"),
+                format!("{tenant}/{ns}::{name}/g/{key}/{digest}"),
+            ];
+            let layouts: [(KeyScope, bool, &[&str]); 4] = [
+                (KeyScope::Session, false, &["/", "::", "/s/", "/", "/"]),
+                (KeyScope::Session, true, &["/", "::", "/s/", "/", "/", "/"]),
+                (KeyScope::Global, false, &["/", "::", "/g/"]),
+                (KeyScope::Global, true, &["/", "::", "/g/", "/"]),
+            ];
+            let mut seen = std::collections::HashMap::new();
+            for text in &texts {
+                for &(scope, digest, separators) in &layouts {
+                    for reading in readings(text, separators) {
+                        let Some(key) = store_key_of(&reading, scope, digest) else {
+                            continue;
+                        };
+                        proptest::prop_assert!(!key.contains(['{', '}']), "{}", key);
+                        let tuple = (format!("{scope:?}"), digest, reading);
+                        if let Some(other) = seen.insert(key.clone(), tuple.clone()) {
+                            proptest::prop_assert_eq!(&other, &tuple, "{}", key);
+                        }
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn parts_that_join_alike_give_different_derived_keys(
+            parts in proptest::collection::vec("[x:%3A]{0,4}", 5),
+        ) {
+            let text = parts.join("::");
+            let mut seen = std::collections::HashMap::new();
+            for reading in readings(&text, &["::"; 4]) {
+                let key = canonical::derive_key(
+                    &reading[0], &reading[1], &reading[2], &reading[3], &reading[4],
+                );
+                if let Some(other) = seen.insert(key.clone(), reading.clone()) {
+                    proptest::prop_assert_eq!(&other, &reading, "{}", key);
+                }
+            }
+        }
     }
 }

@@ -313,9 +313,10 @@ proptest! {
     }
 
     #[test]
-    fn without_normalizations_the_output_is_rfc_8785(value in any_json()) {
+    fn without_normalizations_the_output_is_rfc_8785(value in json_of(integers_a_double_holds())) {
         // serde_json_canonicalizer implements RFC 8785 alone; with every normalization off,
-        // both must agree byte for byte.
+        // both must agree byte for byte. Integers beyond 2^53 are the one departure (see
+        // `integers_beyond_two_to_the_53_keep_their_exact_digits`), so none is generated here.
         let raw = CanonicalOptions::default()
             .drop_null_members(false)
             .trim_strings(false)
@@ -338,13 +339,26 @@ proptest! {
     }
 }
 
-/// Any JSON value, floats and unicode included.
+/// Any JSON value, floats, unicode and integers of every size included.
 fn any_json() -> impl Strategy<Value = Value> {
+    json_of(prop_oneof![
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<u64>().prop_map(|n| json!(n)),
+    ])
+}
+
+/// The integers within ±2^53, which a double holds exactly.
+fn integers_a_double_holds() -> impl Strategy<Value = Value> {
+    const EXACT: i64 = 1 << 53;
+    (-EXACT..=EXACT).prop_map(|n| json!(n))
+}
+
+/// Any JSON value, floats and unicode included, with integers from `integers`.
+fn json_of(integers: impl Strategy<Value = Value> + 'static) -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(|n| json!(n)),
-        any::<u64>().prop_map(|n| json!(n)),
+        integers,
         any::<f64>()
             .prop_filter("finite", |f| f.is_finite())
             .prop_map(|f| json!(f)),
@@ -360,20 +374,16 @@ fn any_json() -> impl Strategy<Value = Value> {
 }
 
 #[test]
-fn integers_around_two_to_the_53_are_written_as_doubles() {
+fn integers_within_two_to_the_53_are_written_as_rfc_8785_writes_them() {
     let exact = 1_i64 << 53;
     let values = [
         json!(0),
         json!(-1),
         json!(exact - 1),
         json!(exact),
-        json!(exact + 1),
         json!(-exact),
-        json!(-exact - 1),
-        json!(i64::MIN),
-        json!(i64::MAX),
-        json!(u64::MAX),
-        json!(1_000_000_000_000_000_000_u64),
+        json!(1.0e20),
+        json!(-1.2345678901234567e18),
     ];
     let options = CanonicalOptions::default();
     for value in values {
@@ -385,7 +395,113 @@ fn integers_around_two_to_the_53_are_written_as_doubles() {
         );
     }
     assert_eq!(
-        canonical_json(&json!(exact + 1), &options).unwrap(),
+        canonical_json(&json!(exact), &options).unwrap(),
         "9007199254740992"
+    );
+}
+
+#[test]
+fn integers_beyond_two_to_the_53_keep_their_exact_digits() {
+    // Snowflake ids: RFC 8785 rounds both to the double 1234567890123456768 and writes
+    // `1234567890123456800` for each; the canonical form keeps them apart.
+    let options = CanonicalOptions::default();
+    let first = canonical_json(&json!({"message_id": 1234567890123456789_u64}), &options).unwrap();
+    let second = canonical_json(&json!({"message_id": 1234567890123456788_u64}), &options).unwrap();
+    assert_eq!(first, r#"{"message_id":1234567890123456789}"#);
+    assert_eq!(second, r#"{"message_id":1234567890123456788}"#);
+    assert_eq!(
+        serde_json_canonicalizer::to_string(&json!(1234567890123456789_u64)).unwrap(),
+        "1234567890123456800",
+        "the departure from RFC 8785"
+    );
+
+    let exact = 1_i64 << 53;
+    for (value, digits) in [
+        (json!(exact + 1), "9007199254740993"),
+        (json!(-exact - 1), "-9007199254740993"),
+        (json!(i64::MIN), "-9223372036854775808"),
+        (json!(i64::MAX), "9223372036854775807"),
+        (json!(u64::MAX), "18446744073709551615"),
+        (json!(1_u64 << 60), "1152921504606846976"),
+    ] {
+        let canonical = canonical_json(&value, &options).unwrap();
+        assert_eq!(canonical, digits);
+        // The size check counts the same digits.
+        assert!(
+            check_limits(&value, &options, canonical.len()).is_ok(),
+            "{value}"
+        );
+        assert!(
+            check_limits(&value, &options, canonical.len() - 1).is_err(),
+            "{value}"
+        );
+    }
+
+    // Parsed from text, as envelopes are, the digits survive too; a number beyond 64 bits
+    // is a double, written as RFC 8785 writes it.
+    let parse = |text: &str| canonical_json(&serde_json::from_str(text).unwrap(), &options);
+    assert_eq!(
+        parse("[1234567890123456789]").unwrap(),
+        "[1234567890123456789]"
+    );
+    assert_eq!(
+        parse("[-1234567890123456789]").unwrap(),
+        "[-1234567890123456789]"
+    );
+    assert_eq!(
+        parse("[123456789012345678901]").unwrap(),
+        "[123456789012345680000]"
+    );
+    let d1 = derive_key("ns", "tool", &first, "s", "u");
+    assert_ne!(d1, derive_key("ns", "tool", &second, "s", "u"));
+    assert_ne!(params_digest(&first), params_digest(&second));
+}
+
+proptest! {
+    #[test]
+    fn distinct_integers_have_distinct_canonical_forms(a in any::<i64>(), b in any::<u64>()) {
+        let options = CanonicalOptions::default();
+        let write = |value: Value| canonical_json(&value, &options).unwrap();
+        prop_assert_eq!(write(json!(a)), a.to_string());
+        prop_assert_eq!(write(json!(b)), b.to_string());
+        prop_assert_eq!(write(json!(a)) == write(json!(b)), i128::from(a) == i128::from(b));
+    }
+}
+
+#[test]
+fn parts_that_join_alike_give_different_derived_keys() {
+    let canonical = r#"{"q":1}"#;
+    let key = |ns: &str, name: &str, session: &str, actor: &str| {
+        derive_key(ns, name, canonical, session, actor)
+    };
+    // Each pair joins to the same text with `::` between the parts.
+    let pairs = [
+        (("x::y", "z", "s", "u"), ("x", "y::z", "s", "u")),
+        (("x:", "y", "s", "u"), ("x", ":y", "s", "u")),
+        (("ns", "tool", "a::b", "u"), ("ns", "tool", "a", "b::u")),
+        (("ns", "tool", "s:", "u"), ("ns", "tool", "s", ":u")),
+        // An escape written literally is not the character it escapes.
+        (("x%3Ay", "z", "s", "u"), ("x:y", "z", "s", "u")),
+    ];
+    for (a, b) in pairs {
+        assert_ne!(
+            key(a.0, a.1, a.2, a.3),
+            key(b.0, b.1, b.2, b.3),
+            "{a:?} {b:?}"
+        );
+    }
+    // Params that hold the separator cannot take the place of a part either.
+    assert_ne!(
+        derive_key("ns", "tool", r#"{"q":"a::s"}"#, "u", "v"),
+        derive_key("ns", "tool", r#"{"q":"a"#, r#"s"}::u"#, "v"),
+    );
+    // A slash is no separator of the derived key: parts with one keep today's keys.
+    let plain = |parts: [&str; 5]| {
+        let joined = parts.join("::");
+        tower_toolcall::canonical::params_digest(&joined)
+    };
+    assert_eq!(
+        derive_key("agents/web", "search", canonical, "sess/42", "user-7"),
+        plain(["agents/web", "search", canonical, "sess/42", "user-7"])
     );
 }

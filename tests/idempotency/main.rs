@@ -1775,3 +1775,167 @@ async fn memory_store_stays_under_its_bound_in_bytes_with_large_results() {
         .unwrap_err();
     assert_eq!(err.field(), "idempotency.store.max_bytes");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Keys: parts that join alike never share a record; integers beyond 2^53 keep their digits
+
+/// A layer on the memory store over a registry of `tools` (namespace, name), each with the
+/// default policy.
+fn layer_of_tools(tools: &[(&str, &str)]) -> IdempotencyLayer<InMemoryDedupeStore> {
+    let registry = tools
+        .iter()
+        .fold(ToolRegistry::builder(), |builder, (ns, name)| {
+            builder.tool(ToolDescriptor::new(*ns, *name, RiskLevel::Writes))
+        })
+        .build()
+        .unwrap();
+    IdempotencyLayer::new(registry, InMemoryDedupeStore::new())
+}
+
+/// Sends `calls` in turn through `idem` over one mock tool, and checks that every one ran the
+/// tool and none was answered from another's record.
+async fn each_call_runs_the_tool(idem: &IdempotencyLayer<InMemoryDedupeStore>, calls: &[ToolCall]) {
+    let tool = MockTool::echo(Duration::ZERO);
+    let svc = over(idem, &tool);
+    let mut keys = Vec::new();
+    for (i, call) in calls.iter().enumerate() {
+        let out = run(&svc, call.clone()).await.unwrap();
+        assert_eq!(out.content["run"], i + 1, "call {i} ran the tool");
+        assert!(
+            !out.record().from_cache,
+            "call {i} was not answered from cache"
+        );
+        keys.push(idem.store_key(call).unwrap().unwrap());
+    }
+    assert_eq!(tool.runs(), calls.len());
+    for (i, key) in keys.iter().enumerate() {
+        assert!(
+            !keys[..i].contains(key),
+            "store key {key} of call {i} is another's"
+        );
+    }
+}
+
+/// A call of `namespace::name` by `actor` in `session`, with `key` as its idempotency key
+/// (`None`: a derived key).
+fn call_of(namespace: &str, name: &str, session: &str, actor: &str, key: Option<&str>) -> ToolCall {
+    let builder = ToolCall::builder(namespace, name)
+        .session(session)
+        .actor(actor)
+        .params(json!({"path": "a.md"}));
+    match key {
+        Some(key) => builder.idempotency_key(key),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn tools_whose_names_join_alike_never_share_a_key() {
+    // `x::y` + `z` and `x` + `y::z` both read `x::y::z`.
+    let tools = [("x::y", "z"), ("x", "y::z"), ("x:", ":y::z")];
+    for key in [Some("k-1"), None] {
+        let calls: Vec<ToolCall> = tools
+            .iter()
+            .map(|(ns, name)| call_of(ns, name, "s", "u", key))
+            .collect();
+        each_call_runs_the_tool(&layer_of_tools(&tools), &calls).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn sessions_and_actors_holding_separators_never_share_a_key() {
+    let targets = [
+        ("a::b", "c"),
+        ("a", "b::c"),
+        ("a/b", "c"),
+        ("a", "b/c"),
+        ("a:", ":b"),
+        ("a%2Fb", "c"),
+    ];
+    for key in [Some("k-1"), None] {
+        let calls: Vec<ToolCall> = targets
+            .iter()
+            .map(|(session, actor)| call_of(NS, TOOL, session, actor, key))
+            .collect();
+        each_call_runs_the_tool(&layer_of_tools(&[(NS, TOOL)]), &calls).await;
+    }
+    // A session that holds the actor and the key after a separator is not that actor's.
+    let calls = [
+        call_of(NS, TOOL, "s/u", "k", Some("k")),
+        call_of(NS, TOOL, "s", "u/k", Some("k")),
+        call_of(NS, TOOL, "s", "u", Some("k/k")),
+    ];
+    each_call_runs_the_tool(&layer_of_tools(&[(NS, TOOL)]), &calls).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_holding_separators_never_share_a_key() {
+    // `t/x` + `vault` and `t` + `x/vault` both read `t/x/vault`; braces would change the
+    // Redis Cluster hash tag.
+    let tools = [(NS, TOOL), ("x/vault", TOOL), ("x", "vault::createFile")];
+    let with_tenant = |tenant: &str, ns: &str, name: &str| {
+        ToolCall::builder(ns, name)
+            .session("s")
+            .actor("u")
+            .tenant(tenant)
+            .params(json!({"path": "a.md"}))
+            .idempotency_key("k-1")
+            .build()
+            .unwrap()
+    };
+    let calls = [
+        with_tenant("t/x", NS, TOOL),
+        with_tenant("t", "x/vault", TOOL),
+        with_tenant("t::x", NS, TOOL),
+        with_tenant("t", "x", "vault::createFile"),
+        with_tenant("{t}", NS, TOOL),
+        with_tenant("{t", NS, TOOL),
+        with_tenant("%7Bt%7D", NS, TOOL),
+    ];
+    let idem = layer_of_tools(&tools);
+    each_call_runs_the_tool(&idem, &calls).await;
+    for call in &calls {
+        let key = idem.store_key(call).unwrap().unwrap();
+        assert!(!key.contains(['{', '}']), "{key} keeps no brace");
+    }
+}
+
+/// A call parsed from JSON text whose params are `params` (JSON text), with `key`.
+fn parsed_call(params: &str, key: Option<&str>) -> ToolCall {
+    let key = key.map_or(String::new(), |k| format!(r#","idempotencyKey":"{k}""#));
+    let text = format!(
+        r#"{{"contractVersion":"1.1","requestId":"01J9Z8Q4V6K3T2M1N0P9R8S7T7","toolName":"{TOOL}",
+           "toolNamespace":"{NS}","target":{{"sessionKey":"sess-42","actorId":"user-7"}},
+           "payload":{{"version":"1.0","params":{params}{key}}}}}"#
+    );
+    ToolCall::from_json(text.as_bytes()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn snowflake_ids_beyond_two_to_the_53_are_neither_a_cache_hit_nor_a_conflict() {
+    let first = r#"{"message_id":1234567890123456789}"#;
+    let second = r#"{"message_id":1234567890123456788}"#;
+    // Parsing keeps every digit.
+    assert_eq!(
+        parsed_call(first, None).params().as_value()["message_id"].as_u64(),
+        Some(1234567890123456789)
+    );
+
+    // Derived keys: two keys, two runs.
+    let calls = [parsed_call(first, None), parsed_call(second, None)];
+    each_call_runs_the_tool(&layer_of_tools(&[(NS, TOOL)]), &calls).await;
+
+    // One caller key for both: the second is a reused key, not the first one's result.
+    let tool = MockTool::echo(Duration::ZERO);
+    let svc = over(&layer_of_tools(&[(NS, TOOL)]), &tool);
+    run(&svc, parsed_call(first, Some("send-1"))).await.unwrap();
+    let err = run(&svc, parsed_call(second, Some("send-1")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::IdempotencyKeyReused);
+    let again = run(&svc, parsed_call(first, Some("send-1"))).await.unwrap();
+    assert!(again.record().from_cache);
+    assert_eq!(tool.runs(), 1);
+}

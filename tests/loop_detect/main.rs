@@ -1316,3 +1316,37 @@ async fn sessions_with_long_keys_stay_within_the_bound_in_bytes_and_the_newest_s
         .unwrap_err();
     assert_eq!(err.field(), "loop_detect.max_session_bytes");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Integers beyond 2^53 keep their digits
+
+#[tokio::test]
+async fn snowflake_ids_beyond_two_to_the_53_are_different_calls() {
+    let counter = Counter::default();
+    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let parse = |id: &str| {
+        let text = format!(
+            r#"{{"contractVersion":"1.1","requestId":"01J9Z8Q4V6K3T2M1N0P9R8S7T7","toolName":"search",
+               "toolNamespace":"{NS}","target":{{"sessionKey":"sess-1","actorId":"user-7"}},
+               "payload":{{"version":"1.0","params":{{"message_id":{id}}}}}}}"#
+        );
+        ToolCall::from_json(text.as_bytes()).unwrap()
+    };
+    // Three of one id and a fourth of the next: no loop. A double holds neither exactly and
+    // rounds both to 1234567890123456768.
+    for id in ["1234567890123456789"; 3] {
+        send(&mut svc, parse(id)).await.unwrap();
+    }
+    send(&mut svc, parse("1234567890123456788"))
+        .await
+        .expect("another message id is another call");
+    assert_eq!(counter.get(), 4);
+    // The fourth of the same id is a loop.
+    send(&mut svc, parse("1234567890123456788")).await.unwrap();
+    send(&mut svc, parse("1234567890123456788")).await.unwrap();
+    let err = send(&mut svc, parse("1234567890123456788"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LoopDetected);
+    assert_eq!(counter.get(), 6);
+}
