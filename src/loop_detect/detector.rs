@@ -485,6 +485,17 @@ mod tests {
             mode: LoopMode::ChanceThenBreak,
             ..limits()
         };
+        let higher = Limits {
+            max_repeats: 20,
+            ..limits()
+        };
+        let longer_cycles = Limits {
+            cycles: Some(CycleLimits {
+                repetitions: 3,
+                max_length: 4,
+            }),
+            ..limits()
+        };
         let cases: Vec<(&str, Limits, Vec<Step>, &str)> = vec![
             (
                 "break at the fourth identical call",
@@ -666,6 +677,44 @@ mod tests {
                 ],
                 "...C...C",
             ),
+            (
+                "results do not matter for a tool that does not poll",
+                limits(),
+                (0..5).map(|i| returning(i, A, result(i))).collect(),
+                "...BB",
+            ),
+            (
+                "nor in a cycle of tools that do not poll",
+                limits(),
+                (0..7)
+                    .map(|i| returning(i, if i % 2 == 0 { A } else { B }, result(i)))
+                    .collect(),
+                ".....BB",
+            ),
+            (
+                "a refused call does not end a run of failures",
+                high,
+                (0..5).map(|i| returning(i, A, failed)).collect(),
+                "...BB",
+            ),
+            (
+                "a run of one call is no cycle",
+                high,
+                seq(&[A, A, A, A, A, A, A, A, A]),
+                ".........",
+            ),
+            (
+                "nor after other calls",
+                higher,
+                seq(&[B, B, B, B, B, B, B, B, A, A, A, A, A, A]),
+                "..............",
+            ),
+            (
+                "A,B,C,B repeated three times when cycles of four are looked for",
+                longer_cycles,
+                seq(&[A, B, C, B, A, B, C, B, A, B, C, B]),
+                "...........B",
+            ),
         ];
         for (name, limits, steps, expected) in cases {
             let (marks, _) = run(limits, &steps);
@@ -711,6 +760,27 @@ mod tests {
             .collect();
         let (_, found) = run(poller, &steps);
         assert_eq!(found[0].rule, Rule::UnchangedPoll);
+    }
+
+    #[test]
+    fn names_and_raw_hashes() {
+        assert_eq!(Signature::from_raw(0x5EED).raw(), 0x5EED);
+        let rules = [
+            Rule::Repeat,
+            Rule::UnchangedPoll,
+            Rule::Cycle { length: 2 },
+            Rule::Failures {
+                code: ErrorCode::Timeout,
+            },
+        ];
+        assert_eq!(
+            rules.map(Rule::as_str),
+            ["repeat", "unchanged_poll", "cycle", "failures"]
+        );
+        assert_eq!(
+            [Action::Break, Action::Chance].map(Action::as_str),
+            ["break", "chance"]
+        );
     }
 
     #[test]
