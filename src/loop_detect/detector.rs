@@ -341,9 +341,10 @@ impl SessionHistory {
             if signature_at(i) != signature_at(j) {
                 return false;
             }
-            // A poll whose result changed is not a repetition.
+            // A poll whose result changed is not a repetition, whichever call closes the
+            // cycle. `a` and `b` are calls of the same tool: they agree on polling.
             match (self.entries.get(i), self.entries.get(j)) {
-                (Some(a), Some(b)) if limits.poller && a.poller && b.poller => {
+                (Some(a), Some(b)) if a.poller => {
                     match (a.state, b.state) {
                         (State::Done(x), State::Done(y)) => x == y,
                         _ => true,
@@ -760,6 +761,29 @@ mod tests {
             .collect();
         let (_, found) = run(poller, &steps);
         assert_eq!(found[0].rule, Rule::UnchangedPoll);
+    }
+
+    #[test]
+    fn a_poll_whose_result_changes_is_no_repetition_whichever_call_closes_the_cycle() {
+        // A status poll, whose result changes, alternating with a wait, which does not poll.
+        let poller = Limits {
+            poller: true,
+            ..limits()
+        };
+        let t0 = Instant::now();
+        let mut history = SessionHistory::default();
+        for i in 0..9u64 {
+            let (signature, limits) = if i % 2 == 0 {
+                (A, poller)
+            } else {
+                (B, limits())
+            };
+            let now = t0 + Duration::from_secs(i);
+            match history.observe(now, Signature::from_raw(signature), &limits) {
+                Decision::Admit(seq) => history.record_outcome(seq, Outcome::Succeeded(i)),
+                refused => panic!("call {i} was refused: {refused:?}"),
+            }
+        }
     }
 
     #[test]
