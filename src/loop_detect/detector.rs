@@ -344,12 +344,10 @@ impl SessionHistory {
             // A poll whose result changed is not a repetition, whichever call closes the
             // cycle. `a` and `b` are calls of the same tool: they agree on polling.
             match (self.entries.get(i), self.entries.get(j)) {
-                (Some(a), Some(b)) if a.poller => {
-                    match (a.state, b.state) {
-                        (State::Done(x), State::Done(y)) => x == y,
-                        _ => true,
-                    }
-                }
+                (Some(a), Some(b)) if a.poller => match (a.state, b.state) {
+                    (State::Done(x), State::Done(y)) => x == y,
+                    _ => true,
+                },
                 _ => true,
             }
         };
