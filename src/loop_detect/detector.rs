@@ -709,6 +709,12 @@ mod tests {
                 "..............",
             ),
             (
+                "a cycle needs all of its repetitions",
+                limits(),
+                seq(&[C, B, A, B, A, B]),
+                "......",
+            ),
+            (
                 "A,B,C,B repeated three times when cycles of four are looked for",
                 longer_cycles,
                 seq(&[A, B, C, B, A, B, C, B, A, B, C, B]),

@@ -836,3 +836,21 @@ fn a_policy_keeps_the_numbers_it_was_given_and_its_bounds_are_allowed() {
         (4, Duration::from_secs(30), false)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_given_up_after_running_the_tool_is_not_reported_as_unprocessed() {
+    let tool = ScriptedTool::always(unavailable());
+    let mut svc = RetryLayer::builder(registry_of([search()]))
+        .seed(1)
+        .build()
+        .unwrap()
+        .layer(tool.service());
+
+    let err = call_once(&mut svc, call_of(WEB, "search"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(err.code(), ErrorCode::RetryExhausted);
+    assert_eq!(tool.calls(), 4);
+    assert!(!err.is_not_processed(), "the tool ran four times");
+}
