@@ -840,6 +840,69 @@ mod tests {
                 ],
             },
             Case {
+                name: "a shorter window forgets failures sooner",
+                cfg: BreakerConfig::default().window(Duration::from_secs(10)),
+                steps: cat([
+                    calls(0, 4, F, Closed),
+                    calls(10, 4, F, Closed),
+                    tripping(10),
+                ]),
+            },
+            Case {
+                name: "a lower minimum of calls lets the rate count sooner",
+                cfg: BreakerConfig::default().min_calls(4),
+                steps: cat([
+                    calls(0, 1, S, Closed),
+                    calls(0, 1, F, Closed),
+                    calls(0, 1, S, Closed),
+                    vec![
+                        (0, Admit(true), Closed, None),
+                        (0, Finish(F), Open, Some("failure_rate")),
+                    ],
+                ]),
+            },
+            Case {
+                name: "the rate is computed over the latest sample only",
+                cfg: BreakerConfig::default().min_calls(4).sample_size(4),
+                steps: cat([
+                    calls(0, 4, S, Closed),
+                    calls(0, 1, F, Closed),
+                    vec![
+                        (0, Admit(true), Closed, None),
+                        (0, Finish(F), Open, Some("failure_rate")),
+                    ],
+                ]),
+            },
+            Case {
+                name: "a shorter cooldown, then one probe closes it when configured",
+                cfg: BreakerConfig::default()
+                    .consecutive_failures(1)
+                    .cooldown(Duration::from_secs(10))
+                    .close_after_successes(1),
+                steps: vec![
+                    (0, Admit(true), Closed, None),
+                    (0, Finish(F), Open, Some("consecutive_failures")),
+                    (9, Admit(false), Open, None),
+                    (10, Admit(true), HalfOpen, Some("cooldown_elapsed")),
+                    (10, Finish(S), Closed, Some("probes_succeeded")),
+                ],
+            },
+            Case {
+                name: "a dropped probe frees its own place only",
+                cfg: BreakerConfig::default()
+                    .consecutive_failures(1)
+                    .half_open_probes(2),
+                steps: vec![
+                    (0, Admit(true), Closed, None),
+                    (0, Finish(F), Open, Some("consecutive_failures")),
+                    (30, Admit(true), HalfOpen, Some("cooldown_elapsed")),
+                    (30, Admit(true), HalfOpen, None),
+                    (30, Drop, HalfOpen, None),
+                    (30, Admit(true), HalfOpen, None),
+                    (30, Admit(false), HalfOpen, None),
+                ],
+            },
+            Case {
                 name: "forced open stays open until reset",
                 cfg: BreakerConfig::default(),
                 steps: vec![
@@ -897,5 +960,121 @@ mod tests {
         assert_eq!(field(d().cooldown(Duration::ZERO)), "breaker.cooldown");
         assert!(BreakerConfig::read_only().check().is_ok());
         assert!(BreakerConfig::mutating().check().is_ok());
+        // The bounds themselves are allowed.
+        assert!(d().failure_rate_percent(100).check().is_ok());
+        assert!(d().min_calls(20).sample_size(20).check().is_ok());
+        assert!(d().min_calls(1).failure_rate_percent(1).check().is_ok());
+    }
+
+    #[test]
+    fn presets_change_only_their_own_numbers() {
+        let d = BreakerConfig::default;
+        assert_eq!(
+            BreakerConfig::read_only(),
+            d().consecutive_failures(8)
+                .cooldown(Duration::from_secs(20))
+        );
+        assert_eq!(BreakerConfig::mutating(), d().failure_rate_percent(25));
+        let read_only = BreakerConfig::read_only();
+        assert_eq!(read_only.get_consecutive_failures(), 8);
+        assert_eq!(read_only.get_cooldown(), Duration::from_secs(20));
+        assert_eq!(BreakerConfig::mutating().get_failure_rate_percent(), 25);
+        assert_eq!(
+            d().probe_timeout(Duration::from_secs(7))
+                .get_probe_timeout(),
+            Duration::from_secs(7)
+        );
+    }
+
+    #[test]
+    fn overrides_replace_only_the_numbers_they_give() {
+        let some = BreakerOverrides {
+            consecutive_failures: Some(3),
+            window_ms: Some(1_500),
+            ..BreakerOverrides::default()
+        };
+        assert_eq!(
+            BreakerConfig::mutating().with_overrides(&some),
+            BreakerConfig::mutating()
+                .consecutive_failures(3)
+                .window(Duration::from_millis(1_500))
+        );
+        let all = BreakerOverrides {
+            consecutive_failures: Some(2),
+            failure_rate_percent: Some(60),
+            sample_size: Some(30),
+            min_calls: Some(12),
+            window_ms: Some(60_000),
+            cooldown_ms: Some(5_000),
+            half_open_probes: Some(3),
+            close_after_successes: Some(4),
+        };
+        assert_eq!(
+            BreakerConfig::default().with_overrides(&all),
+            BreakerConfig {
+                consecutive_failures: 2,
+                failure_rate_percent: 60,
+                sample_size: 30,
+                min_calls: 12,
+                window: Duration::from_secs(60),
+                cooldown: Duration::from_secs(5),
+                half_open_probes: 3,
+                close_after_successes: 4,
+                probe_timeout: Duration::from_secs(30),
+            }
+        );
+    }
+
+    #[test]
+    fn counters_follow_the_transitions() {
+        let cfg = BreakerConfig::default()
+            .consecutive_failures(2)
+            .probe_timeout(Duration::from_secs(5));
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let mut state = CircuitState::new();
+        let admit = |state: &mut CircuitState, now| match state.admit(now, &cfg).0 {
+            Admission::Admitted(ticket) => ticket,
+            refused => panic!("refused: {refused:?}"),
+        };
+        let seen = |state: &CircuitState| {
+            (
+                state.generation(),
+                state.late_results(),
+                state.probes_in_flight(),
+                state.window().consecutive_failures(),
+            )
+        };
+        assert_eq!(seen(&state), (0, 0, 0, 0));
+        let (first, second, third) = (
+            admit(&mut state, t0),
+            admit(&mut state, t0),
+            admit(&mut state, t0),
+        );
+        assert!(!first.is_probe());
+        state.record(first, CallOutcome::Failure, t0, &cfg);
+        assert_eq!(seen(&state), (0, 0, 0, 1));
+        state.record(second, CallOutcome::Failure, t0, &cfg);
+        assert_eq!(state.state(), Open);
+        assert_eq!(seen(&state), (1, 0, 0, 0));
+        assert_eq!(state.open_for(at(10)), Some(Duration::from_secs(20)));
+        // A call admitted before the breaker opened is late.
+        assert_eq!(state.record(third, CallOutcome::Failure, at(1), &cfg), None);
+        assert_eq!(seen(&state), (1, 1, 0, 0));
+
+        let probe = admit(&mut state, at(30));
+        assert!(probe.is_probe());
+        assert_eq!(seen(&state), (2, 1, 1, 0));
+        assert_eq!(state.open_for(at(32)), None);
+        assert_eq!(
+            state.admit(at(32), &cfg).0,
+            Admission::Rejected {
+                state: HalfOpen,
+                retry_after: Some(Duration::from_secs(3))
+            },
+            "the place frees when the probe is abandoned"
+        );
+        state.release(probe);
+        assert_eq!(seen(&state), (2, 1, 0, 0));
     }
 }

@@ -341,14 +341,13 @@ impl SessionHistory {
             if signature_at(i) != signature_at(j) {
                 return false;
             }
-            // A poll whose result changed is not a repetition.
+            // A poll whose result changed is not a repetition, whichever call closes the
+            // cycle. `a` and `b` are calls of the same tool: they agree on polling.
             match (self.entries.get(i), self.entries.get(j)) {
-                (Some(a), Some(b)) if limits.poller && a.poller && b.poller => {
-                    match (a.state, b.state) {
-                        (State::Done(x), State::Done(y)) => x == y,
-                        _ => true,
-                    }
-                }
+                (Some(a), Some(b)) if a.poller => match (a.state, b.state) {
+                    (State::Done(x), State::Done(y)) => x == y,
+                    _ => true,
+                },
                 _ => true,
             }
         };
@@ -483,6 +482,17 @@ mod tests {
         };
         let chance = Limits {
             mode: LoopMode::ChanceThenBreak,
+            ..limits()
+        };
+        let higher = Limits {
+            max_repeats: 20,
+            ..limits()
+        };
+        let longer_cycles = Limits {
+            cycles: Some(CycleLimits {
+                repetitions: 3,
+                max_length: 4,
+            }),
             ..limits()
         };
         let cases: Vec<(&str, Limits, Vec<Step>, &str)> = vec![
@@ -666,6 +676,50 @@ mod tests {
                 ],
                 "...C...C",
             ),
+            (
+                "results do not matter for a tool that does not poll",
+                limits(),
+                (0..5).map(|i| returning(i, A, result(i))).collect(),
+                "...BB",
+            ),
+            (
+                "nor in a cycle of tools that do not poll",
+                limits(),
+                (0..7)
+                    .map(|i| returning(i, if i % 2 == 0 { A } else { B }, result(i)))
+                    .collect(),
+                ".....BB",
+            ),
+            (
+                "a refused call does not end a run of failures",
+                high,
+                (0..5).map(|i| returning(i, A, failed)).collect(),
+                "...BB",
+            ),
+            (
+                "a run of one call is no cycle",
+                high,
+                seq(&[A, A, A, A, A, A, A, A, A]),
+                ".........",
+            ),
+            (
+                "nor after other calls",
+                higher,
+                seq(&[B, B, B, B, B, B, B, B, A, A, A, A, A, A]),
+                "..............",
+            ),
+            (
+                "a cycle needs all of its repetitions",
+                limits(),
+                seq(&[C, B, A, B, A, B]),
+                "......",
+            ),
+            (
+                "A,B,C,B repeated three times when cycles of four are looked for",
+                longer_cycles,
+                seq(&[A, B, C, B, A, B, C, B, A, B, C, B]),
+                "...........B",
+            ),
         ];
         for (name, limits, steps, expected) in cases {
             let (marks, _) = run(limits, &steps);
@@ -711,6 +765,50 @@ mod tests {
             .collect();
         let (_, found) = run(poller, &steps);
         assert_eq!(found[0].rule, Rule::UnchangedPoll);
+    }
+
+    #[test]
+    fn a_poll_whose_result_changes_is_no_repetition_whichever_call_closes_the_cycle() {
+        // A status poll, whose result changes, alternating with a wait, which does not poll.
+        let poller = Limits {
+            poller: true,
+            ..limits()
+        };
+        let t0 = Instant::now();
+        let mut history = SessionHistory::default();
+        for i in 0..9u64 {
+            let (signature, limits) = if i % 2 == 0 {
+                (A, poller)
+            } else {
+                (B, limits())
+            };
+            let now = t0 + Duration::from_secs(i);
+            match history.observe(now, Signature::from_raw(signature), &limits) {
+                Decision::Admit(seq) => history.record_outcome(seq, Outcome::Succeeded(i)),
+                refused => panic!("call {i} was refused: {refused:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn names_and_raw_hashes() {
+        assert_eq!(Signature::from_raw(0x5EED).raw(), 0x5EED);
+        let rules = [
+            Rule::Repeat,
+            Rule::UnchangedPoll,
+            Rule::Cycle { length: 2 },
+            Rule::Failures {
+                code: ErrorCode::Timeout,
+            },
+        ];
+        assert_eq!(
+            rules.map(Rule::as_str),
+            ["repeat", "unchanged_poll", "cycle", "failures"]
+        );
+        assert_eq!(
+            [Action::Break, Action::Chance].map(Action::as_str),
+            ["break", "chance"]
+        );
     }
 
     #[test]

@@ -269,4 +269,75 @@ mod tests {
             }
         );
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_numbers_are_kept_and_the_bucket_starts_full() {
+        let budget = GlobalRetryBudget::builder()
+            .retry_ratio(0.5)
+            .min_per_second(2.0)
+            .capacity(4.0)
+            .build()
+            .unwrap();
+        assert_eq!(
+            (
+                budget.retry_ratio(),
+                budget.min_per_second(),
+                budget.capacity()
+            ),
+            (0.5, 2.0, 4.0)
+        );
+        assert_eq!(budget.available(), 4.0);
+        assert!(budget.try_withdraw(Instant::now()));
+        assert!(budget.try_withdraw(Instant::now()));
+        assert_eq!(budget.available(), 2.0);
+        tokio::time::advance(Duration::from_millis(250)).await;
+        budget.deposit();
+        assert_eq!(
+            budget.available(),
+            3.0,
+            "half a token of time, half of a call"
+        );
+        let shown = format!("{budget:?}");
+        assert!(
+            shown.contains("retry_ratio: 0.5")
+                && shown.contains("min_per_second: 2.0")
+                && shown.contains("capacity: 4.0"),
+            "{shown}"
+        );
+        let defaults = GlobalRetryBudget::default();
+        assert_eq!(
+            (
+                defaults.retry_ratio(),
+                defaults.min_per_second(),
+                defaults.capacity()
+            ),
+            (0.2, 10.0, 100.0)
+        );
+    }
+
+    #[test]
+    fn the_numbers_are_checked_at_their_bounds() {
+        let b = GlobalRetryBudget::builder;
+        let field =
+            |built: Result<GlobalRetryBudget, ConfigError>| built.unwrap_err().field().to_owned();
+        assert!(b()
+            .retry_ratio(0.0)
+            .min_per_second(0.0)
+            .capacity(1.0)
+            .build()
+            .is_ok());
+        assert_eq!(
+            field(b().retry_ratio(-0.1).build()),
+            "retry.budget.retry_ratio"
+        );
+        assert_eq!(
+            field(b().min_per_second(f64::NAN).build()),
+            "retry.budget.min_per_second"
+        );
+        assert_eq!(
+            field(b().min_per_second(f64::INFINITY).build()),
+            "retry.budget.min_per_second"
+        );
+        assert_eq!(field(b().capacity(0.5).build()), "retry.budget.capacity");
+    }
 }

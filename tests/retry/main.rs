@@ -768,3 +768,89 @@ async fn one_call_through_stacks_of_two_registries_gets_each_registrys_policy() 
         assert_eq!(tool.calls(), expected as usize);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Policies: what the layer and a tool's overrides set, read back, with the bounds themselves
+// allowed.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_policy_keeps_the_numbers_it_was_given_and_its_bounds_are_allowed() {
+    let layer = RetryLayer::builder(ToolRegistry::open())
+        .max_attempts(3)
+        .base_delay(Duration::from_secs(1))
+        .max_delay(Duration::from_secs(1))
+        .jitter(JitterKind::Percent)
+        .jitter_percent(100)
+        .deadline(Duration::from_secs(10))
+        .forwards_idempotency_key(true)
+        .build()
+        .unwrap();
+    let policy = layer.policy("any", "tool").unwrap();
+    assert_eq!(policy.max_attempts(), 3);
+    assert_eq!(policy.deadline(), Duration::from_secs(10));
+    assert!(policy.forwards_idempotency_key());
+    assert_eq!(
+        policy.backoff(),
+        &Backoff::new(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            JitterKind::Percent,
+            100
+        )
+    );
+
+    let overridden = search().policy(ToolPolicy {
+        retry: LayerSetting::On(RetryOverrides {
+            max_attempts: Some(1),
+            base_delay_ms: Some(50),
+            max_delay_ms: Some(50),
+            deadline_ms: Some(700),
+            jitter: Some(JitterKind::Percent),
+            jitter_percent: Some(100),
+            forwards_idempotency_key: Some(true),
+        }),
+        ..ToolPolicy::default()
+    });
+    let layer = RetryLayer::new(registry_of([overridden, create_file()]));
+    let policy = layer.policy(WEB, "search").unwrap();
+    assert_eq!(policy.max_attempts(), 1);
+    assert_eq!(policy.deadline(), Duration::from_millis(700));
+    assert!(policy.forwards_idempotency_key());
+    assert_eq!(
+        policy.backoff(),
+        &Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(50),
+            JitterKind::Percent,
+            100
+        )
+    );
+    let defaults = layer.policy(VAULT, "createFile").unwrap();
+    assert_eq!(
+        (
+            defaults.max_attempts(),
+            defaults.deadline(),
+            defaults.forwards_idempotency_key()
+        ),
+        (4, Duration::from_secs(30), false)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_given_up_after_running_the_tool_is_not_reported_as_unprocessed() {
+    let tool = ScriptedTool::always(unavailable());
+    let mut svc = RetryLayer::builder(registry_of([search()]))
+        .seed(1)
+        .build()
+        .unwrap()
+        .layer(tool.service());
+
+    let err = call_once(&mut svc, call_of(WEB, "search"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(err.code(), ErrorCode::RetryExhausted);
+    assert_eq!(tool.calls(), 4);
+    assert!(!err.is_not_processed(), "the tool ran four times");
+}
