@@ -221,3 +221,13 @@ pub mod capture;
 #[cfg(feature = "metrics")]
 pub mod metrics_series;
 pub mod redis_server;
+
+/// `tool` behind the whole stack as the crate's builder assembles it, answering every call
+/// with a `ToolResult` envelope: the stack the test suites exercise.
+pub fn enveloped<S, St>(
+    stack: &tower_toolcall::ToolStack<St>,
+    tool: S,
+) -> tower_toolcall::envelope::ResultEnvelope<tower_toolcall::ToolStackService<S, St>> {
+    use tower::Layer;
+    tower_toolcall::ResultEnvelopeLayer::new().layer(stack.layer(tool))
+}
