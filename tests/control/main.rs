@@ -549,7 +549,7 @@ async fn idempotency_in_shadow_mode_runs_again_and_leaves_the_record_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn with_derivation_off_only_given_keys_deduplicate() {
-    let control = switches(&[("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "off")]);
+    let control = switches(&[("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY", "off")]);
     let (mut svc, _layer, runs) = idempotent_stack(&control);
     let keyless = || call("vault", "create", json!({"path": "a.md"}));
     let first = call_once(&mut svc, keyless()).await.unwrap();
@@ -737,4 +737,33 @@ mod metrics_series {
             Some(&5)
         );
     }
+}
+
+#[test]
+fn the_earlier_name_of_key_derivation_still_works_and_warns() {
+    let (captured, _guard) = capture();
+    let control = switches(&[("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "off")]);
+    assert!(!control.derives_idempotency_keys());
+    let warnings: Vec<_> = captured
+        .events()
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(
+        warnings[0].fields.get("replacement").map(String::as_str),
+        Some("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY")
+    );
+
+    let quiet = switches(&[("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY", "off")]);
+    assert!(!quiet.derives_idempotency_keys());
+    assert_eq!(
+        captured
+            .events()
+            .iter()
+            .filter(|e| e.level == tracing::Level::WARN)
+            .count(),
+        1,
+        "the current name warns of nothing"
+    );
 }
