@@ -141,6 +141,7 @@
 //!
 //! | feature | default | what it brings |
 //! |---|---|---|
+//! | `schema` | yes | params and outputs checked against the tools' JSON Schemas (`jsonschema`) |
 //! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
 //! | `redis` | no | `RedisDedupeStore`: idempotency records shared by every replica |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
@@ -196,3 +197,8 @@ pub use retry::RetryLayer;
 pub use stack::{StackLayer, ToolStack, ToolStackBuilder, ToolStackService};
 pub use timeout::TimeoutLayer;
 pub use trace::TraceLayer;
+
+/// The examples of the README, compiled and run as doctests (they use the default features).
+#[cfg(all(doctest, feature = "toml", feature = "schema"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -83,6 +83,17 @@ use crate::validate::{EnvelopeValidateLayer, EnvelopeValidateLayerBuilder};
 type SharedHooks = Arc<dyn ToolHooks>;
 
 /// A layer of the stack, to switch off with [`ToolStackBuilder::without`].
+///
+/// ```
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::{StackLayer, ToolStack};
+///
+/// let stack = ToolStack::builder(ToolRegistry::open())
+///     .without(StackLayer::LoopDetect)
+///     .build()?;
+/// assert!(stack.loop_sessions().is_none());
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum StackLayer {
@@ -114,6 +125,20 @@ pub enum StackLayer {
 /// It also hands out what operators act on: [`breakers`](ToolStack::breakers),
 /// [`loop_sessions`](ToolStack::loop_sessions), the [`dedupe_store`](ToolStack::dedupe_store)
 /// and the [`control`](ToolStack::control) switches.
+///
+/// ```
+/// use serde_json::json;
+/// use tower::Layer;
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
+///
+/// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+/// // One stack for two tools: they share its breakers, loop sessions and dedupe store.
+/// let search = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!([]))) }));
+/// let fetch = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!(""))) }));
+/// # drop((search, fetch));
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
 pub struct ToolStack<St = InMemoryDedupeStore> {
     registry: ToolRegistry,
     trace: Option<TraceLayer>,
@@ -132,6 +157,22 @@ impl ToolStack<InMemoryDedupeStore> {
     /// ([`ReliabilityControl`], set with [`ToolRegistry::with_control`]) every layer shares.
     /// Idempotency records go to a fresh [`InMemoryDedupeStore`] unless
     /// [`store`](ToolStackBuilder::store) says otherwise.
+    ///
+    /// ```
+    /// use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::ToolStack;
+    ///
+    /// let registry = ToolRegistry::from_toml_str(
+    ///     r#"
+    ///     [[tools]]
+    ///     namespace = "agents.tools.web"
+    ///     name = "search"
+    ///     risk = "read-only"
+    ///     "#,
+    /// )?;
+    /// let stack = ToolStack::builder(registry).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn builder(registry: ToolRegistry) -> ToolStackBuilder<InMemoryDedupeStore> {
         ToolStackBuilder {
             trace: TraceLayer::new(),
@@ -151,6 +192,13 @@ impl ToolStack<InMemoryDedupeStore> {
 
 impl<St: DedupeStore> ToolStack<St> {
     /// The registry every layer resolves its tools in.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// assert!(stack.registry().is_open());
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn registry(&self) -> &ToolRegistry {
         &self.registry
     }
@@ -158,35 +206,104 @@ impl<St: DedupeStore> ToolStack<St> {
     /// The operator switches every layer reads: kill switch, breaker enforcement, key
     /// derivation, shadow mode. A change through this handle (or any clone of it) takes effect
     /// on the next call.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// stack.control().set_enabled(false); // the kill switch: every layer passes calls through
+    /// assert!(!stack.control().is_enabled());
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn control(&self) -> &ReliabilityControl {
         self.registry.control()
     }
 
     /// The breakers: read their state, force them open, reset them, listen to transitions.
     /// `None` when the breaker layer is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::breaker::BreakerKey;
+    /// use tower_toolcall::BreakerState;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let breakers = stack.breakers().expect("the breaker layer is on");
+    /// let charge = BreakerKey::tool("payments", "charge");
+    /// breakers.force_open(&charge); // calls of payments::charge now fail fast
+    /// assert_eq!(breakers.state("payments", "charge"), BreakerState::ForcedOpen);
+    /// assert!(breakers.reset(&charge));
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn breakers(&self) -> Option<BreakerAdmin> {
         self.breaker.as_ref().map(CircuitBreakerLayer::admin)
     }
 
     /// The loop detector's sessions: their settings at run time, resets, counts. `None` when
     /// loop detection is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let sessions = stack.loop_sessions().expect("loop detection is on");
+    /// sessions.apply_command("sess-42", "!/set(tool-loop-max-repeats=6)")?;
+    /// assert_eq!(sessions.session_settings("sess-42").max_repeats, Some(6));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn loop_sessions(&self) -> Option<LoopDetectHandle> {
         self.loop_detect.as_ref().map(LoopDetectLayer::handle)
     }
 
     /// The store of idempotency records. `None` when idempotency is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::idempotency::DedupeStore;
+    ///
+    /// # tokio_test::block_on(async {
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let store = stack.dedupe_store().expect("idempotency is on");
+    /// assert_eq!(store.size().await?, 0);
+    /// store.flush_prefix("tenant-a:").await?; // forget every record of one tenant
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
     pub fn dedupe_store(&self) -> Option<&St> {
         self.idempotency.as_ref().map(IdempotencyLayer::store)
     }
 
     /// The idempotency layer itself, for its counters and the store key of a call. `None`
     /// when idempotency is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let call = ToolCall::builder("vault", "createFile")
+    ///     .session("s")
+    ///     .actor("u")
+    ///     .idempotency_key("create-1")
+    ///     .build()?;
+    /// let idempotency = stack.idempotency().expect("idempotency is on");
+    /// assert!(idempotency.store_key(&call)?.is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn idempotency(&self) -> Option<&IdempotencyLayer<St>> {
         self.idempotency.as_ref()
     }
 
     /// The rate-limit layer, for the keys it tracks. `None` when rate limits are switched
     /// off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .rate_limit(|limits| limits.per_second(20))
+    ///     .build()?;
+    /// let limits = stack.rate_limits().expect("rate limits are on");
+    /// assert_eq!(limits.tracked_keys("agents.tools.web", "search"), 0);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn rate_limits(&self) -> Option<&RateLimitLayer> {
         self.rate_limit.as_ref()
     }
@@ -274,6 +391,28 @@ impl<S, St> Layer<S> for ToolStack<St> {
 }
 
 /// The service of [`ToolStack`]: a tool behind every layer of the stack.
+///
+/// It answers with `ToolOutput` / `ToolError`, so that other tower middleware composes
+/// around it.
+///
+/// ```
+/// use serde_json::json;
+/// use tower::{Layer, ServiceExt};
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
+///
+/// # tokio_test::block_on(async {
+/// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+/// let search = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!([]))) }));
+/// let call = ToolCall::builder("agents.tools.web", "search")
+///     .session("s")
+///     .actor("u")
+///     .build()?;
+/// let output = search.oneshot(call).await?;
+/// assert_eq!(output.content, json!([]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 pub struct ToolStackService<S, St = InMemoryDedupeStore> {
     inner: Stacked<S, St>,
 }
@@ -387,6 +526,16 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     /// Keeps idempotency records in `store` (a [`RedisDedupeStore`](crate::idempotency) to
     /// share them between replicas) instead of a fresh in-memory store. The idempotency
     /// settings made so far are kept.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::idempotency::InMemoryDedupeStore;
+    ///
+    /// let store = InMemoryDedupeStore::builder().capacity(1_000).build()?;
+    /// let stack = ToolStack::builder(ToolRegistry::open()).store(store).build()?;
+    /// assert_eq!(stack.dedupe_store().unwrap().capacity(), 1_000);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn store<St2: DedupeStore>(self, store: St2) -> ToolStackBuilder<St2> {
         ToolStackBuilder {
             registry: self.registry,
@@ -406,6 +555,25 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     /// Runs `hooks` before and after every attempt, around the tool, and once for every
     /// call a layer answers without running the tool (from the trace layer; see
     /// [`hooks`](crate::hooks)). Both places get the same object.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::{ToolCall, ToolError, ToolHooks};
+    ///
+    /// /// Tells the tools which tenant calls them.
+    /// #[derive(Debug)]
+    /// struct Tenant;
+    ///
+    /// impl ToolHooks for Tenant {
+    ///     fn before_attempt(&self, call: &mut ToolCall) -> Result<(), ToolError> {
+    ///         call.envelope_mut().control.from_hook = Some("tenant".into());
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open()).hooks(Tenant).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn hooks(mut self, hooks: impl ToolHooks) -> Self {
         self.hooks = Some(Arc::new(hooks));
         self
@@ -413,6 +581,15 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
 
     /// Redacts secrets with `redactor` in the trace layer's events and audit, and in loop
     /// detection's warnings.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::trace::Redactor;
+    ///
+    /// let redactor = Redactor::builder().secret_name("x-tenant-secret").build()?;
+    /// let stack = ToolStack::builder(ToolRegistry::open()).redactor(redactor).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn redactor(mut self, redactor: Redactor) -> Self {
         self.trace = self.trace.redactor(redactor.clone());
         self.loop_detect = self.loop_detect.redactor(redactor);
@@ -421,6 +598,16 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
 
     /// Canonicalizes params with `options` in validation, loop detection and idempotency,
     /// which share the canonical form of a call's params.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::canonical::CanonicalOptions;
+    ///
+    /// // A `nonce` member changes on every call: two calls that differ only there are the same.
+    /// let options = CanonicalOptions::default().volatile_members(["clientTs", "nonce"]);
+    /// let stack = ToolStack::builder(ToolRegistry::open()).canonical_options(options).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn canonical_options(mut self, options: CanonicalOptions) -> Self {
         self.validate = self.validate.canonical_options(options.clone());
         self.loop_detect = self.loop_detect.canonical_options(options.clone());
@@ -429,6 +616,16 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     }
 
     /// Records the metrics of every call in the trace layer, and the breakers' transitions.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::trace::ToolMetrics;
+    ///
+    /// let registry = ToolRegistry::open();
+    /// let metrics = ToolMetrics::new(&registry);
+    /// let stack = ToolStack::builder(registry).metrics(metrics).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics(mut self, metrics: crate::trace::ToolMetrics) -> Self {
@@ -438,12 +635,31 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     }
 
     /// Changes the trace layer (its audit log, for one).
+    ///
+    /// ```no_run
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::trace::AuditLog;
+    ///
+    /// let audit = AuditLog::builder("/var/log/tools").build()?;
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .trace(|trace| trace.audit(audit))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn trace(mut self, configure: impl FnOnce(TraceLayer) -> TraceLayer) -> Self {
         self.trace = configure(self.trace);
         self
     }
 
     /// Changes the validation layer's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .validate(|validate| validate.max_params_bytes(64 * 1024))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn validate(
         mut self,
         configure: impl FnOnce(EnvelopeValidateLayerBuilder) -> EnvelopeValidateLayerBuilder,
@@ -453,6 +669,14 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     }
 
     /// Changes the loop detector's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .loop_detect(|loops| loops.cycles(false).failure_threshold(5))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn loop_detect(
         mut self,
         configure: impl FnOnce(LoopDetectLayerBuilder) -> LoopDetectLayerBuilder,
@@ -462,6 +686,14 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     }
 
     /// Changes the rate limits' defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .rate_limit(|limits| limits.per_second(20).burst(40))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn rate_limit(
         mut self,
         configure: impl FnOnce(RateLimitLayerBuilder) -> RateLimitLayerBuilder,
@@ -471,6 +703,16 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     }
 
     /// Changes the idempotency layer's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use std::time::Duration;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .idempotency(|idempotency| idempotency.done_ttl(Duration::from_secs(3600)))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn idempotency(
         mut self,
         configure: impl FnOnce(IdempotencyLayerBuilder<St>) -> IdempotencyLayerBuilder<St>,
@@ -480,12 +722,34 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     }
 
     /// Changes the retry layer's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .retry(|retry| retry.max_attempts(3).seed(7)) // a seed makes the jitter repeatable
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn retry(mut self, configure: impl FnOnce(RetryLayerBuilder) -> RetryLayerBuilder) -> Self {
         self.retry = configure(self.retry);
         self
     }
 
     /// Changes the breakers' defaults (and adds transition listeners).
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use std::time::Duration;
+    /// use tower_toolcall::breaker::BreakerConfig;
+    ///
+    /// let config = BreakerConfig::default()
+    ///     .consecutive_failures(3)
+    ///     .cooldown(Duration::from_secs(10));
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .breaker(|breaker| breaker.config(config))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn breaker(
         mut self,
         configure: impl FnOnce(CircuitBreakerLayerBuilder) -> CircuitBreakerLayerBuilder,
@@ -495,6 +759,16 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     }
 
     /// Changes the attempt timeout's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use std::time::Duration;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .timeout(|timeout| timeout.default_timeout(Duration::from_secs(5)))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn timeout(
         mut self,
         configure: impl FnOnce(TimeoutLayerBuilder) -> TimeoutLayerBuilder,
@@ -505,12 +779,33 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
 
     /// Leaves `layer` out of the stack. A layer can also be switched off for some tools only,
     /// in their policy, or shadowed at run time through the [control](ToolStack::control).
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::StackLayer;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .without(StackLayer::RateLimit)
+    ///     .without(StackLayer::CircuitBreaker)
+    ///     .build()?;
+    /// assert!(stack.rate_limits().is_none() && stack.breakers().is_none());
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
     pub fn without(mut self, layer: StackLayer) -> Self {
         self.without.push(layer);
         self
     }
 
     /// Checks every layer's configuration and builds the stack; the error names the field.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let error = ToolStack::builder(ToolRegistry::open())
+    ///     .retry(|retry| retry.max_attempts(0))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(error.to_string().contains("max_attempts"));
+    /// ```
     pub fn build(self) -> Result<ToolStack<St>, ConfigError> {
         let on = |layer: StackLayer| !self.without.contains(&layer);
         let trace = match (on(StackLayer::Trace), &self.hooks) {
