@@ -16,7 +16,7 @@
 //! | [`CircuitBreakerLayer`] | fails calls fast while a tool or its dependency keeps failing, and probes its recovery |
 //! | [`TimeoutLayer`] | bounds each attempt by the tool's timeout, narrowed by the call's hint |
 //! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
-//! | [`TraceLayer`](trace::TraceLayer) | a `tracing` span and events per call, metrics, redaction and the audit log ([`trace`]) |
+//! | [`TraceLayer`] | a `tracing` span and events per call, metrics, redaction and the audit log ([`trace`]) |
 //! | [`HookLayer`] | runs the application's [`ToolHooks`] before and after every attempt; with [`TraceLayer::hooks`](trace::TraceLayer::hooks), once on every short-circuit path ([`hooks`]) |
 //! | [`ToolStack`] | all of the above in the recommended order, as one layer built from one registry ([`stack`]) |
 //!
