@@ -19,14 +19,11 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion};
 use futures::FutureExt;
 use serde_json::{json, Value};
-use tower::{Layer, Service, ServiceBuilder};
+use tower::{Layer, Service};
 use tower_toolcall::idempotency::InMemoryDedupeStore;
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{ToolMetrics, TraceLayer};
-use tower_toolcall::{
-    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, IdempotencyLayer, LoopDetectLayer,
-    RateLimitLayer, RetryLayer, TimeoutLayer, ToolCall, ToolError, ToolOutput,
-};
+use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
 fn call(n: u64) -> ToolCall {
     ToolCall::builder("agents.tools.web", "search")
@@ -135,16 +132,11 @@ fn whole_stack(c: &mut Criterion) {
         .unwrap();
     let _entered = runtime.enter();
     let stack = |registry: &ToolRegistry, store: InMemoryDedupeStore| {
-        ServiceBuilder::new()
-            .layer(TraceLayer::new())
-            .layer(EnvelopeValidateLayer::new(registry.clone()))
-            .layer(LoopDetectLayer::new(registry.clone()))
-            .layer(RateLimitLayer::new(registry.clone()))
-            .layer(IdempotencyLayer::new(registry.clone(), store))
-            .layer(RetryLayer::new(registry.clone()))
-            .layer(CircuitBreakerLayer::new(registry.clone()))
-            .layer(TimeoutLayer::new(registry.clone()))
-            .service(bare_tool())
+        ToolStack::builder(registry.clone())
+            .store(store)
+            .build()
+            .unwrap()
+            .layer(bare_tool())
     };
     // The default store holds 25 000 records: each fresh key evicts the least recently used
     // one, whose memory is cold. A store of 64 records evicts records still in the cache.

@@ -14,13 +14,11 @@ use std::sync::Arc;
 use serde_json::json;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::control::ReliabilityControl;
-use tower_toolcall::hooks::{HookLayer, ToolHooks};
+use tower_toolcall::hooks::ToolHooks;
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
-use tower_toolcall::trace::TraceLayer;
 use tower_toolcall::{
-    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer,
-    LoopDetectLayer, RateLimitLayer, ResultEnvelopeLayer, RetryLayer, ShortCircuit, TimeoutLayer,
-    ToolCall, ToolError, ToolOutput,
+    tool_fn, ErrorCode, ResultEnvelopeLayer, ShortCircuit, ToolCall, ToolError, ToolOutput,
+    ToolStack,
 };
 
 /// Counts the attempts that reached the tools and the calls answered without them.
@@ -140,18 +138,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
     };
 
-    // The recommended order, outermost first.
+    // Every layer in the recommended order, built from the one registry; the hooks see each
+    // attempt and each call a layer answers itself.
+    let reliability = ToolStack::builder(registry).hooks(hooks.clone()).build()?;
     let mut stack = ServiceBuilder::new()
         .layer(ResultEnvelopeLayer::new())
-        .layer(TraceLayer::new().hooks(hooks.clone()))
-        .layer(EnvelopeValidateLayer::new(registry.clone()))
-        .layer(LoopDetectLayer::new(registry.clone()))
-        .layer(RateLimitLayer::new(registry.clone()))
-        .layer(IdempotencyLayer::in_memory(registry.clone()))
-        .layer(RetryLayer::new(registry.clone()))
-        .layer(CircuitBreakerLayer::new(registry.clone()))
-        .layer(TimeoutLayer::new(registry))
-        .layer(HookLayer::new(hooks.clone()))
+        .layer(reliability)
         .service(tools);
 
     let search_call = |query: &str| {

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `TOOL_RELIABILITY_ENABLED` | `true` (default) / `false` | `false` makes every layer a pass-through: the tool sees exactly what the bare service would |
 //! | `TOOL_RELIABILITY_OPEN_MODE` | `on` (default) / `off` | `off` keeps the breakers counting but never fails a call fast |
-//! | `TOOL_RELIABLE_DERIVE_IDEMPOTENCY` | `on` (default) / `off` | `off` uses only the keys callers or hooks give; none is derived from the params |
+//! | `TOOL_RELIABILITY_DERIVE_IDEMPOTENCY` | `on` (default) / `off` | `off` uses only the keys callers or hooks give; none is derived from the params |
 //! | `TOOL_RELIABILITY_SHADOW` | comma-separated `breaker`, `loop_detect`, `idempotency`, `rate_limit` | those layers compute, log and count their decisions but enforce none |
 //!
 //! A [`ReliabilityControl`] reaches the layers through the registry they are built from
@@ -31,7 +31,7 @@
 //! outcome uncounted as if refused, noting `would_reject`; a failure that opens a breaker
 //! notes `would_open`.
 //!
-//! **Key derivation.** With `TOOL_RELIABLE_DERIVE_IDEMPOTENCY=off` the idempotency layer
+//! **Key derivation.** With `TOOL_RELIABILITY_DERIVE_IDEMPOTENCY=off` the idempotency layer
 //! deduplicates only calls with a caller's or a hook's key; a call with neither runs as it
 //! is.
 //!
@@ -80,7 +80,10 @@ pub const ENABLED_VAR: &str = "TOOL_RELIABILITY_ENABLED";
 /// The variable of breaker enforcement.
 pub const OPEN_MODE_VAR: &str = "TOOL_RELIABILITY_OPEN_MODE";
 /// The variable of idempotency key derivation.
-pub const DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABLE_DERIVE_IDEMPOTENCY";
+pub const DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABILITY_DERIVE_IDEMPOTENCY";
+/// The earlier name of [`DERIVE_IDEMPOTENCY_VAR`], still read (with a warning) when the
+/// current name is unset.
+pub const LEGACY_DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABLE_DERIVE_IDEMPOTENCY";
 /// The variable listing the layers in shadow mode.
 pub const SHADOW_VAR: &str = "TOOL_RELIABILITY_SHADOW";
 
@@ -203,8 +206,8 @@ impl ReliabilityControl {
         if let Some(value) = lookup(OPEN_MODE_VAR) {
             control.set_breaker_enforced(parse_switch(OPEN_MODE_VAR, &value)?);
         }
-        if let Some(value) = lookup(DERIVE_IDEMPOTENCY_VAR) {
-            control.set_derive_idempotency_keys(parse_switch(DERIVE_IDEMPOTENCY_VAR, &value)?);
+        if let Some((name, value)) = derive_idempotency_setting(&lookup) {
+            control.set_derive_idempotency_keys(parse_switch(name, &value)?);
         }
         if let Some(value) = lookup(SHADOW_VAR) {
             for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -269,7 +272,7 @@ impl ReliabilityControl {
     }
 
     /// Whether the idempotency layer derives a key for calls that carry none
-    /// (`TOOL_RELIABLE_DERIVE_IDEMPOTENCY`).
+    /// (`TOOL_RELIABILITY_DERIVE_IDEMPOTENCY`).
     #[inline]
     pub fn derives_idempotency_keys(&self) -> bool {
         self.switches
@@ -302,6 +305,23 @@ impl ReliabilityControl {
                 .fetch_and(!layer.bit(), Ordering::Relaxed);
         }
     }
+}
+
+/// The variable that sets key derivation and its value: the current name, else the earlier
+/// one, which is noted at WARN so that deployments move to the current name.
+fn derive_idempotency_setting(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Option<(&'static str, String)> {
+    if let Some(value) = lookup(DERIVE_IDEMPOTENCY_VAR) {
+        return Some((DERIVE_IDEMPOTENCY_VAR, value));
+    }
+    let value = lookup(LEGACY_DERIVE_IDEMPOTENCY_VAR)?;
+    tracing::warn!(
+        variable = LEGACY_DERIVE_IDEMPOTENCY_VAR,
+        replacement = DERIVE_IDEMPOTENCY_VAR,
+        "`{LEGACY_DERIVE_IDEMPOTENCY_VAR}` is an earlier name: set `{DERIVE_IDEMPOTENCY_VAR}` instead"
+    );
+    Some((LEGACY_DERIVE_IDEMPOTENCY_VAR, value))
 }
 
 /// `true` / `false`, `on` / `off`, `1` / `0`, `yes` / `no`, in any case.
@@ -343,7 +363,7 @@ mod tests {
         let control = ReliabilityControl::from_lookup(lookup(&[
             ("TOOL_RELIABILITY_ENABLED", "false"),
             ("TOOL_RELIABILITY_OPEN_MODE", "off"),
-            ("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "OFF"),
+            ("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY", "OFF"),
             ("TOOL_RELIABILITY_SHADOW", " loop_detect ,Idempotency,"),
         ]))
         .unwrap();
@@ -354,6 +374,29 @@ mod tests {
         assert!(control.is_shadow(ShadowLayer::Idempotency));
         assert!(!control.is_shadow(ShadowLayer::Breaker));
         assert!(!control.is_shadow(ShadowLayer::RateLimit));
+    }
+
+    #[test]
+    fn the_earlier_name_of_key_derivation_is_read_when_the_current_one_is_unset() {
+        let legacy = lookup(&[("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "off")]);
+        let control = ReliabilityControl::from_lookup(legacy).unwrap();
+        assert!(!control.derives_idempotency_keys());
+
+        let both = lookup(&[
+            ("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "off"),
+            ("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY", "on"),
+        ]);
+        let control = ReliabilityControl::from_lookup(both).unwrap();
+        assert!(control.derives_idempotency_keys(), "the current name wins");
+
+        let bad = lookup(&[("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "maybe")]);
+        let error = ReliabilityControl::from_lookup(bad).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("TOOL_RELIABLE_DERIVE_IDEMPOTENCY"),
+            "the error names the variable that was set: {error}"
+        );
     }
 
     #[test]

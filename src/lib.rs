@@ -16,8 +16,9 @@
 //! | [`CircuitBreakerLayer`] | fails calls fast while a tool or its dependency keeps failing, and probes its recovery |
 //! | [`TimeoutLayer`] | bounds each attempt by the tool's timeout, narrowed by the call's hint |
 //! | [`ResultEnvelopeLayer`] | answers every call with a complete [`ToolResult`] envelope |
-//! | [`TraceLayer`](trace::TraceLayer) | a `tracing` span and events per call, metrics, redaction and the audit log ([`trace`]) |
+//! | [`TraceLayer`] | a `tracing` span and events per call, metrics, redaction and the audit log ([`trace`]) |
 //! | [`HookLayer`] | runs the application's [`ToolHooks`] before and after every attempt; with [`TraceLayer::hooks`](trace::TraceLayer::hooks), once on every short-circuit path ([`hooks`]) |
+//! | [`ToolStack`] | all of the above in the recommended order, as one layer built from one registry ([`stack`]) |
 //!
 //! # Example
 //!
@@ -75,15 +76,17 @@
 //! whether it is idempotent, its JSON Schemas, and per-layer settings, any of which may be
 //! `"off"`. It loads from TOML or JSON; bad files are refused with the field named.
 //!
-//! # Layer order
+//! # The whole stack
 //!
-//! Outermost first: `ResultEnvelope → EnvelopeValidate → LoopDetect → RateLimit → Idempotency →
-//! Retry → CircuitBreaker → Timeout → tool`. Loop detection sees every repeat the model issues
-//! before the idempotency cache answers it; idempotency wraps the whole retried execution as
-//! one record; the breaker sits inside retry, so that it counts each attempt and an open
-//! breaker stops the retries; the timeout bounds each attempt. A [`TraceLayer`](trace::TraceLayer)
-//! goes just inside `ResultEnvelope`, and a [`HookLayer`] just around the tool (see
-//! [`hooks`] for the whole stack with both).
+//! [`ToolStack`] assembles every layer in the order that makes them work together, hands each
+//! the same registry (and with it the operator switches), and gives one hooks object to the
+//! two places that need it. Outermost first: `Trace → EnvelopeValidate → LoopDetect →
+//! RateLimit → Idempotency → Retry → CircuitBreaker → Timeout → Hook → tool`. Loop detection
+//! sees every repeat the model issues before the idempotency cache answers it; idempotency
+//! wraps the whole retried execution as one record; the breaker sits inside retry, so that it
+//! counts each attempt and an open breaker stops the retries; the timeout bounds each
+//! attempt. Any layer can be left out ([`StackLayer`]) or tuned through its own builder, and
+//! each stays usable alone.
 //!
 //! ```
 //! use serde_json::json;
@@ -92,16 +95,12 @@
 //! use tower_toolcall::*;
 //!
 //! # tokio_test::block_on(async {
-//! let registry = ToolRegistry::open();
-//! let mut stack = ServiceBuilder::new()
+//! let stack = ToolStack::builder(ToolRegistry::open())
+//!     .retry(|retry| retry.max_attempts(3))
+//!     .build()?;
+//! let mut service = ServiceBuilder::new()
 //!     .layer(ResultEnvelopeLayer::new())
-//!     .layer(EnvelopeValidateLayer::new(registry.clone()))
-//!     .layer(LoopDetectLayer::new(registry.clone()))
-//!     .layer(RateLimitLayer::new(registry.clone()))
-//!     .layer(IdempotencyLayer::in_memory(registry.clone()))
-//!     .layer(RetryLayer::new(registry.clone()))
-//!     .layer(CircuitBreakerLayer::new(registry.clone()))
-//!     .layer(TimeoutLayer::new(registry))
+//!     .layer(stack.clone())
 //!     .service(tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!("done"))) }));
 //!
 //! let call = || {
@@ -113,10 +112,11 @@
 //!         .build()
 //!         .unwrap()
 //! };
-//! let first = stack.ready().await.unwrap().call(call()).await.unwrap();
-//! let again = stack.ready().await.unwrap().call(call()).await.unwrap();
+//! let first = service.ready().await?.call(call()).await?;
+//! let again = service.ready().await?.call(call()).await?;
 //! assert!(!first.from_cache && again.from_cache);
-//! # });
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
 //! ```
 //!
 //! # Redaction and audit
@@ -141,6 +141,7 @@
 //!
 //! | feature | default | what it brings |
 //! |---|---|---|
+//! | `schema` | yes | params and outputs checked against the tools' JSON Schemas (`jsonschema`) |
 //! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
 //! | `redis` | no | `RedisDedupeStore`: idempotency records shared by every replica |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
@@ -167,6 +168,7 @@ pub mod registry;
 pub mod retry;
 mod serde_message;
 mod spans;
+pub mod stack;
 mod time;
 pub mod timeout;
 mod tool_fn;
@@ -192,4 +194,11 @@ pub use validate::EnvelopeValidateLayer;
 pub use breaker::CircuitBreakerLayer;
 pub use rate_limit::RateLimitLayer;
 pub use retry::RetryLayer;
+pub use stack::{StackLayer, ToolStack, ToolStackBuilder, ToolStackService};
 pub use timeout::TimeoutLayer;
+pub use trace::TraceLayer;
+
+/// The examples of the README, compiled and run as doctests (they use the default features).
+#[cfg(all(doctest, feature = "toml", feature = "schema"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

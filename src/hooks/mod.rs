@@ -28,14 +28,14 @@
 //!
 //! # The recommended stack
 //!
+//! [`ToolStack::hooks`](crate::ToolStackBuilder::hooks) gives one hooks object to both places:
+//!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::sync::Arc;
 //! use serde_json::json;
 //! use tower::{Service, ServiceBuilder, ServiceExt};
-//! use tower_toolcall::hooks::{HookLayer, ToolHooks};
 //! use tower_toolcall::registry::ToolRegistry;
-//! use tower_toolcall::trace::TraceLayer;
 //! use tower_toolcall::*;
 //!
 //! /// Tags every attempt and counts what happens.
@@ -64,19 +64,11 @@
 //! }
 //!
 //! # tokio_test::block_on(async {
-//! let registry = ToolRegistry::open();
 //! let hooks = Arc::new(Audit::default());
+//! let stack = ToolStack::builder(ToolRegistry::open()).hooks(hooks.clone()).build().unwrap();
 //! let mut stack = ServiceBuilder::new()
 //!     .layer(ResultEnvelopeLayer::new())
-//!     .layer(TraceLayer::new().hooks(hooks.clone()))
-//!     .layer(EnvelopeValidateLayer::new(registry.clone()))
-//!     .layer(LoopDetectLayer::new(registry.clone()))
-//!     .layer(RateLimitLayer::new(registry.clone()))
-//!     .layer(IdempotencyLayer::in_memory(registry.clone()))
-//!     .layer(RetryLayer::new(registry.clone()))
-//!     .layer(CircuitBreakerLayer::new(registry.clone()))
-//!     .layer(TimeoutLayer::new(registry))
-//!     .layer(HookLayer::new(hooks.clone()))
+//!     .layer(stack)
 //!     .service(tool_fn(|call: ToolCall| async move {
 //!         Ok(ToolOutput::new(json!({"tagged by": call.control().from_hook})))
 //!     }));

@@ -198,6 +198,16 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
         self
     }
 
+    /// Keeps records in `store` instead, with the settings made so far.
+    pub fn store<St2: DedupeStore>(self, store: St2) -> IdempotencyLayerBuilder<St2> {
+        IdempotencyLayerBuilder {
+            registry: self.registry,
+            store,
+            canonical: self.canonical,
+            defaults: self.defaults,
+        }
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
         at_least_a_millisecond("idempotency.done_ttl", self.defaults.done_ttl)?;

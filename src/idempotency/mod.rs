@@ -51,7 +51,7 @@
 //!
 //! From [`control`](crate::control): while every layer is turned off
 //! (`TOOL_RELIABILITY_ENABLED=false`), calls pass untouched and the store is not used.
-//! `TOOL_RELIABLE_DERIVE_IDEMPOTENCY=off` derives no key: only the caller's or a hook's key
+//! `TOOL_RELIABILITY_DERIVE_IDEMPOTENCY=off` derives no key: only the caller's or a hook's key
 //! deduplicates, and a call with neither passes through. In shadow mode
 //! (`TOOL_RELIABILITY_SHADOW=idempotency`) a call that would have been answered from the
 //! store — a completed record, an in-flight one, or a key reused with other params — runs

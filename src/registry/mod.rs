@@ -35,6 +35,7 @@
 mod descriptor;
 mod policy;
 mod resolution;
+mod schema;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -57,9 +58,7 @@ use crate::control::ReliabilityControl;
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::serde_message::{missing_field, strip_position};
-
-/// The most schema violations listed in one error message.
-const MAX_LISTED_VIOLATIONS: usize = 8;
+use schema::{list, violation_details, Schema};
 
 /// The registered tools, the denied ones, and the policy of unregistered tools.
 ///
@@ -93,8 +92,8 @@ pub struct RegisteredTool {
     full_name: String,
     /// Its place among the registry's tools.
     index: u32,
-    input: Option<jsonschema::Validator>,
-    output: Option<jsonschema::Validator>,
+    input: Option<Schema>,
+    output: Option<Schema>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -352,7 +351,11 @@ impl RegisteredTool {
     /// Checks params against the input schema: a `VALIDATION_ERROR` listing the failing
     /// paths (their values are never echoed).
     pub fn check_params(&self, params: &Value) -> Result<(), ToolError> {
-        let Some(violations) = violations(self.input.as_ref(), params, "payload.params") else {
+        let Some(violations) = self
+            .input
+            .as_ref()
+            .and_then(|schema| schema.violations(params, "payload.params"))
+        else {
             return Ok(());
         };
         Err(ToolError::rejected(
@@ -370,7 +373,11 @@ impl RegisteredTool {
     /// Checks output content against the output schema: an `INTERNAL_ERROR` (terminal)
     /// listing the failing paths.
     pub fn check_output(&self, content: &Value) -> Result<(), ToolError> {
-        let Some(violations) = violations(self.output.as_ref(), content, "output.content") else {
+        let Some(violations) = self
+            .output
+            .as_ref()
+            .and_then(|schema| schema.violations(content, "output.content"))
+        else {
             return Ok(());
         };
         Err(ToolError::new(
@@ -514,12 +521,12 @@ fn compile(descriptor: ToolDescriptor) -> Result<RegisteredTool, ConfigError> {
     let input = descriptor
         .input_schema
         .as_ref()
-        .map(|schema| compile_schema("input_schema", schema))
+        .map(|schema| Schema::compile("input_schema", schema))
         .transpose()?;
     let output = descriptor
         .output_schema
         .as_ref()
-        .map(|schema| compile_schema("output_schema", schema))
+        .map(|schema| Schema::compile("output_schema", schema))
         .transpose()?;
     Ok(RegisteredTool {
         full_name: descriptor.full_name(),
@@ -528,66 +535,6 @@ fn compile(descriptor: ToolDescriptor) -> Result<RegisteredTool, ConfigError> {
         input,
         output,
     })
-}
-
-fn compile_schema(field: &str, schema: &Value) -> Result<jsonschema::Validator, ConfigError> {
-    jsonschema::validator_for(schema).map_err(|e| {
-        let at = e.instance_path().to_string();
-        let problem = if at.is_empty() {
-            format!("is not a valid JSON Schema: {e}")
-        } else {
-            format!("is not a valid JSON Schema: at {at}: {e}")
-        };
-        ConfigError::new(field, problem)
-    })
-}
-
-/// What `instance` breaks of the schema, its paths under `root`; `None` when there is no
-/// schema or nothing is broken.
-fn violations(
-    validator: Option<&jsonschema::Validator>,
-    instance: &Value,
-    root: &str,
-) -> Option<Vec<String>> {
-    let validator = validator?;
-    if validator.is_valid(instance) {
-        return None;
-    }
-    Some(
-        validator
-            .iter_errors(instance)
-            .take(MAX_LISTED_VIOLATIONS)
-            .map(|e| {
-                let path = dotted(root, &e.instance_path().to_string());
-                format!("`{path}` {}", e.masked())
-            })
-            .collect(),
-    )
-}
-
-fn list(violations: &[String]) -> String {
-    violations.join("; ")
-}
-
-fn violation_details(field: &str, violations: &[String]) -> Value {
-    serde_json::json!({ "field": field, "violations": violations })
-}
-
-/// `/items/0/path` under `payload.params` → `payload.params.items[0].path`.
-fn dotted(root: &str, pointer: &str) -> String {
-    let mut out = root.to_owned();
-    for segment in pointer.split('/').skip(1) {
-        let segment = segment.replace("~1", "/").replace("~0", "~");
-        if !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()) {
-            out.push('[');
-            out.push_str(&segment);
-            out.push(']');
-        } else {
-            out.push('.');
-            out.push_str(&segment);
-        }
-    }
-    out
 }
 
 fn file_error(path: &str, message: &str) -> ConfigError {

@@ -19,9 +19,9 @@ use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{AuditLog, AuditSink, AuditStream, Redactor, TraceLayer};
 use tower_toolcall::{
-    tool_fn, BreakerState, CallEnvelope, CallRecord, CircuitBreakerLayer, EnvelopeValidateLayer,
-    ErrorCode, IdempotencyLayer, LoopDetectLayer, RateLimitLayer, ResultEnvelopeLayer, RetryLayer,
-    ShadowDecision, ShadowVerdict, TimeoutLayer, ToolCall, ToolError, ToolOutput, ToolResult,
+    tool_fn, BreakerState, CallEnvelope, CallRecord, CircuitBreakerLayer, ErrorCode,
+    IdempotencyLayer, LoopDetectLayer, RateLimitLayer, ResultEnvelopeLayer, RetryLayer,
+    ShadowDecision, ShadowVerdict, ToolCall, ToolError, ToolOutput, ToolResult, ToolStack,
 };
 
 use support::call_once;
@@ -115,31 +115,12 @@ impl ModeTool {
     }
 }
 
-/// Every layer, in the recommended order, under the trace layer.
-fn full_stack<T>(
-    registry: &ToolRegistry,
-    trace: TraceLayer,
-    tool: T,
-) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError>
-where
-    T: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone + Send + 'static,
-    T::Future: Send + 'static,
-{
-    ServiceBuilder::new()
-        .layer(trace)
-        .layer(EnvelopeValidateLayer::new(registry.clone()))
-        .layer(LoopDetectLayer::new(registry.clone()))
-        .layer(RateLimitLayer::new(registry.clone()))
-        .layer(IdempotencyLayer::in_memory(registry.clone()))
-        .layer(
-            RetryLayer::builder(registry.clone())
-                .seed(7)
-                .build()
-                .unwrap(),
-        )
-        .layer(CircuitBreakerLayer::new(registry.clone()))
-        .layer(TimeoutLayer::new(registry.clone()))
-        .service(tool)
+/// Every layer, in the recommended order, as the crate's builder assembles it.
+fn full_stack(registry: &ToolRegistry) -> ToolStack {
+    ToolStack::builder(registry.clone())
+        .retry(|retry| retry.seed(7))
+        .build()
+        .unwrap()
 }
 
 fn call(namespace: &str, name: &str, params: Value) -> ToolCall {
@@ -257,15 +238,10 @@ async fn with_the_kill_switch_off_the_stack_answers_as_the_bare_tool_does() {
 
     let off = switches(&[("TOOL_RELIABILITY_ENABLED", "false")]);
     let stacked_tool = ModeTool::default();
-    let mut stack = with_fixed_ids(
-        ServiceBuilder::new()
-            .layer(ResultEnvelopeLayer::new())
-            .service(full_stack(
-                &registry(&off),
-                TraceLayer::new(),
-                stacked_tool.service(),
-            )),
-    );
+    let mut stack = with_fixed_ids(support::enveloped(
+        &full_stack(&registry(&off)),
+        stacked_tool.service(),
+    ));
     let got = play(&mut stack).await;
 
     let script = script();
@@ -285,15 +261,10 @@ async fn with_the_kill_switch_off_the_stack_answers_as_the_bare_tool_does() {
 
     // The same script through the enabled stack: every layer acts on its part.
     let enabled_tool = ModeTool::default();
-    let mut enabled = with_fixed_ids(
-        ServiceBuilder::new()
-            .layer(ResultEnvelopeLayer::new())
-            .service(full_stack(
-                &registry(&ReliabilityControl::new()),
-                TraceLayer::new(),
-                enabled_tool.service(),
-            )),
-    );
+    let mut enabled = with_fixed_ids(support::enveloped(
+        &full_stack(&registry(&ReliabilityControl::new())),
+        enabled_tool.service(),
+    ));
     let enforced = play(&mut enabled).await;
     let differs: Vec<&str> = script
         .iter()
@@ -321,7 +292,7 @@ async fn with_the_kill_switch_off_the_stack_answers_as_the_bare_tool_does() {
 async fn the_kill_switch_flips_at_run_time() {
     let control = ReliabilityControl::new();
     let tool = ModeTool::default();
-    let mut svc = full_stack(&registry(&control), TraceLayer::new(), tool.service());
+    let mut svc = support::stacked(&full_stack(&registry(&control)), tool.service());
     for n in 0..2 {
         let outcome = call_once(&mut svc, write("down", n)).await;
         assert_eq!(code(&outcome), Some(ErrorCode::UpstreamUnavailable));
@@ -549,7 +520,7 @@ async fn idempotency_in_shadow_mode_runs_again_and_leaves_the_record_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn with_derivation_off_only_given_keys_deduplicate() {
-    let control = switches(&[("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "off")]);
+    let control = switches(&[("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY", "off")]);
     let (mut svc, _layer, runs) = idempotent_stack(&control);
     let keyless = || call("vault", "create", json!({"path": "a.md"}));
     let first = call_once(&mut svc, keyless()).await.unwrap();
@@ -737,4 +708,33 @@ mod metrics_series {
             Some(&5)
         );
     }
+}
+
+#[test]
+fn the_earlier_name_of_key_derivation_still_works_and_warns() {
+    let (captured, _guard) = capture();
+    let control = switches(&[("TOOL_RELIABLE_DERIVE_IDEMPOTENCY", "off")]);
+    assert!(!control.derives_idempotency_keys());
+    let warnings: Vec<_> = captured
+        .events()
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(
+        warnings[0].fields.get("replacement").map(String::as_str),
+        Some("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY")
+    );
+
+    let quiet = switches(&[("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY", "off")]);
+    assert!(!quiet.derives_idempotency_keys());
+    assert_eq!(
+        captured
+            .events()
+            .iter()
+            .filter(|e| e.level == tracing::Level::WARN)
+            .count(),
+        1,
+        "the current name warns of nothing"
+    );
 }

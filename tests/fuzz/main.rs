@@ -13,14 +13,9 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{json, Value};
 use support::{envelope_fixtures, ScriptedTool, Step};
-use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_toolcall::idempotency::InMemoryDedupeStore;
+use tower::{Service, ServiceExt};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
-use tower_toolcall::trace::TraceLayer;
-use tower_toolcall::{
-    CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer, LoopDetectLayer,
-    RateLimitLayer, ResultEnvelopeLayer, RetryLayer, TimeoutLayer, ToolCall, ToolResult,
-};
+use tower_toolcall::{ErrorCode, ToolCall, ToolResult, ToolStack};
 
 /// The objects of the contract, by path.
 const OBJECTS: [&[&str]; 10] = [
@@ -303,26 +298,11 @@ fn registry() -> ToolRegistry {
 /// what reaches it; returns the results and what the tool received.
 fn through_the_stack(calls: Vec<ToolCall>) -> (Vec<ToolResult>, Vec<ToolCall>) {
     let tool = ScriptedTool::always(Step::Ok);
-    let registry = registry();
-    let mut stack = ServiceBuilder::new()
-        .layer(ResultEnvelopeLayer::new())
-        .layer(TraceLayer::new())
-        .layer(EnvelopeValidateLayer::new(registry.clone()))
-        .layer(LoopDetectLayer::new(registry.clone()))
-        .layer(RateLimitLayer::new(registry.clone()))
-        .layer(IdempotencyLayer::new(
-            registry.clone(),
-            InMemoryDedupeStore::new(),
-        ))
-        .layer(
-            RetryLayer::builder(registry.clone())
-                .seed(7)
-                .build()
-                .unwrap(),
-        )
-        .layer(CircuitBreakerLayer::new(registry.clone()))
-        .layer(TimeoutLayer::new(registry))
-        .service(tool.service());
+    let stack = ToolStack::builder(registry())
+        .retry(|retry| retry.seed(7))
+        .build()
+        .unwrap();
+    let mut stack = support::enveloped(&stack, tool.service());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)

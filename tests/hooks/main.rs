@@ -9,15 +9,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::{call_once, ScriptedTool, Step};
-use tower::{Service, ServiceBuilder};
+use tower::Service;
 use tower_toolcall::control::ReliabilityControl;
-use tower_toolcall::hooks::{HookLayer, ToolHooks};
+use tower_toolcall::hooks::ToolHooks;
 use tower_toolcall::registry::ToolRegistry;
-use tower_toolcall::trace::TraceLayer;
-use tower_toolcall::{
-    CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer, LoopDetectLayer,
-    RateLimitLayer, RetryLayer, ShortCircuit, TimeoutLayer, ToolCall, ToolError, ToolOutput,
-};
+use tower_toolcall::{ErrorCode, ShortCircuit, ToolCall, ToolError, ToolOutput, ToolStack};
 
 /// One firing of a hook: the attempt number the hook saw, or the short-circuit path, and the
 /// error code of the outcome (`None` for a success).
@@ -134,7 +130,7 @@ fn registry() -> ToolRegistry {
     .unwrap()
 }
 
-/// The recommended stack, `hooks` at both ends:
+/// The recommended stack as the crate's builder assembles it, `hooks` at both ends:
 /// `Trace(hooks) → EnvelopeValidate → LoopDetect → RateLimit → Idempotency → Retry →
 /// CircuitBreaker → Timeout → HookLayer(hooks) → tool`.
 fn stack(
@@ -148,22 +144,12 @@ fn stack(
     Future = impl std::future::Future<Output = Result<ToolOutput, ToolError>> + Send,
 > + Clone
        + Send {
-    ServiceBuilder::new()
-        .layer(TraceLayer::new().hooks(hooks.clone()))
-        .layer(EnvelopeValidateLayer::new(registry.clone()))
-        .layer(LoopDetectLayer::new(registry.clone()))
-        .layer(RateLimitLayer::new(registry.clone()))
-        .layer(IdempotencyLayer::in_memory(registry.clone()))
-        .layer(
-            RetryLayer::builder(registry.clone())
-                .seed(7)
-                .build()
-                .unwrap(),
-        )
-        .layer(CircuitBreakerLayer::new(registry.clone()))
-        .layer(TimeoutLayer::new(registry))
-        .layer(HookLayer::new(hooks.clone()))
-        .service(tool.service())
+    let stack = ToolStack::builder(registry)
+        .hooks(hooks.clone())
+        .retry(|retry| retry.seed(7))
+        .build()
+        .unwrap();
+    support::stacked(&stack, tool.service())
 }
 
 fn call(namespace: &str, name: &str, params: serde_json::Value) -> ToolCall {

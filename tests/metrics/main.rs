@@ -12,10 +12,7 @@ use serde_json::json;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{ToolMetrics, TraceLayer};
-use tower_toolcall::{
-    tool_fn, CircuitBreakerLayer, IdempotencyLayer, LoopDetectLayer, RetryLayer, ToolCall,
-    ToolError, ToolOutput,
-};
+use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
 /// Counter and gauge values by `name{label=value,…}`.
 fn snapshot(recorder: &DebuggingRecorder) -> BTreeMap<String, f64> {
@@ -74,23 +71,12 @@ fn a_scripted_run_produces_exact_series() {
                 }
             }
         });
-        let mut svc = ServiceBuilder::new()
-            .layer(TraceLayer::new().metrics(metrics.clone()))
-            .layer(LoopDetectLayer::new(registry.clone()))
-            .layer(IdempotencyLayer::in_memory(registry.clone()))
-            .layer(
-                RetryLayer::builder(registry.clone())
-                    .seed(5)
-                    .build()
-                    .unwrap(),
-            )
-            .layer(
-                CircuitBreakerLayer::builder(registry.clone())
-                    .on_transition(metrics.breaker_listener())
-                    .build()
-                    .unwrap(),
-            )
-            .service(tool);
+        let stack = ToolStack::builder(registry.clone())
+            .metrics(metrics)
+            .retry(|retry| retry.seed(5))
+            .build()
+            .unwrap();
+        let mut svc = support::stacked(&stack, tool);
         // a retried success and a terminal failure
         svc.ready_and_call(call("web", "search", "flaky", 2))
             .await

@@ -8,15 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+#[path = "../support/mod.rs"]
+mod support;
+
 use serde_json::{json, Value};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceExt};
 use tower_toolcall::registry::ToolRegistry;
-use tower_toolcall::trace::{AuditLog, TraceLayer, REDACTED};
-use tower_toolcall::{
-    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, IdempotencyLayer, LoopDetectLayer,
-    RateLimitLayer, ResultEnvelopeLayer, RetryLayer, TimeoutLayer, ToolCall, ToolError, ToolOutput,
-    ToolResult,
-};
+use tower_toolcall::trace::{AuditLog, REDACTED};
+use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolResult, ToolStack};
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::fmt::MakeWriter;
 
@@ -255,8 +254,8 @@ fn read_lines(path: &Path) -> Vec<Value> {
 /// answered, and its attempts.
 type Answers = Vec<(String, bool, u32)>;
 
-/// Sends every scenario through the whole stack, TraceLayer outermost inside the result
-/// envelope.
+/// Sends every scenario through the whole stack as the crate's builder assembles it, inside
+/// the result envelope.
 fn run_scenarios(audit: &AuditLog) -> Answers {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -265,32 +264,12 @@ fn run_scenarios(audit: &AuditLog) -> Answers {
         .unwrap();
     runtime.block_on(async {
         let registry = registry();
-        let trace = TraceLayer::new().audit(audit.clone());
-        let breaker = CircuitBreakerLayer::builder(registry.clone());
+        let stack = ToolStack::builder(registry.clone())
+            .trace(|trace| trace.audit(audit.clone()))
+            .retry(|retry| retry.seed(7));
         #[cfg(feature = "metrics")]
-        let (trace, breaker) = {
-            let metrics = tower_toolcall::trace::ToolMetrics::new(&registry);
-            (
-                trace.metrics(metrics.clone()),
-                breaker.on_transition(metrics.breaker_listener()),
-            )
-        };
-        let mut stack = ServiceBuilder::new()
-            .layer(ResultEnvelopeLayer::new())
-            .layer(trace)
-            .layer(EnvelopeValidateLayer::new(registry.clone()))
-            .layer(LoopDetectLayer::new(registry.clone()))
-            .layer(RateLimitLayer::new(registry.clone()))
-            .layer(IdempotencyLayer::in_memory(registry.clone()))
-            .layer(
-                RetryLayer::builder(registry.clone())
-                    .seed(7)
-                    .build()
-                    .unwrap(),
-            )
-            .layer(breaker.build().unwrap())
-            .layer(TimeoutLayer::new(registry))
-            .service(tool());
+        let stack = stack.metrics(tower_toolcall::trace::ToolMetrics::new(&registry));
+        let mut stack = support::enveloped(&stack.build().unwrap(), tool());
 
         let search = |session: &str, mode: &str| {
             call("agents.tools.web", "search", session, secret_params(mode))

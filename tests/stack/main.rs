@@ -1,16 +1,22 @@
-//! The whole stack, in the recommended order, over mock tools.
+//! The whole stack, as `ToolStack` assembles it, over mock tools.
+
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceExt};
+use tower_toolcall::breaker::BreakerKey;
+use tower_toolcall::control::ReliabilityControl;
+use tower_toolcall::hooks::ToolHooks;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{
-    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer,
-    LoopDetectLayer, RateLimitLayer, ResultEnvelopeLayer, ResultStatus, RetryLayer, TimeoutLayer,
-    ToolCall, ToolError, ToolOutput, ToolResult,
+    tool_fn, ErrorCode, ResultStatus, ShortCircuit, StackLayer, ToolCall, ToolError, ToolOutput,
+    ToolResult, ToolStack,
 };
 
 fn registry() -> ToolRegistry {
@@ -29,14 +35,19 @@ fn registry() -> ToolRegistry {
         .unwrap()
 }
 
-/// The stack over a tool whose first `failures` calls answer 503; counts the tool's runs.
-fn stack(
-    store: InMemoryDedupeStore,
+/// A tool whose first `failures` calls answer 503; counts its runs.
+fn flaky_tool(
     failures: usize,
     runs: Arc<AtomicUsize>,
-) -> impl Service<ToolCall, Response = ToolResult, Error = std::convert::Infallible> {
-    let registry = registry();
-    let tool = tool_fn(move |call: ToolCall| {
+) -> impl Service<
+    ToolCall,
+    Response = ToolOutput,
+    Error = ToolError,
+    Future = impl std::future::Future<Output = Result<ToolOutput, ToolError>> + Send,
+> + Clone
+       + Send
+       + 'static {
+    tool_fn(move |call: ToolCall| {
         let run = runs.fetch_add(1, Ordering::SeqCst);
         async move {
             if run < failures {
@@ -47,35 +58,21 @@ fn stack(
                 ))
             }
         }
-    });
-    stack_over(registry, store, tool)
+    })
 }
 
-/// The stack in the recommended order, with `registry`, over `tool`.
-fn stack_over<T>(
-    registry: ToolRegistry,
+/// The stack over a tool whose first `failures` calls answer 503; counts the tool's runs.
+fn stack(
     store: InMemoryDedupeStore,
-    tool: T,
-) -> impl Service<ToolCall, Response = ToolResult, Error = std::convert::Infallible>
-where
-    T: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone + Send + 'static,
-    T::Future: Send + 'static,
-{
-    ServiceBuilder::new()
-        .layer(ResultEnvelopeLayer::new())
-        .layer(EnvelopeValidateLayer::new(registry.clone()))
-        .layer(LoopDetectLayer::new(registry.clone()))
-        .layer(RateLimitLayer::new(registry.clone()))
-        .layer(IdempotencyLayer::new(registry.clone(), store))
-        .layer(
-            RetryLayer::builder(registry.clone())
-                .seed(7)
-                .build()
-                .unwrap(),
-        )
-        .layer(CircuitBreakerLayer::new(registry.clone()))
-        .layer(TimeoutLayer::new(registry))
-        .service(tool)
+    failures: usize,
+    runs: Arc<AtomicUsize>,
+) -> impl Service<ToolCall, Response = ToolResult, Error = std::convert::Infallible> {
+    let stack = ToolStack::builder(registry())
+        .store(store)
+        .retry(|retry| retry.seed(7))
+        .build()
+        .unwrap();
+    support::enveloped(&stack, flaky_tool(failures, runs))
 }
 
 async fn run<S>(svc: &mut S, call: ToolCall) -> ToolResult
@@ -203,6 +200,171 @@ async fn a_looping_model_is_stopped_even_when_the_cache_answers() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+// The builder: one registry, control, store and hooks object for every layer.
+
+fn search(session: &str, query: &str) -> ToolCall {
+    ToolCall::builder("agents.tools.web", "search")
+        .session(session)
+        .actor("user-7")
+        .params(json!({ "query": query }))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_control_switches_every_layer_of_the_built_stack() {
+    let control = ReliabilityControl::new();
+    let stack = ToolStack::builder(registry().with_control(control.clone()))
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = support::enveloped(&stack, flaky_tool(0, runs.clone()));
+    stack
+        .breakers()
+        .unwrap()
+        .force_open(&BreakerKey::tool("agents.tools.web", "search"));
+    let refused = run(&mut svc, search("s", "a")).await;
+    assert_eq!(refused.error.unwrap().code, "CIRCUIT_OPEN");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // The kill switch, flipped through the stack's handle, reaches the breaker, the loop
+    // detector and the idempotency layer alike: the same call runs every time.
+    stack.control().set_enabled(false);
+    for _ in 0..5 {
+        let result = run(&mut svc, write(json!("a.md"), "same-key")).await;
+        assert_eq!(result.status, ResultStatus::Success);
+        assert!(!result.from_cache);
+    }
+    assert_eq!(
+        run(&mut svc, search("s", "a")).await.status,
+        ResultStatus::Success
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 6);
+    assert!(
+        !control.is_enabled(),
+        "the stack's control is the registry's"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_built_stack_gives_its_hooks_to_the_tool_and_to_every_short_circuit() {
+    #[derive(Debug, Default)]
+    struct Count {
+        attempts: AtomicUsize,
+        short_circuits: std::sync::Mutex<Vec<ShortCircuit>>,
+    }
+    impl ToolHooks for Count {
+        fn before_attempt(&self, _call: &mut ToolCall) -> Result<(), ToolError> {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn on_short_circuit(
+            &self,
+            _call: &ToolCall,
+            path: ShortCircuit,
+            _outcome: &Result<ToolOutput, ToolError>,
+        ) {
+            self.short_circuits.lock().unwrap().push(path);
+        }
+    }
+    let hooks = Arc::new(Count::default());
+    let stack = ToolStack::builder(registry())
+        .hooks(hooks.clone())
+        .retry(|retry| retry.seed(7))
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = support::enveloped(&stack, flaky_tool(2, runs.clone()));
+
+    let first = run(&mut svc, search("s", "tower")).await;
+    assert_eq!(first.attempts, 3);
+    assert_eq!(hooks.attempts.load(Ordering::SeqCst), 3, "once per attempt");
+    let again = run(&mut svc, search("s", "tower")).await;
+    assert!(again.from_cache);
+    assert_eq!(hooks.attempts.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        *hooks.short_circuits.lock().unwrap(),
+        [ShortCircuit::CacheHit]
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_layer_left_out_of_the_stack_is_not_there() {
+    let stack = ToolStack::builder(registry())
+        .without(StackLayer::Idempotency)
+        .without(StackLayer::Retry)
+        .build()
+        .unwrap();
+    assert!(stack.dedupe_store().is_none() && stack.idempotency().is_none());
+    assert!(stack.breakers().is_some() && stack.loop_sessions().is_some());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = support::enveloped(&stack, flaky_tool(1, runs.clone()));
+
+    let first = run(&mut svc, write(json!("a.md"), "k")).await;
+    assert_eq!(first.status, ResultStatus::RetriableError, "no retry layer");
+    assert_eq!(first.attempts, 1);
+    let second = run(&mut svc, write(json!("a.md"), "k")).await;
+    assert_eq!(second.status, ResultStatus::Success);
+    assert!(!second.from_cache, "no idempotency layer");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_handles_of_the_built_stack_act_on_its_layers() {
+    let store = InMemoryDedupeStore::new();
+    let stack = ToolStack::builder(registry())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = support::enveloped(&stack, flaky_tool(0, runs.clone()));
+
+    // The store given to the builder is the one the stack writes.
+    run(&mut svc, write(json!("a.md"), "k-1")).await;
+    assert_eq!(store.size().await.unwrap(), 1);
+    assert_eq!(stack.dedupe_store().unwrap().size().await.unwrap(), 1);
+
+    // Three repeats in a session, a reset through the handle, and the count starts again.
+    for _ in 0..3 {
+        run(&mut svc, search("sess-r", "same")).await;
+    }
+    stack.loop_sessions().unwrap().reset_session("sess-r");
+    for _ in 0..3 {
+        let result = run(&mut svc, search("sess-r", "same")).await;
+        assert_eq!(result.error, None);
+    }
+    let fourth = run(&mut svc, search("sess-r", "same")).await;
+    assert_eq!(fourth.error.unwrap().code, "LOOP_DETECTED");
+
+    // A breaker forced open through the handle, then reset.
+    let admin = stack.breakers().unwrap();
+    let key = BreakerKey::tool("vault", "createFile");
+    admin.force_open(&key);
+    let refused = run(&mut svc, write(json!("b.md"), "k-2")).await;
+    assert_eq!(refused.error.unwrap().code, ErrorCode::CircuitOpen.as_str());
+    assert!(admin.reset(&key));
+    let ran = run(&mut svc, write(json!("b.md"), "k-2")).await;
+    assert_eq!(ran.status, ResultStatus::Success);
+}
+
+#[test]
+fn a_bad_setting_of_any_layer_fails_the_build_naming_the_field() {
+    let error = ToolStack::builder(registry())
+        .idempotency(|idempotency| idempotency.done_ttl(Duration::ZERO))
+        .build()
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("idempotency.done_ttl"),
+        "{error}"
+    );
+    let error = ToolStack::builder(registry())
+        .retry(|retry| retry.max_attempts(0))
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("max_attempts"), "{error}");
+}
+
 /// Tools whose policies change how their errors are classified.
 const CLASSIFIED_TOOLS: &str = r#"
     [[tools]]
@@ -233,7 +395,11 @@ fn failing_stack(
         runs.fetch_add(1, Ordering::SeqCst);
         async move { Err::<ToolOutput, _>(error()) }
     });
-    stack_over(registry, InMemoryDedupeStore::new(), tool)
+    let stack = ToolStack::builder(registry)
+        .retry(|retry| retry.seed(7))
+        .build()
+        .unwrap();
+    support::enveloped(&stack, tool)
 }
 
 fn call_of(namespace: &str, name: &str) -> ToolCall {

@@ -246,3 +246,22 @@ pub mod capture;
 #[cfg(feature = "metrics")]
 pub mod metrics_series;
 pub mod redis_server;
+
+/// `tool` behind the whole stack as the crate's builder assembles it: the stack the test
+/// suites exercise, answering with the crate's `ToolOutput` / `ToolError`.
+pub fn stacked<S, St>(
+    stack: &tower_toolcall::ToolStack<St>,
+    tool: S,
+) -> tower_toolcall::ToolStackService<S, St> {
+    use tower::Layer;
+    stack.layer(tool)
+}
+
+/// [`stacked`], answering every call with a `ToolResult` envelope.
+pub fn enveloped<S, St>(
+    stack: &tower_toolcall::ToolStack<St>,
+    tool: S,
+) -> tower_toolcall::envelope::ResultEnvelope<tower_toolcall::ToolStackService<S, St>> {
+    use tower::Layer;
+    tower_toolcall::ResultEnvelopeLayer::new().layer(stacked(stack, tool))
+}

@@ -1,0 +1,843 @@
+//! [`ToolStack`]: every layer of the crate in one [`Layer`], in the order that makes them
+//! work together, built from one registry.
+//!
+//! The layers are independent and each is usable alone, but a stack built by hand is easy
+//! to get subtly wrong: ten layers in an order that matters, the same registry (and with it
+//! the operator switches) handed to each, one hooks object given to two places, the same
+//! canonical options and redactor to the layers that share their work. [`ToolStack`] does
+//! all of it:
+//!
+//! ```text
+//! Trace → EnvelopeValidate → LoopDetect → RateLimit → Idempotency → Retry → CircuitBreaker → Timeout → Hook → tool
+//! ```
+//!
+//! Loop detection sees every repeat the model issues before the idempotency cache answers
+//! it; idempotency wraps the whole retried execution as one record; the breaker sits inside
+//! retry, so that it counts each attempt and an open breaker stops the retries; the timeout
+//! bounds each attempt; the hooks run around the tool, once per attempt.
+//!
+//! The stack answers with the crate's own types (`ToolOutput` / `ToolError`), so that it
+//! composes with other tower middleware; put a [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer)
+//! outside it where results go back to the agent as [`ToolResult`](crate::ToolResult)
+//! envelopes.
+//!
+//! ```
+//! use serde_json::json;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_toolcall::registry::ToolRegistry;
+//! use tower_toolcall::{tool_fn, ResultEnvelopeLayer, ToolCall, ToolOutput, ToolStack};
+//!
+//! # tokio_test::block_on(async {
+//! let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+//! let mut service = ServiceBuilder::new()
+//!     .layer(ResultEnvelopeLayer::new())
+//!     .layer(stack.clone())
+//!     .service(tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!("done"))) }));
+//!
+//! let call = || {
+//!     ToolCall::builder("vault", "createFile")
+//!         .session("s")
+//!         .actor("u")
+//!         .idempotency_key("create-1")
+//!         .build()
+//!         .unwrap()
+//! };
+//! let first = service.ready().await?.call(call()).await?;
+//! let again = service.ready().await?.call(call()).await?;
+//! assert!(!first.from_cache && again.from_cache);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+use tower::util::Either;
+use tower::ServiceBuilder;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::breaker::{BreakerAdmin, CircuitBreakerLayer, CircuitBreakerLayerBuilder};
+use crate::canonical::CanonicalOptions;
+use crate::control::ReliabilityControl;
+use crate::envelope::ToolCall;
+use crate::error::{ConfigError, ToolError};
+use crate::hooks::{HookLayer, ToolHooks};
+use crate::idempotency::{
+    DedupeStore, IdempotencyLayer, IdempotencyLayerBuilder, InMemoryDedupeStore,
+};
+use crate::loop_detect::{LoopDetectHandle, LoopDetectLayer, LoopDetectLayerBuilder};
+use crate::outcome::ToolOutput;
+use crate::rate_limit::{RateLimitLayer, RateLimitLayerBuilder};
+use crate::registry::ToolRegistry;
+use crate::retry::{RetryLayer, RetryLayerBuilder};
+use crate::timeout::{TimeoutLayer, TimeoutLayerBuilder};
+use crate::trace::{Redactor, TraceLayer};
+use crate::validate::{EnvelopeValidateLayer, EnvelopeValidateLayerBuilder};
+
+/// The hooks object the stack hands to its trace layer and to the layer around the tool.
+type SharedHooks = Arc<dyn ToolHooks>;
+
+/// A layer of the stack, to switch off with [`ToolStackBuilder::without`].
+///
+/// ```
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::{StackLayer, ToolStack};
+///
+/// let stack = ToolStack::builder(ToolRegistry::open())
+///     .without(StackLayer::LoopDetect)
+///     .build()?;
+/// assert!(stack.loop_sessions().is_none());
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StackLayer {
+    /// [`TraceLayer`]: span, events, metrics, audit, short-circuit hooks.
+    Trace,
+    /// [`EnvelopeValidateLayer`].
+    Validate,
+    /// [`LoopDetectLayer`].
+    LoopDetect,
+    /// [`RateLimitLayer`].
+    RateLimit,
+    /// [`IdempotencyLayer`].
+    Idempotency,
+    /// [`RetryLayer`].
+    Retry,
+    /// [`CircuitBreakerLayer`].
+    CircuitBreaker,
+    /// [`TimeoutLayer`].
+    Timeout,
+}
+
+/// Every layer of the crate, in the recommended order, as one [`Layer`]. See the
+/// [module docs](self).
+///
+/// Made by [`ToolStack::builder`]. Clones share every layer's state (breakers, loop
+/// sessions, quotas, the dedupe store), as do the services they make: build the stack once
+/// and apply it to as many tools as you like.
+///
+/// It also hands out what operators act on: [`breakers`](ToolStack::breakers),
+/// [`loop_sessions`](ToolStack::loop_sessions), the [`dedupe_store`](ToolStack::dedupe_store)
+/// and the [`control`](ToolStack::control) switches.
+///
+/// ```
+/// use serde_json::json;
+/// use tower::Layer;
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
+///
+/// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+/// // One stack for two tools: they share its breakers, loop sessions and dedupe store.
+/// let search = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!([]))) }));
+/// let fetch = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!(""))) }));
+/// # drop((search, fetch));
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+pub struct ToolStack<St = InMemoryDedupeStore> {
+    registry: ToolRegistry,
+    trace: Option<TraceLayer>,
+    validate: Option<EnvelopeValidateLayer>,
+    loop_detect: Option<LoopDetectLayer>,
+    rate_limit: Option<RateLimitLayer>,
+    idempotency: Option<IdempotencyLayer<St>>,
+    retry: Option<RetryLayer>,
+    breaker: Option<CircuitBreakerLayer>,
+    timeout: Option<TimeoutLayer>,
+    hooks: Option<HookLayer<SharedHooks>>,
+}
+
+impl ToolStack<InMemoryDedupeStore> {
+    /// A builder of the stack over `registry`, whose tools, policies and operator switches
+    /// ([`ReliabilityControl`], set with [`ToolRegistry::with_control`]) every layer shares.
+    /// Idempotency records go to a fresh [`InMemoryDedupeStore`] unless
+    /// [`store`](ToolStackBuilder::store) says otherwise.
+    ///
+    /// ```
+    /// use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::ToolStack;
+    ///
+    /// let registry = ToolRegistry::from_toml_str(
+    ///     r#"
+    ///     [[tools]]
+    ///     namespace = "agents.tools.web"
+    ///     name = "search"
+    ///     risk = "read-only"
+    ///     "#,
+    /// )?;
+    /// let stack = ToolStack::builder(registry).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn builder(registry: ToolRegistry) -> ToolStackBuilder<InMemoryDedupeStore> {
+        ToolStackBuilder {
+            trace: TraceLayer::new(),
+            validate: EnvelopeValidateLayer::builder(registry.clone()),
+            loop_detect: LoopDetectLayer::builder(registry.clone()),
+            rate_limit: RateLimitLayer::builder(registry.clone()),
+            idempotency: IdempotencyLayer::builder(registry.clone(), InMemoryDedupeStore::new()),
+            retry: RetryLayer::builder(registry.clone()),
+            breaker: CircuitBreakerLayer::builder(registry.clone()),
+            timeout: TimeoutLayer::builder(registry.clone()),
+            registry,
+            hooks: None,
+            without: Vec::new(),
+        }
+    }
+}
+
+impl<St: DedupeStore> ToolStack<St> {
+    /// The registry every layer resolves its tools in.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// assert!(stack.registry().is_open());
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn registry(&self) -> &ToolRegistry {
+        &self.registry
+    }
+
+    /// The operator switches every layer reads: kill switch, breaker enforcement, key
+    /// derivation, shadow mode. A change through this handle (or any clone of it) takes effect
+    /// on the next call.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// stack.control().set_enabled(false); // the kill switch: every layer passes calls through
+    /// assert!(!stack.control().is_enabled());
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn control(&self) -> &ReliabilityControl {
+        self.registry.control()
+    }
+
+    /// The breakers: read their state, force them open, reset them, listen to transitions.
+    /// `None` when the breaker layer is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::breaker::BreakerKey;
+    /// use tower_toolcall::BreakerState;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let breakers = stack.breakers().expect("the breaker layer is on");
+    /// let charge = BreakerKey::tool("payments", "charge");
+    /// breakers.force_open(&charge); // calls of payments::charge now fail fast
+    /// assert_eq!(breakers.state("payments", "charge"), BreakerState::ForcedOpen);
+    /// assert!(breakers.reset(&charge));
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn breakers(&self) -> Option<BreakerAdmin> {
+        self.breaker.as_ref().map(CircuitBreakerLayer::admin)
+    }
+
+    /// The loop detector's sessions: their settings at run time, resets, counts. `None` when
+    /// loop detection is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let sessions = stack.loop_sessions().expect("loop detection is on");
+    /// sessions.apply_command("sess-42", "!/set(tool-loop-max-repeats=6)")?;
+    /// assert_eq!(sessions.session_settings("sess-42").max_repeats, Some(6));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn loop_sessions(&self) -> Option<LoopDetectHandle> {
+        self.loop_detect.as_ref().map(LoopDetectLayer::handle)
+    }
+
+    /// The store of idempotency records. `None` when idempotency is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::idempotency::DedupeStore;
+    ///
+    /// # tokio_test::block_on(async {
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let store = stack.dedupe_store().expect("idempotency is on");
+    /// assert_eq!(store.size().await?, 0);
+    /// store.flush_prefix("tenant-a:").await?; // forget every record of one tenant
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn dedupe_store(&self) -> Option<&St> {
+        self.idempotency.as_ref().map(IdempotencyLayer::store)
+    }
+
+    /// The idempotency layer itself, for its counters and the store key of a call. `None`
+    /// when idempotency is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let call = ToolCall::builder("vault", "createFile")
+    ///     .session("s")
+    ///     .actor("u")
+    ///     .idempotency_key("create-1")
+    ///     .build()?;
+    /// let idempotency = stack.idempotency().expect("idempotency is on");
+    /// assert!(idempotency.store_key(&call)?.is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn idempotency(&self) -> Option<&IdempotencyLayer<St>> {
+        self.idempotency.as_ref()
+    }
+
+    /// The rate-limit layer, for the keys it tracks. `None` when rate limits are switched
+    /// off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .rate_limit(|limits| limits.per_second(20))
+    ///     .build()?;
+    /// let limits = stack.rate_limits().expect("rate limits are on");
+    /// assert_eq!(limits.tracked_keys("agents.tools.web", "search"), 0);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn rate_limits(&self) -> Option<&RateLimitLayer> {
+        self.rate_limit.as_ref()
+    }
+}
+
+impl<St> Clone for ToolStack<St> {
+    fn clone(&self) -> Self {
+        ToolStack {
+            registry: self.registry.clone(),
+            trace: self.trace.clone(),
+            validate: self.validate.clone(),
+            loop_detect: self.loop_detect.clone(),
+            rate_limit: self.rate_limit.clone(),
+            idempotency: self.idempotency.clone(),
+            retry: self.retry.clone(),
+            breaker: self.breaker.clone(),
+            timeout: self.timeout.clone(),
+            hooks: self.hooks.clone(),
+        }
+    }
+}
+
+impl<St> fmt::Debug for ToolStack<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let on = |present: bool| if present { "on" } else { "off" };
+        f.debug_struct("ToolStack")
+            .field("registry", &self.registry)
+            .field("trace", &on(self.trace.is_some()))
+            .field("validate", &on(self.validate.is_some()))
+            .field("loop_detect", &on(self.loop_detect.is_some()))
+            .field("rate_limit", &on(self.rate_limit.is_some()))
+            .field("idempotency", &on(self.idempotency.is_some()))
+            .field("retry", &on(self.retry.is_some()))
+            .field("circuit_breaker", &on(self.breaker.is_some()))
+            .field("timeout", &on(self.timeout.is_some()))
+            .field("hooks", &on(self.hooks.is_some()))
+            .finish()
+    }
+}
+
+/// One layer of the stack, or the service below it untouched when that layer is off.
+type Stage<L, S> = Either<<L as Layer<S>>::Service, S>;
+
+/// The services of the stack, outermost first.
+type Stacked<S, St> = Stage<
+    TraceLayer,
+    Stage<
+        EnvelopeValidateLayer,
+        Stage<
+            LoopDetectLayer,
+            Stage<
+                RateLimitLayer,
+                Stage<
+                    IdempotencyLayer<St>,
+                    Stage<
+                        RetryLayer,
+                        Stage<
+                            CircuitBreakerLayer,
+                            Stage<TimeoutLayer, Stage<HookLayer<SharedHooks>, S>>,
+                        >,
+                    >,
+                >,
+            >,
+        >,
+    >,
+>;
+
+impl<S, St> Layer<S> for ToolStack<St> {
+    type Service = ToolStackService<S, St>;
+
+    fn layer(&self, tool: S) -> Self::Service {
+        let inner = ServiceBuilder::new()
+            .option_layer(self.trace.clone())
+            .option_layer(self.validate.clone())
+            .option_layer(self.loop_detect.clone())
+            .option_layer(self.rate_limit.clone())
+            .option_layer(self.idempotency.clone())
+            .option_layer(self.retry.clone())
+            .option_layer(self.breaker.clone())
+            .option_layer(self.timeout.clone())
+            .option_layer(self.hooks.clone())
+            .service(tool);
+        ToolStackService { inner }
+    }
+}
+
+/// The service of [`ToolStack`]: a tool behind every layer of the stack.
+///
+/// It answers with `ToolOutput` / `ToolError`, so that other tower middleware composes
+/// around it.
+///
+/// ```
+/// use serde_json::json;
+/// use tower::{Layer, ServiceExt};
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
+///
+/// # tokio_test::block_on(async {
+/// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+/// let search = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!([]))) }));
+/// let call = ToolCall::builder("agents.tools.web", "search")
+///     .session("s")
+///     .actor("u")
+///     .build()?;
+/// let output = search.oneshot(call).await?;
+/// assert_eq!(output.content, json!([]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub struct ToolStackService<S, St = InMemoryDedupeStore> {
+    inner: Stacked<S, St>,
+}
+
+impl<S: Clone, St> Clone for ToolStackService<S, St> {
+    fn clone(&self) -> Self {
+        ToolStackService {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S, St> fmt::Debug for ToolStackService<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolStackService").finish_non_exhaustive()
+    }
+}
+
+impl<S, St> Service<ToolCall> for ToolStackService<S, St>
+where
+    Stacked<S, St>: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = ResponseFuture<<Stacked<S, St> as Service<ToolCall>>::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        ResponseFuture {
+            inner: self.inner.call(call),
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of [`ToolStackService`].
+    #[derive(Debug)]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<ToolOutput, ToolError>>,
+{
+    type Output = Result<ToolOutput, ToolError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx)
+    }
+}
+
+/// Builds a [`ToolStack`]; made by [`ToolStack::builder`].
+///
+/// Each layer starts from its own defaults over the stack's registry; the closures given to
+/// [`retry`](Self::retry), [`breaker`](Self::breaker) and the other per-layer methods change
+/// them with that layer's builder. What several layers must agree on is set once here:
+/// the dedupe [`store`](Self::store), the [`hooks`](Self::hooks), the
+/// [`redactor`](Self::redactor), the [`canonical_options`](Self::canonical_options) and,
+/// with the `metrics` feature, the [`metrics`](Self::metrics).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_toolcall::control::ReliabilityControl;
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::{StackLayer, ToolStack};
+///
+/// let control = ReliabilityControl::new();
+/// let stack = ToolStack::builder(ToolRegistry::open().with_control(control.clone()))
+///     .retry(|retry| retry.max_attempts(3).seed(7))
+///     .timeout(|timeout| timeout.default_timeout(Duration::from_secs(5)))
+///     .without(StackLayer::RateLimit)
+///     .build()?;
+/// assert!(stack.rate_limits().is_none());
+/// control.set_enabled(false); // every layer of `stack` now passes calls straight through
+/// assert!(!stack.control().is_enabled());
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[must_use]
+pub struct ToolStackBuilder<St> {
+    registry: ToolRegistry,
+    trace: TraceLayer,
+    validate: EnvelopeValidateLayerBuilder,
+    loop_detect: LoopDetectLayerBuilder,
+    rate_limit: RateLimitLayerBuilder,
+    idempotency: IdempotencyLayerBuilder<St>,
+    retry: RetryLayerBuilder,
+    breaker: CircuitBreakerLayerBuilder,
+    timeout: TimeoutLayerBuilder,
+    hooks: Option<SharedHooks>,
+    without: Vec<StackLayer>,
+}
+
+impl<St: fmt::Debug> fmt::Debug for ToolStackBuilder<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolStackBuilder")
+            .field("registry", &self.registry)
+            .field("idempotency", &self.idempotency)
+            .field("hooks", &self.hooks.is_some())
+            .field("without", &self.without)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: DedupeStore> ToolStackBuilder<St> {
+    /// Keeps idempotency records in `store` (a [`RedisDedupeStore`](crate::idempotency) to
+    /// share them between replicas) instead of a fresh in-memory store. The idempotency
+    /// settings made so far are kept.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::idempotency::InMemoryDedupeStore;
+    ///
+    /// let store = InMemoryDedupeStore::builder().capacity(1_000).build()?;
+    /// let stack = ToolStack::builder(ToolRegistry::open()).store(store).build()?;
+    /// assert_eq!(stack.dedupe_store().unwrap().capacity(), 1_000);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn store<St2: DedupeStore>(self, store: St2) -> ToolStackBuilder<St2> {
+        ToolStackBuilder {
+            registry: self.registry,
+            trace: self.trace,
+            validate: self.validate,
+            loop_detect: self.loop_detect,
+            rate_limit: self.rate_limit,
+            idempotency: self.idempotency.store(store),
+            retry: self.retry,
+            breaker: self.breaker,
+            timeout: self.timeout,
+            hooks: self.hooks,
+            without: self.without,
+        }
+    }
+
+    /// Runs `hooks` before and after every attempt, around the tool, and once for every
+    /// call a layer answers without running the tool (from the trace layer; see
+    /// [`hooks`](crate::hooks)). Both places get the same object.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::{ToolCall, ToolError, ToolHooks};
+    ///
+    /// /// Tells the tools which tenant calls them.
+    /// #[derive(Debug)]
+    /// struct Tenant;
+    ///
+    /// impl ToolHooks for Tenant {
+    ///     fn before_attempt(&self, call: &mut ToolCall) -> Result<(), ToolError> {
+    ///         call.envelope_mut().control.from_hook = Some("tenant".into());
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open()).hooks(Tenant).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn hooks(mut self, hooks: impl ToolHooks) -> Self {
+        self.hooks = Some(Arc::new(hooks));
+        self
+    }
+
+    /// Redacts secrets with `redactor` in the trace layer's events and audit, and in loop
+    /// detection's warnings.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::trace::Redactor;
+    ///
+    /// let redactor = Redactor::builder().secret_name("x-tenant-secret").build()?;
+    /// let stack = ToolStack::builder(ToolRegistry::open()).redactor(redactor).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn redactor(mut self, redactor: Redactor) -> Self {
+        self.trace = self.trace.redactor(redactor.clone());
+        self.loop_detect = self.loop_detect.redactor(redactor);
+        self
+    }
+
+    /// Canonicalizes params with `options` in validation, loop detection and idempotency,
+    /// which share the canonical form of a call's params.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::canonical::CanonicalOptions;
+    ///
+    /// // A `nonce` member changes on every call: two calls that differ only there are the same.
+    /// let options = CanonicalOptions::default().volatile_members(["clientTs", "nonce"]);
+    /// let stack = ToolStack::builder(ToolRegistry::open()).canonical_options(options).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn canonical_options(mut self, options: CanonicalOptions) -> Self {
+        self.validate = self.validate.canonical_options(options.clone());
+        self.loop_detect = self.loop_detect.canonical_options(options.clone());
+        self.idempotency = self.idempotency.canonical_options(options);
+        self
+    }
+
+    /// Records the metrics of every call in the trace layer, and the breakers' transitions.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::trace::ToolMetrics;
+    ///
+    /// let registry = ToolRegistry::open();
+    /// let metrics = ToolMetrics::new(&registry);
+    /// let stack = ToolStack::builder(registry).metrics(metrics).build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics(mut self, metrics: crate::trace::ToolMetrics) -> Self {
+        self.breaker = self.breaker.on_transition(metrics.breaker_listener());
+        self.trace = self.trace.metrics(metrics);
+        self
+    }
+
+    /// Changes the trace layer (its audit log, for one).
+    ///
+    /// ```no_run
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::trace::AuditLog;
+    ///
+    /// let audit = AuditLog::builder("/var/log/tools").build()?;
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .trace(|trace| trace.audit(audit))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn trace(mut self, configure: impl FnOnce(TraceLayer) -> TraceLayer) -> Self {
+        self.trace = configure(self.trace);
+        self
+    }
+
+    /// Changes the validation layer's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .validate(|validate| validate.max_params_bytes(64 * 1024))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn validate(
+        mut self,
+        configure: impl FnOnce(EnvelopeValidateLayerBuilder) -> EnvelopeValidateLayerBuilder,
+    ) -> Self {
+        self.validate = configure(self.validate);
+        self
+    }
+
+    /// Changes the loop detector's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .loop_detect(|loops| loops.cycles(false).failure_threshold(5))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn loop_detect(
+        mut self,
+        configure: impl FnOnce(LoopDetectLayerBuilder) -> LoopDetectLayerBuilder,
+    ) -> Self {
+        self.loop_detect = configure(self.loop_detect);
+        self
+    }
+
+    /// Changes the rate limits' defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .rate_limit(|limits| limits.per_second(20).burst(40))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn rate_limit(
+        mut self,
+        configure: impl FnOnce(RateLimitLayerBuilder) -> RateLimitLayerBuilder,
+    ) -> Self {
+        self.rate_limit = configure(self.rate_limit);
+        self
+    }
+
+    /// Changes the idempotency layer's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use std::time::Duration;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .idempotency(|idempotency| idempotency.done_ttl(Duration::from_secs(3600)))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn idempotency(
+        mut self,
+        configure: impl FnOnce(IdempotencyLayerBuilder<St>) -> IdempotencyLayerBuilder<St>,
+    ) -> Self {
+        self.idempotency = configure(self.idempotency);
+        self
+    }
+
+    /// Changes the retry layer's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .retry(|retry| retry.max_attempts(3).seed(7)) // a seed makes the jitter repeatable
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn retry(mut self, configure: impl FnOnce(RetryLayerBuilder) -> RetryLayerBuilder) -> Self {
+        self.retry = configure(self.retry);
+        self
+    }
+
+    /// Changes the breakers' defaults (and adds transition listeners).
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use std::time::Duration;
+    /// use tower_toolcall::breaker::BreakerConfig;
+    ///
+    /// let config = BreakerConfig::default()
+    ///     .consecutive_failures(3)
+    ///     .cooldown(Duration::from_secs(10));
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .breaker(|breaker| breaker.config(config))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn breaker(
+        mut self,
+        configure: impl FnOnce(CircuitBreakerLayerBuilder) -> CircuitBreakerLayerBuilder,
+    ) -> Self {
+        self.breaker = configure(self.breaker);
+        self
+    }
+
+    /// Changes the attempt timeout's defaults.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use std::time::Duration;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .timeout(|timeout| timeout.default_timeout(Duration::from_secs(5)))
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn timeout(
+        mut self,
+        configure: impl FnOnce(TimeoutLayerBuilder) -> TimeoutLayerBuilder,
+    ) -> Self {
+        self.timeout = configure(self.timeout);
+        self
+    }
+
+    /// Leaves `layer` out of the stack. A layer can also be switched off for some tools only,
+    /// in their policy, or shadowed at run time through the [control](ToolStack::control).
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::StackLayer;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .without(StackLayer::RateLimit)
+    ///     .without(StackLayer::CircuitBreaker)
+    ///     .build()?;
+    /// assert!(stack.rate_limits().is_none() && stack.breakers().is_none());
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn without(mut self, layer: StackLayer) -> Self {
+        self.without.push(layer);
+        self
+    }
+
+    /// Checks every layer's configuration and builds the stack; the error names the field.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// let error = ToolStack::builder(ToolRegistry::open())
+    ///     .retry(|retry| retry.max_attempts(0))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(error.to_string().contains("max_attempts"));
+    /// ```
+    pub fn build(self) -> Result<ToolStack<St>, ConfigError> {
+        let on = |layer: StackLayer| !self.without.contains(&layer);
+        let trace = match (on(StackLayer::Trace), &self.hooks) {
+            (false, _) => None,
+            (true, Some(hooks)) => Some(self.trace.hooks(hooks.clone())),
+            (true, None) => Some(self.trace),
+        };
+        Ok(ToolStack {
+            trace,
+            validate: on(StackLayer::Validate)
+                .then(|| self.validate.build())
+                .transpose()?,
+            loop_detect: on(StackLayer::LoopDetect)
+                .then(|| self.loop_detect.build())
+                .transpose()?,
+            rate_limit: on(StackLayer::RateLimit)
+                .then(|| self.rate_limit.build())
+                .transpose()?,
+            idempotency: on(StackLayer::Idempotency)
+                .then(|| self.idempotency.build())
+                .transpose()?,
+            retry: on(StackLayer::Retry)
+                .then(|| self.retry.build())
+                .transpose()?,
+            breaker: on(StackLayer::CircuitBreaker)
+                .then(|| self.breaker.build())
+                .transpose()?,
+            timeout: on(StackLayer::Timeout)
+                .then(|| self.timeout.build())
+                .transpose()?,
+            hooks: self.hooks.map(HookLayer::new),
+            registry: self.registry,
+        })
+    }
+}
