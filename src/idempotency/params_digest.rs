@@ -65,15 +65,6 @@ impl ParamsDigest {
             }
         }
     }
-
-    /// The shared allocation the digest keeps: the digest, or the canonical params it is
-    /// computed from. The memory store reads it ahead of dropping an evicted record.
-    pub(crate) fn shared_allocation(&self) -> &Arc<str> {
-        match &self.0 {
-            Repr::Hex(hex) => hex,
-            Repr::Deferred { canonical, .. } => canonical,
-        }
-    }
 }
 
 impl Deref for ParamsDigest {

@@ -123,53 +123,6 @@ impl Entry {
     fn bytes(&self) -> usize {
         record_bytes(&self.record)
     }
-
-    /// Reads the record's own memory: the fields that point to the allocations it shares.
-    ///
-    /// The next record to be evicted is the least recently used one, and its memory is cold;
-    /// read while another is evicted, it is in the cache when its own turn comes.
-    fn warm_record(&self) {
-        let record = &*self.record;
-        let request = &record.request;
-        // The pointers themselves are read, from every cache line of the record that holds
-        // one; each read is independent of the others.
-        std::hint::black_box((
-            Arc::strong_count(&self.record),
-            Arc::as_ptr(&record.key),
-            Arc::as_ptr(&record.idempotency_key),
-            Arc::as_ptr(&request.request_id),
-            Arc::as_ptr(request.params_digest.shared_allocation()),
-            request.tool_call_id.as_ref().map(Arc::as_ptr),
-            record.execution.as_ref().map(|e| e.attempts.as_ptr()),
-            record.payload.is_some(),
-            record.error.is_some(),
-        ));
-    }
-
-    /// Reads the reference count of every allocation the entry shares, and the attempts
-    /// of its execution, so that dropping it soon after finds them in the cache.
-    ///
-    /// Plain reads are issued together and their cache misses overlap, where the locked
-    /// decrements of a drop would each wait for theirs in turn.
-    fn warm_for_drop(&self) {
-        let record = &self.record;
-        let request = &record.request;
-        let attempts = record.execution.as_ref().map(|e| {
-            e.attempts
-                .iter()
-                .map(|a| a.error_code.as_ref().map_or(0, String::len))
-                .sum::<usize>()
-        });
-        std::hint::black_box((
-            Arc::strong_count(record),
-            Arc::strong_count(&record.key),
-            Arc::strong_count(&record.idempotency_key),
-            Arc::strong_count(&request.request_id),
-            Arc::strong_count(request.params_digest.shared_allocation()),
-            request.tool_call_id.as_ref().map(Arc::strong_count),
-            attempts,
-        ));
-    }
 }
 
 /// What an [`InMemoryDedupeStore`] holds and has done.
@@ -435,8 +388,6 @@ impl Shared {
                 });
             };
             self.evicted.fetch_add(1, Ordering::Relaxed);
-            evicted.warm_for_drop();
-            records.warm_oldest(Entry::warm_record);
             removed.push(evicted);
         }
         match found {
