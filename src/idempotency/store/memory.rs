@@ -1,6 +1,5 @@
 //! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
 
-use std::borrow::Borrow;
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -253,6 +252,13 @@ impl InMemoryDedupeStore {
         self.shared.max_bytes
     }
 
+    /// [`DedupeStore::claim`], answered at once: the layer claims a key in this store when
+    /// the call is made.
+    pub(crate) fn claim_now(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.start_sweeper();
+        self.shared.claim(request)
+    }
+
     /// Starts the background sweep, once, when a Tokio runtime is there to run it. It holds
     /// only a weak reference, so it ends when the last handle to the store is dropped.
     fn start_sweeper(&self) {
@@ -414,13 +420,9 @@ impl Shared {
 
     /// Settles the in-flight record `claimed` by `apply(record, now)`, if the claim still
     /// holds.
-    ///
-    /// A caller that gives its reference to the claimed record up (an owned `Arc`) lets the
-    /// record be settled where it is: it is then the store's alone, unless a waiter holds it
-    /// too.
-    fn settle<C: Borrow<DedupeRecord>>(
+    fn settle(
         &self,
-        claimed: C,
+        claimed: &DedupeRecord,
         apply: impl FnOnce(&mut DedupeRecord, u64),
     ) -> Finalized {
         let now = self.clock.now_ms();
@@ -428,7 +430,7 @@ impl Shared {
         let State {
             records, inflight, ..
         } = &mut *state;
-        let (key, version) = (&*claimed.borrow().key, claimed.borrow().version);
+        let (key, version) = (&*claimed.key, claimed.version);
         let Some(slot) = records.slot_of(key) else {
             return Finalized::Stale {
                 current_version: None,
@@ -440,15 +442,7 @@ impl Shared {
                 current_version: Some(entry.record.version),
             };
         }
-        drop(claimed);
-        match Arc::get_mut(&mut entry.record) {
-            Some(record) => apply(record, now),
-            None => {
-                let mut record = (*entry.record).clone();
-                apply(&mut record, now);
-                entry.record = Arc::new(record);
-            }
-        }
+        apply(Arc::make_mut(&mut entry.record), now);
         let waiters = entry
             .waiters
             .take()
@@ -533,13 +527,7 @@ impl State {
 
 impl DedupeStore for InMemoryDedupeStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.start_sweeper();
-        self.shared.claim(request)
-    }
-
-    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
-        self.start_sweeper();
-        Some(self.shared.claim(request))
+        self.claim_now(request)
     }
 
     async fn get(&self, key: &str) -> Result<Option<DedupeRecord>, StoreError> {
@@ -556,19 +544,6 @@ impl DedupeStore for InMemoryDedupeStore {
         Ok(self
             .shared
             .settle(claimed, |record, now| completion.apply(record, now)))
-    }
-
-    fn finalize_now<C>(
-        &self,
-        claimed: Arc<DedupeRecord>,
-        completion: C,
-    ) -> Result<Finalized, (Arc<DedupeRecord>, C)>
-    where
-        C: FnOnce(u64) -> Completion,
-    {
-        Ok(self
-            .shared
-            .settle(claimed, |record, now| completion(now).apply(record, now)))
     }
 
     async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {

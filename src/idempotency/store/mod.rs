@@ -58,18 +58,6 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
 
-    /// [`claim`](DedupeStore::claim), when the store answers without waiting (it keeps
-    /// its records in the process); `None` when it does not, and the caller awaits `claim`.
-    /// The default is `None`.
-    ///
-    /// The layer asks it when a call is made: a settled record answers the call without a
-    /// boxed future, and a key claimed this way is released if the response future is
-    /// dropped before it runs the tool.
-    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
-        let _ = request;
-        None
-    }
-
     /// The record of `key`, if the store has a live one.
     fn get(
         &self,
@@ -83,25 +71,6 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
         claimed: &DedupeRecord,
         completion: Completion,
     ) -> impl Future<Output = Result<Finalized, StoreError>> + Send;
-
-    /// [`finalize`](DedupeStore::finalize), when the store answers without waiting (it keeps
-    /// its records in the process); `Err` gives both back when it does not, and the caller
-    /// awaits `finalize`. The default is `Err`.
-    ///
-    /// The caller gives its reference to the claimed record up, so that a store that holds
-    /// the only other one settles the record where it is. `completion` makes the result
-    /// from the time the store finalizes at, in Unix milliseconds of its clock: the time
-    /// the execution finished.
-    fn finalize_now<C>(
-        &self,
-        claimed: Arc<DedupeRecord>,
-        completion: C,
-    ) -> Result<Finalized, (Arc<DedupeRecord>, C)>
-    where
-        C: FnOnce(u64) -> Completion,
-    {
-        Err((claimed, completion))
-    }
 
     /// Marks the record `cancelled` (kept for `keep_for`, the key free), if the claim still
     /// holds; wakes every waiter. `true` when it did.
