@@ -104,38 +104,22 @@ impl<St: DedupeStore> Shared<St> {
         else {
             return Ok(None);
         };
+        let digest: Arc<str> = call.params().digest(&self.canonical)?.into();
         let independent = settings.on_params_mismatch == ParamsMismatch::Independent;
-        let derived = key_source == KeySource::Derived;
-        // A derived key hashes the params already: their digest waits until a record needs it,
-        // unless the store key or the comparison of a reused key needs it now.
-        let digest = if derived && !independent {
-            None
-        } else {
-            Some(call.params().shared_digest(&self.canonical)?)
-        };
         let store_key = key::store_key(
             call,
             &idempotency_key,
             settings.scope,
-            digest.as_deref().filter(|_| independent),
+            independent.then_some(&*digest),
         );
-        let mut claim = match digest {
-            Some(digest) if !derived => ClaimRequest::new(
-                store_key,
-                idempotency_key,
-                digest,
-                call.clone(),
-                settings.inflight_lease,
-            ),
-            digest => ClaimRequest::derived(
-                store_key,
-                idempotency_key,
-                call.clone(),
-                self.canonical.clone(),
-                settings.inflight_lease,
-                digest,
-            ),
-        };
+        let mut claim = ClaimRequest::new(
+            store_key,
+            idempotency_key,
+            digest,
+            call.clone(),
+            settings.inflight_lease,
+        );
+        claim.key_derived_from_params = key_source == KeySource::Derived;
         claim.take_over_retriable_failure = mode == DedupeMode::BestEffort;
         Ok(Some(Plan {
             mode,

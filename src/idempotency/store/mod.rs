@@ -14,7 +14,7 @@ mod redis;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
@@ -29,9 +29,7 @@ pub use redis::{
     DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_OPERATION_TIMEOUT,
 };
 
-use super::params_digest::{ParamsDigest, DEFERRED_DIGEST_MAX_CANONICAL};
 use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};
-use crate::canonical::CanonicalOptions;
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
@@ -112,11 +110,6 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
 }
 
 /// What a call asks of [`DedupeStore::claim`].
-///
-/// The params digest of a claim whose idempotency key was derived from the params is
-/// computed only when a store needs it (to write a record, or to compare it with a failure's):
-/// a duplicate found under a derived key already has the same params, since the key hashes
-/// them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimRequest {
     /// The store key.
@@ -130,12 +123,10 @@ pub struct ClaimRequest {
     /// Take over a `failed` record whose error is retriable and whose params digest is the
     /// same (dedupe mode `bestEffort`).
     pub take_over_retriable_failure: bool,
-    /// `hex(sha256(canonical_json(params)))`, once known.
-    params_digest: OnceLock<Arc<str>>,
-    /// The options the params digest is computed under, when it is not known yet.
-    canonical: CanonicalOptions,
+    /// `hex(sha256(canonical_json(params)))`.
+    params_digest: Arc<str>,
     /// The idempotency key was derived from the canonical params.
-    key_derived_from_params: bool,
+    pub(crate) key_derived_from_params: bool,
 }
 
 impl ClaimRequest {
@@ -166,67 +157,20 @@ impl ClaimRequest {
             call,
             lease,
             take_over_retriable_failure: false,
-            params_digest: OnceLock::from(params_digest.into()),
-            canonical: CanonicalOptions::default(),
+            params_digest: params_digest.into(),
             key_derived_from_params: false,
-        }
-    }
-
-    /// A claim under an idempotency key derived from the params of `call`, canonicalized
-    /// under `canonical` without error: their digest, unless known, is computed when it is
-    /// first needed.
-    pub(crate) fn derived(
-        key: Arc<str>,
-        idempotency_key: Arc<str>,
-        call: ToolCall,
-        canonical: CanonicalOptions,
-        lease: Duration,
-        params_digest: Option<Arc<str>>,
-    ) -> ClaimRequest {
-        ClaimRequest {
-            key,
-            idempotency_key,
-            call,
-            lease,
-            take_over_retriable_failure: false,
-            params_digest: params_digest.map_or_else(OnceLock::new, OnceLock::from),
-            canonical,
-            key_derived_from_params: true,
         }
     }
 
     /// `hex(sha256(canonical_json(params)))` of the call.
     pub fn params_digest(&self) -> &str {
-        self.shared_params_digest()
+        &self.params_digest
     }
 
     /// `true` when the idempotency key was derived from the canonical params: a record
     /// claimed under it by another derived claim has the same params.
     pub fn key_derived_from_params(&self) -> bool {
         self.key_derived_from_params
-    }
-
-    fn shared_params_digest(&self) -> &Arc<str> {
-        self.params_digest.get_or_init(|| {
-            self.call
-                .params()
-                .shared_digest(&self.canonical)
-                .expect("a claim with a deferred digest has params that canonicalize")
-        })
-    }
-
-    /// The params digest of the record of this claim: deferred, when the key was derived
-    /// from short params whose digest the claim has not needed yet.
-    fn record_params_digest(&self) -> ParamsDigest {
-        if let Some(known) = self.params_digest.get() {
-            return ParamsDigest::from(known.clone());
-        }
-        match self.call.params().shared_canonical(&self.canonical) {
-            Ok(canonical) if canonical.len() <= DEFERRED_DIGEST_MAX_CANONICAL => {
-                ParamsDigest::of_canonical(canonical)
-            }
-            _ => ParamsDigest::from(self.shared_params_digest().clone()),
-        }
     }
 
     /// The in-flight record a store writes for this claim.
@@ -259,7 +203,7 @@ impl ClaimRequest {
                 actor_id: RecentStrings::share(&mut recent.actor_id, call.actor_id()),
                 request_id: call.request_id().into(),
                 tool_call_id: call.envelope().tool_call_id.as_deref().map(Arc::from),
-                params_digest: self.record_params_digest(),
+                params_digest: self.params_digest.clone(),
             },
             key_derived_from_params: self.key_derived_from_params,
             execution: None,
