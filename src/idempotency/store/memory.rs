@@ -11,7 +11,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{
     at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
-    RecentStrings, StoreError,
+    StoreError,
 };
 use crate::error::ConfigError;
 use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
@@ -83,7 +83,6 @@ struct State {
     /// How many of the records are in flight.
     inflight: usize,
     last_version: u64,
-    recent: RecentStrings,
 }
 
 /// A record and, while it is in flight, the channel of the calls that wait for it.
@@ -343,7 +342,6 @@ impl Shared {
             records,
             inflight,
             last_version,
-            recent,
         } = &mut *state;
         let key: &str = &request.key;
         let hash = records.hash_key(key);
@@ -373,7 +371,7 @@ impl Shared {
             }
         }
         *last_version += 1;
-        let record = Arc::new(request.inflight_record_sharing(*last_version, now, recent));
+        let record = Arc::new(request.inflight_record(*last_version, now));
         let entry = Entry::new(record.clone());
         let bytes = entry.bytes();
         // The bytes of the record this one replaces are freed with it.
@@ -666,7 +664,6 @@ impl InMemoryDedupeStoreBuilder {
                     records: LruMap::with_hasher(CallerKeyHasher::default()),
                     inflight: 0,
                     last_version: 0,
-                    recent: RecentStrings::default(),
                 }),
                 capacity: capacity.get(),
                 max_bytes: self.max_bytes,

@@ -175,23 +175,14 @@ impl ClaimRequest {
 
     /// The in-flight record a store writes for this claim.
     pub fn inflight_record(&self, version: u64, now_ms: u64) -> DedupeRecord {
-        self.inflight_record_sharing(version, now_ms, &mut RecentStrings::default())
-    }
-
-    /// [`inflight_record`](Self::inflight_record), sharing the tool, session and actor
-    /// strings of the previous record when they are the same.
-    pub(crate) fn inflight_record_sharing(
-        &self,
-        version: u64,
-        now_ms: u64,
-        recent: &mut RecentStrings,
-    ) -> DedupeRecord {
         let lease_ms = millis(self.lease);
         let lock_until_ms = now_ms.saturating_add(lease_ms);
         let call = &self.call;
         DedupeRecord {
             key: self.key.clone(),
-            tool: recent.tool(call.tool_namespace(), call.tool_name()),
+            tool: [call.tool_namespace(), "::", call.tool_name()]
+                .concat()
+                .into(),
             idempotency_key: self.idempotency_key.clone(),
             state: RecordState::Inflight,
             created_at_ms: now_ms,
@@ -199,8 +190,8 @@ impl ClaimRequest {
             expires_at_ms: lock_until_ms,
             ttl_ms: lease_ms,
             request: RecordRequest {
-                session_key: RecentStrings::share(&mut recent.session_key, call.session_key()),
-                actor_id: RecentStrings::share(&mut recent.actor_id, call.actor_id()),
+                session_key: call.session_key().into(),
+                actor_id: call.actor_id().into(),
                 request_id: call.request_id().into(),
                 tool_call_id: call.envelope().tool_call_id.as_deref().map(Arc::from),
                 params_digest: self.params_digest.clone(),
@@ -230,44 +221,6 @@ impl ClaimRequest {
                     && *record.request.params_digest == *self.params_digest())
             }
             RecordState::Done => true,
-        }
-    }
-}
-
-/// The tool, session and actor strings of the last record a store wrote. The next records of
-/// the same tool and session share them rather than hold copies of their own: a record takes
-/// fewer allocations, and a store that evicts it touches less memory.
-#[derive(Debug, Default)]
-pub(crate) struct RecentStrings {
-    tool: Option<Arc<str>>,
-    session_key: Option<Arc<str>>,
-    actor_id: Option<Arc<str>>,
-}
-
-impl RecentStrings {
-    /// `namespace::name`.
-    fn tool(&mut self, namespace: &str, name: &str) -> Arc<str> {
-        let same = |tool: &str| {
-            tool.len() == namespace.len() + 2 + name.len()
-                && tool.starts_with(namespace)
-                && tool[namespace.len()..].starts_with("::")
-                && tool.ends_with(name)
-        };
-        match &self.tool {
-            Some(tool) if same(tool) => tool.clone(),
-            _ => {
-                let tool: Arc<str> = [namespace, "::", name].concat().into();
-                self.tool = Some(tool.clone());
-                tool
-            }
-        }
-    }
-
-    /// `value`, shared with the string `recent` holds when it is the same.
-    fn share(recent: &mut Option<Arc<str>>, value: &str) -> Arc<str> {
-        match recent {
-            Some(shared) if **shared == *value => shared.clone(),
-            _ => recent.insert(Arc::from(value)).clone(),
         }
     }
 }
