@@ -14,9 +14,12 @@
 //! - [`Verdict::Success`]: the tool answered.
 //! - [`Verdict::Retriable`]: a transient failure; another attempt may succeed.
 //! - [`Verdict::Terminal`]: another attempt fails the same way.
-//! - [`Verdict::Ignored`]: not an outcome of the tool at all, but a layer that refused the call
-//!   (`CIRCUIT_OPEN`, `LOOP_DETECTED`, an idempotency conflict, a cancellation, or any error
-//!   made by [`ToolError::rejected`]). It is neither retried nor counted by a breaker.
+//! - [`Verdict::Ignored`]: not an outcome of the tool at all, but a layer that rejected the
+//!   call (`CIRCUIT_OPEN`, `LOOP_DETECTED`, an idempotency conflict, a cancellation, or any
+//!   [rejected](ToolError::is_rejected) call: a layer's refusal made by
+//!   [`ToolError::rejected`], or a hook's denial). It is neither retried nor counted by a
+//!   breaker. A tool's own "not processed" errors (connection refused, 429, 503) are outcomes
+//!   of the tool: they are classified like any other error.
 //!
 //! [`DefaultClassifier`] decides an error, in this order:
 //!
@@ -371,7 +374,7 @@ impl Classify for DefaultClassifier {
 
 fn classify_error(error: &ToolError, tool: &ToolProfile) -> Classification {
     let reason = error.code().as_str();
-    if IGNORED_CODES.contains(&error.code()) || error.record().attempts == Some(0) {
+    if IGNORED_CODES.contains(&error.code()) || error.is_rejected() {
         return Classification::ignored(reason).by(Basis::Refused);
     }
     let (verdict, basis) = if let Some(verdict) = tool.overridden(error) {

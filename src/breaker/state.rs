@@ -426,7 +426,11 @@ impl CircuitState {
 
     /// Lets a call through or refuses it; may first apply what time changed (see
     /// [`refresh`](CircuitState::refresh)).
-    pub(crate) fn admit(&mut self, now: Instant, cfg: &BreakerConfig) -> (Admission, Option<Transition>) {
+    pub(crate) fn admit(
+        &mut self,
+        now: Instant,
+        cfg: &BreakerConfig,
+    ) -> (Admission, Option<Transition>) {
         let transition = self.refresh(now, cfg);
         let admission = match &mut self.phase {
             Phase::Closed => Admission::Admitted(Ticket::closed(self.generation)),

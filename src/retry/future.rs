@@ -282,7 +282,7 @@ impl<S> Run<S> {
         let now = Instant::now();
         let limits = self.limits(now);
         let latency = now.saturating_duration_since(self.attempt_started.unwrap_or(now));
-        if error.record().attempts != Some(0) {
+        if !error.is_rejected() {
             self.executed += 1;
         }
         let tool = self.tool.clone();
