@@ -596,3 +596,32 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rejection_is_never_processed_and_no_attempt() {
+        let rejected = ToolError::rejected(ErrorCode::RateLimited, "slow down");
+        assert!(rejected.is_rejected() && rejected.is_not_processed());
+        assert_eq!(rejected.record().attempts, None);
+        assert_eq!(rejected.attempts(), 0);
+        assert!(format!("{rejected:?}").contains("rejected: true"));
+
+        let processed = rejected.not_processed(false);
+        assert!(!processed.is_rejected());
+        assert_eq!(processed.attempts(), 1);
+
+        let denied = ToolError::new(ErrorCode::PolicyDenied, "paused").into_rejection();
+        assert!(denied.is_rejected() && denied.is_not_processed());
+
+        let refused = ToolError::from_io_error(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert!(refused.is_not_processed() && !refused.is_rejected());
+        assert_eq!(refused.attempts(), 1);
+
+        let mut retried = ToolError::rejected(ErrorCode::CircuitOpen, "open");
+        retried.record_mut().attempts = Some(2);
+        assert_eq!(retried.attempts(), 2, "the retry layer's count wins");
+    }
+}

@@ -223,7 +223,7 @@ pub(crate) enum CallOutcome {
     Success,
     /// A failure that speaks of the dependency's health.
     Failure,
-    /// Neither: a caller error, or a call a layer refused.
+    /// Neither: a caller error, or a rejected call.
     Neutral,
 }
 

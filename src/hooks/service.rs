@@ -65,7 +65,7 @@ where
             Err(error) => {
                 let outcome = Err(error.into_rejection());
                 self.hooks.after_attempt(&call, &outcome);
-                ResponseFuture::denied(outcome)
+                ResponseFuture::rejected(outcome)
             }
         }
     }

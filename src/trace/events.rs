@@ -206,7 +206,7 @@ pub(super) fn audit_finished(
         Err(error) if blocked => (
             "run.blocked",
             "warn",
-            format!("call refused: {}", error.code()),
+            format!("call rejected: {}", error.code()),
         ),
         Err(error) => (
             "run.failed",
