@@ -14,13 +14,16 @@
 //! - [`Verdict::Success`]: the tool answered.
 //! - [`Verdict::Retriable`]: a transient failure; another attempt may succeed.
 //! - [`Verdict::Terminal`]: another attempt fails the same way.
-//! - [`Verdict::Ignored`]: not an outcome of the tool at all, but a layer that refused the call
-//!   (`CIRCUIT_OPEN`, `LOOP_DETECTED`, an idempotency conflict, a cancellation, or any error
-//!   made by [`ToolError::rejected`]). It is neither retried nor counted by a breaker.
+//! - [`Verdict::Ignored`]: not an outcome of the tool at all, but a layer that rejected the
+//!   call (`CIRCUIT_OPEN`, `LOOP_DETECTED`, an idempotency conflict, a cancellation, or any
+//!   [rejected](ToolError::is_rejected) call: a layer's rejection made by
+//!   [`ToolError::rejected`], or a hook's denial). It is neither retried nor counted by a
+//!   breaker. A tool's own "not processed" errors (connection refused, 429, 503) are outcomes
+//!   of the tool: they are classified like any other error.
 //!
 //! [`DefaultClassifier`] decides an error, in this order:
 //!
-//! 1. the ignored codes ([`IGNORED_CODES`]) and refused calls → ignored;
+//! 1. the ignored codes ([`IGNORED_CODES`]) and [rejected](ToolError::is_rejected) calls → ignored;
 //! 2. the tool's overrides from the registry ([`ClassifyOverrides`](crate::registry::ClassifyOverrides)): HTTP statuses first, then
 //!    error codes ("treat 503 as terminal for this tool");
 //! 3. the error's own [`ErrorClass`], when it is retriable or terminal (the constructors of
@@ -104,7 +107,7 @@ pub enum Verdict {
     Retriable,
     /// A permanent failure: another attempt fails the same way.
     Terminal,
-    /// Not an outcome of the tool: a layer refused the call. Neither retried nor counted.
+    /// Not an outcome of the tool: the call was rejected. Neither retried nor counted.
     Ignored,
 }
 
@@ -113,8 +116,8 @@ pub enum Verdict {
 pub enum Basis {
     /// The outcome is a success.
     Success,
-    /// An ignored code, or a call a layer refused.
-    Refused,
+    /// An ignored code, or a [rejected](ToolError::is_rejected) call.
+    Rejected,
     /// The tool's `classify` overrides in the registry.
     ToolOverride,
     /// The error's own class.
@@ -371,8 +374,8 @@ impl Classify for DefaultClassifier {
 
 fn classify_error(error: &ToolError, tool: &ToolProfile) -> Classification {
     let reason = error.code().as_str();
-    if IGNORED_CODES.contains(&error.code()) || error.record().attempts == Some(0) {
-        return Classification::ignored(reason).by(Basis::Refused);
+    if IGNORED_CODES.contains(&error.code()) || error.is_rejected() {
+        return Classification::ignored(reason).by(Basis::Rejected);
     }
     let (verdict, basis) = if let Some(verdict) = tool.overridden(error) {
         (verdict, Basis::ToolOverride)
@@ -405,7 +408,7 @@ fn classify_error(error: &ToolError, tool: &ToolProfile) -> Classification {
 ///
 /// The layers that classify (retry, breaker) write their verdict into the error's class; an
 /// error that no layer classified gets the [`DefaultClassifier`]'s verdict for a tool nothing
-/// is known about. An error that is not the tool's outcome (a layer refused the call) keeps
+/// is known about. An error that is not the tool's outcome (the call was rejected) keeps
 /// its own class.
 pub(crate) fn decided_retriable(error: &ToolError) -> bool {
     let unknown_tool = ToolProfile::new(None, &ToolPolicy::default());
@@ -578,7 +581,7 @@ mod tests {
         for code in IGNORED_CODES {
             assert_eq!(
                 verdict(ToolError::new(code, "x"), &tool),
-                (Verdict::Ignored, Basis::Refused, false)
+                (Verdict::Ignored, Basis::Rejected, false)
             );
         }
         let throttled_by_layer = ToolError::rejected(ErrorCode::RateLimited, "slow down");

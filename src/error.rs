@@ -171,6 +171,7 @@ struct Inner {
     message: Cow<'static, str>,
     class: ErrorClass,
     not_processed: bool,
+    rejected: bool,
     http_status: Option<u16>,
     retry_after: Option<Duration>,
     details: Details,
@@ -199,6 +200,7 @@ impl ToolError {
                 message: message.into(),
                 class: code.default_class(),
                 not_processed: false,
+                rejected: false,
                 http_status: None,
                 retry_after: None,
                 details: Details::None,
@@ -208,12 +210,26 @@ impl ToolError {
         }
     }
 
-    /// An error for a call that a layer refused before the tool ran: the request is known not
-    /// to have been processed and no attempt was made.
+    /// An error for a call that a layer rejected before the tool ran: the request is known
+    /// not to have been processed ([`is_not_processed`](ToolError::is_not_processed)) and no
+    /// attempt was made ([`is_rejected`](ToolError::is_rejected)).
+    ///
+    /// ```
+    /// use tower_toolcall::{ErrorCode, ToolError};
+    ///
+    /// let err = ToolError::rejected(ErrorCode::RateLimited, "slow down");
+    /// assert!(err.is_rejected());
+    /// assert!(err.is_not_processed());
+    /// ```
     pub fn rejected(code: ErrorCode, message: impl Into<Cow<'static, str>>) -> Self {
-        let mut err = ToolError::new(code, message).not_processed(true);
-        err.inner.record.attempts = Some(0);
-        err
+        ToolError::new(code, message).into_rejection()
+    }
+
+    /// Marks the error as the answer to a call that was rejected before the tool ran.
+    pub(crate) fn into_rejection(mut self) -> Self {
+        self.inner.not_processed = true;
+        self.inner.rejected = true;
+        self
     }
 
     /// Marks the error as the answer of a layer that did not run the tool, and on which path
@@ -332,9 +348,37 @@ impl ToolError {
     }
 
     /// `true` when the request is known not to have been processed (connection refused,
-    /// 429, 503, or a layer refused the call), so that retrying a mutating tool is safe.
+    /// 429, 503, or a layer rejected the call), so that retrying a mutating tool is safe.
     pub fn is_not_processed(&self) -> bool {
         self.inner.not_processed
+    }
+
+    /// `true` when the call was rejected before the tool ran: by a layer
+    /// ([`ToolError::rejected`]) or by a hook that denied the attempt. This is the one signal
+    /// of a call that did not run: the classifier ignores such an error (it is neither
+    /// retried nor counted by a breaker), the retry layer does not count it as an attempt, and
+    /// the trace logs it as `tool_call_blocked`.
+    ///
+    /// A tool's own "not processed" errors (connection refused, 429, 503) are not rejections:
+    /// the tool was called, the attempt counts, and a breaker counts the failure.
+    ///
+    /// ```
+    /// use tower_toolcall::{ErrorCode, ToolError};
+    ///
+    /// assert!(ToolError::rejected(ErrorCode::CircuitOpen, "open").is_rejected());
+    /// let refused = ToolError::from_http_status(503, "backend down");
+    /// assert!(refused.is_not_processed());
+    /// assert!(!refused.is_rejected());
+    /// ```
+    pub fn is_rejected(&self) -> bool {
+        self.inner.rejected
+    }
+
+    /// How many times the tool ran for the call that ended with this error: the count the
+    /// retry layer wrote, else none for a rejected call, else one.
+    pub(crate) fn attempts(&self) -> u32 {
+        let ran_once = u32::from(!self.inner.rejected);
+        self.inner.record.attempts.unwrap_or(ran_once)
     }
 
     /// The HTTP status of the upstream answer, if there was one.
@@ -372,9 +416,11 @@ impl ToolError {
         self
     }
 
-    /// Says whether the request is known not to have been processed.
+    /// Says whether the request is known not to have been processed. A rejected call is never
+    /// processed: `not_processed(false)` also clears [`is_rejected`](ToolError::is_rejected).
     pub fn not_processed(mut self, not_processed: bool) -> Self {
         self.inner.not_processed = not_processed;
+        self.inner.rejected &= not_processed;
         self
     }
 
@@ -436,6 +482,9 @@ impl fmt::Debug for ToolError {
             .field("message", &self.inner.message)
             .field("class", &self.inner.class)
             .field("not_processed", &self.inner.not_processed);
+        if self.inner.rejected {
+            d.field("rejected", &true);
+        }
         if let Some(status) = self.inner.http_status {
             d.field("http_status", &status);
         }
@@ -547,3 +596,32 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rejection_is_never_processed_and_no_attempt() {
+        let rejected = ToolError::rejected(ErrorCode::RateLimited, "slow down");
+        assert!(rejected.is_rejected() && rejected.is_not_processed());
+        assert_eq!(rejected.record().attempts, None);
+        assert_eq!(rejected.attempts(), 0);
+        assert!(format!("{rejected:?}").contains("rejected: true"));
+
+        let processed = rejected.not_processed(false);
+        assert!(!processed.is_rejected());
+        assert_eq!(processed.attempts(), 1);
+
+        let denied = ToolError::new(ErrorCode::PolicyDenied, "paused").into_rejection();
+        assert!(denied.is_rejected() && denied.is_not_processed());
+
+        let refused = ToolError::from_io_error(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert!(refused.is_not_processed() && !refused.is_rejected());
+        assert_eq!(refused.attempts(), 1);
+
+        let mut retried = ToolError::rejected(ErrorCode::CircuitOpen, "open");
+        retried.record_mut().attempts = Some(2);
+        assert_eq!(retried.attempts(), 2, "the retry layer's count wins");
+    }
+}

@@ -75,6 +75,15 @@ impl ToolOutput {
     }
 }
 
+/// How many times the tool ran for a call that ended with `outcome`: the count the retry
+/// layer wrote, else none for a call that was [rejected](ToolError::is_rejected), else one.
+pub(crate) fn attempts_of(outcome: &Result<ToolOutput, ToolError>) -> u32 {
+    match outcome {
+        Ok(output) => output.record().attempts.unwrap_or(1),
+        Err(error) => error.attempts(),
+    }
+}
+
 /// The record of a call's outcome, whichever way it ended.
 pub(crate) fn record_of(outcome: &Result<ToolOutput, ToolError>) -> &CallRecord {
     match outcome {
@@ -89,8 +98,9 @@ pub(crate) fn record_of(outcome: &Result<ToolOutput, ToolError>) -> &CallRecord 
 /// Each layer fills in its part on the response (or the error) it passes outward.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CallRecord {
-    /// How many times the tool was executed; `None` when no layer counted (the tool ran once),
-    /// `Some(0)` when a layer answered without running it.
+    /// How many times the tool was executed, as the retry layer counted them (a retried
+    /// call); `None` when no retry layer counted: the tool ran once, unless the call was
+    /// [rejected](ToolError::is_rejected).
     pub attempts: Option<u32>,
     /// `true` when the answer came from the idempotency cache or an in-flight join.
     pub from_cache: bool,

@@ -40,7 +40,7 @@ pin_project! {
             future: F,
             permit: Permit,
         },
-        Passed {
+        Passthrough {
             #[pin]
             future: Passthrough<F>,
         },
@@ -122,9 +122,9 @@ impl<F> ResponseFuture<F> {
 
     /// The inner call, not counted: the layer is switched off, or the breaker would have
     /// refused the call but does not fail calls fast.
-    pub(super) fn passed(future: Passthrough<F>) -> Self {
+    pub(super) fn passthrough(future: Passthrough<F>) -> Self {
         ResponseFuture {
-            state: State::Passed { future },
+            state: State::Passthrough { future },
         }
     }
 }
@@ -152,7 +152,7 @@ where
                 this.state.set(State::Done);
                 Poll::Ready(outcome)
             }
-            Projection::Passed { future } => future.poll(cx),
+            Projection::Passthrough { future } => future.poll(cx),
             Projection::Rejected { state, retry_after } => {
                 let error = circuit_open(*state, *retry_after);
                 this.state.set(State::Done);

@@ -31,7 +31,7 @@
 //! Every outcome the breaker sees leaves the breaker's state in the call's
 //! [`CallRecord`](crate::CallRecord). Every transition is logged (`tool_call_circuit_state`)
 //! and given to the [listeners](BreakerAdmin::on_transition), after the breaker's lock is
-//! released. The state machine itself ([`CircuitState`]) is pure: it takes `now` and the
+//! released. The state machine inside is pure: it takes `now` and the
 //! configuration and returns the transition; the service reads the tokio clock, so paused
 //! time drives the breakers in tests.
 //!
@@ -92,7 +92,4 @@ pub use admin::{
 pub use future::ResponseFuture;
 pub use layer::{CircuitBreakerLayer, CircuitBreakerLayerBuilder, DEFAULT_MAX_BREAKERS};
 pub use service::CircuitBreaker;
-pub use state::{
-    Admission, BreakerConfig, CallOutcome, CircuitState, Ticket, Transition, TransitionReason,
-};
-pub use window::{OutcomeWindow, Trip};
+pub use state::{BreakerConfig, TransitionReason};

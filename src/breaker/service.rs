@@ -163,10 +163,10 @@ where
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
         if !self.shared.tools.control().is_enabled() {
-            return ResponseFuture::passed(Passthrough::new(self.inner.call(call)));
+            return ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)));
         }
         let Some(tool) = self.shared.tools.for_call(&call) else {
-            return ResponseFuture::passed(Passthrough::new(self.inner.call(call)));
+            return ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)));
         };
         let scoped = self.shared.scoped_cell(&call, tool);
         let cell = scoped
@@ -181,7 +181,7 @@ where
             Admission::Rejected { .. } if !tool.control.breakers_fail_fast() => {
                 let decision =
                     shadow_decision(&call, ShadowLayer::Breaker, ShadowVerdict::WouldReject);
-                ResponseFuture::passed(Passthrough::shadowed(self.inner.call(call), decision))
+                ResponseFuture::passthrough(Passthrough::shadowed(self.inner.call(call), decision))
             }
             Admission::Rejected { state, retry_after } => {
                 tracing::debug!(
@@ -190,7 +190,7 @@ where
                     tool = call.tool_name(),
                     breaker = %cell.key(),
                     breaker_state = state.as_str(),
-                    "circuit breaker refused the call"
+                    "circuit breaker rejected the call"
                 );
                 ResponseFuture::rejected(state, retry_after)
             }

@@ -218,12 +218,12 @@ impl BreakerConfig {
 
 /// How a finished call counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CallOutcome {
+pub(crate) enum CallOutcome {
     /// The dependency answered.
     Success,
     /// A failure that speaks of the dependency's health.
     Failure,
-    /// Neither: a caller error, or a call a layer refused.
+    /// Neither: a caller error, or a rejected call.
     Neutral,
 }
 
@@ -271,20 +271,20 @@ impl TransitionReason {
 
 /// One change of state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transition {
+pub(crate) struct Transition {
     /// The state before.
-    pub from: BreakerState,
+    pub(crate) from: BreakerState,
     /// The state after.
-    pub to: BreakerState,
+    pub(crate) to: BreakerState,
     /// Why.
-    pub reason: TransitionReason,
+    pub(crate) reason: TransitionReason,
     /// When.
-    pub at: Instant,
+    pub(crate) at: Instant,
 }
 
 /// A call let through, to be handed back with its outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     generation: u64,
     /// The probe's id, for a call admitted while half-open.
     probe: Option<u64>,
@@ -300,14 +300,14 @@ impl Ticket {
     }
 
     /// `true` for a half-open probe.
-    pub fn is_probe(&self) -> bool {
+    pub(crate) fn is_probe(&self) -> bool {
         self.probe.is_some()
     }
 }
 
 /// The answer to a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// The call may go through.
     Admitted(Ticket),
     /// The call must fail fast.
@@ -339,7 +339,7 @@ enum Phase {
 /// *late*: its outcome is counted in [`late_results`](CircuitState::late_results) but changes
 /// nothing, so that results arriving after the breaker opened never extend the break.
 #[derive(Clone, Debug)]
-pub struct CircuitState {
+pub(crate) struct CircuitState {
     phase: Phase,
     window: OutcomeWindow,
     generation: u64,
@@ -355,7 +355,7 @@ impl Default for CircuitState {
 
 impl CircuitState {
     /// A closed breaker with an empty window.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         CircuitState {
             phase: Phase::Closed,
             window: OutcomeWindow::new(),
@@ -366,7 +366,7 @@ impl CircuitState {
     }
 
     /// The current state.
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         match self.phase {
             Phase::Closed => BreakerState::Closed,
             Phase::Open { .. } => BreakerState::Open,
@@ -376,17 +376,17 @@ impl CircuitState {
     }
 
     /// The generation: it changes with every transition.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation
     }
 
     /// Outcomes of calls admitted before the latest transition.
-    pub fn late_results(&self) -> u64 {
+    pub(crate) fn late_results(&self) -> u64 {
         self.late_results
     }
 
     /// Probes in flight (half-open only).
-    pub fn probes_in_flight(&self) -> usize {
+    pub(crate) fn probes_in_flight(&self) -> usize {
         match &self.phase {
             Phase::HalfOpen { probes, .. } => probes.len(),
             _ => 0,
@@ -394,12 +394,12 @@ impl CircuitState {
     }
 
     /// The sampling window.
-    pub fn window(&self) -> &OutcomeWindow {
+    pub(crate) fn window(&self) -> &OutcomeWindow {
         &self.window
     }
 
     /// How long until an open breaker admits a probe.
-    pub fn open_for(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn open_for(&self, now: Instant) -> Option<Duration> {
         match self.phase {
             Phase::Open { until } => Some(until.saturating_duration_since(now)),
             _ => None,
@@ -408,7 +408,7 @@ impl CircuitState {
 
     /// Applies what time alone changes: an open breaker whose cooldown passed becomes
     /// half-open; a half-open breaker whose oldest probe outlived the probe timeout reopens.
-    pub fn refresh(&mut self, now: Instant, cfg: &BreakerConfig) -> Option<Transition> {
+    pub(crate) fn refresh(&mut self, now: Instant, cfg: &BreakerConfig) -> Option<Transition> {
         match &self.phase {
             Phase::Open { until } if now >= *until => {
                 Some(self.go(half_open(), TransitionReason::CooldownElapsed, now))
@@ -426,7 +426,11 @@ impl CircuitState {
 
     /// Lets a call through or refuses it; may first apply what time changed (see
     /// [`refresh`](CircuitState::refresh)).
-    pub fn admit(&mut self, now: Instant, cfg: &BreakerConfig) -> (Admission, Option<Transition>) {
+    pub(crate) fn admit(
+        &mut self,
+        now: Instant,
+        cfg: &BreakerConfig,
+    ) -> (Admission, Option<Transition>) {
         let transition = self.refresh(now, cfg);
         let admission = match &mut self.phase {
             Phase::Closed => Admission::Admitted(Ticket::closed(self.generation)),
@@ -462,7 +466,7 @@ impl CircuitState {
     }
 
     /// Records the outcome of an admitted call that finished at `now`.
-    pub fn record(
+    pub(crate) fn record(
         &mut self,
         ticket: Ticket,
         outcome: CallOutcome,
@@ -518,7 +522,7 @@ impl CircuitState {
 
     /// Releases an admitted call that will never report (its caller dropped it): a probe's
     /// place is freed; nothing is counted.
-    pub fn release(&mut self, ticket: Ticket) {
+    pub(crate) fn release(&mut self, ticket: Ticket) {
         if ticket.generation != self.generation {
             return;
         }
@@ -528,7 +532,7 @@ impl CircuitState {
     }
 
     /// Holds the breaker open until [`reset`](CircuitState::reset).
-    pub fn force_open(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn force_open(&mut self, now: Instant) -> Option<Transition> {
         if matches!(self.phase, Phase::ForcedOpen) {
             return None;
         }
@@ -536,7 +540,7 @@ impl CircuitState {
     }
 
     /// Closes the breaker at once, with an empty window.
-    pub fn reset(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn reset(&mut self, now: Instant) -> Option<Transition> {
         self.window.clear();
         if matches!(self.phase, Phase::Closed) {
             return None;

@@ -10,7 +10,7 @@ use super::state::BreakerConfig;
 
 /// Why the window says the breaker must open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trip {
+pub(crate) enum Trip {
     /// This many consecutive failures inside the window.
     ConsecutiveFailures(u32),
     /// `failures` of the last `calls` calls inside the window failed.
@@ -24,7 +24,7 @@ pub enum Trip {
 
 /// The outcomes of the latest calls of a closed breaker.
 #[derive(Clone, Debug, Default)]
-pub struct OutcomeWindow {
+pub(crate) struct OutcomeWindow {
     /// The latest calls, oldest first: (finished at, failed). At most `sample_size` of them.
     recent: VecDeque<(Instant, bool)>,
     /// When each failure of the current run of consecutive failures happened, oldest first.
@@ -33,18 +33,18 @@ pub struct OutcomeWindow {
 
 impl OutcomeWindow {
     /// An empty window.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         OutcomeWindow::default()
     }
 
     /// Records a success at `now`: the run of failures ends.
-    pub fn record_success(&mut self, now: Instant, cfg: &BreakerConfig) {
+    pub(crate) fn record_success(&mut self, now: Instant, cfg: &BreakerConfig) {
         self.push(now, false, cfg);
         self.run.clear();
     }
 
     /// Records a failure at `now`, and says whether the breaker must open.
-    pub fn record_failure(&mut self, now: Instant, cfg: &BreakerConfig) -> Option<Trip> {
+    pub(crate) fn record_failure(&mut self, now: Instant, cfg: &BreakerConfig) -> Option<Trip> {
         self.push(now, true, cfg);
         let cutoff = now.checked_sub(cfg.window);
         let inside = |at: &Instant| cutoff.is_none_or(|cutoff| *at > cutoff);
@@ -63,19 +63,19 @@ impl OutcomeWindow {
     }
 
     /// Forgets every outcome.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.recent.clear();
         self.run.clear();
     }
 
     /// Consecutive failures in the current run (old ones included until the next failure
     /// drops them).
-    pub fn consecutive_failures(&self) -> u32 {
+    pub(crate) fn consecutive_failures(&self) -> u32 {
         count(self.run.len())
     }
 
     /// Calls and failures among the latest calls inside the window at `now`.
-    pub fn counts(&self, now: Instant, cfg: &BreakerConfig) -> (u32, u32) {
+    pub(crate) fn counts(&self, now: Instant, cfg: &BreakerConfig) -> (u32, u32) {
         let cutoff = now.checked_sub(cfg.window);
         self.recent
             .iter()

@@ -59,7 +59,6 @@ impl ToolCallBuilder {
                 transport: Transport::default(),
                 control: Control::default(),
                 trace: TraceContext::default(),
-                hook_idempotency_key: None,
             },
             params: None,
         }

@@ -64,6 +64,9 @@ struct SharedCall {
     envelope: CallEnvelope,
     /// Where a registry found the call's tool; not part of the call's identity.
     tool: ToolResolution,
+    /// An idempotency key that a hook put on the call; not on the wire and not part of the
+    /// call's identity.
+    hook_idempotency_key: Option<Box<str>>,
 }
 
 /// The fields of a tool call, as they are on the wire (camelCase JSON).
@@ -100,10 +103,6 @@ pub struct CallEnvelope {
     /// W3C trace context.
     #[serde(default, deserialize_with = "object")]
     pub trace: TraceContext,
-    /// An idempotency key that a hook put on the call; the caller's
-    /// `payload.idempotencyKey` wins over it. Not part of the wire format.
-    #[serde(skip)]
-    pub hook_idempotency_key: Option<String>,
 }
 
 /// `target`: who calls, on whose behalf, in which session.
@@ -297,6 +296,7 @@ impl ToolCall {
             inner: Arc::new(SharedCall {
                 envelope,
                 tool: ToolResolution::default(),
+                hook_idempotency_key: None,
             }),
             attempt: 1,
         })
@@ -342,6 +342,34 @@ impl ToolCall {
     /// ```
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// Puts an idempotency key on the call, for application code (a hook, a gateway) that
+    /// knows which calls are the same operation when the caller did not say.
+    ///
+    /// The [`IdempotencyLayer`](crate::IdempotencyLayer) uses it when the call has no
+    /// `payload.idempotencyKey` of its own (the caller's key wins), before any key derived
+    /// from the params; the [`RetryLayer`](crate::RetryLayer) counts it as a key the tool may
+    /// be given. The key is not part of the envelope: it is never serialized, and two calls
+    /// that differ only by it are equal. Set it before the call enters the idempotency layer.
+    ///
+    /// ```
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let mut call = ToolCall::builder("vault", "createFile").session("s").actor("u").build()?;
+    /// let wire = call.to_json();
+    /// call.set_hook_idempotency_key("order-1234");
+    /// assert_eq!(call.to_json(), wire, "not on the wire");
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn set_hook_idempotency_key(&mut self, key: impl Into<String>) {
+        let key = key.into().into_boxed_str();
+        Arc::make_mut(&mut self.inner).hook_idempotency_key = Some(key);
+    }
+
+    /// The idempotency key a hook put on the call, if any.
+    pub(crate) fn hook_idempotency_key(&self) -> Option<&str> {
+        self.inner.hook_idempotency_key.as_deref()
     }
 
     /// Where a registry found the call's tool, as the registry remembers it.

@@ -89,9 +89,9 @@ where
         // readiness error is kept and answers the next call, which the failed service never
         // sees.
         if self.not_ready.is_none() {
-            if let Err(mut error) = ready!(self.inner.poll_ready(cx)) {
-                error.record_mut().attempts.get_or_insert(0);
-                self.not_ready = Some(error);
+            if let Err(error) = ready!(self.inner.poll_ready(cx)) {
+                // The call it answers is rejected: the stack never saw it.
+                self.not_ready = Some(error.into_rejection());
             }
         }
         Poll::Ready(Ok(()))

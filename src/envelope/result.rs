@@ -141,7 +141,9 @@ impl ToolResult {
         match outcome {
             Ok(mut output) => {
                 let record = output.take_record();
-                ToolResult::with_record(call, ResultStatus::Success, record, Some(output), None)
+                let attempts = record.attempts.unwrap_or(1);
+                let status = ResultStatus::Success;
+                ToolResult::with_record(call, status, record, attempts, Some(output), None)
             }
             Err(error) => {
                 let retriable = decided_retriable(&error);
@@ -158,6 +160,7 @@ impl ToolResult {
                     call,
                     status,
                     error.record().clone(),
+                    error.attempts(),
                     None,
                     Some(result_error),
                 )
@@ -169,6 +172,7 @@ impl ToolResult {
         call: &ToolCall,
         status: ResultStatus,
         record: CallRecord,
+        attempts: u32,
         output: Option<ToolOutput>,
         error: Option<ResultError>,
     ) -> ToolResult {
@@ -179,7 +183,7 @@ impl ToolResult {
             cache: record.cache,
             tool_name: call.tool_name().to_owned(),
             duration_ms: record.duration.map_or(0, millis),
-            attempts: record.attempts.unwrap_or(1),
+            attempts,
             output,
             error,
             retried_by: (!record.retried_by.is_empty()).then_some(record.retried_by),

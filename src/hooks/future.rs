@@ -30,8 +30,8 @@ pin_project! {
     #[project = Projection]
     enum State<F> {
         Attempt { #[pin] future: F },
-        // The hooks denied the attempt, and have seen its outcome already.
-        Denied { outcome: Option<Result<ToolOutput, ToolError>> },
+        // The hooks denied the attempt: rejected; they have seen its outcome already.
+        Rejected { outcome: Option<Result<ToolOutput, ToolError>> },
     }
 }
 
@@ -43,9 +43,9 @@ impl<F, H: ToolHooks> ResponseFuture<F, H> {
         }
     }
 
-    pub(super) fn denied(outcome: Result<ToolOutput, ToolError>) -> Self {
+    pub(super) fn rejected(outcome: Result<ToolOutput, ToolError>) -> Self {
         ResponseFuture {
-            state: State::Denied {
+            state: State::Rejected {
                 outcome: Some(outcome),
             },
             after: None,
@@ -63,7 +63,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.state.project() {
-            Projection::Denied { outcome } => Poll::Ready(
+            Projection::Rejected { outcome } => Poll::Ready(
                 outcome
                     .take()
                     .expect("hooks::ResponseFuture polled after completion"),

@@ -8,8 +8,9 @@
 //!   and [`after_attempt`](ToolHooks::after_attempt) once per attempt: a call that the
 //!   [`RetryLayer`](crate::RetryLayer) tries three times fires three of each, numbered by
 //!   [`ToolCall::attempt`]. `before_attempt` may change what the tool receives, or deny the
-//!   attempt with an error: the tool is not called, and that error is the attempt's outcome,
-//!   which `after_attempt` sees like any other.
+//!   attempt with an error: the tool is not called, and that error, marked
+//!   [rejected](crate::ToolError::is_rejected), is the attempt's outcome, which
+//!   `after_attempt` sees like any other.
 //! - [`TraceLayer::hooks`](crate::trace::TraceLayer::hooks), outermost, calls
 //!   [`on_short_circuit`](ToolHooks::on_short_circuit) once for a call a layer answered
 //!   without running the tool — a refused call, a cache hit, a joined in-flight call, an
@@ -116,9 +117,9 @@ pub trait ToolHooks: Send + Sync + 'static {
     ///
     /// It may change the call — tag it in `call.envelope_mut().control`, for example — and
     /// the tool receives the changed call. An error denies the attempt: the tool is not
-    /// called, and the error, marked as made without running the tool, is the attempt's
-    /// outcome. The layers outside treat it like a failure of the tool: a retriable error may
-    /// be retried, and a breaker counts the errors its classifier counts.
+    /// called, and the error, marked [rejected](ToolError::is_rejected), is the attempt's
+    /// outcome. The layers outside treat it like any other rejection: it is not retried, a
+    /// breaker does not count it, and it is not counted as an attempt.
     fn before_attempt(&self, call: &mut ToolCall) -> Result<(), ToolError> {
         let _ = call;
         Ok(())

@@ -63,11 +63,9 @@ where
                 ResponseFuture::attempt(attempt, call, self.hooks.clone())
             }
             Err(error) => {
-                let mut error = error.not_processed(true);
-                error.record_mut().attempts = Some(0);
-                let outcome = Err(error);
+                let outcome = Err(error.into_rejection());
                 self.hooks.after_attempt(&call, &outcome);
-                ResponseFuture::denied(outcome)
+                ResponseFuture::rejected(outcome)
             }
         }
     }

@@ -38,7 +38,7 @@ pin_project! {
 pin_project! {
     #[project = Projection]
     enum State<F> {
-        Passed { future: Pin<Box<Passthrough<F>>> },
+        Passthrough { future: Pin<Box<Passthrough<F>>> },
         Deduplicated { future: BoxedOutcome },
         Ready { result: Option<Result<ToolOutput, ToolError>> },
     }
@@ -51,9 +51,9 @@ impl<F> ResponseFuture<F> {
     /// The inner future is boxed, as a deduplicated execution is: kept inline, it would make
     /// this future, and every future of the layers outside, as large as the inner one, and
     /// each layer would copy it once more on every call.
-    pub(super) fn passed(future: Passthrough<F>) -> Self {
+    pub(super) fn passthrough(future: Passthrough<F>) -> Self {
         ResponseFuture {
-            state: State::Passed {
+            state: State::Passthrough {
                 future: Box::pin(future),
             },
         }
@@ -79,7 +79,7 @@ impl<F> ResponseFuture<F> {
 impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Passed { .. } => "passed",
+            State::Passthrough { .. } => "passthrough",
             State::Deduplicated { .. } => "deduplicated",
             State::Ready { .. } => "ready",
         };
@@ -97,7 +97,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            Projection::Passed { future } => future.as_mut().poll(cx),
+            Projection::Passthrough { future } => future.as_mut().poll(cx),
             Projection::Deduplicated { future } => future.as_mut().poll(cx),
             Projection::Ready { result } => Poll::Ready(
                 result
@@ -524,7 +524,7 @@ where
         idempotency_key_hash = %fingerprint,
         key_source = plan.key_source.as_str(),
         error = %error,
-        "dedupe store failed; tool call refused (fail closed)"
+        "dedupe store failed; tool call rejected (fail closed)"
     );
     Err(error.into())
 }

@@ -63,12 +63,7 @@ pub(crate) fn idempotency_key(
     if let Some(key) = call.idempotency_key().filter(|k| !k.trim().is_empty()) {
         return Ok(Some((Arc::from(key), KeySource::Caller)));
     }
-    if let Some(key) = call
-        .envelope()
-        .hook_idempotency_key
-        .as_deref()
-        .filter(|k| !k.trim().is_empty())
-    {
+    if let Some(key) = call.hook_idempotency_key().filter(|k| !k.trim().is_empty()) {
         return Ok(Some((Arc::from(key), KeySource::Hook)));
     }
     if !derive {
@@ -305,7 +300,7 @@ mod tests {
     fn blank_keys_are_no_keys() {
         let opts = CanonicalOptions::default();
         let mut c = call(None, "s");
-        c.envelope_mut().hook_idempotency_key = Some("  ".into());
+        c.set_hook_idempotency_key("  ");
         assert_eq!(
             idempotency_key(&c, false, KeyScope::Session, &opts).unwrap(),
             None
@@ -339,7 +334,7 @@ mod tests {
         );
         assert_eq!(idempotency_key(&c, false, session, &opts).unwrap(), None);
 
-        c.envelope_mut().hook_idempotency_key = Some("from-hook".into());
+        c.set_hook_idempotency_key("from-hook");
         assert_eq!(
             idempotency_key(&c, true, session, &opts).unwrap(),
             Some(("from-hook".into(), KeySource::Hook))

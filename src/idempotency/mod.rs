@@ -4,7 +4,8 @@
 //! # Keys
 //!
 //! A call's key is, in order: the caller's `payload.idempotencyKey`; a key a hook put on the
-//! call; else, when derivation is on (the default), the key derived from the tool, the
+//! call ([`ToolCall::set_hook_idempotency_key`](crate::ToolCall::set_hook_idempotency_key));
+//! else, when derivation is on (the default), the key derived from the tool, the
 //! canonical params, the session and the actor (see [`canonical::derive_key`]). A call
 //! without a key passes through. The store key is scoped to the session and actor (or, for
 //! tools whose policy says `scope = "global"`, shared by every session: a derived key then

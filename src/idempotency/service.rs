@@ -265,10 +265,10 @@ where
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
         if !self.shared.tools.control().is_enabled() {
-            return ResponseFuture::passed(Passthrough::new(self.inner.call(call)));
+            return ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)));
         }
         match self.shared.plan(&call) {
-            Ok(None) => ResponseFuture::passed(Passthrough::new(self.inner.call(call))),
+            Ok(None) => ResponseFuture::passthrough(Passthrough::new(self.inner.call(call))),
             Ok(Some(plan)) => {
                 // A store that answers at once (the memory store) lets a settled record be
                 // answered here, without the machinery of a claim that waits or runs.
@@ -288,7 +288,7 @@ where
                             Found::Answer(answer) => return ResponseFuture::ready(answer),
                             Found::Shadowed(decision) => {
                                 let future = Passthrough::shadowed(self.inner.call(call), decision);
-                                return ResponseFuture::passed(future);
+                                return ResponseFuture::passthrough(future);
                             }
                             _ => {}
                         }

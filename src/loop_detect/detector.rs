@@ -98,7 +98,7 @@ pub(crate) enum Decision {
     /// Run the call; report its outcome under this sequence number.
     Admit(u64),
     /// Do not run the call.
-    Refuse(Detection),
+    Reject(Detection),
 }
 
 /// A loop found in a session.
@@ -180,8 +180,8 @@ struct Entry {
 enum State {
     /// Admitted; no outcome yet (or the caller gave up on it).
     Pending,
-    /// Refused by this layer.
-    Refused,
+    /// Rejected by this layer.
+    Rejected,
     /// Admitted and finished.
     Done(Outcome),
 }
@@ -218,7 +218,7 @@ impl SessionHistory {
                     count,
                     threshold,
                 };
-                (Decision::Refuse(detection), State::Refused)
+                (Decision::Reject(detection), State::Rejected)
             }
         };
         self.entries.push_back(Entry {
@@ -309,7 +309,7 @@ impl SessionHistory {
                 break;
             }
             match entry.state {
-                State::Refused => continue,
+                State::Rejected => continue,
                 State::Done(Outcome::Failed(failed)) if code.is_none_or(|c| c == failed) => {
                     code = Some(failed);
                     count += 1;
@@ -442,7 +442,7 @@ mod tests {
                         history.record_outcome(seq, outcome);
                     }
                 }
-                Decision::Refuse(detection) => {
+                Decision::Reject(detection) => {
                     marks.push(match detection.action {
                         Action::Break => 'B',
                         Action::Chance => 'C',

@@ -27,7 +27,7 @@ pin_project! {
     #[project = Projection]
     #[derive(Debug)]
     enum State<F> {
-        Refused { error: Option<ToolError> },
+        Rejected { error: Option<ToolError> },
         Called {
             #[pin]
             future: F,
@@ -69,9 +69,9 @@ impl OutcomeReport {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(super) fn refused(error: ToolError) -> Self {
+    pub(super) fn rejected(error: ToolError) -> Self {
         ResponseFuture {
-            state: State::Refused { error: Some(error) },
+            state: State::Rejected { error: Some(error) },
         }
     }
 
@@ -101,7 +101,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            Projection::Refused { error } => Poll::Ready(Err(error
+            Projection::Rejected { error } => Poll::Ready(Err(error
                 .take()
                 .expect("ResponseFuture polled after completion"))),
             Projection::Called { future, report } => {

@@ -34,8 +34,8 @@
 //!   session's next call differs, it runs; if it repeats the call, the session breaks. The
 //!   chance is given once per looping call and window.
 //!
-//! Both errors are terminal and not processed ([`ToolError::rejected`](crate::ToolError::rejected):
-//! attempts 0), with details
+//! Both errors are terminal rejections: the tool did not run
+//! ([`ToolError::is_rejected`](crate::ToolError::is_rejected)), with details
 //!
 //! ```json
 //! {"action": "break", "rule": "repeat", "repeats": 4, "maxRepeats": 4, "windowSecs": 120}

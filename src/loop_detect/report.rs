@@ -29,7 +29,7 @@ const UNKNOWN: &str = "unknown";
 
 /// The `LOOP_DETECTED` error for a refused call.
 ///
-/// Terminal and not processed (attempts 0). The message names the tool, the count and the
+/// Terminal and rejected: the tool did not run. The message names the tool, the count and the
 /// window, says which rule fired when it is not plain repetition, and ends with advice for
 /// the model.
 pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits) -> ToolError {

@@ -46,7 +46,7 @@ pub(super) enum Verdict {
     /// Run the call and report its outcome.
     Tracked(OutcomeReport),
     /// Do not run the call.
-    Refused(ToolError),
+    Rejected(ToolError),
     /// Run the call although it loops: the layer is in shadow mode.
     Shadowed(ShadowDecision),
 }
@@ -63,7 +63,7 @@ impl Monitor {
         };
         let canonical = match call.params().canonical(&self.canonical) {
             Ok(canonical) => canonical,
-            Err(error) => return Verdict::Refused(error),
+            Err(error) => return Verdict::Rejected(error),
         };
         let signature = Signature::new(
             &self.hasher,
@@ -85,14 +85,14 @@ impl Monitor {
                 let results = limits.poller.then(|| self.clone());
                 Verdict::Tracked(OutcomeReport::new(history, seq, results))
             }
-            Decision::Refuse(_) if self.registry.control().is_shadow(ShadowLayer::LoopDetect) => {
+            Decision::Reject(_) if self.registry.control().is_shadow(ShadowLayer::LoopDetect) => {
                 Verdict::Shadowed(shadow_decision(
                     call,
                     ShadowLayer::LoopDetect,
                     ShadowVerdict::WouldBlock,
                 ))
             }
-            Decision::Refuse(detection) => {
+            Decision::Reject(detection) => {
                 report::log_detection(
                     call,
                     &detection,
@@ -102,7 +102,7 @@ impl Monitor {
                     &self.canonical,
                     &self.redactor,
                 );
-                Verdict::Refused(report::loop_error(call, &detection, &limits))
+                Verdict::Rejected(report::loop_error(call, &detection, &limits))
             }
         }
     }
@@ -146,7 +146,7 @@ where
                 ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)))
             }
             Verdict::Tracked(report) => ResponseFuture::called(self.inner.call(call), report),
-            Verdict::Refused(error) => ResponseFuture::refused(error),
+            Verdict::Rejected(error) => ResponseFuture::rejected(error),
             Verdict::Shadowed(decision) => {
                 ResponseFuture::passthrough(Passthrough::shadowed(self.inner.call(call), decision))
             }

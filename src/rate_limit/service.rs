@@ -95,7 +95,7 @@ where
                     requestId = &*identifier(call.request_id()),
                     toolName = call.tool_name(),
                     retry_after_ms = millis(wait),
-                    "rate limit refused the call"
+                    "rate limit rejected the call"
                 );
                 ResponseFuture::rejected(over_limit(&call, limit, wait))
             }

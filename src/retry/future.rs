@@ -32,8 +32,8 @@ pin_project! {
     #[project = KindProj]
     enum Kind<S, F> {
         // The layer is switched off: by the operator, or by the tool's policy.
-        Passed { #[pin] future: F },
-        // Refused before the first attempt.
+        Passthrough { #[pin] future: F },
+        // Rejected before the first attempt.
         Expired { error: Option<ToolError> },
         Retrying {
             #[pin]
@@ -85,9 +85,9 @@ enum Next {
 }
 
 impl<S, F> ResponseFuture<S, F> {
-    pub(super) fn passed(future: F) -> Self {
+    pub(super) fn passthrough(future: F) -> Self {
         ResponseFuture {
-            kind: Kind::Passed { future },
+            kind: Kind::Passthrough { future },
         }
     }
 
@@ -140,7 +140,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let (mut step, run) = match self.project().kind.project() {
-            KindProj::Passed { future } => return future.poll(cx),
+            KindProj::Passthrough { future } => return future.poll(cx),
             KindProj::Expired { error } => {
                 return Poll::Ready(Err(error
                     .take()
@@ -282,7 +282,7 @@ impl<S> Run<S> {
         let now = Instant::now();
         let limits = self.limits(now);
         let latency = now.saturating_duration_since(self.attempt_started.unwrap_or(now));
-        if error.record().attempts != Some(0) {
+        if !error.is_rejected() {
             self.executed += 1;
         }
         let tool = self.tool.clone();

@@ -191,8 +191,7 @@ pub(super) fn retry_safety(
     if !profile.is_mutating() || profile.is_idempotent() {
         return Ok(());
     }
-    let has_key =
-        call.idempotency_key().is_some() || call.envelope().hook_idempotency_key.is_some();
+    let has_key = call.idempotency_key().is_some() || call.hook_idempotency_key().is_some();
     if has_key && policy.forwards_idempotency_key {
         return Ok(());
     }

@@ -55,10 +55,10 @@ where
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
         if !self.tools.control().is_enabled() {
-            return ResponseFuture::passed(self.inner.call(call));
+            return ResponseFuture::passthrough(self.inner.call(call));
         }
         let Some(tool) = self.tools.for_call(&call) else {
-            return ResponseFuture::passed(self.inner.call(call));
+            return ResponseFuture::passthrough(self.inner.call(call));
         };
         if let Some(budget) = &tool.budget {
             budget.deposit();

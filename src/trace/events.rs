@@ -19,7 +19,7 @@ use super::redact::Redactor;
 use crate::envelope::{ResultStatus, ToolCall, ToolResult};
 use crate::error::ToolError;
 use crate::idempotency::key_fingerprint;
-use crate::outcome::{record_of, CallRecord, ShortCircuit, ToolOutput};
+use crate::outcome::{attempts_of, record_of, CallRecord, ShortCircuit, ToolOutput};
 use crate::time::millis;
 
 /// The identifiers of a call, as log lines show them.
@@ -124,7 +124,7 @@ pub(super) fn finished(
         Err(error) => {
             span.record("error.type", error.code().as_str());
             let record = error.record();
-            let blocked = is_blocked(record);
+            let blocked = error.is_rejected();
             let message = redactor.redact_str(error.message());
             tracing::info!(
                 event = if blocked {
@@ -138,7 +138,7 @@ pub(super) fn finished(
                 correlationId = ids.correlation_id.as_deref(),
                 idempotencyKeyHash = key_hash(call, record).as_deref(),
                 state = ResultStatus::of_error(error).as_str(),
-                attempt = record.attempts.unwrap_or(1),
+                attempt = attempts_of(outcome),
                 elapsedMs = elapsed_ms,
                 fromCache = record.from_cache,
                 errorCode = error.code().as_str(),
@@ -176,7 +176,8 @@ pub(super) fn audit_finished(
     elapsed: Duration,
 ) {
     let record = record_of(outcome);
-    let attempts = record.attempts.unwrap_or(1);
+    let attempts = attempts_of(outcome);
+    let blocked = matches!(outcome, Err(error) if error.is_rejected());
     for retried in &record.retried_by {
         audit.record_event(
             ExecutionEvent::new("step.failed", call, "attempt failed; retrying")
@@ -202,10 +203,10 @@ pub(super) fn audit_finished(
     }
     let (kind, level, message) = match outcome {
         Ok(_) => ("run.finished", "info", "call succeeded".to_owned()),
-        Err(error) if is_blocked(record) => (
+        Err(error) if blocked => (
             "run.blocked",
             "warn",
-            format!("call refused: {}", error.code()),
+            format!("call rejected: {}", error.code()),
         ),
         Err(error) => (
             "run.failed",
@@ -213,8 +214,8 @@ pub(super) fn audit_finished(
             format!("call failed: {}", error.code()),
         ),
     };
-    // The attempt that ran last, unless a layer refused the last one.
-    if attempts > 0 && !record.from_cache && !is_blocked(record) {
+    // The attempt that ran last, unless the last one was rejected.
+    if attempts > 0 && !record.from_cache && !blocked {
         let step = if outcome.is_ok() {
             ExecutionEvent::new("step.finished", call, "attempt succeeded")
         } else {
@@ -230,15 +231,6 @@ pub(super) fn audit_finished(
     let mut result = ToolResult::from_outcome(call, outcome.clone());
     result.duration_ms = millis(elapsed);
     audit.record_result(result);
-}
-
-/// `true` when a layer refused the call: it short-circuited the last attempt with an answer
-/// of its own (not a replay of another call's result), or no attempt ran the tool.
-fn is_blocked(record: &CallRecord) -> bool {
-    match record.short_circuit {
-        Some(_) => !record.from_cache,
-        None => record.attempts == Some(0),
-    }
 }
 
 /// The fingerprint of the key the idempotency layer matched, else of the caller's key.

@@ -536,7 +536,7 @@ async fn with_derivation_off_only_given_keys_deduplicate() {
     let hit = call_once(&mut svc, create("k-1", "a.md", 0)).await.unwrap();
     assert!(hit.record().from_cache, "a caller's key still deduplicates");
     let mut hooked = keyless();
-    hooked.envelope_mut().hook_idempotency_key = Some("from-hook".into());
+    hooked.set_hook_idempotency_key("from-hook");
     call_once(&mut svc, hooked.clone()).await.unwrap();
     let hit = call_once(&mut svc, hooked).await.unwrap();
     assert!(hit.record().from_cache, "a hook's key still deduplicates");

@@ -1034,7 +1034,7 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
 
     // A key a hook put on the call is used when derivation is off.
     let mut hooked = make().build().unwrap();
-    hooked.envelope_mut().hook_idempotency_key = Some("from-hook".into());
+    hooked.set_hook_idempotency_key("from-hook");
     run(&on, hooked.clone()).await.unwrap();
     let cached = run(&on, hooked).await.unwrap();
     assert!(cached.record().from_cache);

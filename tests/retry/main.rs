@@ -14,13 +14,13 @@ use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder};
 use tower_toolcall::breaker::{BreakerKey, CircuitBreakerLayer};
 use tower_toolcall::registry::{
-    ClassifyOverrides, JitterKind, LayerSetting, RetryOverrides, RiskLevel, ToolDescriptor,
-    ToolPolicy, ToolRegistry,
+    ClassifyOverrides, JitterKind, LayerSetting, OnLimit, RateLimitKey, RateLimitOverrides,
+    RetryOverrides, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
 };
 use tower_toolcall::retry::{Backoff, GlobalRetryBudget};
 use tower_toolcall::{
-    CallRecord, ErrorCode, ResultStatus, RetryLayer, RetryRecord, TimeoutLayer, ToolCall,
-    ToolError, ToolResult,
+    BreakerState, CallRecord, ErrorCode, HookLayer, RateLimitLayer, ResultStatus, RetryLayer,
+    RetryRecord, TimeoutLayer, ToolCall, ToolError, ToolHooks, ToolResult,
 };
 
 const WEB: &str = "agents.tools.web";
@@ -272,7 +272,7 @@ async fn tr11_nothing_is_retried_while_the_breaker_is_open() {
         .await
         .unwrap_err();
     assert_eq!(third.code(), ErrorCode::CircuitOpen);
-    assert_eq!(third.record().attempts, Some(0));
+    assert!(third.is_rejected());
     assert!(third.record().retried_by.is_empty());
     assert_eq!(tool.calls(), 5);
 }
@@ -602,7 +602,7 @@ async fn a_call_past_its_deadline_is_not_attempted() {
     assert_eq!(tool.calls(), 0);
     assert_eq!(err.code(), ErrorCode::Timeout);
     assert!(err.is_not_processed());
-    assert_eq!(err.record().attempts, Some(0));
+    assert!(err.is_rejected());
 }
 
 #[tokio::test(start_paused = true)]
@@ -853,4 +853,132 @@ async fn a_call_given_up_after_running_the_tool_is_not_reported_as_unprocessed()
     assert_eq!(err.code(), ErrorCode::RetryExhausted);
     assert_eq!(tool.calls(), 4);
     assert!(!err.is_not_processed(), "the tool ran four times");
+}
+
+/// The stack of `tr11` over `inner`: retry outside, the breaker inside.
+fn retry_over_breaker<S>(
+    registry: ToolRegistry,
+    inner: S,
+) -> (
+    impl tower::Service<ToolCall, Response = tower_toolcall::ToolOutput, Error = ToolError>,
+    tower_toolcall::breaker::BreakerAdmin,
+)
+where
+    S: tower::Service<ToolCall, Response = tower_toolcall::ToolOutput, Error = ToolError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let breaker = CircuitBreakerLayer::new(registry.clone());
+    let admin = breaker.admin();
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::builder(registry).seed(1).build().unwrap())
+        .layer(breaker)
+        .service(inner);
+    (svc, admin)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tools_connection_refused_counts_as_an_attempt_and_opens_the_breaker() {
+    let refused = ToolError::from_io_error(io::Error::from(io::ErrorKind::ConnectionRefused));
+    assert!(refused.is_not_processed() && !refused.is_rejected());
+    let tool = ScriptedTool::always(Step::Fail(refused));
+    let (mut svc, admin) = retry_over_breaker(registry_of([create_file()]), tool.service());
+
+    // Four attempts, each one counted by the retry layer and by the breaker.
+    let first = call_once(&mut svc, call_of(VAULT, "createFile"))
+        .await
+        .unwrap_err();
+    assert_eq!(first.code(), ErrorCode::RetryExhausted);
+    assert_eq!(first.record().attempts, Some(4));
+    assert!(!first.is_rejected());
+    assert_eq!(tool.calls(), 4);
+    let status = admin
+        .status(&BreakerKey::tool(VAULT, "createFile"))
+        .unwrap();
+    assert_eq!((status.stats.failures, status.stats.neutral), (4, 0));
+
+    // The fifth refused connection opens the breaker, which rejects the retry after it.
+    let second = call_once(&mut svc, call_of(VAULT, "createFile"))
+        .await
+        .unwrap_err();
+    assert_eq!(tool.calls(), 5);
+    assert_eq!(admin.state(VAULT, "createFile"), BreakerState::Open);
+    assert_eq!(second.code(), ErrorCode::CircuitOpen);
+    assert!(second.is_rejected());
+    assert_eq!(second.record().attempts, Some(1));
+}
+
+/// Hooks that deny every attempt with an error that, from the tool, would count.
+struct DenyAll;
+
+impl ToolHooks for DenyAll {
+    fn before_attempt(&self, _call: &mut ToolCall) -> Result<(), ToolError> {
+        Err(ToolError::from_http_status(503, "paused by the operator"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hook_denial_is_no_attempt_and_never_opens_the_breaker() {
+    let tool = ScriptedTool::always(Step::Ok);
+    let denied = HookLayer::new(DenyAll).layer(tool.service());
+    let (mut svc, admin) = retry_over_breaker(registry_of([create_file()]), denied);
+
+    for _ in 0..10 {
+        let call = call_of(VAULT, "createFile");
+        let err = call_once(&mut svc, call.clone()).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::UpstreamUnavailable);
+        assert!(err.is_rejected() && err.is_not_processed());
+        assert_eq!(err.record().attempts, None, "not retried");
+        assert_eq!(ToolResult::from_outcome(&call, Err(err)).attempts, 0);
+    }
+    assert_eq!(tool.calls(), 0);
+    assert_eq!(admin.state(VAULT, "createFile"), BreakerState::Closed);
+    let status = admin
+        .status(&BreakerKey::tool(VAULT, "createFile"))
+        .unwrap();
+    assert_eq!((status.stats.failures, status.stats.neutral), (0, 10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_layer_refusal_is_no_attempt_and_never_opens_the_breaker() {
+    let limited = create_file().policy(ToolPolicy {
+        rate_limit: LayerSetting::On(RateLimitOverrides {
+            per_second: Some(1),
+            key: Some(RateLimitKey::Tool),
+            on_limit: Some(OnLimit::Reject),
+            ..RateLimitOverrides::default()
+        }),
+        ..ToolPolicy::default()
+    });
+    let registry = registry_of([limited.idempotent(true)]);
+    let tool = ScriptedTool::always(Step::Ok);
+    let throttled = RateLimitLayer::new(registry.clone()).layer(tool.service());
+    let (mut svc, admin) = retry_over_breaker(registry, throttled);
+
+    call_once(&mut svc, call_of(VAULT, "createFile"))
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        let call = call_of(VAULT, "createFile");
+        let err = call_once(&mut svc, call.clone()).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::RateLimited);
+        assert!(err.is_rejected() && err.is_retriable());
+        assert_eq!(err.record().attempts, None, "not retried");
+        assert_eq!(ToolResult::from_outcome(&call, Err(err)).attempts, 0);
+    }
+    assert_eq!(tool.calls(), 1);
+    assert_eq!(admin.state(VAULT, "createFile"), BreakerState::Closed);
+    let status = admin
+        .status(&BreakerKey::tool(VAULT, "createFile"))
+        .unwrap();
+    assert_eq!(
+        (
+            status.stats.successes,
+            status.stats.failures,
+            status.stats.neutral
+        ),
+        (1, 0, 10)
+    );
 }
