@@ -66,9 +66,9 @@ pub const DEFAULT_VOLATILE_MEMBERS: [&str; 3] = ["clientTs", "retryCount", "trac
 /// use tower_toolcall::canonical::CanonicalOptions;
 ///
 /// let opts = CanonicalOptions::default()
-///     .trim_strings(false)
-///     .volatile_members(["clientTs", "nonce"])
-///     .max_depth(32);
+///     .with_trim_strings(false)
+///     .with_volatile_members(["clientTs", "nonce"])
+///     .with_max_depth(32);
 /// assert_eq!(opts.get_max_depth(), 32);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -147,20 +147,20 @@ impl Eq for VolatileMembers {}
 
 impl CanonicalOptions {
     /// Whether object members whose value is `null` are removed (default `true`).
-    pub fn drop_null_members(mut self, drop: bool) -> Self {
+    pub fn with_drop_null_members(mut self, drop: bool) -> Self {
         self.drop_null_members = drop;
         self
     }
 
     /// Whether string values are trimmed of leading and trailing white space (default `true`).
-    pub fn trim_strings(mut self, trim: bool) -> Self {
+    pub fn with_trim_strings(mut self, trim: bool) -> Self {
         self.trim_strings = trim;
         self
     }
 
     /// The member names removed at any depth (default `clientTs`, `retryCount`,
     /// `traceparent`).
-    pub fn volatile_members<I, S>(mut self, names: I) -> Self
+    pub fn with_volatile_members<I, S>(mut self, names: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
@@ -171,7 +171,7 @@ impl CanonicalOptions {
 
     /// The deepest nesting accepted (default 64; at most [`MAX_SUPPORTED_DEPTH`]). An
     /// object or array counts one level, so `{"a": {"b": 1}}` is two levels deep.
-    pub fn max_depth(mut self, depth: usize) -> Self {
+    pub fn with_max_depth(mut self, depth: usize) -> Self {
         self.max_depth = depth.min(MAX_SUPPORTED_DEPTH);
         self
     }

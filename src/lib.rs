@@ -33,7 +33,7 @@
 //! # tokio_test::block_on(async {
 //! let registry = ToolRegistry::builder()
 //!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-//!         .input_schema(json!({
+//!         .with_input_schema(json!({
 //!             "type": "object",
 //!             "required": ["query"],
 //!             "properties": {"query": {"type": "string", "minLength": 1}}

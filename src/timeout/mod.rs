@@ -30,7 +30,7 @@
 //! # async fn main() {
 //! let registry = ToolRegistry::builder()
 //!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-//!         .attempt_timeout(Duration::from_secs(2)))
+//!         .with_attempt_timeout(Duration::from_secs(2)))
 //!     .build()
 //!     .unwrap();
 //! let mut svc = ServiceBuilder::new()

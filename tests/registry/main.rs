@@ -263,7 +263,7 @@ fn an_invalid_schema_is_refused_when_the_registry_is_built() {
     let err = ToolRegistry::builder()
         .tool(
             ToolDescriptor::new("a", "b", RiskLevel::ReadOnly)
-                .input_schema(json!({"type": "strnig"})),
+                .with_input_schema(json!({"type": "strnig"})),
         )
         .build()
         .unwrap_err();
@@ -274,7 +274,7 @@ fn an_invalid_schema_is_refused_when_the_registry_is_built() {
         .tool(ToolDescriptor::new("a", "ok", RiskLevel::ReadOnly))
         .tool(
             ToolDescriptor::new("a", "b", RiskLevel::ReadOnly)
-                .output_schema(json!({"properties": {"x": {"minimum": "zero"}}})),
+                .with_output_schema(json!({"properties": {"x": {"minimum": "zero"}}})),
         )
         .build()
         .unwrap_err();
@@ -284,7 +284,7 @@ fn an_invalid_schema_is_refused_when_the_registry_is_built() {
     let err = ToolRegistry::builder()
         .tool(
             ToolDescriptor::new("a", "b", RiskLevel::ReadOnly)
-                .input_schema(json!({"$ref": "https://example.com/schema.json"})),
+                .with_input_schema(json!({"$ref": "https://example.com/schema.json"})),
         )
         .build()
         .unwrap_err();
@@ -338,9 +338,9 @@ fn files_load_by_extension() {
 #[test]
 fn descriptors_serialize_back_to_what_loads() {
     let descriptor = ToolDescriptor::new("vault", "createFile", RiskLevel::Writes)
-        .idempotent(true)
-        .attempt_timeout(std::time::Duration::from_secs(3))
-        .input_schema(json!({"type": "object"}));
+        .with_idempotent(true)
+        .with_attempt_timeout(std::time::Duration::from_secs(3))
+        .with_input_schema(json!({"type": "object"}));
     let text = serde_json::to_string(&json!({ "tools": [descriptor] })).unwrap();
     let registry = ToolRegistry::from_json_str(&text).unwrap();
     assert_eq!(
