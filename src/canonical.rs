@@ -53,7 +53,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{ErrorCode, ToolError};
 
-/// The deepest nesting [`CanonicalOptions::max_depth`] accepts; larger settings are lowered
+/// The deepest nesting [`CanonicalOptions::with_max_depth`] accepts; larger settings are lowered
 /// to it, because the walk recurses once per level.
 pub const MAX_SUPPORTED_DEPTH: usize = 1024;
 
@@ -69,7 +69,7 @@ pub const DEFAULT_VOLATILE_MEMBERS: [&str; 3] = ["clientTs", "retryCount", "trac
 ///     .with_trim_strings(false)
 ///     .with_volatile_members(["clientTs", "nonce"])
 ///     .with_max_depth(32);
-/// assert_eq!(opts.get_max_depth(), 32);
+/// assert_eq!(opts.max_depth(), 32);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CanonicalOptions {
@@ -176,13 +176,23 @@ impl CanonicalOptions {
         self
     }
 
+    /// Whether object members whose value is `null` are removed.
+    pub fn drop_null_members(&self) -> bool {
+        self.drop_null_members
+    }
+
+    /// Whether string values are trimmed.
+    pub fn trim_strings(&self) -> bool {
+        self.trim_strings
+    }
+
     /// The configured depth limit.
-    pub fn get_max_depth(&self) -> usize {
+    pub fn max_depth(&self) -> usize {
         self.max_depth
     }
 
     /// The configured volatile member names.
-    pub fn get_volatile_members(&self) -> impl Iterator<Item = &str> {
+    pub fn volatile_members(&self) -> impl Iterator<Item = &str> {
         self.volatile.iter()
     }
 

@@ -182,7 +182,7 @@ impl CircuitBreakerLayerBuilder {
                 LayerSetting::Default => preset.clone(),
                 LayerSetting::On(overrides) => preset.clone().with_overrides(overrides),
             };
-            let config = match descriptor.and_then(|d| d.get_attempt_timeout()) {
+            let config = match descriptor.and_then(|d| d.attempt_timeout()) {
                 Some(timeout) => config.with_probe_timeout(timeout),
                 None => config,
             };

@@ -131,22 +131,22 @@ impl BreakerConfig {
     }
 
     /// The cooldown.
-    pub fn get_cooldown(&self) -> Duration {
+    pub fn cooldown(&self) -> Duration {
         self.cooldown
     }
 
     /// The consecutive failures that open the breaker.
-    pub fn get_consecutive_failures(&self) -> u32 {
+    pub fn consecutive_failures(&self) -> u32 {
         self.consecutive_failures
     }
 
     /// The failure rate, in percent, that opens the breaker.
-    pub fn get_failure_rate_percent(&self) -> u32 {
+    pub fn failure_rate_percent(&self) -> u32 {
         self.failure_rate_percent
     }
 
     /// The probe timeout.
-    pub fn get_probe_timeout(&self) -> Duration {
+    pub fn probe_timeout(&self) -> Duration {
         self.probe_timeout
     }
 
@@ -982,12 +982,12 @@ mod tests {
         );
         assert_eq!(BreakerConfig::mutating(), d().with_failure_rate_percent(25));
         let read_only = BreakerConfig::read_only();
-        assert_eq!(read_only.get_consecutive_failures(), 8);
-        assert_eq!(read_only.get_cooldown(), Duration::from_secs(20));
-        assert_eq!(BreakerConfig::mutating().get_failure_rate_percent(), 25);
+        assert_eq!(read_only.consecutive_failures(), 8);
+        assert_eq!(read_only.cooldown(), Duration::from_secs(20));
+        assert_eq!(BreakerConfig::mutating().failure_rate_percent(), 25);
         assert_eq!(
             d().with_probe_timeout(Duration::from_secs(7))
-                .get_probe_timeout(),
+                .probe_timeout(),
             Duration::from_secs(7)
         );
     }

@@ -49,16 +49,16 @@ pub const ENV_MODE: &str = "TOOL_LOOP_MODE";
 /// use tower_toolcall::registry::LoopMode;
 ///
 /// let config = LoopDetectConfig::default().with_max_repeats(3).with_mode(LoopMode::ChanceThenBreak);
-/// assert_eq!(config.get_max_repeats(), 3);
-/// assert_eq!(config.get_ttl_secs(), 120);
+/// assert_eq!(config.max_repeats(), 3);
+/// assert_eq!(config.ttl_secs(), 120);
 ///
 /// // From the environment; here from a map instead of the process environment.
 /// let env = [("TOOL_LOOP_MAX_REPEATS", "6"), ("TOOL_LOOP_MODE", "chance")];
 /// let config = LoopDetectConfig::from_env_with(|name| {
 ///     env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
 /// })?;
-/// assert_eq!(config.get_max_repeats(), 6);
-/// assert_eq!(config.get_mode(), LoopMode::ChanceThenBreak);
+/// assert_eq!(config.max_repeats(), 6);
+/// assert_eq!(config.mode(), LoopMode::ChanceThenBreak);
 ///
 /// let err = LoopDetectConfig::from_env_with(|name| {
 ///     (name == "TOOL_LOOP_TTL_SECONDS").then(|| "two minutes".to_owned())
@@ -119,17 +119,17 @@ impl LoopDetectConfig {
     }
 
     /// Identical consecutive calls that make a loop.
-    pub fn get_max_repeats(&self) -> u32 {
+    pub fn max_repeats(&self) -> u32 {
         self.max_repeats
     }
 
     /// The window, in seconds.
-    pub fn get_ttl_secs(&self) -> u64 {
+    pub fn ttl_secs(&self) -> u64 {
         self.ttl_secs
     }
 
     /// What happens when a loop is found.
-    pub fn get_mode(&self) -> LoopMode {
+    pub fn mode(&self) -> LoopMode {
         self.mode
     }
 
@@ -582,9 +582,9 @@ mod tests {
         ])
         .unwrap();
         assert!(!config.is_enabled());
-        assert_eq!(config.get_max_repeats(), 7);
-        assert_eq!(config.get_ttl_secs(), 30);
-        assert_eq!(config.get_mode(), LoopMode::ChanceThenBreak);
+        assert_eq!(config.max_repeats(), 7);
+        assert_eq!(config.ttl_secs(), 30);
+        assert_eq!(config.mode(), LoopMode::ChanceThenBreak);
         assert_eq!(env(&[(ENV_MODE, "")]).unwrap(), LoopDetectConfig::default());
 
         let bad = [

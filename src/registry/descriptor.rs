@@ -51,7 +51,7 @@ impl RiskLevel {
 ///     }))
 ///     .with_confirmation_required(true)
 ///     .with_attempt_timeout(Duration::from_secs(5));
-/// assert_eq!(write.get_attempt_timeout(), Some(Duration::from_secs(5)));
+/// assert_eq!(write.attempt_timeout(), Some(Duration::from_secs(5)));
 /// assert!(write.risk.is_mutating());
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -151,7 +151,7 @@ impl ToolDescriptor {
     }
 
     /// The time one attempt may take, when the policy sets it.
-    pub fn get_attempt_timeout(&self) -> Option<Duration> {
+    pub fn attempt_timeout(&self) -> Option<Duration> {
         self.policy
             .timeout
             .overrides()

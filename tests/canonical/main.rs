@@ -213,7 +213,7 @@ fn depth_100_000_is_a_validation_error_without_overflowing_the_stack() {
     assert_eq!(err.code(), ErrorCode::ValidationError);
     // Even the largest supported limit stops long before the end.
     let deep = opts.clone().with_max_depth(usize::MAX);
-    assert_eq!(deep.get_max_depth(), 1024);
+    assert_eq!(deep.max_depth(), 1024);
     assert!(canonical_json(&value, &deep).is_err());
     dismantle(value);
 }

@@ -66,10 +66,7 @@ fn a_toml_registry_loads_with_every_section() {
         d.policy.idempotency.overrides().unwrap().scope,
         Some(KeyScope::Global)
     );
-    assert_eq!(
-        d.get_attempt_timeout(),
-        Some(std::time::Duration::from_secs(5))
-    );
+    assert_eq!(d.attempt_timeout(), Some(std::time::Duration::from_secs(5)));
     assert_eq!(d.policy.classify.terminal_http_statuses, vec![503]);
 
     let create = registry.get("vault", "createFile").unwrap().descriptor();
