@@ -60,7 +60,7 @@ fn call() -> ToolCall {
 fn registry(with_schema: bool) -> ToolRegistry {
     let mut search = ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly);
     if with_schema {
-        search = search.input_schema(schema());
+        search = search.with_input_schema(schema());
     }
     ToolRegistry::builder()
         .tool(search)

@@ -229,7 +229,7 @@ fn bench(c: &mut Criterion) {
 
     let ours_breaker = || {
         CircuitBreakerLayer::builder(registry.clone())
-            .read_only(BreakerConfig::read_only().cooldown(HOUR))
+            .read_only(BreakerConfig::read_only().with_cooldown(HOUR))
             .build()
             .unwrap()
     };

@@ -18,10 +18,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .model(
             "openai",
             "gpt-4o-mini",
-            LoopSettings {
-                mode: Some(LoopMode::ChanceThenBreak),
-                ..LoopSettings::default()
-            },
+            LoopSettings::default().with_mode(LoopMode::ChanceThenBreak),
         )
         .build()?;
     let handle = layer.handle();

@@ -88,8 +88,8 @@ fn registry(control: ReliabilityControl) -> Result<ToolRegistry, tower_toolcall:
         .control(control)
         .tool(
             ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-                .idempotent(true)
-                .input_schema(json!({
+                .with_idempotent(true)
+                .with_input_schema(json!({
                     "type": "object",
                     "required": ["query"],
                     "properties": {"query": {"type": "string", "minLength": 1}}
@@ -97,8 +97,8 @@ fn registry(control: ReliabilityControl) -> Result<ToolRegistry, tower_toolcall:
         )
         .tool(
             ToolDescriptor::new("vault", "createFile", RiskLevel::Writes)
-                .confirmation_required(true)
-                .input_schema(json!({
+                .with_confirmation_required(true)
+                .with_input_schema(json!({
                     "type": "object",
                     "required": ["path", "content"],
                     "properties": {

@@ -53,7 +53,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{ErrorCode, ToolError};
 
-/// The deepest nesting [`CanonicalOptions::max_depth`] accepts; larger settings are lowered
+/// The deepest nesting [`CanonicalOptions::with_max_depth`] accepts; larger settings are lowered
 /// to it, because the walk recurses once per level.
 pub const MAX_SUPPORTED_DEPTH: usize = 1024;
 
@@ -66,10 +66,10 @@ pub const DEFAULT_VOLATILE_MEMBERS: [&str; 3] = ["clientTs", "retryCount", "trac
 /// use tower_toolcall::canonical::CanonicalOptions;
 ///
 /// let opts = CanonicalOptions::default()
-///     .trim_strings(false)
-///     .volatile_members(["clientTs", "nonce"])
-///     .max_depth(32);
-/// assert_eq!(opts.get_max_depth(), 32);
+///     .with_trim_strings(false)
+///     .with_volatile_members(["clientTs", "nonce"])
+///     .with_max_depth(32);
+/// assert_eq!(opts.max_depth(), 32);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CanonicalOptions {
@@ -147,20 +147,20 @@ impl Eq for VolatileMembers {}
 
 impl CanonicalOptions {
     /// Whether object members whose value is `null` are removed (default `true`).
-    pub fn drop_null_members(mut self, drop: bool) -> Self {
+    pub fn with_drop_null_members(mut self, drop: bool) -> Self {
         self.drop_null_members = drop;
         self
     }
 
     /// Whether string values are trimmed of leading and trailing white space (default `true`).
-    pub fn trim_strings(mut self, trim: bool) -> Self {
+    pub fn with_trim_strings(mut self, trim: bool) -> Self {
         self.trim_strings = trim;
         self
     }
 
     /// The member names removed at any depth (default `clientTs`, `retryCount`,
     /// `traceparent`).
-    pub fn volatile_members<I, S>(mut self, names: I) -> Self
+    pub fn with_volatile_members<I, S>(mut self, names: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
@@ -171,18 +171,28 @@ impl CanonicalOptions {
 
     /// The deepest nesting accepted (default 64; at most [`MAX_SUPPORTED_DEPTH`]). An
     /// object or array counts one level, so `{"a": {"b": 1}}` is two levels deep.
-    pub fn max_depth(mut self, depth: usize) -> Self {
+    pub fn with_max_depth(mut self, depth: usize) -> Self {
         self.max_depth = depth.min(MAX_SUPPORTED_DEPTH);
         self
     }
 
+    /// Whether object members whose value is `null` are removed.
+    pub fn drop_null_members(&self) -> bool {
+        self.drop_null_members
+    }
+
+    /// Whether string values are trimmed.
+    pub fn trim_strings(&self) -> bool {
+        self.trim_strings
+    }
+
     /// The configured depth limit.
-    pub fn get_max_depth(&self) -> usize {
+    pub fn max_depth(&self) -> usize {
         self.max_depth
     }
 
     /// The configured volatile member names.
-    pub fn get_volatile_members(&self) -> impl Iterator<Item = &str> {
+    pub fn volatile_members(&self) -> impl Iterator<Item = &str> {
         self.volatile.iter()
     }
 

@@ -100,6 +100,7 @@ pub const SUCCESS_REASON: &str = "OK";
 
 /// What an outcome means for the layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Verdict {
     /// The tool answered.
     Success,
@@ -113,6 +114,7 @@ pub enum Verdict {
 
 /// Which rule of the classifier decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Basis {
     /// The outcome is a success.
     Success,
@@ -491,7 +493,7 @@ mod tests {
     use crate::registry::ClassifyOverrides;
 
     fn profile(risk: RiskLevel, idempotent: bool, classify: ClassifyOverrides) -> ToolProfile {
-        let descriptor = ToolDescriptor::new("ns", "tool", risk).idempotent(idempotent);
+        let descriptor = ToolDescriptor::new("ns", "tool", risk).with_idempotent(idempotent);
         let policy = ToolPolicy {
             classify,
             ..ToolPolicy::default()

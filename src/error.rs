@@ -131,6 +131,7 @@ impl fmt::Display for ErrorCode {
 
 /// Whether trying the call again may succeed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// A transient failure: a later attempt may succeed.
     Retriable,

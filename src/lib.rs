@@ -33,7 +33,7 @@
 //! # tokio_test::block_on(async {
 //! let registry = ToolRegistry::builder()
 //!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-//!         .input_schema(json!({
+//!         .with_input_schema(json!({
 //!             "type": "object",
 //!             "required": ["query"],
 //!             "properties": {"query": {"type": "string", "minLength": 1}}
@@ -74,7 +74,13 @@
 //!
 //! A [`ToolRegistry`](registry::ToolRegistry) describes each tool once: its risk level,
 //! whether it is idempotent, its JSON Schemas, and per-layer settings, any of which may be
-//! `"off"`. It loads from TOML or JSON; bad files are refused with the field named.
+//! `"off"`. It loads from TOML or JSON; bad files are refused with the field named. In code, a
+//! policy is written with by-value setters:
+//! `ToolPolicy::default().with_retry(RetryOverrides::default().with_max_attempts(3))`.
+//!
+//! The crate's records, policies and configurations are `#[non_exhaustive]`, so that a new
+//! field or variant is not a breaking change: build them with their constructors and `with_*`
+//! setters, and give a `match` over one of their enums a `_` arm.
 //!
 //! # The whole stack
 //!

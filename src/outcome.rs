@@ -24,6 +24,7 @@ use crate::error::ToolError;
 /// The [`CallRecord`] the layers enrich is kept out of line and allocated only when a layer
 /// writes to it, so that an output stays small as it moves through the stack.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolOutput {
     /// What the tool produced.
     pub content: Value,
@@ -97,6 +98,7 @@ pub(crate) fn record_of(outcome: &Result<ToolOutput, ToolError>) -> &CallRecord 
 ///
 /// Each layer fills in its part on the response (or the error) it passes outward.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct CallRecord {
     /// How many times the tool was executed, as the retry layer counted them (a retried
     /// call); `None` when no retry layer counted: the tool ran once, unless the call was
@@ -179,6 +181,7 @@ impl ShortCircuit {
 
 /// What a layer in shadow mode would have done to a call, had it enforced its decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct ShadowDecision {
     /// The layer that decided.
     pub layer: ShadowLayer,
@@ -243,6 +246,7 @@ impl ShadowVerdict {
 /// How the idempotency cache answered a call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct CacheMatch {
     /// Whether the call joined a running execution or found a completed one.
     pub matched_on: MatchedOn,
@@ -252,9 +256,22 @@ pub struct CacheMatch {
     pub key_fingerprint: String,
 }
 
+impl CacheMatch {
+    /// A match on `matched_on`, of a record `age_ms` milliseconds old, whose key has the
+    /// fingerprint `key_fingerprint`.
+    pub fn new(matched_on: MatchedOn, age_ms: u64, key_fingerprint: impl Into<String>) -> Self {
+        CacheMatch {
+            matched_on,
+            age_ms,
+            key_fingerprint: key_fingerprint.into(),
+        }
+    }
+}
+
 /// What an idempotency cache hit matched on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub enum MatchedOn {
     /// A call with the same key was running; this one waited for its result.
     Inflight,
@@ -265,6 +282,7 @@ pub enum MatchedOn {
 /// One retried attempt, as listed in `retriedBy`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct RetryRecord {
     /// The attempt that failed (1-based).
     pub attempt: u32,
@@ -276,9 +294,36 @@ pub struct RetryRecord {
     pub latency_ms: u64,
 }
 
+impl RetryRecord {
+    /// The record of `attempt` (1-based), which failed with `reason_code` after `latency_ms`
+    /// and was followed by a wait of `delay_ms`.
+    ///
+    /// ```
+    /// use tower_toolcall::RetryRecord;
+    ///
+    /// let retry = RetryRecord::new(1, 250, "TIMEOUT", 1000);
+    /// assert_eq!((retry.attempt, retry.delay_ms, retry.latency_ms), (1, 250, 1000));
+    /// assert_eq!(retry.reason_code, "TIMEOUT");
+    /// ```
+    pub fn new(
+        attempt: u32,
+        delay_ms: u64,
+        reason_code: impl Into<String>,
+        latency_ms: u64,
+    ) -> Self {
+        RetryRecord {
+            attempt,
+            delay_ms,
+            reason_code: reason_code.into(),
+            latency_ms,
+        }
+    }
+}
+
 /// The state of a circuit breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum BreakerState {
     /// Calls pass and their outcomes are counted.
     Closed,

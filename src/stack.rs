@@ -604,7 +604,7 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     /// use tower_toolcall::canonical::CanonicalOptions;
     ///
     /// // A `nonce` member changes on every call: two calls that differ only there are the same.
-    /// let options = CanonicalOptions::default().volatile_members(["clientTs", "nonce"]);
+    /// let options = CanonicalOptions::default().with_volatile_members(["clientTs", "nonce"]);
     /// let stack = ToolStack::builder(ToolRegistry::open()).canonical_options(options).build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
@@ -743,8 +743,8 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     /// use tower_toolcall::breaker::BreakerConfig;
     ///
     /// let config = BreakerConfig::default()
-    ///     .consecutive_failures(3)
-    ///     .cooldown(Duration::from_secs(10));
+    ///     .with_consecutive_failures(3)
+    ///     .with_cooldown(Duration::from_secs(10));
     /// let stack = ToolStack::builder(ToolRegistry::open())
     ///     .breaker(|breaker| breaker.config(config))
     ///     .build()?;

@@ -14,6 +14,7 @@ use crate::outcome::BreakerState;
 
 /// Which breaker: a tool's own, the one of a dependency (a tool namespace), or the global one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum BreakerKey {
     /// The breaker of one tool (scope `tool`, the default).
     Tool {
@@ -69,6 +70,7 @@ impl fmt::Display for BreakerKey {
 
 /// Counts of what a breaker saw since it was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BreakerStats {
     /// Calls that succeeded.
     pub successes: u64,
@@ -84,6 +86,7 @@ pub struct BreakerStats {
 
 /// What one breaker looks like now.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BreakerStatus {
     /// Which breaker.
     pub key: BreakerKey,
@@ -105,6 +108,7 @@ pub struct BreakerStatus {
 
 /// One transition of one breaker, as listeners get it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TransitionEvent {
     /// Which breaker.
     pub key: BreakerKey,

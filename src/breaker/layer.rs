@@ -78,12 +78,12 @@ impl<S> Layer<S> for CircuitBreakerLayer {
 /// use tower_toolcall::registry::ToolRegistry;
 ///
 /// let layer = CircuitBreakerLayer::builder(ToolRegistry::open())
-///     .config(BreakerConfig::default().cooldown(Duration::from_secs(10)))
+///     .config(BreakerConfig::default().with_cooldown(Duration::from_secs(10)))
 ///     .max_breakers(1_000)
 ///     .build()?;
 /// # let _ = layer;
 /// let err = CircuitBreakerLayer::builder(ToolRegistry::open())
-///     .mutating(BreakerConfig::mutating().failure_rate_percent(120))
+///     .mutating(BreakerConfig::mutating().with_failure_rate_percent(120))
 ///     .build()
 ///     .unwrap_err();
 /// assert_eq!(err.field(), "breaker.mutating.failure_rate_percent");
@@ -182,8 +182,8 @@ impl CircuitBreakerLayerBuilder {
                 LayerSetting::Default => preset.clone(),
                 LayerSetting::On(overrides) => preset.clone().with_overrides(overrides),
             };
-            let config = match descriptor.and_then(|d| d.get_attempt_timeout()) {
-                Some(timeout) => config.probe_timeout(timeout),
+            let config = match descriptor.and_then(|d| d.attempt_timeout()) {
+                Some(timeout) => config.with_probe_timeout(timeout),
                 None => config,
             };
             config.check().map_err(|e| rename(e, "policy.breaker"))?;

@@ -168,7 +168,7 @@ mod tests {
     fn cell(name: &str) -> BreakerCell {
         BreakerCell::new(
             BreakerKey::tool("ns", name),
-            BreakerConfig::default().consecutive_failures(1),
+            BreakerConfig::default().with_consecutive_failures(1),
             Arc::new(Events::default()),
         )
     }

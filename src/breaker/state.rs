@@ -24,10 +24,10 @@ use crate::registry::BreakerOverrides;
 /// use tower_toolcall::breaker::BreakerConfig;
 ///
 /// let cfg = BreakerConfig::default()
-///     .consecutive_failures(3)
-///     .cooldown(Duration::from_secs(10));
+///     .with_consecutive_failures(3)
+///     .with_cooldown(Duration::from_secs(10));
 /// assert!(cfg.check().is_ok());
-/// let err = BreakerConfig::default().failure_rate_percent(150).check().unwrap_err();
+/// let err = BreakerConfig::default().with_failure_rate_percent(150).check().unwrap_err();
 /// assert_eq!(err.field(), "breaker.failure_rate_percent");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,88 +65,88 @@ impl BreakerConfig {
     /// consecutive failures, 20 s), so that a flaky read is not dampened for long.
     pub fn read_only() -> Self {
         BreakerConfig::default()
-            .consecutive_failures(8)
-            .cooldown(Duration::from_secs(20))
+            .with_consecutive_failures(8)
+            .with_cooldown(Duration::from_secs(20))
     }
 
     /// The preset of mutating tools (`writes`, `commands`): a lower failure-rate threshold
     /// (25 %), so that a dependency that fails writes is left alone sooner.
     pub fn mutating() -> Self {
-        BreakerConfig::default().failure_rate_percent(25)
+        BreakerConfig::default().with_failure_rate_percent(25)
     }
 
     /// Consecutive failures that open the breaker (default 5).
-    pub fn consecutive_failures(mut self, failures: u32) -> Self {
+    pub fn with_consecutive_failures(mut self, failures: u32) -> Self {
         self.consecutive_failures = failures;
         self
     }
 
     /// Failure rate, in percent, that opens the breaker (default 50).
-    pub fn failure_rate_percent(mut self, percent: u32) -> Self {
+    pub fn with_failure_rate_percent(mut self, percent: u32) -> Self {
         self.failure_rate_percent = percent;
         self
     }
 
     /// How many of the latest calls the rate is computed over (default 20).
-    pub fn sample_size(mut self, calls: u32) -> Self {
+    pub fn with_sample_size(mut self, calls: u32) -> Self {
         self.sample_size = calls;
         self
     }
 
     /// Calls needed inside the window before the rate counts (default 10).
-    pub fn min_calls(mut self, calls: u32) -> Self {
+    pub fn with_min_calls(mut self, calls: u32) -> Self {
         self.min_calls = calls;
         self
     }
 
     /// The rolling window: older outcomes do not count (default 120 s).
-    pub fn window(mut self, window: Duration) -> Self {
+    pub fn with_window(mut self, window: Duration) -> Self {
         self.window = window;
         self
     }
 
     /// How long the breaker stays open before it admits a probe (default 30 s).
-    pub fn cooldown(mut self, cooldown: Duration) -> Self {
+    pub fn with_cooldown(mut self, cooldown: Duration) -> Self {
         self.cooldown = cooldown;
         self
     }
 
     /// Probes admitted at once when half-open (default 1).
-    pub fn half_open_probes(mut self, probes: u32) -> Self {
+    pub fn with_half_open_probes(mut self, probes: u32) -> Self {
         self.half_open_probes = probes;
         self
     }
 
     /// Consecutive successful probes that close the breaker (default 2).
-    pub fn close_after_successes(mut self, successes: u32) -> Self {
+    pub fn with_close_after_successes(mut self, successes: u32) -> Self {
         self.close_after_successes = successes;
         self
     }
 
     /// How long a probe may go unanswered before it is abandoned as failed (default 30 s);
     /// a tool's attempt timeout takes its place for the tool's own breaker.
-    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_probe_timeout(mut self, timeout: Duration) -> Self {
         self.probe_timeout = timeout;
         self
     }
 
     /// The cooldown.
-    pub fn get_cooldown(&self) -> Duration {
+    pub fn cooldown(&self) -> Duration {
         self.cooldown
     }
 
     /// The consecutive failures that open the breaker.
-    pub fn get_consecutive_failures(&self) -> u32 {
+    pub fn consecutive_failures(&self) -> u32 {
         self.consecutive_failures
     }
 
     /// The failure rate, in percent, that opens the breaker.
-    pub fn get_failure_rate_percent(&self) -> u32 {
+    pub fn failure_rate_percent(&self) -> u32 {
         self.failure_rate_percent
     }
 
     /// The probe timeout.
-    pub fn get_probe_timeout(&self) -> Duration {
+    pub fn probe_timeout(&self) -> Duration {
         self.probe_timeout
     }
 
@@ -787,7 +787,7 @@ mod tests {
             },
             Case {
                 name: "a probe that never answers is abandoned after the probe timeout",
-                cfg: BreakerConfig::default().probe_timeout(Duration::from_secs(5)),
+                cfg: BreakerConfig::default().with_probe_timeout(Duration::from_secs(5)),
                 steps: cat([
                     calls(0, 4, F, Closed),
                     vec![
@@ -804,7 +804,7 @@ mod tests {
             },
             Case {
                 name: "a dropped probe frees its place",
-                cfg: BreakerConfig::default().consecutive_failures(1),
+                cfg: BreakerConfig::default().with_consecutive_failures(1),
                 steps: vec![
                     (0, Admit(true), Closed, None),
                     (0, Finish(F), Open, Some("consecutive_failures")),
@@ -817,7 +817,7 @@ mod tests {
             },
             Case {
                 name: "results arriving after it opened never extend the break",
-                cfg: BreakerConfig::default().consecutive_failures(2),
+                cfg: BreakerConfig::default().with_consecutive_failures(2),
                 steps: vec![
                     (0, Admit(true), Closed, None),
                     (0, Admit(true), Closed, None),
@@ -831,8 +831,8 @@ mod tests {
             Case {
                 name: "two probes at once when configured",
                 cfg: BreakerConfig::default()
-                    .consecutive_failures(1)
-                    .half_open_probes(2),
+                    .with_consecutive_failures(1)
+                    .with_half_open_probes(2),
                 steps: vec![
                     (0, Admit(true), Closed, None),
                     (0, Finish(F), Open, Some("consecutive_failures")),
@@ -845,7 +845,7 @@ mod tests {
             },
             Case {
                 name: "a shorter window forgets failures sooner",
-                cfg: BreakerConfig::default().window(Duration::from_secs(10)),
+                cfg: BreakerConfig::default().with_window(Duration::from_secs(10)),
                 steps: cat([
                     calls(0, 4, F, Closed),
                     calls(10, 4, F, Closed),
@@ -854,7 +854,7 @@ mod tests {
             },
             Case {
                 name: "a lower minimum of calls lets the rate count sooner",
-                cfg: BreakerConfig::default().min_calls(4),
+                cfg: BreakerConfig::default().with_min_calls(4),
                 steps: cat([
                     calls(0, 1, S, Closed),
                     calls(0, 1, F, Closed),
@@ -867,7 +867,9 @@ mod tests {
             },
             Case {
                 name: "the rate is computed over the latest sample only",
-                cfg: BreakerConfig::default().min_calls(4).sample_size(4),
+                cfg: BreakerConfig::default()
+                    .with_min_calls(4)
+                    .with_sample_size(4),
                 steps: cat([
                     calls(0, 4, S, Closed),
                     calls(0, 1, F, Closed),
@@ -880,9 +882,9 @@ mod tests {
             Case {
                 name: "a shorter cooldown, then one probe closes it when configured",
                 cfg: BreakerConfig::default()
-                    .consecutive_failures(1)
-                    .cooldown(Duration::from_secs(10))
-                    .close_after_successes(1),
+                    .with_consecutive_failures(1)
+                    .with_cooldown(Duration::from_secs(10))
+                    .with_close_after_successes(1),
                 steps: vec![
                     (0, Admit(true), Closed, None),
                     (0, Finish(F), Open, Some("consecutive_failures")),
@@ -894,8 +896,8 @@ mod tests {
             Case {
                 name: "a dropped probe frees its own place only",
                 cfg: BreakerConfig::default()
-                    .consecutive_failures(1)
-                    .half_open_probes(2),
+                    .with_consecutive_failures(1)
+                    .with_half_open_probes(2),
                 steps: vec![
                     (0, Admit(true), Closed, None),
                     (0, Finish(F), Open, Some("consecutive_failures")),
@@ -927,7 +929,7 @@ mod tests {
 
     #[test]
     fn rejection_says_when_to_come_back() {
-        let cfg = BreakerConfig::default().consecutive_failures(1);
+        let cfg = BreakerConfig::default().with_consecutive_failures(1);
         let start = Instant::now();
         let mut state = CircuitState::new();
         let (Admission::Admitted(ticket), _) = state.admit(start, &cfg) else {
@@ -953,21 +955,25 @@ mod tests {
         let field = |cfg: BreakerConfig| cfg.check().unwrap_err().field().to_owned();
         let d = BreakerConfig::default;
         assert_eq!(
-            field(d().consecutive_failures(0)),
+            field(d().with_consecutive_failures(0)),
             "breaker.consecutive_failures"
         );
         assert_eq!(
-            field(d().failure_rate_percent(101)),
+            field(d().with_failure_rate_percent(101)),
             "breaker.failure_rate_percent"
         );
-        assert_eq!(field(d().min_calls(30)), "breaker.min_calls");
-        assert_eq!(field(d().cooldown(Duration::ZERO)), "breaker.cooldown");
+        assert_eq!(field(d().with_min_calls(30)), "breaker.min_calls");
+        assert_eq!(field(d().with_cooldown(Duration::ZERO)), "breaker.cooldown");
         assert!(BreakerConfig::read_only().check().is_ok());
         assert!(BreakerConfig::mutating().check().is_ok());
         // The bounds themselves are allowed.
-        assert!(d().failure_rate_percent(100).check().is_ok());
-        assert!(d().min_calls(20).sample_size(20).check().is_ok());
-        assert!(d().min_calls(1).failure_rate_percent(1).check().is_ok());
+        assert!(d().with_failure_rate_percent(100).check().is_ok());
+        assert!(d().with_min_calls(20).with_sample_size(20).check().is_ok());
+        assert!(d()
+            .with_min_calls(1)
+            .with_failure_rate_percent(1)
+            .check()
+            .is_ok());
     }
 
     #[test]
@@ -975,17 +981,17 @@ mod tests {
         let d = BreakerConfig::default;
         assert_eq!(
             BreakerConfig::read_only(),
-            d().consecutive_failures(8)
-                .cooldown(Duration::from_secs(20))
+            d().with_consecutive_failures(8)
+                .with_cooldown(Duration::from_secs(20))
         );
-        assert_eq!(BreakerConfig::mutating(), d().failure_rate_percent(25));
+        assert_eq!(BreakerConfig::mutating(), d().with_failure_rate_percent(25));
         let read_only = BreakerConfig::read_only();
-        assert_eq!(read_only.get_consecutive_failures(), 8);
-        assert_eq!(read_only.get_cooldown(), Duration::from_secs(20));
-        assert_eq!(BreakerConfig::mutating().get_failure_rate_percent(), 25);
+        assert_eq!(read_only.consecutive_failures(), 8);
+        assert_eq!(read_only.cooldown(), Duration::from_secs(20));
+        assert_eq!(BreakerConfig::mutating().failure_rate_percent(), 25);
         assert_eq!(
-            d().probe_timeout(Duration::from_secs(7))
-                .get_probe_timeout(),
+            d().with_probe_timeout(Duration::from_secs(7))
+                .probe_timeout(),
             Duration::from_secs(7)
         );
     }
@@ -1000,8 +1006,8 @@ mod tests {
         assert_eq!(
             BreakerConfig::mutating().with_overrides(&some),
             BreakerConfig::mutating()
-                .consecutive_failures(3)
-                .window(Duration::from_millis(1_500))
+                .with_consecutive_failures(3)
+                .with_window(Duration::from_millis(1_500))
         );
         let all = BreakerOverrides {
             consecutive_failures: Some(2),
@@ -1032,8 +1038,8 @@ mod tests {
     #[test]
     fn counters_follow_the_transitions() {
         let cfg = BreakerConfig::default()
-            .consecutive_failures(2)
-            .probe_timeout(Duration::from_secs(5));
+            .with_consecutive_failures(2)
+            .with_probe_timeout(Duration::from_secs(5));
         let t0 = Instant::now();
         let at = |secs| t0 + Duration::from_secs(secs);
         let mut state = CircuitState::new();

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::call::{
     BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Payload, RetryBudget, Target,
-    ToolCall, TraceContext, Transport, CONTRACT_VERSION, PAYLOAD_VERSION,
+    ToolCall, TraceContext, Transport, CONTRACT_VERSION,
 };
 use super::params::Params;
 use crate::error::ToolError;
@@ -50,12 +50,7 @@ impl ToolCallBuilder {
                 tool_name: name,
                 tool_namespace: namespace,
                 target: Target::default(),
-                payload: Payload {
-                    version: PAYLOAD_VERSION.to_owned(),
-                    params: Params::empty(),
-                    idempotency_key: None,
-                    call_hints: None,
-                },
+                payload: Payload::new(Params::empty()),
                 transport: Transport::default(),
                 control: Control::default(),
                 trace: TraceContext::default(),
@@ -150,10 +145,8 @@ impl ToolCallBuilder {
 
     /// `transport.retryBudget`.
     pub fn retry_budget(mut self, max_attempts: u32, max_elapsed: Duration) -> Self {
-        self.envelope.transport.retry_budget = Some(RetryBudget {
-            max_attempts,
-            max_elapsed_ms: millis(max_elapsed),
-        });
+        self.envelope.transport.retry_budget =
+            Some(RetryBudget::new(max_attempts, millis(max_elapsed)));
         self
     }
 

@@ -76,6 +76,7 @@ struct SharedCall {
 /// twice, valid Unicode, numbers that a double can hold) and checks the invariants.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct CallEnvelope {
     /// Always `"1.1"`.
     pub contract_version: String,
@@ -108,6 +109,7 @@ pub struct CallEnvelope {
 /// `target`: who calls, on whose behalf, in which session.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Target {
     /// The agent that issued the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,9 +129,53 @@ pub struct Target {
     pub tenant_id: Option<String>,
 }
 
+impl Target {
+    /// A target of `session_key` and `actor_id`, the two required members.
+    ///
+    /// ```
+    /// use tower_toolcall::envelope::Target;
+    ///
+    /// let target = Target::new("sess-42", "user-7").with_tenant_id("tenant-a");
+    /// assert_eq!(target.session_key, "sess-42");
+    /// assert_eq!(target.tenant_id.as_deref(), Some("tenant-a"));
+    /// ```
+    pub fn new(session_key: impl Into<String>, actor_id: impl Into<String>) -> Self {
+        Target {
+            session_key: session_key.into(),
+            actor_id: actor_id.into(),
+            ..Target::default()
+        }
+    }
+
+    /// Sets `agentId`.
+    pub fn with_agent_id(mut self, agent_id: impl Into<String>) -> Self {
+        self.agent_id = Some(agent_id.into());
+        self
+    }
+
+    /// Sets `workspaceId`.
+    pub fn with_workspace_id(mut self, workspace_id: impl Into<String>) -> Self {
+        self.workspace_id = Some(workspace_id.into());
+        self
+    }
+
+    /// Sets `correlationId`.
+    pub fn with_correlation_id(mut self, correlation_id: impl Into<String>) -> Self {
+        self.correlation_id = Some(correlation_id.into());
+        self
+    }
+
+    /// Sets `tenantId`.
+    pub fn with_tenant_id(mut self, tenant_id: impl Into<String>) -> Self {
+        self.tenant_id = Some(tenant_id.into());
+        self
+    }
+}
+
 /// `payload`: the params and what the caller says about them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Payload {
     /// Always `"1.0"`.
     pub version: String,
@@ -147,9 +193,46 @@ pub struct Payload {
     pub call_hints: Option<CallHints>,
 }
 
+impl Payload {
+    /// A payload of version [`PAYLOAD_VERSION`] with `params`, no idempotency key and no hints.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_toolcall::envelope::{CallHints, Params, Payload};
+    ///
+    /// let payload = Payload::new(Params::from_value(json!({"q": "tower"}))?)
+    ///     .with_idempotency_key("search-1")
+    ///     .with_call_hints(CallHints::default().with_expected_retry_safe(true));
+    /// assert_eq!(payload.version, "1.0");
+    /// assert_eq!(payload.idempotency_key.as_deref(), Some("search-1"));
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn new(params: Params) -> Self {
+        Payload {
+            version: PAYLOAD_VERSION.to_owned(),
+            params,
+            idempotency_key: None,
+            call_hints: None,
+        }
+    }
+
+    /// Sets `idempotencyKey`.
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Sets `callHints`.
+    pub fn with_call_hints(mut self, hints: CallHints) -> Self {
+        self.call_hints = Some(hints);
+        self
+    }
+}
+
 /// `payload.callHints`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct CallHints {
     /// The call has effects that must not happen twice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,9 +249,30 @@ pub struct CallHints {
     pub timeout_ms: Option<u64>,
 }
 
+impl CallHints {
+    /// Sets `safetyCritical`.
+    pub fn with_safety_critical(mut self, critical: bool) -> Self {
+        self.safety_critical = Some(critical);
+        self
+    }
+
+    /// Sets `expectedRetrySafe`.
+    pub fn with_expected_retry_safe(mut self, safe: bool) -> Self {
+        self.expected_retry_safe = Some(safe);
+        self
+    }
+
+    /// Sets `timeoutMs`.
+    pub fn with_timeout_ms(mut self, timeout_ms: u64) -> Self {
+        self.timeout_ms = Some(timeout_ms);
+        self
+    }
+}
+
 /// `transport`: how the reliability layers treat this call.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Transport {
     /// How duplicates are handled; the tool's policy decides when absent.
     #[serde(
@@ -193,9 +297,40 @@ pub struct Transport {
     pub circuit_breaker_hint: Option<BreakerScope>,
 }
 
+impl Transport {
+    /// Sets `dedupeMode`.
+    ///
+    /// ```
+    /// use tower_toolcall::envelope::{BreakerScope, DedupeMode, RetryBudget, Transport};
+    ///
+    /// let transport = Transport::default()
+    ///     .with_dedupe_mode(DedupeMode::Enforced)
+    ///     .with_retry_budget(RetryBudget::new(2, 5_000))
+    ///     .with_circuit_breaker_hint(BreakerScope::Dependency);
+    /// assert_eq!(transport.retry_budget.unwrap().max_attempts, 2);
+    /// ```
+    pub fn with_dedupe_mode(mut self, mode: DedupeMode) -> Self {
+        self.dedupe_mode = Some(mode);
+        self
+    }
+
+    /// Sets `retryBudget`.
+    pub fn with_retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.retry_budget = Some(budget);
+        self
+    }
+
+    /// Sets `circuitBreakerHint`.
+    pub fn with_circuit_breaker_hint(mut self, scope: BreakerScope) -> Self {
+        self.circuit_breaker_hint = Some(scope);
+        self
+    }
+}
+
 /// How the idempotency layer treats a duplicate of a running call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub enum DedupeMode {
     /// Wait for the running call and return its result: the tool runs once.
     Enforced,
@@ -208,6 +343,7 @@ pub enum DedupeMode {
 /// `transport.retryBudget`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct RetryBudget {
     /// Attempts in all, the first included; at least 1.
     pub max_attempts: u32,
@@ -216,9 +352,20 @@ pub struct RetryBudget {
     pub max_elapsed_ms: u64,
 }
 
+impl RetryBudget {
+    /// A budget of `max_attempts` attempts in all and `max_elapsed_ms` milliseconds.
+    pub fn new(max_attempts: u32, max_elapsed_ms: u64) -> Self {
+        RetryBudget {
+            max_attempts,
+            max_elapsed_ms,
+        }
+    }
+}
+
 /// `transport.circuitBreakerHint`: the scope of the breaker that guards the call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub enum BreakerScope {
     /// One breaker per tool (the default).
     Tool,
@@ -231,6 +378,7 @@ pub enum BreakerScope {
 /// `control`: deadline, tags and provenance.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Control {
     /// Absolute deadline of the whole call, in Unix milliseconds.
     #[serde(
@@ -251,9 +399,40 @@ pub struct Control {
     pub confirmation_id: Option<String>,
 }
 
+impl Control {
+    /// Sets `deadlineAtMs`, in Unix milliseconds.
+    pub fn with_deadline_at_ms(mut self, deadline_at_ms: u64) -> Self {
+        self.deadline_at_ms = Some(deadline_at_ms);
+        self
+    }
+
+    /// Sets `requestTags`.
+    pub fn with_request_tags<I, S>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.request_tags = Some(tags.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Sets `fromHook`.
+    pub fn with_from_hook(mut self, hook: impl Into<String>) -> Self {
+        self.from_hook = Some(hook.into());
+        self
+    }
+
+    /// Sets `confirmationId`.
+    pub fn with_confirmation_id(mut self, confirmation_id: impl Into<String>) -> Self {
+        self.confirmation_id = Some(confirmation_id.into());
+        self
+    }
+}
+
 /// `trace`: W3C trace context.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct TraceContext {
     /// The W3C `traceparent` of the caller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -261,6 +440,22 @@ pub struct TraceContext {
     /// W3C baggage; `gen_ai.system` and `gen_ai.request.model` name the backend and model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baggage: Option<BTreeMap<String, String>>,
+}
+
+impl TraceContext {
+    /// Sets `traceparent`.
+    pub fn with_traceparent(mut self, traceparent: impl Into<String>) -> Self {
+        self.traceparent = Some(traceparent.into());
+        self
+    }
+
+    /// Adds a member to `baggage`.
+    pub fn with_baggage(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.baggage
+            .get_or_insert_with(BTreeMap::new)
+            .insert(name.into(), value.into());
+        self
+    }
 }
 
 impl ToolCall {

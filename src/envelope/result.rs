@@ -31,6 +31,7 @@ use crate::time::millis;
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct ToolResult {
     /// The call's `requestId`.
     pub request_id: String,
@@ -61,6 +62,7 @@ pub struct ToolResult {
 /// How a call ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ResultStatus {
     /// The tool succeeded.
     Success,
@@ -83,6 +85,7 @@ pub enum ResultStatus {
 /// `error` of a result envelope.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct ResultError {
     /// The stable error code, e.g. `"TIMEOUT"`.
     pub code: String,
@@ -98,6 +101,43 @@ pub struct ResultError {
     /// Structured details.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<Value>,
+}
+
+impl ResultError {
+    /// The error `code` with `message`; `retriable` says whether a later attempt may succeed
+    /// (and `terminal` is its opposite).
+    ///
+    /// ```
+    /// use tower_toolcall::envelope::ResultError;
+    /// use tower_toolcall::BreakerState;
+    ///
+    /// let error = ResultError::new("CIRCUIT_OPEN", "search is failing; try later", true)
+    ///     .with_breaker_state(BreakerState::Open);
+    /// assert!(error.retriable && !error.terminal);
+    /// assert_eq!(error.breaker_state, Some(BreakerState::Open));
+    /// ```
+    pub fn new(code: impl Into<String>, message: impl Into<String>, retriable: bool) -> Self {
+        ResultError {
+            code: code.into(),
+            message: message.into(),
+            retriable,
+            terminal: !retriable,
+            breaker_state: None,
+            details: None,
+        }
+    }
+
+    /// Sets the circuit breaker's state.
+    pub fn with_breaker_state(mut self, state: BreakerState) -> Self {
+        self.breaker_state = Some(state);
+        self
+    }
+
+    /// Sets the structured details.
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
 }
 
 impl ResultStatus {

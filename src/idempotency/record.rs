@@ -48,6 +48,7 @@ use crate::outcome::ToolOutput;
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct DedupeRecord {
     /// The store key: tenant, tool, scope and idempotency key.
     pub key: Arc<str>,
@@ -91,6 +92,7 @@ pub struct DedupeRecord {
 /// Where the execution of a key stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RecordState {
     /// The tool is running under a lease.
     Inflight,
@@ -134,6 +136,7 @@ impl RecordState {
 /// `request` of a record: the call that claimed the key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct RecordRequest {
     /// `target.sessionKey` of the call.
     pub session_key: Arc<str>,
@@ -151,6 +154,7 @@ pub struct RecordRequest {
 /// `execution` of a record: the attempts the execution made.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Execution {
     /// How many times the tool ran.
     pub attempt_count: u32,
@@ -161,6 +165,7 @@ pub struct Execution {
 /// One attempt of an execution.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct AttemptRecord {
     /// When the attempt started, in Unix milliseconds.
     pub started_at_ms: u64,
@@ -178,6 +183,7 @@ pub struct AttemptRecord {
 /// How an attempt ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum AttemptStatus {
     /// The attempt succeeded.
     Success,
@@ -255,6 +261,7 @@ impl Execution {
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct StoredError {
     /// The stable error code, e.g. `"NOT_FOUND"`.
     pub code: String,

@@ -24,7 +24,7 @@ use super::config::{LoopSettingKey, LoopSettings};
 /// use tower_toolcall::loop_detect::{CommandErrorKind, LoopCommand, LoopSettingKey, LoopSettings};
 ///
 /// let set: LoopCommand = "!/set(tool-loop-max-repeats=6)".parse()?;
-/// assert_eq!(set, LoopCommand::Set(LoopSettings { max_repeats: Some(6), ..Default::default() }));
+/// assert_eq!(set, LoopCommand::Set(LoopSettings::default().with_max_repeats(6)));
 ///
 /// let unset = LoopCommand::parse("!/unset(tool-loop-mode, tool-loop-ttl)")?;
 /// assert_eq!(unset, LoopCommand::Unset(vec![LoopSettingKey::Mode, LoopSettingKey::Ttl]));
@@ -35,6 +35,7 @@ use super::config::{LoopSettingKey, LoopSettings};
 /// # Ok::<(), tower_toolcall::loop_detect::CommandError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LoopCommand {
     /// Sets the given settings; the others keep their value.
     Set(LoopSettings),

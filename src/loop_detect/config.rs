@@ -48,17 +48,17 @@ pub const ENV_MODE: &str = "TOOL_LOOP_MODE";
 /// use tower_toolcall::loop_detect::LoopDetectConfig;
 /// use tower_toolcall::registry::LoopMode;
 ///
-/// let config = LoopDetectConfig::default().max_repeats(3).mode(LoopMode::ChanceThenBreak);
-/// assert_eq!(config.get_max_repeats(), 3);
-/// assert_eq!(config.get_ttl_secs(), 120);
+/// let config = LoopDetectConfig::default().with_max_repeats(3).with_mode(LoopMode::ChanceThenBreak);
+/// assert_eq!(config.max_repeats(), 3);
+/// assert_eq!(config.ttl_secs(), 120);
 ///
 /// // From the environment; here from a map instead of the process environment.
 /// let env = [("TOOL_LOOP_MAX_REPEATS", "6"), ("TOOL_LOOP_MODE", "chance")];
 /// let config = LoopDetectConfig::from_env_with(|name| {
 ///     env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
 /// })?;
-/// assert_eq!(config.get_max_repeats(), 6);
-/// assert_eq!(config.get_mode(), LoopMode::ChanceThenBreak);
+/// assert_eq!(config.max_repeats(), 6);
+/// assert_eq!(config.mode(), LoopMode::ChanceThenBreak);
 ///
 /// let err = LoopDetectConfig::from_env_with(|name| {
 ///     (name == "TOOL_LOOP_TTL_SECONDS").then(|| "two minutes".to_owned())
@@ -89,26 +89,26 @@ impl Default for LoopDetectConfig {
 impl LoopDetectConfig {
     /// Whether calls are tracked at all (default `true`). Disabled, the layer keeps no
     /// history and lets every call through.
-    pub fn enabled(mut self, enabled: bool) -> Self {
+    pub fn with_enabled(mut self, enabled: bool) -> Self {
         self.enabled = enabled;
         self
     }
 
     /// Identical consecutive calls that make a loop (default 4): the call that would be the
     /// 4th is not run. From 2 to [`MAX_REPEATS_LIMIT`].
-    pub fn max_repeats(mut self, max_repeats: u32) -> Self {
+    pub fn with_max_repeats(mut self, max_repeats: u32) -> Self {
         self.max_repeats = max_repeats;
         self
     }
 
     /// How long a call is remembered, in seconds (default 120); at least 1.
-    pub fn ttl_secs(mut self, ttl_secs: u64) -> Self {
+    pub fn with_ttl_secs(mut self, ttl_secs: u64) -> Self {
         self.ttl_secs = ttl_secs;
         self
     }
 
     /// What happens when a loop is found (default [`LoopMode::Break`]).
-    pub fn mode(mut self, mode: LoopMode) -> Self {
+    pub fn with_mode(mut self, mode: LoopMode) -> Self {
         self.mode = mode;
         self
     }
@@ -119,17 +119,17 @@ impl LoopDetectConfig {
     }
 
     /// Identical consecutive calls that make a loop.
-    pub fn get_max_repeats(&self) -> u32 {
+    pub fn max_repeats(&self) -> u32 {
         self.max_repeats
     }
 
     /// The window, in seconds.
-    pub fn get_ttl_secs(&self) -> u64 {
+    pub fn ttl_secs(&self) -> u64 {
         self.ttl_secs
     }
 
     /// What happens when a loop is found.
-    pub fn get_mode(&self) -> LoopMode {
+    pub fn mode(&self) -> LoopMode {
         self.mode
     }
 
@@ -182,13 +182,14 @@ impl LoopDetectConfig {
 /// use tower_toolcall::loop_detect::LoopSettings;
 /// use tower_toolcall::registry::LoopMode;
 ///
-/// let strict = LoopSettings { max_repeats: Some(3), mode: Some(LoopMode::Break), ..LoopSettings::default() };
+/// let strict = LoopSettings::default().with_max_repeats(3).with_mode(LoopMode::Break);
 /// assert!(strict.check().is_ok());
-/// let bad = LoopSettings { max_repeats: Some(1), ..LoopSettings::default() };
+/// let bad = LoopSettings::default().with_max_repeats(1);
 /// assert_eq!(bad.check().unwrap_err().field(), "max_repeats");
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct LoopSettings {
     /// Whether calls are tracked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -205,6 +206,30 @@ pub struct LoopSettings {
 }
 
 impl LoopSettings {
+    /// Sets whether calls are tracked.
+    pub fn with_enabled(mut self, enabled: bool) -> Self {
+        self.enabled = Some(enabled);
+        self
+    }
+
+    /// Sets the identical consecutive calls that make a loop.
+    pub fn with_max_repeats(mut self, max_repeats: u32) -> Self {
+        self.max_repeats = Some(max_repeats);
+        self
+    }
+
+    /// Sets the window, in seconds.
+    pub fn with_ttl_secs(mut self, ttl_secs: u64) -> Self {
+        self.ttl_secs = Some(ttl_secs);
+        self
+    }
+
+    /// Sets what happens when a loop is found.
+    pub fn with_mode(mut self, mode: LoopMode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
     /// `true` when no setting is given.
     pub fn is_empty(&self) -> bool {
         *self == LoopSettings::default()
@@ -245,6 +270,7 @@ impl LoopSettings {
 
 /// One setting, by the name the in-chat commands use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum LoopSettingKey {
     /// `tool-loop-detection`: [`LoopSettings::enabled`].
     Detection,
@@ -556,9 +582,9 @@ mod tests {
         ])
         .unwrap();
         assert!(!config.is_enabled());
-        assert_eq!(config.get_max_repeats(), 7);
-        assert_eq!(config.get_ttl_secs(), 30);
-        assert_eq!(config.get_mode(), LoopMode::ChanceThenBreak);
+        assert_eq!(config.max_repeats(), 7);
+        assert_eq!(config.ttl_secs(), 30);
+        assert_eq!(config.mode(), LoopMode::ChanceThenBreak);
         assert_eq!(env(&[(ENV_MODE, "")]).unwrap(), LoopDetectConfig::default());
 
         let bad = [

@@ -103,11 +103,11 @@ impl<S> Layer<S> for LoopDetectLayer {
 /// let layer = LoopDetectLayer::builder(ToolRegistry::open())
 ///     .config(LoopDetectConfig::from_env()?)
 ///     // This model loops easily: give it a chance, but fewer repeats.
-///     .model("openai", "gpt-4o-mini", LoopSettings {
-///         max_repeats: Some(3),
-///         mode: Some(LoopMode::ChanceThenBreak),
-///         ..LoopSettings::default()
-///     })
+///     .model(
+///         "openai",
+///         "gpt-4o-mini",
+///         LoopSettings::default().with_max_repeats(3).with_mode(LoopMode::ChanceThenBreak),
+///     )
 ///     .failure_threshold(2)
 ///     .max_sessions(10_000)
 ///     .build()?;

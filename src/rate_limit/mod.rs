@@ -31,20 +31,15 @@
 //! ```
 //! use serde_json::json;
 //! use tower::{Service, ServiceBuilder, ServiceExt};
-//! use tower_toolcall::registry::{RateLimitOverrides, LayerSetting, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry};
+//! use tower_toolcall::registry::{RateLimitOverrides, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry};
 //! use tower_toolcall::{tool_fn, ErrorCode, RateLimitLayer, ToolCall, ToolOutput};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
 //! let registry = ToolRegistry::builder()
 //!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-//!         .policy(ToolPolicy {
-//!             rate_limit: LayerSetting::On(RateLimitOverrides {
-//!                 per_second: Some(2),
-//!                 ..RateLimitOverrides::default()
-//!             }),
-//!             ..ToolPolicy::default()
-//!         }))
+//!         .with_policy(ToolPolicy::default()
+//!             .with_rate_limit(RateLimitOverrides::default().with_per_second(2))))
 //!     .build()
 //!     .unwrap();
 //! let mut svc = ServiceBuilder::new()

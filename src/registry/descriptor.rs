@@ -8,6 +8,7 @@ use super::policy::{LayerSetting, TimeoutOverrides, ToolPolicy};
 /// How much harm a tool can do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum RiskLevel {
     /// Reads only; repeating it is harmless.
     ReadOnly,
@@ -43,18 +44,19 @@ impl RiskLevel {
 /// use tower_toolcall::registry::{RiskLevel, ToolDescriptor};
 ///
 /// let write = ToolDescriptor::new("vault", "createFile", RiskLevel::Writes)
-///     .input_schema(json!({
+///     .with_input_schema(json!({
 ///         "type": "object",
 ///         "required": ["path", "content"],
 ///         "properties": {"path": {"type": "string"}, "content": {"type": "string"}}
 ///     }))
-///     .confirmation_required(true)
-///     .attempt_timeout(Duration::from_secs(5));
-/// assert_eq!(write.get_attempt_timeout(), Some(Duration::from_secs(5)));
+///     .with_confirmation_required(true)
+///     .with_attempt_timeout(Duration::from_secs(5));
+/// assert_eq!(write.attempt_timeout(), Some(Duration::from_secs(5)));
 /// assert!(write.risk.is_mutating());
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ToolDescriptor {
     /// The tool's namespace, e.g. `agents.tools.web`.
     pub namespace: String,
@@ -99,37 +101,37 @@ impl ToolDescriptor {
     }
 
     /// Marks the tool idempotent.
-    pub fn idempotent(mut self, idempotent: bool) -> Self {
+    pub fn with_idempotent(mut self, idempotent: bool) -> Self {
         self.idempotent = idempotent;
         self
     }
 
     /// Sets the description.
-    pub fn description(mut self, description: impl Into<String>) -> Self {
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
         self.description = Some(description.into());
         self
     }
 
     /// Sets the input JSON Schema.
-    pub fn input_schema(mut self, schema: Value) -> Self {
+    pub fn with_input_schema(mut self, schema: Value) -> Self {
         self.input_schema = Some(schema);
         self
     }
 
     /// Sets the output JSON Schema.
-    pub fn output_schema(mut self, schema: Value) -> Self {
+    pub fn with_output_schema(mut self, schema: Value) -> Self {
         self.output_schema = Some(schema);
         self
     }
 
     /// Requires `control.confirmationId` on calls of a mutating tool.
-    pub fn confirmation_required(mut self, required: bool) -> Self {
+    pub fn with_confirmation_required(mut self, required: bool) -> Self {
         self.confirmation_required = required;
         self
     }
 
     /// Sets the time one attempt may take (`policy.timeout.attempt_timeout_ms`).
-    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
         let ms = crate::time::millis(timeout);
         match &mut self.policy.timeout {
             LayerSetting::On(t) => t.attempt_timeout_ms = Some(ms),
@@ -143,13 +145,13 @@ impl ToolDescriptor {
     }
 
     /// Sets the whole policy.
-    pub fn policy(mut self, policy: ToolPolicy) -> Self {
+    pub fn with_policy(mut self, policy: ToolPolicy) -> Self {
         self.policy = policy;
         self
     }
 
     /// The time one attempt may take, when the policy sets it.
-    pub fn get_attempt_timeout(&self) -> Option<Duration> {
+    pub fn attempt_timeout(&self) -> Option<Duration> {
         self.policy
             .timeout
             .overrides()

@@ -26,6 +26,7 @@ use crate::error::{ConfigError, ErrorCode};
 /// assert!(matches!(policy.breaker, LayerSetting::Default));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub enum LayerSetting<T> {
     /// The layer's defaults.
     #[default]
@@ -63,6 +64,13 @@ impl<T> LayerSetting<T> {
             LayerSetting::On(t) => check(t).map_err(|e| e.within(field)),
             _ => Ok(()),
         }
+    }
+}
+
+impl<T> From<T> for LayerSetting<T> {
+    /// The layer's defaults with `overrides`: [`LayerSetting::On`].
+    fn from(overrides: T) -> Self {
+        LayerSetting::On(overrides)
     }
 }
 
@@ -115,8 +123,36 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for LayerSetting<T> {
 }
 
 /// The policy of one tool: a setting for every layer and the classifier's overrides.
+///
+/// Read from a registry file, or written in code with the `with_*` setters, which take a
+/// layer's overrides or a [`LayerSetting`]:
+///
+/// ```
+/// use tower_toolcall::registry::{
+///     BreakerOverrides, ClassifyOverrides, LayerSetting, RetryOverrides, ToolPolicy,
+///     UnclassifiedAs,
+/// };
+///
+/// let policy = ToolPolicy::default()
+///     .with_retry(RetryOverrides::default().with_max_attempts(3).with_base_delay_ms(50))
+///     .with_breaker(BreakerOverrides::default().with_consecutive_failures(2))
+///     .with_loop_detect(LayerSetting::Off)
+///     .with_classify(ClassifyOverrides::default().with_unclassified(UnclassifiedAs::Terminal));
+/// assert_eq!(policy.retry.overrides().unwrap().max_attempts, Some(3));
+/// assert!(policy.loop_detect.is_off());
+/// assert!(policy.check().is_ok());
+///
+/// let parsed: ToolPolicy = serde_json::from_str(
+///     r#"{"retry": {"max_attempts": 3, "base_delay_ms": 50},
+///         "breaker": {"consecutive_failures": 2},
+///         "loop_detect": "off",
+///         "classify": {"unclassified": "terminal"}}"#,
+/// ).unwrap();
+/// assert_eq!(policy, parsed);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ToolPolicy {
     /// `EnvelopeValidateLayer`: params limits and the output check. `"off"` skips the params
     /// and output checks; registration, denial and confirmation still apply.
@@ -146,6 +182,62 @@ pub struct ToolPolicy {
 }
 
 impl ToolPolicy {
+    /// Sets the setting of `EnvelopeValidateLayer`: [`ValidateOverrides`], or a
+    /// [`LayerSetting`].
+    pub fn with_validate(mut self, setting: impl Into<LayerSetting<ValidateOverrides>>) -> Self {
+        self.validate = setting.into();
+        self
+    }
+
+    /// Sets the setting of `LoopDetectLayer`: [`LoopDetectOverrides`], or a [`LayerSetting`].
+    pub fn with_loop_detect(
+        mut self,
+        setting: impl Into<LayerSetting<LoopDetectOverrides>>,
+    ) -> Self {
+        self.loop_detect = setting.into();
+        self
+    }
+
+    /// Sets the setting of `RateLimitLayer`: [`RateLimitOverrides`], or a [`LayerSetting`].
+    pub fn with_rate_limit(mut self, setting: impl Into<LayerSetting<RateLimitOverrides>>) -> Self {
+        self.rate_limit = setting.into();
+        self
+    }
+
+    /// Sets the setting of `IdempotencyLayer`: [`IdempotencyOverrides`], or a
+    /// [`LayerSetting`].
+    pub fn with_idempotency(
+        mut self,
+        setting: impl Into<LayerSetting<IdempotencyOverrides>>,
+    ) -> Self {
+        self.idempotency = setting.into();
+        self
+    }
+
+    /// Sets the setting of `RetryLayer`: [`RetryOverrides`], or a [`LayerSetting`].
+    pub fn with_retry(mut self, setting: impl Into<LayerSetting<RetryOverrides>>) -> Self {
+        self.retry = setting.into();
+        self
+    }
+
+    /// Sets the setting of `CircuitBreakerLayer`: [`BreakerOverrides`], or a [`LayerSetting`].
+    pub fn with_breaker(mut self, setting: impl Into<LayerSetting<BreakerOverrides>>) -> Self {
+        self.breaker = setting.into();
+        self
+    }
+
+    /// Sets the setting of `TimeoutLayer`: [`TimeoutOverrides`], or a [`LayerSetting`].
+    pub fn with_timeout(mut self, setting: impl Into<LayerSetting<TimeoutOverrides>>) -> Self {
+        self.timeout = setting.into();
+        self
+    }
+
+    /// Sets how the tool's errors are classified.
+    pub fn with_classify(mut self, classify: ClassifyOverrides) -> Self {
+        self.classify = classify;
+        self
+    }
+
     /// Checks every override; the error names the field below `policy`.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.validate
@@ -163,6 +255,22 @@ impl ToolPolicy {
             .check_with("timeout", TimeoutOverrides::check)?;
         self.classify.check().map_err(|e| e.within("classify"))
     }
+}
+
+/// By-value setters of the optional fields of an overrides table: `with_field(value)` sets
+/// `field` to `Some(value)`.
+macro_rules! option_setters {
+    ($ty:ident { $($(#[$doc:meta])* $setter:ident => $field:ident: $value:ty,)* }) => {
+        impl $ty {
+            $(
+                $(#[$doc])*
+                pub fn $setter(mut self, $field: $value) -> Self {
+                    self.$field = Some($field);
+                    self
+                }
+            )*
+        }
+    };
 }
 
 fn at_least<N: PartialOrd + fmt::Display + Copy>(
@@ -196,6 +304,7 @@ fn at_most<N: PartialOrd + fmt::Display + Copy>(
 /// Overrides of `EnvelopeValidateLayer` for one tool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ValidateOverrides {
     /// Largest params, in bytes of canonical JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -204,6 +313,13 @@ pub struct ValidateOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check_output: Option<bool>,
 }
+
+option_setters!(ValidateOverrides {
+    /// Sets the largest params, in bytes of canonical JSON.
+    with_max_params_bytes => max_params_bytes: usize,
+    /// Sets whether the tool's output is checked against its output schema.
+    with_check_output => check_output: bool,
+});
 
 impl ValidateOverrides {
     fn check(&self) -> Result<(), ConfigError> {
@@ -214,6 +330,7 @@ impl ValidateOverrides {
 /// What the loop detector does when it finds a loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum LoopMode {
     /// Refuse the call with `LOOP_DETECTED`.
     Break,
@@ -225,6 +342,7 @@ pub enum LoopMode {
 /// Overrides of `LoopDetectLayer` for one tool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct LoopDetectOverrides {
     /// Identical consecutive calls that make a loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -240,6 +358,17 @@ pub struct LoopDetectOverrides {
     pub poller: Option<bool>,
 }
 
+option_setters!(LoopDetectOverrides {
+    /// Sets the identical consecutive calls that make a loop.
+    with_max_repeats => max_repeats: u32,
+    /// Sets the window, in seconds.
+    with_ttl_secs => ttl_secs: u64,
+    /// Sets what to do on a loop.
+    with_mode => mode: LoopMode,
+    /// Sets whether the tool polls: repeats count only while its result stays the same.
+    with_poller => poller: bool,
+});
+
 impl LoopDetectOverrides {
     fn check(&self) -> Result<(), ConfigError> {
         at_least("max_repeats", self.max_repeats, 2)?;
@@ -250,6 +379,7 @@ impl LoopDetectOverrides {
 /// What a rate limit is keyed by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RateLimitKey {
     /// One quota per tool.
     Tool,
@@ -262,6 +392,7 @@ pub enum RateLimitKey {
 /// What happens to a call over the quota.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OnLimit {
     /// Fail with `RATE_LIMITED` (retriable, with a retry-after hint).
     Reject,
@@ -272,6 +403,7 @@ pub enum OnLimit {
 /// Overrides of `RateLimitLayer` for one tool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RateLimitOverrides {
     /// Calls per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -291,6 +423,19 @@ pub struct RateLimitOverrides {
     pub max_wait_ms: Option<u64>,
 }
 
+option_setters!(RateLimitOverrides {
+    /// Sets the calls per second.
+    with_per_second => per_second: u32,
+    /// Sets the calls allowed at once above the steady rate.
+    with_burst => burst: u32,
+    /// Sets what the quota is keyed by.
+    with_key => key: RateLimitKey,
+    /// Sets what happens over the quota.
+    with_on_limit => on_limit: OnLimit,
+    /// Sets the longest wait with `on_limit = "wait"`, in milliseconds.
+    with_max_wait_ms => max_wait_ms: u64,
+});
+
 impl RateLimitOverrides {
     fn check(&self) -> Result<(), ConfigError> {
         at_least("per_second", self.per_second, 1)?;
@@ -302,6 +447,7 @@ impl RateLimitOverrides {
 /// Whose calls share an idempotency key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum KeyScope {
     /// Keys are scoped to the session and actor (the default).
     Session,
@@ -312,6 +458,7 @@ pub enum KeyScope {
 /// What a reused idempotency key with other params means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ParamsMismatch {
     /// Fail with `IDEMPOTENCY_KEY_REUSED` (the default).
     Conflict,
@@ -322,6 +469,7 @@ pub enum ParamsMismatch {
 /// What the idempotency layer does with a call when its dedupe store cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OnStoreError {
     /// Refuse the call with `STORE_UNAVAILABLE`; the tool does not run (the default).
     FailClosed,
@@ -332,6 +480,7 @@ pub enum OnStoreError {
 /// Overrides of `IdempotencyLayer` for one tool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct IdempotencyOverrides {
     /// Key scope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -359,6 +508,25 @@ pub struct IdempotencyOverrides {
     pub on_store_error: Option<OnStoreError>,
 }
 
+option_setters!(IdempotencyOverrides {
+    /// Sets the key scope.
+    with_scope => scope: KeyScope,
+    /// Sets the dedupe mode when the call does not say.
+    with_dedupe_mode => dedupe_mode: DedupeMode,
+    /// Sets whether a key is derived from the params when the call has none.
+    with_derive_key => derive_key: bool,
+    /// Sets how long a completed result is kept, in milliseconds.
+    with_done_ttl_ms => done_ttl_ms: u64,
+    /// Sets how long a failure is kept, in milliseconds.
+    with_failed_ttl_ms => failed_ttl_ms: u64,
+    /// Sets the in-flight lease, in milliseconds.
+    with_inflight_lease_ms => inflight_lease_ms: u64,
+    /// Sets what a reused key with other params means.
+    with_on_params_mismatch => on_params_mismatch: ParamsMismatch,
+    /// Sets what happens to a call when the dedupe store cannot be used.
+    with_on_store_error => on_store_error: OnStoreError,
+});
+
 impl IdempotencyOverrides {
     fn check(&self) -> Result<(), ConfigError> {
         at_least("done_ttl_ms", self.done_ttl_ms, 1)?;
@@ -370,6 +538,7 @@ impl IdempotencyOverrides {
 /// How the delay before a retry is randomized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum JitterKind {
     /// `random(0, backoff)`.
     Full,
@@ -384,6 +553,7 @@ pub enum JitterKind {
 /// Overrides of `RetryLayer` for one tool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RetryOverrides {
     /// Attempts in all, the first included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -409,6 +579,23 @@ pub struct RetryOverrides {
     pub forwards_idempotency_key: Option<bool>,
 }
 
+option_setters!(RetryOverrides {
+    /// Sets the attempts in all, the first included.
+    with_max_attempts => max_attempts: u32,
+    /// Sets the base of the exponential backoff, in milliseconds.
+    with_base_delay_ms => base_delay_ms: u64,
+    /// Sets the cap of one backoff, in milliseconds.
+    with_max_delay_ms => max_delay_ms: u64,
+    /// Sets the time for all attempts and sleeps, in milliseconds.
+    with_deadline_ms => deadline_ms: u64,
+    /// Sets the jitter kind.
+    with_jitter => jitter: JitterKind,
+    /// Sets the spread of `percent` jitter.
+    with_jitter_percent => jitter_percent: u32,
+    /// Sets whether the tool forwards the call's idempotency key to an upstream that honours it.
+    with_forwards_idempotency_key => forwards_idempotency_key: bool,
+});
+
 impl RetryOverrides {
     fn check(&self) -> Result<(), ConfigError> {
         at_least("max_attempts", self.max_attempts, 1)?;
@@ -429,6 +616,7 @@ impl RetryOverrides {
 /// Overrides of `CircuitBreakerLayer` for one tool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct BreakerOverrides {
     /// Consecutive failures that open the breaker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -456,6 +644,25 @@ pub struct BreakerOverrides {
     pub close_after_successes: Option<u32>,
 }
 
+option_setters!(BreakerOverrides {
+    /// Sets the consecutive failures that open the breaker.
+    with_consecutive_failures => consecutive_failures: u32,
+    /// Sets the failure rate, in percent, that opens the breaker.
+    with_failure_rate_percent => failure_rate_percent: u32,
+    /// Sets how many of the latest calls the rate is computed over.
+    with_sample_size => sample_size: u32,
+    /// Sets the calls needed before the rate counts.
+    with_min_calls => min_calls: u32,
+    /// Sets the rolling window, in milliseconds.
+    with_window_ms => window_ms: u64,
+    /// Sets how long the breaker stays open, in milliseconds.
+    with_cooldown_ms => cooldown_ms: u64,
+    /// Sets the probes admitted at once when half-open.
+    with_half_open_probes => half_open_probes: u32,
+    /// Sets the consecutive successful probes that close the breaker.
+    with_close_after_successes => close_after_successes: u32,
+});
+
 impl BreakerOverrides {
     fn check(&self) -> Result<(), ConfigError> {
         at_least("consecutive_failures", self.consecutive_failures, 1)?;
@@ -481,11 +688,17 @@ impl BreakerOverrides {
 /// Overrides of `TimeoutLayer` for one tool.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct TimeoutOverrides {
     /// Time for one attempt, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_timeout_ms: Option<u64>,
 }
+
+option_setters!(TimeoutOverrides {
+    /// Sets the time for one attempt, in milliseconds.
+    with_attempt_timeout_ms => attempt_timeout_ms: u64,
+});
 
 impl TimeoutOverrides {
     fn check(&self) -> Result<(), ConfigError> {
@@ -496,6 +709,7 @@ impl TimeoutOverrides {
 /// The class a tool gives errors that say nothing about themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum UnclassifiedAs {
     /// Retry them.
     Retriable,
@@ -512,9 +726,11 @@ pub enum UnclassifiedAs {
 /// let overrides: ClassifyOverrides =
 ///     serde_json::from_str(r#"{"terminal_http_statuses": [503]}"#).unwrap();
 /// assert_eq!(overrides.terminal_http_statuses, vec![503]);
+/// assert_eq!(overrides, ClassifyOverrides::default().with_terminal_http_statuses([503]));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ClassifyOverrides {
     /// Error codes that are retriable for this tool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -534,6 +750,44 @@ pub struct ClassifyOverrides {
 }
 
 impl ClassifyOverrides {
+    /// Sets the error codes that are retriable for this tool (names such as `"TIMEOUT"`).
+    pub fn with_retriable_codes<I, S>(mut self, codes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.retriable_codes = codes.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the error codes that are terminal for this tool (names such as `"CONFLICT"`).
+    pub fn with_terminal_codes<I, S>(mut self, codes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.terminal_codes = codes.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the upstream HTTP statuses that are retriable for this tool.
+    pub fn with_retriable_http_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        self.retriable_http_statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// Sets the upstream HTTP statuses that are terminal for this tool.
+    pub fn with_terminal_http_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        self.terminal_http_statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// Sets the class of errors that say nothing.
+    pub fn with_unclassified(mut self, unclassified: UnclassifiedAs) -> Self {
+        self.unclassified = Some(unclassified);
+        self
+    }
+
     /// `true` when nothing is overridden.
     pub fn is_empty(&self) -> bool {
         *self == ClassifyOverrides::default()

@@ -106,7 +106,7 @@ mod tests {
         let error = ToolRegistry::builder()
             .tool(
                 ToolDescriptor::new("vault", "createFile", RiskLevel::Writes)
-                    .input_schema(json!({"type": "object"})),
+                    .with_input_schema(json!({"type": "object"})),
             )
             .build()
             .unwrap_err();

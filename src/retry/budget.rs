@@ -58,6 +58,7 @@ struct Bucket {
 
 /// What a budget granted and refused so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BudgetStats {
     /// Retries the budget allowed.
     pub granted: u64,

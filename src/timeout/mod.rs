@@ -8,7 +8,7 @@
 //! The timeout of an attempt is, for the call's tool:
 //!
 //! - `policy.timeout.attempt_timeout_ms` of its descriptor (set by
-//!   [`ToolDescriptor::attempt_timeout`](crate::registry::ToolDescriptor::attempt_timeout)),
+//!   [`ToolDescriptor::with_attempt_timeout`](crate::registry::ToolDescriptor::with_attempt_timeout)),
 //!   else the layer's default ([`DEFAULT_ATTEMPT_TIMEOUT`] unless configured);
 //! - narrowed by the call's `payload.callHints.timeoutMs`, which may shorten it, never lengthen
 //!   it;
@@ -30,7 +30,7 @@
 //! # async fn main() {
 //! let registry = ToolRegistry::builder()
 //!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-//!         .attempt_timeout(Duration::from_secs(2)))
+//!         .with_attempt_timeout(Duration::from_secs(2)))
 //!     .build()
 //!     .unwrap();
 //! let mut svc = ServiceBuilder::new()

@@ -45,6 +45,7 @@ const WRITER_STACK_BYTES: usize = 64 << 20;
 
 /// The three streams of the audit log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AuditStream {
     /// `calls.jsonl`: every call envelope as it arrived.
     Calls,
@@ -85,6 +86,7 @@ pub trait AuditSink: Send + 'static {
 /// number).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct ExecutionEvent {
     /// `run.started`, `step.started`, `step.finished`, `step.failed`, `step.shadow` (a
     /// decision a layer in shadow mode did not enforce), `run.finished`, `run.cancelled` or
@@ -146,6 +148,7 @@ impl ExecutionEvent {
 
 /// What the audit log has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AuditStats {
     /// Lines written.
     pub written: u64,

@@ -32,7 +32,7 @@
 //! # tokio_test::block_on(async {
 //! let registry = ToolRegistry::builder()
 //!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-//!         .input_schema(json!({"type": "object", "required": ["query"]})))
+//!         .with_input_schema(json!({"type": "object", "required": ["query"]})))
 //!     .build()
 //!     .unwrap();
 //! let mut svc = ServiceBuilder::new()

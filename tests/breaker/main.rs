@@ -308,7 +308,7 @@ async fn caller_errors_do_not_count() {
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_that_never_answers_is_abandoned_after_the_attempt_timeout() {
-    let descriptor = create_file().attempt_timeout(Duration::from_secs(5));
+    let descriptor = create_file().with_attempt_timeout(Duration::from_secs(5));
     let tool = ScriptedTool::new(std::iter::repeat_n(unavailable(), 5).chain([Step::Hang]));
     let transitions = Transitions::default();
     let layer = CircuitBreakerLayer::builder(registry_of([descriptor]))
@@ -376,13 +376,10 @@ async fn a_probe_whose_caller_gives_up_frees_its_place() {
 
 #[tokio::test(start_paused = true)]
 async fn results_arriving_after_it_opened_never_extend_the_break() {
-    let quick = create_file().policy(ToolPolicy {
-        breaker: LayerSetting::On(BreakerOverrides {
-            consecutive_failures: Some(2),
-            ..BreakerOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    });
+    let quick = create_file().with_policy(
+        ToolPolicy::default()
+            .with_breaker(BreakerOverrides::default().with_consecutive_failures(2)),
+    );
     let tool = ScriptedTool::new([
         unavailable(),
         Step::After(Duration::from_secs(1), Box::new(unavailable())),
@@ -581,10 +578,7 @@ fn listeners_run_after_the_lock_is_released() {
 
 #[tokio::test(start_paused = true)]
 async fn a_tool_with_the_breaker_off_is_never_refused() {
-    let off = create_file().policy(ToolPolicy {
-        breaker: LayerSetting::Off,
-        ..ToolPolicy::default()
-    });
+    let off = create_file().with_policy(ToolPolicy::default().with_breaker(LayerSetting::Off));
     let tool = ScriptedTool::always(unavailable());
     let layer = CircuitBreakerLayer::new(registry_of([off]));
     let admin = layer.admin();
@@ -648,12 +642,12 @@ async fn breakers_made_on_demand_are_bounded() {
 fn invalid_configuration_names_the_field() {
     let open = ToolRegistry::open;
     let err = CircuitBreakerLayer::builder(open())
-        .config(BreakerConfig::default().failure_rate_percent(101))
+        .config(BreakerConfig::default().with_failure_rate_percent(101))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "breaker.failure_rate_percent");
     let err = CircuitBreakerLayer::builder(open())
-        .read_only(BreakerConfig::read_only().consecutive_failures(0))
+        .read_only(BreakerConfig::read_only().with_consecutive_failures(0))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "breaker.read_only.consecutive_failures");
@@ -669,13 +663,9 @@ fn invalid_configuration_names_the_field() {
     .unwrap_err();
     assert_eq!(err.field(), "tools[0].policy.breaker.failure_rate_percent");
     // Overrides that only clash with the preset are caught when the layer is built.
-    let clash = create_file().policy(ToolPolicy {
-        breaker: LayerSetting::On(BreakerOverrides {
-            min_calls: Some(30),
-            ..BreakerOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    });
+    let clash = create_file().with_policy(
+        ToolPolicy::default().with_breaker(BreakerOverrides::default().with_min_calls(30)),
+    );
     let err = CircuitBreakerLayer::builder(registry_of([clash]))
         .build()
         .unwrap_err();

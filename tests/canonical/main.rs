@@ -21,16 +21,16 @@ fn vectors() -> (Value, Vec<Value>) {
 
 fn options_of(spec: &Value) -> CanonicalOptions {
     CanonicalOptions::default()
-        .drop_null_members(spec["dropNullMembers"].as_bool().unwrap())
-        .trim_strings(spec["trimStrings"].as_bool().unwrap())
-        .volatile_members(
+        .with_drop_null_members(spec["dropNullMembers"].as_bool().unwrap())
+        .with_trim_strings(spec["trimStrings"].as_bool().unwrap())
+        .with_volatile_members(
             spec["volatile"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|v| v.as_str().unwrap().to_owned()),
         )
-        .max_depth(spec["maxDepth"].as_u64().unwrap() as usize)
+        .with_max_depth(spec["maxDepth"].as_u64().unwrap() as usize)
 }
 
 #[test]
@@ -123,9 +123,9 @@ fn the_size_bound_covers_the_longest_numbers() {
 fn normalizations_can_be_switched_off() {
     let value = json!({"a": null, "s": " x ", "clientTs": 1});
     let raw = CanonicalOptions::default()
-        .drop_null_members(false)
-        .trim_strings(false)
-        .volatile_members(Vec::<String>::new());
+        .with_drop_null_members(false)
+        .with_trim_strings(false)
+        .with_volatile_members(Vec::<String>::new());
     assert_eq!(
         canonical_json(&value, &raw).unwrap(),
         r#"{"a":null,"clientTs":1,"s":" x "}"#
@@ -140,7 +140,7 @@ fn normalizations_can_be_switched_off() {
 fn volatile_members_of_any_length_are_removed_and_only_they() {
     let long = "x".repeat(70);
     let longer = "x".repeat(71);
-    let opts = CanonicalOptions::default().volatile_members(["nonce", long.as_str()]);
+    let opts = CanonicalOptions::default().with_volatile_members(["nonce", long.as_str()]);
     let value = json!({
         "nonce": 1,
         "nonces": 2,
@@ -156,11 +156,11 @@ fn volatile_members_of_any_length_are_removed_and_only_they() {
     // Options compare by their names, whether or not they share them.
     assert_eq!(
         opts,
-        CanonicalOptions::default().volatile_members(["nonce", long.as_str()])
+        CanonicalOptions::default().with_volatile_members(["nonce", long.as_str()])
     );
     assert_ne!(
         opts,
-        CanonicalOptions::default().volatile_members(["nonce", longer.as_str()])
+        CanonicalOptions::default().with_volatile_members(["nonce", longer.as_str()])
     );
     assert_ne!(opts, CanonicalOptions::default());
 }
@@ -187,7 +187,7 @@ fn names_that_need_escapes_or_sort_by_utf16_are_written_right_at_any_depth() {
         "a\u{1}": "x"
     });
     assert_eq!(
-        canonical_json(&value, &CanonicalOptions::default().drop_null_members(false)).unwrap(),
+        canonical_json(&value, &CanonicalOptions::default().with_drop_null_members(false)).unwrap(),
         "{\"a\\u0001\":\"x\",\"z\":{\"a\":0,\"\u{FF21}\":[1,{\"a\\\\\\n\":\"v\",\"b\\\"q\":null,\"\u{1F600}\":true}]}}"
     );
 }
@@ -212,8 +212,8 @@ fn depth_100_000_is_a_validation_error_without_overflowing_the_stack() {
     let err = check_limits(&value, &opts, 1 << 20).unwrap_err();
     assert_eq!(err.code(), ErrorCode::ValidationError);
     // Even the largest supported limit stops long before the end.
-    let deep = opts.clone().max_depth(usize::MAX);
-    assert_eq!(deep.get_max_depth(), 1024);
+    let deep = opts.clone().with_max_depth(usize::MAX);
+    assert_eq!(deep.max_depth(), 1024);
     assert!(canonical_json(&value, &deep).is_err());
     dismantle(value);
 }
@@ -318,9 +318,9 @@ proptest! {
         // both must agree byte for byte. Integers beyond 2^53 are the one departure (see
         // `integers_beyond_two_to_the_53_keep_their_exact_digits`), so none is generated here.
         let raw = CanonicalOptions::default()
-            .drop_null_members(false)
-            .trim_strings(false)
-            .volatile_members(Vec::<String>::new());
+            .with_drop_null_members(false)
+            .with_trim_strings(false)
+            .with_volatile_members(Vec::<String>::new());
         let ours = canonical_json(&value, &raw).unwrap();
         let reference = serde_json_canonicalizer::to_string(&value).unwrap();
         prop_assert_eq!(ours, reference);

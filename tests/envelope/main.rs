@@ -215,7 +215,7 @@ fn changed_params_forget_their_canonical_form() {
     assert_eq!(&*params.canonical(&opts).unwrap(), r#"{"a":1,"b":2}"#);
     assert_eq!(&*shared.canonical(&opts).unwrap(), r#"{"a":1}"#);
     // Other options than the cached ones are computed afresh.
-    let keep_nulls = opts.clone().drop_null_members(false);
+    let keep_nulls = opts.clone().with_drop_null_members(false);
     let with_null = Params::from_value(json!({"a": null})).unwrap();
     assert_eq!(&*with_null.canonical(&opts).unwrap(), "{}");
     assert_eq!(&*with_null.canonical(&keep_nulls).unwrap(), r#"{"a":null}"#);
@@ -281,12 +281,7 @@ fn envelope_changes_are_checked_again() {
     call.envelope_mut().contract_version = "2.0".into();
     let err = call.check().unwrap_err();
     assert!(err.message().contains("`contractVersion`"));
-    let payload = Payload {
-        version: "1.0".into(),
-        params: Params::empty(),
-        idempotency_key: Some(" ".into()),
-        call_hints: None,
-    };
+    let payload = Payload::new(Params::empty()).with_idempotency_key(" ");
     let mut envelope = search_call(json!({})).into_envelope();
     envelope.payload = payload;
     let err = ToolCall::from_envelope(envelope).unwrap_err();
@@ -376,11 +371,8 @@ fn outcomes_become_the_exact_result_envelope() {
     record.duration = Some(Duration::from_millis(1234));
     record.retried_by = [(1, 143, 12), (2, 377, 11), (3, 611, 13)]
         .into_iter()
-        .map(|(attempt, delay_ms, latency_ms)| RetryRecord {
-            attempt,
-            delay_ms,
-            reason_code: "UPSTREAM_UNAVAILABLE".into(),
-            latency_ms,
+        .map(|(attempt, delay_ms, latency_ms)| {
+            RetryRecord::new(attempt, delay_ms, "UPSTREAM_UNAVAILABLE", latency_ms)
         })
         .collect();
     let result = ToolResult::from_outcome(&call, Err(error));
@@ -393,11 +385,11 @@ fn outcomes_become_the_exact_result_envelope() {
     let record = output.record_mut();
     record.from_cache = true;
     record.duration = Some(Duration::from_millis(3));
-    record.cache = Some(CacheMatch {
-        matched_on: MatchedOn::Completed,
-        age_ms: 1520,
-        key_fingerprint: "d19e9387a87e6035".into(),
-    });
+    record.cache = Some(CacheMatch::new(
+        MatchedOn::Completed,
+        1520,
+        "d19e9387a87e6035",
+    ));
     let call = ToolCall::builder("vault", "createFile")
         .session("sess-42")
         .actor("user-7")
@@ -441,14 +433,7 @@ fn each_error_gets_its_status() {
     assert_eq!(rejected.attempts, 0);
     assert_eq!(
         rejected.error,
-        Some(ResultError {
-            code: "LOOP_DETECTED".into(),
-            message: "loop".into(),
-            retriable: false,
-            terminal: true,
-            breaker_state: None,
-            details: None,
-        })
+        Some(ResultError::new("LOOP_DETECTED", "loop", false))
     );
 }
 

@@ -283,7 +283,8 @@ fn parse(bytes: &[u8], mutation: &Mutation) -> Result<Option<ToolCall>, TestCase
 fn registry() -> ToolRegistry {
     ToolRegistry::builder()
         .tool(
-            ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly).idempotent(true),
+            ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
+                .with_idempotent(true),
         )
         .tool(ToolDescriptor::new(
             "vault",

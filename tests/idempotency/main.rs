@@ -258,16 +258,13 @@ fn over<St: DedupeStore>(idem: &IdempotencyLayer<St>, tool: &MockTool) -> impl T
 
 fn registry(policy: ToolPolicy) -> ToolRegistry {
     ToolRegistry::builder()
-        .tool(ToolDescriptor::new(NS, TOOL, RiskLevel::Writes).policy(policy))
+        .tool(ToolDescriptor::new(NS, TOOL, RiskLevel::Writes).with_policy(policy))
         .build()
         .unwrap()
 }
 
 fn policy(overrides: IdempotencyOverrides) -> ToolPolicy {
-    ToolPolicy {
-        idempotency: LayerSetting::On(overrides),
-        ..ToolPolicy::default()
-    }
+    ToolPolicy::default().with_idempotency(overrides)
 }
 
 fn layer<St: DedupeStore>(store: St, policy: ToolPolicy) -> IdempotencyLayer<St> {
@@ -435,10 +432,7 @@ async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
     let svc = over(
         &layer(
             b.store(),
-            policy(IdempotencyOverrides {
-                dedupe_mode: Some(DedupeMode::BestEffort),
-                ..Default::default()
-            }),
+            policy(IdempotencyOverrides::default().with_dedupe_mode(DedupeMode::BestEffort)),
         ),
         &tool,
     );
@@ -486,10 +480,7 @@ async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
     let store = b.store();
     let layer = layer(
         store.clone(),
-        policy(IdempotencyOverrides {
-            done_ttl_ms: Some(ttl.as_millis() as u64),
-            ..Default::default()
-        }),
+        policy(IdempotencyOverrides::default().with_done_ttl_ms(ttl.as_millis() as u64)),
     );
     let svc = over(&layer, &tool);
     let params = json!({"path": "XYZ/Foo.md", "content": "hello", "clientTs": 1});
@@ -695,10 +686,10 @@ async fn same_key_with_other_params_is_a_conflict_or_an_independent_key<B: Backe
     let independent = over(
         &layer(
             store.clone(),
-            policy(IdempotencyOverrides {
-                on_params_mismatch: Some(ParamsMismatch::Independent),
-                ..Default::default()
-            }),
+            policy(
+                IdempotencyOverrides::default()
+                    .with_on_params_mismatch(ParamsMismatch::Independent),
+            ),
         ),
         &independent_tool,
     );
@@ -757,10 +748,7 @@ async fn scope_session_global_and_tenant_separate_keys<B: Backend>(b: B) {
     let global = over(
         &layer(
             b.store(),
-            policy(IdempotencyOverrides {
-                scope: Some(KeyScope::Global),
-                ..Default::default()
-            }),
+            policy(IdempotencyOverrides::default().with_scope(KeyScope::Global)),
         ),
         &global_tool,
     );
@@ -846,10 +834,7 @@ async fn holder_that_stops_loses_its_key_and_its_late_result<B: Backend>(b: B) {
     };
     let idem = layer(
         store.clone(),
-        policy(IdempotencyOverrides {
-            inflight_lease_ms: Some(lease.as_millis() as u64),
-            ..Default::default()
-        }),
+        policy(IdempotencyOverrides::default().with_inflight_lease_ms(lease.as_millis() as u64)),
     );
     let svc = ServiceBuilder::new().layer(idem.clone()).service(gated);
     let make = || call("sess-42", json!({"path": "a.md"})).build().unwrap();
@@ -898,10 +883,9 @@ async fn lease_is_renewed_while_the_tool_runs<B: Backend>(b: B) {
     let svc = over(
         &layer(
             b.store(),
-            policy(IdempotencyOverrides {
-                inflight_lease_ms: Some(lease.as_millis() as u64),
-                ..Default::default()
-            }),
+            policy(
+                IdempotencyOverrides::default().with_inflight_lease_ms(lease.as_millis() as u64),
+            ),
         ),
         &tool,
     );
@@ -922,17 +906,15 @@ async fn refused_calls_leave_no_record<B: Backend>(b: B) {
     let store = b.store();
     let registry = ToolRegistry::builder()
         .tool(
-            ToolDescriptor::new(NS, TOOL, RiskLevel::Writes).input_schema(json!({
+            ToolDescriptor::new(NS, TOOL, RiskLevel::Writes).with_input_schema(json!({
                 "type": "object",
                 "required": ["path"],
                 "properties": {"path": {"type": "string"}}
             })),
         )
         .tool(
-            ToolDescriptor::new(NS, "raw", RiskLevel::Writes).policy(ToolPolicy {
-                validate: LayerSetting::Off,
-                ..ToolPolicy::default()
-            }),
+            ToolDescriptor::new(NS, "raw", RiskLevel::Writes)
+                .with_policy(ToolPolicy::default().with_validate(LayerSetting::Off)),
         )
         .build()
         .unwrap();
@@ -996,10 +978,7 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
     let off = over(
         &layer(
             store.clone(),
-            ToolPolicy {
-                idempotency: LayerSetting::Off,
-                ..ToolPolicy::default()
-            },
+            ToolPolicy::default().with_idempotency(LayerSetting::Off),
         ),
         &tool,
     );
@@ -1011,10 +990,7 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
     let on = over(
         &layer(
             store.clone(),
-            policy(IdempotencyOverrides {
-                derive_key: Some(false),
-                ..Default::default()
-            }),
+            policy(IdempotencyOverrides::default().with_derive_key(false)),
         ),
         &tool,
     );
@@ -1057,11 +1033,8 @@ fn claim_request(key: &str, digest: &str, lease: Duration) -> ClaimRequest {
 
 fn done(content: Value, ttl: Duration) -> Completion {
     let output = ToolOutput::new(content);
-    Completion {
-        execution: Execution::from_outcome(&Ok(output.clone()), 0, 5),
-        result: Ok(output),
-        ttl,
-    }
+    let execution = Execution::from_outcome(&Ok(output.clone()), 0, 5);
+    Completion::new(Ok(output), execution, ttl)
 }
 
 async fn store_claims_finalizes_and_fences_by_version<B: Backend>(b: B) {
@@ -1321,10 +1294,7 @@ async fn memory_store_sweeps_expired_records_and_its_sweeper_stops_when_dropped(
     let svc = over(
         &layer(
             store.clone(),
-            policy(IdempotencyOverrides {
-                done_ttl_ms: Some(1_000),
-                ..Default::default()
-            }),
+            policy(IdempotencyOverrides::default().with_done_ttl_ms(1_000)),
         ),
         &tool,
     );
@@ -1449,10 +1419,7 @@ mod redis_only {
         let open = over(
             &layer(
                 store.clone(),
-                policy(IdempotencyOverrides {
-                    on_store_error: Some(OnStoreError::FailOpen),
-                    ..Default::default()
-                }),
+                policy(IdempotencyOverrides::default().with_on_store_error(OnStoreError::FailOpen)),
             ),
             &tool,
         );

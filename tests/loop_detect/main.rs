@@ -140,7 +140,7 @@ async fn breaks_at_max_repeats_without_calling_the_tool() {
 #[tokio::test]
 async fn chance_then_break_lets_a_different_call_run() {
     let counter = Counter::default();
-    let layer = layer_with(LoopDetectConfig::default().mode(LoopMode::ChanceThenBreak));
+    let layer = layer_with(LoopDetectConfig::default().with_mode(LoopMode::ChanceThenBreak));
     let mut svc = stack(layer, &counter);
     let looping = search("sess-1", json!({"query": "a"}));
 
@@ -168,7 +168,7 @@ async fn chance_then_break_lets_a_different_call_run() {
 #[tokio::test]
 async fn chance_then_break_breaks_when_the_call_repeats() {
     let counter = Counter::default();
-    let layer = layer_with(LoopDetectConfig::default().mode(LoopMode::ChanceThenBreak));
+    let layer = layer_with(LoopDetectConfig::default().with_mode(LoopMode::ChanceThenBreak));
     let mut svc = stack(layer, &counter);
     let looping = search("sess-1", json!({"query": "a"}));
 
@@ -192,7 +192,7 @@ async fn chance_then_break_breaks_when_the_call_repeats() {
 #[tokio::test]
 async fn disabled_detection_tracks_nothing() {
     let counter = Counter::default();
-    let layer = layer_with(LoopDetectConfig::default().enabled(false));
+    let layer = layer_with(LoopDetectConfig::default().with_enabled(false));
     let handle = layer.handle();
     let mut svc = stack(layer, &counter);
     for i in 0..10 {
@@ -266,14 +266,11 @@ async fn idle_sessions_are_dropped_after_their_window() {
 async fn session_beats_model_beats_server_and_unset_falls_back() {
     let counter = Counter::default();
     let layer = LoopDetectLayer::builder(ToolRegistry::open())
-        .config(LoopDetectConfig::default().max_repeats(6))
+        .config(LoopDetectConfig::default().with_max_repeats(6))
         .model(
             "openai",
             "gpt-4o",
-            LoopSettings {
-                max_repeats: Some(5),
-                ..LoopSettings::default()
-            },
+            LoopSettings::default().with_max_repeats(5),
         )
         .build()
         .unwrap();
@@ -335,10 +332,7 @@ async fn a_model_can_switch_detection_off_and_a_session_back_on() {
         .model(
             "anthropic",
             "claude-x",
-            LoopSettings {
-                enabled: Some(false),
-                ..LoopSettings::default()
-            },
+            LoopSettings::default().with_enabled(false),
         )
         .build()
         .unwrap();
@@ -350,13 +344,7 @@ async fn a_model_can_switch_detection_off_and_a_session_back_on() {
     }
     assert_eq!(handle.tracked_sessions(), 0);
     handle
-        .set(
-            "sess-1",
-            LoopSettings {
-                enabled: Some(true),
-                ..LoopSettings::default()
-            },
-        )
+        .set("sess-1", LoopSettings::default().with_enabled(true))
         .unwrap();
     assert_eq!(runs_before_refusal(&mut svc, &call).await.0, 3);
 }
@@ -549,7 +537,7 @@ fn failing(
 #[tokio::test]
 async fn repeated_identical_failures_break_below_max_repeats() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = layer_with(LoopDetectConfig::default().max_repeats(10));
+    let layer = layer_with(LoopDetectConfig::default().with_max_repeats(10));
     let mut svc = ServiceBuilder::new()
         .layer(layer)
         .service(failing(vec![ErrorCode::UpstreamError], calls.clone()));
@@ -580,7 +568,7 @@ async fn repeated_identical_failures_break_below_max_repeats() {
 #[tokio::test]
 async fn failures_with_changing_codes_count_as_plain_repeats() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = layer_with(LoopDetectConfig::default().max_repeats(6));
+    let layer = layer_with(LoopDetectConfig::default().with_max_repeats(6));
     let codes = vec![ErrorCode::UpstreamError, ErrorCode::Timeout];
     let mut svc = ServiceBuilder::new()
         .layer(layer)
@@ -592,15 +580,10 @@ async fn failures_with_changing_codes_count_as_plain_repeats() {
 }
 
 fn poller_registry() -> ToolRegistry {
-    let poller = ToolPolicy {
-        loop_detect: LayerSetting::On(LoopDetectOverrides {
-            poller: Some(true),
-            ..LoopDetectOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    };
+    let poller =
+        ToolPolicy::default().with_loop_detect(LoopDetectOverrides::default().with_poller(true));
     ToolRegistry::builder()
-        .tool(ToolDescriptor::new("jobs", "status", RiskLevel::ReadOnly).policy(poller))
+        .tool(ToolDescriptor::new("jobs", "status", RiskLevel::ReadOnly).with_policy(poller))
         .build()
         .unwrap()
 }
@@ -681,21 +664,15 @@ async fn result_aware_polling_can_be_switched_off() {
 
 #[tokio::test]
 async fn a_tool_can_switch_detection_off_or_set_its_own_limits() {
-    let off = ToolPolicy {
-        loop_detect: LayerSetting::Off,
-        ..ToolPolicy::default()
-    };
-    let own = ToolPolicy {
-        loop_detect: LayerSetting::On(LoopDetectOverrides {
-            max_repeats: Some(2),
-            mode: Some(LoopMode::ChanceThenBreak),
-            ..LoopDetectOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    };
+    let off = ToolPolicy::default().with_loop_detect(LayerSetting::Off);
+    let own = ToolPolicy::default().with_loop_detect(
+        LoopDetectOverrides::default()
+            .with_max_repeats(2)
+            .with_mode(LoopMode::ChanceThenBreak),
+    );
     let registry = ToolRegistry::builder()
-        .tool(ToolDescriptor::new(NS, "heartbeat", RiskLevel::ReadOnly).policy(off))
-        .tool(ToolDescriptor::new(NS, "deploy", RiskLevel::Commands).policy(own))
+        .tool(ToolDescriptor::new(NS, "heartbeat", RiskLevel::ReadOnly).with_policy(off))
+        .tool(ToolDescriptor::new(NS, "deploy", RiskLevel::Commands).with_policy(own))
         .tool(ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly))
         .build()
         .unwrap();
@@ -704,10 +681,7 @@ async fn a_tool_can_switch_detection_off_or_set_its_own_limits() {
         .model(
             "openai",
             "gpt-4o",
-            LoopSettings {
-                max_repeats: Some(8),
-                ..LoopSettings::default()
-            },
+            LoopSettings::default().with_max_repeats(8),
         )
         .build()
         .unwrap();
@@ -995,29 +969,21 @@ fn a_wrong_command_or_setting_changes_nothing() {
     handle
         .apply_command("s", "!/set(tool-loop-ttl=60, tool-loop-mode=stop)")
         .unwrap_err();
-    let bad = LoopSettings {
-        max_repeats: Some(0),
-        mode: Some(LoopMode::ChanceThenBreak),
-        ..LoopSettings::default()
-    };
+    let bad = LoopSettings::default()
+        .with_max_repeats(0)
+        .with_mode(LoopMode::ChanceThenBreak);
     let err = handle.set("s", bad).unwrap_err();
     assert_eq!(err.field(), "max_repeats");
     let err = handle
         .apply(
             "s",
-            &LoopCommand::Set(LoopSettings {
-                ttl_secs: Some(0),
-                ..LoopSettings::default()
-            }),
+            &LoopCommand::Set(LoopSettings::default().with_ttl_secs(0)),
         )
         .unwrap_err();
     assert_eq!(err.field(), "ttl_secs");
     assert_eq!(
         handle.session_settings("s"),
-        LoopSettings {
-            ttl_secs: Some(30),
-            ..LoopSettings::default()
-        }
+        LoopSettings::default().with_ttl_secs(30)
     );
     handle.unset("s", &[LoopSettingKey::Ttl]);
     assert_eq!(handle.sessions_with_settings(), 0);
@@ -1029,13 +995,13 @@ fn bad_configuration_is_refused_with_the_field_named() {
     let cases: Vec<(Result<LoopDetectLayer, tower_toolcall::ConfigError>, &str)> = vec![
         (
             LoopDetectLayer::builder(registry())
-                .config(LoopDetectConfig::default().max_repeats(1))
+                .config(LoopDetectConfig::default().with_max_repeats(1))
                 .build(),
             "loop_detect.max_repeats",
         ),
         (
             LoopDetectLayer::builder(registry())
-                .config(LoopDetectConfig::default().ttl_secs(0))
+                .config(LoopDetectConfig::default().with_ttl_secs(0))
                 .build(),
             "loop_detect.ttl_secs",
         ),
@@ -1044,10 +1010,7 @@ fn bad_configuration_is_refused_with_the_field_named() {
                 .model(
                     "openai",
                     "gpt-4o",
-                    LoopSettings {
-                        max_repeats: Some(5000),
-                        ..LoopSettings::default()
-                    },
+                    LoopSettings::default().with_max_repeats(5000),
                 )
                 .build(),
             "loop_detect.models[openai/gpt-4o].max_repeats",
@@ -1078,14 +1041,10 @@ fn bad_configuration_is_refused_with_the_field_named() {
             LoopDetectLayer::builder(
                 ToolRegistry::builder()
                     .tool(
-                        ToolDescriptor::new("jobs", "status", RiskLevel::ReadOnly).policy(
-                            ToolPolicy {
-                                loop_detect: LayerSetting::On(LoopDetectOverrides {
-                                    max_repeats: Some(100_000),
-                                    ..LoopDetectOverrides::default()
-                                }),
-                                ..ToolPolicy::default()
-                            },
+                        ToolDescriptor::new("jobs", "status", RiskLevel::ReadOnly).with_policy(
+                            ToolPolicy::default().with_loop_detect(
+                                LoopDetectOverrides::default().with_max_repeats(100_000),
+                            ),
                         ),
                     )
                     .build()
@@ -1120,9 +1079,9 @@ fn the_environment_tier_names_the_variable_it_refuses() {
     assert_eq!(
         config,
         LoopDetectConfig::default()
-            .max_repeats(5)
-            .ttl_secs(60)
-            .mode(LoopMode::ChanceThenBreak)
+            .with_max_repeats(5)
+            .with_ttl_secs(60)
+            .with_mode(LoopMode::ChanceThenBreak)
     );
     for (name, value) in [
         ("TOOL_LOOP_DETECTION_ENABLED", "sometimes"),
@@ -1256,7 +1215,7 @@ async fn the_canonical_form_is_computed_once_and_shared_with_the_next_layer() {
     // options compute theirs afresh each time: this is what sharing avoids.
     let layer = LoopDetectLayer::builder(ToolRegistry::open())
         .canonical_options(
-            tower_toolcall::canonical::CanonicalOptions::default().trim_strings(false),
+            tower_toolcall::canonical::CanonicalOptions::default().with_trim_strings(false),
         )
         .build()
         .unwrap();

@@ -17,15 +17,14 @@ use tower_toolcall::{ErrorCode, RateLimitLayer, ResultStatus, ToolCall, ToolResu
 const WEB: &str = "agents.tools.web";
 
 fn limited(per_second: u32, key: RateLimitKey, on_limit: OnLimit) -> ToolDescriptor {
-    ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).policy(ToolPolicy {
-        rate_limit: LayerSetting::On(RateLimitOverrides {
-            per_second: Some(per_second),
-            key: Some(key),
-            on_limit: Some(on_limit),
-            ..RateLimitOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    })
+    ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).with_policy(
+        ToolPolicy::default().with_rate_limit(
+            RateLimitOverrides::default()
+                .with_per_second(per_second)
+                .with_key(key)
+                .with_on_limit(on_limit),
+        ),
+    )
 }
 
 fn in_session(session: &str) -> ToolCall {
@@ -139,15 +138,14 @@ async fn a_waiting_policy_delays_the_call_until_the_quota_allows_it() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wait_longer_than_allowed_is_rejected() {
-    let slow_quota = ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).policy(ToolPolicy {
-        rate_limit: LayerSetting::On(RateLimitOverrides {
-            per_second: Some(1),
-            on_limit: Some(OnLimit::Wait),
-            max_wait_ms: Some(500),
-            ..RateLimitOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    });
+    let slow_quota = ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).with_policy(
+        ToolPolicy::default().with_rate_limit(
+            RateLimitOverrides::default()
+                .with_per_second(1)
+                .with_on_limit(OnLimit::Wait)
+                .with_max_wait_ms(500),
+        ),
+    );
     let tool = ScriptedTool::always(Step::Ok);
     let mut svc = RateLimitLayer::new(registry_of([slow_quota])).layer(tool.service());
     call_once(&mut svc, call_of(WEB, "search")).await.unwrap();
@@ -275,10 +273,8 @@ async fn the_number_of_keys_never_exceeds_max_keys() {
 
 #[tokio::test(start_paused = true)]
 async fn the_layer_default_limits_every_tool_but_those_switched_off() {
-    let off = ToolDescriptor::new(WEB, "fetch", RiskLevel::ReadOnly).policy(ToolPolicy {
-        rate_limit: LayerSetting::Off,
-        ..ToolPolicy::default()
-    });
+    let off = ToolDescriptor::new(WEB, "fetch", RiskLevel::ReadOnly)
+        .with_policy(ToolPolicy::default().with_rate_limit(LayerSetting::Off));
     let registry = ToolRegistry::builder()
         .open(true)
         .tool(off)
@@ -315,13 +311,11 @@ fn invalid_configuration_names_the_field() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "rate_limit.max_wait");
-    let keyed_only = ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).policy(ToolPolicy {
-        rate_limit: LayerSetting::On(RateLimitOverrides {
-            key: Some(RateLimitKey::ToolSession),
-            ..RateLimitOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    });
+    let keyed_only =
+        ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly)
+            .with_policy(ToolPolicy::default().with_rate_limit(
+                RateLimitOverrides::default().with_key(RateLimitKey::ToolSession),
+            ));
     let err = RateLimitLayer::builder(registry_of([keyed_only]))
         .build()
         .unwrap_err();

@@ -44,7 +44,7 @@ const NOT_READY: &str = "the tool is unavailable: worker died";
 
 fn registry() -> ToolRegistry {
     ToolRegistry::builder()
-        .tool(ToolDescriptor::new("docs", "lookup", RiskLevel::ReadOnly).idempotent(true))
+        .tool(ToolDescriptor::new("docs", "lookup", RiskLevel::ReadOnly).with_idempotent(true))
         .build()
         .unwrap()
 }

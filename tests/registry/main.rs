@@ -1,8 +1,12 @@
 //! The tool registry: loading from TOML and JSON, errors that name the field, lookups.
 
 use serde_json::json;
+use tower_toolcall::envelope::DedupeMode;
 use tower_toolcall::registry::{
-    KeyScope, LayerSetting, LoopMode, RiskLevel, ToolDescriptor, ToolRegistry,
+    BreakerOverrides, ClassifyOverrides, IdempotencyOverrides, JitterKind, KeyScope, LayerSetting,
+    LoopDetectOverrides, LoopMode, OnLimit, OnStoreError, ParamsMismatch, RateLimitKey,
+    RateLimitOverrides, RetryOverrides, RiskLevel, TimeoutOverrides, ToolDescriptor, ToolPolicy,
+    ToolRegistry, UnclassifiedAs, ValidateOverrides,
 };
 
 const TOML: &str = r#"
@@ -66,10 +70,7 @@ fn a_toml_registry_loads_with_every_section() {
         d.policy.idempotency.overrides().unwrap().scope,
         Some(KeyScope::Global)
     );
-    assert_eq!(
-        d.get_attempt_timeout(),
-        Some(std::time::Duration::from_secs(5))
-    );
+    assert_eq!(d.attempt_timeout(), Some(std::time::Duration::from_secs(5)));
     assert_eq!(d.policy.classify.terminal_http_statuses, vec![503]);
 
     let create = registry.get("vault", "createFile").unwrap().descriptor();
@@ -263,7 +264,7 @@ fn an_invalid_schema_is_refused_when_the_registry_is_built() {
     let err = ToolRegistry::builder()
         .tool(
             ToolDescriptor::new("a", "b", RiskLevel::ReadOnly)
-                .input_schema(json!({"type": "strnig"})),
+                .with_input_schema(json!({"type": "strnig"})),
         )
         .build()
         .unwrap_err();
@@ -274,7 +275,7 @@ fn an_invalid_schema_is_refused_when_the_registry_is_built() {
         .tool(ToolDescriptor::new("a", "ok", RiskLevel::ReadOnly))
         .tool(
             ToolDescriptor::new("a", "b", RiskLevel::ReadOnly)
-                .output_schema(json!({"properties": {"x": {"minimum": "zero"}}})),
+                .with_output_schema(json!({"properties": {"x": {"minimum": "zero"}}})),
         )
         .build()
         .unwrap_err();
@@ -284,7 +285,7 @@ fn an_invalid_schema_is_refused_when_the_registry_is_built() {
     let err = ToolRegistry::builder()
         .tool(
             ToolDescriptor::new("a", "b", RiskLevel::ReadOnly)
-                .input_schema(json!({"$ref": "https://example.com/schema.json"})),
+                .with_input_schema(json!({"$ref": "https://example.com/schema.json"})),
         )
         .build()
         .unwrap_err();
@@ -338,9 +339,9 @@ fn files_load_by_extension() {
 #[test]
 fn descriptors_serialize_back_to_what_loads() {
     let descriptor = ToolDescriptor::new("vault", "createFile", RiskLevel::Writes)
-        .idempotent(true)
-        .attempt_timeout(std::time::Duration::from_secs(3))
-        .input_schema(json!({"type": "object"}));
+        .with_idempotent(true)
+        .with_attempt_timeout(std::time::Duration::from_secs(3))
+        .with_input_schema(json!({"type": "object"}));
     let text = serde_json::to_string(&json!({ "tools": [descriptor] })).unwrap();
     let registry = ToolRegistry::from_json_str(&text).unwrap();
     assert_eq!(
@@ -348,6 +349,183 @@ fn descriptors_serialize_back_to_what_loads() {
         &descriptor
     );
     assert!(matches!(descriptor.policy.retry, LayerSetting::Default));
+}
+
+#[test]
+fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
+    let text = r#"
+        [unregistered]
+        retry = "off"
+        loop_detect = { max_repeats = 3 }
+
+        [[tools]]
+        namespace = "vault"
+        name = "createFile"
+        risk = "writes"
+        idempotent = true
+        description = "creates a file"
+        confirmation_required = true
+
+        [tools.policy]
+        validate = { max_params_bytes = 4096, check_output = true }
+        loop_detect = { max_repeats = 6, ttl_secs = 30, mode = "chance_then_break", poller = false }
+        rate_limit = { per_second = 5, burst = 10, key = "tool_session", on_limit = "wait", max_wait_ms = 250 }
+        retry = { max_attempts = 3, base_delay_ms = 50, max_delay_ms = 800, deadline_ms = 5000, jitter = "percent", jitter_percent = 20, forwards_idempotency_key = true }
+        breaker = { consecutive_failures = 3, failure_rate_percent = 40, sample_size = 10, min_calls = 5, window_ms = 60000, cooldown_ms = 10000, half_open_probes = 2, close_after_successes = 3 }
+        timeout = { attempt_timeout_ms = 2500 }
+
+        [tools.policy.idempotency]
+        scope = "global"
+        dedupe_mode = "bestEffort"
+        derive_key = false
+        done_ttl_ms = 60000
+        failed_ttl_ms = 5000
+        inflight_lease_ms = 30000
+        on_params_mismatch = "independent"
+        on_store_error = "fail_open"
+
+        [tools.policy.classify]
+        retriable_codes = ["CONFLICT"]
+        terminal_codes = ["UPSTREAM_UNAVAILABLE"]
+        retriable_http_statuses = [409]
+        terminal_http_statuses = [503]
+        unclassified = "retriable"
+
+        [[tools]]
+        namespace = "agents.tools.web"
+        name = "search"
+        risk = "read-only"
+
+        [tools.policy]
+        validate = "off"
+        loop_detect = "off"
+        rate_limit = "on"
+        idempotency = "off"
+        breaker = "off"
+    "#;
+    let policy = ToolPolicy::default()
+        .with_validate(
+            ValidateOverrides::default()
+                .with_max_params_bytes(4096)
+                .with_check_output(true),
+        )
+        .with_loop_detect(
+            LoopDetectOverrides::default()
+                .with_max_repeats(6)
+                .with_ttl_secs(30)
+                .with_mode(LoopMode::ChanceThenBreak)
+                .with_poller(false),
+        )
+        .with_rate_limit(
+            RateLimitOverrides::default()
+                .with_per_second(5)
+                .with_burst(10)
+                .with_key(RateLimitKey::ToolSession)
+                .with_on_limit(OnLimit::Wait)
+                .with_max_wait_ms(250),
+        )
+        .with_idempotency(
+            IdempotencyOverrides::default()
+                .with_scope(KeyScope::Global)
+                .with_dedupe_mode(DedupeMode::BestEffort)
+                .with_derive_key(false)
+                .with_done_ttl_ms(60_000)
+                .with_failed_ttl_ms(5_000)
+                .with_inflight_lease_ms(30_000)
+                .with_on_params_mismatch(ParamsMismatch::Independent)
+                .with_on_store_error(OnStoreError::FailOpen),
+        )
+        .with_retry(
+            RetryOverrides::default()
+                .with_max_attempts(3)
+                .with_base_delay_ms(50)
+                .with_max_delay_ms(800)
+                .with_deadline_ms(5_000)
+                .with_jitter(JitterKind::Percent)
+                .with_jitter_percent(20)
+                .with_forwards_idempotency_key(true),
+        )
+        .with_breaker(
+            BreakerOverrides::default()
+                .with_consecutive_failures(3)
+                .with_failure_rate_percent(40)
+                .with_sample_size(10)
+                .with_min_calls(5)
+                .with_window_ms(60_000)
+                .with_cooldown_ms(10_000)
+                .with_half_open_probes(2)
+                .with_close_after_successes(3),
+        )
+        .with_timeout(TimeoutOverrides::default().with_attempt_timeout_ms(2_500))
+        .with_classify(
+            ClassifyOverrides::default()
+                .with_retriable_codes(["CONFLICT"])
+                .with_terminal_codes(["UPSTREAM_UNAVAILABLE"])
+                .with_retriable_http_statuses([409])
+                .with_terminal_http_statuses([503])
+                .with_unclassified(UnclassifiedAs::Retriable),
+        );
+    assert!(policy.check().is_ok());
+    let create_file = ToolDescriptor::new("vault", "createFile", RiskLevel::Writes)
+        .with_idempotent(true)
+        .with_description("creates a file")
+        .with_confirmation_required(true)
+        .with_policy(policy.clone());
+    let off = ToolPolicy::default()
+        .with_validate(LayerSetting::Off)
+        .with_loop_detect(LayerSetting::Off)
+        .with_rate_limit(LayerSetting::Default)
+        .with_idempotency(LayerSetting::Off)
+        .with_breaker(LayerSetting::Off);
+    let search = ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
+        .with_policy(off.clone());
+    let unregistered = ToolPolicy::default()
+        .with_retry(LayerSetting::Off)
+        .with_loop_detect(LoopDetectOverrides::default().with_max_repeats(3));
+
+    let from_toml = ToolRegistry::from_toml_str(text).unwrap();
+    let tool = |namespace, name| from_toml.get(namespace, name).unwrap().descriptor();
+    assert_eq!(tool("vault", "createFile").policy, policy);
+    assert_eq!(tool("vault", "createFile"), &create_file);
+    assert_eq!(tool("agents.tools.web", "search").policy, off);
+    assert_eq!(tool("agents.tools.web", "search"), &search);
+    assert_eq!(from_toml.unregistered_policy(), &unregistered);
+
+    // The same registry, built in code.
+    let from_code = ToolRegistry::builder()
+        .tool(create_file)
+        .tool(search)
+        .unregistered_policy(unregistered)
+        .build()
+        .unwrap();
+    let listed = |registry: &ToolRegistry| {
+        registry
+            .tools()
+            .map(|tool| tool.descriptor().clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(listed(&from_code), listed(&from_toml));
+    assert_eq!(
+        from_code.unregistered_policy(),
+        from_toml.unregistered_policy()
+    );
+}
+
+#[test]
+fn a_setter_replaces_a_layer_setting_and_overrides_become_on() {
+    let retry = RetryOverrides::default().with_max_attempts(2);
+    let policy = ToolPolicy::default().with_retry(retry.clone());
+    assert_eq!(policy.retry, LayerSetting::On(retry.clone()));
+    assert_eq!(policy.retry.overrides(), Some(&retry));
+    let policy = policy.with_retry(LayerSetting::Off);
+    assert!(policy.retry.is_off());
+    let policy = policy.with_retry(LayerSetting::Default);
+    assert_eq!(policy, ToolPolicy::default());
+    // A setter given twice keeps the last value.
+    let twice = RetryOverrides::default()
+        .with_max_attempts(2)
+        .with_max_attempts(4);
+    assert_eq!(twice.max_attempts, Some(4));
 }
 
 fn registry_of(tools: impl IntoIterator<Item = ToolDescriptor>) -> ToolRegistry {

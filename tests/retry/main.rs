@@ -56,7 +56,7 @@ fn unix_ms() -> u64 {
 
 #[tokio::test(start_paused = true)]
 async fn tr5_a_timed_out_attempt_is_retried_after_the_seeded_delay() {
-    let registry = registry_of([search().attempt_timeout(Duration::from_secs(1))]);
+    let registry = registry_of([search().with_attempt_timeout(Duration::from_secs(1))]);
     let tool = ScriptedTool::new([
         Step::After(Duration::from_secs(5), Box::new(Step::Ok)),
         Step::Ok,
@@ -86,12 +86,7 @@ async fn tr5_a_timed_out_attempt_is_retried_after_the_seeded_delay() {
     assert_eq!(out.record().attempts, Some(2));
     assert_eq!(
         out.record().retried_by,
-        vec![RetryRecord {
-            attempt: 1,
-            delay_ms: delay,
-            reason_code: "TIMEOUT".into(),
-            latency_ms: 1000,
-        }]
+        vec![RetryRecord::new(1, delay, "TIMEOUT", 1000)]
     );
 }
 
@@ -236,7 +231,7 @@ async fn tr7_always_503_is_exhausted_after_four_attempts_within_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn tr11_nothing_is_retried_while_the_breaker_is_open() {
-    let registry = registry_of([create_file().idempotent(true)]);
+    let registry = registry_of([create_file().with_idempotent(true)]);
     let tool = ScriptedTool::always(unavailable());
     let mut svc = ServiceBuilder::new()
         .layer(
@@ -279,7 +274,7 @@ async fn tr11_nothing_is_retried_while_the_breaker_is_open() {
 
 #[tokio::test(start_paused = true)]
 async fn a_mutating_tool_is_not_retried_after_an_ambiguous_timeout() {
-    let registry = registry_of([create_file().attempt_timeout(Duration::from_secs(1))]);
+    let registry = registry_of([create_file().with_attempt_timeout(Duration::from_secs(1))]);
     let tool = ScriptedTool::new([Step::Hang, Step::Ok]);
     let mut svc = ServiceBuilder::new()
         .layer(RetryLayer::new(registry.clone()))
@@ -322,13 +317,10 @@ async fn a_mutating_tool_is_retried_after_connection_refused() {
 
 #[tokio::test(start_paused = true)]
 async fn a_mutating_tool_is_retried_when_a_forwarded_key_or_the_caller_makes_it_safe() {
-    let forwarding = create_file().policy(ToolPolicy {
-        retry: LayerSetting::On(RetryOverrides {
-            forwards_idempotency_key: Some(true),
-            ..RetryOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    });
+    let forwarding = create_file().with_policy(
+        ToolPolicy::default()
+            .with_retry(RetryOverrides::default().with_forwards_idempotency_key(true)),
+    );
     let reset = || ToolError::from_io_error(io::Error::from(io::ErrorKind::ConnectionReset));
     let cases: [(&str, ToolDescriptor, ToolCall, usize); 4] = [
         (
@@ -607,26 +599,21 @@ async fn a_call_past_its_deadline_is_not_attempted() {
 
 #[tokio::test(start_paused = true)]
 async fn per_tool_policy_overrides_and_off() {
-    let terminal_503 = search().policy(ToolPolicy {
-        classify: ClassifyOverrides {
-            terminal_http_statuses: vec![503],
-            ..ClassifyOverrides::default()
-        },
-        ..ToolPolicy::default()
-    });
-    let two_attempts = ToolDescriptor::new(WEB, "fetch", RiskLevel::ReadOnly).policy(ToolPolicy {
-        retry: LayerSetting::On(RetryOverrides {
-            max_attempts: Some(2),
-            jitter: Some(JitterKind::Percent),
-            jitter_percent: Some(10),
-            ..RetryOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    });
-    let off = ToolDescriptor::new(WEB, "crawl", RiskLevel::ReadOnly).policy(ToolPolicy {
-        retry: LayerSetting::Off,
-        ..ToolPolicy::default()
-    });
+    let terminal_503 =
+        search()
+            .with_policy(ToolPolicy::default().with_classify(
+                ClassifyOverrides::default().with_terminal_http_statuses(vec![503]),
+            ));
+    let two_attempts = ToolDescriptor::new(WEB, "fetch", RiskLevel::ReadOnly).with_policy(
+        ToolPolicy::default().with_retry(
+            RetryOverrides::default()
+                .with_max_attempts(2)
+                .with_jitter(JitterKind::Percent)
+                .with_jitter_percent(10),
+        ),
+    );
+    let off = ToolDescriptor::new(WEB, "crawl", RiskLevel::ReadOnly)
+        .with_policy(ToolPolicy::default().with_retry(LayerSetting::Off));
     let registry = registry_of([terminal_503, two_attempts, off]);
     let layer = RetryLayer::builder(registry).seed(4).build().unwrap();
     assert_eq!(layer.policy(WEB, "fetch").unwrap().max_attempts(), 2);
@@ -698,13 +685,9 @@ fn invalid_configuration_names_the_field() {
         "retry.deadline"
     );
     // A tool's override that contradicts the layer's numbers.
-    let low_cap = search().policy(ToolPolicy {
-        retry: LayerSetting::On(RetryOverrides {
-            max_delay_ms: Some(100),
-            ..RetryOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    });
+    let low_cap = search().with_policy(
+        ToolPolicy::default().with_retry(RetryOverrides::default().with_max_delay_ms(100)),
+    );
     let err = RetryLayer::builder(registry_of([low_cap]))
         .build()
         .unwrap_err();
@@ -730,19 +713,14 @@ fn invalid_configuration_names_the_field() {
 #[tokio::test(start_paused = true)]
 async fn one_call_through_stacks_of_two_registries_gets_each_registrys_policy() {
     let attempts = |max_attempts| {
-        search().policy(ToolPolicy {
-            retry: LayerSetting::On(RetryOverrides {
-                max_attempts: Some(max_attempts),
-                ..RetryOverrides::default()
-            }),
-            ..ToolPolicy::default()
-        })
+        search().with_policy(
+            ToolPolicy::default()
+                .with_retry(RetryOverrides::default().with_max_attempts(max_attempts)),
+        )
     };
     // In the second registry, another tool sorts before `search`: the tool's index differs.
-    let crawl = ToolDescriptor::new(WEB, "crawl", RiskLevel::ReadOnly).policy(ToolPolicy {
-        retry: LayerSetting::Off,
-        ..ToolPolicy::default()
-    });
+    let crawl = ToolDescriptor::new(WEB, "crawl", RiskLevel::ReadOnly)
+        .with_policy(ToolPolicy::default().with_retry(LayerSetting::Off));
     let (two, three) = (
         registry_of([attempts(2)]),
         registry_of([attempts(3), crawl]),
@@ -800,18 +778,18 @@ fn a_policy_keeps_the_numbers_it_was_given_and_its_bounds_are_allowed() {
         )
     );
 
-    let overridden = search().policy(ToolPolicy {
-        retry: LayerSetting::On(RetryOverrides {
-            max_attempts: Some(1),
-            base_delay_ms: Some(50),
-            max_delay_ms: Some(50),
-            deadline_ms: Some(700),
-            jitter: Some(JitterKind::Percent),
-            jitter_percent: Some(100),
-            forwards_idempotency_key: Some(true),
-        }),
-        ..ToolPolicy::default()
-    });
+    let overridden = search().with_policy(
+        ToolPolicy::default().with_retry(
+            RetryOverrides::default()
+                .with_max_attempts(1)
+                .with_base_delay_ms(50)
+                .with_max_delay_ms(50)
+                .with_deadline_ms(700)
+                .with_jitter(JitterKind::Percent)
+                .with_jitter_percent(100)
+                .with_forwards_idempotency_key(true),
+        ),
+    );
     let layer = RetryLayer::new(registry_of([overridden, create_file()]));
     let policy = layer.policy(WEB, "search").unwrap();
     assert_eq!(policy.max_attempts(), 1);

@@ -22,14 +22,17 @@ use tower_toolcall::{
 fn registry() -> ToolRegistry {
     ToolRegistry::builder()
         .tool(
-            ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly).idempotent(true),
+            ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
+                .with_idempotent(true),
         )
         .tool(
-            ToolDescriptor::new("vault", "createFile", RiskLevel::Writes).input_schema(json!({
-                "type": "object",
-                "required": ["path"],
-                "properties": {"path": {"type": "string"}}
-            })),
+            ToolDescriptor::new("vault", "createFile", RiskLevel::Writes).with_input_schema(
+                json!({
+                    "type": "object",
+                    "required": ["path"],
+                    "properties": {"path": {"type": "string"}}
+                }),
+            ),
         )
         .build()
         .unwrap()

@@ -49,7 +49,7 @@ async fn run(layer: &TimeoutLayer, secs: u64, call: ToolCall) -> (Duration, bool
 #[tokio::test(start_paused = true)]
 async fn the_descriptor_timeout_bounds_an_attempt() {
     let registry = registry_of([ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly)
-        .attempt_timeout(Duration::from_secs(2))]);
+        .with_attempt_timeout(Duration::from_secs(2))]);
     let layer = TimeoutLayer::new(registry);
     assert_eq!(
         layer.attempt_timeout(WEB, "search"),
@@ -69,7 +69,7 @@ async fn the_descriptor_timeout_bounds_an_attempt() {
 #[tokio::test(start_paused = true)]
 async fn the_call_hint_narrows_but_never_lengthens_it() {
     let registry = registry_of([ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly)
-        .attempt_timeout(Duration::from_secs(2))]);
+        .with_attempt_timeout(Duration::from_secs(2))]);
     let layer = TimeoutLayer::new(registry);
 
     let narrowed = run(&layer, 5, hinted(Duration::from_millis(500))).await;
@@ -111,10 +111,8 @@ async fn tools_without_a_timeout_get_the_layer_default() {
 
 #[tokio::test(start_paused = true)]
 async fn a_tool_with_the_timeout_off_is_not_bounded_even_by_a_hint() {
-    let off = ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).policy(ToolPolicy {
-        timeout: LayerSetting::Off,
-        ..ToolPolicy::default()
-    });
+    let off = ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly)
+        .with_policy(ToolPolicy::default().with_timeout(LayerSetting::Off));
     let layer = TimeoutLayer::new(registry_of([off]));
     assert_eq!(
         run(&layer, 100, hinted(Duration::from_secs(1))).await,
@@ -124,14 +122,11 @@ async fn a_tool_with_the_timeout_off_is_not_bounded_even_by_a_hint() {
 
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_attempt_is_a_retriable_timeout() {
-    let registry = registry_of([
-        ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).policy(ToolPolicy {
-            timeout: LayerSetting::On(TimeoutOverrides {
-                attempt_timeout_ms: Some(750),
-            }),
-            ..ToolPolicy::default()
-        }),
-    ]);
+    let registry = registry_of([ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly)
+        .with_policy(
+            ToolPolicy::default()
+                .with_timeout(TimeoutOverrides::default().with_attempt_timeout_ms(750)),
+        )]);
     let tool = ScriptedTool::always(Step::Hang);
     let mut svc = TimeoutLayer::new(registry).layer(tool.service());
     let call = call_of(WEB, "search");

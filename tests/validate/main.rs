@@ -28,8 +28,8 @@ fn registry() -> ToolRegistry {
     ToolRegistry::builder()
         .tool(
             ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-                .idempotent(true)
-                .input_schema(json!({
+                .with_idempotent(true)
+                .with_input_schema(json!({
                     "type": "object",
                     "required": ["query"],
                     "properties": {"query": {"type": "string"}}
@@ -37,13 +37,13 @@ fn registry() -> ToolRegistry {
         )
         .tool(
             ToolDescriptor::new("vault", "createFile", RiskLevel::Writes)
-                .input_schema(file_schema())
-                .output_schema(json!({
+                .with_input_schema(file_schema())
+                .with_output_schema(json!({
                     "type": "object",
                     "required": ["path", "etag"],
                     "properties": {"etag": {"type": "string"}}
                 }))
-                .confirmation_required(true),
+                .with_confirmation_required(true),
         )
         .deny("agents.tools.shell::*")
         .build()
@@ -194,7 +194,7 @@ async fn mutating_tools_that_need_confirmation_refuse_calls_without_one() {
     let registry = ToolRegistry::builder()
         .tool(
             ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-                .confirmation_required(true),
+                .with_confirmation_required(true),
         )
         .build()
         .unwrap();

@@ -149,6 +149,7 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
 /// a duplicate found under a derived key already has the same params, since the key hashes
 /// them.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ClaimRequest {
     /// The store key.
     pub key: Arc<str>,
@@ -364,6 +365,7 @@ impl RecentStrings {
 /// Records are shared, never copied: a store hands out the record it holds (the memory
 /// store) or the one it decoded (Redis).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum ClaimOutcome {
     /// The key was free: this in-flight record now holds it for the caller.
     Claimed(Arc<DedupeRecord>),
@@ -378,6 +380,7 @@ pub enum ClaimOutcome {
 
 /// The result of an execution, for [`DedupeStore::finalize`].
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Completion {
     /// The output, or the error.
     pub result: Result<ToolOutput, StoredError>,
@@ -388,6 +391,32 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// The completion of an execution that ended with `result` after `execution`, to be kept
+    /// for `ttl`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use serde_json::json;
+    /// use tower_toolcall::idempotency::{Completion, Execution};
+    /// use tower_toolcall::ToolOutput;
+    ///
+    /// let output = ToolOutput::new(json!({"etag": "abc123"}));
+    /// let execution = Execution::from_outcome(&Ok(output.clone()), 1_000, 1_040);
+    /// let completion = Completion::new(Ok(output), execution, Duration::from_secs(60));
+    /// assert_eq!(completion.execution.attempt_count, 1);
+    /// ```
+    pub fn new(
+        result: Result<ToolOutput, StoredError>,
+        execution: Execution,
+        ttl: Duration,
+    ) -> Self {
+        Completion {
+            result,
+            execution,
+            ttl,
+        }
+    }
+
     /// The settled record that `claimed` becomes at `now_ms`.
     pub fn settle(self, claimed: &DedupeRecord, now_ms: u64) -> DedupeRecord {
         let mut record = claimed.clone();
@@ -415,6 +444,7 @@ impl Completion {
 
 /// What [`DedupeStore::finalize`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Finalized {
     /// The result is stored.
     Written,
