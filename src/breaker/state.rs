@@ -229,6 +229,7 @@ pub(crate) enum CallOutcome {
 
 /// Why a breaker changed state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TransitionReason {
     /// This many consecutive failures inside the window.
     ConsecutiveFailures(u32),

@@ -921,16 +921,15 @@ async fn a_hook_denial_is_no_attempt_and_never_opens_the_breaker() {
 
 #[tokio::test(start_paused = true)]
 async fn a_layer_refusal_is_no_attempt_and_never_opens_the_breaker() {
-    let limited = create_file().policy(ToolPolicy {
-        rate_limit: LayerSetting::On(RateLimitOverrides {
-            per_second: Some(1),
-            key: Some(RateLimitKey::Tool),
-            on_limit: Some(OnLimit::Reject),
-            ..RateLimitOverrides::default()
-        }),
-        ..ToolPolicy::default()
-    });
-    let registry = registry_of([limited.idempotent(true)]);
+    let limited = create_file().with_policy(
+        ToolPolicy::default().with_rate_limit(
+            RateLimitOverrides::default()
+                .with_per_second(1)
+                .with_key(RateLimitKey::Tool)
+                .with_on_limit(OnLimit::Reject),
+        ),
+    );
+    let registry = registry_of([limited.with_idempotent(true)]);
     let tool = ScriptedTool::always(Step::Ok);
     let throttled = RateLimitLayer::new(registry.clone()).layer(tool.service());
     let (mut svc, admin) = retry_over_breaker(registry, throttled);
