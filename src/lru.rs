@@ -305,29 +305,6 @@ impl<K: Hash + Eq, V, S: BuildHasher> LruMap<K, V, S> {
         Some(self.remove_slot(self.oldest))
     }
 
-    /// Reads what removing the least recently used entry will read (its place in the table,
-    /// and whatever `touch` reads of its value), so that the removal, when it comes, finds
-    /// them in the cache; and the slot of the entry after it. Nothing changes.
-    pub(crate) fn warm_oldest(&self, touch: impl FnOnce(&V)) {
-        let Some(Slot {
-            entry: Some((_, value)),
-            hash,
-            newer,
-            ..
-        }) = self.slots.get(self.oldest)
-        else {
-            return;
-        };
-        let oldest = self.oldest;
-        std::hint::black_box(self.index.find(*hash, |&slot| slot == oldest));
-        touch(value);
-        // The slot of the entry after it, which the next call warms: read now, that warming
-        // starts from the cache and waits for one miss (its value) instead of two in a row.
-        if let Some(next) = self.slots.get(*newer) {
-            std::hint::black_box((next.hash, next.newer, next.entry.is_some()));
-        }
-    }
-
     /// Removes the entry of `slot` from the table (found by its slot number, its key unread)
     /// and from the list.
     fn remove_slot(&mut self, slot: usize) -> (K, V) {

@@ -1,6 +1,5 @@
 //! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
 
-use std::borrow::Borrow;
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,7 +11,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{
     at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
-    RecentStrings, StoreError,
+    StoreError,
 };
 use crate::error::ConfigError;
 use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
@@ -84,7 +83,6 @@ struct State {
     /// How many of the records are in flight.
     inflight: usize,
     last_version: u64,
-    recent: RecentStrings,
 }
 
 /// A record and, while it is in flight, the channel of the calls that wait for it.
@@ -122,53 +120,6 @@ impl Entry {
     /// The approximate size of the entry in memory.
     fn bytes(&self) -> usize {
         record_bytes(&self.record)
-    }
-
-    /// Reads the record's own memory: the fields that point to the allocations it shares.
-    ///
-    /// The next record to be evicted is the least recently used one, and its memory is cold;
-    /// read while another is evicted, it is in the cache when its own turn comes.
-    fn warm_record(&self) {
-        let record = &*self.record;
-        let request = &record.request;
-        // The pointers themselves are read, from every cache line of the record that holds
-        // one; each read is independent of the others.
-        std::hint::black_box((
-            Arc::strong_count(&self.record),
-            Arc::as_ptr(&record.key),
-            Arc::as_ptr(&record.idempotency_key),
-            Arc::as_ptr(&request.request_id),
-            Arc::as_ptr(request.params_digest.shared_allocation()),
-            request.tool_call_id.as_ref().map(Arc::as_ptr),
-            record.execution.as_ref().map(|e| e.attempts.as_ptr()),
-            record.payload.is_some(),
-            record.error.is_some(),
-        ));
-    }
-
-    /// Reads the reference count of every allocation the entry shares, and the attempts
-    /// of its execution, so that dropping it soon after finds them in the cache.
-    ///
-    /// Plain reads are issued together and their cache misses overlap, where the locked
-    /// decrements of a drop would each wait for theirs in turn.
-    fn warm_for_drop(&self) {
-        let record = &self.record;
-        let request = &record.request;
-        let attempts = record.execution.as_ref().map(|e| {
-            e.attempts
-                .iter()
-                .map(|a| a.error_code.as_ref().map_or(0, String::len))
-                .sum::<usize>()
-        });
-        std::hint::black_box((
-            Arc::strong_count(record),
-            Arc::strong_count(&record.key),
-            Arc::strong_count(&record.idempotency_key),
-            Arc::strong_count(&request.request_id),
-            Arc::strong_count(request.params_digest.shared_allocation()),
-            request.tool_call_id.as_ref().map(Arc::strong_count),
-            attempts,
-        ));
     }
 }
 
@@ -300,6 +251,13 @@ impl InMemoryDedupeStore {
         self.shared.max_bytes
     }
 
+    /// [`DedupeStore::claim`], answered at once: the layer claims a key in this store when
+    /// the call is made.
+    pub(crate) fn claim_now(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.start_sweeper();
+        self.shared.claim(request)
+    }
+
     /// Starts the background sweep, once, when a Tokio runtime is there to run it. It holds
     /// only a weak reference, so it ends when the last handle to the store is dropped.
     fn start_sweeper(&self) {
@@ -384,7 +342,6 @@ impl Shared {
             records,
             inflight,
             last_version,
-            recent,
         } = &mut *state;
         let key: &str = &request.key;
         let hash = records.hash_key(key);
@@ -414,7 +371,7 @@ impl Shared {
             }
         }
         *last_version += 1;
-        let record = Arc::new(request.inflight_record_sharing(*last_version, now, recent));
+        let record = Arc::new(request.inflight_record(*last_version, now));
         let entry = Entry::new(record.clone());
         let bytes = entry.bytes();
         // The bytes of the record this one replaces are freed with it.
@@ -435,8 +392,6 @@ impl Shared {
                 });
             };
             self.evicted.fetch_add(1, Ordering::Relaxed);
-            evicted.warm_for_drop();
-            records.warm_oldest(Entry::warm_record);
             removed.push(evicted);
         }
         match found {
@@ -463,13 +418,9 @@ impl Shared {
 
     /// Settles the in-flight record `claimed` by `apply(record, now)`, if the claim still
     /// holds.
-    ///
-    /// A caller that gives its reference to the claimed record up (an owned `Arc`) lets the
-    /// record be settled where it is: it is then the store's alone, unless a waiter holds it
-    /// too.
-    fn settle<C: Borrow<DedupeRecord>>(
+    fn settle(
         &self,
-        claimed: C,
+        claimed: &DedupeRecord,
         apply: impl FnOnce(&mut DedupeRecord, u64),
     ) -> Finalized {
         let now = self.clock.now_ms();
@@ -477,7 +428,7 @@ impl Shared {
         let State {
             records, inflight, ..
         } = &mut *state;
-        let (key, version) = (&*claimed.borrow().key, claimed.borrow().version);
+        let (key, version) = (&*claimed.key, claimed.version);
         let Some(slot) = records.slot_of(key) else {
             return Finalized::Stale {
                 current_version: None,
@@ -489,15 +440,7 @@ impl Shared {
                 current_version: Some(entry.record.version),
             };
         }
-        drop(claimed);
-        match Arc::get_mut(&mut entry.record) {
-            Some(record) => apply(record, now),
-            None => {
-                let mut record = (*entry.record).clone();
-                apply(&mut record, now);
-                entry.record = Arc::new(record);
-            }
-        }
+        apply(Arc::make_mut(&mut entry.record), now);
         let waiters = entry
             .waiters
             .take()
@@ -582,13 +525,7 @@ impl State {
 
 impl DedupeStore for InMemoryDedupeStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.start_sweeper();
-        self.shared.claim(request)
-    }
-
-    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
-        self.start_sweeper();
-        Some(self.shared.claim(request))
+        self.claim_now(request)
     }
 
     async fn get(&self, key: &str) -> Result<Option<DedupeRecord>, StoreError> {
@@ -605,19 +542,6 @@ impl DedupeStore for InMemoryDedupeStore {
         Ok(self
             .shared
             .settle(claimed, |record, now| completion.apply(record, now)))
-    }
-
-    fn finalize_now<C>(
-        &self,
-        claimed: Arc<DedupeRecord>,
-        completion: C,
-    ) -> Result<Finalized, (Arc<DedupeRecord>, C)>
-    where
-        C: FnOnce(u64) -> Completion,
-    {
-        Ok(self
-            .shared
-            .settle(claimed, |record, now| completion(now).apply(record, now)))
     }
 
     async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
@@ -740,7 +664,6 @@ impl InMemoryDedupeStoreBuilder {
                     records: LruMap::with_hasher(CallerKeyHasher::default()),
                     inflight: 0,
                     last_version: 0,
-                    recent: RecentStrings::default(),
                 }),
                 capacity: capacity.get(),
                 max_bytes: self.max_bytes,
