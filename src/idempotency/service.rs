@@ -1,4 +1,3 @@
-use std::any::Any;
 use std::mem;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,6 +29,10 @@ pub(super) struct Shared<St> {
     /// Each tool's settings; `None` where the tool's policy switches the layer off.
     pub(super) tools: ToolTable<Option<Settings>>,
     pub(super) store: St,
+    /// The store, when it is the memory store: it answers at once, so the layer claims a
+    /// key in it when the call is made, and a response future dropped before it is polled
+    /// releases the key through its guard.
+    pub(super) memory: Option<InMemoryDedupeStore>,
     pub(super) canonical: CanonicalOptions,
     /// The layer's settings, for `Debug`.
     pub(super) defaults: Settings,
@@ -252,18 +255,14 @@ where
         match self.shared.plan(&call) {
             Ok(None) => ResponseFuture::passed(Passthrough::new(self.inner.call(call))),
             Ok(Some(plan)) => {
-                let shared = self.shared.clone();
-                // The memory store claims the key when the call is made: a response future
-                // dropped before it is polled then releases it through its guard.
-                let first = (&shared.store as &dyn Any)
-                    .downcast_ref::<InMemoryDedupeStore>()
-                    .map(|memory| {
-                        let claimed = memory.claim_now(&plan.claim);
-                        claimed.map(|outcome| Claim::new(outcome, &shared, &plan))
-                    });
                 // The ready service goes into the future; this one keeps a fresh clone.
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
+                let shared = self.shared.clone();
+                let first = shared.memory.as_ref().map(|memory| {
+                    let claimed = memory.claim_now(&plan.claim);
+                    claimed.map(|outcome| Claim::new(outcome, &shared, &plan))
+                });
                 ResponseFuture::deduplicated(Box::pin(deduplicate(
                     shared, inner, call, plan, first,
                 )))

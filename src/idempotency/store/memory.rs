@@ -251,8 +251,7 @@ impl InMemoryDedupeStore {
         self.shared.max_bytes
     }
 
-    /// [`DedupeStore::claim`], answered at once: the layer claims a key in this store when
-    /// the call is made.
+    /// [`DedupeStore::claim`], answered at once.
     pub(crate) fn claim_now(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.start_sweeper();
         self.shared.claim(request)
