@@ -1,11 +1,13 @@
 //! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use hashlink::LruCache;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -13,9 +15,9 @@ use super::{
     at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
     StoreError,
 };
+use crate::bounds::{json_bytes, CallerKeyHasher};
 use crate::error::ConfigError;
 use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
-use crate::lru::{json_bytes, CallerKeyHasher, LruMap};
 use crate::time::{millis, unix_now_ms};
 
 /// The default capacity: 25 000 records.
@@ -76,12 +78,13 @@ struct Shared {
     expired: AtomicU64,
 }
 
-/// One map holds every record, so that an operation on a key finds it with one lookup:
-/// settled records in their order of use, in-flight ones outside it (never evicted).
+/// The records: in-flight ones apart, never evicted; settled ones in their order of use.
 struct State {
-    records: LruMap<Arc<str>, Entry, CallerKeyHasher>,
-    /// How many of the records are in flight.
-    inflight: usize,
+    inflight: HashMap<Arc<str>, Entry, CallerKeyHasher>,
+    /// The least recently used first.
+    settled: LruCache<Arc<str>, Entry, CallerKeyHasher>,
+    /// The sum of the entries' sizes.
+    bytes: usize,
     last_version: u64,
 }
 
@@ -91,35 +94,27 @@ struct Entry {
     /// Made when the first call waits on an in-flight record: it carries the settled record
     /// to the waiters, and dropping it without one wakes them too.
     waiters: Option<watch::Sender<Option<Arc<DedupeRecord>>>>,
+    /// The approximate size of the entry in memory.
+    bytes: usize,
 }
 
 impl Entry {
     fn new(record: Arc<DedupeRecord>) -> Entry {
         Entry {
+            bytes: record_bytes(&record),
             record,
             waiters: None,
         }
     }
 
-    /// `true` while the record is in flight: it is then out of the order of use, and never
-    /// evicted.
-    fn is_in_flight(&self) -> bool {
-        self.record.state == RecordState::Inflight
-    }
-
     /// `true` for an in-flight record whose lease has not ended at `now`, or a settled record
     /// that has not expired.
     fn is_live(&self, now: u64) -> bool {
-        if self.is_in_flight() {
+        if self.record.state == RecordState::Inflight {
             self.record.lock_until_ms.is_some_and(|until| until > now)
         } else {
             self.record.expires_at_ms > now
         }
-    }
-
-    /// The approximate size of the entry in memory.
-    fn bytes(&self) -> usize {
-        record_bytes(&self.record)
     }
 }
 
@@ -232,9 +227,9 @@ impl InMemoryDedupeStore {
     pub fn stats(&self) -> MemoryStoreStats {
         let state = self.shared.lock();
         MemoryStoreStats {
-            records: state.records.len(),
-            bytes: state.records.bytes(),
-            inflight: state.inflight,
+            records: state.len(),
+            bytes: state.bytes,
+            inflight: state.inflight.len(),
             evicted: self.shared.evicted.load(Ordering::Relaxed),
             rejected_at_capacity: self.shared.rejected_at_capacity.load(Ordering::Relaxed),
             expired: self.shared.expired.load(Ordering::Relaxed),
@@ -326,8 +321,10 @@ impl Shared {
 
     /// The live record of `key` at `now`, without touching the order of use.
     fn current(&self, state: &State, key: &str, now: u64) -> Option<DedupeRecord> {
-        let slot = state.records.slot_of(key)?;
-        let entry = state.records.value(slot);
+        let entry = state
+            .inflight
+            .get(key)
+            .or_else(|| state.settled.peek(key))?;
         entry.is_live(now).then(|| (*entry.record).clone())
     }
 
@@ -337,48 +334,35 @@ impl Shared {
         // freed outside the critical section.
         let mut removed = Vec::new();
         let mut state = self.lock();
-        let State {
-            records,
-            inflight,
-            last_version,
-        } = &mut *state;
         let key: &str = &request.key;
-        let hash = records.hash_key(key);
-        let found = records.find_slot(hash, key);
-        if let Some(slot) = found {
-            let entry = records.value(slot);
-            let record = &entry.record;
-            if entry.is_in_flight() {
-                if request.is_held_by(record, now) {
-                    return Ok(ClaimOutcome::Existing {
-                        record: record.clone(),
-                        now_ms: now,
-                    });
-                }
-                // The lease ended: take the key over. Dropping the entry wakes its waiters.
-                tracing::debug!(
-                    version = record.version,
-                    "taking over a dedupe record whose lease ended"
-                );
-            } else if record.expires_at_ms > now && request.is_held_by(record, now) {
-                let record = record.clone();
-                records.place_newest(slot);
+        if let Some(entry) = state.inflight.get(key) {
+            if request.is_held_by(&entry.record, now) {
                 return Ok(ClaimOutcome::Existing {
-                    record,
+                    record: entry.record.clone(),
+                    now_ms: now,
+                });
+            }
+            // The lease ended: take the key over. Dropping the entry wakes its waiters.
+            tracing::debug!(
+                version = entry.record.version,
+                "taking over a dedupe record whose lease ended"
+            );
+        } else if let Some(entry) = state.settled.get(key) {
+            let record = &entry.record;
+            if record.expires_at_ms > now && request.is_held_by(record, now) {
+                return Ok(ClaimOutcome::Existing {
+                    record: record.clone(),
                     now_ms: now,
                 });
             }
         }
-        *last_version += 1;
-        let record = Arc::new(request.inflight_record(*last_version, now));
+        // The record this one replaces, if any, leaves with its bytes.
+        removed.extend(state.remove(key));
+        state.last_version += 1;
+        let record = Arc::new(request.inflight_record(state.last_version, now));
         let entry = Entry::new(record.clone());
-        let bytes = entry.bytes();
-        // The bytes of the record this one replaces are freed with it.
-        let replaced_bytes = found.map_or(0, |slot| records.value(slot).bytes());
-        while (found.is_none() && records.len() >= self.capacity)
-            || records.bytes() - replaced_bytes + bytes > self.max_bytes
-        {
-            let Some((_, evicted)) = records.pop_oldest() else {
+        while state.len() >= self.capacity || state.bytes + entry.bytes > self.max_bytes {
+            let Some((_, evicted)) = state.settled.remove_lru() else {
                 drop(state);
                 self.rejected_at_capacity.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
@@ -390,26 +374,12 @@ impl Shared {
                     capacity: self.capacity,
                 });
             };
+            state.bytes -= evicted.bytes;
             self.evicted.fetch_add(1, Ordering::Relaxed);
             removed.push(evicted);
         }
-        match found {
-            // The key's record is replaced where it is, and leaves the order of use.
-            Some(slot) => {
-                let replaced = std::mem::replace(records.value_mut(slot), entry);
-                if !replaced.is_in_flight() {
-                    records.take_out_of_order(slot);
-                    *inflight += 1;
-                }
-                records.set_bytes(slot, bytes);
-                removed.push(replaced);
-            }
-            None => {
-                let slot = records.insert_unordered(hash, request.key.clone(), entry);
-                records.set_bytes(slot, bytes);
-                *inflight += 1;
-            }
-        }
+        state.bytes += entry.bytes;
+        state.inflight.insert(request.key.clone(), entry);
         drop(state);
         drop(removed);
         Ok(ClaimOutcome::Claimed(record))
@@ -424,36 +394,33 @@ impl Shared {
     ) -> Finalized {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let State {
-            records, inflight, ..
-        } = &mut *state;
         let (key, version) = (&*claimed.key, claimed.version);
-        let Some(slot) = records.slot_of(key) else {
-            return Finalized::Stale {
-                current_version: None,
-            };
-        };
-        let entry = records.value_mut(slot);
-        if !entry.is_in_flight() || entry.record.version != version {
-            return Finalized::Stale {
-                current_version: Some(entry.record.version),
-            };
+        match state.inflight.get(key) {
+            Some(entry) if entry.record.version == version => {}
+            found => {
+                let found = found.or_else(|| state.settled.peek(key));
+                return Finalized::Stale {
+                    current_version: found.map(|entry| entry.record.version),
+                };
+            }
         }
+        let (key, mut entry) = (state.inflight.remove_entry(key)).expect("found in flight");
         apply(Arc::make_mut(&mut entry.record), now);
         let waiters = entry
             .waiters
             .take()
             .map(|waiters| (waiters, entry.record.clone()));
-        let bytes = entry.bytes();
-        records.place_newest(slot);
-        records.set_bytes(slot, bytes);
-        *inflight -= 1;
+        let bytes = record_bytes(&entry.record);
+        state.bytes = state.bytes - entry.bytes + bytes;
+        entry.bytes = bytes;
+        state.settled.insert(key, entry);
         // The result may pass the bound in bytes: older settled records make room.
         let mut evicted = Vec::new();
-        while records.bytes() > self.max_bytes {
-            let Some((_, entry)) = records.pop_oldest_except(slot) else {
+        while state.bytes > self.max_bytes && state.settled.len() > 1 {
+            let Some((_, entry)) = state.settled.remove_lru() else {
                 break;
             };
+            state.bytes -= entry.bytes;
             evicted.push(entry);
         }
         self.evicted
@@ -469,7 +436,7 @@ impl Shared {
     fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> bool {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let Some(entry) = state.inflight_entry(&claimed.key) else {
+        let Some(entry) = state.inflight.get_mut(&claimed.key) else {
             return false;
         };
         if entry.record.version != claimed.version || !entry.is_live(now) {
@@ -484,15 +451,7 @@ impl Shared {
     }
 
     fn remove(&self, key: &str) -> bool {
-        let mut state = self.lock();
-        let records = &mut state.records;
-        let Some(slot) = records.slot_of(key) else {
-            return false;
-        };
-        if records.remove_at(slot).1.is_in_flight() {
-            state.inflight -= 1;
-        }
-        true
+        self.lock().remove(key).is_some()
     }
 
     fn flush_prefix(&self, prefix: &str) -> u64 {
@@ -501,24 +460,32 @@ impl Shared {
 }
 
 impl State {
-    /// The in-flight entry of `key`, if it has one.
-    fn inflight_entry(&mut self, key: &str) -> Option<&mut Entry> {
-        let slot = self.records.slot_of(key)?;
-        Some(self.records.value_mut(slot)).filter(|entry| entry.is_in_flight())
+    /// How many records the store holds.
+    fn len(&self) -> usize {
+        self.inflight.len() + self.settled.len()
+    }
+
+    /// Removes the record of `key`; returns its entry.
+    fn remove(&mut self, key: &str) -> Option<Entry> {
+        let entry = (self.inflight.remove(key)).or_else(|| self.settled.remove(key))?;
+        self.bytes -= entry.bytes;
+        Some(entry)
     }
 
     /// Keeps the records for which `keep` is true; returns how many it removed.
     fn retain(&mut self, mut keep: impl FnMut(&str, &Entry) -> bool) -> usize {
-        let mut inflight_removed = 0;
-        let removed = self.records.retain(|key, entry| {
+        let (before, mut bytes) = (self.len(), self.bytes);
+        let mut keep = |key: &Arc<str>, entry: &mut Entry| {
             let kept = keep(key, entry);
-            if !kept && entry.is_in_flight() {
-                inflight_removed += 1;
+            if !kept {
+                bytes -= entry.bytes;
             }
             kept
-        });
-        self.inflight -= inflight_removed;
-        removed
+        };
+        self.inflight.retain(|key, entry| keep(key, entry));
+        self.settled.retain(|key, entry| keep(key, entry));
+        self.bytes = bytes;
+        before - self.len()
     }
 }
 
@@ -564,7 +531,7 @@ impl DedupeStore for InMemoryDedupeStore {
             let now = self.shared.clock.now_ms();
             let (mut settled, lock_until) = {
                 let mut state = self.shared.lock();
-                match state.inflight_entry(&seen.key) {
+                match state.inflight.get_mut(&seen.key) {
                     Some(entry) if entry.record.version == seen.version => {
                         let until = entry.record.lock_until_ms.unwrap_or(0);
                         if until <= now {
@@ -608,7 +575,7 @@ impl DedupeStore for InMemoryDedupeStore {
 
     async fn size(&self) -> Result<u64, StoreError> {
         let state = self.shared.lock();
-        Ok(state.records.len() as u64)
+        Ok(state.len() as u64)
     }
 }
 
@@ -660,8 +627,9 @@ impl InMemoryDedupeStoreBuilder {
         Ok(InMemoryDedupeStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    records: LruMap::with_hasher(CallerKeyHasher::default()),
-                    inflight: 0,
+                    inflight: HashMap::with_hasher(CallerKeyHasher::default()),
+                    settled: LruCache::with_hasher(usize::MAX, CallerKeyHasher::default()),
+                    bytes: 0,
                     last_version: 0,
                 }),
                 capacity: capacity.get(),
