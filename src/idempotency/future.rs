@@ -297,7 +297,7 @@ fn found<St>(
 
 /// Awaits `tool`, the call whose claim `guard` holds, renewing the lease while it runs, and
 /// stores the result.
-async fn execute<F, St>(
+pub(super) async fn execute<F, St>(
     tool: F,
     plan: Plan,
     mut guard: ClaimGuard<St>,

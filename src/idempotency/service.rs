@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use super::future::{deduplicate, Claim, ResponseFuture};
+use super::future::{deduplicate, execute, Claim, ResponseFuture};
 use super::key::{self, KeySource};
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::CanonicalOptions;
@@ -255,17 +255,26 @@ where
         match self.shared.plan(&call) {
             Ok(None) => ResponseFuture::passed(Passthrough::new(self.inner.call(call))),
             Ok(Some(plan)) => {
-                // The ready service goes into the future; this one keeps a fresh clone.
-                let clone = self.inner.clone();
-                let inner = mem::replace(&mut self.inner, clone);
-                let shared = self.shared.clone();
+                let shared = &self.shared;
                 let first = shared.memory.as_ref().map(|memory| {
                     let claimed = memory.claim_now(&plan.claim);
-                    claimed.map(|outcome| Claim::new(outcome, &shared, &plan))
+                    claimed.map(|outcome| Claim::new(outcome, shared, &plan))
                 });
-                ResponseFuture::deduplicated(Box::pin(deduplicate(
-                    shared, inner, call, plan, first,
-                )))
+                match first {
+                    // The key is held: the ready service runs the tool.
+                    Some(Ok(Claim::Held { guard })) => {
+                        let tool = self.inner.call(call);
+                        ResponseFuture::deduplicated(Box::pin(execute(tool, plan, guard)))
+                    }
+                    first => {
+                        // The ready service goes into the future; this one keeps a fresh clone.
+                        let clone = self.inner.clone();
+                        let inner = mem::replace(&mut self.inner, clone);
+                        let shared = self.shared.clone();
+                        let future = deduplicate(shared, inner, call, plan, first);
+                        ResponseFuture::deduplicated(Box::pin(future))
+                    }
+                }
             }
             Err(error) => ResponseFuture::ready(Err(error)),
         }
