@@ -338,15 +338,22 @@ where
             plan.failed_ttl
         },
     };
-    // The claim stays guarded until the result is stored.
-    let finalized = guard
-        .shared
-        .store
-        .finalize(guard.claimed(), completion)
-        .await;
-    if finalized.is_ok() {
-        guard.claimed = None;
-    }
+    // The claim stays guarded until the result is stored; the memory store, which stores it
+    // at once, is given the guard's reference to the record.
+    let finalized = match &guard.shared.memory {
+        Some(memory) => {
+            let claimed = guard.claimed.take().expect("the claim is held");
+            Ok(memory.finalize_now(claimed, completion))
+        }
+        None => {
+            let store = &guard.shared.store;
+            let finalized = store.finalize(guard.claimed(), completion).await;
+            if finalized.is_ok() {
+                guard.claimed = None;
+            }
+            finalized
+        }
+    };
     let call = &plan.claim.call;
     match finalized {
         Ok(Finalized::Written) => {}

@@ -1,5 +1,6 @@
 //! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroUsize;
@@ -252,6 +253,16 @@ impl InMemoryDedupeStore {
         self.shared.claim(request)
     }
 
+    /// [`DedupeStore::finalize`], answered at once; the caller gives its reference to the
+    /// claimed record up.
+    pub(crate) fn finalize_now(
+        &self,
+        claimed: Arc<DedupeRecord>,
+        completion: Completion,
+    ) -> Finalized {
+        (self.shared).settle(claimed, |record, now| completion.apply(record, now))
+    }
+
     /// Starts the background sweep, once, when a Tokio runtime is there to run it. It holds
     /// only a weak reference, so it ends when the last handle to the store is dropped.
     fn start_sweeper(&self) {
@@ -387,14 +398,17 @@ impl Shared {
 
     /// Settles the in-flight record `claimed` by `apply(record, now)`, if the claim still
     /// holds.
-    fn settle(
+    ///
+    /// A caller that gives its reference to the claimed record up (an owned `Arc`) lets the
+    /// record be settled where it is, without a copy, unless a waiter holds it too.
+    fn settle<C: Borrow<DedupeRecord>>(
         &self,
-        claimed: &DedupeRecord,
+        claimed: C,
         apply: impl FnOnce(&mut DedupeRecord, u64),
     ) -> Finalized {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let (key, version) = (&*claimed.key, claimed.version);
+        let (key, version) = (&*claimed.borrow().key, claimed.borrow().version);
         match state.inflight.get(key) {
             Some(entry) if entry.record.version == version => {}
             found => {
@@ -405,6 +419,7 @@ impl Shared {
             }
         }
         let (key, mut entry) = (state.inflight.remove_entry(key)).expect("found in flight");
+        drop(claimed);
         apply(Arc::make_mut(&mut entry.record), now);
         let waiters = entry
             .waiters
