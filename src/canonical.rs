@@ -305,11 +305,6 @@ fn params_digest_hex(canonical: &str) -> HexDigest {
     HexDigest::of(&Sha256::digest(canonical.as_bytes()).into())
 }
 
-/// [`params_digest`] as a shared string.
-pub(crate) fn params_digest_shared(canonical: &str) -> Arc<str> {
-    Arc::from(params_digest_hex(canonical).as_str())
-}
-
 /// The derived idempotency key:
 /// `hex(sha256(namespace + "::" + name + "::" + canonical + "::" + session + "::" + actor))`,
 /// with `%` and `:` in the namespace, the name, the session and the actor percent-encoded

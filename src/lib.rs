@@ -157,6 +157,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod bounds;
 pub mod breaker;
 pub mod canonical;
 pub mod classify;
@@ -166,7 +167,6 @@ mod error;
 pub mod hooks;
 pub mod idempotency;
 pub mod loop_detect;
-mod lru;
 mod middleware;
 mod outcome;
 pub mod rate_limit;

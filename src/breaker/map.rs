@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::admin::BreakerKey;
 use super::cell::BreakerCell;
-use crate::lru::CallerKeyHasher;
+use crate::bounds::CallerKeyHasher;
 
 /// The share of the map evicted at once when it is full, so that a full map does not scan
 /// on every insertion.

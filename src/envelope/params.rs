@@ -45,7 +45,6 @@ struct ParamsInner {
 struct CachedCanonical {
     options: CanonicalOptions,
     canonical: Result<Arc<str>, ToolError>,
-    digest: OnceLock<Arc<str>>,
 }
 
 impl Params {
@@ -112,54 +111,16 @@ impl Params {
         }
     }
 
-    /// `hex(sha256(canonical))` of the params under `options`, cached like
+    /// `hex(sha256(canonical))` of the params under `options`: the digest of
     /// [`canonical`](Params::canonical).
-    pub fn digest(&self, options: &CanonicalOptions) -> Result<Cow<'_, str>, ToolError> {
-        match self.cached(options) {
-            Some(cached) => Ok(Cow::Borrowed(Self::cached_digest(cached)?)),
-            None => {
-                let canonical = canonical::canonical_json(&self.inner.value, options)?;
-                Ok(Cow::Owned(canonical::params_digest(&canonical)))
-            }
-        }
-    }
-
-    /// [`digest`](Params::digest) as a shared string: the cached one, when `options` are
-    /// the cached ones.
-    pub(crate) fn shared_digest(&self, options: &CanonicalOptions) -> Result<Arc<str>, ToolError> {
-        match self.cached(options) {
-            Some(cached) => Self::cached_digest(cached).cloned(),
-            None => {
-                let canonical = canonical::canonical_json(&self.inner.value, options)?;
-                Ok(canonical::params_digest_shared(&canonical))
-            }
-        }
-    }
-
-    /// [`canonical`](Params::canonical) as a shared string: the cached one, when `options`
-    /// are the cached ones.
-    pub(crate) fn shared_canonical(
-        &self,
-        options: &CanonicalOptions,
-    ) -> Result<Arc<str>, ToolError> {
-        match self.cached(options) {
-            Some(cached) => cached.canonical.clone(),
-            None => canonical::canonical_json_shared(&self.inner.value, options),
-        }
-    }
-
-    fn cached_digest(cached: &CachedCanonical) -> Result<&Arc<str>, ToolError> {
-        let canonical = cached.canonical.as_ref().map_err(Clone::clone)?;
-        Ok(cached
-            .digest
-            .get_or_init(|| canonical::params_digest_shared(canonical)))
+    pub fn digest(&self, options: &CanonicalOptions) -> Result<String, ToolError> {
+        Ok(canonical::params_digest(&self.canonical(options)?))
     }
 
     fn cached(&self, options: &CanonicalOptions) -> Option<&CachedCanonical> {
         let cached = self.inner.canonical.get_or_init(|| CachedCanonical {
             options: options.clone(),
             canonical: canonical::canonical_json_shared(&self.inner.value, options),
-            digest: OnceLock::new(),
         });
         (cached.options == *options).then_some(cached)
     }

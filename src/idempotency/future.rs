@@ -21,14 +21,14 @@ use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{
     CacheMatch, CallRecord, MatchedOn, ShadowDecision, ShadowVerdict, ShortCircuit, ToolOutput,
 };
-use crate::time::{call_deadline, unix_now_ms};
+use crate::time::{call_deadline, millis};
 
 type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
 
 pin_project! {
     /// The response future of [`Idempotency`](super::Idempotency): the inner call when the
-    /// call is not deduplicated, the deduplicated execution, or an answer known when the call
-    /// was made (a rejection, or a cached result from a store that answers at once).
+    /// call is not deduplicated, the deduplicated execution, or a refusal known when the call
+    /// was made.
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,
@@ -65,8 +65,7 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    /// A future that answers `result` at its first poll: a refusal, or an answer found
-    /// without waiting.
+    /// A future that answers `result` at its first poll: a refusal.
     pub(super) fn ready(result: Result<ToolOutput, ToolError>) -> Self {
         ResponseFuture {
             state: State::Ready {
@@ -204,7 +203,7 @@ impl<St: DedupeStore> Claim<St> {
 }
 
 /// What a call does about the record that holds its key.
-pub(super) enum Found {
+enum Found {
     /// Answer with this (a cached result, or a refusal).
     Answer(Result<ToolOutput, ToolError>),
     /// Run the tool, leaving the store alone: the layer is in shadow mode and would have
@@ -223,7 +222,7 @@ pub(super) enum Found {
 ///
 /// In shadow mode, what it would have answered is a [`Found::Shadowed`] decision instead;
 /// a record that leaves the key free is claimed as when enforcing.
-pub(super) fn found<St>(
+fn found<St>(
     shared: &Shared<St>,
     call: &ToolCall,
     plan: &Plan,
@@ -298,10 +297,6 @@ pub(super) fn found<St>(
 
 /// Awaits `tool`, the call whose claim `guard` holds, renewing the lease while it runs, and
 /// stores the result.
-///
-/// It owns what it uses, so that its future, which the layer boxes when the key was claimed
-/// before the response future ran, holds each of them once: the guard holds the layer's
-/// shared state and the claimed record, the plan holds the call.
 pub(super) async fn execute<F, St>(
     tool: F,
     plan: Plan,
@@ -315,6 +310,7 @@ where
     Counters::bump(&counters.executions);
     let claimed = guard.claimed();
     let (started_at_ms, version) = (claimed.created_at_ms, claimed.version);
+    let started = Instant::now();
     let outcome = renewing_lease(tool, &guard.shared.store, claimed, plan.claim.lease).await;
 
     if let Err(error) = &outcome {
@@ -325,7 +321,8 @@ where
             return outcome;
         }
     }
-    let completion = |finished_at_ms: u64| Completion {
+    let finished_at_ms = started_at_ms.saturating_add(millis(started.elapsed()));
+    let completion = Completion {
         result: match &outcome {
             Ok(output) => {
                 let mut stored = ToolOutput::new(output.content.clone());
@@ -334,29 +331,23 @@ where
             }
             Err(error) => Err(StoredError::from_error(error)),
         },
-        execution: Execution::from_outcome(
-            &outcome,
-            started_at_ms,
-            finished_at_ms.max(started_at_ms),
-        ),
+        execution: Execution::from_outcome(&outcome, started_at_ms, finished_at_ms),
         ttl: if outcome.is_ok() {
             plan.done_ttl
         } else {
             plan.failed_ttl
         },
     };
-    // A store that answers at once settles the record where it is, at its own clock; another
-    // is awaited with the claim still guarded.
-    let store = &guard.shared.store;
-    let claimed = guard
-        .claimed
-        .take()
-        .expect("the claim is held until it is finalized");
-    let finalized = match store.finalize_now(claimed, completion) {
-        Ok(finalized) => Ok(finalized),
-        Err((claimed, completion)) => {
-            let claimed = guard.claimed.insert(claimed);
-            let finalized = store.finalize(claimed, completion(unix_now_ms())).await;
+    // The claim stays guarded until the result is stored; the memory store, which stores it
+    // at once, is given the guard's reference to the record.
+    let finalized = match &guard.shared.memory {
+        Some(memory) => {
+            let claimed = guard.claimed.take().expect("the claim is held");
+            Ok(memory.finalize_now(claimed, completion))
+        }
+        None => {
+            let store = &guard.shared.store;
+            let finalized = store.finalize(guard.claimed(), completion).await;
             if finalized.is_ok() {
                 guard.claimed = None;
             }

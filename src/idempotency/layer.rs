@@ -1,3 +1,4 @@
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,6 +221,7 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
                 tools,
+                memory: memory_store(&self.store),
                 store: self.store,
                 canonical: self.canonical,
                 defaults: self.defaults,
@@ -227,4 +229,9 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
             }),
         })
     }
+}
+
+/// `store` when it is the memory store, which the layer claims keys in when calls are made.
+fn memory_store<St: DedupeStore>(store: &St) -> Option<InMemoryDedupeStore> {
+    (store as &dyn Any).downcast_ref().cloned()
 }

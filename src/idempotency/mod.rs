@@ -105,7 +105,6 @@
 mod future;
 mod key;
 mod layer;
-mod params_digest;
 mod record;
 mod service;
 mod store;
@@ -115,7 +114,6 @@ use std::time::Duration;
 pub use future::ResponseFuture;
 pub use key::{key_fingerprint, tenant_prefix};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};
-pub use params_digest::ParamsDigest;
 pub use record::{
     AttemptRecord, AttemptStatus, DedupeRecord, Execution, RecordRequest, RecordState, StoredError,
 };

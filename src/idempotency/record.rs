@@ -8,7 +8,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::params_digest::ParamsDigest;
 use crate::error::{ErrorClass, ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
 
@@ -148,7 +147,7 @@ pub struct RecordRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<Arc<str>>,
     /// `hex(sha256(canonical_json(params)))`: a later call with the same key must match it.
-    pub params_digest: ParamsDigest,
+    pub params_digest: Arc<str>,
 }
 
 /// `execution` of a record: the attempts the execution made.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use super::future::{deduplicate, execute, found, Claim, Found, ResponseFuture};
+use super::future::{deduplicate, execute, Claim, ResponseFuture};
 use super::key::{self, KeySource};
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::CanonicalOptions;
@@ -16,9 +16,6 @@ use crate::middleware::Passthrough;
 use crate::outcome::ToolOutput;
 use crate::registry::{IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch};
 use crate::tool_table::ToolTable;
-
-/// The largest inner future kept inside the boxed execution; a larger one is boxed apart.
-const INLINE_INNER_FUTURE_MAX: usize = 128;
 
 /// Executes each idempotency key at most once; made by
 /// [`IdempotencyLayer`](super::IdempotencyLayer). See the [module docs](super).
@@ -32,6 +29,10 @@ pub(super) struct Shared<St> {
     /// Each tool's settings; `None` where the tool's policy switches the layer off.
     pub(super) tools: ToolTable<Option<Settings>>,
     pub(super) store: St,
+    /// The store, when it is the memory store: it answers at once, so the layer claims a
+    /// key in it when the call is made, and a response future dropped before it is polled
+    /// releases the key through its guard.
+    pub(super) memory: Option<InMemoryDedupeStore>,
     pub(super) canonical: CanonicalOptions,
     /// The layer's settings, for `Debug`.
     pub(super) defaults: Settings,
@@ -106,38 +107,22 @@ impl<St: DedupeStore> Shared<St> {
         else {
             return Ok(None);
         };
+        let digest: Arc<str> = call.params().digest(&self.canonical)?.into();
         let independent = settings.on_params_mismatch == ParamsMismatch::Independent;
-        let derived = key_source == KeySource::Derived;
-        // A derived key hashes the params already: their digest waits until a record needs it,
-        // unless the store key or the comparison of a reused key needs it now.
-        let digest = if derived && !independent {
-            None
-        } else {
-            Some(call.params().shared_digest(&self.canonical)?)
-        };
         let store_key = key::store_key(
             call,
             &idempotency_key,
             settings.scope,
-            digest.as_deref().filter(|_| independent),
+            independent.then_some(&*digest),
         );
-        let mut claim = match digest {
-            Some(digest) if !derived => ClaimRequest::new(
-                store_key,
-                idempotency_key,
-                digest,
-                call.clone(),
-                settings.inflight_lease,
-            ),
-            digest => ClaimRequest::derived(
-                store_key,
-                idempotency_key,
-                call.clone(),
-                self.canonical.clone(),
-                settings.inflight_lease,
-                digest,
-            ),
-        };
+        let mut claim = ClaimRequest::new(
+            store_key,
+            idempotency_key,
+            digest,
+            call.clone(),
+            settings.inflight_lease,
+        );
+        claim.key_derived_from_params = key_source == KeySource::Derived;
         claim.take_over_retriable_failure = mode == DedupeMode::BestEffort;
         Ok(Some(Plan {
             mode,
@@ -270,58 +255,25 @@ where
         match self.shared.plan(&call) {
             Ok(None) => ResponseFuture::passthrough(Passthrough::new(self.inner.call(call))),
             Ok(Some(plan)) => {
-                // A store that answers at once (the memory store) lets a settled record be
-                // answered here, without the machinery of a claim that waits or runs.
-                let store = &self.shared.store;
                 let shared = &self.shared;
-                let first = store
-                    .claim_now(&plan.claim)
-                    .map(|claimed| claimed.map(|outcome| Claim::new(outcome, shared, &plan)));
-                // The ready service goes into the future; this one keeps a fresh clone.
-                let mut inner = || {
-                    let clone = self.inner.clone();
-                    mem::replace(&mut self.inner, clone)
-                };
+                let first = shared.memory.as_ref().map(|memory| {
+                    let claimed = memory.claim_now(&plan.claim);
+                    claimed.map(|outcome| Claim::new(outcome, shared, &plan))
+                });
                 match first {
-                    Some(Ok(Claim::Existing { record, now_ms })) => {
-                        match found(shared, &call, &plan, &record, now_ms, false) {
-                            Found::Answer(answer) => return ResponseFuture::ready(answer),
-                            Found::Shadowed(decision) => {
-                                let future = Passthrough::shadowed(self.inner.call(call), decision);
-                                return ResponseFuture::passthrough(future);
-                            }
-                            _ => {}
-                        }
-                        let first = Some(Ok(Claim::Existing { record, now_ms }));
-                        ResponseFuture::deduplicated(Box::pin(deduplicate(
-                            shared.clone(),
-                            inner(),
-                            call,
-                            plan,
-                            first,
-                        )))
-                    }
-                    // The key is held: the tool's future is made now, of the ready service,
-                    // and only the execution's machinery is boxed around it. A large inner
-                    // future goes in a box of its own, so that neither box outgrows the sizes
-                    // the allocator serves from its per-thread caches.
+                    // The key is held: the ready service runs the tool.
                     Some(Ok(Claim::Held { guard })) => {
                         let tool = self.inner.call(call);
-                        ResponseFuture::deduplicated(
-                            if mem::size_of::<S::Future>() > INLINE_INNER_FUTURE_MAX {
-                                Box::pin(execute(Box::pin(tool), plan, guard))
-                            } else {
-                                Box::pin(execute(tool, plan, guard))
-                            },
-                        )
+                        ResponseFuture::deduplicated(Box::pin(execute(tool, plan, guard)))
                     }
-                    first => ResponseFuture::deduplicated(Box::pin(deduplicate(
-                        shared.clone(),
-                        inner(),
-                        call,
-                        plan,
-                        first,
-                    ))),
+                    first => {
+                        // The ready service goes into the future; this one keeps a fresh clone.
+                        let clone = self.inner.clone();
+                        let inner = mem::replace(&mut self.inner, clone);
+                        let shared = self.shared.clone();
+                        let future = deduplicate(shared, inner, call, plan, first);
+                        ResponseFuture::deduplicated(Box::pin(future))
+                    }
                 }
             }
             Err(error) => ResponseFuture::ready(Err(error)),

@@ -9,18 +9,19 @@
 //!
 //! Each setting is resolved on its own: session, then tool, then model, then server.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use hashlink::LruCache;
 use serde::{Deserialize, Serialize};
 
 use super::detector::{CycleLimits, Limits};
 use crate::envelope::ToolCall;
 use crate::error::ConfigError;
-use crate::lru::LruMap;
 use crate::registry::{LoopDetectOverrides, LoopMode};
 
 /// Default of [`LoopDetectConfig::max_repeats`]: 4 identical calls make a loop.
@@ -444,18 +445,16 @@ pub(super) fn backend_and_model(call: &ToolCall) -> (Option<&str>, Option<&str>)
 /// dropped.
 #[derive(Debug)]
 pub(super) struct SessionTier {
-    settings: Mutex<LruMap<Arc<str>, LoopSettings>>,
+    settings: Mutex<LruCache<Arc<str>, LoopSettings, RandomState>>,
     /// How many sessions have settings, readable without the lock.
     len: AtomicUsize,
-    capacity: usize,
 }
 
 impl SessionTier {
     pub(super) fn new(capacity: usize) -> Self {
         SessionTier {
-            settings: Mutex::new(LruMap::new()),
+            settings: Mutex::new(LruCache::with_hasher(capacity, RandomState::new())),
             len: AtomicUsize::new(0),
-            capacity,
         }
     }
 
@@ -476,9 +475,6 @@ impl SessionTier {
         } else if let Some(slot) = map.get_mut(session) {
             *slot = next;
         } else {
-            if map.len() >= self.capacity {
-                map.pop_oldest();
-            }
             map.insert(Arc::from(session), next);
         }
         self.len.store(map.len(), Ordering::Release);
@@ -488,7 +484,7 @@ impl SessionTier {
         self.len.load(Ordering::Acquire)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruMap<Arc<str>, LoopSettings>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<Arc<str>, LoopSettings, RandomState>> {
         self.settings.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -35,55 +35,35 @@ const UNKNOWN: &str = "unknown";
 pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits) -> ToolError {
     let window = limits.ttl.as_secs();
     let count = detection.count;
-    // Written piece by piece: the refusal is on the call path, and formatting machinery would
-    // cost more than the rest of it.
-    let mut message = String::with_capacity(400);
-    let mut number = itoa::Buffer::new();
-    for piece in [
-        "Tool call loop detected: '",
-        call.tool_name(),
-        "' invoked with identical params ",
-        number.format(count),
-        " times within ",
-    ] {
-        message.push_str(piece);
-    }
-    message.push_str(number.format(window));
-    message.push_str("s.");
-    message.push_str(match detection.action {
-        Action::Break => " Session stopped to prevent unintended looping.",
-        Action::Chance => " This call was not executed.",
-    });
-    match detection.rule {
-        Rule::Repeat => {}
-        Rule::UnchangedPoll => message.push_str(" Its result did not change between these calls."),
-        Rule::Cycle { length } => {
-            message.push_str(" The last ");
-            message.push_str(number.format(length.saturating_mul(count as usize)));
-            message.push_str(" calls repeat a cycle of ");
-            message.push_str(number.format(length));
-            message.push_str(" calls ");
-            message.push_str(number.format(count));
-            message.push_str(" times.");
-        }
-        Rule::Failures { code } => {
-            message.push_str(" Each of the last ");
-            message.push_str(number.format(count));
-            message.push_str(" identical calls failed with ");
-            message.push_str(code.as_str());
-            message.push('.');
-        }
-    }
-    message.push_str(match detection.action {
-        Action::Break => {
-            " Hint: change the inputs or the strategy instead of repeating the same call."
-        }
-        Action::Chance => {
-            " Stop and reflect on why the repeated calls did not bring you closer to the goal, \
+    let tool = call.tool_name();
+    let (outcome, advice) = match detection.action {
+        Action::Break => (
+            "Session stopped to prevent unintended looping.",
+            "Hint: change the inputs or the strategy instead of repeating the same call.",
+        ),
+        Action::Chance => (
+            "This call was not executed.",
+            "Stop and reflect on why the repeated calls did not bring you closer to the goal, \
              then change your approach: other inputs, another tool, or ask the user. Repeating \
-             this exact call stops the session."
-        }
-    });
+             this exact call stops the session.",
+        ),
+    };
+    let finding = match detection.rule {
+        Rule::Repeat => String::new(),
+        Rule::UnchangedPoll => " Its result did not change between these calls.".to_owned(),
+        Rule::Cycle { length } => format!(
+            " The last {} calls repeat a cycle of {length} calls {count} times.",
+            length.saturating_mul(count as usize)
+        ),
+        Rule::Failures { code } => format!(
+            " Each of the last {count} identical calls failed with {}.",
+            code.as_str()
+        ),
+    };
+    let message = format!(
+        "Tool call loop detected: '{tool}' invoked with identical params {count} times \
+         within {window}s. {outcome}{finding} {advice}"
+    );
     // Made when read: a refused call whose details nobody inspects costs no JSON.
     let (action, rule) = (detection.action, detection.rule);
     let (repeats, max_repeats) = (detection.count, detection.threshold);

@@ -11,7 +11,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::detector::SessionHistory;
-use crate::lru::{CallerKeyHasher, LruMap};
+use hashlink::LruCache;
+
+use crate::bounds::CallerKeyHasher;
 
 /// One session's history, shared with the responses still in flight.
 pub(super) type SharedHistory = Arc<Mutex<SessionHistory>>;
@@ -23,7 +25,7 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[derive(Debug)]
 pub(super) struct Tracker {
-    sessions: Mutex<LruMap<Arc<str>, TrackedSession, CallerKeyHasher>>,
+    sessions: Mutex<Sessions>,
     capacity: usize,
     max_bytes: usize,
     evicted: AtomicU64,
@@ -35,11 +37,34 @@ const SESSION_BYTES: usize = std::mem::size_of::<TrackedSession>()
     + std::mem::size_of::<Mutex<SessionHistory>>()
     + 16 * std::mem::size_of::<(Instant, u64, u64)>();
 
+/// The tracked sessions, the least recently used first, and the sum of their sizes.
+#[derive(Debug)]
+struct Sessions {
+    map: LruCache<Arc<str>, TrackedSession, CallerKeyHasher>,
+    bytes: usize,
+}
+
+impl Sessions {
+    fn pop_oldest(&mut self) -> Option<TrackedSession> {
+        let (_, session) = self.map.remove_lru()?;
+        self.bytes -= session.bytes;
+        Some(session)
+    }
+
+    fn remove(&mut self, key: &str) -> Option<TrackedSession> {
+        let session = self.map.remove(key)?;
+        self.bytes -= session.bytes;
+        Some(session)
+    }
+}
+
 #[derive(Debug)]
 struct TrackedSession {
     last_seen: Instant,
     ttl: Duration,
     history: SharedHistory,
+    /// The session's size: its key and [`SESSION_BYTES`].
+    bytes: usize,
 }
 
 impl TrackedSession {
@@ -51,7 +76,10 @@ impl TrackedSession {
 impl Tracker {
     pub(super) fn new(capacity: usize, max_bytes: usize) -> Self {
         Tracker {
-            sessions: Mutex::new(LruMap::with_hasher(CallerKeyHasher::default())),
+            sessions: Mutex::new(Sessions {
+                map: LruCache::with_hasher(usize::MAX, CallerKeyHasher::default()),
+                bytes: 0,
+            }),
             capacity,
             max_bytes,
             evicted: AtomicU64::new(0),
@@ -64,31 +92,32 @@ impl Tracker {
         let mut sessions = lock(&self.sessions);
         // The least recently used sessions are the idle ones, so this looks at one session
         // unless some are due.
-        while sessions.oldest().is_some_and(|(_, s)| s.is_idle(now)) {
+        while (sessions.map.iter().next()).is_some_and(|(_, s)| s.is_idle(now)) {
             sessions.pop_oldest();
         }
-        if let Some(tracked) = sessions.get_mut(session) {
+        if let Some(tracked) = sessions.map.get_mut(session) {
             tracked.last_seen = now;
             tracked.ttl = ttl;
             return tracked.history.clone();
         }
-        if sessions.len() >= self.capacity && sessions.pop_oldest().is_some() {
+        if sessions.map.len() >= self.capacity && sessions.pop_oldest().is_some() {
             self.evicted.fetch_add(1, Ordering::Relaxed);
         }
         let history = SharedHistory::default();
-        sessions.insert(
+        let bytes = session.len() + SESSION_BYTES;
+        sessions.map.insert(
             Arc::from(session),
             TrackedSession {
                 last_seen: now,
                 ttl,
                 history: history.clone(),
+                bytes,
             },
         );
-        let slot = sessions
-            .slot_of(session)
-            .expect("the session was just inserted");
-        sessions.set_bytes(slot, session.len() + SESSION_BYTES);
-        while sessions.bytes() > self.max_bytes && sessions.pop_oldest_except(slot).is_some() {
+        sessions.bytes += bytes;
+        // Older sessions make room, down to this one alone.
+        while sessions.bytes > self.max_bytes && sessions.map.len() > 1 {
+            sessions.pop_oldest();
             self.evicted.fetch_add(1, Ordering::Relaxed);
         }
         history
@@ -101,7 +130,7 @@ impl Tracker {
 
     /// How many sessions are tracked.
     pub(super) fn len(&self) -> usize {
-        lock(&self.sessions).len()
+        lock(&self.sessions).map.len()
     }
 
     /// How many sessions were evicted to stay within the capacity.
@@ -151,7 +180,7 @@ mod tests {
         let key = |i: usize| format!("{i:04}{}", "k".repeat(996));
         for i in 0..1000 {
             tracker.session(&key(i), t0, ttl);
-            assert!(lock(&tracker.sessions).bytes() <= max_bytes, "after {i}");
+            assert!(lock(&tracker.sessions).bytes <= max_bytes, "after {i}");
         }
         assert_eq!(tracker.len(), 10);
         assert_eq!(tracker.evicted(), 990);

@@ -15,7 +15,9 @@ use governor::{Quota, RateLimiter};
 use tokio::time::Instant;
 
 use crate::envelope::ToolCall;
-use crate::lru::{CallerKeyHasher, LruMap};
+use hashlink::LruCache;
+
+use crate::bounds::CallerKeyHasher;
 use crate::registry::{OnLimit, RateLimitKey};
 
 /// governor's clock on tokio time, so that paused time drives the limits in tests.
@@ -51,19 +53,17 @@ type KeyedLimiter = RateLimiter<String, BoundedKeys, TokioClock, NoOpMiddleware<
 /// If it was not, it starts again with a full burst when it comes back.
 #[derive(Debug)]
 struct BoundedKeys {
-    keys: Mutex<LruMap<String, u64, CallerKeyHasher>>,
-    max_keys: usize,
+    keys: Mutex<LruCache<String, u64, CallerKeyHasher>>,
 }
 
 impl BoundedKeys {
     fn new(max_keys: usize) -> Self {
         BoundedKeys {
-            keys: Mutex::new(LruMap::with_hasher(CallerKeyHasher::default())),
-            max_keys,
+            keys: Mutex::new(LruCache::with_hasher(max_keys, CallerKeyHasher::default())),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, LruMap<String, u64, CallerKeyHasher>> {
+    fn lock(&self) -> MutexGuard<'_, LruCache<String, u64, CallerKeyHasher>> {
         // No code panics while holding the lock, so a poisoned map is still consistent.
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -82,11 +82,9 @@ impl StateStore for BoundedKeys {
             *state = next.into();
             return Ok(outcome);
         }
-        // A new key is kept only once it has taken a call.
+        // A new key is kept only once it has taken a call; at the cap, it takes the place of
+        // the least recently used one.
         let (outcome, next) = f(None)?;
-        if keys.len() >= self.max_keys {
-            keys.pop_oldest();
-        }
         keys.insert(key.clone(), next.into());
         Ok(outcome)
     }

@@ -1,22 +1,24 @@
 //! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
 
 use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use hashlink::LruCache;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{
     at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
-    RecentStrings, StoreError,
+    StoreError,
 };
+use crate::bounds::{json_bytes, CallerKeyHasher};
 use crate::error::ConfigError;
 use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
-use crate::lru::{json_bytes, CallerKeyHasher, LruMap};
 use crate::time::{millis, unix_now_ms};
 
 /// The default capacity: 25 000 records.
@@ -77,14 +79,14 @@ struct Shared {
     expired: AtomicU64,
 }
 
-/// One map holds every record, so that an operation on a key finds it with one lookup:
-/// settled records in their order of use, in-flight ones outside it (never evicted).
+/// The records: in-flight ones apart, never evicted; settled ones in their order of use.
 struct State {
-    records: LruMap<Arc<str>, Entry, CallerKeyHasher>,
-    /// How many of the records are in flight.
-    inflight: usize,
+    inflight: HashMap<Arc<str>, Entry, CallerKeyHasher>,
+    /// The least recently used first.
+    settled: LruCache<Arc<str>, Entry, CallerKeyHasher>,
+    /// The sum of the entries' sizes.
+    bytes: usize,
     last_version: u64,
-    recent: RecentStrings,
 }
 
 /// A record and, while it is in flight, the channel of the calls that wait for it.
@@ -93,82 +95,27 @@ struct Entry {
     /// Made when the first call waits on an in-flight record: it carries the settled record
     /// to the waiters, and dropping it without one wakes them too.
     waiters: Option<watch::Sender<Option<Arc<DedupeRecord>>>>,
+    /// The approximate size of the entry in memory.
+    bytes: usize,
 }
 
 impl Entry {
     fn new(record: Arc<DedupeRecord>) -> Entry {
         Entry {
+            bytes: record_bytes(&record),
             record,
             waiters: None,
         }
     }
 
-    /// `true` while the record is in flight: it is then out of the order of use, and never
-    /// evicted.
-    fn is_in_flight(&self) -> bool {
-        self.record.state == RecordState::Inflight
-    }
-
     /// `true` for an in-flight record whose lease has not ended at `now`, or a settled record
     /// that has not expired.
     fn is_live(&self, now: u64) -> bool {
-        if self.is_in_flight() {
+        if self.record.state == RecordState::Inflight {
             self.record.lock_until_ms.is_some_and(|until| until > now)
         } else {
             self.record.expires_at_ms > now
         }
-    }
-
-    /// The approximate size of the entry in memory.
-    fn bytes(&self) -> usize {
-        record_bytes(&self.record)
-    }
-
-    /// Reads the record's own memory: the fields that point to the allocations it shares.
-    ///
-    /// The next record to be evicted is the least recently used one, and its memory is cold;
-    /// read while another is evicted, it is in the cache when its own turn comes.
-    fn warm_record(&self) {
-        let record = &*self.record;
-        let request = &record.request;
-        // The pointers themselves are read, from every cache line of the record that holds
-        // one; each read is independent of the others.
-        std::hint::black_box((
-            Arc::strong_count(&self.record),
-            Arc::as_ptr(&record.key),
-            Arc::as_ptr(&record.idempotency_key),
-            Arc::as_ptr(&request.request_id),
-            Arc::as_ptr(request.params_digest.shared_allocation()),
-            request.tool_call_id.as_ref().map(Arc::as_ptr),
-            record.execution.as_ref().map(|e| e.attempts.as_ptr()),
-            record.payload.is_some(),
-            record.error.is_some(),
-        ));
-    }
-
-    /// Reads the reference count of every allocation the entry shares, and the attempts
-    /// of its execution, so that dropping it soon after finds them in the cache.
-    ///
-    /// Plain reads are issued together and their cache misses overlap, where the locked
-    /// decrements of a drop would each wait for theirs in turn.
-    fn warm_for_drop(&self) {
-        let record = &self.record;
-        let request = &record.request;
-        let attempts = record.execution.as_ref().map(|e| {
-            e.attempts
-                .iter()
-                .map(|a| a.error_code.as_ref().map_or(0, String::len))
-                .sum::<usize>()
-        });
-        std::hint::black_box((
-            Arc::strong_count(record),
-            Arc::strong_count(&record.key),
-            Arc::strong_count(&record.idempotency_key),
-            Arc::strong_count(&request.request_id),
-            Arc::strong_count(request.params_digest.shared_allocation()),
-            request.tool_call_id.as_ref().map(Arc::strong_count),
-            attempts,
-        ));
     }
 }
 
@@ -281,9 +228,9 @@ impl InMemoryDedupeStore {
     pub fn stats(&self) -> MemoryStoreStats {
         let state = self.shared.lock();
         MemoryStoreStats {
-            records: state.records.len(),
-            bytes: state.records.bytes(),
-            inflight: state.inflight,
+            records: state.len(),
+            bytes: state.bytes,
+            inflight: state.inflight.len(),
             evicted: self.shared.evicted.load(Ordering::Relaxed),
             rejected_at_capacity: self.shared.rejected_at_capacity.load(Ordering::Relaxed),
             expired: self.shared.expired.load(Ordering::Relaxed),
@@ -298,6 +245,22 @@ impl InMemoryDedupeStore {
     /// The capacity in bytes.
     pub fn max_bytes(&self) -> usize {
         self.shared.max_bytes
+    }
+
+    /// [`DedupeStore::claim`], answered at once.
+    pub(crate) fn claim_now(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.start_sweeper();
+        self.shared.claim(request)
+    }
+
+    /// [`DedupeStore::finalize`], answered at once; the caller gives its reference to the
+    /// claimed record up.
+    pub(crate) fn finalize_now(
+        &self,
+        claimed: Arc<DedupeRecord>,
+        completion: Completion,
+    ) -> Finalized {
+        (self.shared).settle(claimed, |record, now| completion.apply(record, now))
     }
 
     /// Starts the background sweep, once, when a Tokio runtime is there to run it. It holds
@@ -369,8 +332,10 @@ impl Shared {
 
     /// The live record of `key` at `now`, without touching the order of use.
     fn current(&self, state: &State, key: &str, now: u64) -> Option<DedupeRecord> {
-        let slot = state.records.slot_of(key)?;
-        let entry = state.records.value(slot);
+        let entry = state
+            .inflight
+            .get(key)
+            .or_else(|| state.settled.peek(key))?;
         entry.is_live(now).then(|| (*entry.record).clone())
     }
 
@@ -380,49 +345,35 @@ impl Shared {
         // freed outside the critical section.
         let mut removed = Vec::new();
         let mut state = self.lock();
-        let State {
-            records,
-            inflight,
-            last_version,
-            recent,
-        } = &mut *state;
         let key: &str = &request.key;
-        let hash = records.hash_key(key);
-        let found = records.find_slot(hash, key);
-        if let Some(slot) = found {
-            let entry = records.value(slot);
-            let record = &entry.record;
-            if entry.is_in_flight() {
-                if request.is_held_by(record, now) {
-                    return Ok(ClaimOutcome::Existing {
-                        record: record.clone(),
-                        now_ms: now,
-                    });
-                }
-                // The lease ended: take the key over. Dropping the entry wakes its waiters.
-                tracing::debug!(
-                    version = record.version,
-                    "taking over a dedupe record whose lease ended"
-                );
-            } else if record.expires_at_ms > now && request.is_held_by(record, now) {
-                let record = record.clone();
-                records.place_newest(slot);
+        if let Some(entry) = state.inflight.get(key) {
+            if request.is_held_by(&entry.record, now) {
                 return Ok(ClaimOutcome::Existing {
-                    record,
+                    record: entry.record.clone(),
+                    now_ms: now,
+                });
+            }
+            // The lease ended: take the key over. Dropping the entry wakes its waiters.
+            tracing::debug!(
+                version = entry.record.version,
+                "taking over a dedupe record whose lease ended"
+            );
+        } else if let Some(entry) = state.settled.get(key) {
+            let record = &entry.record;
+            if record.expires_at_ms > now && request.is_held_by(record, now) {
+                return Ok(ClaimOutcome::Existing {
+                    record: record.clone(),
                     now_ms: now,
                 });
             }
         }
-        *last_version += 1;
-        let record = Arc::new(request.inflight_record_sharing(*last_version, now, recent));
+        // The record this one replaces, if any, leaves with its bytes.
+        removed.extend(state.remove(key));
+        state.last_version += 1;
+        let record = Arc::new(request.inflight_record(state.last_version, now));
         let entry = Entry::new(record.clone());
-        let bytes = entry.bytes();
-        // The bytes of the record this one replaces are freed with it.
-        let replaced_bytes = found.map_or(0, |slot| records.value(slot).bytes());
-        while (found.is_none() && records.len() >= self.capacity)
-            || records.bytes() - replaced_bytes + bytes > self.max_bytes
-        {
-            let Some((_, evicted)) = records.pop_oldest() else {
+        while state.len() >= self.capacity || state.bytes + entry.bytes > self.max_bytes {
+            let Some((_, evicted)) = state.settled.remove_lru() else {
                 drop(state);
                 self.rejected_at_capacity.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
@@ -434,28 +385,12 @@ impl Shared {
                     capacity: self.capacity,
                 });
             };
+            state.bytes -= evicted.bytes;
             self.evicted.fetch_add(1, Ordering::Relaxed);
-            evicted.warm_for_drop();
-            records.warm_oldest(Entry::warm_record);
             removed.push(evicted);
         }
-        match found {
-            // The key's record is replaced where it is, and leaves the order of use.
-            Some(slot) => {
-                let replaced = std::mem::replace(records.value_mut(slot), entry);
-                if !replaced.is_in_flight() {
-                    records.take_out_of_order(slot);
-                    *inflight += 1;
-                }
-                records.set_bytes(slot, bytes);
-                removed.push(replaced);
-            }
-            None => {
-                let slot = records.insert_unordered(hash, request.key.clone(), entry);
-                records.set_bytes(slot, bytes);
-                *inflight += 1;
-            }
-        }
+        state.bytes += entry.bytes;
+        state.inflight.insert(request.key.clone(), entry);
         drop(state);
         drop(removed);
         Ok(ClaimOutcome::Claimed(record))
@@ -465,8 +400,7 @@ impl Shared {
     /// holds.
     ///
     /// A caller that gives its reference to the claimed record up (an owned `Arc`) lets the
-    /// record be settled where it is: it is then the store's alone, unless a waiter holds it
-    /// too.
+    /// record be settled where it is, without a copy, unless a waiter holds it too.
     fn settle<C: Borrow<DedupeRecord>>(
         &self,
         claimed: C,
@@ -474,44 +408,34 @@ impl Shared {
     ) -> Finalized {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let State {
-            records, inflight, ..
-        } = &mut *state;
         let (key, version) = (&*claimed.borrow().key, claimed.borrow().version);
-        let Some(slot) = records.slot_of(key) else {
-            return Finalized::Stale {
-                current_version: None,
-            };
-        };
-        let entry = records.value_mut(slot);
-        if !entry.is_in_flight() || entry.record.version != version {
-            return Finalized::Stale {
-                current_version: Some(entry.record.version),
-            };
-        }
-        drop(claimed);
-        match Arc::get_mut(&mut entry.record) {
-            Some(record) => apply(record, now),
-            None => {
-                let mut record = (*entry.record).clone();
-                apply(&mut record, now);
-                entry.record = Arc::new(record);
+        match state.inflight.get(key) {
+            Some(entry) if entry.record.version == version => {}
+            found => {
+                let found = found.or_else(|| state.settled.peek(key));
+                return Finalized::Stale {
+                    current_version: found.map(|entry| entry.record.version),
+                };
             }
         }
+        let (key, mut entry) = (state.inflight.remove_entry(key)).expect("found in flight");
+        drop(claimed);
+        apply(Arc::make_mut(&mut entry.record), now);
         let waiters = entry
             .waiters
             .take()
             .map(|waiters| (waiters, entry.record.clone()));
-        let bytes = entry.bytes();
-        records.place_newest(slot);
-        records.set_bytes(slot, bytes);
-        *inflight -= 1;
+        let bytes = record_bytes(&entry.record);
+        state.bytes = state.bytes - entry.bytes + bytes;
+        entry.bytes = bytes;
+        state.settled.insert(key, entry);
         // The result may pass the bound in bytes: older settled records make room.
         let mut evicted = Vec::new();
-        while records.bytes() > self.max_bytes {
-            let Some((_, entry)) = records.pop_oldest_except(slot) else {
+        while state.bytes > self.max_bytes && state.settled.len() > 1 {
+            let Some((_, entry)) = state.settled.remove_lru() else {
                 break;
             };
+            state.bytes -= entry.bytes;
             evicted.push(entry);
         }
         self.evicted
@@ -527,7 +451,7 @@ impl Shared {
     fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> bool {
         let now = self.clock.now_ms();
         let mut state = self.lock();
-        let Some(entry) = state.inflight_entry(&claimed.key) else {
+        let Some(entry) = state.inflight.get_mut(&claimed.key) else {
             return false;
         };
         if entry.record.version != claimed.version || !entry.is_live(now) {
@@ -542,15 +466,7 @@ impl Shared {
     }
 
     fn remove(&self, key: &str) -> bool {
-        let mut state = self.lock();
-        let records = &mut state.records;
-        let Some(slot) = records.slot_of(key) else {
-            return false;
-        };
-        if records.remove_at(slot).1.is_in_flight() {
-            state.inflight -= 1;
-        }
-        true
+        self.lock().remove(key).is_some()
     }
 
     fn flush_prefix(&self, prefix: &str) -> u64 {
@@ -559,36 +475,38 @@ impl Shared {
 }
 
 impl State {
-    /// The in-flight entry of `key`, if it has one.
-    fn inflight_entry(&mut self, key: &str) -> Option<&mut Entry> {
-        let slot = self.records.slot_of(key)?;
-        Some(self.records.value_mut(slot)).filter(|entry| entry.is_in_flight())
+    /// How many records the store holds.
+    fn len(&self) -> usize {
+        self.inflight.len() + self.settled.len()
+    }
+
+    /// Removes the record of `key`; returns its entry.
+    fn remove(&mut self, key: &str) -> Option<Entry> {
+        let entry = (self.inflight.remove(key)).or_else(|| self.settled.remove(key))?;
+        self.bytes -= entry.bytes;
+        Some(entry)
     }
 
     /// Keeps the records for which `keep` is true; returns how many it removed.
     fn retain(&mut self, mut keep: impl FnMut(&str, &Entry) -> bool) -> usize {
-        let mut inflight_removed = 0;
-        let removed = self.records.retain(|key, entry| {
+        let (before, mut bytes) = (self.len(), self.bytes);
+        let mut keep = |key: &Arc<str>, entry: &mut Entry| {
             let kept = keep(key, entry);
-            if !kept && entry.is_in_flight() {
-                inflight_removed += 1;
+            if !kept {
+                bytes -= entry.bytes;
             }
             kept
-        });
-        self.inflight -= inflight_removed;
-        removed
+        };
+        self.inflight.retain(|key, entry| keep(key, entry));
+        self.settled.retain(|key, entry| keep(key, entry));
+        self.bytes = bytes;
+        before - self.len()
     }
 }
 
 impl DedupeStore for InMemoryDedupeStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.start_sweeper();
-        self.shared.claim(request)
-    }
-
-    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
-        self.start_sweeper();
-        Some(self.shared.claim(request))
+        self.claim_now(request)
     }
 
     async fn get(&self, key: &str) -> Result<Option<DedupeRecord>, StoreError> {
@@ -605,19 +523,6 @@ impl DedupeStore for InMemoryDedupeStore {
         Ok(self
             .shared
             .settle(claimed, |record, now| completion.apply(record, now)))
-    }
-
-    fn finalize_now<C>(
-        &self,
-        claimed: Arc<DedupeRecord>,
-        completion: C,
-    ) -> Result<Finalized, (Arc<DedupeRecord>, C)>
-    where
-        C: FnOnce(u64) -> Completion,
-    {
-        Ok(self
-            .shared
-            .settle(claimed, |record, now| completion(now).apply(record, now)))
     }
 
     async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
@@ -641,7 +546,7 @@ impl DedupeStore for InMemoryDedupeStore {
             let now = self.shared.clock.now_ms();
             let (mut settled, lock_until) = {
                 let mut state = self.shared.lock();
-                match state.inflight_entry(&seen.key) {
+                match state.inflight.get_mut(&seen.key) {
                     Some(entry) if entry.record.version == seen.version => {
                         let until = entry.record.lock_until_ms.unwrap_or(0);
                         if until <= now {
@@ -685,7 +590,7 @@ impl DedupeStore for InMemoryDedupeStore {
 
     async fn size(&self) -> Result<u64, StoreError> {
         let state = self.shared.lock();
-        Ok(state.records.len() as u64)
+        Ok(state.len() as u64)
     }
 }
 
@@ -737,10 +642,10 @@ impl InMemoryDedupeStoreBuilder {
         Ok(InMemoryDedupeStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    records: LruMap::with_hasher(CallerKeyHasher::default()),
-                    inflight: 0,
+                    inflight: HashMap::with_hasher(CallerKeyHasher::default()),
+                    settled: LruCache::with_hasher(usize::MAX, CallerKeyHasher::default()),
+                    bytes: 0,
                     last_version: 0,
-                    recent: RecentStrings::default(),
                 }),
                 capacity: capacity.get(),
                 max_bytes: self.max_bytes,

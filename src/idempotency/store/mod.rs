@@ -14,7 +14,7 @@ mod redis;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
@@ -29,9 +29,7 @@ pub use redis::{
     DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_OPERATION_TIMEOUT,
 };
 
-use super::params_digest::{ParamsDigest, DEFERRED_DIGEST_MAX_CANONICAL};
 use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};
-use crate::canonical::CanonicalOptions;
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
@@ -58,18 +56,6 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
 
-    /// [`claim`](DedupeStore::claim), when the store answers without waiting (it keeps
-    /// its records in the process); `None` when it does not, and the caller awaits `claim`.
-    /// The default is `None`.
-    ///
-    /// The layer asks it when a call is made: a settled record answers the call without a
-    /// boxed future, and a key claimed this way is released if the response future is
-    /// dropped before it runs the tool.
-    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
-        let _ = request;
-        None
-    }
-
     /// The record of `key`, if the store has a live one.
     fn get(
         &self,
@@ -83,25 +69,6 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
         claimed: &DedupeRecord,
         completion: Completion,
     ) -> impl Future<Output = Result<Finalized, StoreError>> + Send;
-
-    /// [`finalize`](DedupeStore::finalize), when the store answers without waiting (it keeps
-    /// its records in the process); `Err` gives both back when it does not, and the caller
-    /// awaits `finalize`. The default is `Err`.
-    ///
-    /// The caller gives its reference to the claimed record up, so that a store that holds
-    /// the only other one settles the record where it is. `completion` makes the result
-    /// from the time the store finalizes at, in Unix milliseconds of its clock: the time
-    /// the execution finished.
-    fn finalize_now<C>(
-        &self,
-        claimed: Arc<DedupeRecord>,
-        completion: C,
-    ) -> Result<Finalized, (Arc<DedupeRecord>, C)>
-    where
-        C: FnOnce(u64) -> Completion,
-    {
-        Err((claimed, completion))
-    }
 
     /// Marks the record `cancelled` (kept for `keep_for`, the key free), if the claim still
     /// holds; wakes every waiter. `true` when it did.
@@ -143,11 +110,6 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
 }
 
 /// What a call asks of [`DedupeStore::claim`].
-///
-/// The params digest of a claim whose idempotency key was derived from the params is
-/// computed only when a store needs it (to write a record, or to compare it with a failure's):
-/// a duplicate found under a derived key already has the same params, since the key hashes
-/// them.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ClaimRequest {
@@ -162,12 +124,10 @@ pub struct ClaimRequest {
     /// Take over a `failed` record whose error is retriable and whose params digest is the
     /// same (dedupe mode `bestEffort`).
     pub take_over_retriable_failure: bool,
-    /// `hex(sha256(canonical_json(params)))`, once known.
-    params_digest: OnceLock<Arc<str>>,
-    /// The options the params digest is computed under, when it is not known yet.
-    canonical: CanonicalOptions,
+    /// `hex(sha256(canonical_json(params)))`.
+    params_digest: Arc<str>,
     /// The idempotency key was derived from the canonical params.
-    key_derived_from_params: bool,
+    pub(crate) key_derived_from_params: bool,
 }
 
 impl ClaimRequest {
@@ -198,38 +158,14 @@ impl ClaimRequest {
             call,
             lease,
             take_over_retriable_failure: false,
-            params_digest: OnceLock::from(params_digest.into()),
-            canonical: CanonicalOptions::default(),
+            params_digest: params_digest.into(),
             key_derived_from_params: false,
-        }
-    }
-
-    /// A claim under an idempotency key derived from the params of `call`, canonicalized
-    /// under `canonical` without error: their digest, unless known, is computed when it is
-    /// first needed.
-    pub(crate) fn derived(
-        key: Arc<str>,
-        idempotency_key: Arc<str>,
-        call: ToolCall,
-        canonical: CanonicalOptions,
-        lease: Duration,
-        params_digest: Option<Arc<str>>,
-    ) -> ClaimRequest {
-        ClaimRequest {
-            key,
-            idempotency_key,
-            call,
-            lease,
-            take_over_retriable_failure: false,
-            params_digest: params_digest.map_or_else(OnceLock::new, OnceLock::from),
-            canonical,
-            key_derived_from_params: true,
         }
     }
 
     /// `hex(sha256(canonical_json(params)))` of the call.
     pub fn params_digest(&self) -> &str {
-        self.shared_params_digest()
+        &self.params_digest
     }
 
     /// `true` when the idempotency key was derived from the canonical params: a record
@@ -238,48 +174,16 @@ impl ClaimRequest {
         self.key_derived_from_params
     }
 
-    fn shared_params_digest(&self) -> &Arc<str> {
-        self.params_digest.get_or_init(|| {
-            self.call
-                .params()
-                .shared_digest(&self.canonical)
-                .expect("a claim with a deferred digest has params that canonicalize")
-        })
-    }
-
-    /// The params digest of the record of this claim: deferred, when the key was derived
-    /// from short params whose digest the claim has not needed yet.
-    fn record_params_digest(&self) -> ParamsDigest {
-        if let Some(known) = self.params_digest.get() {
-            return ParamsDigest::from(known.clone());
-        }
-        match self.call.params().shared_canonical(&self.canonical) {
-            Ok(canonical) if canonical.len() <= DEFERRED_DIGEST_MAX_CANONICAL => {
-                ParamsDigest::of_canonical(canonical)
-            }
-            _ => ParamsDigest::from(self.shared_params_digest().clone()),
-        }
-    }
-
     /// The in-flight record a store writes for this claim.
     pub fn inflight_record(&self, version: u64, now_ms: u64) -> DedupeRecord {
-        self.inflight_record_sharing(version, now_ms, &mut RecentStrings::default())
-    }
-
-    /// [`inflight_record`](Self::inflight_record), sharing the tool, session and actor
-    /// strings of the previous record when they are the same.
-    pub(crate) fn inflight_record_sharing(
-        &self,
-        version: u64,
-        now_ms: u64,
-        recent: &mut RecentStrings,
-    ) -> DedupeRecord {
         let lease_ms = millis(self.lease);
         let lock_until_ms = now_ms.saturating_add(lease_ms);
         let call = &self.call;
         DedupeRecord {
             key: self.key.clone(),
-            tool: recent.tool(call.tool_namespace(), call.tool_name()),
+            tool: [call.tool_namespace(), "::", call.tool_name()]
+                .concat()
+                .into(),
             idempotency_key: self.idempotency_key.clone(),
             state: RecordState::Inflight,
             created_at_ms: now_ms,
@@ -287,11 +191,11 @@ impl ClaimRequest {
             expires_at_ms: lock_until_ms,
             ttl_ms: lease_ms,
             request: RecordRequest {
-                session_key: RecentStrings::share(&mut recent.session_key, call.session_key()),
-                actor_id: RecentStrings::share(&mut recent.actor_id, call.actor_id()),
+                session_key: call.session_key().into(),
+                actor_id: call.actor_id().into(),
                 request_id: call.request_id().into(),
                 tool_call_id: call.envelope().tool_call_id.as_deref().map(Arc::from),
-                params_digest: self.record_params_digest(),
+                params_digest: self.params_digest.clone(),
             },
             key_derived_from_params: self.key_derived_from_params,
             execution: None,
@@ -318,44 +222,6 @@ impl ClaimRequest {
                     && *record.request.params_digest == *self.params_digest())
             }
             RecordState::Done => true,
-        }
-    }
-}
-
-/// The tool, session and actor strings of the last record a store wrote. The next records of
-/// the same tool and session share them rather than hold copies of their own: a record takes
-/// fewer allocations, and a store that evicts it touches less memory.
-#[derive(Debug, Default)]
-pub(crate) struct RecentStrings {
-    tool: Option<Arc<str>>,
-    session_key: Option<Arc<str>>,
-    actor_id: Option<Arc<str>>,
-}
-
-impl RecentStrings {
-    /// `namespace::name`.
-    fn tool(&mut self, namespace: &str, name: &str) -> Arc<str> {
-        let same = |tool: &str| {
-            tool.len() == namespace.len() + 2 + name.len()
-                && tool.starts_with(namespace)
-                && tool[namespace.len()..].starts_with("::")
-                && tool.ends_with(name)
-        };
-        match &self.tool {
-            Some(tool) if same(tool) => tool.clone(),
-            _ => {
-                let tool: Arc<str> = [namespace, "::", name].concat().into();
-                self.tool = Some(tool.clone());
-                tool
-            }
-        }
-    }
-
-    /// `value`, shared with the string `recent` holds when it is the same.
-    fn share(recent: &mut Option<Arc<str>>, value: &str) -> Arc<str> {
-        match recent {
-            Some(shared) if **shared == *value => shared.clone(),
-            _ => recent.insert(Arc::from(value)).clone(),
         }
     }
 }
