@@ -186,7 +186,7 @@ pub use envelope::{
     BreakerScope, CallEnvelope, DedupeMode, Params, ResultEnvelopeLayer, ResultStatus, ToolCall,
     ToolResult,
 };
-pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
+pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError, UnknownErrorCode};
 pub use hooks::{HookLayer, ToolHooks};
 pub use idempotency::IdempotencyLayer;
 pub use loop_detect::LoopDetectLayer;
