@@ -164,6 +164,9 @@ pub mod control;
 pub mod envelope;
 mod error;
 pub mod hooks;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod http;
 pub mod idempotency;
 pub mod loop_detect;
 mod lru;
