@@ -152,6 +152,7 @@
 //! | `redis` | no | `RedisDedupeStore`: idempotency records shared by every replica |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
+//! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]

@@ -200,7 +200,7 @@ impl ToolMetrics {
     }
 
     /// Sets the dedupe store's size gauge to `records`, what
-    /// [`DedupeStore::size`](crate::idempotency::DedupeStore::size) answered.
+    /// [`DedupeStore::size`] answered.
     ///
     /// ```
     /// # use tower_toolcall::registry::ToolRegistry;
