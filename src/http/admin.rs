@@ -38,6 +38,7 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 /// | `POST /breakers/{key}/reset` | closes the breaker, forgetting its counts |
 /// | `GET /loops/{session}` | the loop detector's settings for the session |
 /// | `POST /loops/{session}/reset` | forgets the session's recent calls |
+/// | `GET /dedupe/records/{fingerprint}` | the dedupe record whose key has this fingerprint (as results and logs show it) |
 /// | `GET /dedupe/records?key=…` | the dedupe record of a store key, with its fingerprint |
 /// | `POST /dedupe/flush` | `{"prefix": "acme/"}`: deletes every record under the prefix |
 /// | `GET /switches` | the kill switch, open mode, key derivation and shadow layers |
@@ -138,6 +139,10 @@ impl<St: DedupeStore> AdminRouter<St> {
             .route("/loops/{session}", get(read_loop_session::<St>))
             .route("/loops/{session}/reset", post(reset_loop_session::<St>))
             .route("/dedupe/records", get(read_dedupe_record::<St>))
+            .route(
+                "/dedupe/records/{fingerprint}",
+                get(find_dedupe_record::<St>),
+            )
             .route("/dedupe/flush", post(flush_dedupe::<St>))
             .route(
                 "/switches",
@@ -316,6 +321,26 @@ async fn read_dedupe_record<St: DedupeStore>(
         None => Err(error(ToolError::rejected(
             ErrorCode::NotFound,
             "the dedupe store has no live record under this key",
+        ))),
+    }
+}
+
+async fn find_dedupe_record<St: DedupeStore>(
+    State(state): State<AdminState<St>>,
+    Path(fingerprint): Path<String>,
+) -> Answer {
+    let record = state
+        .store()?
+        .find_by_fingerprint(&fingerprint)
+        .await
+        .map_err(store_error)?;
+    match record {
+        Some(record) => {
+            Ok(Json(json!({"fingerprint": fingerprint, "record": record})).into_response())
+        }
+        None => Err(error(ToolError::rejected(
+            ErrorCode::NotFound,
+            "the dedupe store has no live record whose key has this fingerprint",
         ))),
     }
 }

@@ -497,7 +497,22 @@ async fn switches_loop_sessions_and_dedupe_records_through_the_admin_api() {
         .await;
     assert_eq!(record.status, StatusCode::OK, "{}", record.body);
     assert_eq!(record.body["record"]["state"], "done");
-    assert_eq!(record.body["fingerprint"].as_str().unwrap().len(), 16);
+    let fingerprint = record.body["fingerprint"].as_str().unwrap().to_owned();
+    assert_eq!(fingerprint.len(), 16);
+    let by_fingerprint = gateway
+        .admin(Method::GET, &format!("/dedupe/records/{fingerprint}"), "")
+        .await;
+    assert_eq!(
+        by_fingerprint.status,
+        StatusCode::OK,
+        "{}",
+        by_fingerprint.body
+    );
+    assert_eq!(by_fingerprint.body["record"], record.body["record"]);
+    // the fingerprint a cached result shows finds its record
+    let cached = gateway.call(&call, &[("idempotency-key", "d-1")]).await;
+    assert_eq!(cached.body["fromCache"], true);
+    assert_eq!(cached.body["cache"]["keyFingerprint"], fingerprint.as_str());
     let flushed = gateway
         .admin(Method::POST, "/dedupe/flush", r#"{"prefix": "/"}"#)
         .await;

@@ -15,6 +15,7 @@ use super::{
     RecentStrings, StoreError,
 };
 use crate::error::ConfigError;
+use crate::idempotency::key::fingerprint_matches;
 use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
 use crate::lru::{json_bytes, CallerKeyHasher, LruMap};
 use crate::time::{millis, unix_now_ms};
@@ -686,6 +687,23 @@ impl DedupeStore for InMemoryDedupeStore {
     async fn size(&self) -> Result<u64, StoreError> {
         let state = self.shared.lock();
         Ok(state.records.len() as u64)
+    }
+
+    async fn find_by_fingerprint(
+        &self,
+        fingerprint: &str,
+    ) -> Result<Option<DedupeRecord>, StoreError> {
+        let mut found: Option<Arc<str>> = None;
+        self.shared.lock().records.retain(|key, _| {
+            if found.is_none() && fingerprint_matches(key, fingerprint) {
+                found = Some(key.clone());
+            }
+            true
+        });
+        match found {
+            Some(key) => self.get(&key).await,
+            None => Ok(None),
+        }
     }
 }
 
