@@ -293,6 +293,7 @@ async fn a_malformed_body_is_a_bad_request_naming_the_field() {
 
 #[tokio::test]
 async fn a_breaker_forced_open_through_the_admin_api_answers_503_with_retry_after() {
+    let (capture, _guard) = support::capture::capture();
     let gateway = gateway().await;
     let forced = gateway
         .admin(
@@ -344,6 +345,31 @@ async fn a_breaker_forced_open_through_the_admin_api_answers_503_with_retry_afte
         .map(|(_, line)| line["payload"]["action"].clone())
         .collect();
     assert_eq!(changes, [json!("force_open"), json!("reset")]);
+    // and to the log, at INFO
+    let logged: Vec<(String, String)> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::INFO && e.fields.contains_key("target_of_change"))
+        .map(|e| {
+            (
+                e.fields["message"].clone(),
+                e.fields["target_of_change"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            (
+                "breaker forced open".to_owned(),
+                "tool:vault::createFile".to_owned()
+            ),
+            (
+                "breaker reset".to_owned(),
+                "tool:vault::createFile".to_owned()
+            ),
+        ]
+    );
 }
 
 #[tokio::test]
