@@ -14,7 +14,8 @@ use crate::outcome::{CallRecord, ShortCircuit};
 /// Stable, machine-readable error codes.
 ///
 /// The string form ([`ErrorCode::as_str`]) is what appears in the `ToolResult` envelope and
-/// in logs; it never changes between releases.
+/// in logs, and what the code serializes to; it never changes between releases.
+/// [`ErrorCode::http_status`] gives the HTTP status of each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorCode {
@@ -108,6 +109,59 @@ impl ErrorCode {
         ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
     }
 
+    /// The HTTP status that answers a call which ended with this code, for gateways that
+    /// put the stack behind HTTP (the `axum` feature uses it).
+    ///
+    /// | code | status |
+    /// |---|---|
+    /// | `VALIDATION_ERROR` | 400 Bad Request |
+    /// | `POLICY_DENIED` | 403 Forbidden |
+    /// | `NOT_FOUND` | 404 Not Found |
+    /// | `CONFLICT`, `IDEMPOTENCY_IN_FLIGHT`, `LOOP_DETECTED` | 409 Conflict |
+    /// | `PRECONDITION_FAILED` | 412 Precondition Failed |
+    /// | `PAYLOAD_TOO_LARGE` | 413 Content Too Large |
+    /// | `IDEMPOTENCY_KEY_REUSED` | 422 Unprocessable Content |
+    /// | `RATE_LIMITED` | 429 Too Many Requests |
+    /// | `CANCELLED` | 499 Client Closed Request |
+    /// | `INTERNAL_ERROR` | 500 Internal Server Error |
+    /// | `RETRY_EXHAUSTED`, `UPSTREAM_ERROR` | 502 Bad Gateway |
+    /// | `CIRCUIT_OPEN`, `STORE_UNAVAILABLE`, `UPSTREAM_UNAVAILABLE` | 503 Service Unavailable |
+    /// | `TIMEOUT` | 504 Gateway Timeout |
+    ///
+    /// `LOOP_DETECTED` is a 409, not a 429: the call conflicts with the session's own
+    /// history (the same call made too often in a row), and sending it again later fails the
+    /// same way, since the code is terminal. A 429 tells HTTP clients to wait and send the
+    /// same request again, which is the loop the layer stopped; a 409 tells them to change
+    /// the request. `CANCELLED` uses the 499 of nginx and other gateways: the caller went
+    /// away before the answer.
+    ///
+    /// ```
+    /// use tower_toolcall::ErrorCode;
+    ///
+    /// assert_eq!(ErrorCode::CircuitOpen.http_status(), 503);
+    /// assert_eq!(ErrorCode::LoopDetected.http_status(), 409);
+    /// assert_eq!(ErrorCode::IdempotencyKeyReused.http_status(), 422);
+    /// ```
+    pub const fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::ValidationError => 400,
+            ErrorCode::PolicyDenied => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::Conflict | ErrorCode::IdempotencyInFlight | ErrorCode::LoopDetected => 409,
+            ErrorCode::PreconditionFailed => 412,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::IdempotencyKeyReused => 422,
+            ErrorCode::RateLimited => 429,
+            ErrorCode::Cancelled => 499,
+            ErrorCode::InternalError => 500,
+            ErrorCode::RetryExhausted | ErrorCode::UpstreamError => 502,
+            ErrorCode::CircuitOpen
+            | ErrorCode::StoreUnavailable
+            | ErrorCode::UpstreamUnavailable => 503,
+            ErrorCode::Timeout => 504,
+        }
+    }
+
     /// The class an error with this code has unless its creator says otherwise.
     pub const fn default_class(self) -> ErrorClass {
         match self {
@@ -122,6 +176,73 @@ impl ErrorCode {
         }
     }
 }
+
+impl PartialEq<str> for ErrorCode {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ErrorCode {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl std::str::FromStr for ErrorCode {
+    type Err = UnknownErrorCode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ErrorCode::parse(s).ok_or_else(|| UnknownErrorCode(s.to_owned()))
+    }
+}
+
+/// A string that is not one of the [`ErrorCode`]s, from [`ErrorCode`]'s `FromStr`.
+///
+/// ```
+/// use tower_toolcall::ErrorCode;
+///
+/// assert_eq!("TIMEOUT".parse::<ErrorCode>().unwrap(), ErrorCode::Timeout);
+/// assert!("SLOW".parse::<ErrorCode>().unwrap_err().to_string().contains("SLOW"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownErrorCode(String);
+
+impl fmt::Display for UnknownErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown error code {:?}; use one of the codes of `ErrorCode`",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownErrorCode {}
+
+impl serde::Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ErrorCode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let code = String::deserialize(deserializer)?;
+        ErrorCode::parse(&code)
+            .ok_or_else(|| serde::de::Error::unknown_variant(&code, &ALL_CODE_STRS))
+    }
+}
+
+const ALL_CODE_STRS: [&str; 18] = {
+    let mut names = [""; 18];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = ErrorCode::ALL[i].as_str();
+        i += 1;
+    }
+    names
+};
 
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

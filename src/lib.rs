@@ -152,6 +152,7 @@
 //! | `redis` | no | `RedisDedupeStore`: idempotency records shared by every replica |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
+//! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]
@@ -165,6 +166,9 @@ pub mod control;
 pub mod envelope;
 mod error;
 pub mod hooks;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod http;
 pub mod idempotency;
 pub mod loop_detect;
 mod middleware;
@@ -186,7 +190,7 @@ pub use envelope::{
     BreakerScope, CallEnvelope, DedupeMode, Params, ResultEnvelopeLayer, ResultStatus, ToolCall,
     ToolResult,
 };
-pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError};
+pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError, UnknownErrorCode};
 pub use hooks::{HookLayer, ToolHooks};
 pub use idempotency::IdempotencyLayer;
 pub use loop_detect::LoopDetectLayer;

@@ -186,6 +186,8 @@ impl ToolStack<InMemoryDedupeStore> {
             registry,
             hooks: None,
             without: Vec::new(),
+            #[cfg(feature = "metrics")]
+            metrics: None,
         }
     }
 }
@@ -509,6 +511,8 @@ pub struct ToolStackBuilder<St> {
     timeout: TimeoutLayerBuilder,
     hooks: Option<SharedHooks>,
     without: Vec<StackLayer>,
+    #[cfg(feature = "metrics")]
+    metrics: Option<crate::trace::ToolMetrics>,
 }
 
 impl<St: fmt::Debug> fmt::Debug for ToolStackBuilder<St> {
@@ -549,6 +553,8 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
             timeout: self.timeout,
             hooks: self.hooks,
             without: self.without,
+            #[cfg(feature = "metrics")]
+            metrics: self.metrics,
         }
     }
 
@@ -615,7 +621,10 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
         self
     }
 
-    /// Records the metrics of every call in the trace layer, and the breakers' transitions.
+    /// Records the metrics of every call in the trace layer, and the breakers' transitions;
+    /// when the stack is built, sets the dedupe TTL gauges of every tool (install the
+    /// metrics recorder first). The store's size is recorded by
+    /// [`ToolMetrics::record_dedupe_size`](crate::trace::ToolMetrics::record_dedupe_size).
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
@@ -630,7 +639,8 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics(mut self, metrics: crate::trace::ToolMetrics) -> Self {
         self.breaker = self.breaker.on_transition(metrics.breaker_listener());
-        self.trace = self.trace.metrics(metrics);
+        self.trace = self.trace.metrics(metrics.clone());
+        self.metrics = Some(metrics);
         self
     }
 
@@ -813,6 +823,13 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
             (true, Some(hooks)) => Some(self.trace.hooks(hooks.clone())),
             (true, None) => Some(self.trace),
         };
+        let idempotency = on(StackLayer::Idempotency)
+            .then(|| self.idempotency.build())
+            .transpose()?;
+        #[cfg(feature = "metrics")]
+        if let (Some(metrics), Some(idempotency)) = (&self.metrics, &idempotency) {
+            metrics.record_dedupe_ttls(idempotency);
+        }
         Ok(ToolStack {
             trace,
             validate: on(StackLayer::Validate)
@@ -824,9 +841,7 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
             rate_limit: on(StackLayer::RateLimit)
                 .then(|| self.rate_limit.build())
                 .transpose()?,
-            idempotency: on(StackLayer::Idempotency)
-                .then(|| self.idempotency.build())
-                .transpose()?,
+            idempotency,
             retry: on(StackLayer::Retry)
                 .then(|| self.retry.build())
                 .transpose()?,

@@ -87,6 +87,12 @@ impl<T> ToolTable<T> {
             .chain(std::iter::once(&self.unregistered))
     }
 
+    /// The value of every unregistered tool.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn get_unregistered(&self) -> &T {
+        &self.unregistered
+    }
+
     /// Every registered tool's namespace, name and value.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str, &T)> {
         self.registry

@@ -5,15 +5,37 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize, Serializer};
 use tokio::time::Instant;
 
 use super::service::Shared;
 use super::state::{Transition, TransitionReason};
 use crate::envelope::BreakerScope;
+use crate::error::ConfigError;
 use crate::outcome::BreakerState;
 
 /// Which breaker: a tool's own, the one of a dependency (a tool namespace), or the global one.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// It serializes as an object tagged by its scope (`{"scope": "tool", "namespace": "web",
+/// "name": "search"}`, `{"scope": "dependency", "namespace": "web"}`, `{"scope": "global"}`)
+/// and parses from the short form `tool:web::search`, `dependency:web` or `global` (a bare
+/// `web::search` is a tool), which [`BreakerKey::short`] writes.
+///
+/// ```
+/// use tower_toolcall::breaker::BreakerKey;
+///
+/// let key: BreakerKey = "tool:web::search".parse()?;
+/// assert_eq!(key, BreakerKey::tool("web", "search"));
+/// assert_eq!(key.short(), "tool:web::search");
+/// assert_eq!("dependency:web".parse::<BreakerKey>()?, BreakerKey::dependency("web"));
+/// assert_eq!(
+///     serde_json::to_value(&key)?,
+///     serde_json::json!({"scope": "tool", "namespace": "web", "name": "search"})
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "scope", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum BreakerKey {
     /// The breaker of one tool (scope `tool`, the default).
@@ -58,6 +80,51 @@ impl BreakerKey {
     }
 }
 
+impl BreakerKey {
+    /// The short form that [`FromStr`](std::str::FromStr) parses: `tool:web::search`,
+    /// `dependency:web` or `global`.
+    pub fn short(&self) -> String {
+        match self {
+            BreakerKey::Tool { namespace, name } => format!("tool:{namespace}::{name}"),
+            BreakerKey::Dependency { namespace } => format!("dependency:{namespace}"),
+            BreakerKey::Global => "global".to_owned(),
+        }
+    }
+}
+
+impl std::str::FromStr for BreakerKey {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            ConfigError::new(
+                "breaker.key",
+                format!(
+                    "must be `tool:<namespace>::<name>`, `dependency:<namespace>` or `global`, \
+                     got {s:?}"
+                ),
+            )
+        };
+        if s == "global" {
+            return Ok(BreakerKey::Global);
+        }
+        if let Some(namespace) = s.strip_prefix("dependency:") {
+            return if namespace.is_empty() {
+                Err(bad())
+            } else {
+                Ok(BreakerKey::dependency(namespace))
+            };
+        }
+        let tool = s.strip_prefix("tool:").unwrap_or(s);
+        match tool.rsplit_once("::") {
+            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+                Ok(BreakerKey::tool(namespace, name))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
 impl fmt::Display for BreakerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -69,7 +136,7 @@ impl fmt::Display for BreakerKey {
 }
 
 /// Counts of what a breaker saw since it was created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct BreakerStats {
     /// Calls that succeeded.
@@ -85,7 +152,23 @@ pub struct BreakerStats {
 }
 
 /// What one breaker looks like now.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// It serializes in camelCase, `retry_after` as `retryAfterMs` in milliseconds.
+///
+/// ```
+/// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+/// use tower_toolcall::breaker::BreakerKey;
+///
+/// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+/// let breakers = stack.breakers().unwrap();
+/// breakers.force_open(&BreakerKey::tool("web", "search"));
+/// let status = serde_json::to_value(&breakers.snapshot()[0])?;
+/// assert_eq!(status["key"]["scope"], "tool");
+/// assert_eq!(status["state"], "forced_open");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct BreakerStatus {
     /// Which breaker.
@@ -93,6 +176,7 @@ pub struct BreakerStatus {
     /// Its state.
     pub state: BreakerState,
     /// How long until an open breaker admits a probe.
+    #[serde(rename = "retryAfterMs", serialize_with = "optional_millis")]
     pub retry_after: Option<Duration>,
     /// The current run of consecutive failures (closed only).
     pub consecutive_failures: u32,
@@ -284,5 +368,12 @@ impl BreakerAdmin {
     /// Adds a listener of every transition of every breaker of the layer.
     pub fn on_transition(&self, listener: impl TransitionListener) {
         self.shared.events.add(Arc::new(listener));
+    }
+}
+
+fn optional_millis<S: Serializer>(after: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match after {
+        Some(after) => s.serialize_some(&crate::time::millis(*after)),
+        None => s.serialize_none(),
     }
 }

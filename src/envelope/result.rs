@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -87,8 +89,8 @@ pub enum ResultStatus {
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct ResultError {
-    /// The stable error code, e.g. `"TIMEOUT"`.
-    pub code: String,
+    /// The stable error code, written as its string, e.g. `"TIMEOUT"`.
+    pub code: ErrorCode,
     /// What went wrong and what to do about it.
     pub message: String,
     /// A later attempt may succeed.
@@ -98,6 +100,10 @@ pub struct ResultError {
     /// The circuit breaker's state, when a breaker saw the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker_state: Option<BreakerState>,
+    /// When to try again, in milliseconds, for an error that says (an open circuit, a rate
+    /// limit, an upstream's `Retry-After`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
     /// Structured details.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<Value>,
@@ -108,22 +114,51 @@ impl ResultError {
     /// (and `terminal` is its opposite).
     ///
     /// ```
+    /// use std::time::Duration;
     /// use tower_toolcall::envelope::ResultError;
-    /// use tower_toolcall::BreakerState;
+    /// use tower_toolcall::{BreakerState, ErrorCode};
     ///
-    /// let error = ResultError::new("CIRCUIT_OPEN", "search is failing; try later", true)
-    ///     .with_breaker_state(BreakerState::Open);
+    /// let error = ResultError::new(ErrorCode::CircuitOpen, "search is failing; try later", true)
+    ///     .with_breaker_state(BreakerState::Open)
+    ///     .with_retry_after(Duration::from_secs(30));
     /// assert!(error.retriable && !error.terminal);
     /// assert_eq!(error.breaker_state, Some(BreakerState::Open));
+    /// assert_eq!(error.retry_after_ms, Some(30_000));
     /// ```
-    pub fn new(code: impl Into<String>, message: impl Into<String>, retriable: bool) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>, retriable: bool) -> Self {
         ResultError {
-            code: code.into(),
+            code,
             message: message.into(),
             retriable,
             terminal: !retriable,
             breaker_state: None,
+            retry_after_ms: None,
             details: None,
+        }
+    }
+
+    /// Sets when to try again.
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after_ms = Some(millis(after));
+        self
+    }
+
+    /// When to try again, when the error says.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after_ms.map(Duration::from_millis)
+    }
+
+    /// The error of an envelope from `error`, whether a later attempt may succeed decided by
+    /// `retriable`.
+    fn of_error(error: &ToolError, retriable: bool) -> Self {
+        ResultError {
+            code: error.code(),
+            message: error.message().to_owned(),
+            retriable,
+            terminal: !retriable,
+            breaker_state: error.record().breaker_state,
+            retry_after_ms: error.retry_after().map(millis),
+            details: error.details().cloned(),
         }
     }
 
@@ -188,14 +223,7 @@ impl ToolResult {
             Err(error) => {
                 let retriable = decided_retriable(&error);
                 let status = ResultStatus::of_decided_error(&error, retriable);
-                let result_error = ResultError {
-                    code: error.code().as_str().to_owned(),
-                    message: error.message().to_owned(),
-                    retriable,
-                    terminal: !retriable,
-                    breaker_state: error.record().breaker_state,
-                    details: error.details().cloned(),
-                };
+                let result_error = ResultError::of_error(&error, retriable);
                 ToolResult::with_record(
                     call,
                     status,
@@ -206,6 +234,50 @@ impl ToolResult {
                 )
             }
         }
+    }
+
+    /// The result envelope of input that never became a call: a body that is not a
+    /// `ToolCall`, a header that contradicts it. Nothing ran (`attempts` is 0); `requestId`
+    /// and `toolName` are empty until the caller sets what it could read of them.
+    ///
+    /// ```
+    /// use tower_toolcall::{ErrorCode, ResultStatus, ToolCall, ToolResult};
+    ///
+    /// let error = ToolCall::from_json(br#"{"contractVersion": "1.1"}"#).unwrap_err();
+    /// let result = ToolResult::rejected(error);
+    /// assert_eq!(result.status, ResultStatus::Error);
+    /// assert_eq!(result.attempts, 0);
+    /// let error = result.error.unwrap();
+    /// assert_eq!(error.code, ErrorCode::ValidationError);
+    /// assert_eq!(error.code.http_status(), 400);
+    /// ```
+    pub fn rejected(error: ToolError) -> ToolResult {
+        let retriable = decided_retriable(&error);
+        ToolResult {
+            request_id: String::new(),
+            status: ResultStatus::of_decided_error(&error, retriable),
+            from_cache: false,
+            cache: None,
+            tool_name: String::new(),
+            duration_ms: 0,
+            attempts: 0,
+            output: None,
+            error: Some(ResultError::of_error(&error, retriable)),
+            retried_by: None,
+        }
+    }
+
+    /// The HTTP status of the result: 200 unless it failed, the
+    /// [status of its error code](ErrorCode::http_status) when it did.
+    ///
+    /// ```
+    /// use tower_toolcall::{ErrorCode, ToolError, ToolResult};
+    ///
+    /// let result = ToolResult::rejected(ToolError::rejected(ErrorCode::RateLimited, "slow down"));
+    /// assert_eq!(result.http_status(), 429);
+    /// ```
+    pub fn http_status(&self) -> u16 {
+        self.error.as_ref().map_or(200, |e| e.code.http_status())
     }
 
     fn with_record(

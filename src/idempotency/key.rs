@@ -164,6 +164,18 @@ pub fn key_fingerprint(store_key: &str) -> String {
     canonical::hex_lower(&digest[..8])
 }
 
+/// Whether `fingerprint` names `store_key`: it is the key's [`key_fingerprint`], or the first
+/// 16 hex digits of an idempotency key derived from the params (64 hex digits, the last part
+/// of the store key), as [`fingerprint`] writes them.
+pub(crate) fn fingerprint_matches(store_key: &str, fingerprint: &str) -> bool {
+    if fingerprint.len() != 16 {
+        return false;
+    }
+    let last = store_key.rsplit('/').next().unwrap_or_default();
+    let derived = last.len() == 64 && last.bytes().all(|b| b.is_ascii_hexdigit());
+    (derived && last.starts_with(fingerprint)) || key_fingerprint(store_key) == fingerprint
+}
+
 /// What results and logs name a key by: for a key derived from the params (a SHA-256
 /// already, which reveals nothing) its first 16 hex digits, for another key the
 /// [`key_fingerprint`] of its store key.

@@ -76,6 +76,44 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
     pub fn stats(&self) -> IdempotencyStats {
         self.shared.counters.snapshot()
     }
+
+    /// Each tool the layer deduplicates (`None` for the unregistered ones) with its key
+    /// scope and TTLs, for the metrics.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn tool_ttls(&self) -> Vec<(Option<String>, ToolTtls)> {
+        let ttls = |settings: &Settings| ToolTtls {
+            scope: settings.scope,
+            done: settings.done_ttl,
+            failed: settings.failed_ttl,
+            inflight_lease: settings.inflight_lease,
+        };
+        let tools = &self.shared.tools;
+        tools
+            .iter()
+            .filter_map(|(namespace, name, settings)| {
+                Some((
+                    Some(format!("{namespace}::{name}")),
+                    ttls(settings.as_ref()?),
+                ))
+            })
+            .chain(
+                tools
+                    .get_unregistered()
+                    .as_ref()
+                    .map(|settings| (None, ttls(settings))),
+            )
+            .collect()
+    }
+}
+
+/// A tool's key scope and TTLs, as the metrics report them.
+#[cfg(feature = "metrics")]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ToolTtls {
+    pub(crate) scope: KeyScope,
+    pub(crate) done: Duration,
+    pub(crate) failed: Duration,
+    pub(crate) inflight_lease: Duration,
 }
 
 impl<St> Clone for IdempotencyLayer<St> {

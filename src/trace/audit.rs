@@ -89,8 +89,9 @@ pub trait AuditSink: Send + 'static {
 #[non_exhaustive]
 pub struct ExecutionEvent {
     /// `run.started`, `step.started`, `step.finished`, `step.failed`, `step.shadow` (a
-    /// decision a layer in shadow mode did not enforce), `run.finished`, `run.cancelled` or
-    /// `run.blocked`.
+    /// decision a layer in shadow mode did not enforce), `run.finished`, `run.cancelled`,
+    /// `run.blocked`, or `admin.change` (an operator's change, see
+    /// [`ExecutionEvent::admin`]).
     #[serde(rename = "type")]
     pub kind: &'static str,
     /// The call's `requestId`.
@@ -121,6 +122,32 @@ impl ExecutionEvent {
             step_id: None,
             call_id: call.envelope().tool_call_id.clone(),
             tool: format!("{}::{}", call.tool_namespace(), call.tool_name()),
+            level: "info",
+            message: message.into(),
+            payload: None,
+        }
+    }
+
+    /// An operator's change (a breaker forced open or reset, a switch flipped), of kind
+    /// `admin.change`: `target` names what changed (`tool:web::search`, `switches`) in the
+    /// `tool` member, and the event gets a run id of its own.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_toolcall::trace::ExecutionEvent;
+    ///
+    /// let event = ExecutionEvent::admin("tool:web::search", "breaker forced open")
+    ///     .payload(json!({"action": "force_open"}));
+    /// assert_eq!(event.kind, "admin.change");
+    /// assert_eq!(event.tool, "tool:web::search");
+    /// ```
+    pub fn admin(target: impl Into<String>, message: impl Into<String>) -> Self {
+        ExecutionEvent {
+            kind: "admin.change",
+            run_id: ulid::Ulid::generate().to_string(),
+            step_id: None,
+            call_id: None,
+            tool: target.into(),
             level: "info",
             message: message.into(),
             payload: None,

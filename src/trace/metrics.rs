@@ -3,7 +3,7 @@
 //! | series | kind | labels |
 //! |---|---|---|
 //! | `{prefix}tool_calls_total` | counter | `tool`, `status` |
-//! | `{prefix}tool_call_duration_ms` | histogram | `tool`, `status` |
+//! | `{prefix}tool_call_duration_seconds` | histogram, in seconds ([buckets](DURATION_BUCKETS)) | `tool`, `status` |
 //! | `{prefix}tool_retry_attempts_total` | counter | `tool`, `reason` (the error code retried) |
 //! | `{prefix}tool_idempotency_hits_total` | counter | `tool`, `state` (`inflight` or `completed`) |
 //! | `{prefix}tool_loop_detections_total` | counter | `tool`, `action` (`break` or `chance`) |
@@ -11,6 +11,21 @@
 //! | `{prefix}tool_shadow_decisions_total` | counter | `layer` (`breaker`, `loop_detect`, `idempotency`, `rate_limit`), `decision` (`would_open`, `would_reject`, `would_block`, `would_replay`, `would_join`, `would_conflict`, `would_limit`, `would_wait`) |
 //! | `{prefix}tool_circuit_breaker_state` | gauge (1 for the current state) | `tool`, `state` |
 //! | `{prefix}tool_circuit_breaker_transitions_total` | counter | `tool`, `from_state`, `to_state` |
+//! | `{prefix}tool_dedupe_cache_size` | gauge | none: the store is shared by every tool |
+//! | `{prefix}tool_dedupe_ttl_seconds` | gauge | `tool`, `state` (`completed`, `failed`, `inflight`), `scope` (`session` or `global`) |
+//!
+//! Names follow the Prometheus and OpenTelemetry conventions: durations are in seconds, the
+//! base unit, and say so in a `_seconds` suffix; counters end in `_total`.
+//! [`ToolMetrics::describe`] gives every series its unit and help text. The `metrics` facade
+//! carries no histogram buckets: give [`DURATION_BUCKETS`] to the exporter (with
+//! `metrics-exporter-prometheus`, `PrometheusBuilder::set_buckets_for_metric(
+//! Matcher::Suffix("_duration_seconds".into()), &DURATION_BUCKETS)`), so that the duration is
+//! exposed as a histogram and not as a summary.
+//!
+//! The dedupe TTL gauges are set when a [`ToolStack`](crate::ToolStack) built with
+//! [`metrics`](crate::ToolStackBuilder::metrics) is built (or by
+//! [`ToolMetrics::record_dedupe_ttls`]); the store's size when the application calls
+//! [`ToolMetrics::record_dedupe_size`], say before each scrape.
 //!
 //! The prefix is `toolcall_` by default. Labels are bounded: `tool` is `namespace::name` of a
 //! registered tool and `unregistered` for any other, whatever names callers send; the other
@@ -26,12 +41,27 @@ use metrics::SharedString;
 use crate::breaker::{BreakerKey, TransitionEvent, TransitionListener};
 use crate::envelope::{ResultStatus, ToolCall};
 use crate::error::{ConfigError, ErrorCode, ToolError};
+use crate::idempotency::{DedupeStore, IdempotencyLayer};
 use crate::outcome::{MatchedOn, ToolOutput};
-use crate::registry::ToolRegistry;
+use crate::registry::{KeyScope, ToolRegistry};
 use crate::tool_table::ToolTable;
 
 /// The label of every tool the registry does not know.
 pub const UNREGISTERED: &str = "unregistered";
+
+/// The bucket bounds, in seconds, for `tool_call_duration_seconds`: those OpenTelemetry's
+/// semantic conventions advise for request durations (`http.server.request.duration`), from
+/// 5 ms to 10 s.
+///
+/// ```
+/// use tower_toolcall::trace::DURATION_BUCKETS;
+///
+/// assert!(DURATION_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+/// assert_eq!(DURATION_BUCKETS.last(), Some(&10.0));
+/// ```
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
 
 /// Records the metrics of calls; give it to [`TraceLayer::metrics`](super::TraceLayer::metrics).
 /// Cheap to clone.
@@ -58,7 +88,7 @@ pub struct ToolMetrics {
 struct Inner {
     tools: ToolTable<SharedString>,
     calls_total: SharedString,
-    call_duration_ms: SharedString,
+    call_duration_seconds: SharedString,
     retry_attempts_total: SharedString,
     idempotency_hits_total: SharedString,
     loop_detections_total: SharedString,
@@ -66,6 +96,8 @@ struct Inner {
     shadow_decisions_total: SharedString,
     breaker_state: SharedString,
     breaker_transitions_total: SharedString,
+    dedupe_cache_size: SharedString,
+    dedupe_ttl_seconds: SharedString,
 }
 
 impl fmt::Debug for ToolMetrics {
@@ -97,6 +129,126 @@ impl ToolMetrics {
     pub fn breaker_listener(&self) -> impl TransitionListener {
         let metrics = self.clone();
         move |event: &TransitionEvent| metrics.record_transition(event)
+    }
+
+    /// Gives every series its unit and help text, for exporters that show them (the
+    /// Prometheus `# HELP` lines). Call it once, after the recorder is installed.
+    ///
+    /// ```
+    /// # use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::trace::ToolMetrics;
+    ///
+    /// ToolMetrics::new(&ToolRegistry::open()).describe();
+    /// ```
+    pub fn describe(&self) {
+        use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        let i = &self.inner;
+        describe_counter!(
+            i.calls_total.clone(),
+            Unit::Count,
+            "Tool calls, by how they ended."
+        );
+        describe_histogram!(
+            i.call_duration_seconds.clone(),
+            Unit::Seconds,
+            "How long tool calls took, every layer included."
+        );
+        describe_counter!(
+            i.retry_attempts_total.clone(),
+            Unit::Count,
+            "Attempts retried, by the error code retried."
+        );
+        describe_counter!(
+            i.idempotency_hits_total.clone(),
+            Unit::Count,
+            "Calls answered by the idempotency cache or joined to a call in flight."
+        );
+        describe_counter!(
+            i.loop_detections_total.clone(),
+            Unit::Count,
+            "Calls stopped or warned by loop detection."
+        );
+        describe_counter!(
+            i.rate_limited_total.clone(),
+            Unit::Count,
+            "Calls refused by a rate limit."
+        );
+        describe_counter!(
+            i.shadow_decisions_total.clone(),
+            Unit::Count,
+            "Decisions a layer in shadow mode reported without enforcing them."
+        );
+        describe_gauge!(
+            i.breaker_state.clone(),
+            "1 for the current state of each tool's circuit breaker, 0 for the others."
+        );
+        describe_counter!(
+            i.breaker_transitions_total.clone(),
+            Unit::Count,
+            "Circuit breaker transitions."
+        );
+        describe_gauge!(
+            i.dedupe_cache_size.clone(),
+            Unit::Count,
+            "Records held by the dedupe store."
+        );
+        describe_gauge!(
+            i.dedupe_ttl_seconds.clone(),
+            Unit::Seconds,
+            "How long the dedupe store keeps each kind of record, per tool and key scope."
+        );
+    }
+
+    /// Sets the dedupe store's size gauge to `records`, what
+    /// [`DedupeStore::size`] answered.
+    ///
+    /// ```
+    /// # use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::idempotency::DedupeStore;
+    /// use tower_toolcall::trace::ToolMetrics;
+    /// use tower_toolcall::ToolStack;
+    ///
+    /// # tokio_test::block_on(async {
+    /// let registry = ToolRegistry::open();
+    /// let metrics = ToolMetrics::new(&registry);
+    /// let stack = ToolStack::builder(registry).metrics(metrics.clone()).build()?;
+    /// // before each scrape:
+    /// metrics.record_dedupe_size(stack.dedupe_store().unwrap().size().await?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn record_dedupe_size(&self, records: u64) {
+        metrics::gauge!(self.inner.dedupe_cache_size.clone()).set(records as f64);
+    }
+
+    /// Sets the dedupe TTL gauges of every tool `layer` deduplicates: how long it keeps a
+    /// completed record, a failed one, and the lease of one in flight, labelled with the
+    /// tool's key scope. A [`ToolStack`](crate::ToolStack) built with metrics does it.
+    pub fn record_dedupe_ttls<St: DedupeStore>(&self, layer: &IdempotencyLayer<St>) {
+        let gauge = &self.inner.dedupe_ttl_seconds;
+        for (tool, ttls) in layer.tool_ttls() {
+            let tool = match tool {
+                Some(full_name) => SharedString::from_shared(Arc::from(full_name)),
+                None => SharedString::const_str(UNREGISTERED),
+            };
+            let scope = match ttls.scope {
+                KeyScope::Global => "global",
+                _ => "session",
+            };
+            for (state, ttl) in [
+                ("completed", ttls.done),
+                ("failed", ttls.failed),
+                ("inflight", ttls.inflight_lease),
+            ] {
+                metrics::gauge!(
+                    gauge.clone(),
+                    "tool" => tool.clone(),
+                    "state" => state,
+                    "scope" => scope
+                )
+                .set(ttl.as_secs_f64());
+            }
+        }
     }
 
     fn tool_label(&self, namespace: &str, name: &str) -> SharedString {
@@ -143,11 +295,11 @@ impl ToolMetrics {
         metrics::counter!(i.calls_total.clone(), "tool" => tool.clone(), "status" => status.as_str())
             .increment(1);
         metrics::histogram!(
-            i.call_duration_ms.clone(),
+            i.call_duration_seconds.clone(),
             "tool" => tool.clone(),
             "status" => status.as_str()
         )
-        .record(elapsed.as_secs_f64() * 1000.0);
+        .record(elapsed.as_secs_f64());
         for retried in &record.retried_by {
             let reason = ErrorCode::parse(&retried.reason_code).map_or("other", ErrorCode::as_str);
             metrics::counter!(
@@ -246,7 +398,7 @@ impl ToolMetricsBuilder {
             inner: Arc::new(Inner {
                 tools,
                 calls_total: name("tool_calls_total"),
-                call_duration_ms: name("tool_call_duration_ms"),
+                call_duration_seconds: name("tool_call_duration_seconds"),
                 retry_attempts_total: name("tool_retry_attempts_total"),
                 idempotency_hits_total: name("tool_idempotency_hits_total"),
                 loop_detections_total: name("tool_loop_detections_total"),
@@ -254,6 +406,8 @@ impl ToolMetricsBuilder {
                 shadow_decisions_total: name("tool_shadow_decisions_total"),
                 breaker_state: name("tool_circuit_breaker_state"),
                 breaker_transitions_total: name("tool_circuit_breaker_transitions_total"),
+                dedupe_cache_size: name("tool_dedupe_cache_size"),
+                dedupe_ttl_seconds: name("tool_dedupe_ttl_seconds"),
             }),
         })
     }

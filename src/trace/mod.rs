@@ -49,7 +49,7 @@ pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, E
 pub use future::ResponseFuture;
 pub use layer::TraceLayer;
 #[cfg(feature = "metrics")]
-pub use metrics::{ToolMetrics, ToolMetricsBuilder};
+pub use metrics::{ToolMetrics, ToolMetricsBuilder, DURATION_BUCKETS};
 pub(crate) use redact::identifier;
 pub use redact::{Redactor, RedactorBuilder, REDACTED};
 pub use service::Trace;

@@ -433,8 +433,99 @@ fn each_error_gets_its_status() {
     assert_eq!(rejected.attempts, 0);
     assert_eq!(
         rejected.error,
-        Some(ResultError::new("LOOP_DETECTED", "loop", false))
+        Some(ResultError::new(ErrorCode::LoopDetected, "loop", false))
     );
+}
+
+#[test]
+fn the_error_code_is_typed_and_written_as_its_string() {
+    let call = call_for_results();
+    let result = ToolResult::from_outcome(&call, Err(ToolError::new(ErrorCode::NotFound, "gone")));
+    let written = serde_json::to_value(&result).unwrap();
+    assert_eq!(written["error"]["code"], "NOT_FOUND");
+    let read: ToolResult = serde_json::from_value(written.clone()).unwrap();
+    assert_eq!(read.error.as_ref().unwrap().code, ErrorCode::NotFound);
+    assert_eq!(read, result);
+    for code in ErrorCode::ALL {
+        let value = serde_json::to_value(code).unwrap();
+        assert_eq!(value, code.as_str());
+        assert_eq!(serde_json::from_value::<ErrorCode>(value).unwrap(), code);
+    }
+    let mut unknown = written;
+    unknown["error"]["code"] = json!("SLOW");
+    let error = serde_json::from_value::<ToolResult>(unknown).unwrap_err();
+    assert!(error.to_string().contains("SLOW"), "{error}");
+}
+
+#[test]
+fn every_code_has_its_http_status() {
+    let table = [
+        (ErrorCode::ValidationError, 400),
+        (ErrorCode::PolicyDenied, 403),
+        (ErrorCode::NotFound, 404),
+        (ErrorCode::Conflict, 409),
+        (ErrorCode::PreconditionFailed, 412),
+        (ErrorCode::Timeout, 504),
+        (ErrorCode::Cancelled, 499),
+        (ErrorCode::InternalError, 500),
+        (ErrorCode::CircuitOpen, 503),
+        (ErrorCode::RetryExhausted, 502),
+        (ErrorCode::LoopDetected, 409),
+        (ErrorCode::RateLimited, 429),
+        (ErrorCode::IdempotencyInFlight, 409),
+        (ErrorCode::IdempotencyKeyReused, 422),
+        (ErrorCode::PayloadTooLarge, 413),
+        (ErrorCode::StoreUnavailable, 503),
+        (ErrorCode::UpstreamUnavailable, 503),
+        (ErrorCode::UpstreamError, 502),
+    ];
+    assert_eq!(table.len(), ErrorCode::ALL.len());
+    for (code, status) in table {
+        assert_eq!(code.http_status(), status, "{code}");
+    }
+    let call = call_for_results();
+    let ok = ToolResult::from_outcome(&call, Ok(ToolOutput::new(json!(1))));
+    assert_eq!(ok.http_status(), 200);
+}
+
+#[test]
+fn every_error_with_a_retry_after_keeps_it_in_the_result() {
+    let call = call_for_results();
+    for code in [
+        ErrorCode::CircuitOpen,
+        ErrorCode::RateLimited,
+        ErrorCode::UpstreamUnavailable,
+    ] {
+        let error =
+            ToolError::rejected(code, "later").with_retry_after(Duration::from_millis(1500));
+        let result = ToolResult::from_outcome(&call, Err(error));
+        let written = serde_json::to_value(&result).unwrap();
+        assert_eq!(written["error"]["retryAfterMs"], 1500, "{code}");
+        assert_eq!(
+            result.error.unwrap().retry_after(),
+            Some(Duration::from_millis(1500))
+        );
+    }
+    let without = ToolResult::from_outcome(&call, Err(ToolError::new(ErrorCode::NotFound, "x")));
+    let written = serde_json::to_value(&without).unwrap();
+    assert!(written["error"].get("retryAfterMs").is_none());
+}
+
+#[test]
+fn input_that_never_became_a_call_gets_a_rejected_result() {
+    let error = ToolCall::from_json(br#"{"contractVersion": "1.1", "toolName": 3}"#).unwrap_err();
+    let result = ToolResult::rejected(error);
+    assert_eq!(result.status, ResultStatus::Error);
+    assert_eq!(result.attempts, 0);
+    assert!(!result.from_cache);
+    assert_eq!(result.http_status(), 400);
+    let error = result.error.as_ref().unwrap();
+    assert_eq!(error.code, ErrorCode::ValidationError);
+    assert!(error.terminal);
+    assert!(error.message.contains("toolName"), "{}", error.message);
+    let written = serde_json::to_value(&result).unwrap();
+    assert_eq!(written["error"]["code"], "VALIDATION_ERROR");
+    assert_eq!(written["attempts"], 0);
 }
 
 /// Any JSON value, up to a modest depth.

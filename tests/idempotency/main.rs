@@ -177,6 +177,7 @@ store_suite!(
     calls_pass_through_when_deduplication_is_off,
     store_claims_finalizes_and_fences_by_version,
     store_deletes_and_flushes_by_tenant_prefix,
+    store_finds_a_record_by_its_fingerprint,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -1146,6 +1147,48 @@ async fn store_deletes_and_flushes_by_tenant_prefix<B: Backend>(b: B) {
     assert!(store.delete(&keys[3]).await.unwrap());
     assert!(!store.delete(&keys[3]).await.unwrap());
     assert_eq!(store.size().await.unwrap(), 1);
+}
+
+async fn store_finds_a_record_by_its_fingerprint<B: Backend>(b: B) {
+    let store = b.store();
+    let lease = b.time(Duration::from_secs(120));
+    let derived = "ab".repeat(32);
+    let keys = [
+        format!(
+            "{}vault::createFile/s/a/b/report-1",
+            tenant_prefix(Some("acme"))
+        ),
+        format!("{}vault::createFile/g/{derived}", tenant_prefix(None)),
+    ];
+    for key in &keys {
+        let ClaimOutcome::Claimed(claimed) =
+            store.claim(&claim_request(key, "d", lease)).await.unwrap()
+        else {
+            panic!("fresh keys are claimed");
+        };
+        store
+            .finalize(&claimed, done(json!(key), lease))
+            .await
+            .unwrap();
+    }
+    let found = store
+        .find_by_fingerprint(&key_fingerprint(&keys[0]))
+        .await
+        .unwrap()
+        .expect("the record of the key's fingerprint");
+    assert_eq!(&*found.key, keys[0]);
+    let found = store
+        .find_by_fingerprint(&derived[..16])
+        .await
+        .unwrap()
+        .expect("a derived key is named by its first 16 hex digits");
+    assert_eq!(&*found.key, keys[1]);
+    assert!(store
+        .find_by_fingerprint("0123456789abcdef")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store.find_by_fingerprint("short").await.unwrap().is_none());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ fn a_scripted_run_produces_exact_series() {
         ("toolcall_tool_calls_total{status=error,tool=web::search}", 2.0),
         ("toolcall_tool_calls_total{status=retriable_error,tool=vault::write}", 2.0),
         ("toolcall_tool_calls_total{status=circuit_open,tool=vault::write}", 1.0),
-        ("toolcall_tool_call_duration_ms{status=success,tool=web::search}#count", 4.0),
+        ("toolcall_tool_call_duration_seconds{status=success,tool=web::search}#count", 4.0),
         ("toolcall_tool_retry_attempts_total{reason=UPSTREAM_UNAVAILABLE,tool=web::search}", 1.0),
         ("toolcall_tool_idempotency_hits_total{state=completed,tool=web::search}", 2.0),
         ("toolcall_tool_loop_detections_total{action=break,tool=web::search}", 1.0),
@@ -170,6 +170,115 @@ fn ten_thousand_unregistered_tool_names_leave_one_label() {
         )]
     );
     assert!(series.keys().all(|k| !k.contains("tool-")));
+}
+
+#[test]
+fn durations_are_in_seconds() {
+    let recorder = DebuggingRecorder::new();
+    support::metrics_series::run_recorded(&recorder, async {
+        let registry = registry();
+        let stack = ToolStack::builder(registry.clone())
+            .metrics(ToolMetrics::new(&registry))
+            .build()
+            .unwrap();
+        let slow = tool_fn(|_call: ToolCall| async {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            Ok(ToolOutput::new(json!("late")))
+        });
+        let mut svc = support::stacked(&stack, slow);
+        svc.ready_and_call(call("web", "search", "ok", 1))
+            .await
+            .unwrap();
+    });
+    let durations: Vec<f64> = support::metrics_series::series(&recorder)
+        .into_iter()
+        .filter_map(|(_, name, value)| match value {
+            DebugValue::Histogram(h)
+                if name.starts_with("toolcall_tool_call_duration_seconds{") =>
+            {
+                Some(h.iter().map(|v| v.into_inner()).collect::<Vec<_>>())
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(durations.len(), 1, "{durations:?}");
+    assert!(
+        (1.5..1.6).contains(&durations[0]),
+        "a call of 1.5 s is recorded as 1.5, got {}",
+        durations[0]
+    );
+    let buckets = tower_toolcall::trace::DURATION_BUCKETS;
+    assert!(buckets.windows(2).all(|w| w[0] < w[1]));
+    assert!(buckets[0] <= 0.005 && buckets[buckets.len() - 1] >= 10.0);
+}
+
+#[test]
+fn the_dedupe_store_size_and_ttls_are_gauges_with_the_key_scope() {
+    let recorder = DebuggingRecorder::new();
+    support::metrics_series::run_recorded(&recorder, async {
+        let registry = ToolRegistry::from_json_str(
+            r#"{"tools": [
+                {"namespace": "web", "name": "search", "risk": "read-only", "idempotent": true,
+                 "policy": {"idempotency": {"scope": "global"}}},
+                {"namespace": "vault", "name": "write", "risk": "writes"},
+                {"namespace": "vault", "name": "read", "risk": "read-only",
+                 "policy": {"idempotency": "off"}}
+            ]}"#,
+        )
+        .unwrap();
+        let metrics = ToolMetrics::new(&registry);
+        metrics.describe();
+        let stack = ToolStack::builder(registry.clone())
+            .metrics(metrics.clone())
+            .idempotency(|i| {
+                i.done_ttl(std::time::Duration::from_secs(3600))
+                    .failed_ttl(std::time::Duration::from_secs(60))
+            })
+            .build()
+            .unwrap();
+        let mut svc = support::stacked(
+            &stack,
+            tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!("ok"))) }),
+        );
+        for n in 0..3 {
+            svc.ready_and_call(call("web", "search", "ok", n))
+                .await
+                .unwrap();
+        }
+        use tower_toolcall::idempotency::DedupeStore;
+        metrics.record_dedupe_size(stack.dedupe_store().unwrap().size().await.unwrap());
+    });
+    let series = snapshot(&recorder);
+    let expected = [
+        ("toolcall_tool_dedupe_cache_size{}", 3.0),
+        (
+            "toolcall_tool_dedupe_ttl_seconds{scope=global,state=completed,tool=web::search}",
+            3600.0,
+        ),
+        (
+            "toolcall_tool_dedupe_ttl_seconds{scope=global,state=failed,tool=web::search}",
+            60.0,
+        ),
+        (
+            "toolcall_tool_dedupe_ttl_seconds{scope=session,state=completed,tool=vault::write}",
+            3600.0,
+        ),
+    ];
+    for (name, value) in expected {
+        assert_eq!(series.get(name), Some(&value), "{name} in {series:#?}");
+    }
+    assert!(
+        series
+            .keys()
+            .any(|k| k.starts_with("toolcall_tool_dedupe_ttl_seconds{")
+                && k.contains("state=inflight,tool=web::search")),
+        "{series:#?}"
+    );
+    assert!(
+        !series.keys().any(|k| k.contains("tool=vault::read")),
+        "a tool without idempotency has no TTL: {series:#?}"
+    );
 }
 
 #[test]

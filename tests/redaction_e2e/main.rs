@@ -294,7 +294,7 @@ fn run_scenarios(audit: &AuditLog) -> Answers {
         for call in calls {
             let result: ToolResult = stack.ready().await.unwrap().call(call).await.unwrap();
             let status = match &result.error {
-                Some(error) => error.code.clone(),
+                Some(error) => error.code.as_str().to_owned(),
                 None => result.status.as_str().to_owned(),
             };
             answers.push((status, result.from_cache, result.attempts));

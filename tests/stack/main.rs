@@ -189,7 +189,10 @@ async fn a_looping_model_is_stopped_even_when_the_cache_answers() {
     let mut statuses = Vec::new();
     for _ in 0..4 {
         let result = run(&mut svc, search()).await;
-        statuses.push((result.from_cache, result.error.map(|e| e.code)));
+        statuses.push((
+            result.from_cache,
+            result.error.map(|e| e.code.as_str().to_owned()),
+        ));
     }
     assert_eq!(
         statuses,

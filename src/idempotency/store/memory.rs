@@ -18,6 +18,7 @@ use super::{
 };
 use crate::bounds::{json_bytes, CallerKeyHasher};
 use crate::error::ConfigError;
+use crate::idempotency::key::fingerprint_matches;
 use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
 use crate::time::{millis, unix_now_ms};
 
@@ -591,6 +592,25 @@ impl DedupeStore for InMemoryDedupeStore {
     async fn size(&self) -> Result<u64, StoreError> {
         let state = self.shared.lock();
         Ok(state.len() as u64)
+    }
+
+    async fn find_by_fingerprint(
+        &self,
+        fingerprint: &str,
+    ) -> Result<Option<DedupeRecord>, StoreError> {
+        let found = {
+            let state = self.shared.lock();
+            let mut keys = state
+                .inflight
+                .keys()
+                .chain(state.settled.iter().map(|(key, _)| key));
+            keys.find(|key| fingerprint_matches(key, fingerprint))
+                .cloned()
+        };
+        match found {
+            Some(key) => self.get(&key).await,
+            None => Ok(None),
+        }
     }
 }
 

@@ -107,6 +107,15 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
 
     /// How many records the store holds.
     fn size(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The live record whose key results and logs name by `fingerprint`: the
+    /// [`key_fingerprint`](super::key_fingerprint) of its store key, or the first 16 hex
+    /// digits of a key derived from the params. It scans the store: for operators, not for
+    /// the path of a call.
+    fn find_by_fingerprint(
+        &self,
+        fingerprint: &str,
+    ) -> impl Future<Output = Result<Option<DedupeRecord>, StoreError>> + Send;
 }
 
 /// What a call asks of [`DedupeStore::claim`].

@@ -615,6 +615,29 @@ impl DedupeStore for RedisDedupeStore {
             cursor = next;
         }
     }
+
+    async fn find_by_fingerprint(
+        &self,
+        fingerprint: &str,
+    ) -> Result<Option<DedupeRecord>, StoreError> {
+        let prefix = format!("{}{{", self.shared.key_prefix);
+        let pattern = format!("{}{{*", glob_escape(&self.shared.key_prefix));
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
+            let found = keys.iter().find_map(|record_key| {
+                let store_key = record_key.strip_prefix(&prefix)?.strip_suffix('}')?;
+                key::fingerprint_matches(store_key, fingerprint).then_some(store_key)
+            });
+            if let Some(store_key) = found {
+                return self.get(store_key).await;
+            }
+            if next == 0 {
+                return Ok(None);
+            }
+            cursor = next;
+        }
+    }
 }
 
 /// `\`-escapes the characters `SCAN MATCH` gives a meaning.

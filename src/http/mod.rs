@@ -1,0 +1,56 @@
+//! Tool calls over HTTP with [axum](https://docs.rs/axum) (feature `axum`).
+//!
+//! - [`IntoResponse` for `ToolResult`](crate::ToolResult#impl-IntoResponse-for-ToolResult):
+//!   the status from the error code ([`ErrorCode::http_status`](crate::ErrorCode::http_status)),
+//!   `Retry-After` when the result says when to come back, the envelope as JSON.
+//! - [`JsonToolCall`]: an extractor reading a `ToolCall` from a JSON body within a body limit,
+//!   with the `Idempotency-Key` and `traceparent` headers put into it; bad input is answered
+//!   with a `ToolResult` envelope (400, naming the field).
+//! - [`ToolRouter`]: `POST /v1/tools/call` through any tool service and `GET /v1/tools`.
+//! - [`AdminRouter`]: breakers, loop sessions, dedupe records and switches, behind a bearer
+//!   token.
+//!
+//! The core speaks `ToolCall`, `ToolOutput` and `ToolError`; this module converts at the edge.
+//!
+//! ```no_run
+//! use serde_json::json;
+//! use tower::Layer;
+//! use tower_toolcall::http::{AdminRouter, ToolRouter};
+//! use tower_toolcall::registry::ToolRegistry;
+//! use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
+//!
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! let registry = ToolRegistry::from_json_str(
+//!     r#"{"tools": [{"namespace": "web", "name": "search", "risk": "read-only", "idempotent": true}]}"#,
+//! )?;
+//! let stack = ToolStack::builder(registry).build()?;
+//! let tools = stack.layer(tool_fn(|call: ToolCall| async move {
+//!     match call.tool_name() {
+//!         "search" => Ok(ToolOutput::new(json!({"hits": []}))),
+//!         other => Err(ToolError::invalid_field("toolName", format!("is unknown: {other}"))),
+//!     }
+//! }));
+//! let mut app = ToolRouter::new(stack.registry().clone(), tools);
+//! if let Ok(token) = std::env::var("TOOLCALL_ADMIN_TOKEN") {
+//!     app = app.admin(AdminRouter::new(&stack, token)?);
+//! }
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app.into_router()).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod admin;
+mod auth;
+mod extract;
+mod response;
+mod router;
+mod tools;
+
+pub use admin::{AdminRouter, MIN_TOKEN_BYTES};
+pub use extract::{JsonToolCall, IDEMPOTENCY_KEY, TRACEPARENT};
+pub use router::{
+    ToolRouter, ADMIN_PATH, CALL_PATH, DEFAULT_BODY_LIMIT, DEFAULT_UNAVAILABLE_RETRY_AFTER,
+    TOOLS_PATH,
+};
+pub use tools::tool_listing;
