@@ -22,7 +22,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::routing::get;
@@ -75,57 +75,51 @@ fn registry(control: ReliabilityControl) -> Result<ToolRegistry, tower_toolcall:
         .build()
 }
 
+/// The search: read-only; its upstream fails on every 5th request.
+fn search(call: &ToolCall, searches: &AtomicUsize) -> Result<ToolOutput, ToolError> {
+    if searches.fetch_add(1, Ordering::SeqCst) % 5 == 4 {
+        return Err(ToolError::from_http_status(
+            503,
+            "search upstream is overloaded",
+        ));
+    }
+    let query = call.params().as_map()["query"].as_str().unwrap_or_default();
+    Ok(ToolOutput::new(json!({
+        "query": query,
+        "hits": [format!("{query}: the first hit"), format!("{query}: the second hit")],
+    })))
+}
+
+/// The file write: mutating; pretends to write and says when, so that a cached answer shows.
+fn create_file(call: &ToolCall) -> Result<ToolOutput, ToolError> {
+    let params = call.params().as_map();
+    let created_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    Ok(ToolOutput::new(json!({
+        "path": params["path"],
+        "bytes": params["content"].as_str().unwrap_or_default().len(),
+        "createdAt": created_at,
+    })))
+}
+
+/// The report: slow.
+async fn report() -> Result<ToolOutput, ToolError> {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(ToolOutput::new(json!({"report": "all systems nominal"})))
+}
+
 /// One service for every tool: it dispatches on the tool's name.
-fn tools() -> impl tower::Service<
-    ToolCall,
-    Response = ToolOutput,
-    Error = ToolError,
-    Future = impl Send + 'static,
-> + Clone
-       + Send
-       + Sync
-       + 'static {
-    let searches = Arc::new(AtomicUsize::new(0));
-    tool_fn(move |call: ToolCall| {
-        let searches = searches.clone();
-        async move {
-            let params = call.params().as_map();
-            match (call.tool_namespace(), call.tool_name()) {
-                ("web", "search") => {
-                    // The upstream fails on every 5th request.
-                    if searches.fetch_add(1, Ordering::SeqCst) % 5 == 4 {
-                        return Err(ToolError::from_http_status(
-                            503,
-                            "search upstream is overloaded",
-                        ));
-                    }
-                    let query = params["query"].as_str().unwrap_or_default();
-                    Ok(ToolOutput::new(json!({
-                        "query": query,
-                        "hits": [format!("{query}: the first hit"), format!("{query}: the second hit")]
-                    })))
-                }
-                ("vault", "createFile") => {
-                    let content = params["content"].as_str().unwrap_or_default();
-                    Ok(ToolOutput::new(json!({
-                        "path": params["path"],
-                        "bytes": content.len(),
-                        "createdAt": std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_millis() as u64),
-                    })))
-                }
-                ("reports", "report") => {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    Ok(ToolOutput::new(json!({"report": "all systems nominal"})))
-                }
-                (ns, name) => Err(ToolError::new(
-                    ErrorCode::NotFound,
-                    format!("no implementation for {ns}::{name}"),
-                )),
-            }
-        }
-    })
+async fn run_tool(call: ToolCall, searches: Arc<AtomicUsize>) -> Result<ToolOutput, ToolError> {
+    match (call.tool_namespace(), call.tool_name()) {
+        ("web", "search") => search(&call, &searches),
+        ("vault", "createFile") => create_file(&call),
+        ("reports", "report") => report().await,
+        (ns, name) => Err(ToolError::new(
+            ErrorCode::NotFound,
+            format!("no implementation for {ns}::{name}"),
+        )),
+    }
 }
 
 /// The Prometheus recorder, with histogram buckets for the durations.
@@ -142,11 +136,10 @@ fn prometheus() -> Result<PrometheusHandle, BoxError> {
 async fn scrape<St: DedupeStore>(
     State((stack, metrics, prometheus)): State<(ToolStack<St>, ToolMetrics, PrometheusHandle)>,
 ) -> String {
-    if let Some(Ok(records)) = match stack.dedupe_store() {
-        Some(store) => Some(store.size().await),
-        None => None,
-    } {
-        metrics.record_dedupe_size(records);
+    if let Some(store) = stack.dedupe_store() {
+        if let Ok(records) = store.size().await {
+            metrics.record_dedupe_size(records);
+        }
     }
     prometheus.run_upkeep();
     prometheus.render()
@@ -158,7 +151,9 @@ fn app<St: DedupeStore>(
     metrics: ToolMetrics,
     prometheus: PrometheusHandle,
 ) -> Result<Router, BoxError> {
-    let mut router = ToolRouter::new(stack.registry().clone(), stack.layer(tools()));
+    let searches = Arc::new(AtomicUsize::new(0));
+    let tools = tool_fn(move |call: ToolCall| run_tool(call, searches.clone()));
+    let mut router = ToolRouter::new(stack.registry().clone(), stack.layer(tools));
     match std::env::var("TOOLCALL_ADMIN_TOKEN") {
         Ok(token) => router = router.admin(AdminRouter::new(&stack, token)?),
         Err(_) => tracing::info!("TOOLCALL_ADMIN_TOKEN is not set: no admin API"),
