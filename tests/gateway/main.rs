@@ -586,3 +586,57 @@ async fn the_traceparent_header_becomes_the_calls_trace_parent() {
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     assert_eq!(seen.lock().unwrap().as_deref(), Some(parent));
 }
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_lets_the_call_in_flight_finish() {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let finished = Arc::new(AtomicUsize::new(0));
+    let stack = ToolStack::builder(registry()).build().unwrap();
+    let tools = support::stacked(&stack, {
+        let (started, finished) = (started.clone(), finished.clone());
+        tool_fn(move |_call: ToolCall| {
+            let (started, finished) = (started.clone(), finished.clone());
+            async move {
+                started.notify_one();
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                finished.fetch_add(1, Ordering::SeqCst);
+                Ok(ToolOutput::new(json!({"report": "done"})))
+            }
+        })
+    });
+    let app = ToolRouter::new(stack.registry().clone(), tools).into_router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                stopped.await.ok();
+            })
+            .await
+    });
+    let gateway = Gateway {
+        addr,
+        runs: Arc::default(),
+        audit: Lines::default(),
+        audit_log: AuditLog::with_sink(Lines::default(), 1, Redactor::default()),
+    };
+
+    let client = tokio::spawn(async move { gateway.call(&search("s-stop", "slow"), &[]).await });
+    started.notified().await;
+    stop.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), server)
+        .await
+        .expect("the server stops once the call is answered")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        1,
+        "the server waited for the call in flight"
+    );
+    let answer = client.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(answer.body["status"], "success");
+    assert_eq!(answer.body["output"]["content"], json!({"report": "done"}));
+}

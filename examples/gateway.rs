@@ -1,0 +1,214 @@
+//! Run with: `cargo run --example gateway --features axum,metrics`
+//!
+//! A tool gateway: three demo tools behind the whole stack, served over HTTP on
+//! 127.0.0.1:8080 (`PORT` changes the port).
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/tools/call` | a `ToolCall` envelope in, a `ToolResult` envelope out |
+//! | `GET /v1/tools` | the tools, their schemas and capabilities |
+//! | `GET /metrics` | Prometheus exposition of the call, retry, breaker and dedupe series |
+//! | `/admin/…` | breakers, loop sessions, dedupe records, switches; only when `TOOLCALL_ADMIN_TOKEN` is set |
+//!
+//! The tools:
+//! - `web::search`: read-only; its upstream fails on every 5th request (the retry hides it);
+//! - `vault::createFile`: mutating; needs `control.confirmationId`;
+//! - `reports::report`: slow; takes 2 seconds.
+//!
+//! Dedupe records live in memory, or in Redis when `TOOLCALL_REDIS_URL` is set (run with
+//! `--features axum,metrics,redis`). The switches come from the environment
+//! (`TOOL_RELIABILITY_ENABLED`, …). Ctrl-C stops taking new connections, lets the calls in
+//! flight finish, then exits.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+use tower::Layer;
+use tower_toolcall::control::ReliabilityControl;
+use tower_toolcall::http::{AdminRouter, ToolRouter};
+use tower_toolcall::idempotency::DedupeStore;
+use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::trace::{ToolMetrics, DURATION_BUCKETS};
+use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolError, ToolOutput, ToolStack};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The tools the gateway serves, with their schemas and policies.
+fn registry(control: ReliabilityControl) -> Result<ToolRegistry, tower_toolcall::ConfigError> {
+    ToolRegistry::builder()
+        .control(control)
+        .tool(
+            ToolDescriptor::new("web", "search", RiskLevel::ReadOnly)
+                .with_description("Searches the web.")
+                .with_idempotent(true)
+                .with_input_schema(json!({
+                    "type": "object",
+                    "required": ["query"],
+                    "properties": {"query": {"type": "string", "minLength": 1}}
+                })),
+        )
+        .tool(
+            ToolDescriptor::new("vault", "createFile", RiskLevel::Writes)
+                .with_description("Creates a file in the vault.")
+                .with_confirmation_required(true)
+                .with_input_schema(json!({
+                    "type": "object",
+                    "required": ["path", "content"],
+                    "properties": {
+                        "path": {"type": "string"},
+                        "content": {"type": "string"}
+                    },
+                    "additionalProperties": false
+                })),
+        )
+        .tool(
+            ToolDescriptor::new("reports", "report", RiskLevel::ReadOnly)
+                .with_description("Builds a report; takes 2 seconds.")
+                .with_attempt_timeout(Duration::from_secs(5)),
+        )
+        .build()
+}
+
+/// The search: read-only; its upstream fails on every 5th request.
+fn search(call: &ToolCall, searches: &AtomicUsize) -> Result<ToolOutput, ToolError> {
+    if searches.fetch_add(1, Ordering::SeqCst) % 5 == 4 {
+        return Err(ToolError::from_http_status(
+            503,
+            "search upstream is overloaded",
+        ));
+    }
+    let query = call.params().as_map()["query"].as_str().unwrap_or_default();
+    Ok(ToolOutput::new(json!({
+        "query": query,
+        "hits": [format!("{query}: the first hit"), format!("{query}: the second hit")],
+    })))
+}
+
+/// The file write: mutating; pretends to write and says when, so that a cached answer shows.
+fn create_file(call: &ToolCall) -> Result<ToolOutput, ToolError> {
+    let params = call.params().as_map();
+    let created_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    Ok(ToolOutput::new(json!({
+        "path": params["path"],
+        "bytes": params["content"].as_str().unwrap_or_default().len(),
+        "createdAt": created_at,
+    })))
+}
+
+/// The report: slow.
+async fn report() -> Result<ToolOutput, ToolError> {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(ToolOutput::new(json!({"report": "all systems nominal"})))
+}
+
+/// One service for every tool: it dispatches on the tool's name.
+async fn run_tool(call: ToolCall, searches: Arc<AtomicUsize>) -> Result<ToolOutput, ToolError> {
+    match (call.tool_namespace(), call.tool_name()) {
+        ("web", "search") => search(&call, &searches),
+        ("vault", "createFile") => create_file(&call),
+        ("reports", "report") => report().await,
+        (ns, name) => Err(ToolError::new(
+            ErrorCode::NotFound,
+            format!("no implementation for {ns}::{name}"),
+        )),
+    }
+}
+
+/// The Prometheus recorder, with histogram buckets for the durations.
+fn prometheus() -> Result<PrometheusHandle, BoxError> {
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_duration_seconds".into()),
+            &DURATION_BUCKETS,
+        )?
+        .install_recorder()?)
+}
+
+/// `GET /metrics`: the dedupe store's size, then every series in the Prometheus text format.
+async fn scrape<St: DedupeStore>(
+    State((stack, metrics, prometheus)): State<(ToolStack<St>, ToolMetrics, PrometheusHandle)>,
+) -> String {
+    if let Some(store) = stack.dedupe_store() {
+        if let Ok(records) = store.size().await {
+            metrics.record_dedupe_size(records);
+        }
+    }
+    prometheus.run_upkeep();
+    prometheus.render()
+}
+
+/// The gateway's routes around `stack`.
+fn app<St: DedupeStore>(
+    stack: ToolStack<St>,
+    metrics: ToolMetrics,
+    prometheus: PrometheusHandle,
+) -> Result<Router, BoxError> {
+    let searches = Arc::new(AtomicUsize::new(0));
+    let tools = tool_fn(move |call: ToolCall| run_tool(call, searches.clone()));
+    let mut router = ToolRouter::new(stack.registry().clone(), stack.layer(tools));
+    match std::env::var("TOOLCALL_ADMIN_TOKEN") {
+        Ok(token) => router = router.admin(AdminRouter::new(&stack, token)?),
+        Err(_) => tracing::info!("TOOLCALL_ADMIN_TOKEN is not set: no admin API"),
+    }
+    let metrics_route = Router::new()
+        .route("/metrics", get(scrape::<St>))
+        .with_state((stack, metrics, prometheus));
+    Ok(router.into_router().merge(metrics_route))
+}
+
+/// Serves `app` until Ctrl-C, then lets the calls in flight finish.
+async fn serve(app: Router) -> Result<(), BoxError> {
+    let port = std::env::var("PORT").unwrap_or_else(|_| "8080".to_owned());
+    let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
+    tracing::info!("serving on http://{}", listener.local_addr()?);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            tokio::signal::ctrl_c().await.ok();
+            tracing::info!("shutting down: finishing the calls in flight");
+        })
+        .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .init();
+    let prometheus = prometheus()?;
+
+    let registry = registry(ReliabilityControl::from_env()?)?;
+    let metrics = ToolMetrics::new(&registry);
+    metrics.describe();
+    let stack = ToolStack::builder(registry).metrics(metrics.clone());
+
+    let redis_url = std::env::var("TOOLCALL_REDIS_URL").ok();
+    #[cfg(feature = "redis")]
+    if let Some(url) = redis_url {
+        let store = tower_toolcall::idempotency::RedisDedupeStore::open(&url)?;
+        store.ping().await?;
+        tracing::info!("dedupe records in Redis at {url}");
+        let stack = stack.store(store).build()?;
+        return serve(app(stack, metrics, prometheus)?).await;
+    }
+    #[cfg(not(feature = "redis"))]
+    if redis_url.is_some() {
+        return Err(
+            "TOOLCALL_REDIS_URL is set, but the Redis store needs the `redis` feature: \
+                    cargo run --example gateway --features axum,metrics,redis"
+                .into(),
+        );
+    }
+
+    tracing::info!("dedupe records in memory");
+    serve(app(stack.build()?, metrics, prometheus)?).await
+}
