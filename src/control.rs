@@ -579,6 +579,30 @@ mod tests {
     }
 
     #[test]
+    fn the_rollout_hash_is_the_same_everywhere() {
+        // Fixed values: a release that changed them would move sessions in or out of a
+        // rollout under way, differently on replicas of different releases.
+        assert_eq!(rollout_bucket(None, "sess-1"), 2);
+        assert_eq!(rollout_bucket(Some("acme"), "sess-1"), 52);
+        assert_eq!(rollout_bucket(Some(""), ""), 84);
+        assert_eq!(rollout_bucket(None, ""), 16);
+        assert_eq!(rollout_bucket(Some("acme"), "session-0"), 97);
+    }
+
+    #[test]
+    fn the_rollout_ends_enforce_all_or_nothing() {
+        let control = ReliabilityControl::new();
+        let sessions = || (0..200).map(|i| format!("s-{i}"));
+        assert!(sessions().all(|s| control.enforces_session(None, &s)));
+        control.set_rollout_percent(0).unwrap();
+        assert!(sessions().all(|s| !control.enforces_session(None, &s)));
+        assert!(
+            format!("{control:?}").contains("rollout_percent: 0"),
+            "{control:?}"
+        );
+    }
+
+    #[test]
     fn values_not_understood_name_the_variable() {
         let err = ReliabilityControl::from_lookup(lookup(&[("TOOL_RELIABILITY_ENABLED", "nope")]))
             .unwrap_err();
