@@ -31,20 +31,35 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_toolcall::http::ToolRouter;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
+/// The offset of the template a load generator's connection fills in with its counter.
+const SENTINEL: u64 = 918_273_645;
+
 /// Concurrent connections of the load generator.
 const CONNECTIONS: usize = 64;
 
 /// The body of call `n` in `session`: about 200 bytes of params, as in the `stack` bench.
-fn body(session: &str, n: u64) -> String {
-    format!(
-        r#"{{"contractVersion":"1.1","requestId":"req-{n}","toolNamespace":"agents.tools.web","toolName":"search","target":{{"sessionKey":"{session}","actorId":"user-7"}},"payload":{{"params":{{"query":"tower middleware retry with exponential backoff","limit":10,"offset":{n},"safe":true,"region":"eu-west-1","filters":{{"lang":"en","site":"docs.rs","after":"2024-01-01","kind":"article"}}}}}}}}"#
-    )
+fn body(session: &str, n: u64) -> Vec<u8> {
+    ToolCall::builder("agents.tools.web", "search")
+        .session(session)
+        .actor("user-7")
+        .params(json!({
+            "query": "tower middleware retry with exponential backoff",
+            "limit": 10,
+            "offset": n,
+            "safe": true,
+            "region": "eu-west-1",
+            "filters": {"lang": "en", "site": "docs.rs", "after": "2024-01-01", "kind": "article"}
+        }))
+        .build()
+        .unwrap()
+        .to_json()
+        .into()
 }
 
 fn bare_tool() -> impl tower::Service<
@@ -140,16 +155,20 @@ async fn load(
         .map(|(i, mut sender)| {
             let share = requests / count + u64::from((i as u64) < requests % count);
             let counter = counter.clone();
-            let session = format!("sess-{i}");
+            // The envelope is built once; each request puts its counter in the params.
+            let template = String::from_utf8(body(&format!("sess-{i}"), SENTINEL)).unwrap();
+            let (head, tail) = template.split_once(&SENTINEL.to_string()).unwrap();
+            let (head, tail) = (head.to_owned(), tail.to_owned());
             tokio::spawn(async move {
                 for _ in 0..share {
                     let n = counter.fetch_add(1, Ordering::Relaxed);
+                    let body = format!("{head}{n}{tail}");
                     let request = Request::builder()
                         .method(Method::POST)
                         .uri(format!("http://{addr}/v1/tools/call"))
                         .header("host", "127.0.0.1")
                         .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(body(&session, n))))
+                        .body(Full::new(Bytes::from(body)))
                         .unwrap();
                     sender.ready().await.unwrap();
                     let response = sender.send_request(request).await.unwrap();
