@@ -8,6 +8,8 @@
 //!
 //! - `gateway`: `POST /v1/tools/call` through `tower::ServiceExt::oneshot` on the axum
 //!   `Router`, no network; `bare_router` and `gateway` differ only by the stack.
+//!   `tool_alone` and `stack_alone` are the same calls, already parsed, made on the tool and
+//!   on the stack without the router: the stack's own cost in the same run.
 //! - `gateway_http`: loopback HTTP/1.1 throughput. Both routers are served on 127.0.0.1:0 in
 //!   this process; a load generator (hyper's client, 64 keep-alive connections opened before
 //!   the measurement) sends the measured number of requests spread over the 64 connections,
@@ -45,6 +47,11 @@ const CONNECTIONS: usize = 64;
 
 /// The body of call `n` in `session`: about 200 bytes of params, as in the `stack` bench.
 fn body(session: &str, n: u64) -> Vec<u8> {
+    call(session, n).to_json().into()
+}
+
+/// Call `n` in `session`.
+fn call(session: &str, n: u64) -> ToolCall {
     ToolCall::builder("agents.tools.web", "search")
         .session(session)
         .actor("user-7")
@@ -58,8 +65,6 @@ fn body(session: &str, n: u64) -> Vec<u8> {
         }))
         .build()
         .unwrap()
-        .to_json()
-        .into()
 }
 
 fn bare_tool() -> impl tower::Service<
@@ -93,15 +98,19 @@ fn request(session: &str, n: u64) -> Request<Body> {
         .unwrap()
 }
 
+/// Requests built in small batches just before they are sent: warm in the cache, as a
+/// request a server has just read.
+const FRESH: BatchSize = BatchSize::NumIterations(64);
+
 fn oneshot(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    // Built inside the runtime: the stack's timers and sweepers need one.
+    let _entered = runtime.enter();
     let mut group = c.benchmark_group("gateway");
     for (name, router) in routers() {
-        // Built inside the runtime: the stack's timers and sweepers need one.
-        let _entered = runtime.enter();
         let mut n = 0;
         group.bench_function(name, |b| {
             b.iter_batched(
@@ -114,7 +123,35 @@ fn oneshot(c: &mut Criterion) {
                     assert_eq!(response.status(), StatusCode::OK);
                     black_box(response)
                 },
-                BatchSize::SmallInput,
+                FRESH,
+            )
+        });
+    }
+    // The same calls without the router, for the stack's own cost in this run.
+    let stack = ToolStack::builder(ToolRegistry::open()).build().unwrap();
+    let services = [
+        ("tool_alone", tower::util::BoxService::new(bare_tool())),
+        (
+            "stack_alone",
+            tower::util::BoxService::new(tower::Layer::layer(&stack, bare_tool())),
+        ),
+    ];
+    for (name, mut service) in services {
+        let mut n = 0;
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    call("sess-bench", n)
+                },
+                |call| {
+                    let outcome = runtime.block_on(async {
+                        let ready = service.ready().await.expect("ready");
+                        tower::Service::call(ready, call).await
+                    });
+                    black_box(outcome.unwrap())
+                },
+                FRESH,
             )
         });
     }
