@@ -427,7 +427,7 @@ impl ReliabilityControl {
     }
 }
 
-/// The share of sessions a rollout of `percent` enforces, its bucket in `0..100`.
+/// The session's bucket in `0..100`: a rollout of `p` percent enforces the buckets below `p`.
 ///
 /// FNV-1a over the tenant and the session key, then the finalizer of MurmurHash3: the same
 /// on every platform, replica and release, unlike the standard library's hashers.
