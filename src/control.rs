@@ -8,6 +8,7 @@
 //! | `TOOL_RELIABILITY_OPEN_MODE` | `on` (default) / `off` | `off` keeps the breakers counting but never fails a call fast |
 //! | `TOOL_RELIABILITY_DERIVE_IDEMPOTENCY` | `on` (default) / `off` | `off` uses only the keys callers or hooks give; none is derived from the params |
 //! | `TOOL_RELIABILITY_SHADOW` | comma-separated `breaker`, `loop_detect`, `idempotency`, `rate_limit` | those layers compute, log and count their decisions but enforce none |
+//! | `TOOL_RELIABILITY_ROLLOUT_PERCENT` | `0` to `100` (default `100`) | the share of sessions enforced; the others run every layer in shadow mode |
 //!
 //! A [`ReliabilityControl`] reaches the layers through the registry they are built from
 //! ([`ToolRegistry::with_control`](crate::registry::ToolRegistry::with_control)); every
@@ -44,6 +45,14 @@
 //! | idempotency | `would_replay`, `would_join`, `would_conflict` | the store: the record that would have answered is left as it is; a call that finds its key free claims it and stores its result |
 //! | rate limit | `would_limit`, `would_wait` | the quotas |
 //!
+//! **Gradual rollout.** With a [`rollout_percent`](ReliabilityControl::rollout_percent)
+//! below 100, only that share of sessions is enforced; the calls of every other session run
+//! the breaker, loop detection, idempotency and the rate limit in shadow mode, as if all four
+//! were listed in `TOOL_RELIABILITY_SHADOW`. A stable hash of the tenant and the session key
+//! decides ([`enforces`](ReliabilityControl::enforces)): a session gets the same answer on
+//! every call and every replica, and a session enforced at 10 % stays enforced at 20 %.
+//! Validation, retry and the timeout have no shadow mode and act on every call.
+//!
 //! Every decision goes into the call's record ([`CallRecord::shadow`](crate::CallRecord::shadow)),
 //! in the order the layers decided, the earlier attempts' first for a retried call. The
 //! `TraceLayer` logs each as an INFO event `tool_call_shadow`, counts it in
@@ -73,6 +82,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
+use crate::envelope::ToolCall;
 use crate::error::ConfigError;
 
 /// The variable of the kill switch.
@@ -86,6 +96,8 @@ pub const DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABILITY_DERIVE_IDEMPOTENCY";
 pub const LEGACY_DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABLE_DERIVE_IDEMPOTENCY";
 /// The variable listing the layers in shadow mode.
 pub const SHADOW_VAR: &str = "TOOL_RELIABILITY_SHADOW";
+/// The variable of the share of sessions enforced, in percent.
+pub const ROLLOUT_PERCENT_VAR: &str = "TOOL_RELIABILITY_ROLLOUT_PERCENT";
 
 /// A layer that can run in shadow mode: deciding, logging and counting, never enforcing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -153,6 +165,7 @@ struct Switches {
     breaker_enforced: AtomicBool,
     derive_idempotency_keys: AtomicBool,
     shadow: AtomicU8,
+    rollout_percent: AtomicU8,
 }
 
 impl Default for ReliabilityControl {
@@ -173,6 +186,7 @@ impl fmt::Debug for ReliabilityControl {
             .field("breaker_enforced", &self.is_breaker_enforced())
             .field("derive_idempotency_keys", &self.derives_idempotency_keys())
             .field("shadow", &shadow)
+            .field("rollout_percent", &self.rollout_percent())
             .finish()
     }
 }
@@ -186,6 +200,7 @@ impl ReliabilityControl {
                 breaker_enforced: AtomicBool::new(true),
                 derive_idempotency_keys: AtomicBool::new(true),
                 shadow: AtomicU8::new(0),
+                rollout_percent: AtomicU8::new(100),
             }),
         }
     }
@@ -222,6 +237,12 @@ impl ReliabilityControl {
                 })?;
                 control.set_shadow(layer, true);
             }
+        }
+        if let Some(value) = lookup(ROLLOUT_PERCENT_VAR) {
+            control.switches.rollout_percent.store(
+                parse_percent(ROLLOUT_PERCENT_VAR, &value)?,
+                Ordering::Relaxed,
+            );
         }
         Ok(control)
     }
@@ -293,6 +314,105 @@ impl ReliabilityControl {
         self.switches.shadow.load(Ordering::Relaxed) & layer.bit() != 0
     }
 
+    /// Whether `layer` is in shadow mode for `call`: the layer is in shadow mode, or the
+    /// call's session is outside the rollout ([`enforces`](Self::enforces)). Every layer
+    /// with a shadow mode asks this before it enforces a decision.
+    ///
+    /// ```
+    /// use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let call = ToolCall::builder("web", "search").session("s-1").actor("u").build()?;
+    /// let control = ReliabilityControl::new();
+    /// assert!(!control.shadows(ShadowLayer::LoopDetect, &call));
+    /// control.set_rollout_percent(0)?;
+    /// assert!(control.shadows(ShadowLayer::LoopDetect, &call));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn shadows(&self, layer: ShadowLayer, call: &ToolCall) -> bool {
+        self.is_shadow(layer) || !self.enforces(call)
+    }
+
+    /// Whether an open breaker fails `call` fast: [`breakers_fail_fast`](Self::breakers_fail_fast)
+    /// and the call's session is inside the rollout.
+    #[inline]
+    pub fn breakers_fail_fast_for(&self, call: &ToolCall) -> bool {
+        self.is_breaker_enforced() && !self.shadows(ShadowLayer::Breaker, call)
+    }
+
+    /// The share of sessions enforced, from 0 to 100 (`TOOL_RELIABILITY_ROLLOUT_PERCENT`,
+    /// 100 by default).
+    #[inline]
+    pub fn rollout_percent(&self) -> u8 {
+        self.switches.rollout_percent.load(Ordering::Relaxed)
+    }
+
+    /// Enforces `percent` of the sessions from the next call on, the others running every
+    /// layer in shadow mode. A percentage above 100 is refused and changes nothing.
+    ///
+    /// ```
+    /// use tower_toolcall::control::ReliabilityControl;
+    ///
+    /// let control = ReliabilityControl::new();
+    /// assert_eq!(control.rollout_percent(), 100);
+    /// control.set_rollout_percent(10)?;
+    /// assert_eq!(control.rollout_percent(), 10);
+    /// assert!(control.set_rollout_percent(101).is_err());
+    /// assert_eq!(control.rollout_percent(), 10);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn set_rollout_percent(&self, percent: u8) -> Result<(), ConfigError> {
+        if percent > 100 {
+            return Err(ConfigError::new(
+                "rollout_percent",
+                format!("is {percent}; give a whole number from 0 to 100"),
+            ));
+        }
+        self.switches
+            .rollout_percent
+            .store(percent, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether `call` is enforced under the rollout: always at 100 %, never at 0 %, and in
+    /// between for the sessions a stable hash of the tenant and session key puts inside the
+    /// share ([`enforces_session`](Self::enforces_session)).
+    #[inline]
+    pub fn enforces(&self, call: &ToolCall) -> bool {
+        match self.rollout_percent() {
+            100.. => true,
+            percent => self.session_in(percent, call.tenant_id(), call.session_key()),
+        }
+    }
+
+    /// Whether the session `session` of `tenant` is enforced under the rollout. The answer
+    /// is the same for every call of the session, on every replica; raising the percentage
+    /// only adds sessions.
+    ///
+    /// ```
+    /// use tower_toolcall::control::ReliabilityControl;
+    ///
+    /// let control = ReliabilityControl::new();
+    /// control.set_rollout_percent(10)?;
+    /// let enforced = (0..1000)
+    ///     .filter(|i| control.enforces_session(Some("acme"), &format!("session-{i}")))
+    ///     .count();
+    /// assert!((50..=150).contains(&enforced));
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn enforces_session(&self, tenant: Option<&str>, session: &str) -> bool {
+        self.session_in(self.rollout_percent(), tenant, session)
+    }
+
+    fn session_in(&self, percent: u8, tenant: Option<&str>, session: &str) -> bool {
+        match percent {
+            0 => false,
+            100.. => true,
+            percent => rollout_bucket(tenant, session) < percent,
+        }
+    }
+
     /// Puts `layer` in or out of shadow mode, from the next call on.
     pub fn set_shadow(&self, layer: ShadowLayer, shadow: bool) {
         if shadow {
@@ -304,6 +424,53 @@ impl ReliabilityControl {
                 .shadow
                 .fetch_and(!layer.bit(), Ordering::Relaxed);
         }
+    }
+}
+
+/// The session's bucket in `0..100`: a rollout of `p` percent enforces the buckets below `p`.
+///
+/// FNV-1a over the tenant and the session key, then the finalizer of MurmurHash3: the same
+/// on every platform, replica and release, unlike the standard library's hashers.
+fn rollout_bucket(tenant: Option<&str>, session: &str) -> u8 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET;
+    let mut feed = |bytes: &[u8]| {
+        for byte in bytes {
+            hash = (hash ^ u64::from(*byte)).wrapping_mul(PRIME);
+        }
+    };
+    // A call without a tenant and one whose tenant is empty are different sessions.
+    match tenant {
+        Some(tenant) => {
+            feed(&[1]);
+            feed(tenant.as_bytes());
+        }
+        None => feed(&[0]),
+    }
+    feed(&[0xff]);
+    feed(session.as_bytes());
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^= hash >> 33;
+    (hash % 100) as u8
+}
+
+/// A whole number from 0 to 100.
+fn parse_percent(variable: &str, value: &str) -> Result<u8, ConfigError> {
+    let trimmed = value.trim();
+    let trimmed = trimmed.strip_suffix('%').unwrap_or(trimmed).trim_end();
+    match trimmed.parse::<u8>() {
+        Ok(percent) if percent <= 100 => Ok(percent),
+        _ => Err(ConfigError::new(
+            variable,
+            format!(
+                "is {value:?}; set it to a whole number from 0 to 100, the percentage of \
+                 sessions enforced (100, the default, enforces every session)"
+            ),
+        )),
     }
 }
 
@@ -409,6 +576,30 @@ mod tests {
         assert!(control.is_shadow(ShadowLayer::RateLimit));
         clone.set_shadow(ShadowLayer::RateLimit, false);
         assert!(!control.is_shadow(ShadowLayer::RateLimit));
+    }
+
+    #[test]
+    fn the_rollout_hash_is_the_same_everywhere() {
+        // Fixed values: a release that changed them would move sessions in or out of a
+        // rollout under way, differently on replicas of different releases.
+        assert_eq!(rollout_bucket(None, "sess-1"), 2);
+        assert_eq!(rollout_bucket(Some("acme"), "sess-1"), 52);
+        assert_eq!(rollout_bucket(Some(""), ""), 84);
+        assert_eq!(rollout_bucket(None, ""), 16);
+        assert_eq!(rollout_bucket(Some("acme"), "session-0"), 97);
+    }
+
+    #[test]
+    fn the_rollout_ends_enforce_all_or_nothing() {
+        let control = ReliabilityControl::new();
+        let sessions = || (0..200).map(|i| format!("s-{i}"));
+        assert!(sessions().all(|s| control.enforces_session(None, &s)));
+        control.set_rollout_percent(0).unwrap();
+        assert!(sessions().all(|s| !control.enforces_session(None, &s)));
+        assert!(
+            format!("{control:?}").contains("rollout_percent: 0"),
+            "{control:?}"
+        );
     }
 
     #[test]

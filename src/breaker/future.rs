@@ -56,6 +56,8 @@ struct Permit {
     /// The breaker of another scope than the tool's own, which `tool` holds.
     scoped: Option<Arc<BreakerCell>>,
     ticket: Option<Ticket>,
+    /// Whether the breaker fails this call's session fast, as the control said on admission.
+    fail_fast: bool,
 }
 
 impl Permit {
@@ -107,6 +109,7 @@ impl<F> ResponseFuture<F> {
         tool: Arc<ToolBreaker>,
         scoped: Option<Arc<BreakerCell>>,
         ticket: Ticket,
+        fail_fast: bool,
     ) -> Self {
         ResponseFuture {
             state: State::Admitted {
@@ -115,6 +118,7 @@ impl<F> ResponseFuture<F> {
                     tool,
                     scoped,
                     ticket: Some(ticket),
+                    fail_fast,
                 },
             },
         }
@@ -142,7 +146,7 @@ where
                 let (recorded, mut outcome) = permit.record(ready!(future.poll(cx)));
                 let record = outcome_record_mut(&mut outcome);
                 record.breaker_state = Some(recorded.state);
-                if recorded.opened && !permit.tool.control.breakers_fail_fast() {
+                if recorded.opened && !permit.fail_fast {
                     // The transition itself is logged as when enforcing.
                     record.shadow.push(ShadowDecision::new(
                         ShadowLayer::Breaker,

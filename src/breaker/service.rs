@@ -175,10 +175,17 @@ where
             .expect("a registered tool has its own breaker");
         match cell.admit() {
             Admission::Admitted(ticket) => {
-                ResponseFuture::admitted(self.inner.call(call), tool.clone(), scoped, ticket)
+                let fail_fast = tool.control.breakers_fail_fast_for(&call);
+                ResponseFuture::admitted(
+                    self.inner.call(call),
+                    tool.clone(),
+                    scoped,
+                    ticket,
+                    fail_fast,
+                )
             }
             // Not enforced: the call runs, uncounted, as if it had been refused.
-            Admission::Rejected { .. } if !tool.control.breakers_fail_fast() => {
+            Admission::Rejected { .. } if !tool.control.breakers_fail_fast_for(&call) => {
                 let decision =
                     shadow_decision(&call, ShadowLayer::Breaker, ShadowVerdict::WouldReject);
                 ResponseFuture::passthrough(Passthrough::shadowed(self.inner.call(call), decision))

@@ -41,8 +41,8 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 /// | `GET /dedupe/records/{fingerprint}` | the dedupe record whose key has this fingerprint (as results and logs show it) |
 /// | `GET /dedupe/records?key=…` | the dedupe record of a store key, with its fingerprint |
 /// | `POST /dedupe/flush` | `{"prefix": "acme/"}`: deletes every record under the prefix |
-/// | `GET /switches` | the kill switch, open mode, key derivation and shadow layers |
-/// | `PUT /switches` | changes those given: `{"enabled": false, "shadow": {"breaker": true}}` |
+/// | `GET /switches` | the kill switch, open mode, key derivation, shadow layers and the rollout percentage |
+/// | `PUT /switches` | changes those given: `{"enabled": false, "shadow": {"breaker": true}, "rolloutPercent": 10}` |
 ///
 /// Every change is logged at INFO (target `tower_toolcall::admin`) and, when the router has
 /// an [`audit`](AdminRouter::audit) log, written to it as an `admin.change` event. A route
@@ -374,6 +374,7 @@ struct Switches {
     open_mode: bool,
     derive_idempotency_keys: bool,
     shadow: BTreeMap<&'static str, bool>,
+    rollout_percent: u8,
 }
 
 impl Switches {
@@ -386,6 +387,7 @@ impl Switches {
                 .into_iter()
                 .map(|layer| (layer.as_str(), control.is_shadow(layer)))
                 .collect(),
+            rollout_percent: control.rollout_percent(),
         }
     }
 }
@@ -399,6 +401,7 @@ struct SwitchChange {
     derive_idempotency_keys: Option<bool>,
     #[serde(default)]
     shadow: BTreeMap<String, bool>,
+    rollout_percent: Option<u8>,
 }
 
 async fn read_switches<St>(State(state): State<AdminState<St>>) -> Answer {
@@ -424,6 +427,18 @@ async fn change_switches<St>(State(state): State<AdminState<St>>, body: Bytes) -
         })?;
         shadow.push((layer, *on));
     }
+    if let Some(percent @ 101..) = change.rollout_percent {
+        return Err(error(
+            ToolError::rejected(
+                ErrorCode::ValidationError,
+                format!(
+                    "invalid admin request: `rolloutPercent` is {percent}; give a whole number \
+                     from 0 to 100"
+                ),
+            )
+            .with_details(json!({"field": "rolloutPercent"})),
+        ));
+    }
     let control = &state.control;
     let before = Switches::of(control);
     if let Some(enabled) = change.enabled {
@@ -437,6 +452,11 @@ async fn change_switches<St>(State(state): State<AdminState<St>>, body: Bytes) -
     }
     for (layer, on) in shadow {
         control.set_shadow(layer, on);
+    }
+    if let Some(percent) = change.rollout_percent {
+        control
+            .set_rollout_percent(percent)
+            .expect("the percentage was checked");
     }
     let after = Switches::of(control);
     state.changed(

@@ -85,7 +85,12 @@ impl Monitor {
                 let results = limits.poller.then(|| self.clone());
                 Verdict::Tracked(OutcomeReport::new(history, seq, results))
             }
-            Decision::Reject(_) if self.registry.control().is_shadow(ShadowLayer::LoopDetect) => {
+            Decision::Reject(_)
+                if self
+                    .registry
+                    .control()
+                    .shadows(ShadowLayer::LoopDetect, call) =>
+            {
                 Verdict::Shadowed(shadow_decision(
                     call,
                     ShadowLayer::LoopDetect,

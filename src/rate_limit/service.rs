@@ -74,7 +74,7 @@ where
         self.limits.sweeper.tend(self.limits.all());
         match decision {
             Ok(()) => ResponseFuture::called(self.inner.call(call)),
-            Err(wait) if control.is_shadow(ShadowLayer::RateLimit) => {
+            Err(wait) if control.shadows(ShadowLayer::RateLimit, &call) => {
                 let verdict = if limit.waits_for(wait) {
                     ShadowVerdict::WouldWait
                 } else {

@@ -738,3 +738,183 @@ fn the_earlier_name_of_key_derivation_still_works_and_warns() {
         "the current name warns of nothing"
     );
 }
+
+/// Calls of `search` in session `session` of tenant `acme`.
+fn in_session(session: &str, n: u64) -> ToolCall {
+    ToolCall::builder("web", "search")
+        .tenant("acme")
+        .session(session)
+        .actor("user-7")
+        .params(json!({"mode": "ok", "n": n}))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_a_rollout_of_0_percent_the_breaker_never_fails_a_call() {
+    breaker_lets_every_call_through(switches(&[("TOOL_RELIABILITY_ROLLOUT_PERCENT", "0")])).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_a_rollout_of_0_percent_every_layer_of_the_stack_shadows() {
+    use ShadowLayer::{Breaker, Idempotency, LoopDetect, RateLimit};
+    let control = switches(&[("TOOL_RELIABILITY_ROLLOUT_PERCENT", "0")]);
+    assert_eq!(control.rollout_percent(), 0);
+    let tool = ModeTool::default();
+    let mut svc = support::stacked(&full_stack(&registry(&control)), tool.service());
+    let has = |outcome: &Result<ToolOutput, ToolError>, layer, verdict| {
+        verdicts(outcome).contains(&(layer, verdict))
+    };
+
+    // A loop is not stopped: every repeat runs, the record says what would have happened.
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        outcomes.push(call_once(&mut svc, search("ok", 8)).await);
+    }
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(tool.runs(), 5, "every repeat ran");
+    assert!(has(&outcomes[3], LoopDetect, ShadowVerdict::WouldBlock));
+    assert!(has(&outcomes[4], LoopDetect, ShadowVerdict::WouldBlock));
+    assert!(has(&outcomes[1], Idempotency, ShadowVerdict::WouldReplay));
+    assert!(outcomes.iter().all(|o| !record(o).from_cache));
+
+    // A burst over the rate limit runs at once.
+    let mut burst = Vec::new();
+    for n in 10..14 {
+        burst.push(call_once(&mut svc, call("web", "fetch", json!({"n": n}))).await);
+    }
+    assert!(burst.iter().all(Result::is_ok));
+    assert!(has(&burst[2], RateLimit, ShadowVerdict::WouldLimit));
+
+    // A breaker that opened lets the next call through.
+    for n in 0..2 {
+        let outcome = call_once(&mut svc, write("down", n)).await;
+        assert_eq!(code(&outcome), Some(ErrorCode::UpstreamUnavailable));
+    }
+    let after = call_once(&mut svc, write("down", 2)).await;
+    assert_eq!(code(&after), Some(ErrorCode::UpstreamUnavailable));
+    assert!(has(&after, Breaker, ShadowVerdict::WouldReject));
+    assert_eq!(tool.runs(), 5 + 4 + 3);
+
+    // Rolled out to every session at run time, the same stack enforces.
+    control.set_rollout_percent(100).unwrap();
+    let refused = call_once(&mut svc, write("down", 3)).await;
+    assert_eq!(code(&refused), Some(ErrorCode::CircuitOpen));
+    let limited = call_once(&mut svc, call("web", "fetch", json!({"n": 14}))).await;
+    assert_eq!(code(&limited), Some(ErrorCode::RateLimited));
+    assert_eq!(tool.runs(), 12);
+}
+
+/// Four identical calls in `session` through loop detection: whether the fourth was
+/// refused (the session enforced) or let through in shadow mode.
+async fn fourth_repeat_refused<S>(svc: &mut S, session: &str, n: u64) -> bool
+where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    for _ in 0..3 {
+        assert!(call_once(svc, in_session(session, n)).await.is_ok());
+    }
+    let fourth = call_once(svc, in_session(session, n)).await;
+    match code(&fourth) {
+        Some(ErrorCode::LoopDetected) => true,
+        None => {
+            assert_eq!(
+                verdicts(&fourth),
+                [(ShadowLayer::LoopDetect, ShadowVerdict::WouldBlock)]
+            );
+            false
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_a_rollout_of_100_percent_every_session_is_enforced() {
+    let control = switches(&[("TOOL_RELIABILITY_ROLLOUT_PERCENT", "100")]);
+    let tool = ModeTool::default();
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(registry(&control)))
+        .service(tool.service());
+    for i in 0..50 {
+        let session = format!("session-{i}");
+        assert!(
+            fourth_repeat_refused(&mut svc, &session, 1).await,
+            "{session}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rollout_of_10_percent_enforces_about_a_tenth_of_the_sessions_always_the_same() {
+    let control = switches(&[("TOOL_RELIABILITY_ROLLOUT_PERCENT", "10")]);
+    let tool = ModeTool::default();
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(registry(&control)))
+        .service(tool.service());
+    let mut enforced = Vec::new();
+    for i in 0..1000 {
+        let session = format!("session-{i}");
+        if fourth_repeat_refused(&mut svc, &session, 1).await {
+            enforced.push(session);
+        }
+    }
+    assert!(
+        (50..=150).contains(&enforced.len()),
+        "{} of 1000 sessions enforced",
+        enforced.len()
+    );
+    // The same sessions get the same answer, call after call.
+    for i in 0..1000 {
+        let session = format!("session-{i}");
+        let refused = fourth_repeat_refused(&mut svc, &session, 2).await;
+        assert_eq!(refused, enforced.contains(&session), "{session}");
+        assert_eq!(
+            control.enforces(&in_session(&session, 3)),
+            refused,
+            "{session}"
+        );
+    }
+    // Another tenant's session of the same key is decided on its own.
+    let other_tenant = (0..1000)
+        .filter(|i| control.enforces_session(Some("globex"), &format!("session-{i}")))
+        .count();
+    assert!((50..=150).contains(&other_tenant), "{other_tenant}");
+    let same = (0..1000)
+        .filter(|i| {
+            let session = format!("session-{i}");
+            control.enforces_session(Some("globex"), &session) == enforced.contains(&session)
+        })
+        .count();
+    assert!(same < 1000, "the tenant is part of the hash");
+    // Raising the share keeps the sessions already enforced.
+    control.set_rollout_percent(20).unwrap();
+    assert!(enforced
+        .iter()
+        .all(|session| control.enforces_session(Some("acme"), session)));
+}
+
+#[test]
+fn the_rollout_variable_is_read_and_refused_when_bad() {
+    let parse = |value: &'static str| {
+        ReliabilityControl::from_lookup(move |name| {
+            (name == "TOOL_RELIABILITY_ROLLOUT_PERCENT").then(|| value.to_owned())
+        })
+    };
+    assert_eq!(ReliabilityControl::new().rollout_percent(), 100);
+    assert_eq!(parse("10").unwrap().rollout_percent(), 10);
+    assert_eq!(parse(" 0 ").unwrap().rollout_percent(), 0);
+    assert_eq!(parse("25%").unwrap().rollout_percent(), 25);
+    for bad in ["101", "-5", "ten", "", "12.5"] {
+        let error = parse(bad).unwrap_err();
+        assert_eq!(error.field(), "TOOL_RELIABILITY_ROLLOUT_PERCENT", "{bad:?}");
+        let message = error.to_string();
+        assert!(message.contains("from 0 to 100"), "{message}");
+    }
+    let control = ReliabilityControl::new();
+    assert!(control.set_rollout_percent(101).is_err());
+    assert_eq!(
+        control.rollout_percent(),
+        100,
+        "a refused value changes nothing"
+    );
+}
