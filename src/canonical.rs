@@ -301,7 +301,7 @@ pub fn params_digest(canonical: &str) -> String {
 }
 
 /// [`params_digest`], on the stack.
-fn params_digest_hex(canonical: &str) -> HexDigest {
+pub(crate) fn params_digest_hex(canonical: &str) -> HexDigest {
     HexDigest::of(&Sha256::digest(canonical.as_bytes()).into())
 }
 

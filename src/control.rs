@@ -380,10 +380,7 @@ impl ReliabilityControl {
     /// share ([`enforces_session`](Self::enforces_session)).
     #[inline]
     pub fn enforces(&self, call: &ToolCall) -> bool {
-        match self.rollout_percent() {
-            100.. => true,
-            percent => self.session_in(percent, call.tenant_id(), call.session_key()),
-        }
+        self.enforces_session(call.tenant_id(), call.session_key())
     }
 
     /// Whether the session `session` of `tenant` is enforced under the rollout. The answer
@@ -402,11 +399,7 @@ impl ReliabilityControl {
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
     pub fn enforces_session(&self, tenant: Option<&str>, session: &str) -> bool {
-        self.session_in(self.rollout_percent(), tenant, session)
-    }
-
-    fn session_in(&self, percent: u8, tenant: Option<&str>, session: &str) -> bool {
-        match percent {
+        match self.rollout_percent() {
             0 => false,
             100.. => true,
             percent => rollout_bucket(tenant, session) < percent,

@@ -3,7 +3,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use serde_json::Value;
 
 use crate::envelope::{ToolCall, ToolResult, MAX_IDEMPOTENCY_KEY_BYTES};
@@ -62,7 +62,9 @@ impl<S: Send + Sync> FromRequest<S> for JsonToolCall {
     type Rejection = ToolResult;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let headers = req.headers().clone();
+        // Only the two headers the call takes in are kept; the body consumes the request.
+        let key_header = req.headers().get(IDEMPOTENCY_KEY).cloned();
+        let traceparent_header = req.headers().get(TRACEPARENT).cloned();
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             let error = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ToolError::rejected(
@@ -78,20 +80,22 @@ impl<S: Send + Sync> FromRequest<S> for JsonToolCall {
             ToolResult::rejected(error)
         })?;
         let call = ToolCall::from_json(&bytes).map_err(|e| rejected(e, &bytes))?;
-        with_headers(call, &headers)
+        with_headers(call, key_header.as_ref(), traceparent_header.as_ref())
             .map_err(|e| rejected(e, &bytes))
             .map(JsonToolCall)
     }
 }
 
-/// Puts the `Idempotency-Key` and `traceparent` headers into `call`.
-fn with_headers(mut call: ToolCall, headers: &HeaderMap) -> Result<ToolCall, ToolError> {
-    let key = headers
-        .get(IDEMPOTENCY_KEY)
+/// Puts the values of the `Idempotency-Key` and `traceparent` headers into `call`.
+fn with_headers(
+    mut call: ToolCall,
+    key_header: Option<&HeaderValue>,
+    traceparent_header: Option<&HeaderValue>,
+) -> Result<ToolCall, ToolError> {
+    let key = key_header
         .map(|value| idempotency_key(value.as_bytes()))
         .transpose()?;
-    let traceparent = headers
-        .get(TRACEPARENT)
+    let traceparent = traceparent_header
         .map(|value| {
             value
                 .to_str()

@@ -9,7 +9,7 @@ use tower_service::Service;
 use super::future::{deduplicate, execute, Claim, ResponseFuture};
 use super::key::{self, KeySource};
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
-use crate::canonical::CanonicalOptions;
+use crate::canonical::{self, CanonicalOptions};
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::ToolError;
 use crate::middleware::Passthrough;
@@ -107,7 +107,10 @@ impl<St: DedupeStore> Shared<St> {
         else {
             return Ok(None);
         };
-        let digest: Arc<str> = call.params().digest(&self.canonical)?.into();
+        let canonical_params = call.params().canonical(&self.canonical)?;
+        let digest: Arc<str> = canonical::params_digest_hex(&canonical_params)
+            .as_str()
+            .into();
         let independent = settings.on_params_mismatch == ParamsMismatch::Independent;
         let store_key = key::store_key(
             call,
