@@ -165,6 +165,7 @@ pub mod classify;
 pub mod control;
 pub mod envelope;
 mod error;
+pub mod executor;
 pub mod hooks;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
