@@ -1127,7 +1127,7 @@ where
             return;
         }
         self.stopping = Some(self.stopping.unwrap_or(TurnStatus::Partial));
-        let running = std::mem::take(&mut self.running);
+        let running = self.take_running();
         let left = FuturesUnordered::new();
         for mut in_flight in running {
             let meta = in_flight
@@ -1171,13 +1171,25 @@ where
         self.stop_remaining(ErrorCode::Timeout, "the turn's deadline came before it ran");
     }
 
+    /// The calls in flight, in plan, item and dispatch order (not the order they happen to
+    /// sit in), so that what is done to them is the same in every run.
+    fn take_running(&mut self) -> Vec<InFlight<S::Future>> {
+        let mut running: Vec<_> = std::mem::take(&mut self.running).into_iter().collect();
+        running.sort_by_key(|f| {
+            f.meta
+                .as_ref()
+                .map(|m| (m.step, m.attempt.unit, m.attempt.dispatch))
+        });
+        running
+    }
+
     /// Cancellation: the running calls of cancellable steps are dropped; the others end.
     fn cancel(&mut self) {
         self.stopping = Some(TurnStatus::Cancelled);
         self.emitter.emit(|run| {
             ExecutionEvent::of_run("run.cancelled", run, "run cancelled").level("warn")
         });
-        let running = std::mem::take(&mut self.running);
+        let running = self.take_running();
         for mut in_flight in running {
             let meta = in_flight
                 .meta

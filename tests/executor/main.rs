@@ -1,6 +1,8 @@
 //! The executor of an agent turn: plans, references, scheduling, the turn's deadline,
 //! cascading failures, alternatives, confirmation, cancellation, events, audit and replay.
 
+mod audit;
+mod properties;
 mod tools;
 
 use std::time::Duration;
