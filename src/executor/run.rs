@@ -856,7 +856,7 @@ where
                         ExecutionEvent::of_run(
                             "step.progress",
                             r,
-                            format!("{done} of {total} items dispatched and ended"),
+                            format!("{done} of {total} items ended"),
                         )
                         .step(id)
                         .payload(json!({"ended": done, "total": total}))
