@@ -345,7 +345,16 @@ where
     }
 
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        // Rounds in one poll before the run lets the other tasks of its thread (the event
+        // stream's reader, say) have a turn.
+        const ROUNDS: usize = 32;
+        let mut rounds = 0;
         loop {
+            rounds += 1;
+            if rounds > ROUNDS {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             match self.phase {
                 Phase::Done => return Poll::Ready(()),
                 Phase::Start => {
@@ -518,18 +527,21 @@ where
             let mut run = StepRun::default();
             if let Some(items) = &self.plan.steps[i].items {
                 let resolved = match items {
-                    Items::Fixed(value) => Ok(value.clone()),
+                    // Items the plan holds are read where they are, one at a time.
+                    Items::Inline | Items::Var(_) => Ok(None),
                     Items::Reference(value) => {
                         resolve(value, &Scope::new(&self.outputs, &self.vars))
+                            .map(Some)
                             .map_err(|e| ToolError::invalid_field("foreach.items", e.to_string()))
                     }
                 };
                 match resolved {
-                    Ok(Value::Array(items)) => {
+                    Ok(None) => run.units = self.plan_items(i).map_or(0, <[Value]>::len),
+                    Ok(Some(Value::Array(items))) => {
                         run.units = items.len();
                         run.items = Some(items);
                     }
-                    Ok(other) => {
+                    Ok(Some(other)) => {
                         run.failure = Some(ToolError::invalid_field(
                             "foreach.items",
                             format_args!("must be an array, got {}", json_kind(&other)),
@@ -720,6 +732,16 @@ where
         progressed
     }
 
+    /// The `foreach` items of step `i` that the plan itself holds.
+    fn plan_items(&self, i: usize) -> Option<&[Value]> {
+        let value = match self.plan.steps[i].items.as_ref()? {
+            Items::Inline => &self.plan.plan.steps[i].foreach.as_ref()?.items,
+            Items::Var(name) => self.plan.plan.vars.get(name)?,
+            Items::Reference(_) => return None,
+        };
+        value.as_array().map(Vec::as_slice)
+    }
+
     /// The call of `attempt`: args resolved, checked, linked to the run.
     fn make_call(&self, i: usize, attempt: Attempt) -> Result<ToolCall, ToolError> {
         let step = &self.plan.plan.steps[i];
@@ -727,7 +749,10 @@ where
         let run = self.steps[i].run.as_ref().expect("a dispatched step runs");
         let mut scope = Scope::new(&self.outputs, &self.vars);
         let mut link;
-        let item = run.items.as_ref().map(|items| &items[attempt.unit]);
+        let item = match &run.items {
+            Some(items) => items.get(attempt.unit),
+            None => self.plan_items(i).and_then(|items| items.get(attempt.unit)),
+        };
         if let (Some(foreach), Some(item)) = (&step.foreach, item) {
             scope = scope
                 .with_item(&foreach.item_name, item)
@@ -1070,14 +1095,15 @@ where
     /// Publishes a step's end: its output, its event, and its dependents' readiness.
     fn step_ended(&mut self, i: usize, recovery: Option<Recovery>) {
         let step = &self.plan.plan.steps[i];
-        let state = &self.steps[i];
-        let status = state.status.expect("an ended step has a status");
-        if let Some(output) = &state.output {
-            self.outputs.insert(step.id.clone(), output.clone());
+        // The output is kept once, where references find it.
+        if let Some(output) = self.steps[i].output.take() {
             if let Some(name) = &step.capture_as {
                 self.vars.insert(name.clone(), output.clone());
             }
+            self.outputs.insert(step.id.clone(), output);
         }
+        let state = &self.steps[i];
+        let status = state.status.expect("an ended step has a status");
         let (id, tool, calls) = (step.id.clone(), step.tool.clone(), state.calls);
         let error = state.error.clone();
         self.emitter.emit(|run| {
@@ -1380,7 +1406,7 @@ where
             .map(|(i, state)| StepOutcome {
                 id: self.plan.plan.steps[i].id.clone(),
                 status: state.status.unwrap_or(StepStatus::Skipped),
-                output: state.output.take(),
+                output: self.outputs.remove(&self.plan.plan.steps[i].id),
                 error: state.error.take(),
                 calls: state.calls,
                 answered_by: state.answered_by.take(),

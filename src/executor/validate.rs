@@ -105,9 +105,11 @@ impl ToolName {
 /// Where a `foreach` gets its items.
 #[derive(Clone, Debug)]
 pub(crate) enum Items {
-    /// An array in the plan, or a plan variable.
-    Fixed(Value),
-    /// Args-like reference, resolved when the step is ready.
+    /// The array written in the step's `foreach.items`.
+    Inline,
+    /// The plan variable of this name, an array.
+    Var(String),
+    /// A reference to a step's output, resolved when the step is ready.
     Reference(Value),
 }
 
@@ -239,12 +241,11 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
             }
             let found = reference::references(&foreach.items);
             match (&foreach.items, found.first()) {
-                (Value::Array(_), None) => items = Some(Items::Fixed(foreach.items.clone())),
+                (Value::Array(_), None) => items = Some(Items::Inline),
                 (Value::String(_), Some((_, r))) if found.len() == 1 => match r.source {
                     Source::Var(name) if plan.vars.contains_key(name) && r.path.is_empty() => {
-                        let value = &plan.vars[name];
-                        if value.is_array() {
-                            items = Some(Items::Fixed(value.clone()));
+                        if plan.vars[name].is_array() {
+                            items = Some(Items::Var(name.to_owned()));
                         } else {
                             problem(
                                 at("foreach.items"),
