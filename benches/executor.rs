@@ -7,7 +7,8 @@
 //!   resolving args, scheduling, linking each call to its run, and the turn result.
 //! - Before the groups, the peak memory of a `foreach` over 100,000 items at a concurrency
 //!   of 64, with the events streamed to a reader that drops them: `VmHWM` and `VmRSS` from
-//!   `/proc/self/status`, before and after, printed as one line.
+//!   `/proc/self/status`, before and after, printed as one line; over the bare tool, then
+//!   through the stack (whose in-memory dedupe store keeps a record per call).
 
 use std::hint::black_box;
 
@@ -129,7 +130,7 @@ fn memory() -> (u64, u64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
-fn foreach_memory() {
+fn foreach_memory(through_stack: bool) {
     const ITEMS: usize = 100_000;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -151,11 +152,13 @@ fn foreach_memory() {
             (0..ITEMS).map(|i| json!(i)).collect::<Vec<_>>(),
         ))),
     );
+    let tool = tool_fn(|call: ToolCall| async move {
+        Ok(ToolOutput::new(call.params().as_map()["n"].clone()))
+    });
+    // The stack's in-memory dedupe store keeps a record per call: its growth is the stack's.
     let service = ServiceBuilder::new()
-        .layer(ToolStack::builder(registry).build().unwrap())
-        .service(tool_fn(|call: ToolCall| async move {
-            Ok(ToolOutput::new(call.params().as_map()["n"].clone()))
-        }));
+        .option_layer(through_stack.then(|| ToolStack::builder(registry).build().unwrap()))
+        .service(tool);
     let (result, events) = rt.block_on(async {
         let mut run = executor
             .start(service, &plan, Turn::new("sess-1", "user-1"))
@@ -167,8 +170,9 @@ fn foreach_memory() {
     let (peak, after) = memory();
     assert_eq!(result.status, TurnStatus::Completed);
     println!(
-        "foreach of {ITEMS} items at concurrency {CONCURRENCY}: peak RSS {} KiB over {} KiB \
+        "foreach of {ITEMS} items at concurrency {CONCURRENCY}, {}: peak RSS {} KiB over {} KiB \
          before (+{} KiB), {} KiB after; {events} events read, {} dropped",
+        if through_stack { "through the stack" } else { "bare tool" },
         peak,
         before,
         peak.saturating_sub(before),
@@ -180,7 +184,9 @@ fn foreach_memory() {
 criterion_group!(benches, bench_executor);
 
 fn main() {
-    foreach_memory();
+    // The bare tool first: the peak is the process's, and only grows.
+    foreach_memory(false);
+    foreach_memory(true);
     benches();
     criterion::Criterion::default()
         .configure_from_args()

@@ -227,6 +227,8 @@ where
     status: TurnStatus,
     /// Every call dispatched, kept for a replay to compare.
     dispatched: Option<Vec<ToolCall>>,
+    /// Calls dispatched or ended in this poll.
+    work: usize,
 }
 
 impl<S> Run<S>
@@ -288,6 +290,7 @@ where
             trace: Vec::new(),
             status: TurnStatus::Completed,
             dispatched: None,
+            work: 0,
         };
         Run {
             state,
@@ -345,13 +348,12 @@ where
     }
 
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        // Rounds in one poll before the run lets the other tasks of its thread (the event
-        // stream's reader, say) have a turn.
-        const ROUNDS: usize = 32;
-        let mut rounds = 0;
+        // Calls dispatched or ended in one poll before the run lets the other tasks of its
+        // thread (the event stream's reader, say) have a turn.
+        const BUDGET: usize = 128;
+        self.work = 0;
         loop {
-            rounds += 1;
-            if rounds > ROUNDS {
+            if self.work >= BUDGET {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -815,6 +817,7 @@ where
         if let Some(dispatched) = &mut self.dispatched {
             dispatched.push(call.clone());
         }
+        self.work += 1;
         let future = self.service.call(call.clone());
         self.in_flight += 1;
         let state = &mut self.steps[i];
@@ -859,6 +862,7 @@ where
 
     /// A call ended.
     fn completed(&mut self, meta: CallMeta, outcome: Result<ToolOutput, ToolError>) {
+        self.work += 1;
         self.release(&meta);
         self.record_result(&meta.call, &outcome, meta.dispatched.elapsed());
         let i = meta.step;
