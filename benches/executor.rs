@@ -172,7 +172,11 @@ fn foreach_memory(through_stack: bool) {
     println!(
         "foreach of {ITEMS} items at concurrency {CONCURRENCY}, {}: peak RSS {} KiB over {} KiB \
          before (+{} KiB), {} KiB after; {events} events read, {} dropped",
-        if through_stack { "through the stack" } else { "bare tool" },
+        if through_stack {
+            "through the stack"
+        } else {
+            "bare tool"
+        },
         peak,
         before,
         peak.saturating_sub(before),

@@ -246,6 +246,9 @@ fn parse(text: &str) -> Parsed<'_> {
 /// Every reference in `args`, with the path of the member that holds it.
 pub(crate) fn references(args: &Value) -> Vec<(String, Reference<'_>)> {
     let mut found = Vec::new();
+    if is_static(args) {
+        return found;
+    }
     walk(
         args,
         &mut String::from("args"),
@@ -287,9 +290,15 @@ fn walk<'v>(value: &'v Value, field: &mut String, visit: &mut impl FnMut(&str, &
     }
 }
 
-/// `true` when `args` holds no reference at all: they can be checked before the run.
-pub(crate) fn is_static(args: &Value) -> bool {
-    references(args).is_empty()
+/// `true` when no string in `value` could hold a reference (none has `$` or `{`): it
+/// resolves to itself, and its args can be checked before the run.
+pub(crate) fn is_static(value: &Value) -> bool {
+    match value {
+        Value::String(text) => !text.contains(['$', '{']),
+        Value::Array(items) => items.iter().all(is_static),
+        Value::Object(members) => members.values().all(is_static),
+        _ => true,
+    }
 }
 
 /// Resolves every reference in `args` against `scope`; the args are not changed.
@@ -297,6 +306,9 @@ pub(crate) fn is_static(args: &Value) -> bool {
 /// A reference to a step that has not finished, a variable that is not set, a binding outside
 /// a `foreach`, or a path that is not in the value, is an error naming the member.
 pub fn resolve(args: &Value, scope: &Scope<'_>) -> Result<Value, ResolveError> {
+    if is_static(args) {
+        return Ok(args.clone());
+    }
     let mut field = String::from("args");
     resolve_value(args, scope, &mut field)
 }

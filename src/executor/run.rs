@@ -350,7 +350,7 @@ where
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // Calls dispatched or ended in one poll before the run lets the other tasks of its
         // thread (the event stream's reader, say) have a turn.
-        const BUDGET: usize = 128;
+        const BUDGET: usize = 32;
         self.work = 0;
         loop {
             if self.work >= BUDGET {
@@ -558,14 +558,11 @@ where
             let units = run.units;
             let failed = run.failure.clone();
             self.steps[i].run = Some(run);
-            let (id, tool) = (
-                self.step_id(i).to_owned(),
-                self.plan.plan.steps[i].tool.clone(),
-            );
+            let step = &self.plan.plan.steps[i];
             self.emitter.emit(|r| {
-                ExecutionEvent::of_run("step.scheduled", r, format!("step {id} scheduled"))
-                    .step(id.clone())
-                    .tool(tool.clone())
+                ExecutionEvent::of_run("step.scheduled", r, format!("step {} scheduled", step.id))
+                    .step(step.id.clone())
+                    .tool(step.tool.clone())
                     .payload(json!({"units": units}))
             });
             if let Some(error) = failed {
@@ -1108,8 +1105,8 @@ where
         }
         let state = &self.steps[i];
         let status = state.status.expect("an ended step has a status");
-        let (id, tool, calls) = (step.id.clone(), step.tool.clone(), state.calls);
-        let error = state.error.clone();
+        let (id, tool, calls) = (&step.id, &step.tool, state.calls);
+        let error = state.error.as_ref();
         self.emitter.emit(|run| {
             let (kind, level) = if status.has_output() {
                 ("step.finished", "info")
@@ -1118,19 +1115,19 @@ where
             } else {
                 ("step.failed", "error")
             };
-            let message = match &error {
+            let message = match error {
                 Some(e) => format!("step {id} {}: {}", status_word(status), e.message),
                 None => format!("step {id} {}", status_word(status)),
             };
             ExecutionEvent::of_run(kind, run, message)
-                .step(id)
+                .step(id.clone())
                 .tool(tool.clone())
                 .level(level)
                 .payload(json!({
                     "status": status,
                     "calls": calls,
                     "decision": recovery.map(Recovery::as_str),
-                    "errorCode": error.as_ref().map(|e| e.code),
+                    "errorCode": error.map(|e| e.code),
                 }))
         });
         for &d in &self.plan.steps[i].dependents {

@@ -177,6 +177,7 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
         let at = |member: &str| format!("steps[{i}].{member}");
         let mut tools = Vec::new();
         let mut mutating = false;
+        let static_args = reference::is_static(&step.args);
         let names = std::iter::once(("tool".to_owned(), &step.tool)).chain(
             step.alternatives
                 .iter()
@@ -198,7 +199,7 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
                 Some(registered) => {
                     let d = registered.descriptor();
                     mutating |= d.risk.is_mutating() || d.confirmation_required;
-                    if reference::is_static(&step.args) {
+                    if static_args {
                         if let Err(e) = registered.check_params(&step.args) {
                             problem(at("args"), e.message().replace("`payload.params`", "args"));
                         }
