@@ -176,7 +176,8 @@ struct CallMeta {
     attempt: Attempt,
     cancellable: bool,
     call: ToolCall,
-    dispatched: Instant,
+    /// When the call was dispatched, for the audit's `durationMs`.
+    dispatched: Option<Instant>,
 }
 
 /// A call in flight.
@@ -259,6 +260,7 @@ where
             })
             .collect();
         let vars = plan.plan.vars.clone();
+        let step_count = plan.steps.len();
         let tool_in_flight = config
             .policy
             .tool_concurrency
@@ -275,7 +277,7 @@ where
             emitter,
             phase: Phase::Start,
             steps,
-            outputs: HashMap::new(),
+            outputs: HashMap::with_capacity(step_count),
             vars,
             ready: BTreeSet::new(),
             active: BTreeSet::new(),
@@ -416,14 +418,17 @@ where
                 return Poll::Pending;
             }
             let mut progressed = false;
-            while let Poll::Ready(Some((meta, outcome))) = Pin::new(&mut self.running).poll_next(cx)
-            {
+            while self.work < BUDGET {
+                let Poll::Ready(Some((meta, outcome))) = Pin::new(&mut self.running).poll_next(cx)
+                else {
+                    break;
+                };
                 self.completed(meta, outcome);
                 progressed = true;
             }
             progressed |= self.due_retries(cx);
             progressed |= self.start_ready();
-            progressed |= self.dispatch(cx);
+            progressed |= self.dispatch(cx, BUDGET);
             if self.running.is_empty()
                 && (self.stopping.is_some()
                     || (self.ready.is_empty() && self.active.is_empty() && self.retries.is_empty()))
@@ -698,12 +703,15 @@ where
     }
 
     /// Dispatches calls while the limits and the service allow.
-    fn dispatch(&mut self, cx: &mut Context<'_>) -> bool {
+    fn dispatch(&mut self, cx: &mut Context<'_>, budget: usize) -> bool {
         if self.stopping.is_some() {
             return false;
         }
         let mut progressed = false;
-        while let Some((i, attempt)) = self.next_attempt() {
+        while self.work < budget {
+            let Some((i, attempt)) = self.next_attempt() else {
+                break;
+            };
             match self.service.poll_ready(cx) {
                 Poll::Pending => break,
                 Poll::Ready(ready) => {
@@ -827,7 +835,7 @@ where
                 attempt,
                 cancellable: self.plan.plan.steps[i].cancellable,
                 call,
-                dispatched: Instant::now(),
+                dispatched: self.emitter.audit.as_ref().map(|_| Instant::now()),
             }),
             future: Box::pin(future),
         });
@@ -837,11 +845,12 @@ where
         &self,
         call: &ToolCall,
         outcome: &Result<ToolOutput, ToolError>,
-        took: Duration,
+        dispatched: Option<Instant>,
     ) {
         if let Some(audit) = &self.emitter.audit {
             let mut result = ToolResult::from_outcome(call, outcome.clone());
-            result.duration_ms = crate::time::millis(took);
+            result.duration_ms =
+                crate::time::millis(dispatched.map_or(Duration::ZERO, |at| at.elapsed()));
             audit.record_result_waiting(result);
         }
     }
@@ -861,7 +870,7 @@ where
     fn completed(&mut self, meta: CallMeta, outcome: Result<ToolOutput, ToolError>) {
         self.work += 1;
         self.release(&meta);
-        self.record_result(&meta.call, &outcome, meta.dispatched.elapsed());
+        self.record_result(&meta.call, &outcome, meta.dispatched);
         let i = meta.step;
         match outcome {
             Ok(output) => {
@@ -1172,7 +1181,7 @@ where
                     .level("warn")
                     .payload(json!({"errorCode": ErrorCode::Timeout, "decision": "skip", "outcomeUnknown": true}))
             });
-            self.record_result(&meta.call, &Err(error), meta.dispatched.elapsed());
+            self.record_result(&meta.call, &Err(error), meta.dispatched);
             let keep =
                 self.config.policy.on_deadline == OnDeadline::LeaveRunning || !meta.cancellable;
             if keep {
@@ -1242,7 +1251,7 @@ where
                     .level("warn")
                     .payload(json!({"errorCode": ErrorCode::Cancelled, "outcomeUnknown": true}))
             });
-            self.record_result(&meta.call, &Err(error), meta.dispatched.elapsed());
+            self.record_result(&meta.call, &Err(error), meta.dispatched);
         }
         self.retries.clear();
         self.retry_timer = None;
