@@ -49,7 +49,7 @@ impl Plan {
         Plan::default()
     }
 
-    /// Reads a plan from its JSON form; a malformed one is a [`PlanError`] naming the member.
+    /// Reads a plan from its JSON form; a malformed one is a [`PlanError`](super::PlanError) naming the member.
     pub fn from_value(value: Value) -> Result<Plan, super::PlanError> {
         serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
