@@ -21,7 +21,7 @@ use crate::registry::ToolRegistry;
 ///     {"id": "a", "tool": "web::search", "args": {"q": "$steps.b.title"}},
 ///     {"id": "b", "tool": "web::fetch", "args": {"url": "$steps.a.url", "n": "$vars.missing"}}
 /// ]}))?;
-/// let err = Executor::builder(ToolRegistry::open()).build().check(&plan).unwrap_err();
+/// let err = Executor::builder(ToolRegistry::open()).build().unwrap().check(&plan).unwrap_err();
 /// assert_eq!(err.problems().len(), 2);
 /// assert!(err.to_string().contains("dependency cycle a -> b -> a"));
 /// assert!(err.to_string().contains("`steps[1].args.n`"));

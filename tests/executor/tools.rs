@@ -105,6 +105,11 @@ impl Toolbox {
         self.state.lock().unwrap().calls.len()
     }
 
+    /// Calls in the tools right now.
+    pub fn in_flight(&self) -> usize {
+        self.state.lock().unwrap().in_flight
+    }
+
     pub fn max_in_flight(&self) -> usize {
         self.state.lock().unwrap().max_in_flight
     }
