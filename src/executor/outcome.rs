@@ -128,7 +128,7 @@ pub struct Decision {
     /// The failed call, if a call failed (a cascade has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
-    /// The tool of the failed call, or the step's tool.
+    /// The tool of the failed call (`namespace::name`), or the step's tool as written.
     pub tool: String,
     /// The error code.
     #[serde(default, skip_serializing_if = "Option::is_none")]

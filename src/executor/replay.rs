@@ -17,11 +17,12 @@ use tower_service::Service;
 use super::config::{Executor, RunPolicy, Turn};
 use super::outcome::{TurnResult, TurnStatus};
 use super::plan::Plan;
+use super::validate::PlanError;
 use crate::envelope::{ResultStatus, ToolCall, ToolResult};
 use crate::error::{ConfigError, ErrorClass, ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
 use crate::registry::ToolRegistry;
-use crate::trace::ExecutionEvent;
+use crate::trace::{ExecutionEvent, Redactor};
 
 /// A run as its audit directory recorded it: the plan, the policy, the confirmation, and the
 /// calls, results and events in the order they were written.
@@ -163,7 +164,14 @@ pub struct ReplayReport {
 /// `start_paused`), so that the recorded durations take no time and order the completions
 /// as they were. With an `executor` of another policy, the report says whether that policy
 /// would have behaved the same.
-pub async fn replay(recorded: &RecordedRun, executor: &Executor) -> ReplayReport {
+///
+/// A recorded plan that the executor's checks refuse (its registry lacks a tool, say) is a
+/// [`PlanError`]. Params are compared as the audit wrote them: redacted by the default
+/// [`Redactor`](crate::trace::Redactor).
+pub async fn replay(
+    recorded: &RecordedRun,
+    executor: &Executor,
+) -> Result<ReplayReport, PlanError> {
     let tool = RecordedTool::new(recorded);
     let asked = recorded
         .events
@@ -176,10 +184,7 @@ pub async fn replay(recorded: &RecordedRun, executor: &Executor) -> ReplayReport
     } else {
         turn.confirmation_id.clone_from(&recorded.confirmation_id);
     }
-    let mut run = match executor.start(tool, &recorded.plan, turn) {
-        Ok(run) => run,
-        Err(e) => panic!("a recorded plan passes the executor's checks: {e}"),
-    };
+    let mut run = executor.start(tool, &recorded.plan, turn)?;
     run.keep_record();
     let controls = run.controls();
     if asked {
@@ -208,10 +213,11 @@ pub async fn replay(recorded: &RecordedRun, executor: &Executor) -> ReplayReport
         }
         None => finish.await,
     };
+    let redactor = Redactor::default();
     let divergence = first_divergence(
         "calls",
-        recorded.calls.iter().map(describe_call),
-        calls.iter().map(describe_call),
+        recorded.calls.iter().map(|c| describe_call(c, &redactor)),
+        calls.iter().map(|c| describe_call(c, &redactor)),
     )
     .or_else(|| {
         first_divergence(
@@ -220,15 +226,17 @@ pub async fn replay(recorded: &RecordedRun, executor: &Executor) -> ReplayReport
             events.iter().map(describe_event),
         )
     });
-    ReplayReport {
+    Ok(ReplayReport {
         result,
         divergence,
         events,
         calls,
-    }
+    })
 }
 
-fn describe_call(call: &ToolCall) -> String {
+/// A call as the comparison sees it; params redacted as `calls.jsonl` has them (three
+/// levels down: `line.call.payload.params`).
+fn describe_call(call: &ToolCall, redactor: &Redactor) -> String {
     let link = call.run_link();
     format!(
         "{} {} {}::{} {}",
@@ -236,7 +244,7 @@ fn describe_call(call: &ToolCall) -> String {
         link.map_or("-", |l| l.call_id.as_str()),
         call.tool_namespace(),
         call.tool_name(),
-        call.params().as_value()
+        redactor.redact_value_within(call.params().as_value(), 3)
     )
 }
 

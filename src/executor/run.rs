@@ -963,14 +963,7 @@ where
             run.failure.get_or_insert(error);
             return;
         };
-        self.record_decision(
-            i,
-            call.and_then(|c| c.run_link()).map(|l| l.call_id.clone()),
-            &error,
-            classification,
-            attempt.tries,
-            recovery,
-        );
+        self.record_decision(i, call, &error, classification, attempt.tries, recovery);
         let run = self.steps[i].run.as_mut().expect("a step with calls runs");
         match recovery {
             Recovery::Retry => {
@@ -1009,7 +1002,7 @@ where
     fn record_decision(
         &mut self,
         i: usize,
-        call_id: Option<String>,
+        call: Option<&ToolCall>,
         error: &ToolError,
         classification: &str,
         tries: u32,
@@ -1018,8 +1011,11 @@ where
         let step = &self.plan.plan.steps[i];
         self.trace.push(Decision {
             step_id: step.id.clone(),
-            call_id,
-            tool: step.tool.clone(),
+            call_id: call.and_then(|c| c.run_link()).map(|l| l.call_id.clone()),
+            tool: call.map_or_else(
+                || step.tool.clone(),
+                |c| format!("{}::{}", c.tool_namespace(), c.tool_name()),
+            ),
             error_code: Some(error.code()),
             classification: classification.to_owned(),
             breaker_state: error.record().breaker_state,
@@ -1392,6 +1388,8 @@ where
                 "executorVersion": EXECUTOR_VERSION,
                 "status": status,
             });
+            // Redacted as the audit's lines are: the plan's args may hold secrets.
+            let record = crate::trace::Redactor::default().redact_value(&record);
             let text = serde_json::to_vec_pretty(&record).expect("a run record serializes");
             let _ = std::fs::write(dir.join("run.json"), text);
         }

@@ -107,7 +107,9 @@ async fn a_run_leaves_an_audit_directory_that_reconstructs_and_replays_without_d
     assert_eq!(run_json["confirmationId"], Value::Null);
 
     let before = tools.total();
-    let report = replay(&recorded, &recorded.executor(registry()).unwrap()).await;
+    let report = replay(&recorded, &recorded.executor(registry()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(tools.total(), before, "a replay calls no tool");
     assert_eq!(report.divergence, None);
     assert_eq!(report.result.steps, result.steps);
@@ -120,7 +122,7 @@ async fn a_run_leaves_an_audit_directory_that_reconstructs_and_replays_without_d
         .max_concurrency(1)
         .build()
         .unwrap();
-    let report = replay(&recorded, &serial).await;
+    let report = replay(&recorded, &serial).await.unwrap();
     let divergence = report
         .divergence
         .expect("a serial run dispatches in another order");
@@ -138,7 +140,9 @@ async fn a_run_leaves_an_audit_directory_that_reconstructs_and_replays_without_d
     // A changed plan diverges at its first changed call.
     let mut changed = recorded.clone();
     changed.plan.steps[0].args = json!({"to": "Paris"});
-    let report = replay(&changed, &recorded.executor(registry()).unwrap()).await;
+    let report = replay(&changed, &recorded.executor(registry()).unwrap())
+        .await
+        .unwrap();
     let divergence = report.divergence.unwrap();
     assert_eq!((divergence.stream, divergence.index), ("calls", 0));
     assert!(divergence.replayed.unwrap().ends_with(r#"{"to":"Paris"}"#));
@@ -154,7 +158,7 @@ async fn the_confirmation_reaches_run_json_and_every_call() {
         .unwrap();
     let tools = Toolbox::new().script("vault::write", vec![ok(1)]);
     let plan = Plan::from_value(json!({"steps": [
-        {"id": "a", "tool": "vault::write", "args": {"p": 1}},
+        {"id": "a", "tool": "vault::write", "args": {"p": 1, "api_key": "sk-proj-0123456789abcdefghij"}},
         {"id": "b", "tool": "vault::write", "args": {"p": 2}}
     ]}))
     .unwrap();
@@ -178,8 +182,23 @@ async fn the_confirmation_reaches_run_json_and_every_call() {
         &kinds[..3],
         ["run.started", "run.confirmationRequested", "run.confirmed"]
     );
-    let report = replay(&recorded, &recorded.executor(registry()).unwrap()).await;
+    assert_eq!(recorded.calls[0].params().as_map()["api_key"], "[REDACTED]");
+    let run_json = std::fs::read_to_string(root.join("run-c/run.json")).unwrap();
+    assert!(!run_json.contains("sk-proj"), "run.json is redacted too");
+    // The replay compares params redacted as the audit wrote them.
+    let report = replay(&recorded, &recorded.executor(registry()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(report.divergence, None);
+    assert_eq!(report.calls[0].params().as_map()["api_key"], "[REDACTED]");
+    // A registry without the recorded tool refuses the replay with the plan's problem.
+    let other = tower_toolcall::registry::ToolRegistry::builder()
+        .build()
+        .unwrap();
+    let err = replay(&recorded, &recorded.executor(other).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.problems()[0].field, "steps[0].tool");
     std::fs::remove_dir_all(&root).unwrap();
 }
 

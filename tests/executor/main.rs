@@ -436,6 +436,8 @@ async fn alternatives_answer_when_the_primary_fails_or_its_breaker_is_open() {
         );
         assert_eq!(result.trace.len(), 1);
         assert_eq!(result.trace[0].decision, Recovery::Alternative);
+        assert_eq!(result.trace[0].tool, "travel::cars");
+        assert_eq!(result.trace[0].call_id.as_deref(), Some("car#1"));
         let backup = tools.calls().pop().unwrap();
         assert_eq!(backup.params().as_value(), &json!({"city": "Lyon"}));
         assert_eq!(backup.run_link().unwrap().call_id, "car#2");

@@ -283,7 +283,7 @@ proptest! {
         // Replay reproduces the same calls and events.
         let recorded = reconstruct(root.join("run")).unwrap();
         prop_assert_eq!(recorded.calls.len(), calls);
-        let report = rt.block_on(replay(&recorded, &recorded.executor(registry()).unwrap()));
+        let report = rt.block_on(replay(&recorded, &recorded.executor(registry()).unwrap())).unwrap();
         prop_assert_eq!(report.divergence, None);
         prop_assert_eq!(statuses(&report.result), statuses(&result));
         std::fs::remove_dir_all(&root).unwrap();
