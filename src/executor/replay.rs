@@ -158,6 +158,35 @@ pub struct ReplayReport {
 /// first divergence: a different call, different args, or a different order of calls or
 /// events.
 ///
+/// ```
+/// use serde_json::json;
+/// use tower_toolcall::executor::{reconstruct, replay, Executor, Plan, Turn};
+/// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+///
+/// # tokio_test::block_on(async {
+/// let registry = ToolRegistry::builder()
+///     .tool(ToolDescriptor::new("web", "search", RiskLevel::ReadOnly))
+///     .build()?;
+/// let root = std::env::temp_dir().join(format!("turn-audit-{}", std::process::id()));
+/// let executor = Executor::builder(registry.clone()).audit_dir(&root).build()?;
+/// let plan = Plan::from_value(json!({"steps": [
+///     {"id": "a", "tool": "web::search", "args": {"q": "tower"}},
+///     {"id": "b", "tool": "web::search", "args": {"q": "$steps.a.next"}}
+/// ]}))?;
+/// let tool = tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!({"next": "retry"}))) });
+/// let turn = Turn::new("sess-1", "user-1").with_run_id("run-1");
+/// executor.start(tool, &plan, turn)?.finish().await;
+///
+/// let recorded = reconstruct(root.join("run-1"))?;
+/// assert_eq!(recorded.calls.len(), 2);
+/// let report = replay(&recorded, &recorded.executor(registry)?).await?;
+/// assert_eq!(report.divergence, None);
+/// # std::fs::remove_dir_all(&root)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+///
 /// Each call is answered with the result recorded for its `callId`, after the recorded
 /// duration; a call the run left unfinished never answers, and a call the recording does
 /// not have fails with `NOT_FOUND`. Run it with paused time (a current-thread runtime with

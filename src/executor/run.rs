@@ -61,6 +61,47 @@ where
 }
 
 /// Cancels a run, or answers its request for confirmation. Cheap to clone.
+///
+/// ```
+/// use std::time::Duration;
+/// use futures_util::StreamExt;
+/// use serde_json::json;
+/// use tower_toolcall::executor::{Executor, Plan, StepStatus, Turn, TurnStatus};
+/// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+///
+/// # tokio_test::block_on(async {
+/// let registry = ToolRegistry::builder()
+///     .tool(ToolDescriptor::new("vault", "write", RiskLevel::Writes))
+///     .build()?;
+/// let tool = tool_fn(|_call: ToolCall| async {
+///     tokio::time::sleep(Duration::from_secs(3600)).await;
+///     Ok(ToolOutput::new(json!("written")))
+/// });
+/// let plan = Plan::from_value(json!({"steps": [
+///     {"id": "save", "tool": "vault::write", "args": {"path": "a.md"}}
+/// ]}))?;
+/// let mut run = Executor::builder(registry).build()?.start(tool, &plan, Turn::new("s", "u"))?;
+/// let mut events = run.events().unwrap();
+/// let controls = run.controls();
+/// let driver = async {
+///     while let Some(event) = events.next().await {
+///         match event.kind.as_ref() {
+///             // The run writes: it asks first.
+///             "run.confirmationRequested" => controls.confirm("approval-1"),
+///             // The call is on its way: the user changes their mind.
+///             "step.started" => controls.cancel(),
+///             _ => {}
+///         }
+///     }
+/// };
+/// let (result, ()) = futures_util::future::join(run.finish(), driver).await;
+/// assert_eq!(result.status, TurnStatus::Cancelled);
+/// assert_eq!(result.step("save").unwrap().status, StepStatus::Cancelled);
+/// assert_eq!(result.confirmation_id.as_deref(), Some("approval-1"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct RunControls {
     shared: Arc<ControlShared>,
