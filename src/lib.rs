@@ -125,6 +125,14 @@
 //! # }).unwrap();
 //! ```
 //!
+//! # A whole turn
+//!
+//! The [`executor`] runs the model's plan for a turn over any `Service<ToolCall>`, normally
+//! the stack: references resolved before dispatch, `foreach` expanded lazily, independent
+//! steps side by side, a turn deadline with partial results, cascading skips, defaults and
+//! alternatives, confirmation, a bounded stream of events, an audit directory per run and a
+//! deterministic replay of it.
+//!
 //! # Redaction and audit
 //!
 //! [`trace::Redactor`] replaces secret-looking members and credential-shaped values before
@@ -165,6 +173,7 @@ pub mod classify;
 pub mod control;
 pub mod envelope;
 mod error;
+pub mod executor;
 pub mod hooks;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]

@@ -4,8 +4,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::call::{
-    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Payload, RetryBudget, Target,
-    ToolCall, TraceContext, Transport, CONTRACT_VERSION,
+    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Payload, RetryBudget, RunLink,
+    Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
 };
 use super::params::Params;
 use crate::error::ToolError;
@@ -54,6 +54,7 @@ impl ToolCallBuilder {
                 transport: Transport::default(),
                 control: Control::default(),
                 trace: TraceContext::default(),
+                run: None,
             },
             params: None,
         }
@@ -197,6 +198,12 @@ impl ToolCallBuilder {
             .baggage
             .get_or_insert_with(BTreeMap::new)
             .insert(name.into(), value.into());
+        self
+    }
+
+    /// `run`: the run and plan step that issue the call.
+    pub fn run_link(mut self, link: RunLink) -> Self {
+        self.envelope.run = Some(link);
         self
     }
 

@@ -104,6 +104,119 @@ pub struct CallEnvelope {
     /// W3C trace context.
     #[serde(default, deserialize_with = "object")]
     pub trace: TraceContext,
+    /// The run and plan step the call belongs to, when an executor issued it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_object"
+    )]
+    pub run: Option<RunLink>,
+}
+
+/// `run`: links a call to the run, the plan step and the iteration that issued it.
+///
+/// An [`executor`](crate::executor) puts it on every call it dispatches; the trace layer's
+/// audit events use its ids, so that they agree with the executor's.
+///
+/// ```
+/// use serde_json::json;
+/// use tower_toolcall::envelope::{Iteration, RunLink};
+///
+/// let link = RunLink::new("run-1", "hotels", "hotels[2]:1")
+///     .with_attempt(2)
+///     .with_iteration(Iteration::new(2, "item", json!({"city": "Lyon"})))
+///     .with_loop_id("run-1/hotels");
+/// let wire = serde_json::to_value(&link).unwrap();
+/// assert_eq!(wire["stepId"], "hotels");
+/// assert_eq!(wire["iteration"]["itemValue"]["city"], "Lyon");
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct RunLink {
+    /// The run (one execution of a plan).
+    pub run_id: String,
+    /// The plan step that issued the call.
+    pub step_id: String,
+    /// The call, unique within the run.
+    pub call_id: String,
+    /// The executor's attempt at the step's item, 1-based.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The item of a `foreach` expansion the call is for.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_object"
+    )]
+    pub iteration: Option<Iteration>,
+    /// The `foreach` expansion the call belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_id: Option<String>,
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+impl RunLink {
+    /// A link to `step_id` of `run_id`, for the call `call_id`, first attempt.
+    pub fn new(
+        run_id: impl Into<String>,
+        step_id: impl Into<String>,
+        call_id: impl Into<String>,
+    ) -> Self {
+        RunLink {
+            run_id: run_id.into(),
+            step_id: step_id.into(),
+            call_id: call_id.into(),
+            attempt: 1,
+            iteration: None,
+            loop_id: None,
+        }
+    }
+
+    /// Sets `attempt`.
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// Sets `iteration`.
+    pub fn with_iteration(mut self, iteration: Iteration) -> Self {
+        self.iteration = Some(iteration);
+        self
+    }
+
+    /// Sets `loopId`.
+    pub fn with_loop_id(mut self, loop_id: impl Into<String>) -> Self {
+        self.loop_id = Some(loop_id.into());
+        self
+    }
+}
+
+/// `run.iteration`: which item of a `foreach` a call is for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct Iteration {
+    /// The item's index, from 0.
+    pub index: u64,
+    /// The name the step's templates use for the item (`item` in `{item.path}`).
+    pub item_name: String,
+    /// The item.
+    pub item_value: Value,
+}
+
+impl Iteration {
+    /// The item `item_value` at `index`, bound to `item_name`.
+    pub fn new(index: u64, item_name: impl Into<String>, item_value: Value) -> Self {
+        Iteration {
+            index,
+            item_name: item_name.into(),
+            item_value,
+        }
+    }
 }
 
 /// `target`: who calls, on whose behalf, in which session.
@@ -645,6 +758,11 @@ impl ToolCall {
     /// `trace`.
     pub fn trace(&self) -> &TraceContext {
         &self.inner.envelope.trace
+    }
+
+    /// `run`: the run and plan step that issued the call, if an executor did.
+    pub fn run_link(&self) -> Option<&RunLink> {
+        self.inner.envelope.run.as_ref()
     }
 
     /// The envelope as compact JSON.

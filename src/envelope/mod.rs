@@ -17,15 +17,15 @@ mod builder;
 mod call;
 mod ijson;
 mod into_result;
-mod params;
+pub(crate) mod params;
 mod parse;
 mod result;
 
 pub use builder::ToolCallBuilder;
 pub use call::{
-    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Payload, RetryBudget, Target,
-    ToolCall, TraceContext, Transport, CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES,
-    MAX_IDENTIFIER_BYTES, PAYLOAD_VERSION,
+    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Iteration, Payload, RetryBudget,
+    RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, PAYLOAD_VERSION,
 };
 pub use into_result::{ResultEnvelope, ResultEnvelopeFuture, ResultEnvelopeLayer};
 pub use params::Params;

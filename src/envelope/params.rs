@@ -172,7 +172,7 @@ impl TryFrom<Value> for Params {
     }
 }
 
-pub(super) fn json_kind(value: &Value) -> &'static str {
+pub(crate) fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -102,6 +102,22 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
         non_empty("payload.idempotencyKey", key)?;
         at_most("payload.idempotencyKey", key, MAX_IDEMPOTENCY_KEY_BYTES)?;
     }
+    if let Some(run) = &env.run {
+        for (field, id) in [
+            ("run.runId", &run.run_id),
+            ("run.stepId", &run.step_id),
+            ("run.callId", &run.call_id),
+        ] {
+            non_empty(field, id)?;
+            at_most(field, id, MAX_IDENTIFIER_BYTES)?;
+        }
+        if run.attempt == 0 {
+            return Err(ToolError::invalid_field(
+                "run.attempt",
+                "must be at least 1, got 0",
+            ));
+        }
+    }
     if let Some(budget) = &env.transport.retry_budget {
         if budget.max_attempts == 0 {
             return Err(ToolError::invalid_field(

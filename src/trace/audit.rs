@@ -19,6 +19,7 @@
 //! # Ok::<(), tower_toolcall::ConfigError>(())
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -28,7 +29,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::redact::{cut_too_deep, Redactor};
@@ -81,49 +82,129 @@ pub trait AuditSink: Send + 'static {
     fn flush(&mut self) -> io::Result<()>;
 }
 
-/// An event of a call's life, as `events.jsonl` records it: a call is a *run* (its
-/// `runId` is the call's `requestId`) and each attempt a *step* (`stepId` is the attempt
-/// number).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// An event of a run, as the [`executor`](crate::executor) streams it and `events.jsonl`
+/// records it.
+///
+/// The trace layer writes the events of each call too. A call an executor issued carries a
+/// [`RunLink`](crate::envelope::RunLink), and its events take the run's `runId`, `stepId`
+/// and `callId` from it, so that they agree with the executor's. For any other call, the
+/// call is a *run* of its own (its `runId` is the call's `requestId`, its `callId` the
+/// `toolCallId`) and each try of it an `attempt`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct ExecutionEvent {
-    /// `run.started`, `step.started`, `step.finished`, `step.failed`, `step.shadow` (a
-    /// decision a layer in shadow mode did not enforce), `run.finished`, `run.cancelled`,
-    /// `run.blocked`, or `admin.change` (an operator's change, see
-    /// [`ExecutionEvent::admin`]).
+    /// `run.started`, `run.confirmationRequested`, `run.confirmed`, `run.cancelled`,
+    /// `run.finished`, `step.scheduled`, `step.started`, `step.progress`, `step.finished`,
+    /// `step.failed`; from the trace layer also `step.shadow` (a decision a layer in shadow
+    /// mode did not enforce), `run.failed`, `run.blocked`, and `admin.change` (an operator's
+    /// change, see [`ExecutionEvent::admin`]).
     #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The call's `requestId`.
+    pub kind: Cow<'static, str>,
+    /// The run: the executor's run id, else the call's `requestId`.
     pub run_id: String,
-    /// The attempt, for step events.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub step_id: Option<u32>,
-    /// The call's `toolCallId`, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The plan step, for events of a step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
+    /// The call: the executor's call id, else the call's `toolCallId`, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
-    /// `namespace::name`.
+    /// The attempt, 1-based, for events of one try of a call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// `namespace::name`; empty for an event of the whole run.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub tool: String,
     /// `info`, `warn` or `error`.
-    pub level: &'static str,
+    pub level: Cow<'static, str>,
     /// What happened.
     pub message: String,
-    /// Structured details (an error code, a delay, a breaker state).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// When it happened (RFC 3339, UTC); the audit log stamps each line it writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+    /// Milliseconds since the run started, on the runtime's clock (so that paused time in
+    /// tests and replays governs it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_ms: Option<u64>,
+    /// Structured details (an error code, a delay, a breaker state, a decision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Value>,
 }
 
 impl ExecutionEvent {
     /// An event of `call`.
+    ///
+    /// ```
+    /// use tower_toolcall::envelope::RunLink;
+    /// use tower_toolcall::trace::ExecutionEvent;
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let call = ToolCall::builder("travel", "flights")
+    ///     .session("s")
+    ///     .actor("u")
+    ///     .run_link(RunLink::new("run-1", "flights", "flights:1"))
+    ///     .build()?;
+    /// let event = ExecutionEvent::new("step.started", &call, "dispatching");
+    /// assert_eq!(event.run_id, "run-1");
+    /// assert_eq!(event.step_id.as_deref(), Some("flights"));
+    /// assert_eq!(event.tool, "travel::flights");
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
     pub fn new(kind: &'static str, call: &ToolCall, message: impl Into<String>) -> Self {
+        let (run_id, step_id, call_id, attempt) = match call.run_link() {
+            Some(link) => (
+                link.run_id.clone(),
+                Some(link.step_id.clone()),
+                Some(link.call_id.clone()),
+                Some(link.attempt),
+            ),
+            None => (
+                call.request_id().to_owned(),
+                None,
+                call.envelope().tool_call_id.clone(),
+                None,
+            ),
+        };
         ExecutionEvent {
-            kind,
-            run_id: call.request_id().to_owned(),
-            step_id: None,
-            call_id: call.envelope().tool_call_id.clone(),
+            kind: Cow::Borrowed(kind),
+            run_id,
+            step_id,
+            call_id,
+            attempt,
             tool: format!("{}::{}", call.tool_namespace(), call.tool_name()),
-            level: "info",
+            level: Cow::Borrowed("info"),
             message: message.into(),
+            timestamp: None,
+            elapsed_ms: None,
+            payload: None,
+        }
+    }
+
+    /// An event of the run `run_id` as a whole.
+    ///
+    /// ```
+    /// use tower_toolcall::trace::ExecutionEvent;
+    ///
+    /// let event = ExecutionEvent::of_run("run.started", "run-1", "3 steps").level("info");
+    /// assert_eq!(event.kind, "run.started");
+    /// assert!(event.step_id.is_none());
+    /// ```
+    pub fn of_run(
+        kind: &'static str,
+        run_id: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        ExecutionEvent {
+            kind: Cow::Borrowed(kind),
+            run_id: run_id.into(),
+            step_id: None,
+            call_id: None,
+            attempt: None,
+            tool: String::new(),
+            level: Cow::Borrowed("info"),
+            message: message.into(),
+            timestamp: None,
+            elapsed_ms: None,
             payload: None,
         }
     }
@@ -142,27 +223,33 @@ impl ExecutionEvent {
     /// assert_eq!(event.tool, "tool:web::search");
     /// ```
     pub fn admin(target: impl Into<String>, message: impl Into<String>) -> Self {
-        ExecutionEvent {
-            kind: "admin.change",
-            run_id: ulid::Ulid::generate().to_string(),
-            step_id: None,
-            call_id: None,
-            tool: target.into(),
-            level: "info",
-            message: message.into(),
-            payload: None,
-        }
+        let mut event =
+            ExecutionEvent::of_run("admin.change", ulid::Ulid::generate().to_string(), message);
+        event.tool = target.into();
+        event
     }
 
     /// Sets the attempt.
-    pub fn step(mut self, attempt: u32) -> Self {
-        self.step_id = Some(attempt);
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = Some(attempt);
         self
     }
 
-    /// Sets the level.
+    /// Sets the plan step.
+    pub fn step(mut self, step_id: impl Into<String>) -> Self {
+        self.step_id = Some(step_id.into());
+        self
+    }
+
+    /// Sets the tool, `namespace::name`.
+    pub fn tool(mut self, tool: impl Into<String>) -> Self {
+        self.tool = tool.into();
+        self
+    }
+
+    /// Sets the level: `info`, `warn` or `error`.
     pub fn level(mut self, level: &'static str) -> Self {
-        self.level = level;
+        self.level = Cow::Borrowed(level);
         self
     }
 
@@ -268,6 +355,22 @@ impl AuditLog {
         self.send(Entry::Event(Box::new(event), unix_now_ms()));
     }
 
+    /// Queues the call envelope, waiting for room when the writer is behind: for records
+    /// that must not be lost.
+    pub(crate) fn record_call_waiting(&self, call: &ToolCall) {
+        self.send_waiting(Entry::Call(call.clone(), unix_now_ms()));
+    }
+
+    /// Queues the result envelope, waiting for room when the writer is behind.
+    pub(crate) fn record_result_waiting(&self, result: ToolResult) {
+        self.send_waiting(Entry::Result(Box::new(result), unix_now_ms()));
+    }
+
+    /// Queues an event, waiting for room when the writer is behind.
+    pub(crate) fn record_event_waiting(&self, event: ExecutionEvent) {
+        self.send_waiting(Entry::Event(Box::new(event), unix_now_ms()));
+    }
+
     /// What has been written and dropped so far.
     pub fn stats(&self) -> AuditStats {
         let c = &self.shared.counters;
@@ -309,6 +412,19 @@ impl AuditLog {
                 })
         };
         if !accepted {
+            self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl AuditLog {
+    fn send_waiting(&self, entry: Entry) {
+        let queue = self.shared.queue.read().unwrap_or_else(|p| p.into_inner());
+        // The writer is a thread of its own: waiting for room never waits on this one.
+        let sent = queue
+            .as_ref()
+            .is_some_and(|sender| sender.send(entry).is_ok());
+        if !sent {
             self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -385,7 +501,7 @@ fn render(entry: Entry, redactor: &Redactor) -> (AuditStream, Value) {
 }
 
 /// Unix milliseconds as RFC 3339 in UTC, e.g. `2025-12-16T18:12:00.000Z`.
-fn rfc3339(ms: u64) -> String {
+pub(crate) fn rfc3339(ms: u64) -> String {
     let secs = ms / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

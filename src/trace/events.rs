@@ -181,7 +181,7 @@ pub(super) fn audit_finished(
     for retried in &record.retried_by {
         audit.record_event(
             ExecutionEvent::new("step.failed", call, "attempt failed; retrying")
-                .step(retried.attempt)
+                .attempt(retried.attempt)
                 .level("warn")
                 .payload(json!({
                     "errorCode": retried.reason_code,
@@ -221,7 +221,7 @@ pub(super) fn audit_finished(
         } else {
             ExecutionEvent::new("step.failed", call, "attempt failed").level("warn")
         };
-        audit.record_event(step.step(attempts));
+        audit.record_event(step.attempt(attempts));
     }
     audit.record_event(
         ExecutionEvent::new(kind, call, message)

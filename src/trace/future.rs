@@ -7,6 +7,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tracing::Span;
 
+use super::audit::ExecutionEvent;
 use super::layer::TraceConfig;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
@@ -16,11 +17,32 @@ pin_project! {
     /// The response future of [`Trace`](super::Trace): the inner call, polled inside the
     /// call's span, reported (and handed to the hooks, when it was short-circuited) when it
     /// ends.
+    ///
+    /// Dropped before the call ended (its caller gave up on it), it writes `run.cancelled` to
+    /// the audit log: the tool may have acted, the outcome is unknown.
     #[derive(Debug)]
     pub struct ResponseFuture<F> {
         #[pin]
         future: F,
         observed: Option<Observed>,
+    }
+
+    impl<F> PinnedDrop for ResponseFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(observed) = this.observed.take() {
+                if let Some(audit) = &observed.config.audit {
+                    audit.record_event(
+                        ExecutionEvent::new(
+                            "run.cancelled",
+                            &observed.call,
+                            "call dropped before it ended; outcome unknown",
+                        )
+                        .level("warn"),
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -72,14 +94,21 @@ where
         let Some(observed) = this.observed.as_ref() else {
             return this.future.poll(cx);
         };
-        let _entered = observed.span.enter();
-        let outcome = ready!(this.future.poll(cx));
-        let Observed {
+        let outcome = {
+            let _entered = observed.span.enter();
+            ready!(this.future.poll(cx))
+        };
+        let Some(Observed {
             span,
             call,
             start,
             config,
-        } = observed;
+        }) = this.observed.take()
+        else {
+            unreachable!("checked above")
+        };
+        let _entered = span.enter();
+        let (span, call, start, config) = (&span, &call, &start, &config);
         let elapsed = start.elapsed();
         super::events::finished(span, call, &outcome, elapsed, &config.redactor);
         #[cfg(feature = "metrics")]

@@ -45,6 +45,7 @@ mod service;
 #[cfg(feature = "opentelemetry")]
 mod traceparent;
 
+pub(crate) use audit::rfc3339;
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
 pub use future::ResponseFuture;
 pub use layer::TraceLayer;

@@ -61,7 +61,7 @@ fn calls_results_and_events_go_to_their_files_redacted() {
             &call,
             "token sk-proj-0123456789abcdefghij refused",
         )
-        .step(1)
+        .attempt(1)
         .level("warn")
         .payload(json!({"errorCode": "UPSTREAM_UNAVAILABLE"})),
     );
@@ -87,7 +87,7 @@ fn calls_results_and_events_go_to_their_files_redacted() {
     assert_eq!(events.len(), 2);
     assert_eq!(events[0]["type"], "run.started");
     assert_eq!(events[0]["runId"], "req-1");
-    assert_eq!(events[1]["stepId"], 1);
+    assert_eq!(events[1]["attempt"], 1);
     assert_eq!(events[1]["level"], "warn");
     assert_eq!(events[1]["message"], "token [REDACTED] refused");
     assert_eq!(events[1]["tool"], "agents.tools.web::search");
@@ -261,9 +261,9 @@ impl AuditSink for GatedSink {
 #[tokio::test(start_paused = true)]
 async fn a_stalled_writer_never_slows_a_call_through_the_trace_layer() {
     const CALLS: usize = 200;
-    // Each successful call: calls.jsonl, run.started, step.finished, run.finished and
-    // results.jsonl.
-    const LINES_PER_CALL: u64 = 5;
+    // Each successful call: calls.jsonl, run.started, step.started, step.finished,
+    // run.finished and results.jsonl.
+    const LINES_PER_CALL: u64 = 6;
     const QUEUE: usize = 4;
     let tool_time = Duration::from_millis(250);
 
@@ -404,7 +404,8 @@ async fn audit_a_deep_call() {
     drop(svc);
 
     let stats = audit.shutdown();
-    assert_eq!((stats.written, stats.dropped, stats.failed), (5, 0, 0));
+    // The call, run.started, step.started, step.finished, run.finished and the result.
+    assert_eq!((stats.written, stats.dropped, stats.failed), (6, 0, 0));
     let calls = sink.lines(AuditStream::Calls);
     let params = &calls[0]["call"]["payload"]["params"];
     let kept = nesting(&params["deep"]);

@@ -890,3 +890,48 @@ fn identifiers_longer_than_their_limit_are_refused_when_built_or_changed() {
     let err = call.check().unwrap_err();
     assert_eq!(err.details().unwrap()["field"], "target.sessionKey");
 }
+
+#[test]
+fn the_run_link_is_optional_round_trips_and_is_checked() {
+    use tower_toolcall::envelope::{Iteration, RunLink};
+
+    for (name, bytes) in envelope_fixtures("valid-") {
+        let call = ToolCall::from_json(&bytes).unwrap();
+        assert!(call.run_link().is_none(), "{name}");
+        assert!(!call.to_json().contains("\"run\""), "{name}");
+    }
+    let call = ToolCall::builder("travel", "hotels")
+        .session("s")
+        .actor("u")
+        .run_link(
+            RunLink::new("run-1", "hotels", "hotels[2]#1")
+                .with_iteration(Iteration::new(2, "item", json!({"city": "Lyon"})))
+                .with_loop_id("run-1/hotels"),
+        )
+        .build()
+        .unwrap();
+    let wire: Value = serde_json::from_str(&call.to_json()).unwrap();
+    assert_eq!(
+        wire["run"],
+        json!({"runId": "run-1", "stepId": "hotels", "callId": "hotels[2]#1", "attempt": 1,
+               "iteration": {"index": 2, "itemName": "item", "itemValue": {"city": "Lyon"}},
+               "loopId": "run-1/hotels"})
+    );
+    assert_eq!(
+        ToolCall::from_json(call.to_json().as_bytes()).unwrap(),
+        call
+    );
+
+    let mut bad = wire.clone();
+    bad["run"]["attempt"] = json!(0);
+    let err = ToolCall::from_value(bad).unwrap_err();
+    assert_eq!(err.details().unwrap()["field"], "run.attempt");
+    let mut bad = wire.clone();
+    bad["run"]["stepId"] = json!(" ");
+    let err = ToolCall::from_value(bad).unwrap_err();
+    assert_eq!(err.details().unwrap()["field"], "run.stepId");
+    let mut bad = wire;
+    bad["run"] = json!(["run-1"]);
+    let err = ToolCall::from_value(bad).unwrap_err();
+    assert_eq!(err.details().unwrap()["field"], "run");
+}

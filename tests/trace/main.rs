@@ -322,16 +322,19 @@ async fn an_audited_run_of_a_thousand_calls_is_reconstructable() {
         assert!(attempts_by_request.contains_key(id), "{id} has no result");
         assert_eq!(call["call"]["payload"]["params"]["token"], "[REDACTED]");
     }
-    // Each call's step events account for each of its attempts.
+    // Each call's step end events account for each of its attempts, after one step.started.
     let mut steps = BTreeMap::<String, u64>::new();
+    let mut started = BTreeMap::<String, u64>::new();
     for e in &events {
-        if e["type"].as_str().unwrap().starts_with("step.") {
-            *steps
-                .entry(e["runId"].as_str().unwrap().to_owned())
-                .or_default() += 1;
+        let run = e["runId"].as_str().unwrap().to_owned();
+        match e["type"].as_str().unwrap() {
+            "step.finished" | "step.failed" => *steps.entry(run).or_default() += 1,
+            "step.started" => *started.entry(run).or_default() += 1,
+            _ => {}
         }
     }
     assert_eq!(steps, attempts_by_request);
+    assert!(started.len() == 1000 && started.values().all(|&n| n == 1));
     let total: u64 = attempts_by_request.values().sum();
     assert_eq!(total, runs.load(Ordering::SeqCst) as u64);
     assert!(total > 1000, "some calls were retried");

@@ -1,0 +1,57 @@
+//! The executor of an agent turn: it takes the model's plan of tool calls and dispatches it
+//! over any `Service<ToolCall>`, normally the [`ToolStack`](crate::ToolStack).
+//!
+//! - **Plan** ([`Plan`], [`Step`]): each step names a tool and its args; args reference
+//!   earlier outputs (`$steps.<id>.path`), variables (`$vars.<name>`) and, in a `foreach`,
+//!   the item and its index (`{item.field}`, `{index}`). The plan is checked before anything
+//!   runs — unknown tools, static args against the tool's schema, missing references,
+//!   dependency cycles, `foreach` over a non-array — and every problem is reported in one
+//!   [`PlanError`]. Resolution ([`resolve`]) is pure; the resolved args are what is sent,
+//!   hashed and logged.
+//! - **Scheduling**: independent steps run side by side and dependent ones after, up to a
+//!   run-wide and a per-tool limit; a `foreach` expands one call at a time, so that a
+//!   100,000-item array never becomes 100,000 calls in memory. Each call carries a
+//!   [`RunLink`](crate::envelope::RunLink): `runId`, `stepId`, `callId`, the attempt, the
+//!   iteration and the `loopId`.
+//! - **Failures** (seed 004): a transient failure is retried when the step's `retry` allows;
+//!   a permanent one, an exhausted retry or an open breaker tries the step's `alternatives`
+//!   in order, then uses its `default`, skips it when it is optional, or fails the turn when
+//!   it is required. Dependents of a step without output are skipped (or use their default)
+//!   transitively, while independent steps still finish. Every decision goes to the turn
+//!   trace ([`TurnResult::trace`]) and the event stream.
+//! - **The turn's deadline**: completed results are kept, running steps become `timedOut`
+//!   (their calls are left to finish, not awaited, unless [`OnDeadline::Cancel`]), the rest
+//!   are skipped, and [`TurnResult::message`] says what did not finish.
+//! - **Confirmation**: a run with mutating steps and no confirmation asks for one
+//!   (`run.confirmationRequested`) and waits for [`RunControls::confirm`], or refuses; the
+//!   confirmation id goes into every call and into `run.json`.
+//! - **Cancellation**: [`RunControls::cancel`] stops scheduling and drops the running calls
+//!   of cancellable steps, marked `cancelled` (their tools may have acted).
+//! - **Events**: an [`EventStream`] of [`ExecutionEvent`](crate::trace::ExecutionEvent)s;
+//!   every call has `step.started` before dispatch and `step.finished` or `step.failed`
+//!   after. The stream is bounded: a slow reader loses events (counted), never slows a tool.
+//! - **Audit and replay**: with [`ExecutorBuilder::audit_dir`], each run leaves `run.json`,
+//!   `calls.jsonl`, `results.jsonl` and `events.jsonl` (written losslessly: when the writer
+//!   is behind, the run waits for it); [`reconstruct`] reads them back and [`replay`] runs
+//!   the plan again against the recorded results, calling no tool, and reports the first
+//!   divergence.
+//!
+//! See [`Executor`] for an example.
+
+mod config;
+mod events;
+mod outcome;
+mod plan;
+mod reference;
+mod replay;
+mod run;
+mod validate;
+
+pub use config::{ConfirmationPolicy, Executor, ExecutorBuilder, OnDeadline, RunPolicy, Turn};
+pub use events::EventStream;
+pub use outcome::{Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus};
+pub use plan::{Foreach, OnError, Plan, Step, StepRetry};
+pub use reference::{resolve, ResolveError, Scope};
+pub use replay::{reconstruct, replay, Divergence, RecordedRun, ReplayReport};
+pub use run::{Run, RunControls, EXECUTOR_VERSION};
+pub use validate::{PlanError, PlanProblem};

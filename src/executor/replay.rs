@@ -1,0 +1,414 @@
+//! Reading a run back from its audit directory, and replaying it against its recorded
+//! results.
+
+use std::collections::HashMap;
+use std::fs;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+use tower_service::Service;
+
+use super::config::{Executor, RunPolicy, Turn};
+use super::outcome::{TurnResult, TurnStatus};
+use super::plan::Plan;
+use super::validate::PlanError;
+use crate::envelope::{ResultStatus, ToolCall, ToolResult};
+use crate::error::{ConfigError, ErrorClass, ErrorCode, ToolError};
+use crate::outcome::ToolOutput;
+use crate::registry::ToolRegistry;
+use crate::trace::{ExecutionEvent, Redactor};
+
+/// A run as its audit directory recorded it: the plan, the policy, the confirmation, and the
+/// calls, results and events in the order they were written.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RecordedRun {
+    /// The run's id.
+    pub run_id: String,
+    /// The plan.
+    pub plan: Plan,
+    /// The settings the run ran with.
+    pub policy: RunPolicy,
+    /// Who the turn ran for.
+    pub turn: Turn,
+    /// The user approval the run executed under.
+    pub confirmation_id: Option<String>,
+    /// How the run ended, if it did.
+    pub status: Option<TurnStatus>,
+    /// The calls, in the order they were dispatched.
+    pub calls: Vec<ToolCall>,
+    /// The results, in the order they came.
+    pub results: Vec<ToolResult>,
+    /// The events, in the order they were emitted.
+    pub events: Vec<ExecutionEvent>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RunFile {
+    run_id: String,
+    plan: Plan,
+    policy: RunPolicy,
+    turn: Turn,
+    #[serde(default)]
+    confirmation_id: Option<String>,
+    #[serde(default)]
+    status: Option<TurnStatus>,
+}
+
+impl RecordedRun {
+    /// An executor of `registry` with the recorded policy, to replay the run as it ran.
+    pub fn executor(&self, registry: ToolRegistry) -> Result<Executor, ConfigError> {
+        Executor::builder(registry)
+            .policy(self.policy.clone())
+            .event_capacity(1 << 16)
+            .build()
+    }
+}
+
+/// Reads a run back from its audit directory (`<audit_dir>/<runId>`).
+///
+/// A missing or malformed file is an error naming the file and the line.
+pub fn reconstruct(dir: impl AsRef<Path>) -> Result<RecordedRun, ConfigError> {
+    let dir = dir.as_ref();
+    let read = |name: &str| {
+        fs::read_to_string(dir.join(name)).map_err(|e| {
+            ConfigError::new(name, format!("cannot be read from {}: {e}", dir.display()))
+        })
+    };
+    let run: RunFile = serde_json::from_str(&read("run.json")?)
+        .map_err(|e| ConfigError::new("run.json", format!("is not a run record: {e}")))?;
+    let calls = lines(&read("calls.jsonl")?, "calls.jsonl", |line| {
+        let call = line.get("call").cloned().ok_or("has no `call`")?;
+        ToolCall::from_value(call).map_err(|e| e.message().to_owned())
+    })?;
+    let results = lines(&read("results.jsonl")?, "results.jsonl", |line| {
+        let result = line.get("result").cloned().ok_or("has no `result`")?;
+        serde_json::from_value(result).map_err(|e| e.to_string())
+    })?;
+    let events = lines(&read("events.jsonl")?, "events.jsonl", |line| {
+        serde_json::from_value(line).map_err(|e| e.to_string())
+    })?;
+    Ok(RecordedRun {
+        run_id: run.run_id,
+        plan: run.plan,
+        policy: run.policy,
+        turn: run.turn,
+        confirmation_id: run.confirmation_id,
+        status: run.status,
+        calls,
+        results,
+        events,
+    })
+}
+
+fn lines<T>(
+    text: &str,
+    file: &str,
+    parse: impl Fn(Value) -> Result<T, String>,
+) -> Result<Vec<T>, ConfigError> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| {
+            let value: Result<Value, String> =
+                serde_json::from_str(line).map_err(|e| e.to_string());
+            value
+                .and_then(&parse)
+                .map_err(|problem| ConfigError::new(format!("{file}:{}", n + 1), problem))
+        })
+        .collect()
+}
+
+/// Where a replay first differs from the recording.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Divergence {
+    /// `calls` (a different call, args or order) or `events`.
+    pub stream: &'static str,
+    /// The position in that stream, from 0.
+    pub index: usize,
+    /// What the recording has there (`None` past its end).
+    pub recorded: Option<String>,
+    /// What the replay has there (`None` past its end).
+    pub replayed: Option<String>,
+}
+
+/// The outcome of a replay.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ReplayReport {
+    /// The turn's result in the replay.
+    pub result: TurnResult,
+    /// The first difference from the recording, if any.
+    pub divergence: Option<Divergence>,
+    /// The replay's events.
+    pub events: Vec<ExecutionEvent>,
+    /// The replay's calls.
+    pub calls: Vec<ToolCall>,
+}
+
+/// Runs a recorded run again against its recorded results, calling no tool, and reports the
+/// first divergence: a different call, different args, or a different order of calls or
+/// events.
+///
+/// ```
+/// use serde_json::json;
+/// use tower_toolcall::executor::{reconstruct, replay, Executor, Plan, Turn};
+/// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+///
+/// # tokio_test::block_on(async {
+/// let registry = ToolRegistry::builder()
+///     .tool(ToolDescriptor::new("web", "search", RiskLevel::ReadOnly))
+///     .build()?;
+/// let root = std::env::temp_dir().join(format!("turn-audit-{}", std::process::id()));
+/// let executor = Executor::builder(registry.clone()).audit_dir(&root).build()?;
+/// let plan = Plan::from_value(json!({"steps": [
+///     {"id": "a", "tool": "web::search", "args": {"q": "tower"}},
+///     {"id": "b", "tool": "web::search", "args": {"q": "$steps.a.next"}}
+/// ]}))?;
+/// let tool = tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!({"next": "retry"}))) });
+/// let turn = Turn::new("sess-1", "user-1").with_run_id("run-1");
+/// executor.start(tool, &plan, turn)?.finish().await;
+///
+/// let recorded = reconstruct(root.join("run-1"))?;
+/// assert_eq!(recorded.calls.len(), 2);
+/// let report = replay(&recorded, &recorded.executor(registry)?).await?;
+/// assert_eq!(report.divergence, None);
+/// # std::fs::remove_dir_all(&root)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+///
+/// Each call is answered with the result recorded for its `callId`, after the recorded
+/// duration; a call the run left unfinished never answers, and a call the recording does
+/// not have fails with `NOT_FOUND`. Run it with paused time (a current-thread runtime with
+/// `start_paused`), so that the recorded durations take no time and order the completions
+/// as they were. With an `executor` of another policy, the report says whether that policy
+/// would have behaved the same.
+///
+/// A recorded plan that the executor's checks refuse (its registry lacks a tool, say) is a
+/// [`PlanError`]. Params are compared as the audit wrote them: redacted by the default
+/// [`Redactor`](crate::trace::Redactor).
+pub async fn replay(
+    recorded: &RecordedRun,
+    executor: &Executor,
+) -> Result<ReplayReport, PlanError> {
+    let tool = RecordedTool::new(recorded);
+    let asked = recorded
+        .events
+        .iter()
+        .any(|e| e.kind == "run.confirmationRequested");
+    let mut turn = recorded.turn.clone();
+    turn.run_id = Some(recorded.run_id.clone());
+    if asked {
+        turn.confirmation_id = None;
+    } else {
+        turn.confirmation_id.clone_from(&recorded.confirmation_id);
+    }
+    let mut run = executor.start(tool, &recorded.plan, turn)?;
+    run.keep_record();
+    let controls = run.controls();
+    if asked {
+        match &recorded.confirmation_id {
+            Some(id) if recorded.events.iter().any(|e| e.kind == "run.confirmed") => {
+                controls.confirm(id.clone())
+            }
+            _ if recorded.status == Some(TurnStatus::Refused) => controls.refuse(),
+            _ => {}
+        }
+    }
+    let cancel_at = recorded
+        .events
+        .iter()
+        .find(|e| e.kind == "run.cancelled")
+        .and_then(|e| e.elapsed_ms);
+    let finish = run.finish_kept();
+    let (result, events, calls) = match cancel_at {
+        Some(ms) => {
+            let canceller = async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                controls.cancel();
+            };
+            let (out, ()) = futures_util::future::join(finish, canceller).await;
+            out
+        }
+        None => finish.await,
+    };
+    let redactor = Redactor::default();
+    let divergence = first_divergence(
+        "calls",
+        recorded.calls.iter().map(|c| describe_call(c, &redactor)),
+        calls.iter().map(|c| describe_call(c, &redactor)),
+    )
+    .or_else(|| {
+        first_divergence(
+            "events",
+            recorded.events.iter().map(describe_event),
+            events.iter().map(describe_event),
+        )
+    });
+    Ok(ReplayReport {
+        result,
+        divergence,
+        events,
+        calls,
+    })
+}
+
+/// A call as the comparison sees it; params redacted as `calls.jsonl` has them (three
+/// levels down: `line.call.payload.params`).
+fn describe_call(call: &ToolCall, redactor: &Redactor) -> String {
+    let link = call.run_link();
+    format!(
+        "{} {} {}::{} {}",
+        link.map_or("-", |l| l.step_id.as_str()),
+        link.map_or("-", |l| l.call_id.as_str()),
+        call.tool_namespace(),
+        call.tool_name(),
+        redactor.redact_value_within(call.params().as_value(), 3)
+    )
+}
+
+fn describe_event(event: &ExecutionEvent) -> String {
+    format!(
+        "{} {} {}",
+        event.kind,
+        event.step_id.as_deref().unwrap_or("-"),
+        event.call_id.as_deref().unwrap_or("-")
+    )
+}
+
+fn first_divergence(
+    stream: &'static str,
+    recorded: impl Iterator<Item = String>,
+    replayed: impl Iterator<Item = String>,
+) -> Option<Divergence> {
+    let mut recorded = recorded.fuse();
+    let mut replayed = replayed.fuse();
+    for index in 0.. {
+        match (recorded.next(), replayed.next()) {
+            (None, None) => return None,
+            (a, b) if a == b => {}
+            (recorded, replayed) => {
+                return Some(Divergence {
+                    stream,
+                    index,
+                    recorded,
+                    replayed,
+                })
+            }
+        }
+    }
+    None
+}
+
+/// A recorded answer: the outcome and how long it took, or `None` for a call that never
+/// ended.
+type Answer = Option<(Result<ToolOutput, ToolError>, Duration)>;
+
+/// Answers calls from a recording.
+#[derive(Clone)]
+struct RecordedTool {
+    answers: Arc<HashMap<String, Answer>>,
+}
+
+impl RecordedTool {
+    fn new(recorded: &RecordedRun) -> Self {
+        let by_request: HashMap<&str, &ToolResult> = recorded
+            .results
+            .iter()
+            .map(|r| (r.request_id.as_str(), r))
+            .collect();
+        let answers = recorded
+            .calls
+            .iter()
+            .filter_map(|call| {
+                let link = call.run_link()?;
+                let answer = by_request
+                    .get(call.request_id())
+                    .filter(|r| !outcome_unknown(r))
+                    .map(|r| (outcome_of(r), Duration::from_millis(r.duration_ms)));
+                Some((link.call_id.clone(), answer))
+            })
+            .collect();
+        RecordedTool {
+            answers: Arc::new(answers),
+        }
+    }
+}
+
+fn outcome_unknown(result: &ToolResult) -> bool {
+    result
+        .error
+        .as_ref()
+        .and_then(|e| e.details.as_ref())
+        .is_some_and(|d| d["outcomeUnknown"] == Value::Bool(true))
+}
+
+fn outcome_of(result: &ToolResult) -> Result<ToolOutput, ToolError> {
+    if result.status == ResultStatus::Success {
+        return Ok(result
+            .output
+            .clone()
+            .unwrap_or_else(|| ToolOutput::new(Value::Null)));
+    }
+    let (code, message, class, breaker) = match &result.error {
+        Some(e) => (
+            e.code,
+            e.message.clone(),
+            if e.retriable {
+                ErrorClass::Retriable
+            } else if e.terminal {
+                ErrorClass::Terminal
+            } else {
+                ErrorClass::Unclassified
+            },
+            e.breaker_state,
+        ),
+        None => (
+            ErrorCode::InternalError,
+            "recorded without an error".to_owned(),
+            ErrorClass::Unclassified,
+            None,
+        ),
+    };
+    let mut error = ToolError::new(code, message).with_class(class);
+    error.record_mut().breaker_state = breaker;
+    Err(error)
+}
+
+impl Service<ToolCall> for RecordedTool {
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let call_id = call
+            .run_link()
+            .map(|l| l.call_id.clone())
+            .unwrap_or_default();
+        match self.answers.get(&call_id).cloned() {
+            Some(Some((outcome, took))) => Box::pin(async move {
+                tokio::time::sleep(took).await;
+                outcome
+            }),
+            Some(None) => Box::pin(std::future::pending()),
+            None => Box::pin(std::future::ready(Err(ToolError::new(
+                ErrorCode::NotFound,
+                format!("call `{call_id}` is not in the recording"),
+            )))),
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! Checking a plan before anything runs: every problem found, in one error.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde_json::Value;
+
+use super::plan::Plan;
+use super::reference::{self, Source};
+use crate::envelope::params::json_kind;
+use crate::registry::ToolRegistry;
+
+/// A plan that cannot run, with every problem found in it; nothing was dispatched.
+///
+/// ```
+/// use serde_json::json;
+/// use tower_toolcall::executor::{Executor, Plan};
+/// use tower_toolcall::registry::ToolRegistry;
+///
+/// let plan = Plan::from_value(json!({"steps": [
+///     {"id": "a", "tool": "web::search", "args": {"q": "$steps.b.title"}},
+///     {"id": "b", "tool": "web::fetch", "args": {"url": "$steps.a.url", "n": "$vars.missing"}}
+/// ]}))?;
+/// let err = Executor::builder(ToolRegistry::open()).build().unwrap().check(&plan).unwrap_err();
+/// assert_eq!(err.problems().len(), 2);
+/// assert!(err.to_string().contains("dependency cycle a -> b -> a"));
+/// assert!(err.to_string().contains("`steps[1].args.n`"));
+/// # Ok::<(), tower_toolcall::executor::PlanError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanError {
+    problems: Vec<PlanProblem>,
+}
+
+/// One problem of a plan: the member it is in and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlanProblem {
+    /// The member, e.g. `steps[2].tool`.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl PlanError {
+    pub(crate) fn single(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        PlanError {
+            problems: vec![PlanProblem {
+                field: field.into(),
+                problem: problem.into(),
+            }],
+        }
+    }
+
+    /// Every problem, in the order of the plan.
+    pub fn problems(&self) -> &[PlanProblem] {
+        &self.problems
+    }
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(
+            f,
+            "invalid plan ({n} problem{}): ",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "`{}` {}", p.field, p.problem)?;
+        }
+        f.write_str("; fix the plan and submit it again; nothing was run")
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+/// A tool named by a step: split into namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ToolName {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    full: String,
+}
+
+impl ToolName {
+    pub(crate) fn parse(tool: &str) -> Option<ToolName> {
+        let (namespace, name) = tool.rsplit_once("::").or_else(|| tool.rsplit_once('.'))?;
+        (!namespace.is_empty() && !name.is_empty()).then(|| ToolName {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            full: format!("{namespace}::{name}"),
+        })
+    }
+
+    /// `namespace::name`.
+    pub(crate) fn full(&self) -> &str {
+        &self.full
+    }
+}
+
+/// Where a `foreach` gets its items.
+#[derive(Clone, Debug)]
+pub(crate) enum Items {
+    /// The array written in the step's `foreach.items`.
+    Inline,
+    /// The plan variable of this name, an array.
+    Var(String),
+    /// A reference to a step's output, resolved when the step is ready.
+    Reference(Value),
+}
+
+/// A step, checked, with its dependencies as indexes.
+#[derive(Clone, Debug)]
+pub(crate) struct CheckedStep {
+    /// The primary tool, then the alternatives.
+    pub(crate) tools: Vec<ToolName>,
+    pub(crate) deps: Vec<usize>,
+    pub(crate) dependents: Vec<usize>,
+    pub(crate) mutating: bool,
+    pub(crate) items: Option<Items>,
+}
+
+/// A plan that passed every check.
+#[derive(Clone, Debug)]
+pub(crate) struct CheckedPlan {
+    pub(crate) plan: Plan,
+    pub(crate) steps: Vec<CheckedStep>,
+}
+
+impl CheckedPlan {
+    pub(crate) fn needs_confirmation(&self) -> bool {
+        self.steps.iter().any(|s| s.mutating)
+    }
+}
+
+/// Checks `plan` against `registry`: ids, tools, static args against the tools' schemas,
+/// references, dependencies and cycles, and `foreach` items.
+pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan, PlanError> {
+    let mut problems = Vec::new();
+    let mut problem = |field: String, text: String| {
+        problems.push(PlanProblem {
+            field,
+            problem: text,
+        })
+    };
+    if plan.steps.is_empty() {
+        problem("steps".into(), "must have at least one step".into());
+    }
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    for (i, step) in plan.steps.iter().enumerate() {
+        if step.id.trim().is_empty() {
+            problem(format!("steps[{i}].id"), "must not be empty".into());
+        } else if let Some(first) = ids.insert(&step.id, i) {
+            problem(
+                format!("steps[{i}].id"),
+                format!(
+                    "repeats `{}` of steps[{first}]; give each step its own id",
+                    step.id
+                ),
+            );
+            ids.insert(&plan.steps[first].id, first);
+        }
+    }
+    let captured: HashMap<&str, usize> = plan
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.capture_as.as_deref().map(|n| (n, i)))
+        .collect();
+
+    let mut steps = Vec::with_capacity(plan.steps.len());
+    for (i, step) in plan.steps.iter().enumerate() {
+        let at = |member: &str| format!("steps[{i}].{member}");
+        let mut tools = Vec::new();
+        let mut mutating = false;
+        let static_args = reference::is_static(&step.args);
+        let names = std::iter::once(("tool".to_owned(), &step.tool)).chain(
+            step.alternatives
+                .iter()
+                .enumerate()
+                .map(|(k, t)| (format!("alternatives[{k}]"), t)),
+        );
+        for (member, tool) in names {
+            let Some(name) = ToolName::parse(tool) else {
+                problem(
+                    at(&member),
+                    format!("`{tool}` must be written namespace::name"),
+                );
+                continue;
+            };
+            if registry.is_denied(&name.namespace, &name.name) {
+                problem(at(&member), format!("`{tool}` is denied by policy"));
+            }
+            match registry.get(&name.namespace, &name.name) {
+                Some(registered) => {
+                    let d = registered.descriptor();
+                    mutating |= d.risk.is_mutating() || d.confirmation_required;
+                    if static_args {
+                        if let Err(e) = registered.check_params(&step.args) {
+                            problem(at("args"), e.message().replace("`payload.params`", "args"));
+                        }
+                    }
+                }
+                None if registry.is_open() => mutating = true,
+                None => problem(
+                    at(&member),
+                    format!("`{tool}` is not a registered tool; use one of the registry's tools"),
+                ),
+            }
+            tools.push(name);
+        }
+        if !step.args.is_object() {
+            problem(at("args"), "must be a JSON object".into());
+        }
+
+        let mut deps: Vec<usize> = Vec::new();
+        for dep in &step.depends_on {
+            match ids.get(dep.as_str()) {
+                Some(&d) => deps.push(d),
+                None => problem(
+                    at("dependsOn"),
+                    format!("names `{dep}`, which is not a step"),
+                ),
+            }
+        }
+        let bindings = step
+            .foreach
+            .as_ref()
+            .map(|f| (f.item_name.as_str(), f.index_name.as_str()));
+        let mut refs = reference::references(&step.args);
+        let mut items = None;
+        if let Some(foreach) = &step.foreach {
+            if foreach.max_concurrency == Some(0) {
+                problem(
+                    at("foreach.maxConcurrency"),
+                    "must be at least 1, got 0".into(),
+                );
+            }
+            let found = reference::references(&foreach.items);
+            match (&foreach.items, found.first()) {
+                (Value::Array(_), None) => items = Some(Items::Inline),
+                (Value::String(_), Some((_, r))) if found.len() == 1 => match r.source {
+                    Source::Var(name) if plan.vars.contains_key(name) && r.path.is_empty() => {
+                        if plan.vars[name].is_array() {
+                            items = Some(Items::Var(name.to_owned()));
+                        } else {
+                            problem(
+                                at("foreach.items"),
+                                format!("`$vars.{name}` is not an array; foreach needs one"),
+                            );
+                        }
+                    }
+                    Source::Binding(_) => problem(
+                        at("foreach.items"),
+                        "must be an array or a $steps / $vars reference".into(),
+                    ),
+                    _ => items = Some(Items::Reference(foreach.items.clone())),
+                },
+                _ => problem(
+                    at("foreach.items"),
+                    format!(
+                        "must be an array or a $steps / $vars reference to one, got {}",
+                        json_kind(&foreach.items)
+                    ),
+                ),
+            }
+            refs.extend(found.into_iter().map(|(_, r)| (at("foreach.items"), r)));
+        }
+        for (field, r) in refs {
+            let field = if field.starts_with("steps[") {
+                field
+            } else {
+                format!("steps[{i}].{field}")
+            };
+            match r.source {
+                Source::Step(id) => match ids.get(id) {
+                    Some(&d) => deps.push(d),
+                    None => problem(
+                        field,
+                        format!("references step `{id}`, which is not in the plan"),
+                    ),
+                },
+                Source::Var(name) => {
+                    if let Some(&d) = captured.get(name) {
+                        if !plan.vars.contains_key(name) {
+                            deps.push(d);
+                        }
+                    } else if !plan.vars.contains_key(name) {
+                        problem(
+                            field,
+                            format!("references variable `{name}`, which neither the plan's vars nor a step's captureAs sets"),
+                        );
+                    }
+                }
+                Source::Binding(name) => match bindings {
+                    Some((item, index)) if name == item || name == index => {}
+                    Some(_) => {}
+                    None if name == "item" || name == "index" => problem(
+                        field,
+                        format!("uses `{{{}}}`, but the step has no foreach", r.text),
+                    ),
+                    None => {}
+                },
+            }
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        if deps.contains(&i) {
+            problem(at("id"), format!("step `{}` depends on itself", step.id));
+            deps.retain(|&d| d != i);
+        }
+        steps.push(CheckedStep {
+            tools,
+            deps,
+            dependents: Vec::new(),
+            mutating,
+            items,
+        });
+    }
+    if let Some(cycle) = find_cycle(&steps) {
+        let names: Vec<&str> = cycle.iter().map(|&i| plan.steps[i].id.as_str()).collect();
+        problem(
+            format!("steps[{}].dependsOn", cycle[0]),
+            format!("closes a dependency cycle {}", names.join(" -> ")),
+        );
+    }
+    if !problems.is_empty() {
+        return Err(PlanError { problems });
+    }
+    for i in 0..steps.len() {
+        for d in steps[i].deps.clone() {
+            steps[d].dependents.push(i);
+        }
+    }
+    Ok(CheckedPlan {
+        plan: plan.clone(),
+        steps,
+    })
+}
+
+/// A cycle of the dependency graph, first step repeated at the end, if there is one.
+fn find_cycle(steps: &[CheckedStep]) -> Option<Vec<usize>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Open,
+        Done,
+    }
+    let mut marks = vec![Mark::New; steps.len()];
+    let mut path = Vec::new();
+    fn visit(
+        i: usize,
+        steps: &[CheckedStep],
+        marks: &mut [Mark],
+        path: &mut Vec<usize>,
+    ) -> Option<Vec<usize>> {
+        marks[i] = Mark::Open;
+        path.push(i);
+        for &d in &steps[i].deps {
+            match marks[d] {
+                Mark::Open => {
+                    let start = path.iter().position(|&p| p == d).unwrap_or(0);
+                    let mut cycle: Vec<usize> = path[start..].to_vec();
+                    cycle.reverse();
+                    cycle.rotate_right(1);
+                    cycle.push(cycle[0]);
+                    return Some(cycle);
+                }
+                Mark::New => {
+                    if let Some(c) = visit(d, steps, marks, path) {
+                        return Some(c);
+                    }
+                }
+                Mark::Done => {}
+            }
+        }
+        path.pop();
+        marks[i] = Mark::Done;
+        None
+    }
+    for i in 0..steps.len() {
+        if marks[i] == Mark::New {
+            if let Some(c) = visit(i, steps, &mut marks, &mut path) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
