@@ -153,6 +153,8 @@
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
 //! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
+//! | `tonic` | no | [`grpc`](crate::grpc): `ToolError` as a gRPC `Status` and back |
+//! | `mcp` | no | [`mcp`](crate::mcp): every MCP `tools/call` of an `rmcp` server through the stack, a remote MCP server's tools as a `Service<ToolCall>`, policy from tool annotations |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]
@@ -165,12 +167,18 @@ pub mod classify;
 pub mod control;
 pub mod envelope;
 mod error;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod grpc;
 pub mod hooks;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod http;
 pub mod idempotency;
 pub mod loop_detect;
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub mod mcp;
 mod middleware;
 mod outcome;
 pub mod rate_limit;

@@ -1,0 +1,277 @@
+//! The server side: an `rmcp` server whose every `tools/call` goes through a stack.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use rmcp::model::{
+    CallToolRequest, ClientNotification, ClientRequest, ErrorData, ProtocolVersion, ServerConfig,
+    ServerResult,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::Value;
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, Service, ServiceExt};
+
+use super::convert::{error_from_mcp, outcome_of, result_of, CallMeta};
+use crate::{ErrorCode, ToolCall, ToolError, ToolOutput};
+
+/// The `tools/call` requests being served, by the request id of their `ToolCall`.
+type Pending = Arc<Mutex<HashMap<String, (CallToolRequest, RequestContext<RoleServer>)>>>;
+
+/// The actor of calls whose client sent no `clientInfo`.
+const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
+
+/// An `rmcp` [`ServerHandler`] whose every `tools/call` runs through a tower stack.
+///
+/// Each `tools/call` becomes a [`ToolCall`] in the server's namespace (MCP names are flat):
+/// the session is this connection's (one `McpServer` per connection, as rmcp's transports
+/// create one handler per connection), the actor is the client's `clientInfo.name`, and the
+/// request's `_meta.idempotencyKey`, `_meta.traceparent` and `_meta.confirmationId` fill the
+/// envelope. The call goes through the stack, whose innermost service is the handler's own
+/// `tools/call` with the original request and context, so that the tool's progress
+/// notifications and cancellation reach the client as before. The answer is the tool's
+/// `CallToolResult`, or an `isError` result whose text is the error's code and message (a
+/// stopped loop tells the model to change its approach) and whose structured content is
+/// `{"error": {"code", "message", "retriable", …}}`.
+///
+/// Every other request and notification goes to the handler untouched.
+///
+/// ```
+/// use std::sync::Arc;
+/// use rmcp::model::Tool;
+/// use rmcp::ServerHandler;
+/// use tower_toolcall::mcp::{registry_for, McpServer, Trust};
+/// use tower_toolcall::ToolStack;
+///
+/// fn stacked<H: ServerHandler>(handler: H, tools: &[Tool]) -> Result<McpServer<H>, tower_toolcall::ConfigError> {
+///     let registry = registry_for("notes", tools, Trust::Trusted, None)?;
+///     let stack = ToolStack::builder(registry).build()?;
+///     Ok(McpServer::new(handler, "notes", stack))
+/// }
+/// ```
+pub struct McpServer<H> {
+    handler: Arc<H>,
+    service: BoxCloneSyncService<ToolCall, ToolOutput, ToolError>,
+    namespace: Arc<str>,
+    session: String,
+    pending: Pending,
+}
+
+impl<H: ServerHandler> McpServer<H> {
+    /// Serves `handler`'s tools, in `namespace`, through `layer` (a [`ToolStack`](crate::ToolStack)
+    /// or any layer of `Service<ToolCall>`), with a fresh session.
+    pub fn new<L>(handler: H, namespace: impl Into<Arc<str>>, layer: L) -> Self
+    where
+        L: Layer<HandlerTool<H>>,
+        L::Service: Service<ToolCall, Response = ToolOutput, Error = ToolError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as Service<ToolCall>>::Future: Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let pending = Pending::default();
+        let tool = HandlerTool {
+            handler: handler.clone(),
+            pending: pending.clone(),
+        };
+        McpServer {
+            handler,
+            service: BoxCloneSyncService::new(layer.layer(tool)),
+            namespace: namespace.into(),
+            session: ulid::Ulid::generate().to_string(),
+            pending,
+        }
+    }
+
+    /// The session key of this connection's calls.
+    pub fn session_key(&self) -> &str {
+        &self.session
+    }
+
+    /// The handler.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ToolOutput, ToolError> {
+        let call = self.tool_call(&request, &context)?;
+        let id = call.request_id().to_owned();
+        let _served = Served::insert(&self.pending, id, (request, context));
+        self.service.clone().oneshot(call).await
+    }
+
+    fn tool_call(
+        &self,
+        request: &CallToolRequest,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ToolCall, ToolError> {
+        let params = &request.params;
+        let meta = CallMeta::of(params.meta.as_ref());
+        let context_meta = CallMeta::of(Some(&context.meta));
+        let actor = context
+            .client_info()
+            .map(|client| client.name)
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| UNKNOWN_CLIENT.to_owned());
+        let mut builder = ToolCall::builder(&*self.namespace, params.name.as_ref())
+            .session(&self.session)
+            .actor(actor)
+            .params(Value::Object(params.arguments.clone().unwrap_or_default()));
+        if let Some(key) = meta.idempotency_key.or(context_meta.idempotency_key) {
+            builder = builder.idempotency_key(key);
+        }
+        if let Some(traceparent) = meta.traceparent.or(context_meta.traceparent) {
+            builder = builder.traceparent(traceparent);
+        }
+        if let Some(confirmation) = meta.confirmation_id.or(context_meta.confirmation_id) {
+            builder = builder.confirmation_id(confirmation);
+        }
+        builder.build()
+    }
+}
+
+impl<H: ServerHandler> rmcp::Service<RoleServer> for McpServer<H> {
+    async fn handle_request(
+        &self,
+        request: ClientRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ServerResult, ErrorData> {
+        let ClientRequest::CallToolRequest(request) = request else {
+            return rmcp::Service::handle_request(&*self.handler, request, context).await;
+        };
+        let current = context
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        let outcome = self.call_tool(request, context).await;
+        let mut result = ServerResult::CallToolResult(result_of(outcome));
+        if !current {
+            result.strip_result_type_for_legacy_peer();
+            result.strip_non_object_output_for_legacy_peer();
+        }
+        Ok(result)
+    }
+
+    fn handle_notification(
+        &self,
+        notification: ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> impl Future<Output = Result<(), ErrorData>> + Send + '_ {
+        rmcp::Service::handle_notification(&*self.handler, notification, context)
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerHandler::get_info(&*self.handler)
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        ServerHandler::supported_protocol_versions(&*self.handler)
+    }
+}
+
+impl<H> fmt::Debug for McpServer<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpServer")
+            .field("namespace", &self.namespace)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Keeps a request in the pending map while its call runs.
+struct Served<'a> {
+    pending: &'a Pending,
+    id: String,
+}
+
+impl<'a> Served<'a> {
+    fn insert(
+        pending: &'a Pending,
+        id: String,
+        request: (CallToolRequest, RequestContext<RoleServer>),
+    ) -> Self {
+        lock(pending).insert(id.clone(), request);
+        Served { pending, id }
+    }
+}
+
+impl Drop for Served<'_> {
+    fn drop(&mut self) {
+        lock(self.pending).remove(&self.id);
+    }
+}
+
+fn lock(
+    pending: &Pending,
+) -> std::sync::MutexGuard<'_, HashMap<String, (CallToolRequest, RequestContext<RoleServer>)>> {
+    pending.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The handler's own `tools/call` as the innermost `Service<ToolCall>` of an
+/// [`McpServer`]'s stack; made by [`McpServer::new`].
+pub struct HandlerTool<H> {
+    handler: Arc<H>,
+    pending: Pending,
+}
+
+impl<H> Clone for HandlerTool<H> {
+    fn clone(&self) -> Self {
+        HandlerTool {
+            handler: self.handler.clone(),
+            pending: self.pending.clone(),
+        }
+    }
+}
+
+impl<H> fmt::Debug for HandlerTool<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerTool").finish_non_exhaustive()
+    }
+}
+
+impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let served = lock(&self.pending).get(call.request_id()).cloned();
+        let handler = self.handler.clone();
+        Box::pin(async move {
+            let (request, context) = served.ok_or_else(|| {
+                ToolError::new(
+                    ErrorCode::InternalError,
+                    format!(
+                        "no tools/call request is being served for call {}; send calls through \
+                         the McpServer that made this tool",
+                        call.request_id()
+                    ),
+                )
+            })?;
+            let request = ClientRequest::CallToolRequest(request);
+            match rmcp::Service::handle_request(&*handler, request, context).await {
+                Ok(ServerResult::CallToolResult(result)) => outcome_of(result),
+                Ok(_) => Err(ToolError::new(
+                    ErrorCode::UpstreamError,
+                    "the tool answered with input requests or a task, which a call through the \
+                     stack cannot carry; answer with a complete result",
+                )),
+                Err(error) => Err(error_from_mcp(&error)),
+            }
+        })
+    }
+}
