@@ -20,6 +20,7 @@ use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
 /// The code generated from `proto/tools.proto`.
+#[allow(missing_docs)]
 pub mod proto {
     tonic::include_proto!("tools.v1");
 }
@@ -28,6 +29,7 @@ use proto::tools_server::{Tools, ToolsServer};
 use proto::{CallReply, CallRequest};
 
 /// The gRPC service: each request becomes a `ToolCall` through the stack.
+#[derive(Debug)]
 pub struct StackedTools {
     tools: BoxCloneSyncService<ToolCall, ToolOutput, ToolError>,
 }
