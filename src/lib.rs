@@ -153,8 +153,8 @@
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
 //! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
-//! | `tonic` | no | [`grpc`](crate::grpc): `ToolError` as a gRPC `Status` and back |
-//! | `mcp` | no | [`mcp`](crate::mcp): every MCP `tools/call` of an `rmcp` server through the stack, a remote MCP server's tools as a `Service<ToolCall>`, policy from tool annotations |
+//! | `tonic` | no | `grpc`: `ToolError` as a gRPC `Status` and back |
+//! | `mcp` | no | `mcp`: every MCP `tools/call` of an `rmcp` server through the stack, a remote MCP server's tools as a `Service<ToolCall>`, policy from tool annotations |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]
