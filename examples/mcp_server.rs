@@ -2,7 +2,8 @@
 //!
 //! An MCP server over stdio whose every `tools/call` goes through the whole stack. Its tools
 //! keep notes: `search` (read-only; its backend times out on the first search for `flaky`),
-//! `put` (writes a note by id; idempotent) and `delete` (destructive). Their annotations
+//! `put` (writes a note by id; idempotent) and `delete` (destructive); each reports its end
+//! as a progress notification when the request asks for progress. Their annotations
 //! become their policy, and a registry file given with `--registry` overrides it. Start it
 //! from an MCP client (an agent, the MCP inspector, or `McpClient` over
 //! `TokioChildProcess`): it speaks JSON-RPC on stdin and stdout.
@@ -14,8 +15,8 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
@@ -154,10 +155,17 @@ impl ServerHandler for Notes {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.unwrap_or_default();
-        self.run(&request.name, &args).map(Into::into)
+        let result = self.run(&request.name, &args)?;
+        if let Some(token) = context.meta.get_progress_token() {
+            let done = ProgressNotificationParam::new(token, 1.0)
+                .with_total(1.0)
+                .with_message(format!("{} done", request.name));
+            let _ = context.peer.notify_progress(done).await;
+        }
+        Ok(result.into())
     }
 }
 

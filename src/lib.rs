@@ -216,7 +216,14 @@ pub use stack::{StackLayer, ToolStack, ToolStackBuilder, ToolStackService};
 pub use timeout::TimeoutLayer;
 pub use trace::TraceLayer;
 
-/// The examples of the README, compiled and run as doctests (they use the default features).
-#[cfg(all(doctest, feature = "toml", feature = "schema"))]
+/// The examples of the README, compiled and run as doctests (the README's test command,
+/// `cargo test --all-features`, runs them; its adapter sections need `tonic` and `mcp`).
+#[cfg(all(
+    doctest,
+    feature = "toml",
+    feature = "schema",
+    feature = "tonic",
+    feature = "mcp"
+))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

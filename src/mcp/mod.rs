@@ -7,7 +7,8 @@
 //!   `_meta.confirmationId` in the envelope, and an `isError` result with the error's code
 //!   and a message the model can act on.
 //! - **Client side.** [`McpClient`] is a `Service<ToolCall>` over a remote MCP server, so an
-//!   agent's outgoing calls get the same stack.
+//!   agent's outgoing calls get the same stack; a client served with [`ProgressEvents`] logs
+//!   the server's progress notifications as `tool_call_progress` events of the call.
 //! - **Policy.** [`descriptor_for`] and [`registry_for`] turn the tools' annotations into
 //!   descriptors (`readOnlyHint` → read-only, `idempotentHint` → idempotent,
 //!   `destructiveHint` → confirmation required), believed only from a [`Trust::Trusted`]
@@ -63,7 +64,7 @@ mod convert;
 mod policy;
 mod server;
 
-pub use client::McpClient;
+pub use client::{McpClient, ProgressEvents};
 pub use convert::{CONFIRMATION_ID_META, IDEMPOTENCY_KEY_META};
 pub use policy::{descriptor_for, registry_for, Trust};
 pub use server::{HandlerTool, McpServer};

@@ -34,7 +34,8 @@ const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
 /// request's `_meta.idempotencyKey`, `_meta.traceparent` and `_meta.confirmationId` fill the
 /// envelope. The call goes through the stack, whose innermost service is the handler's own
 /// `tools/call` with the original request and context, so that the tool's progress
-/// notifications and cancellation reach the client as before. The answer is the tool's
+/// notifications (for the request's `_meta.progressToken`) and cancellation reach the
+/// client as before. The answer is the tool's
 /// `CallToolResult`, or an `isError` result whose text is the error's code and message (a
 /// stopped loop tells the model to change its approach) and whose structured content is
 /// `{"error": {"code", "message", "retriable", …}}`.

@@ -5,6 +5,8 @@
 #[allow(dead_code, unreachable_pub)]
 #[path = "../../examples/mcp_server.rs"]
 mod example;
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +18,9 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::ServiceExt as _;
 use serde_json::{json, Value};
 use tower::{Layer, ServiceBuilder, ServiceExt};
-use tower_toolcall::mcp::{descriptor_for, registry_for, McpClient, McpServer, Trust};
+use tower_toolcall::mcp::{
+    descriptor_for, registry_for, McpClient, McpServer, ProgressEvents, Trust,
+};
 use tower_toolcall::registry::{RiskLevel, ToolRegistry};
 use tower_toolcall::{ErrorCode, ToolCall, ToolStack};
 
@@ -503,4 +507,100 @@ async fn end_to_end_over_stdio_with_the_example_server() {
         .unwrap_err();
     assert_eq!(refused.code(), ErrorCode::PolicyDenied);
     running.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_servers_progress_notifications_become_events_of_the_call() {
+    let (capture, _guard) = support::capture::capture();
+    let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        if let Ok(running) = example::stacked(Notes::default(), None)
+            .unwrap()
+            .serve(server_end)
+            .await
+        {
+            let _ = running.waiting().await;
+        }
+    });
+    let events = ProgressEvents::default();
+    let running = events.clone().serve(client_end).await.unwrap();
+    let client = McpClient::new(running.peer().clone()).with_progress_events(&events);
+    let put = call("put", json!({"id": "n1", "text": "t"}))
+        .build()
+        .unwrap();
+    let request_id = put.request_id().to_owned();
+    client.oneshot(put).await.unwrap();
+    // The notification precedes the response on the pipe; let its handler run.
+    for _ in 0..100 {
+        if capture
+            .events()
+            .iter()
+            .any(|e| e.fields.get("event").map(String::as_str) == Some("tool_call_progress"))
+        {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let progress: Vec<_> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.fields.get("event").map(String::as_str) == Some("tool_call_progress"))
+        .collect();
+    assert_eq!(progress.len(), 1, "{progress:?}");
+    let fields = &progress[0].fields;
+    assert_eq!(fields["requestId"], request_id);
+    assert_eq!(fields["progress"], "1.0");
+    assert_eq!(fields["message"], "put done");
+}
+
+#[tokio::test]
+async fn one_breaker_per_server_when_calls_ask_for_the_dependency_scope() {
+    let running = connect(Notes::default(), "agent").await;
+    let client = McpClient::new(running.peer().clone());
+    let registry = client
+        .registry("notes", Trust::Trusted, None)
+        .await
+        .unwrap();
+    let tools = ToolStack::builder(registry)
+        .retry(|retry| {
+            retry
+                .max_attempts(2)
+                .base_delay(std::time::Duration::from_millis(1))
+        })
+        .build()
+        .unwrap()
+        .layer(client);
+    running.cancel().await.unwrap();
+    let server_wide = |name: &str, args: Value| {
+        call(name, args)
+            .breaker_scope(tower_toolcall::BreakerScope::Dependency)
+            .confirmation_id("ok")
+            .build()
+            .unwrap()
+    };
+    let mut codes = Vec::new();
+    for (name, args) in [
+        ("search", json!({"query": "a"})),
+        ("search", json!({"query": "b"})),
+        ("put", json!({"id": "1", "text": "t"})),
+        ("delete", json!({"id": "1"})),
+    ] {
+        let err = tools
+            .clone()
+            .oneshot(server_wide(name, args))
+            .await
+            .unwrap_err();
+        codes.push(err.code());
+    }
+    // Two attempts of each search and one of put reach the closed connection (five
+    // consecutive failures of the server): its breaker opens for every tool.
+    assert_eq!(
+        codes,
+        [
+            ErrorCode::RetryExhausted,
+            ErrorCode::RetryExhausted,
+            ErrorCode::CircuitOpen,
+            ErrorCode::CircuitOpen,
+        ],
+    );
 }
