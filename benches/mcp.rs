@@ -6,11 +6,16 @@
 //!
 //! - `bare_rmcp`: an rmcp client calls an rmcp server whose handler echoes its arguments
 //!   (the baseline);
+//! - `adapter_server`: the same handler wrapped by `McpServer` with no layer (the adapter's
+//!   own cost: the envelope built from the request, the result built from the outcome);
 //! - `stacked_server`: the same handler wrapped by `McpServer` with the whole `ToolStack`
 //!   (every layer, policy from the tool's annotations);
 //! - `mcp_client`: the bare server called through `McpClient` (the `ToolCall` ↔
 //!   `tools/call` conversion, no stack);
-//! - `stacked_client`: the bare server called through `McpClient` behind the whole stack.
+//! - `stacked_client`: the bare server called through `McpClient` behind the whole stack;
+//! - `tool_alone`, `stack_alone`: the same calls, built the same way, made on a tool that
+//!   answers at once, bare and behind the same stack, without MCP: the stack's own cost in
+//!   this run.
 //!
 //! Every call carries fresh params (a counter), so that the idempotency layer stores a new
 //! record and loop detection sees a new call each time.
@@ -30,7 +35,7 @@ use serde_json::{json, Map, Value};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 use tower_toolcall::mcp::{registry_for, McpClient, McpServer, Trust};
-use tower_toolcall::{ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
 /// A server whose one tool echoes its arguments as structured content.
 struct Echo;
@@ -83,20 +88,36 @@ fn mcp(c: &mut Criterion) {
         .unwrap();
     let _entered = runtime.enter();
     let bare = runtime.block_on(connect(Echo));
+    let adapter = runtime.block_on(connect(McpServer::new(
+        Echo,
+        "bench",
+        tower::layer::util::Identity::new(),
+    )));
     let stacked = runtime.block_on(connect(McpServer::new(Echo, "bench", stack())));
     let for_client = runtime.block_on(connect(Echo));
     let client = McpClient::new(for_client.peer().clone());
-    let clients: [(&str, BoxCloneSyncService<ToolCall, ToolOutput, ToolError>); 2] = [
+    let echo = tool_fn(|call: ToolCall| async move {
+        Ok(ToolOutput::new(Value::Object(
+            call.params().as_map().clone(),
+        )))
+    });
+    let clients: [(&str, BoxCloneSyncService<ToolCall, ToolOutput, ToolError>); 4] = [
         ("mcp_client", BoxCloneSyncService::new(client.clone())),
         (
             "stacked_client",
             BoxCloneSyncService::new(stack().layer(client)),
         ),
+        ("tool_alone", BoxCloneSyncService::new(echo)),
+        ("stack_alone", BoxCloneSyncService::new(stack().layer(echo))),
     ];
 
     let mut group = c.benchmark_group("mcp");
     let mut n = 0;
-    for (name, running) in [("bare_rmcp", &bare), ("stacked_server", &stacked)] {
+    for (name, running) in [
+        ("bare_rmcp", &bare),
+        ("adapter_server", &adapter),
+        ("stacked_server", &stacked),
+    ] {
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 runtime.block_on(async {

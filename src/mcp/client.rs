@@ -1,9 +1,8 @@
 //! The client side: a remote MCP server's tools as a `Service<ToolCall>`.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use rmcp::model::{
@@ -15,12 +14,13 @@ use rmcp::{ClientHandler, RoleClient};
 use tower::Service;
 
 use super::convert::{error_from_service, outcome_of, request_params};
+use super::in_flight::InFlight;
 use super::policy::{registry_for, Trust};
 use crate::registry::ToolRegistry;
 use crate::{ErrorCode, ToolCall, ToolError, ToolOutput};
 
 /// The request ids of the calls in flight, by the progress token rmcp gave their request.
-type InFlight = Arc<Mutex<HashMap<ProgressToken, Arc<str>>>>;
+type Calls = InFlight<ProgressToken, Arc<str>>;
 
 /// The tools of a remote MCP server as a `Service<ToolCall>`, over any rmcp client
 /// transport (stdio of a child process, streamable HTTP, an in-process pipe).
@@ -57,7 +57,7 @@ type InFlight = Arc<Mutex<HashMap<ProgressToken, Arc<str>>>>;
 #[derive(Clone, Debug)]
 pub struct McpClient {
     peer: Peer<RoleClient>,
-    in_flight: Option<InFlight>,
+    in_flight: Option<Calls>,
 }
 
 impl McpClient {
@@ -130,7 +130,7 @@ impl Service<ToolCall> for McpClient {
                 .send_request_with_option(request, PeerRequestOptions::no_options())
                 .await
                 .map_err(error_from_service)?;
-            let _tracked = Tracked::insert(&in_flight, handle.progress_token.clone(), request_id);
+            let _tracked = in_flight.insert(handle.progress_token.clone(), request_id);
             let mut cancel = CancelOnDrop {
                 peer: peer.clone(),
                 id: Some(handle.id.clone()),
@@ -147,32 +147,6 @@ impl Service<ToolCall> for McpClient {
             }
         })
     }
-}
-
-/// Keeps a call's progress token known while its request is in flight.
-struct Tracked {
-    in_flight: InFlight,
-    token: ProgressToken,
-}
-
-impl Tracked {
-    fn insert(in_flight: &InFlight, token: ProgressToken, request_id: Arc<str>) -> Self {
-        lock(in_flight).insert(token.clone(), request_id);
-        Tracked {
-            in_flight: in_flight.clone(),
-            token,
-        }
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        lock(&self.in_flight).remove(&self.token);
-    }
-}
-
-fn lock(in_flight: &InFlight) -> std::sync::MutexGuard<'_, HashMap<ProgressToken, Arc<str>>> {
-    in_flight.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Cancels a request on the server when its caller drops the call before the answer.
@@ -219,7 +193,7 @@ impl Drop for CancelOnDrop {
 #[derive(Clone, Debug, Default)]
 pub struct ProgressEvents {
     info: ClientConfig,
-    in_flight: InFlight,
+    in_flight: Calls,
 }
 
 impl ProgressEvents {
@@ -240,7 +214,7 @@ impl ClientHandler for ProgressEvents {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let known = lock(&self.in_flight).get(&params.progress_token).cloned();
+        let known = self.in_flight.get(&params.progress_token);
         let request_id = match (known, &params.progress_token.0) {
             (Some(id), _) => id.to_string(),
             (None, NumberOrString::String(token)) => token.to_string(),

@@ -61,6 +61,7 @@
 
 mod client;
 mod convert;
+mod in_flight;
 mod policy;
 mod server;
 

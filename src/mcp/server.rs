@@ -1,10 +1,9 @@
 //! The server side: an `rmcp` server whose every `tools/call` goes through a stack.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use rmcp::model::{
@@ -18,10 +17,11 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt};
 
 use super::convert::{error_from_mcp, outcome_of, result_of, CallMeta};
+use super::in_flight::InFlight;
 use crate::{ErrorCode, ToolCall, ToolError, ToolOutput};
 
 /// The `tools/call` requests being served, by the request id of their `ToolCall`.
-type Pending = Arc<Mutex<HashMap<String, (CallToolRequest, RequestContext<RoleServer>)>>>;
+type Pending = InFlight<String, (CallToolRequest, RequestContext<RoleServer>)>;
 
 /// The actor of calls whose client sent no `clientInfo`.
 const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
@@ -108,7 +108,7 @@ impl<H: ServerHandler> McpServer<H> {
     ) -> Result<ToolOutput, ToolError> {
         let call = self.tool_call(&request, &context)?;
         let id = call.request_id().to_owned();
-        let _served = Served::insert(&self.pending, id, (request, context));
+        let _served = self.pending.insert(id, (request, context));
         self.service.clone().oneshot(call).await
     }
 
@@ -189,35 +189,6 @@ impl<H> fmt::Debug for McpServer<H> {
     }
 }
 
-/// Keeps a request in the pending map while its call runs.
-struct Served<'a> {
-    pending: &'a Pending,
-    id: String,
-}
-
-impl<'a> Served<'a> {
-    fn insert(
-        pending: &'a Pending,
-        id: String,
-        request: (CallToolRequest, RequestContext<RoleServer>),
-    ) -> Self {
-        lock(pending).insert(id.clone(), request);
-        Served { pending, id }
-    }
-}
-
-impl Drop for Served<'_> {
-    fn drop(&mut self) {
-        lock(self.pending).remove(&self.id);
-    }
-}
-
-fn lock(
-    pending: &Pending,
-) -> std::sync::MutexGuard<'_, HashMap<String, (CallToolRequest, RequestContext<RoleServer>)>> {
-    pending.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The handler's own `tools/call` as the innermost `Service<ToolCall>` of an
 /// [`McpServer`]'s stack; made by [`McpServer::new`].
 pub struct HandlerTool<H> {
@@ -250,7 +221,7 @@ impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let served = lock(&self.pending).get(call.request_id()).cloned();
+        let served = self.pending.get(call.request_id());
         let handler = self.handler.clone();
         Box::pin(async move {
             let (request, context) = served.ok_or_else(|| {
