@@ -74,7 +74,7 @@ fn text_of(result: &CallToolResult) -> String {
 
 // ---- the server side: every tools/call through the stack ----
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_read_only_tool_is_retried_after_a_transient_failure() {
     let notes = Notes::default();
     let client = connect(example::stacked(notes.clone(), None).unwrap(), "agent").await;
@@ -87,7 +87,7 @@ async fn a_read_only_tool_is_retried_after_a_transient_failure() {
     assert_eq!(notes.calls("search"), 2, "the failure, then the retry");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_destructive_tool_without_confirmation_is_refused() {
     let notes = Notes::default();
     let client = connect(example::stacked(notes.clone(), None).unwrap(), "agent").await;
@@ -116,7 +116,7 @@ async fn a_destructive_tool_without_confirmation_is_refused() {
     assert_eq!(notes.calls("delete"), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_duplicate_meta_idempotency_key_is_answered_once() {
     let notes = Notes::default();
     let client = connect(example::stacked(notes.clone(), None).unwrap(), "agent").await;
@@ -145,7 +145,7 @@ async fn a_duplicate_meta_idempotency_key_is_answered_once() {
     assert_eq!(notes.calls("put"), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_loop_is_stopped_and_the_model_reads_why() {
     let notes = Notes::default();
     let client = connect(example::stacked(notes.clone(), None).unwrap(), "agent").await;
@@ -164,6 +164,10 @@ async fn a_loop_is_stopped_and_the_model_reads_why() {
     let (code, message) = error_of(&results[3]);
     assert_eq!(code, "LOOP_DETECTED");
     assert!(message.contains("search"), "names the tool: {message}");
+    assert!(
+        message.contains("change the inputs or the strategy"),
+        "tells the model what to do instead: {message}"
+    );
     assert!(
         text_of(&results[3]).contains("LOOP_DETECTED"),
         "the model reads the code in the text too"
@@ -185,7 +189,7 @@ async fn a_loop_is_stopped_and_the_model_reads_why() {
     assert_eq!(notes.calls("search"), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_envelope_carries_session_actor_key_and_traceparent() {
     let notes = Notes::default();
     let seen: Arc<Mutex<Vec<ToolCall>>> = Arc::default();
@@ -219,7 +223,7 @@ async fn the_envelope_carries_session_actor_key_and_traceparent() {
     assert_eq!(call.params().as_map()["text"], "t");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn requests_other_than_tools_call_reach_the_handler_untouched() {
     let client = connect(example::stacked(Notes::default(), None).unwrap(), "agent").await;
     let listed = client.list_all_tools().await.unwrap();
@@ -305,7 +309,7 @@ fn the_registry_file_overrides_the_annotations() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_operator_override_changes_what_the_server_enforces() {
     let operator = ToolRegistry::from_toml_str(OPERATOR).unwrap();
     let notes = Notes::default();
@@ -340,7 +344,7 @@ fn call(name: &str, args: Value) -> tower_toolcall::envelope::ToolCallBuilder {
         .params(args)
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_client_stack_retries_dedupes_and_refuses_by_annotation() {
     let notes = Notes::default();
     // The bare server: whatever happens, happens in the client's stack.
@@ -354,10 +358,7 @@ async fn the_client_stack_retries_dedupes_and_refuses_by_annotation() {
         registry.get("notes", "search").unwrap().descriptor().risk,
         RiskLevel::ReadOnly
     );
-    let stack = ToolStack::builder(registry)
-        .retry(|retry| retry.base_delay(std::time::Duration::from_millis(1)))
-        .build()
-        .unwrap();
+    let stack = ToolStack::builder(registry).build().unwrap();
     let tools = stack.layer(client);
 
     let found = tools
@@ -403,7 +404,7 @@ async fn the_client_stack_retries_dedupes_and_refuses_by_annotation() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_client_reads_a_stacked_servers_error_codes() {
     let notes = Notes::default();
     let running = connect(example::stacked(notes.clone(), None).unwrap(), "agent").await;
@@ -439,7 +440,7 @@ async fn the_client_reads_a_stacked_servers_error_codes() {
     assert_eq!(notes.calls("delete"), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_closed_connection_is_a_retriable_upstream_unavailable() {
     let running = connect(Notes::default(), "agent").await;
     let client = McpClient::new(running.peer().clone());
@@ -509,7 +510,7 @@ async fn end_to_end_over_stdio_with_the_example_server() {
     running.cancel().await.unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_servers_progress_notifications_become_events_of_the_call() {
     let (capture, _guard) = support::capture::capture();
     let (server_end, client_end) = tokio::io::duplex(64 * 1024);
@@ -553,7 +554,7 @@ async fn the_servers_progress_notifications_become_events_of_the_call() {
     assert_eq!(fields["message"], "put done");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn one_breaker_per_server_when_calls_ask_for_the_dependency_scope() {
     let running = connect(Notes::default(), "agent").await;
     let client = McpClient::new(running.peer().clone());
@@ -562,11 +563,7 @@ async fn one_breaker_per_server_when_calls_ask_for_the_dependency_scope() {
         .await
         .unwrap();
     let tools = ToolStack::builder(registry)
-        .retry(|retry| {
-            retry
-                .max_attempts(2)
-                .base_delay(std::time::Duration::from_millis(1))
-        })
+        .retry(|retry| retry.max_attempts(2))
         .build()
         .unwrap()
         .layer(client);
