@@ -76,6 +76,9 @@ pub(crate) fn request_params(call: &ToolCall) -> CallToolRequestParams {
 /// code, class and retry-after that [`result_of`] wrote, else an unclassified
 /// `UPSTREAM_ERROR` with the text of the blocks as message.
 pub(crate) fn outcome_of(result: CallToolResult) -> Result<ToolOutput, ToolError> {
+    if result.is_error == Some(true) {
+        return Err(error_of(&result));
+    }
     let blocks = Value::Array(
         result
             .content
@@ -83,9 +86,6 @@ pub(crate) fn outcome_of(result: CallToolResult) -> Result<ToolOutput, ToolError
             .filter_map(|block| serde_json::to_value(block).ok())
             .collect(),
     );
-    if result.is_error == Some(true) {
-        return Err(error_of(&result));
-    }
     Ok(match result.structured_content {
         Some(structured) => {
             let mut output = ToolOutput::new(structured);
@@ -290,5 +290,75 @@ mod tests {
             meta.traceparent.as_deref(),
             Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
         );
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn json_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(Value::from),
+                "\\PC{0,12}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                let names = "(code|message|retriable|retryAfterMs|details|error|[a-z]{1,6})";
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    prop::collection::btree_map(names, inner, 0..4)
+                        .prop_map(|map| Value::Object(map.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            /// What a stacked server writes for an error, a client reads back unchanged.
+            #[test]
+            fn any_error_survives_the_call_tool_result(
+                index in 0..ErrorCode::ALL.len(),
+                message in "\\PC{0,60}",
+                after in proptest::option::of(0u64..10_000_000),
+                retriable in any::<bool>(),
+            ) {
+                let code = ErrorCode::ALL[index];
+                let class = if retriable { ErrorClass::Retriable } else { ErrorClass::Terminal };
+                let mut err = ToolError::new(code, message.clone()).with_class(class);
+                if let Some(millis) = after {
+                    err = err.with_retry_after(Duration::from_millis(millis));
+                }
+                let back = outcome_of(result_of(Err(err))).unwrap_err();
+                prop_assert_eq!(back.code(), code);
+                prop_assert_eq!(back.message(), message.as_str());
+                prop_assert_eq!(back.class(), class);
+                prop_assert_eq!(back.retry_after(), after.map(Duration::from_millis));
+            }
+
+            /// Any structured content of an error result, from any server, gives a
+            /// `ToolError` without a panic; a success keeps its structured content.
+            #[test]
+            fn any_structured_content_is_read_without_panic(
+                structured in json_value(),
+                text in "\\PC{0,20}",
+            ) {
+                let mut failed = CallToolResult::error(vec![ContentBlock::text(text)]);
+                failed.structured_content = Some(structured.clone());
+                let err = outcome_of(failed).unwrap_err();
+                let declared = structured
+                    .get("error")
+                    .and_then(|e| e.get("code"))
+                    .and_then(Value::as_str)
+                    .and_then(ErrorCode::parse);
+                prop_assert_eq!(err.code(), declared.unwrap_or(ErrorCode::UpstreamError));
+
+                let mut done = CallToolResult::success(vec![]);
+                done.structured_content = Some(structured.clone());
+                let output = outcome_of(done).unwrap();
+                prop_assert_eq!(&output.content, &structured);
+                prop_assert_eq!(result_of(Ok(output)).structured_content, Some(structured));
+            }
+        }
     }
 }

@@ -130,7 +130,8 @@ pub fn registry_for(
             .fold(ToolRegistry::builder(), |builder, tool| {
                 builder.tool(descriptor_for(namespace, tool, trust))
             })
-            .build();
+            .build()
+            .map_err(|e| e.within("mcp"));
     };
     let mut builder = ToolRegistry::builder()
         .open(operator.is_open())

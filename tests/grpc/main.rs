@@ -256,3 +256,50 @@ async fn the_example_service_answers_errors_with_their_grpc_codes() {
     assert_eq!(reused.code(), Code::AlreadyExists);
     assert_eq!(from_status(&reused).code(), ErrorCode::IdempotencyKeyReused);
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_error_survives_the_status_round_trip(
+            index in 0..ErrorCode::ALL.len(),
+            message in "\\PC{0,80}",
+            after in proptest::option::of(0u64..10_000_000),
+        ) {
+            let code = ErrorCode::ALL[index];
+            let mut err = ToolError::new(code, message.clone());
+            if let Some(millis) = after {
+                err = err.with_retry_after(Duration::from_millis(millis));
+            }
+            let back = from_status(&Status::from(err));
+            prop_assert_eq!(back.code(), code);
+            prop_assert_eq!(back.message(), message.as_str());
+            prop_assert_eq!(back.retry_after(), after.map(Duration::from_millis));
+        }
+
+        #[test]
+        fn any_metadata_gives_a_classified_error_without_panic(
+            grpc in 0i32..20,
+            code_entry in "[ -~]{0,30}",
+            pushback in "[ -~]{0,30}",
+        ) {
+            let mut status = Status::new(Code::from_i32(grpc), "upstream");
+            let code_sent = code_entry.parse().ok().map(|value| {
+                status.metadata_mut().insert(ERROR_CODE_METADATA, value);
+            });
+            let pushback_sent = pushback.parse().ok().map(|value| {
+                status.metadata_mut().insert(RETRY_PUSHBACK_METADATA, value);
+            });
+            let err = from_status(&status);
+            if let (Some(()), Some(code)) = (code_sent, ErrorCode::parse(&code_entry)) {
+                prop_assert_eq!(err.code(), code);
+            } else {
+                prop_assert_eq!(err.code(), from_status(&Status::new(Code::from_i32(grpc), "")).code());
+            }
+            let expected = pushback_sent.and_then(|()| pushback.parse::<u64>().ok());
+            prop_assert_eq!(err.retry_after(), expected.map(Duration::from_millis));
+        }
+    }
+}
