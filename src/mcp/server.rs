@@ -33,7 +33,8 @@ const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
 /// create one handler per connection), the actor is the client's `clientInfo.name`, and the
 /// request's `_meta.idempotencyKey`, `_meta.traceparent` and `_meta.confirmationId` fill the
 /// envelope. The call goes through the stack, whose innermost service is the handler's own
-/// `tools/call` with the original request and context, so that the tool's progress
+/// `tools/call` with the original request (its arguments the call's params, as the layers
+/// leave them) and context, so that the tool's progress
 /// notifications (for the request's `_meta.progressToken`) and cancellation reach the
 /// client as before. The answer is the tool's
 /// `CallToolResult`, or an `isError` result whose text is the error's code and message (a
@@ -103,10 +104,12 @@ impl<H: ServerHandler> McpServer<H> {
 
     async fn call_tool(
         &self,
-        request: CallToolRequest,
+        mut request: CallToolRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<ToolOutput, ToolError> {
-        let call = self.tool_call(&request, &context)?;
+        // The arguments move into the call; each attempt sends the call's params.
+        let arguments = request.params.arguments.take().unwrap_or_default();
+        let call = self.tool_call(&request, arguments, &context)?;
         let id = call.request_id().to_owned();
         let _served = self.pending.insert(id, (request, context));
         self.service.clone().oneshot(call).await
@@ -115,6 +118,7 @@ impl<H: ServerHandler> McpServer<H> {
     fn tool_call(
         &self,
         request: &CallToolRequest,
+        arguments: serde_json::Map<String, Value>,
         context: &RequestContext<RoleServer>,
     ) -> Result<ToolCall, ToolError> {
         let params = &request.params;
@@ -128,7 +132,7 @@ impl<H: ServerHandler> McpServer<H> {
         let mut builder = ToolCall::builder(&*self.namespace, params.name.as_ref())
             .session(&self.session)
             .actor(actor)
-            .params(Value::Object(params.arguments.clone().unwrap_or_default()));
+            .params(Value::Object(arguments));
         if let Some(key) = meta.idempotency_key.or(context_meta.idempotency_key) {
             builder = builder.idempotency_key(key);
         }
@@ -224,7 +228,7 @@ impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
         let served = self.pending.get(call.request_id());
         let handler = self.handler.clone();
         Box::pin(async move {
-            let (request, context) = served.ok_or_else(|| {
+            let (mut request, context) = served.ok_or_else(|| {
                 ToolError::new(
                     ErrorCode::InternalError,
                     format!(
@@ -234,6 +238,7 @@ impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
                     ),
                 )
             })?;
+            request.params.arguments = Some(call.params().as_map().clone());
             let request = ClientRequest::CallToolRequest(request);
             match rmcp::Service::handle_request(&*handler, request, context).await {
                 Ok(ServerResult::CallToolResult(result)) => outcome_of(result),
