@@ -4,7 +4,9 @@
 //! A tonic service that runs calls through the stack answers its errors with
 //! `Err(err.into())`; a tool that calls a gRPC upstream turns the upstream's `Status` into a
 //! `ToolError` with [`from_status`], so that retry, the breaker and the result envelope
-//! classify it like any other failure.
+//! classify it like any other failure. tonic wants its service `Sync`: keep the stacked
+//! tool in a `tower::util::BoxCloneSyncService` and `clone().oneshot(call)` it per request,
+//! as `examples/grpc.rs` does.
 //!
 //! | `ErrorCode` | gRPC code |
 //! |---|---|
