@@ -601,3 +601,54 @@ async fn one_breaker_per_server_when_calls_ask_for_the_dependency_scope() {
         ],
     );
 }
+
+/// A tool that waits until its request is cancelled, and counts the cancellations.
+#[derive(Clone, Default)]
+struct UntilCancelled(Arc<std::sync::atomic::AtomicUsize>);
+
+impl rmcp::ServerHandler for UntilCancelled {
+    async fn call_tool(
+        &self,
+        _request: CallToolRequestParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        context.ct.cancelled().await;
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(CallToolResult::success(Vec::new()).into())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_call_cancels_its_request_on_the_server() {
+    for with_progress in [false, true] {
+        let tool = UntilCancelled::default();
+        let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+        let server = tool.clone();
+        tokio::spawn(async move {
+            if let Ok(running) = server.serve(server_end).await {
+                let _ = running.waiting().await;
+            }
+        });
+        let events = ProgressEvents::default();
+        let running = events.clone().serve(client_end).await.unwrap();
+        let mut client = McpClient::new(running.peer().clone());
+        if with_progress {
+            client = client.with_progress_events(&events);
+        }
+        let slow = call("wait", json!({})).build().unwrap();
+        let timed_out =
+            tokio::time::timeout(std::time::Duration::from_secs(5), client.oneshot(slow)).await;
+        assert!(timed_out.is_err(), "the tool waits until cancelled");
+        for _ in 0..100 {
+            if tool.0.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            tool.0.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the server saw the cancellation (progress events: {with_progress})"
+        );
+    }
+}
