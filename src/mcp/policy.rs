@@ -24,8 +24,8 @@ pub enum Trust {
     Untrusted,
 }
 
-/// The descriptor of an MCP tool in `namespace`, with its input and output schemas, its
-/// description, and a policy from its annotations.
+/// The descriptor of an MCP tool in `namespace`, with its input and output schemas (with the
+/// `schema` feature, which checks them), its description, and a policy from its annotations.
 ///
 /// From a [`Trust::Trusted`] server, absent hints take MCP's defaults (`readOnlyHint: false`,
 /// `destructiveHint: true`, `idempotentHint: false`) and:
@@ -80,10 +80,14 @@ pub fn descriptor_for(namespace: &str, tool: &Tool, trust: Trust) -> ToolDescrip
     };
     let mut descriptor = ToolDescriptor::new(namespace, tool.name.as_ref(), risk)
         .with_idempotent(idempotent)
-        .with_confirmation_required(confirm)
-        .with_input_schema(Value::Object((*tool.input_schema).clone()));
-    if let Some(output) = &tool.output_schema {
-        descriptor = descriptor.with_output_schema(Value::Object((**output).clone()));
+        .with_confirmation_required(confirm);
+    // Without the `schema` feature a registry refuses schemas it cannot check; the server
+    // still checks its own inputs.
+    if cfg!(feature = "schema") {
+        descriptor = descriptor.with_input_schema(Value::Object((*tool.input_schema).clone()));
+        if let Some(output) = &tool.output_schema {
+            descriptor = descriptor.with_output_schema(Value::Object((**output).clone()));
+        }
     }
     if let Some(description) = &tool.description {
         descriptor = descriptor.with_description(description.as_ref());
