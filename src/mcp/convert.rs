@@ -76,8 +76,15 @@ pub(crate) fn request_params(call: &ToolCall) -> CallToolRequestParams {
 /// code, class and retry-after that [`result_of`] wrote, else an unclassified
 /// `UPSTREAM_ERROR` with the text of the blocks as message.
 pub(crate) fn outcome_of(result: CallToolResult) -> Result<ToolOutput, ToolError> {
+    outcome_and_blocks(result).0
+}
+
+/// [`outcome_of`], and the result's content blocks as they were (for a success).
+pub(crate) fn outcome_and_blocks(
+    result: CallToolResult,
+) -> (Result<ToolOutput, ToolError>, Option<Vec<ContentBlock>>) {
     if result.is_error == Some(true) {
-        return Err(error_of(&result));
+        return (Err(error_of(&result)), None);
     }
     let blocks = Value::Array(
         result
@@ -86,7 +93,7 @@ pub(crate) fn outcome_of(result: CallToolResult) -> Result<ToolOutput, ToolError
             .filter_map(|block| serde_json::to_value(block).ok())
             .collect(),
     );
-    Ok(match result.structured_content {
+    let output = match result.structured_content {
         Some(structured) => {
             let mut output = ToolOutput::new(structured);
             let mut metadata = Map::new();
@@ -95,7 +102,8 @@ pub(crate) fn outcome_of(result: CallToolResult) -> Result<ToolOutput, ToolError
             output
         }
         None => ToolOutput::new(blocks),
-    })
+    };
+    (Ok(output), Some(result.content))
 }
 
 fn error_of(result: &CallToolResult) -> ToolError {
@@ -170,6 +178,20 @@ pub(crate) fn result_of(outcome: Result<ToolOutput, ToolError>) -> CallToolResul
             result
         }
     }
+}
+
+/// [`result_of`] for an output made from a tool's result whose content blocks were `blocks`:
+/// they answer as they are, without a trip through JSON.
+pub(crate) fn result_with_blocks(output: ToolOutput, blocks: Vec<ContentBlock>) -> CallToolResult {
+    let structured = output
+        .metadata
+        .as_ref()
+        .is_some_and(|metadata| metadata.contains_key(CONTENT_BLOCKS));
+    let mut result = CallToolResult::success(blocks);
+    if structured {
+        result.structured_content = Some(output.content);
+    }
+    result
 }
 
 fn success_of(output: ToolOutput) -> CallToolResult {
@@ -267,6 +289,21 @@ mod tests {
         let output = outcome_of(plain.clone()).unwrap();
         assert_eq!(output.content, json!([{"type": "text", "text": "ok"}]));
         assert_eq!(result_of(Ok(output)), plain);
+    }
+
+    #[test]
+    fn the_blocks_kept_aside_answer_as_the_json_round_trip_does() {
+        let mut structured = CallToolResult::success(vec![ContentBlock::text("3 hits")]);
+        structured.structured_content = Some(json!({"hits": 3}));
+        let plain = CallToolResult::success(vec![ContentBlock::text("ok")]);
+        for result in [structured, plain] {
+            let (outcome, blocks) = outcome_and_blocks(result.clone());
+            let output = outcome.unwrap();
+            assert_eq!(result_with_blocks(output.clone(), blocks.unwrap()), result);
+            assert_eq!(result_of(Ok(output)), result);
+        }
+        let failed = CallToolResult::error(vec![ContentBlock::text("no")]);
+        assert!(outcome_and_blocks(failed).1.is_none());
     }
 
     #[test]

@@ -30,6 +30,21 @@ impl<K: Hash + Eq + Clone, V: Clone> InFlight<K, V> {
         }
     }
 
+    /// Puts `value` under `key` until the returned entry is dropped, unless `key` is already
+    /// in flight: then `value` comes back.
+    pub(crate) fn insert_new(&self, key: K, value: V) -> Result<Entry<K, V>, V> {
+        match self.lock().entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(_) => return Err(value),
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                vacant.insert(value);
+            }
+        }
+        Ok(Entry {
+            map: self.clone(),
+            key,
+        })
+    }
+
     /// The value under `key`, if its work is still running.
     pub(crate) fn get<Q>(&self, key: &Q) -> Option<V>
     where
@@ -67,5 +82,15 @@ mod tests {
         assert_eq!(map.clone().get("a"), Some(1));
         drop(entry);
         assert_eq!(map.get("a"), None);
+    }
+
+    #[test]
+    fn a_key_in_flight_is_not_taken_twice() {
+        let map = InFlight::<String, u32>::default();
+        let first = map.insert_new("a".to_owned(), 1).unwrap();
+        assert_eq!(map.insert_new("a".to_owned(), 2).err(), Some(2));
+        assert_eq!(map.get("a"), Some(1));
+        drop(first);
+        assert!(map.insert_new("a".to_owned(), 3).is_ok());
     }
 }

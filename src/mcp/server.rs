@@ -3,12 +3,12 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use rmcp::model::{
-    CallToolRequest, ClientNotification, ClientRequest, ErrorData, ProtocolVersion, ServerConfig,
-    ServerResult,
+    CallToolRequest, CallToolResult, ClientNotification, ClientRequest, ContentBlock, ErrorData,
+    ProtocolVersion, ServerConfig, ServerResult,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
@@ -16,12 +16,22 @@ use serde_json::Value;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt};
 
-use super::convert::{error_from_mcp, outcome_of, result_of, CallMeta};
+use super::convert::{error_from_mcp, outcome_and_blocks, result_of, result_with_blocks, CallMeta};
 use super::in_flight::InFlight;
+use crate::envelope::MAX_IDENTIFIER_BYTES;
 use crate::{ErrorCode, ToolCall, ToolError, ToolOutput};
 
 /// The `tools/call` requests being served, by the request id of their `ToolCall`.
-type Pending = InFlight<String, (CallToolRequest, RequestContext<RoleServer>)>;
+type Pending = InFlight<String, Served>;
+
+/// A `tools/call` being served: what the handler needs for each attempt, and the content
+/// blocks of the handler's last successful answer.
+#[derive(Clone)]
+struct Served {
+    request: CallToolRequest,
+    context: RequestContext<RoleServer>,
+    blocks: Arc<Mutex<Option<Vec<ContentBlock>>>>,
+}
 
 /// The actor of calls whose client sent no `clientInfo`.
 const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
@@ -30,14 +40,16 @@ const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
 ///
 /// Each `tools/call` becomes a [`ToolCall`] in the server's namespace (MCP names are flat):
 /// the session is this connection's (one `McpServer` per connection, as rmcp's transports
-/// create one handler per connection), the actor is the client's `clientInfo.name`, and the
+/// create one handler per connection), the request id is the session's followed by the
+/// JSON-RPC request's id, the actor is the client's `clientInfo.name`, and the
 /// request's `_meta.idempotencyKey`, `_meta.traceparent` and `_meta.confirmationId` fill the
 /// envelope. The call goes through the stack, whose innermost service is the handler's own
 /// `tools/call` with the original request (its arguments the call's params, as the layers
 /// leave them) and context, so that the tool's progress
 /// notifications (for the request's `_meta.progressToken`) and cancellation reach the
 /// client as before. The answer is the tool's
-/// `CallToolResult`, or an `isError` result whose text is the error's code and message (a
+/// `CallToolResult` (its content blocks as the tool wrote them; an answer from the
+/// idempotency cache rebuilds them from the stored output), or an `isError` result whose text is the error's code and message (a
 /// stopped loop tells the model to change its approach) and whose structured content is
 /// `{"error": {"code", "message", "retriable", …}}`.
 ///
@@ -106,13 +118,52 @@ impl<H: ServerHandler> McpServer<H> {
         &self,
         mut request: CallToolRequest,
         context: RequestContext<RoleServer>,
-    ) -> Result<ToolOutput, ToolError> {
+    ) -> CallToolResult {
         // The arguments move into the call; each attempt sends the call's params.
         let arguments = request.params.arguments.take().unwrap_or_default();
-        let call = self.tool_call(&request, arguments, &context)?;
-        let id = call.request_id().to_owned();
-        let _served = self.pending.insert(id, (request, context));
-        self.service.clone().oneshot(call).await
+        let mut call = match self.tool_call(&request, arguments, &context) {
+            Ok(call) => call,
+            Err(err) => return result_of(Err(err)),
+        };
+        let blocks = Arc::<Mutex<_>>::default();
+        let served = Served {
+            request,
+            context,
+            blocks: blocks.clone(),
+        };
+        // A request id the client reuses while its first request runs gets a fresh one.
+        let _served = match self
+            .pending
+            .insert_new(call.request_id().to_owned(), served)
+        {
+            Ok(entry) => entry,
+            Err(served) => {
+                call.envelope_mut().request_id = ulid::Ulid::generate().to_string();
+                self.pending.insert(call.request_id().to_owned(), served)
+            }
+        };
+        match self.service.clone().oneshot(call).await {
+            // The tool's own answer keeps its content blocks as they were.
+            Ok(output) if !output.record().from_cache => {
+                let kept = blocks.lock().unwrap_or_else(PoisonError::into_inner).take();
+                match kept {
+                    Some(blocks) => result_with_blocks(output, blocks),
+                    None => result_of(Ok(output)),
+                }
+            }
+            outcome => result_of(outcome),
+        }
+    }
+
+    /// The request id of the call for the JSON-RPC request `id`: unique, as the session is
+    /// this connection's and a client never reuses the id of a request in flight.
+    fn request_id(&self, id: &rmcp::model::RequestId) -> String {
+        let id = format!("{}-{id}", self.session);
+        if id.len() <= MAX_IDENTIFIER_BYTES {
+            id
+        } else {
+            ulid::Ulid::generate().to_string()
+        }
     }
 
     fn tool_call(
@@ -131,6 +182,7 @@ impl<H: ServerHandler> McpServer<H> {
             .unwrap_or_else(|| UNKNOWN_CLIENT.to_owned());
         let mut builder = ToolCall::builder(&*self.namespace, params.name.as_ref())
             .session(&self.session)
+            .request_id(self.request_id(&context.id))
             .actor(actor)
             .params(Value::Object(arguments));
         if let Some(key) = meta.idempotency_key.or(context_meta.idempotency_key) {
@@ -158,8 +210,7 @@ impl<H: ServerHandler> rmcp::Service<RoleServer> for McpServer<H> {
         let current = context
             .protocol_version()
             .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
-        let outcome = self.call_tool(request, context).await;
-        let mut result = ServerResult::CallToolResult(result_of(outcome));
+        let mut result = ServerResult::CallToolResult(self.call_tool(request, context).await);
         if !current {
             result.strip_result_type_for_legacy_peer();
             result.strip_non_object_output_for_legacy_peer();
@@ -228,7 +279,11 @@ impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
         let served = self.pending.get(call.request_id());
         let handler = self.handler.clone();
         Box::pin(async move {
-            let (mut request, context) = served.ok_or_else(|| {
+            let Served {
+                mut request,
+                context,
+                blocks,
+            } = served.ok_or_else(|| {
                 ToolError::new(
                     ErrorCode::InternalError,
                     format!(
@@ -238,10 +293,20 @@ impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
                     ),
                 )
             })?;
-            request.params.arguments = Some(call.params().as_map().clone());
+            // The params move to the handler unless a layer keeps the call for another attempt.
+            let params = call.params().clone();
+            drop(call);
+            request.params.arguments = Some(params.into_map());
             let request = ClientRequest::CallToolRequest(request);
-            match rmcp::Service::handle_request(&*handler, request, context).await {
-                Ok(ServerResult::CallToolResult(result)) => outcome_of(result),
+            let answer = rmcp::Service::handle_request(&*handler, request, context).await;
+            let mut last_blocks = blocks.lock().unwrap_or_else(PoisonError::into_inner);
+            *last_blocks = None;
+            match answer {
+                Ok(ServerResult::CallToolResult(result)) => {
+                    let (outcome, blocks) = outcome_and_blocks(result);
+                    *last_blocks = blocks;
+                    outcome
+                }
                 Ok(_) => Err(ToolError::new(
                     ErrorCode::UpstreamError,
                     "the tool answered with input requests or a task, which a call through the \

@@ -212,8 +212,19 @@ async fn the_envelope_carries_session_actor_key_and_traceparent() {
         ))
         .await
         .unwrap();
+    client
+        .call_tool(params("search", json!({"query": "t"})))
+        .await
+        .unwrap();
     let seen = seen.lock().unwrap();
-    assert_eq!(seen.len(), 1);
+    assert_eq!(seen.len(), 2);
+    // The request id is the session's and the JSON-RPC request's: unique, and no ULID.
+    let ids: Vec<&str> = seen.iter().map(ToolCall::request_id).collect();
+    for id in &ids {
+        let rpc_id = id.strip_prefix(&format!("{session}-")).expect(id);
+        assert!(rpc_id.parse::<u64>().is_ok(), "{id}");
+    }
+    assert_ne!(ids[0], ids[1]);
     let call = &seen[0];
     assert_eq!((call.tool_namespace(), call.tool_name()), ("notes", "put"));
     assert_eq!(call.session_key(), session);
