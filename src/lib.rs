@@ -155,6 +155,7 @@
 //! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
 //! | `tonic` | no | `grpc`: `ToolError` as a gRPC `Status` and back |
 //! | `mcp` | no | `mcp`: every MCP `tools/call` of an `rmcp` server through the stack, a remote MCP server's tools as a `Service<ToolCall>`, policy from tool annotations |
+//! | `mcp-http` | no | `mcp`, and rmcp's streamable-HTTP client transport for `McpClient` (plain HTTP) |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]
@@ -217,13 +218,15 @@ pub use timeout::TimeoutLayer;
 pub use trace::TraceLayer;
 
 /// The examples of the README, compiled and run as doctests (the README's test command,
-/// `cargo test --all-features`, runs them; its adapter sections need `tonic` and `mcp`).
+/// `cargo test --all-features`, runs them; its adapter sections need `tonic`, `mcp` and
+/// `mcp-http`).
 #[cfg(all(
     doctest,
     feature = "toml",
     feature = "schema",
     feature = "tonic",
-    feature = "mcp"
+    feature = "mcp",
+    feature = "mcp-http"
 ))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -25,9 +25,9 @@ type Calls = InFlight<ProgressToken, Arc<str>>;
 /// The tools of a remote MCP server as a `Service<ToolCall>`, over any rmcp client
 /// transport (stdio of a child process, streamable HTTP, an in-process pipe).
 ///
-/// The `mcp` feature enables rmcp's stdio and child-process transports; for streamable HTTP,
-/// add `rmcp` to your own dependencies with its `transport-streamable-http-client-reqwest`
-/// feature and pass the peer of that client here.
+/// The `mcp` feature enables rmcp's stdio and child-process transports; the `mcp-http`
+/// feature adds its streamable-HTTP client transport (`rmcp::transport::StreamableHttpClientTransport`,
+/// on `reqwest` without TLS: enable one of `reqwest`'s TLS features for `https`).
 ///
 /// Each call is a `tools/call` of the call's tool name with its params as arguments and its
 /// idempotency key, confirmation and `traceparent` in `_meta`. A result is the output; an

@@ -5,6 +5,8 @@
 #[allow(dead_code, unreachable_pub)]
 #[path = "../../examples/mcp_server.rs"]
 mod example;
+#[cfg(feature = "mcp-http")]
+mod http;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -360,7 +362,13 @@ async fn the_client_stack_retries_dedupes_and_refuses_by_annotation() {
     let notes = Notes::default();
     // The bare server: whatever happens, happens in the client's stack.
     let running = connect(notes.clone(), "agent").await;
-    let client = McpClient::new(running.peer().clone());
+    the_stack_on_the_client_side(&notes, McpClient::new(running.peer().clone())).await;
+}
+
+/// A client behind the stack, with policy from the listed annotations, against the bare
+/// server of `notes`: the read-only tool retried, the destructive one refused, a duplicate
+/// key answered once, an unlisted tool not found.
+async fn the_stack_on_the_client_side(notes: &Notes, client: McpClient) {
     let registry = client
         .registry("notes", Trust::Trusted, None)
         .await
