@@ -7,20 +7,20 @@ use std::task::{Context, Poll};
 
 use rmcp::model::{
     CallToolRequest, CallToolResult, CancelledNotificationParam, ClientConfig, ClientRequest,
-    NumberOrString, ProgressNotificationParam, ProgressToken, RequestId, ServerResult,
+    ProgressNotificationParam, RequestId, ServerResult,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions};
 use rmcp::{ClientHandler, RoleClient};
 use tower::Service;
 
 use super::convert::{error_from_service, outcome_of, request_params};
-use super::in_flight::InFlight;
 use super::policy::{registry_for, Trust};
+use super::progress::{log_progress, ProgressCalls};
 use crate::registry::ToolRegistry;
 use crate::{ErrorCode, ToolCall, ToolError, ToolOutput};
 
 /// The request ids of the calls in flight, by the progress token rmcp gave their request.
-type Calls = InFlight<ProgressToken, Arc<str>>;
+type Calls = ProgressCalls;
 
 /// The tools of a remote MCP server as a `Service<ToolCall>`, over any rmcp client
 /// transport (stdio of a child process, streamable HTTP, an in-process pipe).
@@ -218,19 +218,7 @@ impl ClientHandler for ProgressEvents {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let known = self.in_flight.get(&params.progress_token);
-        let request_id = match (known, &params.progress_token.0) {
-            (Some(id), _) => id.to_string(),
-            (None, NumberOrString::String(token)) => token.to_string(),
-            (None, NumberOrString::Number(token)) => token.to_string(),
-        };
-        tracing::info!(
-            event = "tool_call_progress",
-            requestId = %request_id,
-            progress = params.progress,
-            total = params.total,
-            message = params.message.as_deref(),
-            "tool call progress"
-        );
+        let call = self.in_flight.get(&params.progress_token);
+        log_progress(call.as_deref(), &params);
     }
 }

@@ -5,7 +5,8 @@
 //!   that every `tools/call` goes through a stack: one session per connection with the
 //!   client's identity as actor, `_meta.idempotencyKey`, `_meta.traceparent` and
 //!   `_meta.confirmationId` in the envelope, and an `isError` result with the error's code
-//!   and a message the model can act on.
+//!   and a message the model can act on. Served over [`McpServer::progress_events`], the
+//!   tools' progress notifications are logged as `tool_call_progress` events of the call.
 //! - **Client side.** [`McpClient`] is a `Service<ToolCall>` over a remote MCP server, so an
 //!   agent's outgoing calls get the same stack; a client served with [`ProgressEvents`] logs
 //!   the server's progress notifications as `tool_call_progress` events of the call.
@@ -63,6 +64,7 @@ mod client;
 mod convert;
 mod in_flight;
 mod policy;
+mod progress;
 mod server;
 
 pub use client::{McpClient, ProgressEvents};

@@ -18,6 +18,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::convert::{error_from_mcp, outcome_and_blocks, result_of, result_with_blocks, CallMeta};
 use super::in_flight::InFlight;
+use super::progress::{ProgressCalls, ProgressTransport};
 use crate::envelope::MAX_IDENTIFIER_BYTES;
 use crate::{ErrorCode, ToolCall, ToolError, ToolOutput};
 
@@ -74,6 +75,7 @@ pub struct McpServer<H> {
     namespace: Arc<str>,
     session: String,
     pending: Pending,
+    progress: ProgressCalls,
 }
 
 impl<H: ServerHandler> McpServer<H> {
@@ -101,6 +103,37 @@ impl<H: ServerHandler> McpServer<H> {
             namespace: namespace.into(),
             session: ulid::Ulid::generate().to_string(),
             pending,
+            progress: ProgressCalls::default(),
+        }
+    }
+
+    /// `transport`, whose progress notifications for the calls of this server (a handler's
+    /// `notify_progress` with the request's `_meta.progressToken`) are logged as
+    /// `tool_call_progress` events of the call (`requestId`, `progress`, `total`, `message`)
+    /// on their way to the client. Serve the server over it:
+    ///
+    /// ```no_run
+    /// # use tower_toolcall::mcp::McpServer;
+    /// # async fn run<H: rmcp::ServerHandler>(server: McpServer<H>, pipe: tokio::io::DuplexStream) -> Result<(), Box<dyn std::error::Error>> {
+    /// let transport = server.progress_events(pipe);
+    /// let running = rmcp::ServiceExt::serve(server, transport).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The handler sends its notifications through the request context's `Peer`, which rmcp
+    /// does not let a wrapper replace (its constructor is private to rmcp), so they are
+    /// observed where they leave: in the transport.
+    pub fn progress_events<T, E, A>(
+        &self,
+        transport: T,
+    ) -> impl rmcp::transport::Transport<RoleServer, Error = E> + 'static
+    where
+        T: rmcp::transport::IntoTransport<RoleServer, E, A>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        ProgressTransport {
+            inner: transport.into_transport(),
+            calls: self.progress.clone(),
         }
     }
 
@@ -125,6 +158,7 @@ impl<H: ServerHandler> McpServer<H> {
             Ok(call) => call,
             Err(err) => return result_of(Err(err)),
         };
+        let progress_token = context.meta.get_progress_token();
         let blocks = Arc::<Mutex<_>>::default();
         let served = Served {
             request,
@@ -142,6 +176,8 @@ impl<H: ServerHandler> McpServer<H> {
                 self.pending.insert(call.request_id().to_owned(), served)
             }
         };
+        let _progress =
+            progress_token.map(|token| self.progress.insert(token, call.request_id().into()));
         match self.service.clone().oneshot(call).await {
             // The tool's own answer keeps its content blocks as they were.
             Ok(output) if !output.record().from_cache => {

@@ -529,6 +529,15 @@ async fn end_to_end_over_stdio_with_the_example_server() {
     running.cancel().await.unwrap();
 }
 
+/// The `tool_call_progress` events captured so far.
+fn progress_events(capture: &support::capture::Capture) -> Vec<support::capture::CapturedEvent> {
+    capture
+        .events()
+        .into_iter()
+        .filter(|e| e.fields.get("event").map(String::as_str) == Some("tool_call_progress"))
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_servers_progress_notifications_become_events_of_the_call() {
     let (capture, _guard) = support::capture::capture();
@@ -552,20 +561,12 @@ async fn the_servers_progress_notifications_become_events_of_the_call() {
     client.oneshot(put).await.unwrap();
     // The notification precedes the response on the pipe; let its handler run.
     for _ in 0..100 {
-        if capture
-            .events()
-            .iter()
-            .any(|e| e.fields.get("event").map(String::as_str) == Some("tool_call_progress"))
-        {
+        if !progress_events(&capture).is_empty() {
             break;
         }
         tokio::task::yield_now().await;
     }
-    let progress: Vec<_> = capture
-        .events()
-        .into_iter()
-        .filter(|e| e.fields.get("event").map(String::as_str) == Some("tool_call_progress"))
-        .collect();
+    let progress = progress_events(&capture);
     assert_eq!(progress.len(), 1, "{progress:?}");
     let fields = &progress[0].fields;
     assert_eq!(fields["requestId"], request_id);
@@ -670,4 +671,35 @@ async fn a_dropped_call_cancels_its_request_on_the_server() {
             "the server saw the cancellation (progress events: {with_progress})"
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tools_progress_on_the_server_becomes_events_of_the_call() {
+    let (capture, _guard) = support::capture::capture();
+    let server = example::stacked(Notes::default(), None).unwrap();
+    let session = server.session_key().to_owned();
+    let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+    let transport = server.progress_events(server_end);
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(transport).await {
+            let _ = running.waiting().await;
+        }
+    });
+    // A bare client: every event seen is the server's.
+    let client = ().serve(client_end).await.unwrap();
+    let put = client
+        .call_tool(params("put", json!({"id": "n1", "text": "t"})))
+        .await
+        .unwrap();
+    assert_ne!(put.is_error, Some(true), "{put:?}");
+    let progress = progress_events(&capture);
+    assert_eq!(progress.len(), 1, "{progress:?}");
+    let fields = &progress[0].fields;
+    let request_id = &fields["requestId"];
+    assert!(
+        request_id.starts_with(&format!("{session}-")),
+        "the call's request id, not the progress token: {request_id}"
+    );
+    assert_eq!(fields["progress"], "1.0");
+    assert_eq!(fields["message"], "put done");
 }
