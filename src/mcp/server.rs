@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
 use rmcp::model::{
@@ -75,7 +75,9 @@ pub struct McpServer<H> {
     namespace: Arc<str>,
     session: String,
     pending: Pending,
-    progress: ProgressCalls,
+    /// The calls by progress token, once the server is served over
+    /// [`progress_events`](McpServer::progress_events).
+    progress: OnceLock<ProgressCalls>,
 }
 
 impl<H: ServerHandler> McpServer<H> {
@@ -103,7 +105,7 @@ impl<H: ServerHandler> McpServer<H> {
             namespace: namespace.into(),
             session: ulid::Ulid::generate().to_string(),
             pending,
-            progress: ProgressCalls::default(),
+            progress: OnceLock::new(),
         }
     }
 
@@ -133,7 +135,7 @@ impl<H: ServerHandler> McpServer<H> {
     {
         ProgressTransport {
             inner: transport.into_transport(),
-            calls: self.progress.clone(),
+            calls: self.progress.get_or_init(ProgressCalls::default).clone(),
         }
     }
 
@@ -158,7 +160,10 @@ impl<H: ServerHandler> McpServer<H> {
             Ok(call) => call,
             Err(err) => return result_of(Err(err)),
         };
-        let progress_token = context.meta.get_progress_token();
+        let progress_token = self
+            .progress
+            .get()
+            .and_then(|calls| Some((calls, context.meta.get_progress_token()?)));
         let blocks = Arc::<Mutex<_>>::default();
         let served = Served {
             request,
@@ -177,7 +182,7 @@ impl<H: ServerHandler> McpServer<H> {
             }
         };
         let _progress =
-            progress_token.map(|token| self.progress.insert(token, call.request_id().into()));
+            progress_token.map(|(calls, token)| calls.insert(token, call.request_id().into()));
         match self.service.clone().oneshot(call).await {
             // The tool's own answer keeps its content blocks as they were.
             Ok(output) if !output.record().from_cache => {
