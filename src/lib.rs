@@ -161,6 +161,9 @@
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
 //! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
+//! | `tonic` | no | `grpc`: `ToolError` as a gRPC `Status` and back |
+//! | `mcp` | no | `mcp`: every MCP `tools/call` of an `rmcp` server through the stack, a remote MCP server's tools as a `Service<ToolCall>`, policy from tool annotations |
+//! | `mcp-http` | no | `mcp`, and rmcp's streamable-HTTP client transport for `McpClient` (plain HTTP) |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]
@@ -174,12 +177,18 @@ pub mod control;
 pub mod envelope;
 mod error;
 pub mod executor;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod grpc;
 pub mod hooks;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod http;
 pub mod idempotency;
 pub mod loop_detect;
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub mod mcp;
 mod middleware;
 mod outcome;
 pub mod rate_limit;
@@ -217,7 +226,16 @@ pub use stack::{StackLayer, ToolStack, ToolStackBuilder, ToolStackService};
 pub use timeout::TimeoutLayer;
 pub use trace::TraceLayer;
 
-/// The examples of the README, compiled and run as doctests (they use the default features).
-#[cfg(all(doctest, feature = "toml", feature = "schema"))]
+/// The examples of the README, compiled and run as doctests (the README's test command,
+/// `cargo test --all-features`, runs them; its adapter sections need `tonic`, `mcp` and
+/// `mcp-http`).
+#[cfg(all(
+    doctest,
+    feature = "toml",
+    feature = "schema",
+    feature = "tonic",
+    feature = "mcp",
+    feature = "mcp-http"
+))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -87,6 +87,25 @@ impl Params {
         }
     }
 
+    /// The members, by value: moved out when no other clone shares them, else copied.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_toolcall::Params;
+    ///
+    /// let params = Params::from_value(json!({"q": "tower"})).unwrap();
+    /// assert_eq!(params.into_map()["q"], "tower");
+    /// ```
+    pub fn into_map(self) -> Map<String, Value> {
+        let value = Arc::try_unwrap(self.inner)
+            .map(|inner| inner.value)
+            .unwrap_or_else(|shared| shared.value.clone());
+        match value {
+            Value::Object(map) => map,
+            _ => unreachable!("Params always hold an object"),
+        }
+    }
+
     /// Mutable access to the members. Copies them first if another clone shares them, and
     /// forgets the cached canonical form.
     pub fn make_mut(&mut self) -> &mut Map<String, Value> {

@@ -1,0 +1,208 @@
+//! Run with: `cargo run --features mcp --bin mcp-example-server [-- --registry registry.toml]`
+//!
+//! An MCP server over stdio whose every `tools/call` goes through the whole stack. Its tools
+//! keep notes: `search` (read-only; its backend times out on the first search for `flaky`),
+//! `put` (writes a note by id; idempotent) and `delete` (destructive); each reports its end
+//! as a progress notification when the request asks for progress. Their annotations
+//! become their policy, and a registry file given with `--registry` overrides it. Start it
+//! from an MCP client (an agent, the MCP inspector, or `McpClient` over
+//! `TokioChildProcess`): it speaks JSON-RPC on stdin and stdout.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::{json, Map, Value};
+use tower_toolcall::mcp::{registry_for, McpServer, Trust};
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::{ConfigError, ToolStack};
+
+/// The notes server's tools and what they hold.
+#[derive(Clone, Debug, Default)]
+pub struct Notes {
+    state: Arc<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    notes: Mutex<BTreeMap<String, String>>,
+    calls: Mutex<BTreeMap<String, usize>>,
+    flaky_failed: AtomicBool,
+}
+
+impl Notes {
+    /// How many times the tool `name` was called.
+    pub fn calls(&self, name: &str) -> usize {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The tools, with their schemas and annotations.
+    pub fn tools() -> Vec<Tool> {
+        let schema = |value: Value| Arc::new(value.as_object().cloned().unwrap_or_default());
+        vec![
+            Tool::new(
+                "search",
+                "Searches the notes",
+                schema(json!({
+                    "type": "object",
+                    "required": ["query"],
+                    "properties": {"query": {"type": "string"}}
+                })),
+            )
+            .with_raw_output_schema(schema(json!({
+                "type": "object",
+                "required": ["hits"],
+                "properties": {"hits": {"type": "array"}}
+            })))
+            .annotate(ToolAnnotations::new().read_only(true).open_world(false)),
+            Tool::new(
+                "put",
+                "Writes a note",
+                schema(json!({
+                    "type": "object",
+                    "required": ["id", "text"],
+                    "properties": {"id": {"type": "string"}, "text": {"type": "string"}}
+                })),
+            )
+            .annotate(
+                ToolAnnotations::new()
+                    .read_only(false)
+                    .destructive(false)
+                    .idempotent(true),
+            ),
+            Tool::new(
+                "delete",
+                "Deletes a note",
+                schema(json!({
+                    "type": "object",
+                    "required": ["id"],
+                    "properties": {"id": {"type": "string"}}
+                })),
+            )
+            .annotate(ToolAnnotations::new().destructive(true)),
+        ]
+    }
+
+    fn run(&self, name: &str, args: &Map<String, Value>) -> Result<CallToolResult, ErrorData> {
+        *self
+            .state
+            .calls
+            .lock()
+            .unwrap()
+            .entry(name.to_owned())
+            .or_default() += 1;
+        let text = |key: &str| {
+            args.get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let mut notes = self.state.notes.lock().unwrap();
+        let structured = match name {
+            "search" => {
+                let query = text("query");
+                if query == "flaky" && !self.state.flaky_failed.swap(true, Ordering::SeqCst) {
+                    return Ok(CallToolResult::error(vec![ContentBlock::text(
+                        "the search backend timed out",
+                    )]));
+                }
+                let hits: Vec<&String> = notes.values().filter(|n| n.contains(&query)).collect();
+                json!({ "hits": hits })
+            }
+            "put" => {
+                notes.insert(text("id"), text("text"));
+                json!({ "notes": notes.len() })
+            }
+            "delete" => json!({ "deleted": notes.remove(&text("id")).is_some() }),
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("no tool named {other}"),
+                    None,
+                ));
+            }
+        };
+        Ok(CallToolResult::structured(structured))
+    }
+}
+
+impl ServerHandler for Notes {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(Notes::tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.unwrap_or_default();
+        let result = self.run(&request.name, &args)?;
+        if let Some(token) = context.meta.get_progress_token() {
+            let done = ProgressNotificationParam::new(token, 1.0)
+                .with_total(1.0)
+                .with_message(format!("{} done", request.name));
+            let _ = context.peer.notify_progress(done).await;
+        }
+        Ok(result.into())
+    }
+}
+
+/// The notes server behind the whole stack, its policy from the annotations under the
+/// operator's registry.
+pub fn stacked(
+    notes: Notes,
+    operator: Option<&ToolRegistry>,
+) -> Result<McpServer<Notes>, ConfigError> {
+    let registry = registry_for("notes", &Notes::tools(), Trust::Trusted, operator)?;
+    let stack = ToolStack::builder(registry)
+        .retry(|retry| {
+            retry
+                .base_delay(Duration::from_millis(1))
+                .max_delay(Duration::from_millis(5))
+        })
+        .build()?;
+    Ok(McpServer::new(notes, "notes", stack))
+}
+
+#[allow(dead_code)]
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve_stdio())
+}
+
+async fn serve_stdio() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut args = std::env::args().skip(1);
+    let operator = match (args.next().as_deref(), args.next()) {
+        (Some("--registry"), Some(path)) => Some(ToolRegistry::from_path(path)?),
+        (None, _) => None,
+        _ => return Err("usage: mcp-example-server [--registry <registry.toml|json>]".into()),
+    };
+    let server = stacked(Notes::default(), operator.as_ref())?;
+    let running = rmcp::ServiceExt::serve(server, rmcp::transport::stdio()).await?;
+    running.waiting().await?;
+    Ok(())
+}

@@ -1,0 +1,401 @@
+//! The edge between MCP's `tools/call` and the crate's types: a call's `_meta`, a
+//! `CallToolResult` as an outcome and back, MCP errors as `ToolError`s.
+
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ContentBlock, ErrorData, RequestMetaObject,
+};
+use rmcp::ServiceError;
+use serde_json::{json, Map, Value};
+
+use crate::{ErrorClass, ErrorCode, ToolCall, ToolError, ToolOutput};
+
+/// The `_meta` member of a `tools/call` that carries the call's idempotency key.
+pub const IDEMPOTENCY_KEY_META: &str = "idempotencyKey";
+
+/// The `_meta` member of a `tools/call` that carries the user's confirmation of the call
+/// (the envelope's `control.confirmationId`).
+pub const CONFIRMATION_ID_META: &str = "confirmationId";
+
+/// The output metadata member that keeps a result's content blocks when its structured
+/// content is the output's content.
+const CONTENT_BLOCKS: &str = "mcpContent";
+
+/// The `_meta` members of a request that the envelope carries.
+#[derive(Debug, Default)]
+pub(crate) struct CallMeta {
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) traceparent: Option<String>,
+    pub(crate) confirmation_id: Option<String>,
+}
+
+impl CallMeta {
+    pub(crate) fn of(meta: Option<&RequestMetaObject>) -> CallMeta {
+        let Some(meta) = meta else {
+            return CallMeta::default();
+        };
+        let text = |key: &str| meta.get(key).and_then(Value::as_str).map(str::to_owned);
+        CallMeta {
+            idempotency_key: text(IDEMPOTENCY_KEY_META),
+            traceparent: meta.get_traceparent().map(str::to_owned),
+            confirmation_id: text(CONFIRMATION_ID_META),
+        }
+    }
+}
+
+/// The `tools/call` params of a call: its tool name, its params as arguments, and its
+/// idempotency key, confirmation and `traceparent` in `_meta`.
+pub(crate) fn request_params(call: &ToolCall) -> CallToolRequestParams {
+    let mut params = CallToolRequestParams::new(call.tool_name().to_owned());
+    params.arguments = Some(call.params().as_map().clone());
+    let mut meta = RequestMetaObject::new();
+    if let Some(key) = call.idempotency_key() {
+        meta.insert(IDEMPOTENCY_KEY_META.to_owned(), Value::from(key));
+    }
+    if let Some(confirmation) = &call.control().confirmation_id {
+        meta.insert(
+            CONFIRMATION_ID_META.to_owned(),
+            Value::from(confirmation.as_str()),
+        );
+    }
+    if let Some(traceparent) = &call.trace().traceparent {
+        meta.set_traceparent(traceparent.as_str());
+    }
+    if !meta.is_empty() {
+        params.meta = Some(meta);
+    }
+    params
+}
+
+/// A tool's `CallToolResult` as the outcome of the call.
+///
+/// A success's structured content is the output's content (what the tool's output schema
+/// describes), with the content blocks kept in the metadata; without structured content,
+/// the content blocks are the output's content. An `isError` result is a `ToolError`: the
+/// code, class and retry-after that [`result_of`] wrote, else an unclassified
+/// `UPSTREAM_ERROR` with the text of the blocks as message.
+pub(crate) fn outcome_of(result: CallToolResult) -> Result<ToolOutput, ToolError> {
+    outcome_and_blocks(result).0
+}
+
+/// [`outcome_of`], and the result's content blocks as they were (for a success).
+pub(crate) fn outcome_and_blocks(
+    result: CallToolResult,
+) -> (Result<ToolOutput, ToolError>, Option<Vec<ContentBlock>>) {
+    if result.is_error == Some(true) {
+        return (Err(error_of(&result)), None);
+    }
+    let blocks = Value::Array(
+        result
+            .content
+            .iter()
+            .filter_map(|block| serde_json::to_value(block).ok())
+            .collect(),
+    );
+    let output = match result.structured_content {
+        Some(structured) => {
+            let mut output = ToolOutput::new(structured);
+            let mut metadata = Map::new();
+            metadata.insert(CONTENT_BLOCKS.to_owned(), blocks);
+            output.metadata = Some(metadata);
+            output
+        }
+        None => ToolOutput::new(blocks),
+    };
+    (Ok(output), Some(result.content))
+}
+
+fn error_of(result: &CallToolResult) -> ToolError {
+    let text: Vec<&str> = result
+        .content
+        .iter()
+        .filter_map(|block| block.as_text().map(|t| t.text.as_str()))
+        .collect();
+    let described = result
+        .structured_content
+        .as_ref()
+        .and_then(|s| s.get("error"));
+    let field = |name: &str| described.and_then(|e| e.get(name));
+    let message = field("message")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            if text.is_empty() {
+                "the tool failed without a message".to_owned()
+            } else {
+                text.join("\n")
+            }
+        });
+    let code = field("code")
+        .and_then(Value::as_str)
+        .and_then(ErrorCode::parse);
+    let mut err = match code {
+        Some(code) => ToolError::new(code, message),
+        None => ToolError::new(ErrorCode::UpstreamError, message),
+    };
+    match field("retriable").and_then(Value::as_bool) {
+        Some(true) => err = err.with_class(ErrorClass::Retriable),
+        Some(false) => err = err.with_class(ErrorClass::Terminal),
+        None => {}
+    }
+    if let Some(millis) = field("retryAfterMs").and_then(Value::as_u64) {
+        err = err.with_retry_after(Duration::from_millis(millis));
+    }
+    if let Some(details) = field("details") {
+        err = err.with_details(details.clone());
+    }
+    err
+}
+
+/// The `CallToolResult` that answers a call with `outcome`.
+///
+/// A success gives back the tool's content blocks and structured content. An error is an
+/// `isError` result whose text is the error's message (written for the model: a stopped loop
+/// tells it to change its approach) and whose structured content is
+/// `{"error": {"code", "message", "retriable", "retryAfterMs"?, "details"?}}`.
+pub(crate) fn result_of(outcome: Result<ToolOutput, ToolError>) -> CallToolResult {
+    match outcome {
+        Ok(output) => success_of(output),
+        Err(err) => {
+            let mut error = json!({
+                "code": err.code().as_str(),
+                "message": err.message(),
+                "retriable": err.is_retriable(),
+            });
+            if let Some(after) = err.retry_after() {
+                error["retryAfterMs"] = json!(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+            }
+            if let Some(details) = err.details() {
+                error["details"] = details.clone();
+            }
+            let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
+                "{}: {}",
+                err.code(),
+                err.message()
+            ))]);
+            result.structured_content = Some(json!({ "error": error }));
+            result
+        }
+    }
+}
+
+/// [`result_of`] for an output made from a tool's result whose content blocks were `blocks`:
+/// they answer as they are, without a trip through JSON.
+pub(crate) fn result_with_blocks(output: ToolOutput, blocks: Vec<ContentBlock>) -> CallToolResult {
+    let structured = output
+        .metadata
+        .as_ref()
+        .is_some_and(|metadata| metadata.contains_key(CONTENT_BLOCKS));
+    let mut result = CallToolResult::success(blocks);
+    if structured {
+        result.structured_content = Some(output.content);
+    }
+    result
+}
+
+fn success_of(output: ToolOutput) -> CallToolResult {
+    let ToolOutput {
+        content, metadata, ..
+    } = output;
+    let kept_blocks = metadata
+        .and_then(|mut metadata| metadata.remove(CONTENT_BLOCKS))
+        .and_then(|blocks| serde_json::from_value::<Vec<ContentBlock>>(blocks).ok());
+    match kept_blocks {
+        Some(blocks) => {
+            let mut result = CallToolResult::success(blocks);
+            result.structured_content = Some(content);
+            result
+        }
+        None => match serde_json::from_value::<Vec<ContentBlock>>(content.clone()) {
+            Ok(blocks) => CallToolResult::success(blocks),
+            Err(_) => {
+                let mut result =
+                    CallToolResult::success(vec![ContentBlock::text(content.to_string())]);
+                result.structured_content = Some(content);
+                result
+            }
+        },
+    }
+}
+
+/// A `ToolError` for a JSON-RPC error answered instead of a result: invalid params are a
+/// `VALIDATION_ERROR`, an unknown method or tool `NOT_FOUND`, anything else an unclassified
+/// `INTERNAL_ERROR`.
+pub(crate) fn error_from_mcp(error: &ErrorData) -> ToolError {
+    use rmcp::model::ErrorCode as Rpc;
+    let code = match error.code {
+        Rpc::INVALID_PARAMS => ErrorCode::ValidationError,
+        Rpc::METHOD_NOT_FOUND => ErrorCode::NotFound,
+        _ => ErrorCode::InternalError,
+    };
+    ToolError::new(code, error.message.to_string())
+}
+
+/// A `ToolError` for a failed request to a remote MCP server: its JSON-RPC error, a
+/// `TIMEOUT`, `CANCELLED`, or an `UPSTREAM_UNAVAILABLE` for a transport that failed or closed
+/// (retriable; a send that failed was not processed).
+pub(crate) fn error_from_service(error: ServiceError) -> ToolError {
+    match &error {
+        ServiceError::McpError(data) => error_from_mcp(data),
+        ServiceError::Timeout { timeout } => ToolError::timeout(*timeout),
+        ServiceError::Cancelled { .. } => ToolError::new(ErrorCode::Cancelled, error.to_string()),
+        ServiceError::TransportSend(_) => {
+            ToolError::new(ErrorCode::UpstreamUnavailable, error.to_string()).not_processed(true)
+        }
+        ServiceError::TransportClosed => {
+            ToolError::new(ErrorCode::UpstreamUnavailable, error.to_string())
+        }
+        _ => ToolError::new(ErrorCode::UpstreamError, error.to_string()),
+    }
+    .with_source(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_result_keeps_code_class_and_retry_after() {
+        let err = ToolError::new(ErrorCode::RateLimited, "slow down")
+            .with_retry_after(Duration::from_millis(250));
+        let result = result_of(Err(err));
+        assert_eq!(result.is_error, Some(true));
+        let back = outcome_of(result).unwrap_err();
+        assert_eq!(back.code(), ErrorCode::RateLimited);
+        assert!(back.is_retriable());
+        assert_eq!(back.retry_after(), Some(Duration::from_millis(250)));
+        assert_eq!(back.message(), "slow down");
+    }
+
+    #[test]
+    fn a_plain_error_result_is_an_unclassified_upstream_error() {
+        let result = CallToolResult::error(vec![ContentBlock::text("disk on fire")]);
+        let err = outcome_of(result).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::UpstreamError);
+        assert_eq!(err.class(), ErrorClass::Unclassified);
+        assert_eq!(err.message(), "disk on fire");
+    }
+
+    #[test]
+    fn structured_content_and_blocks_survive_the_round_trip() {
+        let mut result = CallToolResult::success(vec![ContentBlock::text("3 hits")]);
+        result.structured_content = Some(json!({"hits": 3}));
+        let output = outcome_of(result.clone()).unwrap();
+        assert_eq!(output.content, json!({"hits": 3}));
+        assert_eq!(result_of(Ok(output)), result);
+
+        let plain = CallToolResult::success(vec![ContentBlock::text("ok")]);
+        let output = outcome_of(plain.clone()).unwrap();
+        assert_eq!(output.content, json!([{"type": "text", "text": "ok"}]));
+        assert_eq!(result_of(Ok(output)), plain);
+    }
+
+    #[test]
+    fn the_blocks_kept_aside_answer_as_the_json_round_trip_does() {
+        let mut structured = CallToolResult::success(vec![ContentBlock::text("3 hits")]);
+        structured.structured_content = Some(json!({"hits": 3}));
+        let plain = CallToolResult::success(vec![ContentBlock::text("ok")]);
+        for result in [structured, plain] {
+            let (outcome, blocks) = outcome_and_blocks(result.clone());
+            let output = outcome.unwrap();
+            assert_eq!(result_with_blocks(output.clone(), blocks.unwrap()), result);
+            assert_eq!(result_of(Ok(output)), result);
+        }
+        let failed = CallToolResult::error(vec![ContentBlock::text("no")]);
+        assert!(outcome_and_blocks(failed).1.is_none());
+    }
+
+    #[test]
+    fn meta_members_travel_both_ways() {
+        let call = ToolCall::builder("files", "write")
+            .session("s")
+            .actor("a")
+            .idempotency_key("k-1")
+            .confirmation_id("c-9")
+            .traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            .params(json!({"path": "a"}))
+            .build()
+            .unwrap();
+        let params = request_params(&call);
+        assert_eq!(params.name, "write");
+        assert_eq!(params.arguments.as_ref().unwrap()["path"], "a");
+        let meta = CallMeta::of(params.meta.as_ref());
+        assert_eq!(meta.idempotency_key.as_deref(), Some("k-1"));
+        assert_eq!(meta.confirmation_id.as_deref(), Some("c-9"));
+        assert_eq!(
+            meta.traceparent.as_deref(),
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        );
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn json_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(Value::from),
+                "\\PC{0,12}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                let names = "(code|message|retriable|retryAfterMs|details|error|[a-z]{1,6})";
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    prop::collection::btree_map(names, inner, 0..4)
+                        .prop_map(|map| Value::Object(map.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            /// What a stacked server writes for an error, a client reads back unchanged.
+            #[test]
+            fn any_error_survives_the_call_tool_result(
+                index in 0..ErrorCode::ALL.len(),
+                message in "\\PC{0,60}",
+                after in proptest::option::of(0u64..10_000_000),
+                retriable in any::<bool>(),
+            ) {
+                let code = ErrorCode::ALL[index];
+                let class = if retriable { ErrorClass::Retriable } else { ErrorClass::Terminal };
+                let mut err = ToolError::new(code, message.clone()).with_class(class);
+                if let Some(millis) = after {
+                    err = err.with_retry_after(Duration::from_millis(millis));
+                }
+                let back = outcome_of(result_of(Err(err))).unwrap_err();
+                prop_assert_eq!(back.code(), code);
+                prop_assert_eq!(back.message(), message.as_str());
+                prop_assert_eq!(back.class(), class);
+                prop_assert_eq!(back.retry_after(), after.map(Duration::from_millis));
+            }
+
+            /// Any structured content of an error result, from any server, gives a
+            /// `ToolError` without a panic; a success keeps its structured content.
+            #[test]
+            fn any_structured_content_is_read_without_panic(
+                structured in json_value(),
+                text in "\\PC{0,20}",
+            ) {
+                let mut failed = CallToolResult::error(vec![ContentBlock::text(text)]);
+                failed.structured_content = Some(structured.clone());
+                let err = outcome_of(failed).unwrap_err();
+                let declared = structured
+                    .get("error")
+                    .and_then(|e| e.get("code"))
+                    .and_then(Value::as_str)
+                    .and_then(ErrorCode::parse);
+                prop_assert_eq!(err.code(), declared.unwrap_or(ErrorCode::UpstreamError));
+
+                let mut done = CallToolResult::success(vec![]);
+                done.structured_content = Some(structured.clone());
+                let output = outcome_of(done).unwrap();
+                prop_assert_eq!(&output.content, &structured);
+                prop_assert_eq!(result_of(Ok(output)).structured_content, Some(structured));
+            }
+        }
+    }
+}

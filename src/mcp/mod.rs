@@ -1,0 +1,73 @@
+//! MCP (feature `mcp`, with the official SDK `rmcp`): the stack on every MCP tool call, in
+//! both directions.
+//!
+//! - **Server side.** [`McpServer`] wraps an rmcp [`ServerHandler`](rmcp::ServerHandler) so
+//!   that every `tools/call` goes through a stack: one session per connection with the
+//!   client's identity as actor, `_meta.idempotencyKey`, `_meta.traceparent` and
+//!   `_meta.confirmationId` in the envelope, and an `isError` result with the error's code
+//!   and a message the model can act on. Served over [`McpServer::progress_events`], the
+//!   tools' progress notifications are logged as `tool_call_progress` events of the call.
+//! - **Client side.** [`McpClient`] is a `Service<ToolCall>` over a remote MCP server, so an
+//!   agent's outgoing calls get the same stack; a client served with [`ProgressEvents`] logs
+//!   the server's progress notifications as `tool_call_progress` events of the call.
+//! - **Policy.** [`descriptor_for`] and [`registry_for`] turn the tools' annotations into
+//!   descriptors (`readOnlyHint` → read-only, `idempotentHint` → idempotent,
+//!   `destructiveHint` → confirmation required), believed only from a [`Trust::Trusted`]
+//!   server, and let an operator's registry file override any of them.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use rmcp::model::{CallToolRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations};
+//! use rmcp::{ServerHandler, ServiceExt};
+//! use tower_toolcall::mcp::{registry_for, McpClient, McpServer, Trust};
+//! use tower_toolcall::ToolStack;
+//!
+//! struct Notes;
+//!
+//! impl ServerHandler for Notes {
+//!     fn get_info(&self) -> ServerConfig {
+//!         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+//!     }
+//!
+//!     async fn call_tool(
+//!         &self,
+//!         request: CallToolRequestParams,
+//!         _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+//!     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+//!         let text = format!("no notes match {:?}", request.arguments.unwrap_or_default());
+//!         Ok(rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text(text)]).into())
+//!     }
+//! }
+//!
+//! # tokio_test::block_on(async {
+//! let tools = [Tool::new("search", "Searches the notes", Arc::new(serde_json::Map::new()))
+//!     .annotate(ToolAnnotations::new().read_only(true))];
+//! let stack = ToolStack::builder(registry_for("notes", &tools, Trust::Trusted, None)?).build()?;
+//!
+//! let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+//! tokio::spawn(async move {
+//!     let running = McpServer::new(Notes, "notes", stack).serve(server_end).await?;
+//!     running.waiting().await?;
+//!     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+//! });
+//! let client = ().serve(client_end).await?;
+//! let result = client
+//!     .call_tool(CallToolRequestParams::new("search").with_arguments(serde_json::json!({"q": "tower"}).as_object().unwrap().clone()))
+//!     .await?;
+//! assert_eq!(result.is_error, Some(false));
+//! # let _ = McpClient::new(client.peer().clone());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod client;
+mod convert;
+mod in_flight;
+mod policy;
+mod progress;
+mod server;
+
+pub use client::{McpClient, ProgressEvents};
+pub use convert::{CONFIRMATION_ID_META, IDEMPOTENCY_KEY_META};
+pub use policy::{descriptor_for, registry_for, Trust};
+pub use server::{HandlerTool, McpServer};
