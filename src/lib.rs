@@ -174,9 +174,12 @@ pub mod loop_detect;
 mod middleware;
 mod outcome;
 pub mod rate_limit;
+#[cfg(feature = "redis")]
+mod redis_support;
 pub mod registry;
 pub mod retry;
 mod serde_message;
+pub mod shared_store;
 mod spans;
 pub mod stack;
 mod time;

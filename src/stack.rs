@@ -712,6 +712,36 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
         self
     }
 
+    /// Keeps the rate-limit quotas in `store` (a
+    /// [`RedisRateLimitStore`](crate::rate_limit::RedisRateLimitStore) to share them between
+    /// replicas) instead of in this process. The rate-limit settings made so far are kept.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use std::time::Duration;
+    /// use tower_toolcall::rate_limit::{Admission, AdmissionFuture, Quota, RateLimitStore};
+    ///
+    /// #[derive(Debug)]
+    /// struct AlwaysAllowed;
+    ///
+    /// impl RateLimitStore for AlwaysAllowed {
+    ///     fn acquire(&self, _key: &str, _quota: Quota) -> AdmissionFuture {
+    ///         Box::pin(async { Ok(Admission::Allowed) })
+    ///     }
+    /// }
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .rate_limit(|limits| limits.per_second(20))
+    ///     .rate_limit_store(AlwaysAllowed)
+    ///     .build()?;
+    /// assert!(stack.rate_limits().unwrap().store_health().available);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn rate_limit_store(mut self, store: impl crate::rate_limit::RateLimitStore) -> Self {
+        self.rate_limit = self.rate_limit.store(store);
+        self
+    }
+
     /// Changes the idempotency layer's defaults.
     ///
     /// ```

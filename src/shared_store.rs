@@ -1,0 +1,155 @@
+//! Stores that replicas share (rate-limit quotas, loop-detection state): what a layer does
+//! when its store cannot be reached, and what it counts meanwhile.
+//!
+//! Every call to a shared store is bounded by the store's operation timeout, so an
+//! unreachable server never holds a call up for longer. When a check fails, the layer
+//! follows its [`FailurePolicy`]: [`Open`](FailurePolicy::Open) (the default for rate limits
+//! and loop detection) lets the call proceed unchecked, [`Closed`](FailurePolicy::Closed)
+//! refuses it with `STORE_UNAVAILABLE`. Either way the failure is counted in the layer's
+//! [`StoreHealth`], and one warning is logged when an outage begins — not one per call — and
+//! one line when the store answers again. Recovery needs nothing: the next check that
+//! succeeds ends the outage.
+//!
+//! ```
+//! use tower_toolcall::shared_store::FailurePolicy;
+//!
+//! assert_eq!(FailurePolicy::default(), FailurePolicy::Open);
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::error::{ErrorCode, ToolError};
+
+/// What a layer does with a call when its shared store cannot be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// The call proceeds unchecked (the default): an outage of the store costs the fleet its
+    /// shared limits for its duration, not its tools.
+    #[default]
+    Open,
+    /// The call is refused with `STORE_UNAVAILABLE` (retriable): nothing runs that the
+    /// shared state could not vouch for.
+    Closed,
+}
+
+/// Why a shared store could not answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SharedStoreError {
+    /// The store could not be reached, or answered with an error.
+    Unavailable(String),
+    /// The store did not answer within its operation timeout.
+    Timeout(Duration),
+    /// The store answered with something it should not have.
+    Corrupt(String),
+}
+
+impl fmt::Display for SharedStoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SharedStoreError::Unavailable(problem) => {
+                write!(f, "the shared store is unavailable: {problem}")
+            }
+            SharedStoreError::Timeout(after) => write!(
+                f,
+                "the shared store did not answer within {} ms",
+                after.as_millis()
+            ),
+            SharedStoreError::Corrupt(problem) => {
+                write!(f, "the shared store answered unexpectedly: {problem}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SharedStoreError {}
+
+/// How a layer's shared store has fared; read with the layer's `store_health()`.
+///
+/// ```
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::RateLimitLayer;
+///
+/// let layer = RateLimitLayer::new(ToolRegistry::open());
+/// let health = layer.store_health();
+/// assert!(health.available);
+/// assert_eq!(health.outages, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreHealth {
+    /// `false` from the first failed check of an outage to the next check that succeeds.
+    pub available: bool,
+    /// Outages seen: runs of failed checks between two that succeeded.
+    pub outages: u64,
+    /// Checks that failed, each one a call let through or refused by the failure policy.
+    pub failed_checks: u64,
+}
+
+/// A layer's failure policy and the count of its store's outages.
+#[derive(Debug, Default)]
+pub(crate) struct Outages {
+    policy: FailurePolicy,
+    down: AtomicBool,
+    outages: AtomicU64,
+    failed_checks: AtomicU64,
+}
+
+impl Outages {
+    pub(crate) fn new(policy: FailurePolicy) -> Self {
+        Outages {
+            policy,
+            ..Outages::default()
+        }
+    }
+
+    /// A check by `layer` succeeded: ends the outage, if one was going on.
+    pub(crate) fn succeeded(&self, layer: &'static str) {
+        if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
+            tracing::info!(layer, "the shared store answers again: sharing resumes");
+        }
+    }
+
+    /// A check by `layer` failed with `error`: counts it, logs the start of an outage once,
+    /// and says whether the call proceeds (`Ok`) or with which error it is refused.
+    pub(crate) fn failed(
+        &self,
+        layer: &'static str,
+        error: &SharedStoreError,
+    ) -> Result<(), ToolError> {
+        self.failed_checks.fetch_add(1, Ordering::Relaxed);
+        if !self.down.swap(true, Ordering::Relaxed) {
+            self.outages.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                layer,
+                %error,
+                policy = ?self.policy,
+                "the shared store is unreachable: calls are {} until it answers again",
+                match self.policy {
+                    FailurePolicy::Open => "let through unchecked",
+                    FailurePolicy::Closed => "refused",
+                }
+            );
+        }
+        match self.policy {
+            FailurePolicy::Open => Ok(()),
+            FailurePolicy::Closed => Err(ToolError::rejected(
+                ErrorCode::StoreUnavailable,
+                format!(
+                    "{layer} could not check the call ({error}): it was not called; retry later"
+                ),
+            )),
+        }
+    }
+
+    pub(crate) fn health(&self) -> StoreHealth {
+        StoreHealth {
+            available: !self.down.load(Ordering::Relaxed),
+            outages: self.outages.load(Ordering::Relaxed),
+            failed_checks: self.failed_checks.load(Ordering::Relaxed),
+        }
+    }
+}

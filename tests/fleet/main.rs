@@ -1,0 +1,261 @@
+//! Several stacks on one real `redis-server`, as replicas behind a load balancer: shared rate
+//! limits, their failure policy while Redis is down, and recovery without a rebuild.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+
+use support::redis_server::RedisServer;
+use support::{call_once, stacked, Counter};
+use tokio::time::Instant;
+use tower::util::BoxCloneService;
+use tower_toolcall::rate_limit::RedisRateLimitStore;
+use tower_toolcall::registry::{RateLimitKey, ToolRegistry};
+use tower_toolcall::shared_store::FailurePolicy;
+use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput, ToolStack};
+
+const WEB: &str = "agents.tools.web";
+
+type Service = BoxCloneService<ToolCall, ToolOutput, ToolError>;
+
+/// One replica: its stack over a counting tool.
+struct Replica {
+    stack: ToolStack,
+    service: Service,
+    tool: Counter,
+}
+
+impl Replica {
+    async fn call(&self, call: ToolCall) -> Result<ToolOutput, ToolError> {
+        call_once(&mut self.service.clone(), call).await
+    }
+}
+
+/// A rate-limit store on `server` whose checks give up after 200 ms.
+fn rate_store(server: &RedisServer) -> RedisRateLimitStore {
+    RedisRateLimitStore::builder(server.url())
+        .operation_timeout(Duration::from_millis(200))
+        .build()
+        .expect("a valid store configuration")
+}
+
+/// A replica whose every tool is limited to `per_second` in bursts of `burst`, per tool,
+/// with its quotas on `server`.
+fn rate_limited_replica(
+    server: &RedisServer,
+    per_second: u32,
+    burst: u32,
+    policy: FailurePolicy,
+) -> Replica {
+    let stack = ToolStack::builder(ToolRegistry::open())
+        .rate_limit(|limits| {
+            limits
+                .per_second(per_second)
+                .burst(burst)
+                .key(RateLimitKey::Tool)
+                .on_store_failure(policy)
+        })
+        .rate_limit_store(rate_store(server))
+        .build()
+        .expect("a valid stack");
+    let tool = Counter::default();
+    let service = BoxCloneService::new(stacked(&stack, tool.tool()));
+    Replica {
+        stack,
+        service,
+        tool,
+    }
+}
+
+/// A call of `agents.tools.web::<name>` with params no other call of the test has, so that
+/// only the rate limit has a say.
+fn fresh(name: &str) -> ToolCall {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    ToolCall::builder(WEB, name)
+        .session("sess-42")
+        .actor("user-7")
+        .params(json!({"n": CALLS.fetch_add(1, Ordering::Relaxed)}))
+        .build()
+        .expect("a valid call")
+}
+
+fn total_calls(replicas: &[Replica]) -> usize {
+    replicas.iter().map(|replica| replica.tool.get()).sum()
+}
+
+/// Calls `replica` until a call comes back refused by its rate limit, or `within` passes.
+async fn until_rate_limited(replica: &Replica, within: Duration) -> ToolError {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Err(error) = replica.call(fresh("search")).await {
+            if error.code() == ErrorCode::RateLimited {
+                return error;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no call was rate limited within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_of_ten_a_second_holds_across_three_replicas() {
+    // The only test on real time: the quota is kept on the server's clock.
+    let server = RedisServer::start();
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| rate_limited_replica(&server, 10, 1, FailurePolicy::Closed))
+        .collect();
+    let measured = Duration::from_secs(5);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for replica in &replicas {
+        let service = replica.service.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut refused = 0;
+            while started.elapsed() < measured {
+                match call_once(&mut service.clone(), fresh("search")).await {
+                    Ok(_) => {}
+                    Err(error) => {
+                        assert_eq!(error.code(), ErrorCode::RateLimited, "{error}");
+                        refused += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            refused
+        }));
+    }
+    let mut refused = 0;
+    for task in tasks {
+        refused += task.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let allowed = total_calls(&replicas);
+    let rate = allowed as f64 / elapsed;
+    assert!(
+        (9.0..=11.0).contains(&rate),
+        "{allowed} calls ran in {elapsed:.2} s across three replicas: {rate:.2} a second, \
+         not 10 ± 1"
+    );
+    assert!(
+        refused > allowed,
+        "the replicas asked for more than the quota: {refused} refused"
+    );
+    for replica in &replicas {
+        assert!(replica.tool.get() > 0, "every replica got a share");
+        assert_eq!(
+            replica.stack.rate_limits().unwrap().store_health().outages,
+            0
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_spent_on_one_replica_is_spent_on_the_other() {
+    let server = RedisServer::start();
+    // Two calls a minute: the burst of 3 is not refilled during the test.
+    let a = rate_limited_replica(&server, 1, 3, FailurePolicy::Open);
+    let b = rate_limited_replica(&server, 1, 3, FailurePolicy::Open);
+    for _ in 0..3 {
+        a.call(fresh("search")).await.unwrap();
+    }
+    let error = b.call(fresh("search")).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::RateLimited);
+    let retry_after = error.retry_after().expect("a retry-after");
+    assert!(
+        retry_after > Duration::from_millis(500) && retry_after <= Duration::from_secs(1),
+        "the retry-after is the store's answer, under the emission interval: {retry_after:?}"
+    );
+    assert_eq!((a.tool.get(), b.tool.get()), (3, 0));
+    // Another tool has its own quota.
+    b.call(fresh("fetch")).await.unwrap();
+    assert_eq!(b.tool.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_keys_are_hash_tagged_and_expire() {
+    let server = RedisServer::start();
+    let a = rate_limited_replica(&server, 2, 2, FailurePolicy::Closed);
+    a.call(fresh("search")).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys,
+        vec![format!("toolcall:rl:{{{WEB}::search\u{1f}}}")],
+        "one key, its name in a hash tag"
+    );
+    let ttl_ms: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (1..=502).contains(&ttl_ms),
+        "the key lives until its quota is full again: {ttl_ms} ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_rate_limited_calls_proceed_counted_then_sharing_resumes() {
+    let mut server = RedisServer::start();
+    let a = rate_limited_replica(&server, 1, 2, FailurePolicy::Open);
+    let b = rate_limited_replica(&server, 1, 2, FailurePolicy::Open);
+    a.call(fresh("search")).await.unwrap();
+    server.kill();
+
+    let started = Instant::now();
+    for _ in 0..5 {
+        a.call(fresh("search")).await.unwrap();
+        b.call(fresh("search")).await.unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "ten checks against a dead server are bounded by the timeout"
+    );
+    let (a_health, b_health) = (
+        a.stack.rate_limits().unwrap().store_health(),
+        b.stack.rate_limits().unwrap().store_health(),
+    );
+    assert_eq!((a.tool.get(), b.tool.get()), (6, 5), "every call proceeded");
+    assert!(!a_health.available);
+    assert_eq!(a_health.outages, 1, "one outage, however many calls");
+    assert_eq!(a_health.failed_checks, 5);
+    assert_eq!((b_health.outages, b_health.failed_checks), (1, 5));
+
+    server.restart();
+    // The same stacks: their connections come back by themselves, and the quota is shared
+    // again (the restarted server starts with full quotas).
+    until_rate_limited(&a, Duration::from_secs(10)).await;
+    let error = b.call(fresh("search")).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::RateLimited);
+    let a_health = a.stack.rate_limits().unwrap().store_health();
+    assert!(a_health.available, "the outage ended");
+    assert_eq!(a_health.outages, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_refuses_calls_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let a = rate_limited_replica(&server, 10, 10, FailurePolicy::Closed);
+    a.call(fresh("search")).await.unwrap();
+    server.kill();
+    for _ in 0..3 {
+        let error = a.call(fresh("search")).await.unwrap_err();
+        assert_eq!(error.code(), ErrorCode::StoreUnavailable, "{error}");
+        assert!(error.is_retriable());
+    }
+    assert_eq!(a.tool.get(), 1, "no call ran unchecked");
+    let health = a.stack.rate_limits().unwrap().store_health();
+    assert_eq!((health.outages, health.failed_checks), (1, 3));
+}
