@@ -742,6 +742,25 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
         self
     }
 
+    /// Keeps loop detection's session histories in `store`, shared by every replica that
+    /// uses it, instead of in this process. The loop-detection settings made so far are kept.
+    ///
+    /// ```no_run
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::loop_detect::RedisLoopStore;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .loop_store(RedisLoopStore::open("redis://127.0.0.1:6379/")?)
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn loop_store(mut self, store: crate::loop_detect::RedisLoopStore) -> Self {
+        self.loop_detect = self.loop_detect.store(store);
+        self
+    }
+
     /// Changes the idempotency layer's defaults.
     ///
     /// ```

@@ -50,7 +50,7 @@ impl LoopDetectHandle {
             .sessions
             .update(session, |current| current.merged(settings));
         if settings.enabled == Some(false) {
-            self.monitor.tracker.remove(session);
+            self.monitor.forget_history(session);
         }
     }
 
@@ -92,7 +92,7 @@ impl LoopDetectHandle {
     /// Clears `session`'s history, so that its next call starts counting afresh; its
     /// settings stay.
     pub fn reset_session(&self, session: &str) {
-        self.monitor.tracker.remove(session);
+        self.monitor.forget_history(session);
     }
 
     /// Forgets `session` entirely: its history and its settings.
@@ -101,7 +101,7 @@ impl LoopDetectHandle {
             .tiers
             .sessions
             .update(session, |_| LoopSettings::default());
-        self.monitor.tracker.remove(session);
+        self.monitor.forget_history(session);
     }
 
     /// How many sessions have a history.
@@ -113,6 +113,11 @@ impl LoopDetectHandle {
     /// [`max_sessions`](super::LoopDetectLayerBuilder::max_sessions).
     pub fn evicted_sessions(&self) -> u64 {
         self.monitor.tracker.evicted()
+    }
+
+    /// How the layer's shared store has fared: always available without one.
+    pub fn store_health(&self) -> crate::shared_store::StoreHealth {
+        self.monitor.outages.health()
     }
 
     /// How many sessions have settings of their own.

@@ -148,6 +148,8 @@ mod detector;
 mod future;
 mod handle;
 mod layer;
+#[cfg(feature = "redis")]
+mod redis;
 mod report;
 mod service;
 mod tracker;
@@ -164,4 +166,7 @@ pub use layer::{
     LoopDetectLayer, LoopDetectLayerBuilder, DEFAULT_CYCLE_REPETITIONS, DEFAULT_FAILURE_THRESHOLD,
     DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES,
 };
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::{RedisLoopStore, RedisLoopStoreBuilder, DEFAULT_LOOP_KEY_PREFIX};
 pub use service::LoopDetect;

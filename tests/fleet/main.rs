@@ -13,10 +13,11 @@ use support::redis_server::RedisServer;
 use support::{call_once, stacked, Counter};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
+use tower_toolcall::loop_detect::RedisLoopStore;
 use tower_toolcall::rate_limit::RedisRateLimitStore;
 use tower_toolcall::registry::{RateLimitKey, ToolRegistry};
 use tower_toolcall::shared_store::FailurePolicy;
-use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall::{ErrorCode, StackLayer, ToolCall, ToolError, ToolOutput, ToolStack};
 
 const WEB: &str = "agents.tools.web";
 
@@ -81,6 +82,52 @@ fn fresh(name: &str) -> ToolCall {
         .params(json!({"n": CALLS.fetch_add(1, Ordering::Relaxed)}))
         .build()
         .expect("a valid call")
+}
+
+/// A replica whose loop detector keeps its sessions on `server`, with the default rules.
+fn loop_checked_replica(server: &RedisServer, policy: FailurePolicy) -> Replica {
+    let store = RedisLoopStore::builder(server.url())
+        .operation_timeout(Duration::from_millis(200))
+        .build()
+        .expect("a valid store configuration");
+    let stack = ToolStack::builder(ToolRegistry::open())
+        .loop_detect(|loops| loops.on_store_failure(policy))
+        .loop_store(store)
+        // Identical calls reach the tool each time: only loop detection stops them.
+        .without(StackLayer::Idempotency)
+        .build()
+        .expect("a valid stack");
+    let tool = Counter::default();
+    let service = BoxCloneService::new(stacked(&stack, tool.tool()));
+    Replica {
+        stack,
+        service,
+        tool,
+    }
+}
+
+/// A call of `search` in `session` with `params`.
+fn search_in(session: &str, params: serde_json::Value) -> ToolCall {
+    ToolCall::builder(WEB, "search")
+        .session(session)
+        .actor("user-7")
+        .params(params)
+        .build()
+        .expect("a valid call")
+}
+
+/// Sends `calls` round-robin over `replicas` until one is refused as a loop; answers the
+/// 1-based number of the refused call.
+async fn refused_at(replicas: &[Replica], calls: &[ToolCall]) -> usize {
+    for (n, call) in calls.iter().enumerate() {
+        let replica = &replicas[n % replicas.len()];
+        match replica.call(call.clone()).await {
+            Ok(_) => {}
+            Err(error) if error.code() == ErrorCode::LoopDetected => return n + 1,
+            Err(error) => panic!("call {} failed: {error}", n + 1),
+        }
+    }
+    panic!("no call of {} was refused as a loop", calls.len());
 }
 
 fn total_calls(replicas: &[Replica]) -> usize {
@@ -258,4 +305,94 @@ async fn fail_closed_refuses_calls_while_redis_is_down() {
     assert_eq!(a.tool.get(), 1, "no call ran unchecked");
     let health = a.stack.rate_limits().unwrap().store_health();
     assert_eq!((health.outages, health.failed_checks), (1, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_spread_over_three_replicas_is_stopped_at_the_same_call_as_on_one() {
+    let server = RedisServer::start();
+    let one = [loop_checked_replica(&server, FailurePolicy::Closed)];
+    let three: Vec<Replica> = (0..3)
+        .map(|_| loop_checked_replica(&server, FailurePolicy::Closed))
+        .collect();
+    let patterns: [(&str, Vec<serde_json::Value>); 2] = [
+        // The same call again and again: the 4th is refused.
+        ("repeat", vec![json!({"q": "same"}); 10]),
+        // A cycle of two: A,B,A,B,A,B — the 6th completes its 3rd repetition.
+        ("cycle", (0..10).map(|i| json!({"step": i % 2})).collect()),
+    ];
+    for (name, params) in patterns {
+        let calls = |session: &str| -> Vec<ToolCall> {
+            params
+                .iter()
+                .map(|p| search_in(session, p.clone()))
+                .collect()
+        };
+        let alone = refused_at(&one, &calls(&format!("{name}-one"))).await;
+        let spread = refused_at(&three, &calls(&format!("{name}-three"))).await;
+        assert_eq!(alone, spread, "{name}: stopped at the same call");
+    }
+    assert_eq!(one[0].tool.get(), 3 + 5);
+    assert_eq!(
+        total_calls(&three),
+        3 + 5,
+        "no replica ran a call the loop forbade"
+    );
+    for replica in &three {
+        assert!(replica.tool.get() > 0, "every replica took part");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_loop_checked_calls_proceed_counted_then_sharing_resumes() {
+    let mut server = RedisServer::start();
+    let replicas = [
+        loop_checked_replica(&server, FailurePolicy::Open),
+        loop_checked_replica(&server, FailurePolicy::Open),
+    ];
+    server.kill();
+    // Unchecked while Redis is down: six identical calls all run.
+    for n in 0..6 {
+        replicas[n % 2]
+            .call(search_in("down", json!({"q": 1})))
+            .await
+            .unwrap();
+    }
+    assert_eq!(total_calls(&replicas), 6);
+    for replica in &replicas {
+        let health = replica.stack.loop_sessions().unwrap().store_health();
+        assert!(!health.available);
+        assert_eq!((health.outages, health.failed_checks), (1, 3));
+    }
+
+    server.restart();
+    // The same stacks: once their connections are back, a loop spread over both is
+    // stopped at the 4th call again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !replicas.iter().all(|replica| {
+        replica
+            .stack
+            .loop_sessions()
+            .unwrap()
+            .store_health()
+            .available
+    }) {
+        assert!(Instant::now() < deadline, "the store did not come back");
+        for replica in &replicas {
+            let _ = replica.call(fresh("search")).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls: Vec<ToolCall> = (0..6).map(|_| search_in("up", json!({"q": 1}))).collect();
+    assert_eq!(refused_at(&replicas, &calls).await, 4);
+    for replica in &replicas {
+        assert_eq!(
+            replica
+                .stack
+                .loop_sessions()
+                .unwrap()
+                .store_health()
+                .outages,
+            1
+        );
+    }
 }

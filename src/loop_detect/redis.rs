@@ -1,0 +1,375 @@
+//! [`RedisLoopStore`]: the sessions' recent calls in Redis, shared by every replica.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Script, Value};
+use tokio::time::Instant;
+
+use super::detector::{Limits, Outcome, SessionHistory, Signature, State, StoredCall};
+use crate::error::{ConfigError, ErrorCode};
+use crate::redis_support::{self, hash_tagged, Connection};
+use crate::shared_store::SharedStoreError;
+use crate::time::{millis, unix_now_ms};
+
+/// The default prefix of every key the store writes.
+pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
+
+/// Takes the next sequence number, answers the session's calls and its chance, and appends
+/// this call, pending, keeping the `keep` latest; both keys expire with the window.
+/// `KEYS`: calls, meta. `ARGV`: now (ms), window (ms), keep, signature, poller.
+const OBSERVE: &str = r"
+local seq = redis.call('HINCRBY', KEYS[2], 'seq', 1) - 1
+local calls = redis.call('LRANGE', KEYS[1], 0, -1)
+local chance = redis.call('HGET', KEYS[2], 'chance')
+redis.call('RPUSH', KEYS[1], seq .. ':' .. ARGV[1] .. ':' .. ARGV[4] .. ':' .. ARGV[5] .. ':p')
+local keep = tonumber(ARGV[3])
+if keep > 0 then
+  redis.call('LTRIM', KEYS[1], -keep, -1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  redis.call('DEL', KEYS[1])
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return {seq, calls, chance}
+";
+
+/// Settles the pending call `ARGV[1]` with the state `ARGV[2]`, and sets the session's
+/// chance to `ARGV[3]` unless it is empty. `KEYS`: calls, meta.
+const SETTLE: &str = r"
+local prefix = ARGV[1] .. ':'
+local calls = redis.call('LRANGE', KEYS[1], 0, -1)
+for i = #calls, 1, -1 do
+  local call = calls[i]
+  if string.sub(call, 1, #prefix) == prefix then
+    if string.sub(call, -2) == ':p' then
+      redis.call('LSET', KEYS[1], i - 1, string.sub(call, 1, -2) .. ARGV[2])
+    end
+    break
+  end
+end
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[2], 'chance', ARGV[3])
+end
+return 1
+";
+
+/// The default seed of call signatures: every replica that shares a store must hash calls
+/// alike.
+const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
+
+/// Loop detection's per-session state in Redis (7.0 or later), shared by every replica that
+/// points at the same server: a model whose calls are spread over replicas is stopped at the
+/// same call as on one.
+///
+/// - A session is two keys, `<prefix>{<session>}:calls` (its latest calls: sequence number,
+///   time, signature, and how each ended) and `<prefix>{<session>}:meta` (its sequence and
+///   the call last given a chance). The braces are a Redis Cluster hash tag: both keys live
+///   in one slot. Both expire with the session's window.
+/// - A call is one round trip: a Lua script appends it and answers the calls before it, which
+///   the layer judges with the same rules as in memory. A refused call, a failure and a
+///   poller's result are then written to its entry (a second, short script), before the
+///   caller gets the answer, so the next call on any replica sees them.
+/// - Times are the replicas' wall clocks, in milliseconds: windows last seconds or minutes,
+///   far longer than the skew of synchronized clocks.
+/// - Signatures are keyed hashes with a seed every replica shares
+///   ([`signature_seed`](RedisLoopStoreBuilder::signature_seed)).
+/// - Every operation is bounded by the operation timeout (1 s by default); a failed one
+///   follows the layer's [`FailurePolicy`](crate::shared_store::FailurePolicy).
+///
+/// ```no_run
+/// use tower_toolcall::loop_detect::{LoopDetectLayer, RedisLoopStore};
+/// use tower_toolcall::registry::ToolRegistry;
+///
+/// let store = RedisLoopStore::open("redis://127.0.0.1:6379/")?;
+/// let layer = LoopDetectLayer::builder(ToolRegistry::open()).store(store).build()?;
+/// # let _ = layer;
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisLoopStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    connection: Connection,
+    key_prefix: String,
+    signature_seed: u64,
+    observe: Script,
+    settle: Script,
+}
+
+/// What the store answered for one call: its sequence number and the session's history
+/// before it.
+pub(crate) struct Observed {
+    pub(crate) history: SessionHistory,
+    /// The call's sequence number in its session.
+    pub(crate) seq: u64,
+    /// When the store's clock read the call, on the tokio clock.
+    pub(crate) now: Instant,
+}
+
+impl RedisLoopStore {
+    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
+    pub fn open(url: &str) -> Result<RedisLoopStore, ConfigError> {
+        RedisLoopStore::builder(url).build()
+    }
+
+    /// A builder for a store at `url`.
+    pub fn builder(url: impl Into<String>) -> RedisLoopStoreBuilder {
+        RedisLoopStoreBuilder {
+            url: url.into(),
+            key_prefix: DEFAULT_LOOP_KEY_PREFIX.to_owned(),
+            operation_timeout: redis_support::DEFAULT_OPERATION_TIMEOUT,
+            signature_seed: DEFAULT_SIGNATURE_SEED,
+        }
+    }
+
+    /// The Redis key of `session`'s latest calls.
+    pub fn calls_key(&self, session: &str) -> String {
+        hash_tagged(&self.shared.key_prefix, session, ":calls")
+    }
+
+    fn meta_key(&self, session: &str) -> String {
+        hash_tagged(&self.shared.key_prefix, session, ":meta")
+    }
+
+    pub(crate) fn signature_seed(&self) -> u64 {
+        self.shared.signature_seed
+    }
+
+    /// Appends a call of `signature` to `session` and answers the history before it.
+    pub(crate) fn observe(
+        &self,
+        session: &str,
+        signature: Signature,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<Observed, SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let keys = (self.calls_key(session), self.meta_key(session));
+        let window_ms = millis(limits.ttl).max(1);
+        let keep = limits.history_len();
+        let poller = u8::from(limits.poller);
+        async move {
+            let now_ms = unix_now_ms();
+            let reply: Vec<Value> = shared
+                .connection
+                .eval(
+                    shared
+                        .observe
+                        .key(&keys.0)
+                        .key(&keys.1)
+                        .arg(now_ms)
+                        .arg(window_ms)
+                        .arg(keep)
+                        .arg(signature.raw())
+                        .arg(poller),
+                )
+                .await?;
+            let now = Instant::now();
+            let at = |ms: u64| {
+                now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
+                    .unwrap_or(now)
+            };
+            let mut reply = reply.into_iter();
+            let seq = match reply.next() {
+                Some(Value::Int(seq)) => u64::try_from(seq).ok(),
+                _ => None,
+            }
+            .ok_or_else(|| corrupt("no sequence number"))?;
+            let calls = match reply.next() {
+                Some(Value::Array(calls)) => calls,
+                _ => return Err(corrupt("no calls")),
+            };
+            let calls = calls
+                .iter()
+                .map(|call| decode_call(text(call)?, at))
+                .collect::<Result<Vec<_>, _>>()?;
+            let chance = match reply.next() {
+                Some(value @ Value::BulkString(_)) => {
+                    let (signature, ms) = text(&value)?
+                        .split_once(':')
+                        .and_then(|(s, ms)| Some((s.parse().ok()?, ms.parse().ok()?)))
+                        .ok_or_else(|| corrupt("a malformed chance"))?;
+                    Some((Signature::from_raw(signature), at(ms)))
+                }
+                _ => None,
+            };
+            Ok(Observed {
+                history: SessionHistory::restore(calls, seq, chance),
+                seq,
+                now,
+            })
+        }
+    }
+
+    /// Writes how the call `seq` of `session` ended, and the session's chance when it
+    /// changed.
+    pub(crate) fn settle(
+        &self,
+        session: &str,
+        seq: u64,
+        state: State,
+        chance: Option<(Signature, Instant)>,
+    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let keys = (self.calls_key(session), self.meta_key(session));
+        let chance = chance.map_or_else(String::new, |(signature, at)| {
+            let ago = millis(Instant::now().saturating_duration_since(at));
+            format!("{}:{}", signature.raw(), unix_now_ms().saturating_sub(ago))
+        });
+        async move {
+            let _: i64 = shared
+                .connection
+                .eval(
+                    shared
+                        .settle
+                        .key(&keys.0)
+                        .key(&keys.1)
+                        .arg(seq)
+                        .arg(encode_state(state))
+                        .arg(chance),
+                )
+                .await?;
+            Ok(())
+        }
+    }
+
+    /// Forgets `session`'s calls.
+    pub(crate) fn forget(
+        &self,
+        session: &str,
+    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let mut command = redis::cmd("DEL");
+        command
+            .arg(self.calls_key(session))
+            .arg(self.meta_key(session));
+        async move {
+            let _: i64 = shared.connection.command(&command).await?;
+            Ok(())
+        }
+    }
+}
+
+fn corrupt(what: &str) -> SharedStoreError {
+    SharedStoreError::Corrupt(format!("the loop-detection script answered {what}"))
+}
+
+fn text(value: &Value) -> Result<&str, SharedStoreError> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| corrupt("non-text")),
+        _ => Err(corrupt("a non-string")),
+    }
+}
+
+fn encode_state(state: State) -> String {
+    match state {
+        State::Pending => "p".to_owned(),
+        State::Rejected => "r".to_owned(),
+        State::Done(Outcome::Succeeded(fingerprint)) => format!("s{fingerprint}"),
+        State::Done(Outcome::Failed(code)) => format!("f{}", code.as_str()),
+    }
+}
+
+/// `<seq>:<at ms>:<signature>:<poller>:<state>`.
+fn decode_call(call: &str, at: impl Fn(u64) -> Instant) -> Result<StoredCall, SharedStoreError> {
+    let malformed = || corrupt(&format!("a malformed call {call:?}"));
+    let mut parts = call.splitn(5, ':').skip(1);
+    let mut next = || parts.next().ok_or_else(malformed);
+    let at_ms: u64 = next()?.parse().map_err(|_| malformed())?;
+    let signature: u64 = next()?.parse().map_err(|_| malformed())?;
+    let poller = next()? == "1";
+    let state = next()?;
+    let state = match state.split_at_checked(1) {
+        Some(("p", "")) => State::Pending,
+        Some(("r", "")) => State::Rejected,
+        Some(("s", fingerprint)) => State::Done(Outcome::Succeeded(
+            fingerprint.parse().map_err(|_| malformed())?,
+        )),
+        Some(("f", code)) => State::Done(Outcome::Failed(
+            ErrorCode::parse(code).ok_or_else(malformed)?,
+        )),
+        _ => return Err(malformed()),
+    };
+    Ok(StoredCall {
+        at: at(at_ms),
+        signature: Signature::from_raw(signature),
+        poller,
+        state,
+    })
+}
+
+impl fmt::Debug for RedisLoopStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLoopStore")
+            .field(
+                "server",
+                &self.shared.connection.client().get_connection_info().addr(),
+            )
+            .field("key_prefix", &self.shared.key_prefix)
+            .field("operation_timeout", &self.shared.connection.timeout())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisLoopStore`]; made by [`RedisLoopStore::builder`].
+///
+/// ```
+/// use tower_toolcall::loop_detect::RedisLoopStore;
+///
+/// let err = RedisLoopStore::builder("redis://127.0.0.1/").key_prefix("").build().unwrap_err();
+/// assert_eq!(err.field(), "loop_detect.redis.key_prefix");
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct RedisLoopStoreBuilder {
+    url: String,
+    key_prefix: String,
+    operation_timeout: Duration,
+    signature_seed: u64,
+}
+
+impl RedisLoopStoreBuilder {
+    /// The prefix of every key the store writes (default `toolcall:loop:`); it must not hold
+    /// `{` or `}`, which would break the hash tag.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The time one operation may take (default 1 s).
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The seed of the keyed hash of calls (a default is built in). Every replica that
+    /// shares the store must use the same; a secret one keeps calls from being crafted to
+    /// collide.
+    pub fn signature_seed(mut self, seed: u64) -> Self {
+        self.signature_seed = seed;
+        self
+    }
+
+    /// Checks the configuration and builds the store. No connection is made yet.
+    pub fn build(self) -> Result<RedisLoopStore, ConfigError> {
+        let client = redis_support::client("loop_detect.redis.url", &self.url)?;
+        redis_support::check_key_prefix("loop_detect.redis.key_prefix", &self.key_prefix)?;
+        crate::time::at_least_a_millisecond(
+            "loop_detect.redis.operation_timeout",
+            self.operation_timeout,
+        )?;
+        Ok(RedisLoopStore {
+            shared: Arc::new(Shared {
+                connection: Connection::new(client, self.operation_timeout),
+                key_prefix: self.key_prefix,
+                signature_seed: self.signature_seed,
+                observe: Script::new(OBSERVE),
+                settle: Script::new(SETTLE),
+            }),
+        })
+    }
+}
