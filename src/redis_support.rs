@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, FromRedisValue, RedisResult, ScriptInvocation};
+use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, ScriptInvocation};
 
 use crate::error::ConfigError;
 use crate::shared_store::SharedStoreError;
@@ -57,25 +57,84 @@ pub(crate) fn connection_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_secs(1))
 }
 
-/// The client of `url`; `field` names the setting in the error.
-pub(crate) fn client(field: &str, url: &str) -> Result<Client, ConfigError> {
-    Client::open(url).map_err(|e| {
-        ConfigError::new(
-            field,
-            format!("is not a usable Redis URL: {e}; write it as redis://host:port/db"),
-        )
-    })
+/// What every Redis store's builder takes: where the server is, the prefix of the store's
+/// keys, and the time one operation may take.
+#[derive(Debug)]
+pub(crate) struct StoreSettings {
+    pub(crate) url: String,
+    pub(crate) key_prefix: String,
+    pub(crate) operation_timeout: Duration,
 }
 
-/// Checks a key prefix: non-empty and free of the braces of a hash tag.
-pub(crate) fn check_key_prefix(field: &str, prefix: &str) -> Result<(), ConfigError> {
-    if prefix.is_empty() || prefix.contains(['{', '}']) {
-        return Err(ConfigError::new(
-            field,
-            format!("must be non-empty and free of `{{` and `}}`, got {prefix:?}"),
-        ));
+impl StoreSettings {
+    pub(crate) fn new(url: String, key_prefix: &str) -> Self {
+        StoreSettings {
+            url,
+            key_prefix: key_prefix.to_owned(),
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
+        }
     }
-    Ok(())
+
+    /// Checks the settings of the store configured under `section` (`rate_limit.redis`, …)
+    /// and makes its connection, which connects on first use.
+    pub(crate) fn connect(&self, section: &str) -> Result<Connection, ConfigError> {
+        let client = Client::open(self.url.as_str()).map_err(|e| {
+            ConfigError::new(
+                format!("{section}.url"),
+                format!("is not a usable Redis URL: {e}; write it as redis://host:port/db"),
+            )
+        })?;
+        if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
+            return Err(ConfigError::new(
+                format!("{section}.key_prefix"),
+                format!(
+                    "must be non-empty and free of `{{` and `}}`, got {:?}",
+                    self.key_prefix
+                ),
+            ));
+        }
+        crate::time::at_least_a_millisecond(
+            &format!("{section}.operation_timeout"),
+            self.operation_timeout,
+        )?;
+        Ok(Connection::new(client, self.operation_timeout))
+    }
+}
+
+/// The `key_prefix` and `operation_timeout` setters of a Redis store's builder, whose
+/// `settings` field is a [`StoreSettings`]; `$default` is the default prefix, for the docs.
+macro_rules! store_settings_setters {
+    ($default:expr) => {
+        #[doc = concat!(
+                    "The prefix of every key the store writes (default `", $default, "`); it must ",
+                    "not hold `{` or `}`, which would break the hash tag."
+                )]
+        pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+            self.settings.key_prefix = prefix.into();
+            self
+        }
+
+        /// The time one Redis operation may take (default 1 s); an operation that takes
+        /// longer fails.
+        pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+            self.settings.operation_timeout = timeout;
+            self
+        }
+    };
+}
+
+pub(crate) use store_settings_setters;
+
+/// A client like `client`, that speaks RESP3, for subscriptions; `field` names the URL's
+/// setting in the error.
+pub(crate) fn resp3_client(field: &str, client: &Client) -> Result<Client, ConfigError> {
+    let info = client.get_connection_info().clone();
+    let resp3 = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    Client::open(info.set_redis_settings(resp3))
+        .map_err(|e| ConfigError::new(field, format!("cannot be used for subscriptions: {e}")))
 }
 
 /// `<prefix>{<tagged>}<suffix>`: the braces are a Redis Cluster hash tag, so every key of one

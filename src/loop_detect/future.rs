@@ -162,18 +162,19 @@ pub(super) enum Pending<S> {
 enum StoreStep {}
 
 #[cfg(not(feature = "redis"))]
+enum Answer {}
+
+#[cfg(not(feature = "redis"))]
 impl StoreStep {
-    fn poll(&mut self, _cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(&mut self, _cx: &mut Context<'_>) -> Poll<Answer> {
         match *self {}
     }
 }
 
 #[cfg(not(feature = "redis"))]
 impl<S> Pending<S> {
-    fn next<F>(&mut self, _answer: ()) -> Next<F> {
-        match *self {
-            Pending::Never(never, _) => match never {},
-        }
+    fn next<F>(&mut self, answer: Answer) -> Next<F> {
+        match answer {}
     }
 
     fn service(&mut self) -> &mut S {

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::detector::{Limits, Outcome, SessionHistory, Signature, State, StoredCall};
 use crate::error::{ConfigError, ErrorCode};
-use crate::redis_support::{self, hash_tagged, Connection};
+use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
 use crate::shared_store::SharedStoreError;
 use crate::time::{millis, unix_now_ms};
 
@@ -120,9 +120,7 @@ impl RedisLoopStore {
     /// A builder for a store at `url`.
     pub fn builder(url: impl Into<String>) -> RedisLoopStoreBuilder {
         RedisLoopStoreBuilder {
-            url: url.into(),
-            key_prefix: DEFAULT_LOOP_KEY_PREFIX.to_owned(),
-            operation_timeout: redis_support::DEFAULT_OPERATION_TIMEOUT,
+            settings: StoreSettings::new(url.into(), DEFAULT_LOOP_KEY_PREFIX),
             signature_seed: DEFAULT_SIGNATURE_SEED,
         }
     }
@@ -326,25 +324,12 @@ impl fmt::Debug for RedisLoopStore {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisLoopStoreBuilder {
-    url: String,
-    key_prefix: String,
-    operation_timeout: Duration,
+    settings: StoreSettings,
     signature_seed: u64,
 }
 
 impl RedisLoopStoreBuilder {
-    /// The prefix of every key the store writes (default `toolcall:loop:`); it must not hold
-    /// `{` or `}`, which would break the hash tag.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// The time one operation may take (default 1 s).
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
-    }
+    redis_support::store_settings_setters!("toolcall:loop:");
 
     /// The seed of the keyed hash of calls (a default is built in). Every replica that
     /// shares the store must use the same; a secret one keeps calls from being crafted to
@@ -356,16 +341,11 @@ impl RedisLoopStoreBuilder {
 
     /// Checks the configuration and builds the store. No connection is made yet.
     pub fn build(self) -> Result<RedisLoopStore, ConfigError> {
-        let client = redis_support::client("loop_detect.redis.url", &self.url)?;
-        redis_support::check_key_prefix("loop_detect.redis.key_prefix", &self.key_prefix)?;
-        crate::time::at_least_a_millisecond(
-            "loop_detect.redis.operation_timeout",
-            self.operation_timeout,
-        )?;
+        let connection = self.settings.connect("loop_detect.redis")?;
         Ok(RedisLoopStore {
             shared: Arc::new(Shared {
-                connection: Connection::new(client, self.operation_timeout),
-                key_prefix: self.key_prefix,
+                connection,
+                key_prefix: self.settings.key_prefix,
                 signature_seed: self.signature_seed,
                 observe: Script::new(OBSERVE),
                 settle: Script::new(SETTLE),

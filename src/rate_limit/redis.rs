@@ -8,7 +8,7 @@ use redis::Script;
 
 use super::store::{Admission, AdmissionFuture, Quota, RateLimitStore};
 use crate::error::ConfigError;
-use crate::redis_support::{self, hash_tagged, Connection};
+use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
 use crate::shared_store::SharedStoreError;
 
 /// The default prefix of every key the store writes.
@@ -82,9 +82,7 @@ impl RedisRateLimitStore {
     /// A builder for a store at `url`.
     pub fn builder(url: impl Into<String>) -> RedisRateLimitStoreBuilder {
         RedisRateLimitStoreBuilder {
-            url: url.into(),
-            key_prefix: DEFAULT_RATE_LIMIT_KEY_PREFIX.to_owned(),
-            operation_timeout: redis_support::DEFAULT_OPERATION_TIMEOUT,
+            settings: StoreSettings::new(url.into(), DEFAULT_RATE_LIMIT_KEY_PREFIX),
         }
     }
 
@@ -145,37 +143,19 @@ impl fmt::Debug for RedisRateLimitStore {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisRateLimitStoreBuilder {
-    url: String,
-    key_prefix: String,
-    operation_timeout: Duration,
+    settings: StoreSettings,
 }
 
 impl RedisRateLimitStoreBuilder {
-    /// The prefix of every key the store writes (default `toolcall:rl:`); it must not hold
-    /// `{` or `}`, which would break the hash tag.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// The time one check may take (default 1 s).
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
-    }
+    redis_support::store_settings_setters!("toolcall:rl:");
 
     /// Checks the configuration and builds the store. No connection is made yet.
     pub fn build(self) -> Result<RedisRateLimitStore, ConfigError> {
-        let client = redis_support::client("rate_limit.redis.url", &self.url)?;
-        redis_support::check_key_prefix("rate_limit.redis.key_prefix", &self.key_prefix)?;
-        crate::time::at_least_a_millisecond(
-            "rate_limit.redis.operation_timeout",
-            self.operation_timeout,
-        )?;
+        let connection = self.settings.connect("rate_limit.redis")?;
         Ok(RedisRateLimitStore {
             shared: Arc::new(Shared {
-                connection: Connection::new(client, self.operation_timeout),
-                key_prefix: self.key_prefix,
+                connection,
+                key_prefix: self.settings.key_prefix,
                 gcra: Script::new(GCRA),
             }),
         })

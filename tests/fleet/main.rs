@@ -31,6 +31,17 @@ struct Replica {
 }
 
 impl Replica {
+    /// `stack` over a counting tool.
+    fn over(stack: ToolStack) -> Replica {
+        let tool = Counter::default();
+        let service = BoxCloneService::new(stacked(&stack, tool.tool()));
+        Replica {
+            stack,
+            service,
+            tool,
+        }
+    }
+
     async fn call(&self, call: ToolCall) -> Result<ToolOutput, ToolError> {
         call_once(&mut self.service.clone(), call).await
     }
@@ -63,13 +74,7 @@ fn rate_limited_replica(
         .rate_limit_store(rate_store(server))
         .build()
         .expect("a valid stack");
-    let tool = Counter::default();
-    let service = BoxCloneService::new(stacked(&stack, tool.tool()));
-    Replica {
-        stack,
-        service,
-        tool,
-    }
+    Replica::over(stack)
 }
 
 /// A call of `agents.tools.web::<name>` with params no other call of the test has, so that
@@ -97,13 +102,7 @@ fn loop_checked_replica(server: &RedisServer, policy: FailurePolicy) -> Replica 
         .without(StackLayer::Idempotency)
         .build()
         .expect("a valid stack");
-    let tool = Counter::default();
-    let service = BoxCloneService::new(stacked(&stack, tool.tool()));
-    Replica {
-        stack,
-        service,
-        tool,
-    }
+    Replica::over(stack)
 }
 
 /// A call of `search` in `session` with `params`.

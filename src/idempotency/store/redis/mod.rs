@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, Script, Value};
+use redis::{Cmd, FromRedisValue, Script, Value};
 
 use self::subscriptions::Subscriber;
 use self::value::{decode, encode};
@@ -20,7 +20,7 @@ use super::{
 use crate::error::ConfigError;
 use crate::idempotency::key;
 use crate::idempotency::record::{DedupeRecord, RecordState};
-use crate::redis_support::{self, hash_tagged, Connection};
+use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
 use crate::time::{millis, unix_now_ms};
 
 /// The default prefix of every key the store writes.
@@ -132,9 +132,7 @@ impl RedisDedupeStore {
     /// A builder for a store at `url`.
     pub fn builder(url: impl Into<String>) -> RedisDedupeStoreBuilder {
         RedisDedupeStoreBuilder {
-            url: url.into(),
-            key_prefix: DEFAULT_REDIS_KEY_PREFIX.to_owned(),
-            operation_timeout: DEFAULT_REDIS_OPERATION_TIMEOUT,
+            settings: StoreSettings::new(url.into(), DEFAULT_REDIS_KEY_PREFIX),
             fallback_poll_interval: DEFAULT_FALLBACK_POLL_INTERVAL,
         }
     }
@@ -616,25 +614,12 @@ fn glob_escape(s: &str) -> String {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisDedupeStoreBuilder {
-    url: String,
-    key_prefix: String,
-    operation_timeout: Duration,
+    settings: StoreSettings,
     fallback_poll_interval: Duration,
 }
 
 impl RedisDedupeStoreBuilder {
-    /// The prefix of every key the store writes (default `toolcall:idem:`); it must not hold
-    /// `{` or `}`, which would break the hash tag.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// The time one Redis operation may take (default 1 s).
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
-    }
+    redis_support::store_settings_setters!("toolcall:idem:");
 
     /// The longest a waiting call goes without reading the record it waits on, should a
     /// completion message be lost (default 2 s).
@@ -645,37 +630,22 @@ impl RedisDedupeStoreBuilder {
 
     /// Checks the configuration and builds the store. No connection is made yet.
     pub fn build(self) -> Result<RedisDedupeStore, ConfigError> {
-        let client = redis_support::client("idempotency.redis.url", &self.url)?;
-        redis_support::check_key_prefix("idempotency.redis.key_prefix", &self.key_prefix)?;
-        at_least_a_millisecond(
-            "idempotency.redis.operation_timeout",
-            self.operation_timeout,
-        )?;
+        let commands = self.settings.connect("idempotency.redis")?;
         at_least_a_millisecond(
             "idempotency.redis.fallback_poll_interval",
             self.fallback_poll_interval,
         )?;
-        let info = client.get_connection_info().clone();
-        let resp3 = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let subscriber_client = Client::open(info.set_redis_settings(resp3)).map_err(|e| {
-            ConfigError::new(
-                "idempotency.redis.url",
-                format!("cannot be used for subscriptions: {e}"),
-            )
-        })?;
-        let commands = Connection::new(client, self.operation_timeout);
+        let subscriber_client =
+            redis_support::resp3_client("idempotency.redis.url", commands.client())?;
         Ok(RedisDedupeStore {
             shared: Arc::new(Shared {
                 subscriber: Arc::new(Subscriber::new(
                     subscriber_client,
                     commands.config().clone(),
-                    self.operation_timeout,
+                    self.settings.operation_timeout,
                 )),
                 commands,
-                key_prefix: self.key_prefix,
+                key_prefix: self.settings.key_prefix,
                 fallback_poll_interval: self.fallback_poll_interval,
                 scripts: Scripts {
                     replace: Script::new(value::REPLACE),
