@@ -115,6 +115,24 @@ impl LoopDetectHandle {
         self.monitor.tracker.evicted()
     }
 
+    /// Clears `session`'s history in this process only.
+    #[cfg(feature = "redis")]
+    pub(crate) fn reset_local_session(&self, session: &str) {
+        self.monitor.tracker.remove(session);
+    }
+
+    /// Clears `session`'s history in the shared store, if the layer uses one.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn forget_shared_session(
+        &self,
+        session: &str,
+    ) -> Result<(), crate::shared_store::SharedStoreError> {
+        match &self.monitor.store {
+            Some(store) => store.forget(session).await,
+            None => Ok(()),
+        }
+    }
+
     /// How the layer's shared store has fared: always available without one.
     pub fn store_health(&self) -> crate::shared_store::StoreHealth {
         self.monitor.outages.health()

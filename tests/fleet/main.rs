@@ -1,5 +1,6 @@
 //! Several stacks on one real `redis-server`, as replicas behind a load balancer: shared rate
-//! limits, their failure policy while Redis is down, and recovery without a rebuild.
+//! limits and loop detection, their failure policy while Redis is down, recovery without a
+//! rebuild, and operator actions that reach every replica.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -13,11 +14,16 @@ use support::redis_server::RedisServer;
 use support::{call_once, stacked, Counter};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
+use tower_toolcall::breaker::BreakerKey;
+use tower_toolcall::control::ShadowLayer;
+use tower_toolcall::fleet::FleetControl;
 use tower_toolcall::loop_detect::RedisLoopStore;
 use tower_toolcall::rate_limit::RedisRateLimitStore;
 use tower_toolcall::registry::{RateLimitKey, ToolRegistry};
 use tower_toolcall::shared_store::FailurePolicy;
-use tower_toolcall::{ErrorCode, StackLayer, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall::{
+    BreakerState, ErrorCode, StackLayer, ToolCall, ToolError, ToolOutput, ToolStack,
+};
 
 const WEB: &str = "agents.tools.web";
 
@@ -394,4 +400,227 @@ async fn redis_killed_loop_checked_calls_proceed_counted_then_sharing_resumes() 
             1
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operator actions
+
+/// A replica joined to the fleet on `server`.
+struct Member {
+    replica: Replica,
+    fleet: FleetControl,
+}
+
+/// A replica with the default stack, joined to the fleet on `server` and synced.
+async fn member(server: &RedisServer) -> Member {
+    let stack = ToolStack::builder(ToolRegistry::open())
+        .without(StackLayer::Idempotency)
+        .build()
+        .expect("a valid stack");
+    let fleet = FleetControl::builder(server.url())
+        .operation_timeout(Duration::from_millis(200))
+        .join(&stack)
+        .expect("a valid fleet configuration");
+    fleet.sync().await.expect("the fleet's Redis answers");
+    Member {
+        replica: Replica::over(stack),
+        fleet,
+    }
+}
+
+/// Waits (real time, at most 5 s) until `done` holds.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn breaker_state(member: &Member) -> BreakerState {
+    member
+        .replica
+        .stack
+        .breakers()
+        .unwrap()
+        .state(WEB, "search")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_open_on_one_replica_fails_calls_fast_on_the_other() {
+    let server = RedisServer::start();
+    let a = member(&server).await;
+    let b = member(&server).await;
+    let key = BreakerKey::tool(WEB, "search");
+
+    a.fleet.force_open(&key).await.unwrap();
+    assert_eq!(
+        breaker_state(&a),
+        BreakerState::ForcedOpen,
+        "at once on the sender"
+    );
+    eventually("the force-open on B", || {
+        breaker_state(&b) == BreakerState::ForcedOpen
+    })
+    .await;
+    let error = b.replica.call(fresh("search")).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::CircuitOpen);
+    assert_eq!(b.replica.tool.get(), 0, "the tool was not called");
+    b.replica
+        .call(fresh("fetch"))
+        .await
+        .expect("other tools run");
+    assert_eq!(b.fleet.stats().applied, 1, "one message");
+
+    b.fleet.reset_breaker(&key).await.unwrap();
+    eventually("the reset on A", || {
+        breaker_state(&a) == BreakerState::Closed
+    })
+    .await;
+    a.replica.call(fresh("search")).await.expect("closed again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kill_switch_and_shadow_mode_reach_every_replica_and_late_starters_read_them() {
+    let server = RedisServer::start();
+    let a = member(&server).await;
+    let b = member(&server).await;
+    a.fleet.set_enabled(false).await.unwrap();
+    a.fleet
+        .set_shadow(ShadowLayer::RateLimit, true)
+        .await
+        .unwrap();
+    a.fleet
+        .force_open(&BreakerKey::tool(WEB, "search"))
+        .await
+        .unwrap();
+    let control = b.replica.stack.control().clone();
+    eventually("the switches on B", || {
+        !control.is_enabled() && control.is_shadow(ShadowLayer::RateLimit)
+    })
+    .await;
+
+    // A replica that starts now reads the switches as it joins.
+    let c = member(&server).await;
+    let control = c.replica.stack.control();
+    assert!(!control.is_enabled(), "the kill switch");
+    assert!(control.is_shadow(ShadowLayer::RateLimit));
+    assert!(!control.is_shadow(ShadowLayer::LoopDetect));
+    assert_eq!(breaker_state(&c), BreakerState::ForcedOpen);
+
+    c.fleet.set_enabled(true).await.unwrap();
+    for member in [&a, &b] {
+        let control = member.replica.stack.control().clone();
+        eventually("the switch back on", || control.is_enabled()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_reset_on_one_replica_clears_the_loop_on_every_replica() {
+    let server = RedisServer::start();
+    let a = member(&server).await;
+    let b = member(&server).await;
+    let looping = search_in("sess-9", json!({"q": "same"}));
+    for _ in 0..3 {
+        b.replica.call(looping.clone()).await.unwrap();
+    }
+    let error = b.replica.call(looping.clone()).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::LoopDetected);
+
+    a.fleet.reset_session("sess-9").await.unwrap();
+    eventually("the reset on B", || b.fleet.stats().applied == 1).await;
+    b.replica
+        .call(looping)
+        .await
+        .expect("the session counts afresh");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_to_the_admin_path_leaves_the_other_replicas_untouched() {
+    let server = RedisServer::start();
+    let a = member(&server).await;
+    let b = member(&server).await;
+
+    let error = a.fleet.reset_session("").await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ValidationError);
+    assert!(
+        error.message().starts_with("session:"),
+        "{}",
+        error.message()
+    );
+
+    // Messages that another program wrote on the channel are refused, one by one.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let channel = "toolcall:fleet:{fleet}:actions";
+    for garbage in [
+        "not json",
+        r#"{"action":"set_enabled"}"#,
+        r#"{"action":"force_open","breaker":"nonsense key with spaces"}"#,
+        r#"{"action":"set_shadow","layer":"no_such_layer","shadow":true}"#,
+        r#"{"action":"set_enabled","enabled":false,"extra":1}"#,
+    ] {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(channel)
+            .arg(garbage)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    eventually("the refusals on B", || b.fleet.stats().refused == 5).await;
+    let control = b.replica.stack.control();
+    assert!(control.is_enabled());
+    assert!(ShadowLayer::ALL
+        .iter()
+        .all(|layer| !control.is_shadow(*layer)));
+    let snapshot = b.replica.stack.breakers().unwrap().snapshot();
+    assert!(
+        snapshot
+            .iter()
+            .all(|status| status.state == BreakerState::Closed),
+        "{snapshot:?}"
+    );
+    assert_eq!(b.fleet.stats().applied, 0);
+
+    // The channel still works.
+    a.fleet.set_enabled(false).await.unwrap();
+    let control = b.replica.stack.control().clone();
+    eventually("a valid action on B", || !control.is_enabled()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_need_redis_and_sharing_resumes_after_a_restart() {
+    let mut server = RedisServer::start();
+    let a = member(&server).await;
+    let b = member(&server).await;
+    server.kill();
+    let started = Instant::now();
+    let error = a.fleet.set_enabled(false).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StoreUnavailable);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "bounded by the timeout"
+    );
+
+    server.restart();
+    // B resubscribes by itself; A's action then reaches it.
+    eventually("B's resync", || b.fleet.stats().syncs >= 2).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a
+        .fleet
+        .set_shadow(ShadowLayer::LoopDetect, true)
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "A could not reach Redis again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let control = b.replica.stack.control().clone();
+    eventually("the action on B", || {
+        control.is_shadow(ShadowLayer::LoopDetect)
+    })
+    .await;
 }
