@@ -149,7 +149,7 @@
 //! |---|---|---|
 //! | `schema` | yes | params and outputs checked against the tools' JSON Schemas (`jsonschema`) |
 //! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
-//! | `redis` | no | `RedisDedupeStore`: idempotency records shared by every replica |
+//! | `redis` | no | Redis stores shared by every replica: idempotency records (`RedisDedupeStore`), rate-limit quotas (`RedisRateLimitStore`), loop histories (`RedisLoopStore`), and operator actions (`fleet`) |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
 //! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
