@@ -7,7 +7,8 @@
 //! - `fleet_latency`: one call at a time — a raw `EVALSHA` of `return 0`, a call through
 //!   `RateLimitLayer` over `RedisRateLimitStore` (the quota never runs out), and a call
 //!   through `LoopDetectLayer` over `RedisLoopStore` (fresh params, never a loop), both over
-//!   a bare tool.
+//!   a bare tool; then the raw `EVALSHA` again (`raw_evalsha_after`), which brackets the
+//!   machine's drift during the group.
 //! - `fleet_throughput`: 10,000 calls at once on a 2-worker runtime, every one over the same
 //!   multiplexed connection; the time for the batch.
 
@@ -114,6 +115,10 @@ fn fleet(c: &mut Criterion) {
             )
         });
     }
+    // The baseline again, after the others: the machine's drift during the group.
+    group.bench_function("raw_evalsha_after", |b| {
+        b.iter(|| black_box(runtime.block_on(raw_evalsha())))
+    });
     group.finish();
 
     /// Runs `BATCH` futures at once on the runtime; the time they took together.

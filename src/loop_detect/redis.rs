@@ -17,42 +17,53 @@ use crate::time::{millis, unix_now_ms};
 /// The default prefix of every key the store writes.
 pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
 
-/// Takes the next sequence number, answers the session's calls and its chance, and appends
-/// this call, pending, keeping the `keep` latest; both keys expire with the window.
-/// `KEYS`: calls, meta. `ARGV`: now (ms), window (ms), keep, signature, poller.
+/// A session is one string: its next sequence number, a line; the call last given a chance
+/// (`<signature>:<ms>`, or nothing), a line; then its latest calls, one line each, oldest
+/// first: `<seq>:<ms>:<signature>:<poller>:<state>`. Two commands a script, whatever the
+/// history's length.
+///
+/// `OBSERVE` takes the next sequence number, answers it with the calls and the chance, and
+/// appends this call, pending, keeping the `keep` latest; the session expires with the window.
+/// `ARGV`: now (ms), window (ms), keep, signature, poller.
 const OBSERVE: &str = r"
-local seq = redis.call('HINCRBY', KEYS[2], 'seq', 1) - 1
-local calls = redis.call('LRANGE', KEYS[1], 0, -1)
-local chance = redis.call('HGET', KEYS[2], 'chance')
-redis.call('RPUSH', KEYS[1], seq .. ':' .. ARGV[1] .. ':' .. ARGV[4] .. ':' .. ARGV[5] .. ':p')
-local keep = tonumber(ARGV[3])
-if keep > 0 then
-  redis.call('LTRIM', KEYS[1], -keep, -1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-else
-  redis.call('DEL', KEYS[1])
+local seq, chance, calls = 0, '', ''
+local blob = redis.call('GET', KEYS[1])
+if blob then
+  local a = string.find(blob, '\n', 1, true)
+  local b = string.find(blob, '\n', a + 1, true)
+  seq = tonumber(string.sub(blob, 1, a - 1))
+  chance = string.sub(blob, a + 1, b - 1)
+  calls = string.sub(blob, b + 1)
 end
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
+local kept = calls .. seq .. ':' .. ARGV[1] .. ':' .. ARGV[4] .. ':' .. ARGV[5] .. ':p\n'
+local n = select(2, string.gsub(kept, '\n', '\n'))
+local from = 1
+for _ = 1, n - tonumber(ARGV[3]) do
+  from = string.find(kept, '\n', from, true) + 1
+end
+kept = string.sub(kept, from)
+redis.call('SET', KEYS[1], (seq + 1) .. '\n' .. chance .. '\n' .. kept, 'PX', ARGV[2])
 return {seq, calls, chance}
 ";
 
 /// Settles the pending call `ARGV[1]` with the state `ARGV[2]`, and sets the session's
-/// chance to `ARGV[3]` unless it is empty. `KEYS`: calls, meta.
+/// chance to `ARGV[3]` unless it is empty; the session keeps its expiry.
 const SETTLE: &str = r"
-local prefix = ARGV[1] .. ':'
-local calls = redis.call('LRANGE', KEYS[1], 0, -1)
-for i = #calls, 1, -1 do
-  local call = calls[i]
-  if string.sub(call, 1, #prefix) == prefix then
-    if string.sub(call, -2) == ':p' then
-      redis.call('LSET', KEYS[1], i - 1, string.sub(call, 1, -2) .. ARGV[2])
-    end
-    break
+local blob = redis.call('GET', KEYS[1])
+if not blob then return 0 end
+local a = string.find(blob, '\n', 1, true)
+local b = string.find(blob, '\n', a + 1, true)
+local chance = string.sub(blob, a + 1, b - 1)
+local calls = string.sub(blob, b + 1)
+local at = string.find('\n' .. calls, '\n' .. ARGV[1] .. ':', 1, true)
+if at then
+  local stop = string.find(calls, '\n', at, true)
+  if string.sub(calls, stop - 2, stop - 1) == ':p' then
+    calls = string.sub(calls, 1, stop - 2) .. ARGV[2] .. string.sub(calls, stop)
   end
 end
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[2], 'chance', ARGV[3])
-end
+if ARGV[3] ~= '' then chance = ARGV[3] end
+redis.call('SET', KEYS[1], string.sub(blob, 1, a) .. chance .. '\n' .. calls, 'KEEPTTL')
 return 1
 ";
 
@@ -64,12 +75,12 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 /// points at the same server: a model whose calls are spread over replicas is stopped at the
 /// same call as on one.
 ///
-/// - A session is two keys, `<prefix>{<session>}:calls` (its latest calls: sequence number,
-///   time, signature, and how each ended) and `<prefix>{<session>}:meta` (its sequence and
-///   the call last given a chance). The braces are a Redis Cluster hash tag: both keys live
-///   in one slot. Both expire with the session's window.
-/// - A call is one round trip: a Lua script appends it and answers the calls before it, which
-///   the layer judges with the same rules as in memory. A refused call, a failure and a
+/// - A session is one key, `<prefix>{<session>}`: its sequence, the call last given a
+///   chance, and its latest calls (sequence number, time, signature, and how each ended), as
+///   many as the rules look at. The braces are a Redis Cluster hash tag. The key expires with
+///   the session's window.
+/// - A call is one round trip: a Lua script (two commands, a read and a write) appends it and
+///   answers the calls before it, which the layer judges with the same rules as in memory. A refused call, a failure and a
 ///   poller's result are then written to its entry (a second, short script), before the
 ///   caller gets the answer, so the next call on any replica sees them.
 /// - Times are the replicas' wall clocks, in milliseconds: windows last seconds or minutes,
@@ -126,12 +137,8 @@ impl RedisLoopStore {
     }
 
     /// The Redis key of `session`'s latest calls.
-    pub fn calls_key(&self, session: &str) -> String {
-        hash_tagged(&self.shared.key_prefix, session, ":calls")
-    }
-
-    fn meta_key(&self, session: &str) -> String {
-        hash_tagged(&self.shared.key_prefix, session, ":meta")
+    pub fn session_key(&self, session: &str) -> String {
+        hash_tagged(&self.shared.key_prefix, session, "")
     }
 
     pub(crate) fn signature_seed(&self) -> u64 {
@@ -146,7 +153,7 @@ impl RedisLoopStore {
         limits: &Limits,
     ) -> impl Future<Output = Result<Observed, SharedStoreError>> + Send + 'static {
         let shared = self.shared.clone();
-        let keys = (self.calls_key(session), self.meta_key(session));
+        let key = self.session_key(session);
         let window_ms = millis(limits.ttl).max(1);
         let keep = limits.history_len();
         let poller = u8::from(limits.poller);
@@ -157,8 +164,7 @@ impl RedisLoopStore {
                 .eval(
                     shared
                         .observe
-                        .key(&keys.0)
-                        .key(&keys.1)
+                        .key(&key)
                         .arg(now_ms)
                         .arg(window_ms)
                         .arg(keep)
@@ -177,23 +183,21 @@ impl RedisLoopStore {
                 _ => None,
             }
             .ok_or_else(|| corrupt("no sequence number"))?;
-            let calls = match reply.next() {
-                Some(Value::Array(calls)) => calls,
-                _ => return Err(corrupt("no calls")),
-            };
-            let calls = calls
-                .iter()
-                .map(|call| decode_call(text(call)?, at))
+            let calls = reply.next().ok_or_else(|| corrupt("no calls"))?;
+            let calls = text(&calls)?
+                .lines()
+                .map(|call| decode_call(call, at))
                 .collect::<Result<Vec<_>, _>>()?;
-            let chance = match reply.next() {
-                Some(value @ Value::BulkString(_)) => {
-                    let (signature, ms) = text(&value)?
+            let chance = reply.next().ok_or_else(|| corrupt("no chance"))?;
+            let chance = match text(&chance)? {
+                "" => None,
+                chance => {
+                    let (signature, ms) = chance
                         .split_once(':')
                         .and_then(|(s, ms)| Some((s.parse().ok()?, ms.parse().ok()?)))
                         .ok_or_else(|| corrupt("a malformed chance"))?;
                     Some((Signature::from_raw(signature), at(ms)))
                 }
-                _ => None,
             };
             Ok(Observed {
                 history: SessionHistory::restore(calls, seq, chance),
@@ -213,7 +217,7 @@ impl RedisLoopStore {
         chance: Option<(Signature, Instant)>,
     ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
         let shared = self.shared.clone();
-        let keys = (self.calls_key(session), self.meta_key(session));
+        let key = self.session_key(session);
         let chance = chance.map_or_else(String::new, |(signature, at)| {
             let ago = millis(Instant::now().saturating_duration_since(at));
             format!("{}:{}", signature.raw(), unix_now_ms().saturating_sub(ago))
@@ -224,8 +228,7 @@ impl RedisLoopStore {
                 .eval(
                     shared
                         .settle
-                        .key(&keys.0)
-                        .key(&keys.1)
+                        .key(&key)
                         .arg(seq)
                         .arg(encode_state(state))
                         .arg(chance),
@@ -242,9 +245,7 @@ impl RedisLoopStore {
     ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
         let shared = self.shared.clone();
         let mut command = redis::cmd("DEL");
-        command
-            .arg(self.calls_key(session))
-            .arg(self.meta_key(session));
+        command.arg(self.session_key(session));
         async move {
             let _: i64 = shared.connection.command(&command).await?;
             Ok(())

@@ -726,3 +726,46 @@ async fn bad_input_to_the_admin_api_leaves_the_other_replicas_untouched() {
     let control = b.replica.stack.control().clone();
     eventually("the kill switch on B", || !control.is_enabled()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_session_is_one_bounded_key_that_expires_with_its_window() {
+    let server = RedisServer::start();
+    let replica = loop_checked_replica(&server, FailurePolicy::Closed);
+    for n in 0..20 {
+        replica
+            .call(search_in("sess-7", json!({"n": n})))
+            .await
+            .unwrap();
+    }
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys, vec!["toolcall:loop:{sess-7}".to_owned()]);
+    let ttl_ms: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (110_000..=120_000).contains(&ttl_ms),
+        "the window of 120 s: {ttl_ms} ms"
+    );
+    let session: String = redis::cmd("GET")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let lines: Vec<&str> = session.lines().collect();
+    assert_eq!(lines[0], "20", "the next sequence number");
+    assert_eq!(lines[1], "", "no chance given");
+    assert_eq!(
+        lines.len() - 2,
+        8,
+        "as many calls as the default rules look at (a cycle of 3, three times, less one)"
+    );
+    assert!(lines[2].starts_with("12:"), "the oldest kept: {}", lines[2]);
+}
