@@ -135,6 +135,13 @@ async fn refused_at(replicas: &[Replica], calls: &[ToolCall]) -> usize {
     panic!("no call of {} was refused as a loop", calls.len());
 }
 
+/// Runs `command` on `server`, over a connection of its own.
+async fn query<T: redis::FromRedisValue>(server: &RedisServer, command: &mut redis::Cmd) -> T {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    command.query_async(&mut conn).await.unwrap()
+}
+
 fn total_calls(replicas: &[Replica]) -> usize {
     replicas.iter().map(|replica| replica.tool.get()).sum()
 }
@@ -235,23 +242,13 @@ async fn quota_keys_are_hash_tagged_and_expire() {
     let server = RedisServer::start();
     let a = rate_limited_replica(&server, 2, 2, FailurePolicy::Closed);
     a.call(fresh("search")).await.unwrap();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys: Vec<String> = query(&server, redis::cmd("KEYS").arg("*")).await;
     assert_eq!(
         keys,
         vec![format!("toolcall:rl:{{{WEB}::search\u{1f}}}")],
         "one key, its name in a hash tag"
     );
-    let ttl_ms: i64 = redis::cmd("PTTL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl_ms: i64 = query(&server, redis::cmd("PTTL").arg(&keys[0])).await;
     assert!(
         (1..=502).contains(&ttl_ms),
         "the key lives until its quota is full again: {ttl_ms} ms"
@@ -553,8 +550,6 @@ async fn bad_input_to_the_fleet_leaves_the_other_replicas_untouched() {
     );
 
     // Messages that another program wrote on the channel are refused, one by one.
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let channel = "toolcall:fleet:{fleet}:actions";
     for garbage in [
         "not json",
@@ -563,12 +558,7 @@ async fn bad_input_to_the_fleet_leaves_the_other_replicas_untouched() {
         r#"{"action":"set_shadow","layer":"no_such_layer","shadow":true}"#,
         r#"{"action":"set_enabled","enabled":false,"extra":1}"#,
     ] {
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(channel)
-            .arg(garbage)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let _: i64 = query(&server, redis::cmd("PUBLISH").arg(channel).arg(garbage)).await;
     }
     eventually("the refusals on B", || b.fleet.stats().refused == 5).await;
     let control = b.replica.stack.control();
@@ -737,28 +727,14 @@ async fn a_loop_session_is_one_bounded_key_that_expires_with_its_window() {
             .await
             .unwrap();
     }
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys: Vec<String> = query(&server, redis::cmd("KEYS").arg("*")).await;
     assert_eq!(keys, vec!["toolcall:loop:{sess-7}".to_owned()]);
-    let ttl_ms: i64 = redis::cmd("PTTL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl_ms: i64 = query(&server, redis::cmd("PTTL").arg(&keys[0])).await;
     assert!(
         (110_000..=120_000).contains(&ttl_ms),
         "the window of 120 s: {ttl_ms} ms"
     );
-    let session: String = redis::cmd("GET")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let session: String = query(&server, redis::cmd("GET").arg(&keys[0])).await;
     let lines: Vec<&str> = session.lines().collect();
     assert_eq!(lines[0], "20", "the next sequence number");
     assert_eq!(lines[1], "", "no chance given");
