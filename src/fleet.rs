@@ -519,3 +519,95 @@ impl FleetControlBuilder {
         Ok(FleetControl { inner })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn replica() -> Replica {
+        let stack = ToolStack::builder(crate::registry::ToolRegistry::open())
+            .build()
+            .unwrap();
+        Replica {
+            control: stack.control().clone(),
+            breakers: stack.breakers(),
+            loops: stack.loop_sessions(),
+        }
+    }
+
+    fn action() -> impl Strategy<Value = Action> {
+        prop_oneof![
+            "[a-z.]{1,12}::[a-z]{1,8}".prop_map(|k| Action::ForceOpen {
+                breaker: format!("tool:{k}")
+            }),
+            "[a-z.]{1,12}".prop_map(|ns| Action::ResetBreaker {
+                breaker: format!("dependency:{ns}")
+            }),
+            "[a-z0-9-]{1,16}".prop_map(|session| Action::ResetSession { session }),
+            any::<bool>().prop_map(|enabled| Action::SetEnabled { enabled }),
+            (
+                proptest::sample::select(ShadowLayer::ALL.to_vec()),
+                any::<bool>()
+            )
+                .prop_map(|(layer, shadow)| Action::SetShadow {
+                    layer: layer.as_str().to_owned(),
+                    shadow
+                }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_action_reads_back_as_sent_and_applies(action in action()) {
+            let message = serde_json::to_string(&action).unwrap();
+            let read: Action = serde_json::from_str(&message).unwrap();
+            prop_assert_eq!(&read, &action);
+            prop_assert!(replica().apply(&read).is_ok());
+        }
+
+        #[test]
+        fn any_other_message_is_refused_and_changes_nothing(message in ".{0,80}") {
+            let replica = replica();
+            let applied = serde_json::from_str::<Action>(&message)
+                .map_err(|e| e.to_string())
+                .and_then(|action| replica.apply(&action).map_err(|e| e.to_string()));
+            if applied.is_err() {
+                prop_assert!(replica.control.is_enabled());
+                prop_assert!(ShadowLayer::ALL.iter().all(|layer| !replica.control.is_shadow(*layer)));
+                let breakers = replica.breakers.as_ref().unwrap().snapshot();
+                prop_assert!(breakers.iter().all(|b| b.state == BreakerState::Closed));
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_actions_name_their_field() {
+        let replica = replica();
+        for (action, field) in [
+            (
+                Action::ForceOpen {
+                    breaker: "no key".into(),
+                },
+                "breaker",
+            ),
+            (
+                Action::ResetSession {
+                    session: String::new(),
+                },
+                "session",
+            ),
+            (
+                Action::SetShadow {
+                    layer: "retry".into(),
+                    shadow: true,
+                },
+                "layer",
+            ),
+        ] {
+            let error = replica.check(&action).unwrap_err();
+            assert_eq!(error.code(), ErrorCode::ValidationError);
+            assert!(error.message().starts_with(field), "{}", error.message());
+        }
+    }
+}

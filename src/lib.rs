@@ -138,6 +138,14 @@
 //! key derivation and shadow mode per layer; read from the environment when the stack is
 //! built, flipped at run time through any clone of the handle.
 //!
+//! # A fleet of replicas
+//!
+//! With the `redis` feature, replicas behind a load balancer share what would otherwise be
+//! per process: rate-limit quotas (`rate_limit::RedisRateLimitStore`), loop-detection
+//! histories (`loop_detect::RedisLoopStore`) and operator actions (`fleet::FleetControl`), on
+//! top of the idempotency records. What a layer does while its store is unreachable is its
+//! [`shared_store::FailurePolicy`].
+//!
 //! # Canonical params
 //!
 //! [`canonical`] writes params as RFC 8785 canonical JSON after removing nulls, volatile

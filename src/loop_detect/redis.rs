@@ -354,3 +354,56 @@ impl RedisLoopStoreBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn state() -> impl Strategy<Value = State> {
+        prop_oneof![
+            Just(State::Pending),
+            Just(State::Rejected),
+            any::<u64>().prop_map(|fingerprint| State::Done(Outcome::Succeeded(fingerprint))),
+            proptest::sample::select(ErrorCode::ALL.to_vec())
+                .prop_map(|code| State::Done(Outcome::Failed(code))),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn a_stored_call_reads_back_as_written(
+            seq in any::<u64>(),
+            at_ms in any::<u64>(),
+            signature in any::<u64>(),
+            poller in any::<bool>(),
+            state in state(),
+        ) {
+            let now = Instant::now();
+            let line = format!(
+                "{seq}:{at_ms}:{signature}:{}:{}",
+                u8::from(poller),
+                encode_state(state)
+            );
+            let call = decode_call(&line, |_| now).unwrap();
+            prop_assert_eq!(
+                call,
+                StoredCall { at: now, signature: Signature::from_raw(signature), poller, state }
+            );
+        }
+
+        #[test]
+        fn any_other_line_is_refused_as_corrupt_without_a_panic(line in ".{0,64}") {
+            let now = Instant::now();
+            match decode_call(&line, |_| now) {
+                Ok(call) => {
+                    // Only lines of the stored shape read back.
+                    let fields: Vec<&str> = line.splitn(5, ':').collect();
+                    prop_assert_eq!(fields.len(), 5);
+                    prop_assert_eq!(fields[2].parse::<u64>().ok(), Some(call.signature.raw()));
+                }
+                Err(error) => prop_assert!(matches!(error, SharedStoreError::Corrupt(_))),
+            }
+        }
+    }
+}
