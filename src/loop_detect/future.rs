@@ -195,7 +195,7 @@ mod shared {
     //! A call whose session history is in the shared store.
 
     use super::*;
-    use crate::loop_detect::detector::State as CallState;
+    use crate::loop_detect::detector::{Decision, State as CallState};
     use crate::loop_detect::redis::Observed;
     use crate::loop_detect::service::{Judgement, SharedCheck};
     use crate::outcome::ShadowDecision;
@@ -344,13 +344,17 @@ mod shared {
                 .call
                 .as_ref()
                 .expect("the call is judged before it is made");
-            let judgement = self.monitor.judge(
-                call,
-                decision,
-                &check.limits,
-                check.signature,
-                &check.canonical,
-            );
+            // Only a refusal logs the params: read them again then (they are cached).
+            let canonical = match decision {
+                Decision::Reject(_) => call
+                    .params()
+                    .canonical(&self.monitor.canonical)
+                    .unwrap_or_default(),
+                Decision::Admit(_) => std::borrow::Cow::Borrowed(""),
+            };
+            let judgement =
+                self.monitor
+                    .judge(call, decision, &check.limits, check.signature, &canonical);
             match judgement {
                 Judgement::Admit(_) => {
                     self.seq = Some(seq);

@@ -77,7 +77,6 @@ pub(super) struct SharedCheck {
     pub(super) store: super::redis::RedisLoopStore,
     pub(super) limits: Limits,
     pub(super) signature: Signature,
-    pub(super) canonical: Arc<str>,
 }
 
 impl Monitor {
@@ -106,7 +105,6 @@ impl Monitor {
                 store: store.clone(),
                 limits,
                 signature,
-                canonical: Arc::from(&*canonical),
             });
         }
         let now = Instant::now();
