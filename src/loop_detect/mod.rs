@@ -71,6 +71,17 @@
 //! The other rules' switches and thresholds are the layer's, set on its
 //! [builder](LoopDetectLayerBuilder).
 //!
+//! # Shared by replicas
+//!
+//! Each process keeps its sessions' histories by default. Behind a load balancer a model
+//! whose calls are spread over N replicas would then repeat up to N times more often before
+//! it is stopped; with a `RedisLoopStore` (feature `redis`,
+//! `LoopDetectLayerBuilder::store`) every replica reads and extends one history per session,
+//! in one round trip per call, and the rules above judge it exactly as in memory. While the
+//! store cannot be reached, calls follow the layer's
+//! [failure policy](crate::shared_store) (by default they run unchecked). The session tier of
+//! settings stays each replica's own.
+//!
 //! # Logs
 //!
 //! Each detection logs one WARN event:
