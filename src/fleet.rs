@@ -11,13 +11,15 @@
 //! | [`reset_session`](FleetControl::reset_session) | forgets the session's loop history |
 //! | [`set_enabled`](FleetControl::set_enabled) | turns every layer on or off (the kill switch) |
 //! | [`set_shadow`](FleetControl::set_shadow) | puts a layer in or out of shadow mode |
+//! | [`apply_loop_command`](FleetControl::apply_loop_command) | applies a `!/set(tool-loop-…)` or `!/unset(…)` to a session's loop settings |
 //!
-//! Each action is one round trip: a Lua script records it in the fleet's switches (a hash
-//! and a set, `<prefix>{fleet}:switches` and `<prefix>{fleet}:forced`) and publishes it on
+//! Each action is one round trip: a Lua script records it in the fleet's state (the hashes
+//! `<prefix>{fleet}:switches` and `<prefix>{fleet}:loop_sessions`, the set
+//! `<prefix>{fleet}:forced`) and publishes it on
 //! `<prefix>{fleet}:actions`, in one step. Every replica, the sender included, applies the
 //! message as it arrives — one message, no polling. A replica that starts later, or whose
 //! subscription was cut and restored, reads the switches: the kill switch, the shadowed
-//! layers and the breakers held open (a breaker it holds open that the switches no longer
+//! layers, the sessions' loop settings and the breakers held open (a breaker it holds open that the switches no longer
 //! name is reset). A session reset is not a switch: it concerns the histories of that
 //! moment only.
 //!
@@ -63,7 +65,7 @@ use crate::breaker::{BreakerAdmin, BreakerKey};
 use crate::control::{ReliabilityControl, ShadowLayer};
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::idempotency::DedupeStore;
-use crate::loop_detect::LoopDetectHandle;
+use crate::loop_detect::{LoopCommand, LoopDetectHandle, LoopSettings};
 use crate::redis_support::{self, bounded, hash_tagged, Connection, StoreSettings};
 use crate::shared_store::SharedStoreError;
 use crate::stack::ToolStack;
@@ -75,15 +77,19 @@ pub const DEFAULT_FLEET_KEY_PREFIX: &str = "toolcall:fleet:";
 /// How long the listener waits before it tries again to subscribe.
 const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(1);
 
-/// Records an action in the switches and publishes it. `KEYS`: switches, forced.
-/// `ARGV`: channel, message, change (`hset`, `sadd`, `srem` or `none`), field, value.
+/// Records an action in the fleet's state and publishes it, in one step. `KEYS[1]`: the
+/// key the action changes. `ARGV`: channel, message, change (`hset`, `hdel`, `sadd`, `srem`
+/// or `none`), field, value.
 const ACT: &str = r"
-if ARGV[3] == 'hset' then
+local change = ARGV[3]
+if change == 'hset' then
   redis.call('HSET', KEYS[1], ARGV[4], ARGV[5])
-elseif ARGV[3] == 'sadd' then
-  redis.call('SADD', KEYS[2], ARGV[4])
-elseif ARGV[3] == 'srem' then
-  redis.call('SREM', KEYS[2], ARGV[4])
+elseif change == 'hdel' then
+  redis.call('HDEL', KEYS[1], ARGV[4])
+elseif change == 'sadd' then
+  redis.call('SADD', KEYS[1], ARGV[4])
+elseif change == 'srem' then
+  redis.call('SREM', KEYS[1], ARGV[4])
 end
 return redis.call('PUBLISH', ARGV[1], ARGV[2])
 ";
@@ -92,11 +98,27 @@ return redis.call('PUBLISH', ARGV[1], ARGV[2])
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 enum Action {
-    ForceOpen { breaker: String },
-    ResetBreaker { breaker: String },
-    ResetSession { session: String },
-    SetEnabled { enabled: bool },
-    SetShadow { layer: String, shadow: bool },
+    ForceOpen {
+        breaker: String,
+    },
+    ResetBreaker {
+        breaker: String,
+    },
+    ResetSession {
+        session: String,
+    },
+    SetEnabled {
+        enabled: bool,
+    },
+    SetShadow {
+        layer: String,
+        shadow: bool,
+    },
+    /// A session's loop-detection settings, whole, after a `!/set` or `!/unset`.
+    LoopSettings {
+        session: String,
+        settings: LoopSettings,
+    },
 }
 
 /// What a [`FleetControl`] has seen.
@@ -124,6 +146,7 @@ struct Inner {
     channel: String,
     switches_key: String,
     forced_key: String,
+    sessions_key: String,
     act: Script,
     replica: Replica,
     applied: AtomicU64,
@@ -190,6 +213,31 @@ impl FleetControl {
         self.act(Action::SetShadow { layer, shadow }).await
     }
 
+    /// Parses an in-chat loop-detection command (see [`LoopCommand::parse`]) and applies it
+    /// to `session`'s settings on every replica; a replica that starts later reads them.
+    /// A wrong command changes nothing anywhere.
+    pub async fn apply_loop_command(
+        &self,
+        session: &str,
+        text: &str,
+    ) -> Result<LoopCommand, ToolError> {
+        let command = LoopCommand::parse(text).map_err(|problem| invalid("command", problem))?;
+        let loops = self.inner.replica.loops.as_ref().ok_or_else(|| {
+            ToolError::rejected(
+                ErrorCode::NotFound,
+                "loop detection is off in this stack: there are no session settings to change",
+            )
+        })?;
+        let current = loops.session_settings(session);
+        let settings = match &command {
+            LoopCommand::Set(settings) => current.merged(*settings),
+            LoopCommand::Unset(keys) => keys.iter().fold(current, |s, k| s.without(*k)),
+        };
+        let session = session.to_owned();
+        self.act(Action::LoopSettings { session, settings }).await?;
+        Ok(command)
+    }
+
     /// Subscribes to the fleet's actions, if this replica is not yet, and applies the
     /// fleet's current switches. The replica does it by itself when it joins and after a
     /// reconnection; awaiting it says when it is done.
@@ -216,14 +264,31 @@ impl FleetControl {
         if let Action::ResetSession { session } = &action {
             inner.replica.forget_shared_session(session).await?;
         }
-        let (change, field, value) = match &action {
-            Action::ForceOpen { breaker } => ("sadd", breaker.clone(), String::new()),
-            Action::ResetBreaker { breaker } => ("srem", breaker.clone(), String::new()),
-            Action::ResetSession { .. } => ("none", String::new(), String::new()),
-            Action::SetEnabled { enabled } => ("hset", "enabled".to_owned(), flag(*enabled)),
-            Action::SetShadow { layer, shadow } => {
-                ("hset", format!("shadow:{layer}"), flag(*shadow))
+        let (key, change, field, value) = match &action {
+            Action::ForceOpen { breaker } => (&inner.forced_key, "sadd", breaker.clone(), None),
+            Action::ResetBreaker { breaker } => (&inner.forced_key, "srem", breaker.clone(), None),
+            Action::ResetSession { .. } => (&inner.switches_key, "none", String::new(), None),
+            Action::SetEnabled { enabled } => (
+                &inner.switches_key,
+                "hset",
+                "enabled".to_owned(),
+                Some(flag(*enabled)),
+            ),
+            Action::SetShadow { layer, shadow } => (
+                &inner.switches_key,
+                "hset",
+                format!("shadow:{layer}"),
+                Some(flag(*shadow)),
+            ),
+            Action::LoopSettings { session, settings } if settings.is_empty() => {
+                (&inner.sessions_key, "hdel", session.clone(), None)
             }
+            Action::LoopSettings { session, settings } => (
+                &inner.sessions_key,
+                "hset",
+                session.clone(),
+                Some(serde_json::to_string(settings).expect("settings serialize")),
+            ),
         };
         let message = serde_json::to_string(&action).expect("an action serializes");
         let _: i64 = inner
@@ -231,13 +296,12 @@ impl FleetControl {
             .eval(
                 inner
                     .act
-                    .key(&inner.switches_key)
-                    .key(&inner.forced_key)
+                    .key(key)
                     .arg(&inner.channel)
                     .arg(message)
                     .arg(change)
                     .arg(field)
-                    .arg(value),
+                    .arg(value.unwrap_or_default()),
             )
             .await
             .map_err(unavailable)?;
@@ -272,8 +336,15 @@ impl Replica {
                     .parse::<BreakerKey>()
                     .map_err(|problem| invalid("breaker", problem))?;
             }
-            Action::ResetSession { session } if session.is_empty() => {
+            Action::ResetSession { session } | Action::LoopSettings { session, .. }
+                if session.is_empty() =>
+            {
                 return Err(invalid("session", "must not be empty"));
+            }
+            Action::LoopSettings { settings, .. } => {
+                settings
+                    .check()
+                    .map_err(|problem| invalid("settings", problem))?;
             }
             Action::SetShadow { layer, .. } if ShadowLayer::parse(layer).is_none() => {
                 return Err(invalid(
@@ -303,6 +374,11 @@ impl Replica {
             Action::ResetSession { session } => {
                 if let Some(loops) = &self.loops {
                     loops.reset_local_session(session);
+                }
+            }
+            Action::LoopSettings { session, settings } => {
+                if let Some(loops) = &self.loops {
+                    loops.replace_session_settings(session, *settings);
                 }
             }
             Action::SetEnabled { enabled } => self.control.set_enabled(*enabled),
@@ -348,7 +424,17 @@ impl Inner {
             .commands
             .command(redis::cmd("SMEMBERS").arg(&self.forced_key))
             .await?;
+        let sessions: Vec<(String, String)> = self
+            .commands
+            .command(redis::cmd("HGETALL").arg(&self.sessions_key))
+            .await?;
         let mut actions = Vec::new();
+        for (session, settings) in sessions {
+            match serde_json::from_str(&settings) {
+                Ok(settings) => actions.push(Action::LoopSettings { session, settings }),
+                Err(error) => self.refuse(&settings, &error.to_string()),
+            }
+        }
         for (field, value) in switches {
             let on = value == "1";
             match field.strip_prefix("shadow:") {
@@ -500,6 +586,7 @@ impl FleetControlBuilder {
             channel: hash_tagged(prefix, "fleet", ":actions"),
             switches_key: hash_tagged(prefix, "fleet", ":switches"),
             forced_key: hash_tagged(prefix, "fleet", ":forced"),
+            sessions_key: hash_tagged(prefix, "fleet", ":loop_sessions"),
             commands,
             act: Script::new(ACT),
             replica: Replica {
@@ -545,6 +632,10 @@ mod tests {
                 breaker: format!("dependency:{ns}")
             }),
             "[a-z0-9-]{1,16}".prop_map(|session| Action::ResetSession { session }),
+            ("[a-z0-9-]{1,16}", 2u32..50).prop_map(|(session, max)| Action::LoopSettings {
+                session,
+                settings: LoopSettings::default().with_max_repeats(max),
+            }),
             any::<bool>().prop_map(|enabled| Action::SetEnabled { enabled }),
             (
                 proptest::sample::select(ShadowLayer::ALL.to_vec()),

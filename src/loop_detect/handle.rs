@@ -115,6 +115,15 @@ impl LoopDetectHandle {
         self.monitor.tracker.evicted()
     }
 
+    /// Replaces `session`'s settings, whole (checked by the caller).
+    #[cfg(feature = "redis")]
+    pub(crate) fn replace_session_settings(&self, session: &str, settings: LoopSettings) {
+        self.monitor.tiers.sessions.update(session, |_| settings);
+        if settings.enabled == Some(false) {
+            self.monitor.tracker.remove(session);
+        }
+    }
+
     /// Clears `session`'s history in this process only.
     #[cfg(feature = "redis")]
     pub(crate) fn reset_local_session(&self, session: &str) {

@@ -80,7 +80,8 @@
 //! in one round trip per call, and the rules above judge it exactly as in memory. While the
 //! store cannot be reached, calls follow the layer's
 //! [failure policy](crate::shared_store) (by default they run unchecked). The session tier of
-//! settings stays each replica's own.
+//! settings is each replica's own unless the commands go through the fleet
+//! (`fleet::FleetControl::apply_loop_command`), which applies them on every replica.
 //!
 //! # Logs
 //!

@@ -745,3 +745,52 @@ async fn a_loop_session_is_one_bounded_key_that_expires_with_its_window() {
     );
     assert!(lines[2].starts_with("12:"), "the oldest kept: {}", lines[2]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_loop_settings_reach_every_replica_and_late_starters_read_them() {
+    let server = RedisServer::start();
+    let a = member(&server).await;
+    let b = member(&server).await;
+
+    let error = a
+        .fleet
+        .apply_loop_command("strict", "!/set(tool-loop-max-repeats=1)")
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ValidationError, "{error}");
+    a.fleet
+        .apply_loop_command("strict", "!/set(tool-loop-max-repeats=2)")
+        .await
+        .unwrap();
+    let loops = b.replica.stack.loop_sessions().unwrap();
+    eventually("the settings on B", || {
+        loops.session_settings("strict").max_repeats == Some(2)
+    })
+    .await;
+    assert_eq!(
+        b.fleet.stats().applied,
+        1,
+        "the refused command sent nothing"
+    );
+    let call = search_in("strict", json!({"q": 1}));
+    b.replica.call(call.clone()).await.unwrap();
+    let error = b.replica.call(call).await.unwrap_err();
+    assert_eq!(
+        error.code(),
+        ErrorCode::LoopDetected,
+        "the 2nd identical call on B"
+    );
+
+    // A replica that starts now reads the settings as it joins; an unset reaches it too.
+    let c = member(&server).await;
+    let loops = c.replica.stack.loop_sessions().unwrap();
+    assert_eq!(loops.session_settings("strict").max_repeats, Some(2));
+    b.fleet
+        .apply_loop_command("strict", "!/unset(tool-loop-max-repeats)")
+        .await
+        .unwrap();
+    eventually("the unset on C", || {
+        loops.session_settings("strict").is_empty()
+    })
+    .await;
+}
