@@ -53,10 +53,10 @@ impl Replica {
     }
 }
 
-/// A rate-limit store on `server` whose checks give up after 200 ms.
+/// A rate-limit store on `server` whose checks give up after 500 ms.
 fn rate_store(server: &RedisServer) -> RedisRateLimitStore {
     RedisRateLimitStore::builder(server.url())
-        .operation_timeout(Duration::from_millis(200))
+        .operation_timeout(Duration::from_millis(500))
         .build()
         .expect("a valid store configuration")
 }
