@@ -794,3 +794,34 @@ async fn a_sessions_loop_settings_reach_every_replica_and_late_starters_read_the
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_holds_no_call_longer_than_the_operation_timeout() {
+    let server = RedisServer::start();
+    let limited = rate_limited_replica(&server, 1_000, 1_000, FailurePolicy::Open);
+    let looped = loop_checked_replica(&server, FailurePolicy::Open);
+    limited.call(fresh("search")).await.unwrap();
+    looped.call(fresh("search")).await.unwrap();
+    server.freeze();
+    for (replica, timeout) in [
+        (&limited, Duration::from_millis(500)),
+        (&looped, Duration::from_millis(200)),
+    ] {
+        let started = Instant::now();
+        replica
+            .call(fresh("search"))
+            .await
+            .expect("fail open: the call proceeds");
+        let took = started.elapsed();
+        assert!(
+            took >= timeout && took < timeout * 3,
+            "the check gave up after its timeout of {timeout:?}: {took:?}"
+        );
+        assert_eq!(replica.tool.get(), 2);
+    }
+    server.resume();
+    let health = limited.stack.rate_limits().unwrap().store_health();
+    assert_eq!((health.outages, health.failed_checks), (1, 1));
+    let health = looped.stack.loop_sessions().unwrap().store_health();
+    assert_eq!((health.outages, health.failed_checks), (1, 1));
+}
