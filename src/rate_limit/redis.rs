@@ -38,7 +38,8 @@ return 0
 /// - A check is one round trip: a Lua script (sent by its hash) reads the server's clock,
 ///   takes one unit of the quota or answers how long until it allows one, and sets the key
 ///   to expire once the quota is full again. The server's clock, not the replicas', so
-///   replicas whose clocks disagree still share one schedule.
+///   replicas whose clocks disagree still share one schedule. The schedule counts whole
+///   microseconds: a rate above a million calls a second is not limited.
 /// - Every check is bounded by the operation timeout (1 s by default); a failed check follows
 ///   the layer's [`FailurePolicy`](crate::shared_store::FailurePolicy). The connection
 ///   reconnects by itself.
