@@ -11,15 +11,18 @@
 //! | [`reset_session`](FleetControl::reset_session) | forgets the session's loop history |
 //! | [`set_enabled`](FleetControl::set_enabled) | turns every layer on or off (the kill switch) |
 //! | [`set_shadow`](FleetControl::set_shadow) | puts a layer in or out of shadow mode |
-//! | [`apply_loop_command`](FleetControl::apply_loop_command) | applies a `!/set(tool-loop-…)` or `!/unset(…)` to a session's loop settings |
 //!
-//! Each action is one round trip: a Lua script records it in the fleet's state (the hashes
-//! `<prefix>{fleet}:switches` and `<prefix>{fleet}:loop_sessions`, the set
-//! `<prefix>{fleet}:forced`) and publishes it on
+//! A session's `!/set(tool-loop-…)` and `!/unset(…)` commands need no message: with a
+//! `RedisLoopStore`, the store keeps a session's settings beside its history, and every
+//! replica reads them on the session's next call
+//! ([`apply_loop_command`](FleetControl::apply_loop_command) writes them there).
+//!
+//! Each action is one round trip: a Lua script records it in the fleet's state (the hash
+//! `<prefix>{fleet}:switches`, the set `<prefix>{fleet}:forced`) and publishes it on
 //! `<prefix>{fleet}:actions`, in one step. Every replica, the sender included, applies the
 //! message as it arrives — one message, no polling. A replica that starts later, or whose
 //! subscription was cut and restored, reads the switches: the kill switch, the shadowed
-//! layers, the sessions' loop settings and the breakers held open (a breaker it holds open that the switches no longer
+//! layers and the breakers held open (a breaker it holds open that the switches no longer
 //! name is reset). A session reset is not a switch: it concerns the histories of that
 //! moment only.
 //!
@@ -65,7 +68,7 @@ use crate::breaker::{BreakerAdmin, BreakerKey};
 use crate::control::{ReliabilityControl, ShadowLayer};
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::idempotency::DedupeStore;
-use crate::loop_detect::{LoopCommand, LoopDetectHandle, LoopSettings};
+use crate::loop_detect::{LoopCommand, LoopDetectHandle};
 use crate::redis_support::{self, bounded, hash_tagged, Connection, StoreSettings};
 use crate::shared_store::SharedStoreError;
 use crate::stack::ToolStack;
@@ -98,27 +101,11 @@ return redis.call('PUBLISH', ARGV[1], ARGV[2])
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 enum Action {
-    ForceOpen {
-        breaker: String,
-    },
-    ResetBreaker {
-        breaker: String,
-    },
-    ResetSession {
-        session: String,
-    },
-    SetEnabled {
-        enabled: bool,
-    },
-    SetShadow {
-        layer: String,
-        shadow: bool,
-    },
-    /// A session's loop-detection settings, whole, after a `!/set` or `!/unset`.
-    LoopSettings {
-        session: String,
-        settings: LoopSettings,
-    },
+    ForceOpen { breaker: String },
+    ResetBreaker { breaker: String },
+    ResetSession { session: String },
+    SetEnabled { enabled: bool },
+    SetShadow { layer: String, shadow: bool },
 }
 
 /// What a [`FleetControl`] has seen.
@@ -146,7 +133,6 @@ struct Inner {
     channel: String,
     switches_key: String,
     forced_key: String,
-    sessions_key: String,
     act: Script,
     replica: Replica,
     applied: AtomicU64,
@@ -214,13 +200,17 @@ impl FleetControl {
     }
 
     /// Parses an in-chat loop-detection command (see [`LoopCommand::parse`]) and applies it
-    /// to `session`'s settings on every replica; a replica that starts later reads them.
-    /// A wrong command changes nothing anywhere.
+    /// to `session`'s settings in the shared loop store, where every replica reads them on
+    /// the session's next call; done when it returns. A wrong command changes nothing
+    /// anywhere. The stack's loop layer must keep its sessions in a `RedisLoopStore`.
     pub async fn apply_loop_command(
         &self,
         session: &str,
         text: &str,
     ) -> Result<LoopCommand, ToolError> {
+        if session.is_empty() {
+            return Err(invalid("session", "must not be empty"));
+        }
         let command = LoopCommand::parse(text).map_err(|problem| invalid("command", problem))?;
         let loops = self.inner.replica.loops.as_ref().ok_or_else(|| {
             ToolError::rejected(
@@ -228,13 +218,18 @@ impl FleetControl {
                 "loop detection is off in this stack: there are no session settings to change",
             )
         })?;
-        let current = loops.session_settings(session);
-        let settings = match &command {
-            LoopCommand::Set(settings) => current.merged(*settings),
-            LoopCommand::Unset(keys) => keys.iter().fold(current, |s, k| s.without(*k)),
-        };
-        let session = session.to_owned();
-        self.act(Action::LoopSettings { session, settings }).await?;
+        if !loops.shares_sessions() {
+            return Err(ToolError::rejected(
+                ErrorCode::NotFound,
+                "the loop layer keeps its sessions in this process: give it a RedisLoopStore \
+                 to share a session's settings with the fleet",
+            ));
+        }
+        loops
+            .apply_checked(session, &command)
+            .await
+            .map_err(unavailable)?;
+        tracing::info!(session, command = ?command, "loop command written for the fleet");
         Ok(command)
     }
 
@@ -262,7 +257,9 @@ impl FleetControl {
         // while an action is between the server and this replica.
         let _serial = inner.serial.lock().await;
         if let Action::ResetSession { session } = &action {
-            inner.replica.forget_shared_session(session).await?;
+            if let Some(loops) = &inner.replica.loops {
+                loops.reset_session(session).await.map_err(unavailable)?;
+            }
         }
         let (key, change, field, value) = match &action {
             Action::ForceOpen { breaker } => (&inner.forced_key, "sadd", breaker.clone(), None),
@@ -279,15 +276,6 @@ impl FleetControl {
                 "hset",
                 format!("shadow:{layer}"),
                 Some(flag(*shadow)),
-            ),
-            Action::LoopSettings { session, settings } if settings.is_empty() => {
-                (&inner.sessions_key, "hdel", session.clone(), None)
-            }
-            Action::LoopSettings { session, settings } => (
-                &inner.sessions_key,
-                "hset",
-                session.clone(),
-                Some(serde_json::to_string(settings).expect("settings serialize")),
             ),
         };
         let message = serde_json::to_string(&action).expect("an action serializes");
@@ -336,15 +324,8 @@ impl Replica {
                     .parse::<BreakerKey>()
                     .map_err(|problem| invalid("breaker", problem))?;
             }
-            Action::ResetSession { session } | Action::LoopSettings { session, .. }
-                if session.is_empty() =>
-            {
+            Action::ResetSession { session } if session.is_empty() => {
                 return Err(invalid("session", "must not be empty"));
-            }
-            Action::LoopSettings { settings, .. } => {
-                settings
-                    .check()
-                    .map_err(|problem| invalid("settings", problem))?;
             }
             Action::SetShadow { layer, .. } if ShadowLayer::parse(layer).is_none() => {
                 return Err(invalid(
@@ -376,11 +357,6 @@ impl Replica {
                     loops.reset_local_session(session);
                 }
             }
-            Action::LoopSettings { session, settings } => {
-                if let Some(loops) = &self.loops {
-                    loops.replace_session_settings(session, *settings);
-                }
-            }
             Action::SetEnabled { enabled } => self.control.set_enabled(*enabled),
             Action::SetShadow { layer, shadow } => {
                 if let Some(layer) = ShadowLayer::parse(layer) {
@@ -389,16 +365,6 @@ impl Replica {
             }
         }
         Ok(())
-    }
-
-    async fn forget_shared_session(&self, session: &str) -> Result<(), ToolError> {
-        match &self.loops {
-            Some(loops) => loops
-                .forget_shared_session(session)
-                .await
-                .map_err(unavailable),
-            None => Ok(()),
-        }
     }
 }
 
@@ -424,17 +390,7 @@ impl Inner {
             .commands
             .command(redis::cmd("SMEMBERS").arg(&self.forced_key))
             .await?;
-        let sessions: Vec<(String, String)> = self
-            .commands
-            .command(redis::cmd("HGETALL").arg(&self.sessions_key))
-            .await?;
         let mut actions = Vec::new();
-        for (session, settings) in sessions {
-            match serde_json::from_str(&settings) {
-                Ok(settings) => actions.push(Action::LoopSettings { session, settings }),
-                Err(error) => self.refuse(&settings, &error.to_string()),
-            }
-        }
         for (field, value) in switches {
             let on = value == "1";
             match field.strip_prefix("shadow:") {
@@ -586,7 +542,6 @@ impl FleetControlBuilder {
             channel: hash_tagged(prefix, "fleet", ":actions"),
             switches_key: hash_tagged(prefix, "fleet", ":switches"),
             forced_key: hash_tagged(prefix, "fleet", ":forced"),
-            sessions_key: hash_tagged(prefix, "fleet", ":loop_sessions"),
             commands,
             act: Script::new(ACT),
             replica: Replica {
@@ -632,10 +587,6 @@ mod tests {
                 breaker: format!("dependency:{ns}")
             }),
             "[a-z0-9-]{1,16}".prop_map(|session| Action::ResetSession { session }),
-            ("[a-z0-9-]{1,16}", 2u32..50).prop_map(|(session, max)| Action::LoopSettings {
-                session,
-                settings: LoopSettings::default().with_max_repeats(max),
-            }),
             any::<bool>().prop_map(|enabled| Action::SetEnabled { enabled }),
             (
                 proptest::sample::select(ShadowLayer::ALL.to_vec()),

@@ -355,7 +355,12 @@ async fn reset_loop_session<St>(
     let loops = state.loops()?;
     match &state.fleet {
         Some(fleet) => FleetAction::ResetSession(&session).send(fleet).await?,
-        None => loops.reset_session(&session),
+        None => loops.reset_session(&session).await.map_err(|problem| {
+            error(ToolError::rejected(
+                ErrorCode::StoreUnavailable,
+                format!("the session's history could not be cleared ({problem}): retry later"),
+            ))
+        })?,
     }
     state.changed(
         &format!("session:{session}"),

@@ -196,7 +196,7 @@ mod shared {
 
     use super::*;
     use crate::loop_detect::detector::{Decision, State as CallState};
-    use crate::loop_detect::redis::Observed;
+    use crate::loop_detect::redis::{Observed, Tracked};
     use crate::loop_detect::service::{Judgement, SharedCheck};
     use crate::outcome::ShadowDecision;
     use crate::shared_store::SharedStoreError;
@@ -282,7 +282,7 @@ mod shared {
             result: &Result<ToolOutput, ToolError>,
         ) -> Option<StoreStep> {
             let seq = self.seq.take()?;
-            let poller = self.check.limits.poller;
+            let poller = self.check.below.limits.poller;
             if result.is_ok() && !poller {
                 // A success reads as a pending call to every rule but polling's.
                 return None;
@@ -330,16 +330,27 @@ mod shared {
             }
         }
 
-        /// Judges the call on the history the store answered.
+        /// Judges the call on the settings and history the store answered.
         fn judge<F>(&mut self, observed: Observed) -> Next<F> {
-            let Observed {
+            let Observed { settings, tracked } = observed;
+            let sessions = &self.monitor.tiers.sessions;
+            if sessions.get(&self.session).unwrap_or_default() != settings {
+                // Set through another replica: this one reads them the same from now on.
+                sessions.update(&self.session, |_| settings);
+            }
+            let Some(Tracked {
                 mut history,
                 now,
                 seq,
-            } = observed;
+            }) = tracked
+            else {
+                // The session switched detection off: the call runs untracked.
+                return Next::State(State::Ready);
+            };
             let check = &self.check;
+            let (_, limits) = check.below.under(&settings);
             let chance_before = history.chance();
-            let decision = history.observe(now, check.signature, &check.limits);
+            let decision = history.observe(now, check.signature, &limits);
             let call = self
                 .call
                 .as_ref()
@@ -354,7 +365,7 @@ mod shared {
             };
             let judgement =
                 self.monitor
-                    .judge(call, decision, &check.limits, check.signature, &canonical);
+                    .judge(call, decision, &limits, check.signature, &canonical);
             match judgement {
                 Judgement::Admit(_) => {
                     self.seq = Some(seq);
@@ -385,7 +396,7 @@ mod shared {
         ) -> Self {
             let observe = check
                 .store
-                .observe(call.session_key(), check.signature, &check.limits);
+                .observe(call.session_key(), check.signature, check.below);
             ResponseFuture {
                 state: State::Store {
                     step: StoreStep::Observe(Box::pin(observe)),

@@ -79,9 +79,12 @@
 //! `LoopDetectLayerBuilder::store`) every replica reads and extends one history per session,
 //! in one round trip per call, and the rules above judge it exactly as in memory. While the
 //! store cannot be reached, calls follow the layer's
-//! [failure policy](crate::shared_store) (by default they run unchecked). The session tier of
-//! settings is each replica's own unless the commands go through the fleet
-//! (`fleet::FleetControl::apply_loop_command`), which applies them on every replica.
+//! [failure policy](crate::shared_store) (by default they run unchecked). The store keeps a
+//! session's own settings (its `!/set` overrides) in the same key, read in the same round
+//! trip: a `!/set` made through any replica's [`LoopDetectHandle`] holds on every replica from
+//! the session's next call, and expires with the session. [`LoopDetectHandle::set`],
+//! [`reset_session`](LoopDetectHandle::reset_session) and the like answer a [`StoreWrite`]
+//! to await when the change must be done before going on.
 //!
 //! # Logs
 //!
@@ -173,7 +176,7 @@ pub use config::{
     MAX_REPEATS_LIMIT,
 };
 pub use future::ResponseFuture;
-pub use handle::LoopDetectHandle;
+pub use handle::{LoopDetectHandle, StoreWrite};
 pub use layer::{
     LoopDetectLayer, LoopDetectLayerBuilder, DEFAULT_CYCLE_REPETITIONS, DEFAULT_FAILURE_THRESHOLD,
     DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 use tokio::time::Instant;
 
+use super::config::{BelowSession, LoopSettingKey, LoopSettings};
 use super::detector::{Limits, Outcome, SessionHistory, Signature, State, StoredCall};
 use crate::error::{ConfigError, ErrorCode};
 use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
@@ -18,43 +19,57 @@ use crate::time::{millis, unix_now_ms};
 pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
 
 /// A session is one string: its next sequence number, a line; the call last given a chance
-/// (`<signature>:<ms>`, or nothing), a line; then its latest calls, one line each, oldest
-/// first: `<seq>:<ms>:<signature>:<poller>:<state>`. Two commands a script, whatever the
-/// history's length.
+/// (`<signature>:<ms>`, or nothing), a line; its own settings (`!/set` overrides, as JSON, or
+/// nothing), a line; then its latest calls, one line each, oldest first:
+/// `<seq>:<ms>:<signature>:<poller>:<state>`. Two commands a script, whatever the history's
+/// length.
 ///
-/// `OBSERVE` takes the next sequence number, answers it with the calls and the chance, and
-/// appends this call, pending, keeping the `keep` latest; the session expires with the window.
-/// `ARGV`: now (ms), window (ms), keep, signature, poller.
-const OBSERVE: &str = r"
-local seq, chance, calls = 0, '', ''
+/// Every script reads the header the same way: `seq`, `chance`, `settings`, `calls`.
+const READ_SESSION: &str = r"
+local seq, chance, settings, calls = 0, '', '', ''
 local blob = redis.call('GET', KEYS[1])
 if blob then
   local a = string.find(blob, '\n', 1, true)
   local b = string.find(blob, '\n', a + 1, true)
+  local c = string.find(blob, '\n', b + 1, true)
   seq = tonumber(string.sub(blob, 1, a - 1))
   chance = string.sub(blob, a + 1, b - 1)
-  calls = string.sub(blob, b + 1)
+  settings = string.sub(blob, b + 1, c - 1)
+  calls = string.sub(blob, c + 1)
 end
-local kept = calls .. seq .. ':' .. ARGV[1] .. ':' .. ARGV[4] .. ':' .. ARGV[5] .. ':p\n'
+";
+
+/// `OBSERVE` reads the session's settings over the tiers below it, and, when they track the
+/// call, takes the next sequence number, answers it with the calls, the chance and the
+/// settings, and appends this call, pending, keeping as many calls as the rules look at; the
+/// session expires with its window. Untracked, it answers `-1` and the settings, and writes
+/// nothing. `ARGV`: now (ms), window (ms), the calls kept for the rules other than repeats,
+/// max repeats, signature, poller, enabled (`1` or `0`), the last four below the session.
+const OBSERVE: &str = r"
+local enabled, repeats, window = ARGV[7] == '1', tonumber(ARGV[4]), tonumber(ARGV[2])
+if settings ~= '' then
+  local own = cjson.decode(settings)
+  if own.enabled ~= nil then enabled = own.enabled end
+  if own.max_repeats then repeats = own.max_repeats end
+  if own.ttl_secs then window = own.ttl_secs * 1000 end
+end
+if not enabled then return {-1, '', '', settings} end
+local keep = math.max(tonumber(ARGV[3]), repeats - 1)
+local kept = calls .. seq .. ':' .. ARGV[1] .. ':' .. ARGV[5] .. ':' .. ARGV[6] .. ':p\n'
 local n = select(2, string.gsub(kept, '\n', '\n'))
 local from = 1
-for _ = 1, n - tonumber(ARGV[3]) do
+for _ = 1, n - keep do
   from = string.find(kept, '\n', from, true) + 1
 end
 kept = string.sub(kept, from)
-redis.call('SET', KEYS[1], (seq + 1) .. '\n' .. chance .. '\n' .. kept, 'PX', ARGV[2])
-return {seq, calls, chance}
+redis.call('SET', KEYS[1], (seq + 1) .. '\n' .. chance .. '\n' .. settings .. '\n' .. kept, 'PX', window)
+return {seq, calls, chance, settings}
 ";
 
 /// Settles the pending call `ARGV[1]` with the state `ARGV[2]`, and sets the session's
 /// chance to `ARGV[3]` unless it is empty; the session keeps its expiry.
 const SETTLE: &str = r"
-local blob = redis.call('GET', KEYS[1])
 if not blob then return 0 end
-local a = string.find(blob, '\n', 1, true)
-local b = string.find(blob, '\n', a + 1, true)
-local chance = string.sub(blob, a + 1, b - 1)
-local calls = string.sub(blob, b + 1)
 local at = string.find('\n' .. calls, '\n' .. ARGV[1] .. ':', 1, true)
 if at then
   local stop = string.find(calls, '\n', at, true)
@@ -63,9 +78,36 @@ if at then
   end
 end
 if ARGV[3] ~= '' then chance = ARGV[3] end
-redis.call('SET', KEYS[1], string.sub(blob, 1, a) .. chance .. '\n' .. calls, 'KEEPTTL')
+redis.call('SET', KEYS[1], seq .. '\n' .. chance .. '\n' .. settings .. '\n' .. calls, 'KEEPTTL')
 return 1
 ";
+
+/// Changes the session's settings: sets the members of the JSON object `ARGV[1]`, removes
+/// the comma-separated members `ARGV[2]`. Switching detection off drops the calls. The
+/// session then lasts at least its window: its own, or `ARGV[3]` (ms).
+const SET_SETTINGS: &str = r"
+local own = settings == '' and {} or cjson.decode(settings)
+for name, value in pairs(cjson.decode(ARGV[1])) do own[name] = value end
+for name in string.gmatch(ARGV[2], '[^,]+') do own[name] = nil end
+settings = next(own) == nil and '' or cjson.encode(own)
+if own.enabled == false then chance, calls = '', '' end
+local window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[3])
+window = math.max(window, redis.call('PTTL', KEYS[1]))
+redis.call('SET', KEYS[1], seq .. '\n' .. chance .. '\n' .. settings .. '\n' .. calls, 'PX', window)
+return 1
+";
+
+/// Drops the session's calls and chance; its settings and sequence stay, with its expiry.
+const RESET: &str = r"
+if not blob then return 0 end
+redis.call('SET', KEYS[1], seq .. '\n\n' .. settings .. '\n', 'KEEPTTL')
+return 1
+";
+
+/// A script on a session: the common header, then `body`.
+fn session_script(body: &str) -> Script {
+    Script::new(&format!("{READ_SESSION}{body}"))
+}
 
 /// The default seed of call signatures: every replica that shares a store must hash calls
 /// alike.
@@ -110,11 +152,21 @@ struct Shared {
     signature_seed: u64,
     observe: Script,
     settle: Script,
+    set_settings: Script,
+    reset: Script,
 }
 
-/// What the store answered for one call: its sequence number and the session's history
-/// before it.
+/// What the store answered for one call: the session's settings, and when they track the
+/// call, its sequence number and the session's history before it.
 pub(crate) struct Observed {
+    /// The session's own settings.
+    pub(crate) settings: LoopSettings,
+    /// `None` when the session's settings do not track the call.
+    pub(crate) tracked: Option<Tracked>,
+}
+
+/// A tracked call, as the store answered it.
+pub(crate) struct Tracked {
     pub(crate) history: SessionHistory,
     /// The call's sequence number in its session.
     pub(crate) seq: u64,
@@ -145,18 +197,27 @@ impl RedisLoopStore {
         self.shared.signature_seed
     }
 
-    /// Appends a call of `signature` to `session` and answers the history before it.
+    /// Appends a call of `signature` to `session`, unless the session's own settings
+    /// switch detection off, and answers them with the history before it. `below` is what
+    /// the tiers below the session decide.
     pub(crate) fn observe(
         &self,
         session: &str,
         signature: Signature,
-        limits: &Limits,
+        below: BelowSession,
     ) -> impl Future<Output = Result<Observed, SharedStoreError>> + Send + 'static {
         let shared = self.shared.clone();
         let key = self.session_key(session);
+        let limits = below.limits;
         let window_ms = millis(limits.ttl).max(1);
-        let keep = limits.history_len();
+        // The calls the rules other than repeats look at.
+        let keep = Limits {
+            max_repeats: 1,
+            ..limits
+        }
+        .history_len();
         let poller = u8::from(limits.poller);
+        let enabled = u8::from(below.enabled);
         async move {
             let now_ms = unix_now_ms();
             let reply: Vec<Value> = shared
@@ -168,8 +229,10 @@ impl RedisLoopStore {
                         .arg(now_ms)
                         .arg(window_ms)
                         .arg(keep)
+                        .arg(limits.max_repeats)
                         .arg(signature.raw())
-                        .arg(poller),
+                        .arg(poller)
+                        .arg(enabled),
                 )
                 .await?;
             let now = Instant::now();
@@ -179,10 +242,9 @@ impl RedisLoopStore {
             };
             let mut reply = reply.into_iter();
             let seq = match reply.next() {
-                Some(Value::Int(seq)) => u64::try_from(seq).ok(),
-                _ => None,
-            }
-            .ok_or_else(|| corrupt("no sequence number"))?;
+                Some(Value::Int(seq)) => seq,
+                _ => return Err(corrupt("no sequence number")),
+            };
             let calls = reply.next().ok_or_else(|| corrupt("no calls"))?;
             let calls = text(&calls)?
                 .lines()
@@ -199,11 +261,15 @@ impl RedisLoopStore {
                     Some((Signature::from_raw(signature), at(ms)))
                 }
             };
-            Ok(Observed {
+            let settings = reply.next().ok_or_else(|| corrupt("no settings"))?;
+            let settings = decode_settings(text(&settings)?)?;
+            // A negative sequence number: the session's settings do not track the call.
+            let tracked = u64::try_from(seq).ok().map(|seq| Tracked {
                 history: SessionHistory::restore(calls, seq, chance),
                 seq,
                 now,
-            })
+            });
+            Ok(Observed { settings, tracked })
         }
     }
 
@@ -238,7 +304,54 @@ impl RedisLoopStore {
         }
     }
 
-    /// Forgets `session`'s calls.
+    /// Changes `session`'s own settings: sets those `set` has, removes `unset`. `window` is
+    /// how long the session lasts when its settings do not say.
+    pub(crate) fn change_settings(
+        &self,
+        session: &str,
+        set: LoopSettings,
+        unset: &[LoopSettingKey],
+        window: Duration,
+    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let key = self.session_key(session);
+        let set = serde_json::to_string(&set).expect("settings serialize");
+        let unset = unset
+            .iter()
+            .map(|key| setting_member(*key))
+            .collect::<Vec<_>>()
+            .join(",");
+        let window_ms = millis(window).max(1);
+        async move {
+            let _: i64 = shared
+                .connection
+                .eval(
+                    shared
+                        .set_settings
+                        .key(&key)
+                        .arg(set)
+                        .arg(unset)
+                        .arg(window_ms),
+                )
+                .await?;
+            Ok(())
+        }
+    }
+
+    /// Drops `session`'s calls; its settings stay.
+    pub(crate) fn reset(
+        &self,
+        session: &str,
+    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let key = self.session_key(session);
+        async move {
+            let _: i64 = shared.connection.eval(&shared.reset.key(&key)).await?;
+            Ok(())
+        }
+    }
+
+    /// Forgets `session`: its calls and its settings.
     pub(crate) fn forget(
         &self,
         session: &str,
@@ -262,6 +375,27 @@ fn text(value: &Value) -> Result<&str, SharedStoreError> {
         Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| corrupt("non-text")),
         _ => Err(corrupt("a non-string")),
     }
+}
+
+/// The JSON member of a setting, as [`LoopSettings`] serializes it.
+fn setting_member(key: LoopSettingKey) -> &'static str {
+    match key {
+        LoopSettingKey::Detection => "enabled",
+        LoopSettingKey::MaxRepeats => "max_repeats",
+        LoopSettingKey::Ttl => "ttl_secs",
+        LoopSettingKey::Mode => "mode",
+    }
+}
+
+/// A session's settings as stored: JSON, or nothing; checked as when they were set.
+fn decode_settings(stored: &str) -> Result<LoopSettings, SharedStoreError> {
+    if stored.is_empty() {
+        return Ok(LoopSettings::default());
+    }
+    serde_json::from_str::<LoopSettings>(stored)
+        .ok()
+        .filter(|settings| settings.check().is_ok())
+        .ok_or_else(|| corrupt(&format!("malformed session settings {stored:?}")))
 }
 
 fn encode_state(state: State) -> String {
@@ -348,8 +482,10 @@ impl RedisLoopStoreBuilder {
                 connection,
                 key_prefix: self.settings.key_prefix,
                 signature_seed: self.signature_seed,
-                observe: Script::new(OBSERVE),
-                settle: Script::new(SETTLE),
+                observe: session_script(OBSERVE),
+                settle: session_script(SETTLE),
+                set_settings: session_script(SET_SETTINGS),
+                reset: session_script(RESET),
             }),
         })
     }
@@ -390,6 +526,31 @@ mod tests {
                 call,
                 StoredCall { at: now, signature: Signature::from_raw(signature), poller, state }
             );
+        }
+
+        #[test]
+        fn stored_settings_read_back_and_anything_else_is_corrupt(
+            max_repeats in proptest::option::of(0u32..200),
+            ttl_secs in proptest::option::of(0u64..100_000),
+            enabled in proptest::option::of(any::<bool>()),
+            noise in ".{0,40}",
+        ) {
+            let settings = LoopSettings { enabled, max_repeats, ttl_secs, mode: None };
+            let stored = if settings.is_empty() {
+                String::new()
+            } else {
+                serde_json::to_string(&settings).unwrap()
+            };
+            match decode_settings(&stored) {
+                Ok(read) => prop_assert_eq!(read, settings),
+                Err(error) => {
+                    prop_assert!(settings.check().is_err());
+                    prop_assert!(matches!(error, SharedStoreError::Corrupt(_)));
+                }
+            }
+            if let Ok(read) = decode_settings(&noise) {
+                prop_assert!(read.check().is_ok());
+            }
         }
 
         #[test]

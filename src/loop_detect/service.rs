@@ -75,7 +75,8 @@ pub(super) enum Judgement {
 #[cfg(feature = "redis")]
 pub(super) struct SharedCheck {
     pub(super) store: super::redis::RedisLoopStore,
-    pub(super) limits: Limits,
+    /// What the tiers below the session decide; the store holds the session's settings.
+    pub(super) below: super::config::BelowSession,
     pub(super) signature: Signature,
 }
 
@@ -86,27 +87,26 @@ impl Monitor {
             LayerSetting::On(overrides) => Some(overrides),
             LayerSetting::Default => None,
         };
-        let Some(limits) = self.tiers.limits(call, tool) else {
-            return Verdict::Untracked;
-        };
-        let canonical = match call.params().canonical(&self.canonical) {
-            Ok(canonical) => canonical,
-            Err(error) => return Verdict::Rejected(error),
-        };
-        let signature = Signature::new(
-            &self.hasher,
-            call.tool_namespace(),
-            call.tool_name(),
-            &canonical,
-        );
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
+            // The session's settings are in the store, read with its history.
+            let signature = match self.signature(call) {
+                Ok((signature, _)) => signature,
+                Err(error) => return Verdict::Rejected(error),
+            };
             return Verdict::Shared(SharedCheck {
                 store: store.clone(),
-                limits,
+                below: self.tiers.below_session(call, tool),
                 signature,
             });
         }
+        let Some(limits) = self.tiers.limits(call, tool) else {
+            return Verdict::Untracked;
+        };
+        let (signature, canonical) = match self.signature(call) {
+            Ok(signed) => signed,
+            Err(error) => return Verdict::Rejected(error),
+        };
         let now = Instant::now();
         let history = self.tracker.session(call.session_key(), now, limits.ttl);
         let decision = lock(&history).observe(now, signature, &limits);
@@ -118,6 +118,21 @@ impl Monitor {
             Judgement::Refuse(error) => Verdict::Rejected(error),
             Judgement::Shadow(decision) => Verdict::Shadowed(decision),
         }
+    }
+
+    /// The signature of `call`, and its params in canonical form.
+    fn signature<'c>(
+        &self,
+        call: &'c ToolCall,
+    ) -> Result<(Signature, std::borrow::Cow<'c, str>), ToolError> {
+        let canonical = call.params().canonical(&self.canonical)?;
+        let signature = Signature::new(
+            &self.hasher,
+            call.tool_namespace(),
+            call.tool_name(),
+            &canonical,
+        );
+        Ok((signature, canonical))
     }
 
     /// What `decision`, taken on `call` under `limits`, means; logs a detection.
@@ -180,26 +195,14 @@ impl Monitor {
         }
     }
 
-    /// Forgets `session`'s history: in this process, and in the shared store (in the
-    /// background, when a Tokio runtime runs).
-    pub(super) fn forget_history(&self, session: &str) {
+    /// Forgets `session`'s history: in this process, and in the shared store.
+    pub(super) fn forget_history(&self, session: &str) -> super::handle::StoreWrite {
         self.tracker.remove(session);
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
-            let forget = store.forget(session);
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move {
-                        if let Err(error) = forget.await {
-                            tracing::warn!(%error, "a session's history could not be cleared in the shared store");
-                        }
-                    });
-                }
-                Err(_) => tracing::warn!(
-                    "a session's history could not be cleared in the shared store: no Tokio runtime"
-                ),
-            }
+            return super::handle::StoreWrite::spawn(store.reset(session));
         }
+        super::handle::StoreWrite::done()
     }
 
     /// A fingerprint of a poller's output, to tell a changed result from the same one.

@@ -17,10 +17,10 @@ use tower::util::BoxCloneService;
 use tower_toolcall::breaker::BreakerKey;
 use tower_toolcall::control::ShadowLayer;
 use tower_toolcall::fleet::FleetControl;
-use tower_toolcall::loop_detect::RedisLoopStore;
+use tower_toolcall::loop_detect::{LoopSettings, RedisLoopStore};
 use tower_toolcall::rate_limit::RedisRateLimitStore;
 use tower_toolcall::registry::{RateLimitKey, ToolRegistry};
-use tower_toolcall::shared_store::FailurePolicy;
+use tower_toolcall::shared_store::{FailurePolicy, SharedStoreError};
 use tower_toolcall::{
     BreakerState, ErrorCode, StackLayer, ToolCall, ToolError, ToolOutput, ToolStack,
 };
@@ -414,6 +414,17 @@ async fn member(server: &RedisServer) -> Member {
         .without(StackLayer::Idempotency)
         .build()
         .expect("a valid stack");
+    member_with(server, stack).await
+}
+
+/// A loop-checked replica (see [`loop_checked_replica`]) joined to the fleet on `server`.
+async fn loop_checked_member(server: &RedisServer) -> Member {
+    let stack = loop_checked_replica(server, FailurePolicy::Closed).stack;
+    member_with(server, stack).await
+}
+
+/// `stack` joined to the fleet on `server` and synced.
+async fn member_with(server: &RedisServer, stack: ToolStack) -> Member {
     let fleet = FleetControl::builder(server.url())
         .operation_timeout(Duration::from_millis(200))
         .join(&stack)
@@ -738,19 +749,20 @@ async fn a_loop_session_is_one_bounded_key_that_expires_with_its_window() {
     let lines: Vec<&str> = session.lines().collect();
     assert_eq!(lines[0], "20", "the next sequence number");
     assert_eq!(lines[1], "", "no chance given");
+    assert_eq!(lines[2], "", "no settings of its own");
     assert_eq!(
-        lines.len() - 2,
+        lines.len() - 3,
         8,
         "as many calls as the default rules look at (a cycle of 3, three times, less one)"
     );
-    assert!(lines[2].starts_with("12:"), "the oldest kept: {}", lines[2]);
+    assert!(lines[3].starts_with("12:"), "the oldest kept: {}", lines[3]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sessions_loop_settings_reach_every_replica_and_late_starters_read_them() {
+async fn a_sessions_loop_settings_are_kept_with_its_history_and_read_by_every_replica() {
     let server = RedisServer::start();
-    let a = member(&server).await;
-    let b = member(&server).await;
+    let a = loop_checked_member(&server).await;
+    let b = loop_checked_member(&server).await;
 
     let error = a
         .fleet
@@ -762,37 +774,163 @@ async fn a_sessions_loop_settings_reach_every_replica_and_late_starters_read_the
         .apply_loop_command("strict", "!/set(tool-loop-max-repeats=2)")
         .await
         .unwrap();
+    let key = "toolcall:loop:{strict}";
+    let session: String = query(&server, redis::cmd("GET").arg(key)).await;
+    assert_eq!(
+        session, "0\n\n{\"max_repeats\":2}\n",
+        "the settings, no calls yet"
+    );
+    let ttl_ms: i64 = query(&server, redis::cmd("PTTL").arg(key)).await;
+    assert!(
+        (110_000..=120_000).contains(&ttl_ms),
+        "the window: {ttl_ms} ms"
+    );
+
+    // B never saw the command: it reads the settings with the session's first call there.
     let loops = b.replica.stack.loop_sessions().unwrap();
-    eventually("the settings on B", || {
-        loops.session_settings("strict").max_repeats == Some(2)
-    })
-    .await;
+    assert!(loops.session_settings("strict").is_empty());
     assert_eq!(
         b.fleet.stats().applied,
-        1,
-        "the refused command sent nothing"
+        0,
+        "no message: the store holds the settings"
     );
     let call = search_in("strict", json!({"q": 1}));
     b.replica.call(call.clone()).await.unwrap();
+    assert_eq!(loops.session_settings("strict").max_repeats, Some(2));
     let error = b.replica.call(call).await.unwrap_err();
     assert_eq!(
         error.code(),
         ErrorCode::LoopDetected,
         "the 2nd identical call on B"
     );
+    assert_eq!(error.details().unwrap()["maxRepeats"], 2);
 
-    // A replica that starts now reads the settings as it joins; an unset reaches it too.
-    let c = member(&server).await;
-    let loops = c.replica.stack.loop_sessions().unwrap();
-    assert_eq!(loops.session_settings("strict").max_repeats, Some(2));
+    // A replica that starts now reads them the same way; an unset reaches it too.
+    let c = loop_checked_member(&server).await;
+    let twice = search_in("strict", json!({"q": 2}));
+    c.replica.call(twice.clone()).await.unwrap();
+    let error = c.replica.call(twice).await.unwrap_err();
+    assert_eq!(
+        error.code(),
+        ErrorCode::LoopDetected,
+        "the 2nd identical call on C"
+    );
     b.fleet
         .apply_loop_command("strict", "!/unset(tool-loop-max-repeats)")
         .await
         .unwrap();
-    eventually("the unset on C", || {
-        loops.session_settings("strict").is_empty()
-    })
-    .await;
+    let thrice = search_in("strict", json!({"q": 3}));
+    for n in 1..=3 {
+        c.replica
+            .call(thrice.clone())
+            .await
+            .unwrap_or_else(|e| panic!("identical call {n} of 4 allowed on C again: {e}"));
+    }
+    assert!(c
+        .replica
+        .stack
+        .loop_sessions()
+        .unwrap()
+        .session_settings("strict")
+        .is_empty());
+    let error = c.replica.call(thrice).await.unwrap_err();
+    assert_eq!(
+        error.details().unwrap()["maxRepeats"],
+        4,
+        "the default again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_switched_off_on_one_replica_runs_untracked_on_the_others() {
+    let server = RedisServer::start();
+    let a = loop_checked_member(&server).await;
+    let b = loop_checked_member(&server).await;
+    let looping = search_in("quiet", json!({"q": "same"}));
+    for _ in 0..3 {
+        b.replica.call(looping.clone()).await.unwrap();
+    }
+    a.fleet
+        .apply_loop_command("quiet", "!/set(tool-loop-detection=off)")
+        .await
+        .unwrap();
+    let session: String = query(&server, redis::cmd("GET").arg("toolcall:loop:{quiet}")).await;
+    assert_eq!(session, "3\n\n{\"enabled\":false}\n", "the history dropped");
+    for _ in 0..6 {
+        b.replica.call(looping.clone()).await.expect("untracked");
+    }
+    assert_eq!(b.replica.tool.get(), 9, "every call ran");
+    let session: String = query(&server, redis::cmd("GET").arg("toolcall:loop:{quiet}")).await;
+    assert_eq!(session, "3\n\n{\"enabled\":false}\n", "nothing appended");
+
+    // Without a shared loop store, the fleet has nowhere to keep a session's settings.
+    let plain = member(&server).await;
+    let error = plain
+        .fleet
+        .apply_loop_command("quiet", "!/set(tool-loop-max-repeats=2)")
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::NotFound);
+    assert!(error.message().contains("RedisLoopStore"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handles_session_reset_is_done_in_the_store_when_awaited() {
+    let mut server = RedisServer::start();
+    let a = loop_checked_replica(&server, FailurePolicy::Closed);
+    let b = loop_checked_replica(&server, FailurePolicy::Closed);
+    let loops = a.stack.loop_sessions().unwrap();
+    loops
+        .set("sess-r", LoopSettings::default().with_max_repeats(3))
+        .unwrap();
+    let looping = search_in("sess-r", json!({"q": "same"}));
+    // The settings are written in the background: the first call may not see them yet.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let session: Option<String> =
+            query(&server, redis::cmd("GET").arg("toolcall:loop:{sess-r}")).await;
+        if session.is_some_and(|s| s.contains("max_repeats")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the settings never reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for _ in 0..2 {
+        b.call(looping.clone()).await.unwrap();
+    }
+    let error = b.call(looping.clone()).await.unwrap_err();
+    assert_eq!(error.details().unwrap()["maxRepeats"], 3);
+
+    loops
+        .reset_session("sess-r")
+        .await
+        .expect("the store answers");
+    let session: String = query(&server, redis::cmd("GET").arg("toolcall:loop:{sess-r}")).await;
+    assert_eq!(
+        session, "3\n\n{\"max_repeats\":3}\n",
+        "no calls, the settings kept"
+    );
+    b.call(looping.clone()).await.expect("B counts afresh");
+
+    loops
+        .forget_session("sess-r")
+        .await
+        .expect("the store answers");
+    let exists: i64 = query(&server, redis::cmd("EXISTS").arg("toolcall:loop:{sess-r}")).await;
+    assert_eq!(exists, 0, "history and settings forgotten");
+
+    server.kill();
+    let error = loops.reset_session("sess-r").await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            SharedStoreError::Unavailable(_) | SharedStoreError::Timeout(_)
+        ),
+        "{error:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

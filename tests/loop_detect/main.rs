@@ -378,8 +378,14 @@ async fn session_beats_model_beats_server_and_unset_falls_back(store: Store) {
     let other_model = Some(("openai", "gpt-4o-mini"));
     assert_eq!(runs_before_refusal(&mut svc, &runs(other_model)).await.0, 5);
 
+    // Awaited: written to the shared store, if there is one, before the next call.
     handle
-        .apply_command("sess-1", "!/set(tool-loop-max-repeats=3)")
+        .apply(
+            "sess-1",
+            &LoopCommand::parse("!/set(tool-loop-max-repeats=3)").unwrap(),
+        )
+        .unwrap()
+        .await
         .unwrap();
     assert_eq!(
         runs_before_refusal(&mut svc, &runs(gpt4o)).await.0,
@@ -388,8 +394,14 @@ async fn session_beats_model_beats_server_and_unset_falls_back(store: Store) {
     );
     assert_eq!(runs_before_refusal(&mut svc, &runs(None)).await.0, 2);
 
+    // Awaited: written to the shared store, if there is one, before the next call.
     handle
-        .apply_command("sess-1", "!/unset(tool-loop-max-repeats)")
+        .apply(
+            "sess-1",
+            &LoopCommand::parse("!/unset(tool-loop-max-repeats)").unwrap(),
+        )
+        .unwrap()
+        .await
         .unwrap();
     assert_eq!(
         runs_before_refusal(&mut svc, &runs(gpt4o)).await.0,
@@ -423,6 +435,8 @@ async fn a_model_can_switch_detection_off_and_a_session_back_on(store: Store) {
     assert_eq!(handle.tracked_sessions(), 0);
     handle
         .set("sess-1", LoopSettings::default().with_enabled(true))
+        .unwrap()
+        .await
         .unwrap();
     assert_eq!(runs_before_refusal(&mut svc, &call).await.0, 3);
 }
@@ -434,7 +448,12 @@ async fn sessions_never_affect_each_other(store: Store) {
     let mut svc = stack(layer, &counter);
     let params = json!({"query": "same"});
     handle
-        .apply_command("strict", "!/set(tool-loop-max-repeats=2)")
+        .apply(
+            "strict",
+            &LoopCommand::parse("!/set(tool-loop-max-repeats=2)").unwrap(),
+        )
+        .unwrap()
+        .await
         .unwrap();
 
     for _ in 0..3 {
@@ -776,11 +795,11 @@ async fn a_tool_can_switch_detection_off_or_set_its_own_limits(store: Store) {
     assert_eq!(ran, 1, "the tool's max_repeats (2) beats the model's (8)");
     assert_eq!(err.details().unwrap()["action"], "chance");
 
+    let command = LoopCommand::parse("!/set(tool-loop-max-repeats=3, tool-loop-mode=break)");
     handle
-        .apply_command(
-            "sess-1",
-            "!/set(tool-loop-max-repeats=3, tool-loop-mode=break)",
-        )
+        .apply("sess-1", &command.unwrap())
+        .unwrap()
+        .await
         .unwrap();
     send(&mut svc, search("sess-1", json!({}))).await.unwrap();
     let deploy2 = ToolCall::builder(NS, "deploy")
