@@ -120,32 +120,8 @@ impl Store {
     }
 }
 
-/// Runs each case once per store: in memory, and on a `redis-server` of its own.
-macro_rules! store_suite {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    super::$case(super::Store::Memory).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let server = super::support::redis_server::RedisServer::start();
-                    super::$case(super::Store::Redis(server)).await;
-                }
-            )*
-        }
-    };
-}
-
-store_suite!(
+support::store_suite!(
+    #[tokio::test]
     breaks_at_max_repeats_without_calling_the_tool,
     chance_then_break_lets_a_different_call_run,
     chance_then_break_breaks_when_the_call_repeats,
