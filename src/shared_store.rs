@@ -6,8 +6,10 @@
 //! follows its [`FailurePolicy`]: [`Open`](FailurePolicy::Open) (the default for rate limits
 //! and loop detection) lets the call proceed unchecked, [`Closed`](FailurePolicy::Closed)
 //! refuses it with `STORE_UNAVAILABLE`. Either way the failure is counted in the layer's
-//! [`StoreHealth`], and one warning is logged when an outage begins — not one per call — and
-//! one line when the store answers again. Recovery needs nothing: the next check that
+//! [`StoreHealth`] and told to its [`StoreListener`]s (with the `metrics` feature,
+//! `ToolMetrics::store_listener` counts outages and failed checks per store and policy), and
+//! one warning is logged when an outage begins — not one per call — and one line when the
+//! store answers again. Recovery needs nothing: the next check that
 //! succeeds ends the outage.
 //!
 //! ```
@@ -18,6 +20,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{ErrorCode, ToolError};
@@ -89,6 +92,73 @@ pub struct StoreHealth {
     pub failed_checks: u64,
 }
 
+/// What happened to a layer's shared store, as told to a [`StoreListener`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreEvent {
+    /// The store stopped answering: an outage begins (told before the check's failure).
+    OutageBegan,
+    /// A check failed, and the call was let through ([`FailurePolicy::Open`]) or refused
+    /// ([`FailurePolicy::Closed`]).
+    CheckFailed(FailurePolicy),
+    /// The store answers again: the outage is over.
+    OutageEnded,
+}
+
+/// Hears what happens to a layer's shared store: `layer` is `rate_limit` or `loop_detect`.
+/// Give one to the layer's builder (`on_store_event`); `ToolMetrics::store_listener` (feature
+/// `metrics`) counts the events. Called on the task of the call concerned: keep it short.
+/// Implemented by every `Fn(&'static str, StoreEvent)`.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::shared_store::StoreEvent;
+/// use tower_toolcall::RateLimitLayer;
+///
+/// let outages = Arc::new(AtomicU64::new(0));
+/// let seen = outages.clone();
+/// let layer = RateLimitLayer::builder(ToolRegistry::open())
+///     .on_store_event(move |_layer: &'static str, event: StoreEvent| {
+///         if event == StoreEvent::OutageBegan {
+///             seen.fetch_add(1, Ordering::Relaxed);
+///         }
+///     })
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+pub trait StoreListener: Send + Sync + 'static {
+    /// Called once per event.
+    fn on_store_event(&self, layer: &'static str, event: StoreEvent);
+}
+
+impl<F> StoreListener for F
+where
+    F: Fn(&'static str, StoreEvent) + Send + Sync + 'static,
+{
+    fn on_store_event(&self, layer: &'static str, event: StoreEvent) {
+        self(layer, event)
+    }
+}
+
+/// The listeners a layer's builder collects.
+#[derive(Clone, Default)]
+pub(crate) struct StoreListeners(Vec<Arc<dyn StoreListener>>);
+
+impl StoreListeners {
+    pub(crate) fn push(&mut self, listener: impl StoreListener) {
+        self.0.push(Arc::new(listener));
+    }
+}
+
+impl fmt::Debug for StoreListeners {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} listener(s)", self.0.len())
+    }
+}
+
 /// A layer's failure policy and the count of its store's outages.
 #[derive(Debug, Default)]
 pub(crate) struct Outages {
@@ -96,13 +166,21 @@ pub(crate) struct Outages {
     down: AtomicBool,
     outages: AtomicU64,
     failed_checks: AtomicU64,
+    listeners: StoreListeners,
 }
 
 impl Outages {
-    pub(crate) fn new(policy: FailurePolicy) -> Self {
+    pub(crate) fn new(policy: FailurePolicy, listeners: StoreListeners) -> Self {
         Outages {
             policy,
+            listeners,
             ..Outages::default()
+        }
+    }
+
+    fn tell(&self, layer: &'static str, event: StoreEvent) {
+        for listener in &self.listeners.0 {
+            listener.on_store_event(layer, event);
         }
     }
 
@@ -110,6 +188,7 @@ impl Outages {
     pub(crate) fn succeeded(&self, layer: &'static str) {
         if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
             tracing::info!(layer, "the shared store answers again: sharing resumes");
+            self.tell(layer, StoreEvent::OutageEnded);
         }
     }
 
@@ -133,7 +212,9 @@ impl Outages {
                     FailurePolicy::Closed => "refused",
                 }
             );
+            self.tell(layer, StoreEvent::OutageBegan);
         }
+        self.tell(layer, StoreEvent::CheckFailed(self.policy));
         match self.policy {
             FailurePolicy::Open => Ok(()),
             FailurePolicy::Closed => Err(ToolError::rejected(

@@ -621,7 +621,8 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
         self
     }
 
-    /// Records the metrics of every call in the trace layer, and the breakers' transitions;
+    /// Records the metrics of every call in the trace layer, the breakers' transitions and
+    /// the shared stores' outages;
     /// when the stack is built, sets the dedupe TTL gauges of every tool (install the
     /// metrics recorder first). The store's size is recorded by
     /// [`ToolMetrics::record_dedupe_size`](crate::trace::ToolMetrics::record_dedupe_size).
@@ -639,6 +640,8 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics(mut self, metrics: crate::trace::ToolMetrics) -> Self {
         self.breaker = self.breaker.on_transition(metrics.breaker_listener());
+        self.rate_limit = self.rate_limit.on_store_event(metrics.store_listener());
+        self.loop_detect = self.loop_detect.on_store_event(metrics.store_listener());
         self.trace = self.trace.metrics(metrics.clone());
         self.metrics = Some(metrics);
         self

@@ -13,7 +13,7 @@ use super::tracker::Tracker;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, ToolPolicy, ToolRegistry};
-use crate::shared_store::{FailurePolicy, Outages, StoreHealth};
+use crate::shared_store::{FailurePolicy, Outages, StoreHealth, StoreListener, StoreListeners};
 use crate::trace::Redactor;
 
 /// Default of [`LoopDetectLayerBuilder::max_sessions`].
@@ -80,6 +80,7 @@ impl LoopDetectLayer {
             #[cfg(feature = "redis")]
             store: None,
             on_store_failure: FailurePolicy::Open,
+            store_listeners: StoreListeners::default(),
         }
     }
 
@@ -142,6 +143,7 @@ pub struct LoopDetectLayerBuilder {
     #[cfg(feature = "redis")]
     store: Option<super::redis::RedisLoopStore>,
     on_store_failure: FailurePolicy,
+    store_listeners: StoreListeners,
 }
 
 impl LoopDetectLayerBuilder {
@@ -159,6 +161,13 @@ impl LoopDetectLayerBuilder {
     /// [`FailurePolicy::Open`]: it runs unchecked). See [`shared_store`](crate::shared_store).
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.on_store_failure = policy;
+        self
+    }
+
+    /// Tells `listener` when the shared store's outages begin and end, and of each check
+    /// that failed (see [`StoreListener`]); listeners add up.
+    pub fn on_store_event(mut self, listener: impl StoreListener) -> Self {
+        self.store_listeners.push(listener);
         self
     }
 
@@ -291,7 +300,7 @@ impl LoopDetectLayerBuilder {
             hasher,
             #[cfg(feature = "redis")]
             store: self.store,
-            outages: Outages::new(self.on_store_failure),
+            outages: Outages::new(self.on_store_failure, self.store_listeners),
         };
         Ok(LoopDetectLayer {
             monitor: Arc::new(monitor),

@@ -8,7 +8,7 @@ use super::service::{Limits, RateLimit};
 use super::store::RateLimitStore;
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, OnLimit, RateLimitKey, ToolRegistry};
-use crate::shared_store::{FailurePolicy, Outages, StoreHealth};
+use crate::shared_store::{FailurePolicy, Outages, StoreHealth, StoreListener, StoreListeners};
 use crate::tool_table::ToolTable;
 
 /// The longest a call waits for its quota with `on_limit = "wait"`: 10 s.
@@ -48,6 +48,7 @@ impl RateLimitLayer {
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             store: None,
             on_store_failure: FailurePolicy::Open,
+            store_listeners: StoreListeners::default(),
         }
     }
 
@@ -116,6 +117,7 @@ pub struct RateLimitLayerBuilder {
     sweep_interval: Duration,
     store: Option<Arc<dyn RateLimitStore>>,
     on_store_failure: FailurePolicy,
+    store_listeners: StoreListeners,
 }
 
 impl RateLimitLayerBuilder {
@@ -132,6 +134,13 @@ impl RateLimitLayerBuilder {
     /// [`shared_store`](crate::shared_store).
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.on_store_failure = policy;
+        self
+    }
+
+    /// Tells `listener` when the shared store's outages begin and end, and of each check
+    /// that failed (see [`StoreListener`]); listeners add up.
+    pub fn on_store_event(mut self, listener: impl StoreListener) -> Self {
+        self.store_listeners.push(listener);
         self
     }
 
@@ -249,7 +258,7 @@ impl RateLimitLayerBuilder {
                 tools,
                 sweeper: Sweeper::new(clock, self.sweep_interval),
                 store: self.store,
-                outages: Outages::new(self.on_store_failure),
+                outages: Outages::new(self.on_store_failure, self.store_listeners),
             }),
         })
     }

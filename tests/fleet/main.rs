@@ -963,3 +963,128 @@ async fn a_hung_redis_holds_no_call_longer_than_the_operation_timeout() {
     let health = looped.stack.loop_sessions().unwrap().store_health();
     assert_eq!((health.outages, health.failed_checks), (1, 1));
 }
+
+/// The shared stores' outages and failed checks, counted in metrics by the stacks'
+/// [`ToolMetrics`](tower_toolcall::trace::ToolMetrics), per store and failure policy.
+#[cfg(feature = "metrics")]
+#[test]
+fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_toolcall::trace::ToolMetrics;
+
+    let recorder = DebuggingRecorder::new();
+    let health = metrics::with_local_recorder(&recorder, || {
+        // Real time: Redis is real, and its operation timeouts must not fire by themselves.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut server = RedisServer::start();
+            let registry = ToolRegistry::open();
+            let metrics = ToolMetrics::new(&registry);
+            metrics.describe();
+            let limited = Replica::over(
+                ToolStack::builder(registry.clone())
+                    .metrics(metrics.clone())
+                    .rate_limit(|l| l.per_second(1_000).on_store_failure(FailurePolicy::Open))
+                    .rate_limit_store(rate_store(&server))
+                    .without(StackLayer::Idempotency)
+                    .build()
+                    .unwrap(),
+            );
+            let looped = Replica::over(
+                ToolStack::builder(registry)
+                    .metrics(metrics)
+                    .loop_detect(|l| l.on_store_failure(FailurePolicy::Closed))
+                    .loop_store(RedisLoopStore::open(&server.url()).unwrap())
+                    .without(StackLayer::Idempotency)
+                    .build()
+                    .unwrap(),
+            );
+            limited.call(fresh("search")).await.unwrap();
+            looped.call(fresh("search")).await.unwrap();
+
+            server.kill();
+            for _ in 0..3 {
+                limited.call(fresh("search")).await.expect("fail open");
+            }
+            for _ in 0..2 {
+                let error = looped.call(fresh("search")).await.unwrap_err();
+                assert_eq!(error.code(), ErrorCode::StoreUnavailable, "fail closed");
+            }
+            let first = [
+                ("outages_total{store=loop_detect}", 1.0),
+                ("outages_total{store=rate_limit}", 1.0),
+                ("failed_checks_total{policy=closed,store=loop_detect}", 2.0),
+                ("failed_checks_total{policy=open,store=rate_limit}", 3.0),
+            ];
+            assert_eq!(store_series(&recorder), series_of(&first));
+
+            // Sharing resumes, then a second outage is a second one.
+            server.restart();
+            let rate_limits = limited.stack.rate_limits().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                limited.call(fresh("search")).await.unwrap();
+                if rate_limits.store_health().available {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "Redis never answered again");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            server.kill();
+            limited.call(fresh("search")).await.expect("fail open");
+            rate_limits.store_health()
+        })
+    });
+    // The recorder's snapshots hand over what was counted since the last one.
+    let since = store_series(&recorder);
+    assert_eq!(
+        since["toolcall_shared_store_outages_total{store=rate_limit}"], 1.0,
+        "a second outage: {health:?}"
+    );
+    assert_eq!(
+        since["toolcall_shared_store_failed_checks_total{policy=open,store=rate_limit}"] + 3.0,
+        health.failed_checks as f64,
+        "the counter agrees with store_health()"
+    );
+    assert_eq!(health.outages, 2);
+
+    let described: Vec<String> = recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, unit, description, _)| {
+            key.key().name().starts_with("toolcall_shared_store_")
+                && *unit == Some(metrics::Unit::Count)
+                && description.as_ref().is_some_and(|d| !d.is_empty())
+        })
+        .map(|(key, ..)| key.key().name().to_owned())
+        .collect();
+    assert_eq!(
+        described.len(),
+        4,
+        "every store series has a unit and help: {described:?}"
+    );
+
+    /// The shared-store counters, by `name{label=value,…}`.
+    fn store_series(recorder: &DebuggingRecorder) -> std::collections::BTreeMap<String, f64> {
+        support::metrics_series::series(recorder)
+            .into_iter()
+            .filter(|(_, name, _)| name.starts_with("toolcall_shared_store_"))
+            .map(|(_, name, value)| match value {
+                DebugValue::Counter(n) => (name, n as f64),
+                other => panic!("{name} is a counter, not {other:?}"),
+            })
+            .collect()
+    }
+
+    fn series_of(expected: &[(&str, f64)]) -> std::collections::BTreeMap<String, f64> {
+        expected
+            .iter()
+            .map(|(name, n)| (format!("toolcall_shared_store_{name}"), *n))
+            .collect()
+    }
+}
