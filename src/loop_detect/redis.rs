@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Script;
 use tokio::time::Instant;
 
 use super::config::{BelowSession, LoopSettingKey, LoopSettings};
@@ -18,95 +18,100 @@ use crate::time::{millis, unix_now_ms};
 /// The default prefix of every key the store writes.
 pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
 
-/// A session is one string: its next sequence number, a line; the call last given a chance
-/// (`<signature>:<ms>`, or nothing), a line; its own settings (`!/set` overrides, as JSON, or
-/// nothing), a line; then its latest calls, one line each, oldest first:
-/// `<seq>:<ms>:<signature>:<poller>:<state>`. Two commands a script, whatever the history's
-/// length.
+/// A session is one string of fixed-width fields, hexadecimal, so that a script finds each
+/// by its offset and never parses the calls:
 ///
-/// Every script reads the header the same way: `seq`, `chance`, `settings`, `calls`.
-const READ_SESSION: &str = r"
-local seq, chance, settings, calls = 0, '', '', ''
-local blob = redis.call('GET', KEYS[1])
-if blob then
-  local a = string.find(blob, '\n', 1, true)
-  local b = string.find(blob, '\n', a + 1, true)
-  local c = string.find(blob, '\n', b + 1, true)
-  seq = tonumber(string.sub(blob, 1, a - 1))
-  chance = string.sub(blob, a + 1, b - 1)
-  settings = string.sub(blob, b + 1, c - 1)
-  calls = string.sub(blob, c + 1)
-end
+/// - its next sequence number (12 digits);
+/// - the call last given a chance: signature (16) and time in ms (12), or 28 spaces;
+/// - the length of its own settings (4), then the settings (`!/set` overrides, as JSON);
+/// - its latest calls, oldest first, [`CALL_LEN`] characters each: time in ms (12),
+///   signature (16), poller (`0` or `1`), and how it ended: `p` (pending), `r` (refused),
+///   `s` (succeeded) or `f` (failed), then a 16-digit fingerprint of the poller's result or
+///   of the error code (zeros otherwise).
+///
+/// The calls' sequence numbers follow from the next one: the last call has the one before.
+const PRELUDE: &str = r"
+local EMPTY = '000000000000' .. string.rep(' ', 28) .. '0000'
+local function calls_from(blob) return 45 + tonumber(string.sub(blob, 41, 44), 16) end
 ";
 
+/// Characters a call takes in a session's string.
+const CALL_LEN: usize = 46;
+
 /// `OBSERVE` reads the session's settings over the tiers below it, and, when they track the
-/// call, takes the next sequence number, answers it with the calls, the chance and the
-/// settings, and appends this call, pending, keeping as many calls as the rules look at; the
-/// session expires with its window. Untracked, it answers `-1` and the settings, and writes
-/// nothing. `ARGV`: now (ms), window (ms), the calls kept for the rules other than repeats,
-/// max repeats, signature, poller, enabled (`1` or `0`), the last four below the session.
+/// call, appends it (`ARGV[1]`, written by the replica) keeping as many calls as the rules
+/// look at, takes the next sequence number, and sets the session to expire with its window.
+/// It answers the session as it was. `ARGV`: call, window (ms), the calls kept for the
+/// rules other than repeats, max repeats, enabled (`1` or `0`), the last four below the
+/// session.
 const OBSERVE: &str = r"
-local enabled, repeats, window = ARGV[7] == '1', tonumber(ARGV[4]), tonumber(ARGV[2])
-if settings ~= '' then
-  local own = cjson.decode(settings)
+local blob = redis.call('GET', KEYS[1]) or EMPTY
+local body = calls_from(blob)
+local enabled, repeats, window = ARGV[5] == '1', tonumber(ARGV[4]), tonumber(ARGV[2])
+if body > 45 then
+  local own = cjson.decode(string.sub(blob, 45, body - 1))
   if own.enabled ~= nil then enabled = own.enabled end
   if own.max_repeats then repeats = own.max_repeats end
   if own.ttl_secs then window = own.ttl_secs * 1000 end
 end
-if not enabled then return {-1, '', '', settings} end
+if not enabled then return blob end
 local keep = math.max(tonumber(ARGV[3]), repeats - 1)
-local kept = calls .. seq .. ':' .. ARGV[1] .. ':' .. ARGV[5] .. ':' .. ARGV[6] .. ':p\n'
-local n = select(2, string.gsub(kept, '\n', '\n'))
-local from = 1
-for _ = 1, n - keep do
-  from = string.find(kept, '\n', from, true) + 1
-end
-kept = string.sub(kept, from)
-redis.call('SET', KEYS[1], (seq + 1) .. '\n' .. chance .. '\n' .. settings .. '\n' .. kept, 'PX', window)
-return {seq, calls, chance, settings}
+local from = math.max(body, #blob - 46 * (keep - 1) + 1)
+local seq = string.format('%012x', tonumber(string.sub(blob, 1, 12), 16) + 1)
+redis.call('SET', KEYS[1], seq .. string.sub(blob, 13, body - 1) .. string.sub(blob, from) .. ARGV[1], 'PX', window)
+return blob
 ";
 
-/// Settles the pending call `ARGV[1]` with the state `ARGV[2]`, and sets the session's
-/// chance to `ARGV[3]` unless it is empty; the session keeps its expiry.
+/// Settles the pending call of sequence number `ARGV[1]` with the state `ARGV[2]`, and sets
+/// the session's chance to `ARGV[3]` unless it is empty; the session keeps its expiry.
 const SETTLE: &str = r"
+local blob = redis.call('GET', KEYS[1])
 if not blob then return 0 end
-local at = string.find('\n' .. calls, '\n' .. ARGV[1] .. ':', 1, true)
-if at then
-  local stop = string.find(calls, '\n', at, true)
-  if string.sub(calls, stop - 2, stop - 1) == ':p' then
-    calls = string.sub(calls, 1, stop - 2) .. ARGV[2] .. string.sub(calls, stop)
+local body = calls_from(blob)
+local n = (#blob - body + 1) / 46
+local index = tonumber(ARGV[1]) - (tonumber(string.sub(blob, 1, 12), 16) - n)
+if index >= 0 and index < n then
+  local at = body + index * 46 + 29
+  if string.sub(blob, at, at) == 'p' then
+    blob = string.sub(blob, 1, at - 1) .. ARGV[2] .. string.sub(blob, at + 17)
   end
 end
-if ARGV[3] ~= '' then chance = ARGV[3] end
-redis.call('SET', KEYS[1], seq .. '\n' .. chance .. '\n' .. settings .. '\n' .. calls, 'KEEPTTL')
+if ARGV[3] ~= '' then blob = string.sub(blob, 1, 12) .. ARGV[3] .. string.sub(blob, 41) end
+redis.call('SET', KEYS[1], blob, 'KEEPTTL')
 return 1
 ";
 
 /// Changes the session's settings: sets the members of the JSON object `ARGV[1]`, removes
-/// the comma-separated members `ARGV[2]`. Switching detection off drops the calls. The
-/// session then lasts at least its window: its own, or `ARGV[3]` (ms).
+/// the comma-separated members `ARGV[2]`. Switching detection off drops the calls and the
+/// chance. The session then lasts at least its window: its own, or `ARGV[3]` (ms).
 const SET_SETTINGS: &str = r"
-local own = settings == '' and {} or cjson.decode(settings)
+local blob = redis.call('GET', KEYS[1]) or EMPTY
+local body = calls_from(blob)
+local own = body == 45 and {} or cjson.decode(string.sub(blob, 45, body - 1))
 for name, value in pairs(cjson.decode(ARGV[1])) do own[name] = value end
 for name in string.gmatch(ARGV[2], '[^,]+') do own[name] = nil end
-settings = next(own) == nil and '' or cjson.encode(own)
-if own.enabled == false then chance, calls = '', '' end
+local settings = next(own) == nil and '' or cjson.encode(own)
+local chance, calls = string.sub(blob, 13, 40), string.sub(blob, body)
+if own.enabled == false then chance, calls = string.rep(' ', 28), '' end
 local window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[3])
 window = math.max(window, redis.call('PTTL', KEYS[1]))
-redis.call('SET', KEYS[1], seq .. '\n' .. chance .. '\n' .. settings .. '\n' .. calls, 'PX', window)
+local header = string.sub(blob, 1, 12) .. chance .. string.format('%04x', #settings)
+redis.call('SET', KEYS[1], header .. settings .. calls, 'PX', window)
 return 1
 ";
 
 /// Drops the session's calls and chance; its settings and sequence stay, with its expiry.
 const RESET: &str = r"
+local blob = redis.call('GET', KEYS[1])
 if not blob then return 0 end
-redis.call('SET', KEYS[1], seq .. '\n\n' .. settings .. '\n', 'KEEPTTL')
+local kept = string.sub(blob, 1, 12) .. string.rep(' ', 28) .. string.sub(blob, 41, calls_from(blob) - 1)
+redis.call('SET', KEYS[1], kept, 'KEEPTTL')
 return 1
 ";
 
-/// A script on a session: the common header, then `body`.
+/// A script on a session: the common prelude, then `body`.
 fn session_script(body: &str) -> Script {
-    Script::new(&format!("{READ_SESSION}{body}"))
+    Script::new(&format!("{PRELUDE}{body}"))
 }
 
 /// The default seed of call signatures: every replica that shares a store must hash calls
@@ -117,14 +122,18 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 /// points at the same server: a model whose calls are spread over replicas is stopped at the
 /// same call as on one.
 ///
-/// - A session is one key, `<prefix>{<session>}`: its sequence, the call last given a
-///   chance, and its latest calls (sequence number, time, signature, and how each ended), as
-///   many as the rules look at. The braces are a Redis Cluster hash tag. The key expires with
-///   the session's window.
-/// - A call is one round trip: a Lua script (two commands, a read and a write) appends it and
-///   answers the calls before it, which the layer judges with the same rules as in memory. A refused call, a failure and a
-///   poller's result are then written to its entry (a second, short script), before the
-///   caller gets the answer, so the next call on any replica sees them.
+/// - A session is one key, `<prefix>{<session>}`: one string of fixed-width fields, its
+///   sequence, the call last given a chance, its own settings (`!/set` overrides) and its
+///   latest calls (time, signature, and how each ended), as many as the rules look at. The
+///   braces are a Redis Cluster hash tag. The key expires with the session's window.
+/// - A call is one round trip: a Lua script (two commands, a read and a write) reads the
+///   session's settings, appends the call unless they switch detection off, and answers the
+///   session as it was, which the layer judges with the same rules as in memory. A refused
+///   call, a failure and a poller's result are then written to its entry (a second, short
+///   script), before the caller gets the answer, so the next call on any replica sees them.
+/// - A session's settings set through any replica's
+///   [`LoopDetectHandle`](super::LoopDetectHandle) are kept there and read with the
+///   session's next call on every replica.
 /// - Times are the replicas' wall clocks, in milliseconds: windows last seconds or minutes,
 ///   far longer than the skew of synchronized clocks.
 /// - Signatures are keyed hashes with a seed every replica shares
@@ -216,60 +225,52 @@ impl RedisLoopStore {
             ..limits
         }
         .history_len();
-        let poller = u8::from(limits.poller);
-        let enabled = u8::from(below.enabled);
         async move {
             let now_ms = unix_now_ms();
-            let reply: Vec<Value> = shared
+            let call = encode_call(now_ms, signature, limits.poller, State::Pending);
+            let blob: Vec<u8> = shared
                 .connection
                 .eval(
                     shared
                         .observe
                         .key(&key)
-                        .arg(now_ms)
+                        .arg(call)
                         .arg(window_ms)
                         .arg(keep)
                         .arg(limits.max_repeats)
-                        .arg(signature.raw())
-                        .arg(poller)
-                        .arg(enabled),
+                        .arg(u8::from(below.enabled)),
                 )
                 .await?;
             let now = Instant::now();
+            let session = StoredSession::decode(&blob)?;
+            let settings = decode_settings(session.settings)?;
+            if !below.under(&settings).0 {
+                // The script wrote nothing: the session's settings do not track the call.
+                return Ok(Observed {
+                    settings,
+                    tracked: None,
+                });
+            }
             let at = |ms: u64| {
                 now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
                     .unwrap_or(now)
             };
-            let mut reply = reply.into_iter();
-            let seq = match reply.next() {
-                Some(Value::Int(seq)) => seq,
-                _ => return Err(corrupt("no sequence number")),
-            };
-            let calls = reply.next().ok_or_else(|| corrupt("no calls"))?;
-            let calls = text(&calls)?
-                .lines()
+            let calls = session
+                .calls
+                .chunks(CALL_LEN)
                 .map(|call| decode_call(call, at))
                 .collect::<Result<Vec<_>, _>>()?;
-            let chance = reply.next().ok_or_else(|| corrupt("no chance"))?;
-            let chance = match text(&chance)? {
-                "" => None,
-                chance => {
-                    let (signature, ms) = chance
-                        .split_once(':')
-                        .and_then(|(s, ms)| Some((s.parse().ok()?, ms.parse().ok()?)))
-                        .ok_or_else(|| corrupt("a malformed chance"))?;
-                    Some((Signature::from_raw(signature), at(ms)))
-                }
-            };
-            let settings = reply.next().ok_or_else(|| corrupt("no settings"))?;
-            let settings = decode_settings(text(&settings)?)?;
-            // A negative sequence number: the session's settings do not track the call.
-            let tracked = u64::try_from(seq).ok().map(|seq| Tracked {
-                history: SessionHistory::restore(calls, seq, chance),
-                seq,
-                now,
-            });
-            Ok(Observed { settings, tracked })
+            let chance = session
+                .chance
+                .map(|(signature, ms)| (Signature::from_raw(signature), at(ms)));
+            Ok(Observed {
+                settings,
+                tracked: Some(Tracked {
+                    history: SessionHistory::restore(calls, session.seq, chance),
+                    seq: session.seq,
+                    now,
+                }),
+            })
         }
     }
 
@@ -286,7 +287,11 @@ impl RedisLoopStore {
         let key = self.session_key(session);
         let chance = chance.map_or_else(String::new, |(signature, at)| {
             let ago = millis(Instant::now().saturating_duration_since(at));
-            format!("{}:{}", signature.raw(), unix_now_ms().saturating_sub(ago))
+            format!(
+                "{:016x}{:012x}",
+                signature.raw(),
+                unix_now_ms().saturating_sub(ago)
+            )
         });
         async move {
             let _: i64 = shared
@@ -367,14 +372,54 @@ impl RedisLoopStore {
 }
 
 fn corrupt(what: &str) -> SharedStoreError {
-    SharedStoreError::Corrupt(format!("the loop-detection script answered {what}"))
+    SharedStoreError::Corrupt(format!("the loop-detection store holds {what}"))
 }
 
-fn text(value: &Value) -> Result<&str, SharedStoreError> {
-    match value {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| corrupt("non-text")),
-        _ => Err(corrupt("a non-string")),
+/// A session's string, read by its offsets.
+#[derive(Debug)]
+struct StoredSession<'a> {
+    seq: u64,
+    chance: Option<(u64, u64)>,
+    settings: &'a str,
+    calls: &'a [u8],
+}
+
+impl<'a> StoredSession<'a> {
+    fn decode(blob: &'a [u8]) -> Result<Self, SharedStoreError> {
+        let malformed = || corrupt("a malformed session");
+        let field = |from: usize, to: usize| blob.get(from..to).ok_or_else(malformed);
+        let seq = hex(field(0, 12)?).ok_or_else(malformed)?;
+        let chance = field(12, 40)?;
+        let chance = if chance.iter().all(|b| *b == b' ') {
+            None
+        } else {
+            let signature = hex(&chance[..16]).ok_or_else(malformed)?;
+            Some((signature, hex(&chance[16..]).ok_or_else(malformed)?))
+        };
+        let settings_len =
+            usize::try_from(hex(field(40, 44)?).ok_or_else(malformed)?).map_err(|_| malformed())?;
+        let settings =
+            std::str::from_utf8(field(44, 44 + settings_len)?).map_err(|_| malformed())?;
+        let calls = &blob[44 + settings_len..];
+        if !calls.len().is_multiple_of(CALL_LEN) {
+            return Err(malformed());
+        }
+        Ok(StoredSession {
+            seq,
+            chance,
+            settings,
+            calls,
+        })
     }
+}
+
+/// A fixed-width hexadecimal number.
+fn hex(digits: &[u8]) -> Option<u64> {
+    let digits = std::str::from_utf8(digits).ok()?;
+    if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
 }
 
 /// The JSON member of a setting, as [`LoopSettings`] serializes it.
@@ -398,32 +443,63 @@ fn decode_settings(stored: &str) -> Result<LoopSettings, SharedStoreError> {
         .ok_or_else(|| corrupt(&format!("malformed session settings {stored:?}")))
 }
 
+/// A call as stored: `<ms><signature><poller><state>`, [`CALL_LEN`] characters.
+fn encode_call(at_ms: u64, signature: Signature, poller: bool, state: State) -> String {
+    format!(
+        "{at_ms:012x}{:016x}{}{}",
+        signature.raw(),
+        u8::from(poller),
+        encode_state(state)
+    )
+}
+
+/// How a call ended: a letter and 16 hexadecimal digits.
 fn encode_state(state: State) -> String {
     match state {
-        State::Pending => "p".to_owned(),
-        State::Rejected => "r".to_owned(),
-        State::Done(Outcome::Succeeded(fingerprint)) => format!("s{fingerprint}"),
-        State::Done(Outcome::Failed(code)) => format!("f{}", code.as_str()),
+        State::Pending => format!("p{:016x}", 0),
+        State::Rejected => format!("r{:016x}", 0),
+        State::Done(Outcome::Succeeded(fingerprint)) => format!("s{fingerprint:016x}"),
+        State::Done(Outcome::Failed(code)) => format!("f{:016x}", code_fingerprint(code)),
     }
 }
 
-/// `<seq>:<at ms>:<signature>:<poller>:<state>`.
-fn decode_call(call: &str, at: impl Fn(u64) -> Instant) -> Result<StoredCall, SharedStoreError> {
-    let malformed = || corrupt(&format!("a malformed call {call:?}"));
-    let mut parts = call.splitn(5, ':').skip(1);
-    let mut next = || parts.next().ok_or_else(malformed);
-    let at_ms: u64 = next()?.parse().map_err(|_| malformed())?;
-    let signature: u64 = next()?.parse().map_err(|_| malformed())?;
-    let poller = next()? == "1";
-    let state = next()?;
-    let state = match state.split_at_checked(1) {
-        Some(("p", "")) => State::Pending,
-        Some(("r", "")) => State::Rejected,
-        Some(("s", fingerprint)) => State::Done(Outcome::Succeeded(
-            fingerprint.parse().map_err(|_| malformed())?,
-        )),
-        Some(("f", code)) => State::Done(Outcome::Failed(
-            ErrorCode::parse(code).ok_or_else(malformed)?,
+/// A fixed-width stand-in for an error code that does not depend on the codes' order: the
+/// FNV-1a hash of its name.
+fn code_fingerprint(code: ErrorCode) -> u64 {
+    code.as_str()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, SharedStoreError> {
+    let malformed = || {
+        corrupt(&format!(
+            "a malformed call {:?}",
+            String::from_utf8_lossy(call)
+        ))
+    };
+    if call.len() != CALL_LEN {
+        return Err(malformed());
+    }
+    let at_ms = hex(&call[..12]).ok_or_else(malformed)?;
+    let signature = hex(&call[12..28]).ok_or_else(malformed)?;
+    let poller = match call[28] {
+        b'0' => false,
+        b'1' => true,
+        _ => return Err(malformed()),
+    };
+    let payload = hex(&call[30..]).ok_or_else(malformed)?;
+    let state = match (call[29], payload) {
+        (b'p', 0) => State::Pending,
+        (b'r', 0) => State::Rejected,
+        (b's', fingerprint) => State::Done(Outcome::Succeeded(fingerprint)),
+        (b'f', fingerprint) => State::Done(Outcome::Failed(
+            ErrorCode::ALL
+                .into_iter()
+                .find(|code| code_fingerprint(*code) == fingerprint)
+                .ok_or_else(malformed)?,
         )),
         _ => return Err(malformed()),
     };
@@ -509,23 +585,58 @@ mod tests {
     proptest! {
         #[test]
         fn a_stored_call_reads_back_as_written(
-            seq in any::<u64>(),
-            at_ms in any::<u64>(),
+            at_ms in 0u64..(1 << 48),
             signature in any::<u64>(),
             poller in any::<bool>(),
             state in state(),
         ) {
             let now = Instant::now();
-            let line = format!(
-                "{seq}:{at_ms}:{signature}:{}:{}",
-                u8::from(poller),
-                encode_state(state)
-            );
-            let call = decode_call(&line, |_| now).unwrap();
+            let stored = encode_call(at_ms, Signature::from_raw(signature), poller, state);
+            prop_assert_eq!(stored.len(), CALL_LEN);
+            let call = decode_call(stored.as_bytes(), |ms| {
+                assert_eq!(ms, at_ms);
+                now
+            })
+            .unwrap();
             prop_assert_eq!(
                 call,
                 StoredCall { at: now, signature: Signature::from_raw(signature), poller, state }
             );
+        }
+
+        #[test]
+        fn a_stored_session_reads_back_by_its_offsets(
+            seq in 0u64..(1 << 48),
+            chance in proptest::option::of((any::<u64>(), 0u64..(1 << 48))),
+            max_repeats in proptest::option::of(2u32..50),
+            calls in 0usize..10,
+        ) {
+            let settings = max_repeats
+                .map(|max| serde_json::to_string(&LoopSettings::default().with_max_repeats(max)).unwrap())
+                .unwrap_or_default();
+            let chance_text = chance.map_or_else(
+                || " ".repeat(28),
+                |(signature, ms)| format!("{signature:016x}{ms:012x}"),
+            );
+            let call = encode_call(7, Signature::from_raw(9), false, State::Pending);
+            let blob = format!(
+                "{seq:012x}{chance_text}{:04x}{settings}{}",
+                settings.len(),
+                call.repeat(calls)
+            );
+            let session = StoredSession::decode(blob.as_bytes()).unwrap();
+            prop_assert_eq!(session.seq, seq);
+            prop_assert_eq!(session.chance, chance);
+            prop_assert_eq!(session.settings, settings.as_str());
+            prop_assert_eq!(session.calls.len(), calls * CALL_LEN);
+            // Cut anywhere inside a call, it is refused, not misread.
+            if calls > 0 {
+                let cut = &blob.as_bytes()[..blob.len() - 1];
+                prop_assert!(matches!(
+                    StoredSession::decode(cut),
+                    Err(SharedStoreError::Corrupt(_))
+                ));
+            }
         }
 
         #[test]
@@ -554,16 +665,19 @@ mod tests {
         }
 
         #[test]
-        fn any_other_line_is_refused_as_corrupt_without_a_panic(line in ".{0,64}") {
+        fn anything_else_is_refused_as_corrupt_without_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
             let now = Instant::now();
-            match decode_call(&line, |_| now) {
+            match decode_call(&bytes, |_| now) {
                 Ok(call) => {
-                    // Only lines of the stored shape read back.
-                    let fields: Vec<&str> = line.splitn(5, ':').collect();
-                    prop_assert_eq!(fields.len(), 5);
-                    prop_assert_eq!(fields[2].parse::<u64>().ok(), Some(call.signature.raw()));
+                    // Only calls of the stored shape read back, and write back the same.
+                    prop_assert_eq!(bytes.len(), CALL_LEN);
+                    let again = encode_call(hex(&bytes[..12]).unwrap(), call.signature, call.poller, call.state);
+                    prop_assert_eq!(again.to_ascii_lowercase(), String::from_utf8(bytes.clone()).unwrap().to_ascii_lowercase());
                 }
                 Err(error) => prop_assert!(matches!(error, SharedStoreError::Corrupt(_))),
+            }
+            if let Err(error) = StoredSession::decode(&bytes) {
+                prop_assert!(matches!(error, SharedStoreError::Corrupt(_)));
             }
         }
     }

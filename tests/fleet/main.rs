@@ -746,16 +746,36 @@ async fn a_loop_session_is_one_bounded_key_that_expires_with_its_window() {
         "the window of 120 s: {ttl_ms} ms"
     );
     let session: String = query(&server, redis::cmd("GET").arg(&keys[0])).await;
-    let lines: Vec<&str> = session.lines().collect();
-    assert_eq!(lines[0], "20", "the next sequence number");
-    assert_eq!(lines[1], "", "no chance given");
-    assert_eq!(lines[2], "", "no settings of its own");
+    // Fixed-width fields: the next sequence number, the chance, the settings' length.
     assert_eq!(
-        lines.len() - 3,
-        8,
+        &session[..12],
+        "000000000014",
+        "the next sequence number, 20"
+    );
+    assert_eq!(&session[12..40], " ".repeat(28), "no chance given");
+    assert_eq!(&session[40..44], "0000", "no settings of its own");
+    let calls = &session[44..];
+    assert_eq!(
+        calls.len(),
+        8 * 46,
         "as many calls as the default rules look at (a cycle of 3, three times, less one)"
     );
-    assert!(lines[3].starts_with("12:"), "the oldest kept: {}", lines[3]);
+    assert!(
+        calls
+            .as_bytes()
+            .chunks(46)
+            .all(|call| call[28] == b'0' && call[29] == b'p'),
+        "not pollers, none settled: {calls}"
+    );
+}
+
+/// A session's string with no chance and no calls.
+fn stored_session(seq: u64, settings: &str) -> String {
+    format!(
+        "{seq:012x}{}{:04x}{settings}",
+        " ".repeat(28),
+        settings.len()
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -777,7 +797,8 @@ async fn a_sessions_loop_settings_are_kept_with_its_history_and_read_by_every_re
     let key = "toolcall:loop:{strict}";
     let session: String = query(&server, redis::cmd("GET").arg(key)).await;
     assert_eq!(
-        session, "0\n\n{\"max_repeats\":2}\n",
+        session,
+        stored_session(0, "{\"max_repeats\":2}"),
         "the settings, no calls yet"
     );
     let ttl_ms: i64 = query(&server, redis::cmd("PTTL").arg(key)).await;
@@ -855,13 +876,21 @@ async fn a_session_switched_off_on_one_replica_runs_untracked_on_the_others() {
         .await
         .unwrap();
     let session: String = query(&server, redis::cmd("GET").arg("toolcall:loop:{quiet}")).await;
-    assert_eq!(session, "3\n\n{\"enabled\":false}\n", "the history dropped");
+    assert_eq!(
+        session,
+        stored_session(3, "{\"enabled\":false}"),
+        "the history dropped"
+    );
     for _ in 0..6 {
         b.replica.call(looping.clone()).await.expect("untracked");
     }
     assert_eq!(b.replica.tool.get(), 9, "every call ran");
     let session: String = query(&server, redis::cmd("GET").arg("toolcall:loop:{quiet}")).await;
-    assert_eq!(session, "3\n\n{\"enabled\":false}\n", "nothing appended");
+    assert_eq!(
+        session,
+        stored_session(3, "{\"enabled\":false}"),
+        "nothing appended"
+    );
 
     // Without a shared loop store, the fleet has nowhere to keep a session's settings.
     let plain = member(&server).await;
@@ -910,7 +939,8 @@ async fn a_handles_session_reset_is_done_in_the_store_when_awaited() {
         .expect("the store answers");
     let session: String = query(&server, redis::cmd("GET").arg("toolcall:loop:{sess-r}")).await;
     assert_eq!(
-        session, "3\n\n{\"max_repeats\":3}\n",
+        session,
+        stored_session(3, "{\"max_repeats\":3}"),
         "no calls, the settings kept"
     );
     b.call(looping.clone()).await.expect("B counts afresh");
