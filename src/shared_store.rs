@@ -200,6 +200,22 @@ impl Outages {
         error: &SharedStoreError,
     ) -> Result<(), ToolError> {
         self.failed_checks.fetch_add(1, Ordering::Relaxed);
+        self.unreachable(layer, error);
+        self.tell(layer, StoreEvent::CheckFailed(self.policy));
+        match self.policy {
+            FailurePolicy::Open => Ok(()),
+            FailurePolicy::Closed => Err(ToolError::rejected(
+                ErrorCode::StoreUnavailable,
+                format!(
+                    "{layer} could not check the call ({error}): it was not called; retry later"
+                ),
+            )),
+        }
+    }
+
+    /// A write by `layer` that decides nothing (how a call already decided ended) failed
+    /// with `error`: no check failed, but an outage begins if none was going on.
+    pub(crate) fn unreachable(&self, layer: &'static str, error: &SharedStoreError) {
         if !self.down.swap(true, Ordering::Relaxed) {
             self.outages.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
@@ -214,16 +230,6 @@ impl Outages {
             );
             self.tell(layer, StoreEvent::OutageBegan);
         }
-        self.tell(layer, StoreEvent::CheckFailed(self.policy));
-        match self.policy {
-            FailurePolicy::Open => Ok(()),
-            FailurePolicy::Closed => Err(ToolError::rejected(
-                ErrorCode::StoreUnavailable,
-                format!(
-                    "{layer} could not check the call ({error}): it was not called; retry later"
-                ),
-            )),
-        }
     }
 
     pub(crate) fn health(&self) -> StoreHealth {
@@ -232,5 +238,48 @@ impl Outages {
             outages: self.outages.load(Ordering::Relaxed),
             failed_checks: self.failed_checks.load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn an_outage_is_told_once_and_each_failed_check_with_its_policy() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let seen = events.clone();
+        let mut listeners = StoreListeners::default();
+        listeners.push(move |layer: &'static str, event: StoreEvent| {
+            seen.lock().unwrap().push((layer, event));
+        });
+        let outages = Outages::new(FailurePolicy::Closed, listeners);
+        let down = SharedStoreError::Timeout(Duration::from_millis(5));
+
+        // A failed write of a decided call begins an outage, but is no failed check.
+        outages.unreachable("loop_detect", &down);
+        let error = outages.failed("loop_detect", &down).unwrap_err();
+        assert_eq!(error.code(), ErrorCode::StoreUnavailable);
+        outages.succeeded("loop_detect");
+        outages.succeeded("loop_detect");
+        assert!(outages.failed("loop_detect", &down).is_err());
+
+        let health = outages.health();
+        assert_eq!(
+            (health.available, health.outages, health.failed_checks),
+            (false, 2, 2)
+        );
+        let closed = StoreEvent::CheckFailed(FailurePolicy::Closed);
+        assert_eq!(
+            *events.lock().unwrap(),
+            [
+                ("loop_detect", StoreEvent::OutageBegan),
+                ("loop_detect", closed),
+                ("loop_detect", StoreEvent::OutageEnded),
+                ("loop_detect", StoreEvent::OutageBegan),
+                ("loop_detect", closed),
+            ]
+        );
     }
 }

@@ -315,9 +315,7 @@ mod shared {
                         Ok(()) => self.monitor.outages.succeeded(LAYER),
                         // The call goes on (or its answer goes back): the failure policy
                         // concerns checks, not the record of a call already decided.
-                        Err(error) => {
-                            let _ = self.monitor.outages.failed(LAYER, &error);
-                        }
+                        Err(error) => self.monitor.outages.unreachable(LAYER, &error),
                     }
                     if let Some(result) = self.result.take() {
                         return Next::Done(result);
