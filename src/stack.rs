@@ -621,7 +621,8 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
         self
     }
 
-    /// Records the metrics of every call in the trace layer, and the breakers' transitions;
+    /// Records the metrics of every call in the trace layer, the breakers' transitions and
+    /// the shared stores' outages;
     /// when the stack is built, sets the dedupe TTL gauges of every tool (install the
     /// metrics recorder first). The store's size is recorded by
     /// [`ToolMetrics::record_dedupe_size`](crate::trace::ToolMetrics::record_dedupe_size).
@@ -639,6 +640,8 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics(mut self, metrics: crate::trace::ToolMetrics) -> Self {
         self.breaker = self.breaker.on_transition(metrics.breaker_listener());
+        self.rate_limit = self.rate_limit.on_store_event(metrics.store_listener());
+        self.loop_detect = self.loop_detect.on_store_event(metrics.store_listener());
         self.trace = self.trace.metrics(metrics.clone());
         self.metrics = Some(metrics);
         self
@@ -709,6 +712,55 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
         configure: impl FnOnce(RateLimitLayerBuilder) -> RateLimitLayerBuilder,
     ) -> Self {
         self.rate_limit = configure(self.rate_limit);
+        self
+    }
+
+    /// Keeps the rate-limit quotas in `store` (a
+    /// [`RedisRateLimitStore`](crate::rate_limit::RedisRateLimitStore) to share them between
+    /// replicas) instead of in this process. The rate-limit settings made so far are kept.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use std::time::Duration;
+    /// use tower_toolcall::rate_limit::{Admission, AdmissionFuture, Quota, RateLimitStore};
+    ///
+    /// #[derive(Debug)]
+    /// struct AlwaysAllowed;
+    ///
+    /// impl RateLimitStore for AlwaysAllowed {
+    ///     fn acquire(&self, _key: &str, _quota: Quota) -> AdmissionFuture {
+    ///         Box::pin(async { Ok(Admission::Allowed) })
+    ///     }
+    /// }
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .rate_limit(|limits| limits.per_second(20))
+    ///     .rate_limit_store(AlwaysAllowed)
+    ///     .build()?;
+    /// assert!(stack.rate_limits().unwrap().store_health().available);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn rate_limit_store(mut self, store: impl crate::rate_limit::RateLimitStore) -> Self {
+        self.rate_limit = self.rate_limit.store(store);
+        self
+    }
+
+    /// Keeps loop detection's session histories in `store`, shared by every replica that
+    /// uses it, instead of in this process. The loop-detection settings made so far are kept.
+    ///
+    /// ```no_run
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::loop_detect::RedisLoopStore;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .loop_store(RedisLoopStore::open("redis://127.0.0.1:6379/")?)
+    ///     .build()?;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn loop_store(mut self, store: crate::loop_detect::RedisLoopStore) -> Self {
+        self.loop_detect = self.loop_detect.store(store);
         self
     }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use crate::envelope::ToolCall;
+use crate::error::ConfigError;
 
 /// A duration in whole milliseconds, saturating.
 pub(crate) fn millis(duration: Duration) -> u64 {
@@ -26,4 +27,15 @@ pub(crate) fn unix_now_ms() -> u64 {
 pub(crate) fn call_deadline(call: &ToolCall, now: Instant) -> Option<Instant> {
     let at = call.control().deadline_at_ms?;
     Some(now + Duration::from_millis(at.saturating_sub(unix_now_ms())))
+}
+
+/// Refuses a configured duration under one millisecond, the resolution of records.
+pub(crate) fn at_least_a_millisecond(field: &str, value: Duration) -> Result<(), ConfigError> {
+    if value < Duration::from_millis(1) {
+        return Err(ConfigError::new(
+            field,
+            format!("must be at least 1 ms, got {} µs", value.as_micros()),
+        ));
+    }
+    Ok(())
 }

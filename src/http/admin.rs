@@ -83,6 +83,44 @@ struct AdminState<St> {
     store: Option<St>,
     control: ReliabilityControl,
     audit: Option<AuditLog>,
+    /// Sends the operator's actions to every replica, when set.
+    fleet: Option<Fleet>,
+}
+
+#[cfg(feature = "redis")]
+type Fleet = crate::fleet::FleetControl;
+/// Without the `redis` feature there is no fleet.
+#[cfg(not(feature = "redis"))]
+type Fleet = std::convert::Infallible;
+
+/// An operator action that a fleet shares.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+enum FleetAction<'a> {
+    ForceOpen(&'a BreakerKey),
+    ResetBreaker(&'a BreakerKey),
+    ResetSession(&'a str),
+    Enabled(bool),
+    Shadow(ShadowLayer, bool),
+}
+
+impl FleetAction<'_> {
+    /// Sends the action to every replica of `fleet`.
+    #[cfg(feature = "redis")]
+    async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
+        match self {
+            FleetAction::ForceOpen(key) => fleet.force_open(key).await,
+            FleetAction::ResetBreaker(key) => fleet.reset_breaker(key).await,
+            FleetAction::ResetSession(session) => fleet.reset_session(session).await,
+            FleetAction::Enabled(enabled) => fleet.set_enabled(enabled).await,
+            FleetAction::Shadow(layer, shadow) => fleet.set_shadow(layer, shadow).await,
+        }
+        .map_err(error)
+    }
+
+    #[cfg(not(feature = "redis"))]
+    async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
+        match *fleet {}
+    }
 }
 
 impl<St: Clone> Clone for AdminState<St> {
@@ -93,6 +131,7 @@ impl<St: Clone> Clone for AdminState<St> {
             store: self.store.clone(),
             control: self.control.clone(),
             audit: self.audit.clone(),
+            fleet: self.fleet.clone(),
         }
     }
 }
@@ -118,6 +157,7 @@ impl<St: DedupeStore> AdminRouter<St> {
                 store: stack.dedupe_store().cloned(),
                 control: stack.control().clone(),
                 audit: None,
+                fleet: None,
             },
             token: BearerToken::new(token),
         })
@@ -126,6 +166,16 @@ impl<St: DedupeStore> AdminRouter<St> {
     /// Writes every change to `audit` as well as to the log.
     pub fn audit(mut self, audit: AuditLog) -> Self {
         self.state.audit = Some(audit);
+        self
+    }
+
+    /// Sends force-opens, breaker resets, loop-session resets, the kill switch (`enabled`)
+    /// and shadow changes to every replica of `fleet` (see [`fleet`](crate::fleet)), rather
+    /// than to this replica only.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn fleet(mut self, fleet: crate::fleet::FleetControl) -> Self {
+        self.state.fleet = Some(fleet);
         self
     }
 
@@ -257,7 +307,10 @@ async fn read_breaker<St>(State(state): State<AdminState<St>>, Path(key): Path<S
 async fn force_open<St>(State(state): State<AdminState<St>>, Path(key): Path<String>) -> Answer {
     let key = parse_key(&key)?;
     let breakers = state.breakers()?;
-    breakers.force_open(&key);
+    match &state.fleet {
+        Some(fleet) => FleetAction::ForceOpen(&key).send(fleet).await?,
+        None => breakers.force_open(&key),
+    }
     state.changed(
         &key.short(),
         "breaker forced open",
@@ -269,7 +322,13 @@ async fn force_open<St>(State(state): State<AdminState<St>>, Path(key): Path<Str
 async fn reset_breaker<St>(State(state): State<AdminState<St>>, Path(key): Path<String>) -> Answer {
     let key = parse_key(&key)?;
     let breakers = state.breakers()?;
-    let existed = breakers.reset(&key);
+    let existed = breakers.status(&key).is_some();
+    match &state.fleet {
+        Some(fleet) => FleetAction::ResetBreaker(&key).send(fleet).await?,
+        None => {
+            breakers.reset(&key);
+        }
+    }
     state.changed(
         &key.short(),
         "breaker reset",
@@ -293,7 +352,16 @@ async fn reset_loop_session<St>(
     State(state): State<AdminState<St>>,
     Path(session): Path<String>,
 ) -> Answer {
-    state.loops()?.reset_session(&session);
+    let loops = state.loops()?;
+    match &state.fleet {
+        Some(fleet) => FleetAction::ResetSession(&session).send(fleet).await?,
+        None => loops.reset_session(&session).await.map_err(|problem| {
+            error(ToolError::rejected(
+                ErrorCode::StoreUnavailable,
+                format!("the session's history could not be cleared ({problem}): retry later"),
+            ))
+        })?,
+    }
     state.changed(
         &format!("session:{session}"),
         "loop session reset",
@@ -441,6 +509,15 @@ async fn change_switches<St>(State(state): State<AdminState<St>>, body: Bytes) -
     }
     let control = &state.control;
     let before = Switches::of(control);
+    if let Some(fleet) = &state.fleet {
+        // The switches the fleet shares go to every replica; the others stay this one's.
+        if let Some(enabled) = change.enabled {
+            FleetAction::Enabled(enabled).send(fleet).await?;
+        }
+        for (layer, on) in shadow.drain(..) {
+            FleetAction::Shadow(layer, on).send(fleet).await?;
+        }
+    }
     if let Some(enabled) = change.enabled {
         control.set_enabled(enabled);
     }

@@ -522,36 +522,59 @@ impl Tiers {
         tool: Option<&LoopDetectOverrides>,
     ) -> Option<Limits> {
         let session = self.sessions.get(call.session_key()).unwrap_or_default();
+        let (enabled, limits) = self.below_session(call, tool).under(&session);
+        enabled.then_some(limits)
+    }
+
+    /// What the tiers below the session decide for `call`: the tool, model and server tiers.
+    pub(super) fn below_session(
+        &self,
+        call: &ToolCall,
+        tool: Option<&LoopDetectOverrides>,
+    ) -> BelowSession {
         let model = self.models.for_call(call).copied().unwrap_or_default();
         let tool = tool.unwrap_or(&NO_OVERRIDES);
         let server = &self.server;
-        let enabled = session.enabled.or(model.enabled).unwrap_or(server.enabled);
-        if !enabled {
-            return None;
-        }
-        let max_repeats = session
+        let enabled = model.enabled.unwrap_or(server.enabled);
+        let max_repeats = tool
             .max_repeats
-            .or(tool.max_repeats)
             .or(model.max_repeats)
             .unwrap_or(server.max_repeats);
-        let ttl_secs = session
-            .ttl_secs
-            .or(tool.ttl_secs)
-            .or(model.ttl_secs)
-            .unwrap_or(server.ttl_secs);
-        let mode = session
-            .mode
-            .or(tool.mode)
-            .or(model.mode)
-            .unwrap_or(server.mode);
-        Some(Limits {
-            max_repeats,
-            ttl: Duration::from_secs(ttl_secs),
-            mode,
-            poller: self.rules.result_aware_polling && tool.poller == Some(true),
-            cycles: self.rules.cycles,
-            failures: self.rules.failures,
-        })
+        let ttl_secs = tool.ttl_secs.or(model.ttl_secs).unwrap_or(server.ttl_secs);
+        let mode = tool.mode.or(model.mode).unwrap_or(server.mode);
+        BelowSession {
+            enabled,
+            limits: Limits {
+                max_repeats,
+                ttl: Duration::from_secs(ttl_secs),
+                mode,
+                poller: self.rules.result_aware_polling && tool.poller == Some(true),
+                cycles: self.rules.cycles,
+                failures: self.rules.failures,
+            },
+        }
+    }
+}
+
+/// A call's settings before its session's own: each session setting, when set, wins.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BelowSession {
+    pub(crate) enabled: bool,
+    pub(crate) limits: Limits,
+}
+
+impl BelowSession {
+    /// Whether calls are tracked, and the limits, under `session`'s settings.
+    pub(crate) fn under(self, session: &LoopSettings) -> (bool, Limits) {
+        let limits = Limits {
+            max_repeats: session.max_repeats.unwrap_or(self.limits.max_repeats),
+            ttl: session
+                .ttl_secs
+                .map_or(self.limits.ttl, Duration::from_secs),
+            mode: session.mode.unwrap_or(self.limits.mode),
+            ..self.limits
+        };
+        (session.enabled.unwrap_or(self.enabled), limits)
     }
 }
 

@@ -33,8 +33,8 @@ impl Signature {
         Signature(h.finish())
     }
 
-    /// A signature from a raw hash (for tests and result fingerprints).
-    #[cfg(test)]
+    /// A signature from a raw hash (a stored one).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_raw(raw: u64) -> Self {
         Signature(raw)
     }
@@ -73,7 +73,7 @@ pub(crate) struct CycleLimits {
 
 impl Limits {
     /// How many past calls the rules need to see.
-    fn history_len(&self) -> usize {
+    pub(crate) fn history_len(&self) -> usize {
         let repeats = self.max_repeats.saturating_sub(1) as usize;
         let cycles = self.cycles.map_or(0, |c| {
             (c.repetitions as usize * c.max_length).saturating_sub(1)
@@ -177,7 +177,7 @@ struct Entry {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+pub(crate) enum State {
     /// Admitted; no outcome yet (or the caller gave up on it).
     Pending,
     /// Rejected by this layer.
@@ -186,7 +186,46 @@ enum State {
     Done(Outcome),
 }
 
+/// One remembered call, as a store keeps it.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StoredCall {
+    pub(crate) at: Instant,
+    pub(crate) signature: Signature,
+    pub(crate) poller: bool,
+    pub(crate) state: State,
+}
+
 impl SessionHistory {
+    /// A history that a store kept: its calls, oldest first, the sequence number of the call
+    /// after the last, and the call last given a chance.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn restore(
+        calls: impl IntoIterator<Item = StoredCall>,
+        next_seq: u64,
+        chance: Option<(Signature, Instant)>,
+    ) -> Self {
+        SessionHistory {
+            entries: calls
+                .into_iter()
+                .map(|call| Entry {
+                    at: call.at,
+                    signature: call.signature,
+                    poller: call.poller,
+                    state: call.state,
+                })
+                .collect(),
+            next_seq,
+            chance,
+        }
+    }
+
+    /// The call last given a chance, and when.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn chance(&self) -> Option<(Signature, Instant)> {
+        self.chance
+    }
+
     /// How many calls are remembered.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -5,27 +5,29 @@ use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use super::detector::Outcome;
 use super::service::Monitor;
 use super::tracker::{lock, SharedHistory};
+use crate::envelope::ToolCall;
 use crate::error::ToolError;
 use crate::middleware::Passthrough;
 use crate::outcome::ToolOutput;
 
+#[cfg(feature = "redis")]
+pub(super) use self::shared::Pending;
+
 pin_project! {
     /// The response future of [`LoopDetect`](super::LoopDetect): refused with
     /// `LOOP_DETECTED`, the inner call, whose outcome is reported to the session's history,
-    /// or the inner call untracked.
-    #[derive(Debug)]
-    pub struct ResponseFuture<F> {
+    /// the inner call untracked, or a call whose session history is in a shared store.
+    pub struct ResponseFuture<S, F> {
         #[pin]
         state: State<F>,
+        pending: Option<Box<Pending<S>>>,
     }
 }
 
 pin_project! {
     #[project = Projection]
-    #[derive(Debug)]
     enum State<F> {
         Rejected { error: Option<ToolError> },
         Called {
@@ -34,6 +36,10 @@ pin_project! {
             report: Option<OutcomeReport>,
         },
         Passthrough { #[pin] future: Passthrough<F> },
+        // Waiting for the shared store: its answer, or the write of how a call ended.
+        Store { step: StoreStep },
+        // The call may run; waiting for the service to be ready.
+        Ready,
     }
 }
 
@@ -56,62 +62,364 @@ impl OutcomeReport {
     }
 
     fn record(self, result: &Result<ToolOutput, ToolError>) {
-        let outcome = match result {
-            Ok(output) => Outcome::Succeeded(
-                self.results
-                    .as_ref()
-                    .map_or(0, |monitor| monitor.result_fingerprint(output, self.seq)),
-            ),
-            Err(error) => Outcome::Failed(error.code()),
-        };
+        let outcome = Monitor::outcome_of(self.results.as_deref(), result, self.seq);
         lock(&self.history).record_outcome(self.seq, outcome);
     }
 }
 
-impl<F> ResponseFuture<F> {
+impl<S, F> ResponseFuture<S, F> {
     pub(super) fn rejected(error: ToolError) -> Self {
-        ResponseFuture {
-            state: State::Rejected { error: Some(error) },
-        }
+        ResponseFuture::in_state(State::Rejected { error: Some(error) })
     }
 
     pub(super) fn called(future: F, report: OutcomeReport) -> Self {
-        ResponseFuture {
-            state: State::Called {
-                future,
-                report: Some(report),
-            },
-        }
+        ResponseFuture::in_state(State::Called {
+            future,
+            report: Some(report),
+        })
     }
 
     /// The inner call, untracked: detection is off for it, or the layer is in shadow mode
     /// and the call would have been refused.
     pub(super) fn passthrough(future: Passthrough<F>) -> Self {
+        ResponseFuture::in_state(State::Passthrough { future })
+    }
+
+    fn in_state(state: State<F>) -> Self {
         ResponseFuture {
-            state: State::Passthrough { future },
+            state,
+            pending: None,
         }
     }
 }
 
-impl<F> Future for ResponseFuture<F>
+impl<S, F> Future for ResponseFuture<S, F>
 where
+    S: tower_service::Service<ToolCall, Response = ToolOutput, Error = ToolError, Future = F>,
     F: Future<Output = Result<ToolOutput, ToolError>>,
 {
     type Output = Result<ToolOutput, ToolError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            Projection::Rejected { error } => Poll::Ready(Err(error
-                .take()
-                .expect("ResponseFuture polled after completion"))),
-            Projection::Called { future, report } => {
-                let result = ready!(future.poll(cx));
-                if let Some(report) = report.take() {
-                    report.record(&result);
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                Projection::Rejected { error } => {
+                    return Poll::Ready(Err(error
+                        .take()
+                        .expect("ResponseFuture polled after completion")))
                 }
-                Poll::Ready(result)
+                Projection::Called { future, report } => {
+                    let result = ready!(future.poll(cx));
+                    if let Some(report) = report.take() {
+                        report.record(&result);
+                    }
+                    #[cfg(feature = "redis")]
+                    if let Some(pending) = this.pending.as_mut() {
+                        if let Some(step) = pending.finished(&result) {
+                            this.state.set(State::Store { step });
+                            pending.result = Some(result);
+                            continue;
+                        }
+                    }
+                    return Poll::Ready(result);
+                }
+                Projection::Passthrough { future } => return future.poll(cx),
+                Projection::Store { step } => {
+                    let answer = ready!(step.poll(cx));
+                    let pending = this.pending.as_mut().expect("a stored call is pending");
+                    match pending.next(answer) {
+                        Next::Done(result) => return Poll::Ready(result),
+                        Next::State(state) => this.state.set(state),
+                    }
+                }
+                Projection::Ready => {
+                    let pending = this.pending.as_mut().expect("a ready call is pending");
+                    ready!(pending.service().poll_ready(cx))?;
+                    let state = pending.call();
+                    this.state.set(state);
+                }
             }
-            Projection::Passthrough { future } => future.poll(cx),
         }
+    }
+}
+
+/// What follows a step of a call over the shared store.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+enum Next<F> {
+    State(State<F>),
+    Done(Result<ToolOutput, ToolError>),
+}
+
+/// Without a shared store, no call is ever pending.
+#[cfg(not(feature = "redis"))]
+pub(super) enum Pending<S> {
+    #[allow(dead_code)]
+    Never(std::convert::Infallible, std::marker::PhantomData<S>),
+}
+
+#[cfg(not(feature = "redis"))]
+enum StoreStep {}
+
+#[cfg(not(feature = "redis"))]
+enum Answer {}
+
+#[cfg(not(feature = "redis"))]
+impl StoreStep {
+    fn poll(&mut self, _cx: &mut Context<'_>) -> Poll<Answer> {
+        match *self {}
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+impl<S> Pending<S> {
+    fn next<F>(&mut self, answer: Answer) -> Next<F> {
+        match answer {}
+    }
+
+    fn service(&mut self) -> &mut S {
+        match *self {
+            Pending::Never(never, _) => match never {},
+        }
+    }
+
+    fn call<F>(&mut self) -> State<F> {
+        match *self {
+            Pending::Never(never, _) => match never {},
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+mod shared {
+    //! A call whose session history is in the shared store.
+
+    use super::*;
+    use crate::loop_detect::detector::{Decision, State as CallState};
+    use crate::loop_detect::redis::{Observed, Tracked};
+    use crate::loop_detect::service::{Judgement, SharedCheck};
+    use crate::outcome::ShadowDecision;
+    use crate::shared_store::SharedStoreError;
+
+    const LAYER: &str = "loop_detect";
+
+    /// A store operation on its way.
+    pub(in crate::loop_detect) enum StoreStep {
+        Observe(Pin<Box<dyn Future<Output = Result<Observed, SharedStoreError>> + Send>>),
+        Settle(Pin<Box<dyn Future<Output = Result<(), SharedStoreError>> + Send>>),
+    }
+
+    /// What a store step answered.
+    pub(in crate::loop_detect) enum Answer {
+        Observed(Result<Observed, SharedStoreError>),
+        Settled(Result<(), SharedStoreError>),
+    }
+
+    impl StoreStep {
+        pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Answer> {
+            match self {
+                StoreStep::Observe(observe) => observe.as_mut().poll(cx).map(Answer::Observed),
+                StoreStep::Settle(settle) => settle.as_mut().poll(cx).map(Answer::Settled),
+            }
+        }
+    }
+
+    /// The call, the ready service that will make it, and what the store said so far.
+    pub(in crate::loop_detect) struct Pending<S> {
+        service: Option<S>,
+        call: Option<ToolCall>,
+        session: String,
+        check: SharedCheck,
+        monitor: Arc<Monitor>,
+        /// The call's sequence number in its session, once observed.
+        seq: Option<u64>,
+        /// Run the call over its loop, in shadow mode.
+        shadow: Option<ShadowDecision>,
+        /// Refuse the call with this error once its refusal is written.
+        refusal: Option<ToolError>,
+        /// The call's result, while how it ended is written.
+        pub(super) result: Option<Result<ToolOutput, ToolError>>,
+    }
+
+    impl<S> Pending<S> {
+        pub(super) fn service(&mut self) -> &mut S {
+            self.service
+                .as_mut()
+                .expect("the service is kept until the call")
+        }
+
+        /// Makes the call: tracked when admitted, untracked otherwise.
+        pub(super) fn call<F>(&mut self) -> State<F>
+        where
+            S: tower_service::Service<
+                ToolCall,
+                Response = ToolOutput,
+                Error = ToolError,
+                Future = F,
+            >,
+        {
+            let mut service = self.service.take().expect("the call is made once");
+            let call = self.call.take().expect("the call is made once");
+            let future = service.call(call);
+            match (self.shadow.take(), self.seq) {
+                (Some(decision), _) => State::Passthrough {
+                    future: Passthrough::shadowed(future, decision),
+                },
+                (None, Some(_)) => State::Called {
+                    future,
+                    report: None,
+                },
+                (None, None) => State::Passthrough {
+                    future: Passthrough::new(future),
+                },
+            }
+        }
+
+        /// How the admitted call ended, to write when the session's rules need it: a
+        /// failure, or a poller's result.
+        pub(super) fn finished(
+            &mut self,
+            result: &Result<ToolOutput, ToolError>,
+        ) -> Option<StoreStep> {
+            let seq = self.seq.take()?;
+            let poller = self.check.below.limits.poller;
+            if result.is_ok() && !poller {
+                // A success reads as a pending call to every rule but polling's.
+                return None;
+            }
+            let results = poller.then_some(&*self.monitor);
+            let outcome = Monitor::outcome_of(results, result, seq);
+            Some(StoreStep::Settle(Box::pin(self.check.store.settle(
+                &self.session,
+                seq,
+                CallState::Done(outcome),
+                None,
+            ))))
+        }
+
+        /// The next state after a store step answered.
+        pub(super) fn next<F>(&mut self, answer: Answer) -> Next<F> {
+            match answer {
+                Answer::Observed(Ok(observed)) => {
+                    self.monitor.outages.succeeded(LAYER);
+                    self.judge(observed)
+                }
+                Answer::Observed(Err(error)) => match self.monitor.outages.failed(LAYER, &error) {
+                    Ok(()) => Next::State(State::Ready),
+                    Err(refusal) => Next::State(State::Rejected {
+                        error: Some(refusal),
+                    }),
+                },
+                Answer::Settled(written) => {
+                    match written {
+                        Ok(()) => self.monitor.outages.succeeded(LAYER),
+                        // The call goes on (or its answer goes back): the failure policy
+                        // concerns checks, not the record of a call already decided.
+                        Err(error) => self.monitor.outages.unreachable(LAYER, &error),
+                    }
+                    if let Some(result) = self.result.take() {
+                        return Next::Done(result);
+                    }
+                    match self.refusal.take() {
+                        Some(error) => Next::Done(Err(error)),
+                        None => Next::State(State::Ready),
+                    }
+                }
+            }
+        }
+
+        /// Judges the call on the settings and history the store answered.
+        fn judge<F>(&mut self, observed: Observed) -> Next<F> {
+            let Observed { settings, tracked } = observed;
+            let sessions = &self.monitor.tiers.sessions;
+            if sessions.get(&self.session).unwrap_or_default() != settings {
+                // Set through another replica: this one reads them the same from now on.
+                sessions.update(&self.session, |_| settings);
+            }
+            let Some(Tracked {
+                mut history,
+                now,
+                seq,
+            }) = tracked
+            else {
+                // The session switched detection off: the call runs untracked.
+                return Next::State(State::Ready);
+            };
+            let check = &self.check;
+            let (_, limits) = check.below.under(&settings);
+            let chance_before = history.chance();
+            let decision = history.observe(now, check.signature, &limits);
+            let call = self
+                .call
+                .as_ref()
+                .expect("the call is judged before it is made");
+            // Only a refusal logs the params: read them again then (they are cached).
+            let canonical = match decision {
+                Decision::Reject(_) => call
+                    .params()
+                    .canonical(&self.monitor.canonical)
+                    .unwrap_or_default(),
+                Decision::Admit(_) => std::borrow::Cow::Borrowed(""),
+            };
+            let judgement =
+                self.monitor
+                    .judge(call, decision, &limits, check.signature, &canonical);
+            match judgement {
+                Judgement::Admit(_) => {
+                    self.seq = Some(seq);
+                    return Next::State(State::Ready);
+                }
+                Judgement::Refuse(error) => self.refusal = Some(error),
+                Judgement::Shadow(decision) => self.shadow = Some(decision),
+            }
+            let chance = history
+                .chance()
+                .filter(|_| history.chance() != chance_before);
+            let settle = check
+                .store
+                .settle(call.session_key(), seq, CallState::Rejected, chance);
+            Next::State(State::Store {
+                step: StoreStep::Settle(Box::pin(settle)),
+            })
+        }
+    }
+
+    impl<S, F> ResponseFuture<S, F> {
+        /// A call whose session history the shared store holds: asks it first.
+        pub(in crate::loop_detect) fn shared(
+            service: S,
+            call: ToolCall,
+            check: SharedCheck,
+            monitor: Arc<Monitor>,
+        ) -> Self {
+            let observe = check
+                .store
+                .observe(call.session_key(), check.signature, check.below);
+            ResponseFuture {
+                state: State::Store {
+                    step: StoreStep::Observe(Box::pin(observe)),
+                },
+                pending: Some(Box::new(Pending {
+                    session: call.session_key().to_owned(),
+                    service: Some(service),
+                    call: Some(call),
+                    check,
+                    monitor,
+                    seq: None,
+                    shadow: None,
+                    refusal: None,
+                    result: None,
+                })),
+            }
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+use self::shared::StoreStep;
+
+impl<S, F> std::fmt::Debug for ResponseFuture<S, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }

@@ -1,9 +1,14 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use super::command::{CommandError, LoopCommand};
 use super::config::{LoopSettingKey, LoopSettings};
 use super::service::Monitor;
 use crate::error::ConfigError;
+use crate::shared_store::SharedStoreError;
 
 /// Run-time control of a [`LoopDetectLayer`](super::LoopDetectLayer): the session tier of
 /// settings, and what the layer tracks.
@@ -38,70 +43,104 @@ impl LoopDetectHandle {
 
     /// Sets the given settings for `session`; the session's other settings stay. Switching
     /// detection off drops what the session's history held.
-    pub fn set(&self, session: &str, settings: LoopSettings) -> Result<(), ConfigError> {
+    ///
+    /// With a shared store, the settings are kept there with the session's history, and
+    /// every replica reads them on the session's next call: await the answer to know when
+    /// they are written (they are written even if it is dropped).
+    pub fn set(&self, session: &str, settings: LoopSettings) -> Result<StoreWrite, ConfigError> {
         settings.check()?;
-        self.set_checked(session, settings);
-        Ok(())
+        Ok(self.change(session, settings, &[]))
     }
 
-    fn set_checked(&self, session: &str, settings: LoopSettings) {
-        self.monitor
-            .tiers
-            .sessions
-            .update(session, |current| current.merged(settings));
-        if settings.enabled == Some(false) {
-            self.monitor.tracker.remove(session);
+    /// Removes `keys` from `session`'s settings, so that the next tier decides them; in the
+    /// shared store too, as [`set`](Self::set) does.
+    pub fn unset(&self, session: &str, keys: &[LoopSettingKey]) -> StoreWrite {
+        self.change(session, LoopSettings::default(), keys)
+    }
+
+    /// Applies a parsed command to `session`'s settings, as [`set`](Self::set) and
+    /// [`unset`](Self::unset) do.
+    pub fn apply(&self, session: &str, command: &LoopCommand) -> Result<StoreWrite, ConfigError> {
+        if let LoopCommand::Set(settings) = command {
+            settings.check()?;
         }
-    }
-
-    /// Removes `keys` from `session`'s settings, so that the next tier decides them.
-    pub fn unset(&self, session: &str, keys: &[LoopSettingKey]) {
-        self.monitor.tiers.sessions.update(session, |current| {
-            keys.iter().fold(current, |s, k| s.without(*k))
-        });
-    }
-
-    /// Applies a parsed command to `session`'s settings.
-    pub fn apply(&self, session: &str, command: &LoopCommand) -> Result<(), ConfigError> {
-        match command {
-            LoopCommand::Set(settings) => self.set(session, *settings),
-            LoopCommand::Unset(keys) => {
-                self.unset(session, keys);
-                Ok(())
-            }
-        }
+        Ok(self.apply_checked(session, command))
     }
 
     /// Parses an in-chat command (see [`LoopCommand::parse`]) and applies it to `session`.
-    /// Returns the command, or what is wrong with it; a wrong command changes nothing.
+    /// Returns the command, or what is wrong with it; a wrong command changes nothing. With
+    /// a shared store, the settings are written there in the background; use
+    /// [`apply`](Self::apply) to await the write.
     pub fn apply_command(&self, session: &str, text: &str) -> Result<LoopCommand, CommandError> {
         let command = LoopCommand::parse(text)?;
         // The parser checks every value, as `set` would.
-        match &command {
-            LoopCommand::Set(settings) => self.set_checked(session, *settings),
-            LoopCommand::Unset(keys) => self.unset(session, keys),
-        }
+        self.apply_checked(session, &command);
         Ok(command)
     }
 
-    /// `session`'s own settings (empty when it has none).
+    /// Applies a checked command here and, with a shared store, there.
+    pub(crate) fn apply_checked(&self, session: &str, command: &LoopCommand) -> StoreWrite {
+        match command {
+            LoopCommand::Set(settings) => self.change(session, *settings, &[]),
+            LoopCommand::Unset(keys) => self.change(session, LoopSettings::default(), keys),
+        }
+    }
+
+    /// Sets `set` and removes `unset` in `session`'s settings.
+    fn change(&self, session: &str, set: LoopSettings, unset: &[LoopSettingKey]) -> StoreWrite {
+        self.monitor.tiers.sessions.update(session, |current| {
+            unset.iter().fold(current.merged(set), |s, k| s.without(*k))
+        });
+        #[cfg(feature = "redis")]
+        if let Some(store) = &self.monitor.store {
+            // The store drops the history itself when detection is switched off.
+            self.monitor.tracker.remove(session);
+            let window = std::time::Duration::from_secs(self.monitor.tiers.server.ttl_secs());
+            return StoreWrite::spawn(store.change_settings(session, set, unset, window));
+        }
+        if set.enabled == Some(false) {
+            self.monitor.tracker.remove(session);
+        }
+        StoreWrite::done()
+    }
+
+    /// `session`'s own settings (empty when it has none). With a shared store, they are
+    /// those this replica last read or wrote.
     pub fn session_settings(&self, session: &str) -> LoopSettings {
         self.monitor.tiers.sessions.get(session).unwrap_or_default()
     }
 
     /// Clears `session`'s history, so that its next call starts counting afresh; its
-    /// settings stay.
-    pub fn reset_session(&self, session: &str) {
-        self.monitor.tracker.remove(session);
+    /// settings stay. With a shared store, the history there is cleared too: await the
+    /// answer to know when it is done (it is done even if the answer is dropped).
+    ///
+    /// ```
+    /// use tower_toolcall::loop_detect::LoopDetectLayer;
+    /// use tower_toolcall::registry::ToolRegistry;
+    ///
+    /// # tokio_test::block_on(async {
+    /// let handle = LoopDetectLayer::new(ToolRegistry::open()).handle();
+    /// handle.reset_session("sess-42").await?;
+    /// # Ok::<(), tower_toolcall::shared_store::SharedStoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn reset_session(&self, session: &str) -> StoreWrite {
+        self.monitor.forget_history(session)
     }
 
-    /// Forgets `session` entirely: its history and its settings.
-    pub fn forget_session(&self, session: &str) {
+    /// Forgets `session` entirely: its history and its settings, here and in the shared
+    /// store, as [`reset_session`](Self::reset_session) does.
+    pub fn forget_session(&self, session: &str) -> StoreWrite {
         self.monitor
             .tiers
             .sessions
             .update(session, |_| LoopSettings::default());
         self.monitor.tracker.remove(session);
+        #[cfg(feature = "redis")]
+        if let Some(store) = &self.monitor.store {
+            return StoreWrite::spawn(store.forget(session));
+        }
+        StoreWrite::done()
     }
 
     /// How many sessions have a history.
@@ -115,8 +154,92 @@ impl LoopDetectHandle {
         self.monitor.tracker.evicted()
     }
 
+    /// Whether the sessions' histories and settings are in a shared store.
+    #[cfg(feature = "redis")]
+    pub(crate) fn shares_sessions(&self) -> bool {
+        self.monitor.store.is_some()
+    }
+
+    /// Clears `session`'s history in this process only.
+    #[cfg(feature = "redis")]
+    pub(crate) fn reset_local_session(&self, session: &str) {
+        self.monitor.tracker.remove(session);
+    }
+
+    /// How the layer's shared store has fared: always available without one.
+    pub fn store_health(&self) -> crate::shared_store::StoreHealth {
+        self.monitor.outages.health()
+    }
+
     /// How many sessions have settings of their own.
     pub fn sessions_with_settings(&self) -> usize {
         self.monitor.tiers.sessions.len()
+    }
+}
+
+/// A change to a session that the loop layer's shared store is making, if the layer has
+/// one: a future that answers when the store has made it. The change goes on whether or not
+/// it is awaited; without a shared store it is done already.
+pub struct StoreWrite {
+    write: Option<Write>,
+}
+
+/// A write on its way.
+type Write = Pin<Box<dyn Future<Output = Result<(), SharedStoreError>> + Send>>;
+
+impl StoreWrite {
+    pub(super) fn done() -> Self {
+        StoreWrite { write: None }
+    }
+
+    /// Starts `write` at once, in the background when a Tokio runtime runs.
+    #[cfg(feature = "redis")]
+    pub(super) fn spawn(
+        write: impl Future<Output = Result<(), SharedStoreError>> + Send + 'static,
+    ) -> Self {
+        let write: Write = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn(async move {
+                        let written = write.await;
+                        if let Err(error) = &written {
+                            tracing::warn!(%error, "a session could not be changed in the shared loop store");
+                        }
+                        written
+                    });
+                Box::pin(async move {
+                    task.await.unwrap_or_else(|error| {
+                        Err(SharedStoreError::Unavailable(error.to_string()))
+                    })
+                })
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "a session could not be changed in the shared loop store: no Tokio runtime"
+                );
+                Box::pin(std::future::ready(Err(SharedStoreError::Unavailable(
+                    "no Tokio runtime runs".to_owned(),
+                ))))
+            }
+        };
+        StoreWrite { write: Some(write) }
+    }
+}
+
+impl Future for StoreWrite {
+    type Output = Result<(), SharedStoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.write {
+            Some(write) => write.as_mut().poll(cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl fmt::Debug for StoreWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreWrite")
+            .field("done", &self.write.is_none())
+            .finish()
     }
 }

@@ -13,6 +13,7 @@ use super::tracker::Tracker;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, ToolPolicy, ToolRegistry};
+use crate::shared_store::{FailurePolicy, Outages, StoreHealth, StoreListener, StoreListeners};
 use crate::trace::Redactor;
 
 /// Default of [`LoopDetectLayerBuilder::max_sessions`].
@@ -76,7 +77,16 @@ impl LoopDetectLayer {
             max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
             canonical: CanonicalOptions::default(),
             redactor: Redactor::default(),
+            #[cfg(feature = "redis")]
+            store: None,
+            on_store_failure: FailurePolicy::Open,
+            store_listeners: StoreListeners::default(),
         }
+    }
+
+    /// How the layer's shared store has fared: always available without one.
+    pub fn store_health(&self) -> StoreHealth {
+        self.monitor.outages.health()
     }
 
     /// A handle to set and unset session settings at run time and to look at what the
@@ -130,9 +140,37 @@ pub struct LoopDetectLayerBuilder {
     max_session_bytes: usize,
     canonical: CanonicalOptions,
     redactor: Redactor,
+    #[cfg(feature = "redis")]
+    store: Option<super::redis::RedisLoopStore>,
+    on_store_failure: FailurePolicy,
+    store_listeners: StoreListeners,
 }
 
 impl LoopDetectLayerBuilder {
+    /// Keeps the sessions' histories in `store`, shared by every replica that uses it,
+    /// instead of in this process. `max_sessions` and `max_session_bytes` then bound the
+    /// in-process tracker only; the store's keys expire with each session's window.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn store(mut self, store: super::redis::RedisLoopStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// What happens to a call when the [store](Self::store) cannot answer (default
+    /// [`FailurePolicy::Open`]: it runs unchecked). See [`shared_store`](crate::shared_store).
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.on_store_failure = policy;
+        self
+    }
+
+    /// Tells `listener` when the shared store's outages begin and end, and of each check
+    /// that failed (see [`StoreListener`]); listeners add up.
+    pub fn on_store_event(mut self, listener: impl StoreListener) -> Self {
+        self.store_listeners.push(listener);
+        self
+    }
+
     /// The server tier (default [`LoopDetectConfig::default`]).
     pub fn config(mut self, config: LoopDetectConfig) -> Self {
         self.config = config;
@@ -238,6 +276,16 @@ impl LoopDetectLayerBuilder {
             failures: self.failures.then_some(self.failure_threshold),
             result_aware_polling: self.result_aware_polling,
         };
+        let seed = {
+            use std::hash::BuildHasher;
+            std::hash::RandomState::new().hash_one(0u8)
+        };
+        #[cfg(feature = "redis")]
+        let seed = self
+            .store
+            .as_ref()
+            .map_or(seed, |store| store.signature_seed());
+        let hasher = foldhash::quality::FixedState::with_seed(seed);
         let monitor = Monitor {
             registry: self.registry,
             tiers: Tiers {
@@ -249,7 +297,10 @@ impl LoopDetectLayerBuilder {
             tracker: Tracker::new(self.max_sessions, self.max_session_bytes),
             canonical: self.canonical,
             redactor: self.redactor,
-            hasher: foldhash::quality::RandomState::default(),
+            hasher,
+            #[cfg(feature = "redis")]
+            store: self.store,
+            outages: Outages::new(self.on_store_failure, self.store_listeners),
         };
         Ok(LoopDetectLayer {
             monitor: Arc::new(monitor),

@@ -71,6 +71,21 @@
 //! The other rules' switches and thresholds are the layer's, set on its
 //! [builder](LoopDetectLayerBuilder).
 //!
+//! # Shared by replicas
+//!
+//! Each process keeps its sessions' histories by default. Behind a load balancer a model
+//! whose calls are spread over N replicas would then repeat up to N times more often before
+//! it is stopped; with a `RedisLoopStore` (feature `redis`,
+//! `LoopDetectLayerBuilder::store`) every replica reads and extends one history per session,
+//! in one round trip per call, and the rules above judge it exactly as in memory. While the
+//! store cannot be reached, calls follow the layer's
+//! [failure policy](crate::shared_store) (by default they run unchecked). The store keeps a
+//! session's own settings (its `!/set` overrides) in the same key, read in the same round
+//! trip: a `!/set` made through any replica's [`LoopDetectHandle`] holds on every replica from
+//! the session's next call, and expires with the session. [`LoopDetectHandle::set`],
+//! [`reset_session`](LoopDetectHandle::reset_session) and the like answer a [`StoreWrite`]
+//! to await when the change must be done before going on.
+//!
 //! # Logs
 //!
 //! Each detection logs one WARN event:
@@ -148,6 +163,8 @@ mod detector;
 mod future;
 mod handle;
 mod layer;
+#[cfg(feature = "redis")]
+mod redis;
 mod report;
 mod service;
 mod tracker;
@@ -159,9 +176,12 @@ pub use config::{
     MAX_REPEATS_LIMIT,
 };
 pub use future::ResponseFuture;
-pub use handle::LoopDetectHandle;
+pub use handle::{LoopDetectHandle, StoreWrite};
 pub use layer::{
     LoopDetectLayer, LoopDetectLayerBuilder, DEFAULT_CYCLE_REPETITIONS, DEFAULT_FAILURE_THRESHOLD,
     DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES,
 };
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::{RedisLoopStore, RedisLoopStoreBuilder, DEFAULT_LOOP_KEY_PREFIX};
 pub use service::LoopDetect;

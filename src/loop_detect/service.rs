@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::config::Tiers;
-use super::detector::{Decision, Signature};
+use super::detector::{Decision, Limits, Outcome, Signature};
 use super::future::{OutcomeReport, ResponseFuture};
 use super::report;
 use super::tracker::{lock, Tracker};
@@ -17,6 +17,7 @@ use crate::error::ToolError;
 use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{ShadowDecision, ShadowVerdict, ToolOutput};
 use crate::registry::{LayerSetting, ToolRegistry};
+use crate::shared_store::Outages;
 use crate::trace::Redactor;
 
 /// Stops calls that repeat in a loop; made by [`LoopDetectLayer`](super::LoopDetectLayer).
@@ -35,8 +36,14 @@ pub(super) struct Monitor {
     pub(super) canonical: CanonicalOptions,
     /// Applied to everything the layer logs.
     pub(super) redactor: Redactor,
-    /// Keyed, fast hashing of signatures and results; the key is random per layer.
-    pub(super) hasher: foldhash::quality::RandomState,
+    /// Keyed, fast hashing of signatures and results; the key is random per layer, or the
+    /// shared store's, which every replica uses.
+    pub(super) hasher: foldhash::quality::FixedState,
+    /// Where the sessions' histories are kept when replicas share them.
+    #[cfg(feature = "redis")]
+    pub(super) store: Option<super::redis::RedisLoopStore>,
+    /// The failure policy of the shared store, and its outages.
+    pub(super) outages: Outages,
 }
 
 /// What the monitor decided about one call.
@@ -49,6 +56,28 @@ pub(super) enum Verdict {
     Rejected(ToolError),
     /// Run the call although it loops: the layer is in shadow mode.
     Shadowed(ShadowDecision),
+    /// The shared store is asked; the answer decides.
+    #[cfg(feature = "redis")]
+    Shared(SharedCheck),
+}
+
+/// What a decision means for the call.
+pub(super) enum Judgement {
+    /// Run it, and report its outcome under this sequence number.
+    Admit(u64),
+    /// Refuse it with this error.
+    Refuse(ToolError),
+    /// Run it although it loops: the layer is in shadow mode.
+    Shadow(ShadowDecision),
+}
+
+/// A call whose session history is in the shared store: what judging it needs.
+#[cfg(feature = "redis")]
+pub(super) struct SharedCheck {
+    pub(super) store: super::redis::RedisLoopStore,
+    /// What the tiers below the session decide; the store holds the session's settings.
+    pub(super) below: super::config::BelowSession,
+    pub(super) signature: Signature,
 }
 
 impl Monitor {
@@ -58,22 +87,63 @@ impl Monitor {
             LayerSetting::On(overrides) => Some(overrides),
             LayerSetting::Default => None,
         };
+        #[cfg(feature = "redis")]
+        if let Some(store) = &self.store {
+            // The session's settings are in the store, read with its history.
+            let signature = match self.signature(call) {
+                Ok((signature, _)) => signature,
+                Err(error) => return Verdict::Rejected(error),
+            };
+            return Verdict::Shared(SharedCheck {
+                store: store.clone(),
+                below: self.tiers.below_session(call, tool),
+                signature,
+            });
+        }
         let Some(limits) = self.tiers.limits(call, tool) else {
             return Verdict::Untracked;
         };
-        let canonical = match call.params().canonical(&self.canonical) {
-            Ok(canonical) => canonical,
+        let (signature, canonical) = match self.signature(call) {
+            Ok(signed) => signed,
             Err(error) => return Verdict::Rejected(error),
         };
+        let now = Instant::now();
+        let history = self.tracker.session(call.session_key(), now, limits.ttl);
+        let decision = lock(&history).observe(now, signature, &limits);
+        match self.judge(call, decision, &limits, signature, &canonical) {
+            Judgement::Admit(seq) => {
+                let results = limits.poller.then(|| self.clone());
+                Verdict::Tracked(OutcomeReport::new(history, seq, results))
+            }
+            Judgement::Refuse(error) => Verdict::Rejected(error),
+            Judgement::Shadow(decision) => Verdict::Shadowed(decision),
+        }
+    }
+
+    /// The signature of `call`, and its params in canonical form.
+    fn signature<'c>(
+        &self,
+        call: &'c ToolCall,
+    ) -> Result<(Signature, std::borrow::Cow<'c, str>), ToolError> {
+        let canonical = call.params().canonical(&self.canonical)?;
         let signature = Signature::new(
             &self.hasher,
             call.tool_namespace(),
             call.tool_name(),
             &canonical,
         );
-        let now = Instant::now();
-        let history = self.tracker.session(call.session_key(), now, limits.ttl);
-        let decision = lock(&history).observe(now, signature, &limits);
+        Ok((signature, canonical))
+    }
+
+    /// What `decision`, taken on `call` under `limits`, means; logs a detection.
+    pub(super) fn judge(
+        &self,
+        call: &ToolCall,
+        decision: Decision,
+        limits: &Limits,
+        signature: Signature,
+        canonical: &str,
+    ) -> Judgement {
         match decision {
             Decision::Admit(seq) => {
                 tracing::debug!(
@@ -82,8 +152,7 @@ impl Monitor {
                     signature_hash = %format_args!("{:016x}", signature.raw()),
                     "tool call recorded for loop detection"
                 );
-                let results = limits.poller.then(|| self.clone());
-                Verdict::Tracked(OutcomeReport::new(history, seq, results))
+                Judgement::Admit(seq)
             }
             Decision::Reject(_)
                 if self
@@ -91,7 +160,7 @@ impl Monitor {
                     .control()
                     .shadows(ShadowLayer::LoopDetect, call) =>
             {
-                Verdict::Shadowed(shadow_decision(
+                Judgement::Shadow(shadow_decision(
                     call,
                     ShadowLayer::LoopDetect,
                     ShadowVerdict::WouldBlock,
@@ -101,15 +170,39 @@ impl Monitor {
                 report::log_detection(
                     call,
                     &detection,
-                    &limits,
+                    limits,
                     signature,
-                    &canonical,
+                    canonical,
                     &self.canonical,
                     &self.redactor,
                 );
-                Verdict::Rejected(report::loop_error(call, &detection, &limits))
+                Judgement::Refuse(report::loop_error(call, &detection, limits))
             }
         }
+    }
+
+    /// How a call ended, for its session's history: a poller's output is fingerprinted.
+    pub(super) fn outcome_of(
+        poller: Option<&Monitor>,
+        result: &Result<ToolOutput, ToolError>,
+        seq: u64,
+    ) -> Outcome {
+        match result {
+            Ok(output) => Outcome::Succeeded(
+                poller.map_or(0, |monitor| monitor.result_fingerprint(output, seq)),
+            ),
+            Err(error) => Outcome::Failed(error.code()),
+        }
+    }
+
+    /// Forgets `session`'s history: in this process, and in the shared store.
+    pub(super) fn forget_history(&self, session: &str) -> super::handle::StoreWrite {
+        self.tracker.remove(session);
+        #[cfg(feature = "redis")]
+        if let Some(store) = &self.store {
+            return super::handle::StoreWrite::spawn(store.reset(session));
+        }
+        super::handle::StoreWrite::done()
     }
 
     /// A fingerprint of a poller's output, to tell a changed result from the same one.
@@ -132,11 +225,11 @@ impl<S> LoopDetect<S> {
 
 impl<S> Service<ToolCall> for LoopDetect<S>
 where
-    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone,
 {
     type Response = ToolOutput;
     type Error = ToolError;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -154,6 +247,13 @@ where
             Verdict::Rejected(error) => ResponseFuture::rejected(error),
             Verdict::Shadowed(decision) => {
                 ResponseFuture::passthrough(Passthrough::shadowed(self.inner.call(call), decision))
+            }
+            #[cfg(feature = "redis")]
+            Verdict::Shared(check) => {
+                // The store answers later: the ready service waits for its answer.
+                let clone = self.inner.clone();
+                let service = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::shared(service, call, check, self.monitor.clone())
             }
         }
     }

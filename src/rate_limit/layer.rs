@@ -5,8 +5,10 @@ use tower_layer::Layer;
 
 use super::limiter::{LimitSettings, Sweeper, TokioClock, ToolLimit};
 use super::service::{Limits, RateLimit};
+use super::store::RateLimitStore;
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, OnLimit, RateLimitKey, ToolRegistry};
+use crate::shared_store::{FailurePolicy, Outages, StoreHealth, StoreListener, StoreListeners};
 use crate::tool_table::ToolTable;
 
 /// The longest a call waits for its quota with `on_limit = "wait"`: 10 s.
@@ -44,7 +46,16 @@ impl RateLimitLayer {
             max_wait: DEFAULT_MAX_WAIT,
             max_keys: DEFAULT_MAX_KEYS,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            store: None,
+            on_store_failure: FailurePolicy::Open,
+            store_listeners: StoreListeners::default(),
         }
+    }
+
+    /// How the layer's shared [store](RateLimitLayerBuilder::store) has fared: always
+    /// available without one.
+    pub fn store_health(&self) -> StoreHealth {
+        self.limits.outages.health()
     }
 
     /// How many keys the limiter of the tool `namespace::name` tracks now (that of every
@@ -104,9 +115,35 @@ pub struct RateLimitLayerBuilder {
     max_wait: Duration,
     max_keys: usize,
     sweep_interval: Duration,
+    store: Option<Arc<dyn RateLimitStore>>,
+    on_store_failure: FailurePolicy,
+    store_listeners: StoreListeners,
 }
 
 impl RateLimitLayerBuilder {
+    /// Keeps the quotas in `store` (a [`RedisRateLimitStore`](super::RedisRateLimitStore) to
+    /// share them between replicas) instead of in this process. Each check is then one call
+    /// to the store; `max_keys` and the sweep concern the in-process limiter only.
+    pub fn store(mut self, store: impl RateLimitStore) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// What happens to a call when the [store](Self::store) cannot answer (default
+    /// [`FailurePolicy::Open`]: it proceeds unchecked). See
+    /// [`shared_store`](crate::shared_store).
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.on_store_failure = policy;
+        self
+    }
+
+    /// Tells `listener` when the shared store's outages begin and end, and of each check
+    /// that failed (see [`StoreListener`]); listeners add up.
+    pub fn on_store_event(mut self, listener: impl StoreListener) -> Self {
+        self.store_listeners.push(listener);
+        self
+    }
+
     /// The rate of tools whose policy sets none (default: such tools are not limited).
     pub fn per_second(mut self, per_second: u32) -> Self {
         self.per_second = Some(per_second);
@@ -213,13 +250,15 @@ impl RateLimitLayerBuilder {
                 settings,
                 clock,
                 self.max_keys,
-                descriptor.is_none(),
+                descriptor.is_none() || self.store.is_some(),
             ))))
         })?;
         Ok(RateLimitLayer {
             limits: Arc::new(Limits {
                 tools,
                 sweeper: Sweeper::new(clock, self.sweep_interval),
+                store: self.store,
+                outages: Outages::new(self.on_store_failure, self.store_listeners),
             }),
         })
     }

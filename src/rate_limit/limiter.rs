@@ -11,12 +11,13 @@ use governor::middleware::NoOpMiddleware;
 use governor::nanos::Nanos;
 use governor::state::keyed::ShrinkableKeyedStateStore;
 use governor::state::StateStore;
-use governor::{Quota, RateLimiter};
+use governor::RateLimiter;
 use tokio::time::Instant;
 
 use crate::envelope::ToolCall;
 use hashlink::LruCache;
 
+use super::store::Quota;
 use crate::bounds::CallerKeyHasher;
 use crate::registry::{OnLimit, RateLimitKey};
 
@@ -113,8 +114,9 @@ pub(crate) struct ToolLimit {
     pub(super) key: RateLimitKey,
     pub(super) on_limit: OnLimit,
     pub(super) max_wait: Duration,
-    /// The limit serves every unregistered tool: its keys name the tool.
-    shared_by_tools: bool,
+    /// Its keys name the tool: the limit serves every unregistered tool, or its quotas are
+    /// kept in a store that every tool shares.
+    names_tool: bool,
 }
 
 /// What the layer's settings are for one tool.
@@ -134,10 +136,10 @@ impl ToolLimit {
         settings: LimitSettings,
         clock: TokioClock,
         max_keys: usize,
-        shared_by_tools: bool,
+        names_tool: bool,
     ) -> Self {
         let per_second = nonzero(settings.per_second);
-        let quota = Quota::per_second(per_second).allow_burst(nonzero(settings.burst));
+        let quota = governor::Quota::per_second(per_second).allow_burst(nonzero(settings.burst));
         ToolLimit {
             limiter: RateLimiter::new(quota, BoundedKeys::new(max_keys), clock),
             per_second: settings.per_second,
@@ -145,14 +147,14 @@ impl ToolLimit {
             key: settings.key,
             on_limit: settings.on_limit,
             max_wait: settings.max_wait,
-            shared_by_tools,
+            names_tool,
         }
     }
 
     /// The key of `call`'s quota.
     pub(crate) fn key_for(&self, call: &ToolCall) -> String {
         let mut key = String::new();
-        if self.shared_by_tools {
+        if self.names_tool {
             key.push_str(call.tool_namespace());
             key.push_str("::");
             key.push_str(call.tool_name());
@@ -164,6 +166,14 @@ impl ToolLimit {
             RateLimitKey::ToolSession => key.push_str(call.session_key()),
         }
         key
+    }
+
+    /// The quota, for a shared store.
+    pub(crate) fn quota(&self) -> Quota {
+        Quota {
+            per_second: self.per_second,
+            burst: self.burst,
+        }
     }
 
     /// Takes one call from `key`'s quota, or says how long until it allows one.

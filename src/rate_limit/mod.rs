@@ -28,6 +28,16 @@
 //!
 //! Time is tokio's, so paused time drives the limits in tests.
 //!
+//! # Quotas shared by replicas
+//!
+//! Behind a load balancer, each replica's quota adds up: 10 calls a second becomes 10·N. With
+//! a [`RateLimitStore`] ([`RedisRateLimitStore`], feature `redis`) set by
+//! [`RateLimitLayerBuilder::store`], every replica draws on one quota per key, kept by the
+//! store (GCRA on the server's clock, one round trip per check), and the retry-after of a
+//! refused call is the store's answer. When the store cannot answer within its timeout, the
+//! call follows the layer's [failure policy](crate::shared_store): by default it proceeds,
+//! and the outage is counted in [`RateLimitLayer::store_health`] and logged once.
+//!
 //! ```
 //! use serde_json::json;
 //! use tower::{Service, ServiceBuilder, ServiceExt};
@@ -58,11 +68,18 @@
 mod future;
 mod layer;
 mod limiter;
+#[cfg(feature = "redis")]
+mod redis;
 mod service;
+mod store;
 
 pub use future::ResponseFuture;
 pub use layer::{
     RateLimitLayer, RateLimitLayerBuilder, DEFAULT_MAX_KEYS, DEFAULT_MAX_WAIT,
     DEFAULT_SWEEP_INTERVAL,
 };
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::{RedisRateLimitStore, RedisRateLimitStoreBuilder, DEFAULT_RATE_LIMIT_KEY_PREFIX};
 pub use service::RateLimit;
+pub use store::{Admission, AdmissionFuture, Quota, RateLimitStore};

@@ -6,14 +6,16 @@ use std::time::Duration;
 use serde_json::json;
 use tower_service::Service;
 
-use super::future::ResponseFuture;
+use super::future::{ResponseFuture, Waiting};
 use super::limiter::{Sweeper, ToolLimit};
+use super::store::RateLimitStore;
 use crate::control::ShadowLayer;
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
 use crate::middleware::shadow_decision;
 use crate::outcome::{ShadowVerdict, ToolOutput};
 use crate::registry::RateLimitKey;
+use crate::shared_store::Outages;
 use crate::time::millis;
 use crate::tool_table::ToolTable;
 use crate::trace::identifier;
@@ -31,6 +33,9 @@ pub(crate) struct Limits {
     /// Per tool; `None` where the tool is not limited.
     pub(super) tools: ToolTable<Option<Arc<ToolLimit>>>,
     pub(super) sweeper: Sweeper,
+    /// Where the quotas are kept when replicas share them.
+    pub(super) store: Option<Arc<dyn RateLimitStore>>,
+    pub(super) outages: Outages,
 }
 
 impl Limits {
@@ -70,6 +75,15 @@ where
             return ResponseFuture::called(self.inner.call(call));
         };
         let key = limit.key_for(&call);
+        if let Some(store) = &self.limits.store {
+            // The store answers later: the ready service waits for its answer.
+            let check = store.acquire(&key, limit.quota());
+            let shadow = control.shadows(ShadowLayer::RateLimit, &call);
+            let clone = self.inner.clone();
+            let service = mem::replace(&mut self.inner, clone);
+            let waiting = Waiting::new(service, call, limit.clone(), key, shadow);
+            return ResponseFuture::checking(waiting, self.limits.clone(), check);
+        }
         let decision = limit.check(&key);
         self.limits.sweeper.tend(self.limits.all());
         match decision {
@@ -87,20 +101,24 @@ where
                 // The ready service makes the call once the quota allows it.
                 let clone = self.inner.clone();
                 let service = mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(service, call, limit.clone(), key, wait)
+                let waiting = Waiting::new(service, call, limit.clone(), key, false);
+                ResponseFuture::waiting(waiting, self.limits.clone(), wait)
             }
-            Err(wait) => {
-                tracing::debug!(
-                    event = "tool_call_blocked",
-                    requestId = &*identifier(call.request_id()),
-                    toolName = call.tool_name(),
-                    retry_after_ms = millis(wait),
-                    "rate limit rejected the call"
-                );
-                ResponseFuture::rejected(over_limit(&call, limit, wait))
-            }
+            Err(wait) => ResponseFuture::rejected(refused(&call, limit, wait)),
         }
     }
+}
+
+/// The error of a call refused for being over its quota, logged.
+pub(super) fn refused(call: &ToolCall, limit: &ToolLimit, wait: Duration) -> ToolError {
+    tracing::debug!(
+        event = "tool_call_blocked",
+        requestId = &*identifier(call.request_id()),
+        toolName = call.tool_name(),
+        retry_after_ms = millis(wait),
+        "rate limit rejected the call"
+    );
+    over_limit(call, limit, wait)
 }
 
 /// The error of a call over its quota.

@@ -13,6 +13,8 @@
 //! | `{prefix}tool_circuit_breaker_transitions_total` | counter | `tool`, `from_state`, `to_state` |
 //! | `{prefix}tool_dedupe_cache_size` | gauge | none: the store is shared by every tool |
 //! | `{prefix}tool_dedupe_ttl_seconds` | gauge | `tool`, `state` (`completed`, `failed`, `inflight`), `scope` (`session` or `global`) |
+//! | `{prefix}shared_store_outages_total` | counter | `store` (`rate_limit` or `loop_detect`) |
+//! | `{prefix}shared_store_failed_checks_total` | counter | `store`, `policy` (`open`: the call proceeded unchecked, or `closed`: it was refused) |
 //!
 //! Names follow the Prometheus and OpenTelemetry conventions: durations are in seconds, the
 //! base unit, and say so in a `_seconds` suffix; counters end in `_total`.
@@ -26,6 +28,10 @@
 //! [`metrics`](crate::ToolStackBuilder::metrics) is built (or by
 //! [`ToolMetrics::record_dedupe_ttls`]); the store's size when the application calls
 //! [`ToolMetrics::record_dedupe_size`], say before each scrape.
+//!
+//! The shared-store series come from a [listener](ToolMetrics::store_listener) given to the
+//! rate-limit and loop-detection layers (a [`ToolStack`](crate::ToolStack) built with
+//! [`metrics`](crate::ToolStackBuilder::metrics) gives it to both).
 //!
 //! The prefix is `toolcall_` by default. Labels are bounded: `tool` is `namespace::name` of a
 //! registered tool and `unregistered` for any other, whatever names callers send; the other
@@ -44,6 +50,7 @@ use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::idempotency::{DedupeStore, IdempotencyLayer};
 use crate::outcome::{MatchedOn, ToolOutput};
 use crate::registry::{KeyScope, ToolRegistry};
+use crate::shared_store::{FailurePolicy, StoreEvent, StoreListener};
 use crate::tool_table::ToolTable;
 
 /// The label of every tool the registry does not know.
@@ -98,6 +105,8 @@ struct Inner {
     breaker_transitions_total: SharedString,
     dedupe_cache_size: SharedString,
     dedupe_ttl_seconds: SharedString,
+    store_outages_total: SharedString,
+    store_failed_checks_total: SharedString,
 }
 
 impl fmt::Debug for ToolMetrics {
@@ -197,6 +206,59 @@ impl ToolMetrics {
             Unit::Seconds,
             "How long the dedupe store keeps each kind of record, per tool and key scope."
         );
+        describe_counter!(
+            i.store_outages_total.clone(),
+            Unit::Count,
+            "Outages of a shared store: runs of failed checks between two that succeeded."
+        );
+        describe_counter!(
+            i.store_failed_checks_total.clone(),
+            Unit::Count,
+            "Checks a shared store could not answer, by what the failure policy did with the call."
+        );
+    }
+
+    /// A listener to give to the rate-limit and loop-detection layers'
+    /// `on_store_event(..)`: it counts their shared stores' outages and failed checks.
+    ///
+    /// ```
+    /// # use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::trace::ToolMetrics;
+    /// use tower_toolcall::RateLimitLayer;
+    ///
+    /// let registry = ToolRegistry::open();
+    /// let metrics = ToolMetrics::new(&registry);
+    /// let layer = RateLimitLayer::builder(registry)
+    ///     .on_store_event(metrics.store_listener())
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn store_listener(&self) -> impl StoreListener + Clone {
+        let metrics = self.clone();
+        move |layer: &'static str, event: StoreEvent| metrics.record_store_event(layer, event)
+    }
+
+    fn record_store_event(&self, store: &'static str, event: StoreEvent) {
+        let i = &self.inner;
+        match event {
+            StoreEvent::OutageBegan => {
+                metrics::counter!(i.store_outages_total.clone(), "store" => store).increment(1);
+            }
+            StoreEvent::CheckFailed(policy) => {
+                let policy = match policy {
+                    FailurePolicy::Open => "open",
+                    FailurePolicy::Closed => "closed",
+                };
+                metrics::counter!(
+                    i.store_failed_checks_total.clone(),
+                    "store" => store,
+                    "policy" => policy
+                )
+                .increment(1);
+            }
+            StoreEvent::OutageEnded => {}
+        }
     }
 
     /// Sets the dedupe store's size gauge to `records`, what
@@ -408,6 +470,8 @@ impl ToolMetricsBuilder {
                 breaker_transitions_total: name("tool_circuit_breaker_transitions_total"),
                 dedupe_cache_size: name("tool_dedupe_cache_size"),
                 dedupe_ttl_seconds: name("tool_dedupe_ttl_seconds"),
+                store_outages_total: name("shared_store_outages_total"),
+                store_failed_checks_total: name("shared_store_failed_checks_total"),
             }),
         })
     }

@@ -79,11 +79,68 @@ where
 
 /// A layer over an open registry with `config` as its server tier.
 fn layer_with(config: LoopDetectConfig) -> LoopDetectLayer {
-    LoopDetectLayer::builder(ToolRegistry::open())
-        .config(config)
-        .build()
-        .expect("a valid configuration")
+    Store::Memory.layer_with(config)
 }
+
+/// Where the sessions' histories are kept: every case of the table runs against both.
+enum Store {
+    Memory,
+    #[cfg(feature = "redis")]
+    Redis(support::redis_server::RedisServer),
+}
+
+impl Store {
+    fn builder(
+        &self,
+        registry: ToolRegistry,
+    ) -> tower_toolcall::loop_detect::LoopDetectLayerBuilder {
+        let builder = LoopDetectLayer::builder(registry)
+            .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);
+        match self {
+            Store::Memory => builder,
+            #[cfg(feature = "redis")]
+            Store::Redis(server) => builder.store(
+                tower_toolcall::loop_detect::RedisLoopStore::open(&server.url())
+                    .expect("a valid store configuration"),
+            ),
+        }
+    }
+
+    fn layer(&self, registry: ToolRegistry) -> LoopDetectLayer {
+        self.builder(registry)
+            .build()
+            .expect("a valid configuration")
+    }
+
+    fn layer_with(&self, config: LoopDetectConfig) -> LoopDetectLayer {
+        self.builder(ToolRegistry::open())
+            .config(config)
+            .build()
+            .expect("a valid configuration")
+    }
+}
+
+support::store_suite!(
+    #[tokio::test]
+    breaks_at_max_repeats_without_calling_the_tool,
+    chance_then_break_lets_a_different_call_run,
+    chance_then_break_breaks_when_the_call_repeats,
+    session_beats_model_beats_server_and_unset_falls_back,
+    a_model_can_switch_detection_off_and_a_session_back_on,
+    sessions_never_affect_each_other,
+    canonically_equal_params_are_identical_and_a_change_is_not,
+    the_same_params_for_another_tool_are_another_call,
+    cycles_of_two_and_three_calls_are_loops,
+    a_a_b_twice_is_not_taken_for_a_loop_before_its_threshold,
+    cycles_can_be_switched_off,
+    repeated_identical_failures_break_below_max_repeats,
+    failures_with_changing_codes_count_as_plain_repeats,
+    a_poller_whose_result_changes_is_never_blocked,
+    a_poller_whose_result_stays_the_same_is_a_loop,
+    result_aware_polling_can_be_switched_off,
+    a_tool_can_switch_detection_off_or_set_its_own_limits,
+    snowflake_ids_beyond_two_to_the_53_are_different_calls,
+);
 
 fn stack(
     layer: LoopDetectLayer,
@@ -92,10 +149,9 @@ fn stack(
     ServiceBuilder::new().layer(layer).service(counter.tool())
 }
 
-#[tokio::test]
-async fn breaks_at_max_repeats_without_calling_the_tool() {
+async fn breaks_at_max_repeats_without_calling_the_tool(store: Store) {
     let counter = Counter::default();
-    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let mut svc = stack(store.layer(ToolRegistry::open()), &counter);
     let call = search("sess-1", json!({"query": "rust tower retry"}));
 
     for expected in 1..=3 {
@@ -137,10 +193,9 @@ async fn breaks_at_max_repeats_without_calling_the_tool() {
     assert!(result.error.unwrap().terminal);
 }
 
-#[tokio::test]
-async fn chance_then_break_lets_a_different_call_run() {
+async fn chance_then_break_lets_a_different_call_run(store: Store) {
     let counter = Counter::default();
-    let layer = layer_with(LoopDetectConfig::default().with_mode(LoopMode::ChanceThenBreak));
+    let layer = store.layer_with(LoopDetectConfig::default().with_mode(LoopMode::ChanceThenBreak));
     let mut svc = stack(layer, &counter);
     let looping = search("sess-1", json!({"query": "a"}));
 
@@ -165,10 +220,9 @@ async fn chance_then_break_lets_a_different_call_run() {
     assert_eq!(counter.get(), 4);
 }
 
-#[tokio::test]
-async fn chance_then_break_breaks_when_the_call_repeats() {
+async fn chance_then_break_breaks_when_the_call_repeats(store: Store) {
     let counter = Counter::default();
-    let layer = layer_with(LoopDetectConfig::default().with_mode(LoopMode::ChanceThenBreak));
+    let layer = store.layer_with(LoopDetectConfig::default().with_mode(LoopMode::ChanceThenBreak));
     let mut svc = stack(layer, &counter);
     let looping = search("sess-1", json!({"query": "a"}));
 
@@ -262,10 +316,10 @@ async fn idle_sessions_are_dropped_after_their_window() {
     assert_eq!(handle.evicted_sessions(), 0, "expiry is not eviction");
 }
 
-#[tokio::test]
-async fn session_beats_model_beats_server_and_unset_falls_back() {
+async fn session_beats_model_beats_server_and_unset_falls_back(store: Store) {
     let counter = Counter::default();
-    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+    let layer = store
+        .builder(ToolRegistry::open())
         .config(LoopDetectConfig::default().with_max_repeats(6))
         .model(
             "openai",
@@ -300,8 +354,14 @@ async fn session_beats_model_beats_server_and_unset_falls_back() {
     let other_model = Some(("openai", "gpt-4o-mini"));
     assert_eq!(runs_before_refusal(&mut svc, &runs(other_model)).await.0, 5);
 
+    // Awaited: written to the shared store, if there is one, before the next call.
     handle
-        .apply_command("sess-1", "!/set(tool-loop-max-repeats=3)")
+        .apply(
+            "sess-1",
+            &LoopCommand::parse("!/set(tool-loop-max-repeats=3)").unwrap(),
+        )
+        .unwrap()
+        .await
         .unwrap();
     assert_eq!(
         runs_before_refusal(&mut svc, &runs(gpt4o)).await.0,
@@ -310,8 +370,14 @@ async fn session_beats_model_beats_server_and_unset_falls_back() {
     );
     assert_eq!(runs_before_refusal(&mut svc, &runs(None)).await.0, 2);
 
+    // Awaited: written to the shared store, if there is one, before the next call.
     handle
-        .apply_command("sess-1", "!/unset(tool-loop-max-repeats)")
+        .apply(
+            "sess-1",
+            &LoopCommand::parse("!/unset(tool-loop-max-repeats)").unwrap(),
+        )
+        .unwrap()
+        .await
         .unwrap();
     assert_eq!(
         runs_before_refusal(&mut svc, &runs(gpt4o)).await.0,
@@ -325,10 +391,10 @@ async fn session_beats_model_beats_server_and_unset_falls_back() {
     );
 }
 
-#[tokio::test]
-async fn a_model_can_switch_detection_off_and_a_session_back_on() {
+async fn a_model_can_switch_detection_off_and_a_session_back_on(store: Store) {
     let counter = Counter::default();
-    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+    let layer = store
+        .builder(ToolRegistry::open())
         .model(
             "anthropic",
             "claude-x",
@@ -345,19 +411,25 @@ async fn a_model_can_switch_detection_off_and_a_session_back_on() {
     assert_eq!(handle.tracked_sessions(), 0);
     handle
         .set("sess-1", LoopSettings::default().with_enabled(true))
+        .unwrap()
+        .await
         .unwrap();
     assert_eq!(runs_before_refusal(&mut svc, &call).await.0, 3);
 }
 
-#[tokio::test]
-async fn sessions_never_affect_each_other() {
+async fn sessions_never_affect_each_other(store: Store) {
     let counter = Counter::default();
-    let layer = LoopDetectLayer::new(ToolRegistry::open());
+    let layer = store.layer(ToolRegistry::open());
     let handle = layer.handle();
     let mut svc = stack(layer, &counter);
     let params = json!({"query": "same"});
     handle
-        .apply_command("strict", "!/set(tool-loop-max-repeats=2)")
+        .apply(
+            "strict",
+            &LoopCommand::parse("!/set(tool-loop-max-repeats=2)").unwrap(),
+        )
+        .unwrap()
+        .await
         .unwrap();
 
     for _ in 0..3 {
@@ -382,10 +454,9 @@ async fn sessions_never_affect_each_other() {
     assert_eq!(handle.session_settings("b"), LoopSettings::default());
 }
 
-#[tokio::test]
-async fn canonically_equal_params_are_identical_and_a_change_is_not() {
+async fn canonically_equal_params_are_identical_and_a_change_is_not(store: Store) {
     let counter = Counter::default();
-    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let mut svc = stack(store.layer(ToolRegistry::open()), &counter);
     let spellings = [
         r#"{"query": "rust", "limit": 10, "filters": {"lang": "en", "site": "docs.rs"}}"#,
         r#"{"limit":10.0,"filters":{"site":"docs.rs","lang":"en"},"query":"  rust "}"#,
@@ -414,10 +485,9 @@ async fn canonically_equal_params_are_identical_and_a_change_is_not() {
     assert_eq!(counter.get(), 7);
 }
 
-#[tokio::test]
-async fn the_same_params_for_another_tool_are_another_call() {
+async fn the_same_params_for_another_tool_are_another_call(store: Store) {
     let counter = Counter::default();
-    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let mut svc = stack(store.layer(ToolRegistry::open()), &counter);
     for i in 0..8 {
         let tool = if i < 4 { "search" } else { "fetch" };
         send(&mut svc, call_in("sess-1", tool, json!({"q": 1})))
@@ -464,10 +534,9 @@ where
     (marks, errors)
 }
 
-#[tokio::test]
-async fn cycles_of_two_and_three_calls_are_loops() {
+async fn cycles_of_two_and_three_calls_are_loops(store: Store) {
     let counter = Counter::default();
-    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let mut svc = stack(store.layer(ToolRegistry::open()), &counter);
 
     let (marks, errors) = pattern(&mut svc, "ab", "ABABABAB").await;
     assert_eq!(marks, ".....xxx");
@@ -495,10 +564,9 @@ async fn cycles_of_two_and_three_calls_are_loops() {
     assert_eq!(errors[0].details().unwrap()["cycleLength"], 3);
 }
 
-#[tokio::test]
-async fn a_a_b_twice_is_not_taken_for_a_loop_before_its_threshold() {
+async fn a_a_b_twice_is_not_taken_for_a_loop_before_its_threshold(store: Store) {
     let counter = Counter::default();
-    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let mut svc = stack(store.layer(ToolRegistry::open()), &counter);
     let (marks, _) = pattern(&mut svc, "aab", "AABAAB").await;
     assert_eq!(
         marks, "......",
@@ -510,10 +578,10 @@ async fn a_a_b_twice_is_not_taken_for_a_loop_before_its_threshold() {
     assert_eq!(counter.get(), 8);
 }
 
-#[tokio::test]
-async fn cycles_can_be_switched_off() {
+async fn cycles_can_be_switched_off(store: Store) {
     let counter = Counter::default();
-    let layer = LoopDetectLayer::builder(ToolRegistry::open())
+    let layer = store
+        .builder(ToolRegistry::open())
         .cycles(false)
         .build()
         .unwrap();
@@ -534,10 +602,9 @@ fn failing(
     })
 }
 
-#[tokio::test]
-async fn repeated_identical_failures_break_below_max_repeats() {
+async fn repeated_identical_failures_break_below_max_repeats(store: Store) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = layer_with(LoopDetectConfig::default().with_max_repeats(10));
+    let layer = store.layer_with(LoopDetectConfig::default().with_max_repeats(10));
     let mut svc = ServiceBuilder::new()
         .layer(layer)
         .service(failing(vec![ErrorCode::UpstreamError], calls.clone()));
@@ -565,10 +632,9 @@ async fn repeated_identical_failures_break_below_max_repeats() {
         .contains("Each of the last 3 identical calls failed with UPSTREAM_ERROR."));
 }
 
-#[tokio::test]
-async fn failures_with_changing_codes_count_as_plain_repeats() {
+async fn failures_with_changing_codes_count_as_plain_repeats(store: Store) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = layer_with(LoopDetectConfig::default().with_max_repeats(6));
+    let layer = store.layer_with(LoopDetectConfig::default().with_max_repeats(6));
     let codes = vec![ErrorCode::UpstreamError, ErrorCode::Timeout];
     let mut svc = ServiceBuilder::new()
         .layer(layer)
@@ -609,14 +675,13 @@ fn poll(session: &str) -> ToolCall {
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_poller_whose_result_changes_is_never_blocked() {
+async fn a_poller_whose_result_changes_is_never_blocked(store: Store) {
     let calls = Arc::new(AtomicUsize::new(0));
     let progress: Vec<Value> = (0..=20)
         .map(|p| json!({"state": "running", "progress": p * 5}))
         .collect();
     let mut svc = ServiceBuilder::new()
-        .layer(LoopDetectLayer::new(poller_registry()))
+        .layer(store.layer(poller_registry()))
         .service(job_status(progress, calls.clone()));
     for _ in 0..20 {
         send(&mut svc, poll("sess-1"))
@@ -626,8 +691,7 @@ async fn a_poller_whose_result_changes_is_never_blocked() {
     assert_eq!(calls.load(Ordering::SeqCst), 20);
 }
 
-#[tokio::test]
-async fn a_poller_whose_result_stays_the_same_is_a_loop() {
+async fn a_poller_whose_result_stays_the_same_is_a_loop(store: Store) {
     let calls = Arc::new(AtomicUsize::new(0));
     let states = vec![
         json!({"state": "queued"}),
@@ -635,7 +699,7 @@ async fn a_poller_whose_result_stays_the_same_is_a_loop() {
         json!({"state": "running", "progress": 10}),
     ];
     let mut svc = ServiceBuilder::new()
-        .layer(LoopDetectLayer::new(poller_registry()))
+        .layer(store.layer(poller_registry()))
         .service(job_status(states, calls.clone()));
     let (ran, err) = runs_before_refusal(&mut svc, &poll("sess-1")).await;
     assert_eq!(ran, 4, "queued, then the same running result three times");
@@ -646,11 +710,11 @@ async fn a_poller_whose_result_stays_the_same_is_a_loop() {
         .contains("Its result did not change between these calls."));
 }
 
-#[tokio::test]
-async fn result_aware_polling_can_be_switched_off() {
+async fn result_aware_polling_can_be_switched_off(store: Store) {
     let calls = Arc::new(AtomicUsize::new(0));
     let progress: Vec<Value> = (0..10).map(|p| json!({"progress": p})).collect();
-    let layer = LoopDetectLayer::builder(poller_registry())
+    let layer = store
+        .builder(poller_registry())
         .result_aware_polling(false)
         .build()
         .unwrap();
@@ -662,8 +726,7 @@ async fn result_aware_polling_can_be_switched_off() {
     assert_eq!(err.details().unwrap()["rule"], "repeat");
 }
 
-#[tokio::test]
-async fn a_tool_can_switch_detection_off_or_set_its_own_limits() {
+async fn a_tool_can_switch_detection_off_or_set_its_own_limits(store: Store) {
     let off = ToolPolicy::default().with_loop_detect(LayerSetting::Off);
     let own = ToolPolicy::default().with_loop_detect(
         LoopDetectOverrides::default()
@@ -677,7 +740,8 @@ async fn a_tool_can_switch_detection_off_or_set_its_own_limits() {
         .build()
         .unwrap();
     let counter = Counter::default();
-    let layer = LoopDetectLayer::builder(registry)
+    let layer = store
+        .builder(registry)
         .model(
             "openai",
             "gpt-4o",
@@ -707,11 +771,11 @@ async fn a_tool_can_switch_detection_off_or_set_its_own_limits() {
     assert_eq!(ran, 1, "the tool's max_repeats (2) beats the model's (8)");
     assert_eq!(err.details().unwrap()["action"], "chance");
 
+    let command = LoopCommand::parse("!/set(tool-loop-max-repeats=3, tool-loop-mode=break)");
     handle
-        .apply_command(
-            "sess-1",
-            "!/set(tool-loop-max-repeats=3, tool-loop-mode=break)",
-        )
+        .apply("sess-1", &command.unwrap())
+        .unwrap()
+        .await
         .unwrap();
     send(&mut svc, search("sess-1", json!({}))).await.unwrap();
     let deploy2 = ToolCall::builder(NS, "deploy")
@@ -1178,7 +1242,7 @@ async fn clones_of_the_layer_share_one_history() {
 /// form.
 fn canonical_sharing_tool(
     shared: Arc<AtomicUsize>,
-) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> {
+) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone {
     use tower_toolcall::canonical::CanonicalOptions;
     tool_fn(move |call: ToolCall| {
         let first = call
@@ -1279,10 +1343,9 @@ async fn sessions_with_long_keys_stay_within_the_bound_in_bytes_and_the_newest_s
 // ---------------------------------------------------------------------------------------------
 // Integers beyond 2^53 keep their digits
 
-#[tokio::test]
-async fn snowflake_ids_beyond_two_to_the_53_are_different_calls() {
+async fn snowflake_ids_beyond_two_to_the_53_are_different_calls(store: Store) {
     let counter = Counter::default();
-    let mut svc = stack(LoopDetectLayer::new(ToolRegistry::open()), &counter);
+    let mut svc = stack(store.layer(ToolRegistry::open()), &counter);
     let parse = |id: &str| {
         let text = format!(
             r#"{{"contractVersion":"1.1","requestId":"01J9Z8Q4V6K3T2M1N0P9R8S7T7","toolName":"search",

@@ -44,10 +44,80 @@ fn of_tenant(tenant: &str) -> ToolCall {
         .unwrap()
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_eleventh_call_in_a_second_is_rate_limited() {
+/// Where the quotas are kept: the cases of the table run against both.
+enum Store {
+    /// The governor limiter, on paused tokio time.
+    Memory,
+    /// A `redis-server` of the case's own, on the server's clock: time passes for real.
+    #[cfg(feature = "redis")]
+    Redis(support::redis_server::RedisServer),
+}
+
+impl Store {
+    fn layer(&self, registry: ToolRegistry) -> RateLimitLayer {
+        self.builder(registry)
+            .build()
+            .expect("a valid configuration")
+    }
+
+    fn builder(&self, registry: ToolRegistry) -> tower_toolcall::rate_limit::RateLimitLayerBuilder {
+        let builder = RateLimitLayer::builder(registry)
+            .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);
+        match self {
+            Store::Memory => builder,
+            #[cfg(feature = "redis")]
+            Store::Redis(server) => builder.store(
+                tower_toolcall::rate_limit::RedisRateLimitStore::open(&server.url())
+                    .expect("a valid store configuration"),
+            ),
+        }
+    }
+
+    /// Lets `duration` pass on the store's clock.
+    async fn advance(&self, duration: Duration) {
+        match self {
+            Store::Memory => tokio::time::advance(duration).await,
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => tokio::time::sleep(duration).await,
+        }
+    }
+
+    /// Asserts that `actual` is `expected`: exactly on paused time, and within 50 ms on the
+    /// server's clock, where the calls themselves take time.
+    fn assert_about(&self, actual: Duration, expected: Duration, what: &str) {
+        match self {
+            Store::Memory => assert_eq!(actual, expected, "{what}"),
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => assert!(
+                actual.abs_diff(expected) <= Duration::from_millis(50),
+                "{what}: {actual:?}, expected about {expected:?}"
+            ),
+        }
+    }
+
+    /// Asserts how many keys the in-memory limiter holds; Redis keys expire by themselves.
+    fn assert_tracked_keys(&self, layer: &RateLimitLayer, tool: (&str, &str), expected: usize) {
+        let tracked = layer.tracked_keys(tool.0, tool.1);
+        match self {
+            Store::Memory => assert_eq!(tracked, expected, "keys of {tool:?}"),
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => assert_eq!(tracked, 0, "no in-memory keys beside the store"),
+        }
+    }
+}
+
+support::store_suite!(
+    #[tokio::test(start_paused = true)]
+    the_eleventh_call_in_a_second_is_rate_limited,
+    sessions_and_tenants_get_quotas_of_their_own,
+    a_waiting_policy_delays_the_call_until_the_quota_allows_it,
+    a_wait_longer_than_allowed_is_rejected,
+    the_layer_default_limits_every_tool_but_those_switched_off,
+);
+
+async fn the_eleventh_call_in_a_second_is_rate_limited(store: Store) {
     let tool = ScriptedTool::always(Step::Ok);
-    let layer = RateLimitLayer::new(registry_of([limited(
+    let layer = store.layer(registry_of([limited(
         10,
         RateLimitKey::Tool,
         OnLimit::Reject,
@@ -63,24 +133,29 @@ async fn the_eleventh_call_in_a_second_is_rate_limited() {
     assert_eq!(tool.calls(), 10, "the eleventh never reached the tool");
     assert_eq!(err.code(), ErrorCode::RateLimited);
     assert!(err.is_retriable() && err.is_not_processed());
-    assert_eq!(err.retry_after(), Some(Duration::from_millis(100)));
-    assert_eq!(err.details().unwrap()["retryAfterMs"], 100);
+    let retry_after = err.retry_after().expect("a retry-after");
+    store.assert_about(retry_after, Duration::from_millis(100), "retry after");
+    let retry_after_ms = err.details().unwrap()["retryAfterMs"].as_u64().unwrap();
+    store.assert_about(
+        Duration::from_millis(retry_after_ms),
+        retry_after,
+        "retryAfterMs",
+    );
     assert_eq!(err.details().unwrap()["perSecond"], 10);
     assert_eq!(
         ToolResult::from_outcome(&call, Err(err)).status,
         ResultStatus::RetriableError
     );
 
-    tokio::time::advance(Duration::from_millis(100)).await;
+    store.advance(retry_after).await;
     call_once(&mut svc, call_of(WEB, "search")).await.unwrap();
     assert!(call_once(&mut svc, call_of(WEB, "search")).await.is_err());
     assert_eq!(tool.calls(), 11);
 }
 
-#[tokio::test(start_paused = true)]
-async fn sessions_and_tenants_get_quotas_of_their_own() {
+async fn sessions_and_tenants_get_quotas_of_their_own(store: Store) {
     let tool = ScriptedTool::always(Step::Ok);
-    let by_session = RateLimitLayer::new(registry_of([limited(
+    let by_session = store.layer(registry_of([limited(
         2,
         RateLimitKey::ToolSession,
         OnLimit::Reject,
@@ -98,10 +173,10 @@ async fn sessions_and_tenants_get_quotas_of_their_own() {
         );
     }
     assert_eq!(tool.calls(), 4);
-    assert_eq!(by_session.tracked_keys(WEB, "search"), 2);
+    store.assert_tracked_keys(&by_session, (WEB, "search"), 2);
 
     let tool = ScriptedTool::always(Step::Ok);
-    let by_tenant = RateLimitLayer::new(registry_of([limited(
+    let by_tenant = store.layer(registry_of([limited(
         1,
         RateLimitKey::ToolTenant,
         OnLimit::Reject,
@@ -115,10 +190,9 @@ async fn sessions_and_tenants_get_quotas_of_their_own() {
     assert_eq!(tool.calls(), 2);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_waiting_policy_delays_the_call_until_the_quota_allows_it() {
+async fn a_waiting_policy_delays_the_call_until_the_quota_allows_it(store: Store) {
     let tool = ScriptedTool::always(Step::Ok);
-    let layer = RateLimitLayer::new(registry_of([limited(
+    let layer = store.layer(registry_of([limited(
         10,
         RateLimitKey::Tool,
         OnLimit::Wait,
@@ -131,13 +205,13 @@ async fn a_waiting_policy_delays_the_call_until_the_quota_allows_it() {
 
     call_once(&mut svc, call_of(WEB, "search")).await.unwrap();
 
-    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    let waited = start.elapsed();
+    store.assert_about(waited, Duration::from_millis(100), "the wait");
     assert_eq!(tool.calls(), 11);
-    assert_eq!(tool.call_times()[10] - start, Duration::from_millis(100));
+    assert!(tool.call_times()[10] - start >= waited.saturating_sub(Duration::from_millis(1)));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_wait_longer_than_allowed_is_rejected() {
+async fn a_wait_longer_than_allowed_is_rejected(store: Store) {
     let slow_quota = ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).with_policy(
         ToolPolicy::default().with_rate_limit(
             RateLimitOverrides::default()
@@ -147,7 +221,7 @@ async fn a_wait_longer_than_allowed_is_rejected() {
         ),
     );
     let tool = ScriptedTool::always(Step::Ok);
-    let mut svc = RateLimitLayer::new(registry_of([slow_quota])).layer(tool.service());
+    let mut svc = store.layer(registry_of([slow_quota])).layer(tool.service());
     call_once(&mut svc, call_of(WEB, "search")).await.unwrap();
     let start = Instant::now();
 
@@ -155,9 +229,10 @@ async fn a_wait_longer_than_allowed_is_rejected() {
         .await
         .unwrap_err();
 
-    assert_eq!(start.elapsed(), Duration::ZERO);
+    store.assert_about(Duration::ZERO, start.elapsed(), "no wait");
     assert_eq!(err.code(), ErrorCode::RateLimited);
-    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)));
+    let retry_after = err.retry_after().expect("a retry-after");
+    store.assert_about(retry_after, Duration::from_secs(1), "retry after");
     assert_eq!(tool.calls(), 1);
 }
 
@@ -271,8 +346,7 @@ async fn the_number_of_keys_never_exceeds_max_keys() {
     assert_eq!(layer.tracked_keys(WEB, "search"), MAX_KEYS);
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_layer_default_limits_every_tool_but_those_switched_off() {
+async fn the_layer_default_limits_every_tool_but_those_switched_off(store: Store) {
     let off = ToolDescriptor::new(WEB, "fetch", RiskLevel::ReadOnly)
         .with_policy(ToolPolicy::default().with_rate_limit(LayerSetting::Off));
     let registry = ToolRegistry::builder()
@@ -280,10 +354,7 @@ async fn the_layer_default_limits_every_tool_but_those_switched_off() {
         .tool(off)
         .build()
         .unwrap();
-    let layer = RateLimitLayer::builder(registry)
-        .per_second(1)
-        .build()
-        .unwrap();
+    let layer = store.builder(registry).per_second(1).build().unwrap();
     let tool = ScriptedTool::always(Step::Ok);
     let mut svc = layer.layer(tool.service());
 
@@ -295,7 +366,7 @@ async fn the_layer_default_limits_every_tool_but_those_switched_off() {
     call_once(&mut svc, call_of("plugins", "b")).await.unwrap();
     assert!(call_once(&mut svc, call_of("plugins", "a")).await.is_err());
     assert_eq!(tool.calls(), 7);
-    assert_eq!(layer.tracked_keys("plugins", "a"), 2);
+    store.assert_tracked_keys(&layer, ("plugins", "a"), 2);
     assert_eq!(layer.tracked_keys(WEB, "fetch"), 0);
 }
 

@@ -265,3 +265,34 @@ pub fn enveloped<S, St>(
     use tower::Layer;
     tower_toolcall::ResultEnvelopeLayer::new().layer(stacked(stack, tool))
 }
+
+/// Runs each case of a table once per store: in memory, under the test attribute given first,
+/// and on a `redis-server` of its own (feature `redis`). Each case is an
+/// `async fn case(store: Store)` beside the table, where `Store` has the variants `Memory`
+/// and `Redis(RedisServer)`.
+#[allow(unused_macros)]
+macro_rules! store_suite {
+    (#[$memory:meta] $($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[$memory]
+                async fn $case() {
+                    super::$case(super::Store::Memory).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "redis")]
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let server = super::support::redis_server::RedisServer::start();
+                    super::$case(super::Store::Redis(server)).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use store_suite;

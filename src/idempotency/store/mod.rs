@@ -31,7 +31,7 @@ pub use redis::{
 
 use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};
 use crate::envelope::ToolCall;
-use crate::error::{ConfigError, ErrorCode, ToolError};
+use crate::error::{ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
 use crate::time::millis;
 
@@ -348,6 +348,17 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl From<crate::shared_store::SharedStoreError> for StoreError {
+    fn from(error: crate::shared_store::SharedStoreError) -> Self {
+        use crate::shared_store::SharedStoreError;
+        match error {
+            SharedStoreError::Unavailable(problem) => StoreError::Unavailable(problem),
+            SharedStoreError::Timeout(after) => StoreError::Timeout(after),
+            SharedStoreError::Corrupt(problem) => StoreError::Corrupt(problem),
+        }
+    }
+}
+
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -414,13 +425,4 @@ pub(crate) fn finish_detached(work: impl Future<Output = ()> + Send + 'static) -
     }
 }
 
-/// Refuses a configured duration under one millisecond, the resolution of records.
-pub(crate) fn at_least_a_millisecond(field: &str, value: Duration) -> Result<(), ConfigError> {
-    if value < Duration::from_millis(1) {
-        return Err(ConfigError::new(
-            field,
-            format!("must be at least 1 ms, got {} µs", value.as_micros()),
-        ));
-    }
-    Ok(())
-}
+pub(crate) use crate::time::at_least_a_millisecond;

@@ -4,14 +4,12 @@ mod subscriptions;
 mod value;
 
 use std::fmt;
-use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, Script, Value};
+use redis::{Cmd, FromRedisValue, Script, Value};
 
 use self::subscriptions::Subscriber;
 use self::value::{decode, encode};
@@ -22,12 +20,13 @@ use super::{
 use crate::error::ConfigError;
 use crate::idempotency::key;
 use crate::idempotency::record::{DedupeRecord, RecordState};
+use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
 use crate::time::{millis, unix_now_ms};
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_REDIS_KEY_PREFIX: &str = "toolcall:idem:";
 /// The default time one Redis operation may take.
-pub const DEFAULT_REDIS_OPERATION_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_REDIS_OPERATION_TIMEOUT: Duration = redis_support::DEFAULT_OPERATION_TIMEOUT;
 /// The default longest wait between two reads of a record a call waits on, should a
 /// completion message be lost.
 pub const DEFAULT_FALLBACK_POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -96,12 +95,9 @@ pub struct RedisDedupeStore {
 }
 
 struct Shared {
-    client: Client,
-    connection_config: ConnectionManagerConfig,
-    commands: OnceLock<Result<ConnectionManager, String>>,
+    commands: Connection,
     subscriber: Arc<Subscriber>,
     key_prefix: String,
-    operation_timeout: Duration,
     fallback_poll_interval: Duration,
     scripts: Scripts,
     fallback_polls: AtomicU64,
@@ -136,9 +132,7 @@ impl RedisDedupeStore {
     /// A builder for a store at `url`.
     pub fn builder(url: impl Into<String>) -> RedisDedupeStoreBuilder {
         RedisDedupeStoreBuilder {
-            url: url.into(),
-            key_prefix: DEFAULT_REDIS_KEY_PREFIX.to_owned(),
-            operation_timeout: DEFAULT_REDIS_OPERATION_TIMEOUT,
+            settings: StoreSettings::new(url.into(), DEFAULT_REDIS_KEY_PREFIX),
             fallback_poll_interval: DEFAULT_FALLBACK_POLL_INTERVAL,
         }
     }
@@ -166,9 +160,12 @@ impl RedisDedupeStore {
 impl fmt::Debug for RedisDedupeStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisDedupeStore")
-            .field("server", &self.shared.client.get_connection_info().addr())
+            .field(
+                "server",
+                &self.shared.commands.client().get_connection_info().addr(),
+            )
             .field("key_prefix", &self.shared.key_prefix)
-            .field("operation_timeout", &self.shared.operation_timeout)
+            .field("operation_timeout", &self.shared.commands.timeout())
             .field(
                 "fallback_poll_interval",
                 &self.shared.fallback_poll_interval,
@@ -177,46 +174,9 @@ impl fmt::Debug for RedisDedupeStore {
     }
 }
 
-/// Runs one Redis operation within `timeout`.
-async fn bounded<T>(
-    timeout: Duration,
-    op: impl Future<Output = RedisResult<T>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(timeout, op).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(StoreError::Unavailable(
-            if error.to_string().contains("syntax error") {
-                format!("{error} (the store needs Redis 7.0 or later)")
-            } else {
-                error.to_string()
-            },
-        )),
-        Err(_) => Err(StoreError::Timeout(timeout)),
-    }
-}
-
-/// The connection in `cell`, made on first use.
-fn connection(
-    cell: &OnceLock<Result<ConnectionManager, String>>,
-    client: &Client,
-    config: &ConnectionManagerConfig,
-) -> Result<ConnectionManager, StoreError> {
-    cell.get_or_init(|| {
-        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            .map_err(|e| e.to_string())
-    })
-    .clone()
-    .map_err(StoreError::Unavailable)
-}
-
 impl Shared {
     fn record_key(&self, store_key: &str) -> String {
-        let mut key = String::with_capacity(self.key_prefix.len() + store_key.len() + 2);
-        key.push_str(&self.key_prefix);
-        key.push('{');
-        key.push_str(store_key);
-        key.push('}');
-        key
+        hash_tagged(&self.key_prefix, store_key, "")
     }
 
     fn channel(record_key: &str) -> String {
@@ -225,8 +185,7 @@ impl Shared {
 
     /// Runs one command within the operation timeout.
     async fn command<T: FromRedisValue>(&self, command: &Cmd) -> Result<T, StoreError> {
-        let mut conn = connection(&self.commands, &self.client, &self.connection_config)?;
-        bounded(self.operation_timeout, command.query_async(&mut conn)).await
+        Ok(self.commands.command(command).await?)
     }
 
     /// Runs one script within the operation timeout.
@@ -234,8 +193,7 @@ impl Shared {
         &self,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        let mut conn = connection(&self.commands, &self.client, &self.connection_config)?;
-        bounded(self.operation_timeout, invocation.invoke_async(&mut conn)).await
+        Ok(self.commands.eval(invocation).await?)
     }
 
     /// Replaces the in-flight record `claimed` by `next`, kept for `ttl`, if its claim still
@@ -656,25 +614,12 @@ fn glob_escape(s: &str) -> String {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisDedupeStoreBuilder {
-    url: String,
-    key_prefix: String,
-    operation_timeout: Duration,
+    settings: StoreSettings,
     fallback_poll_interval: Duration,
 }
 
 impl RedisDedupeStoreBuilder {
-    /// The prefix of every key the store writes (default `toolcall:idem:`); it must not hold
-    /// `{` or `}`, which would break the hash tag.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// The time one Redis operation may take (default 1 s).
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
-    }
+    redis_support::store_settings_setters!("toolcall:idem:");
 
     /// The longest a waiting call goes without reading the record it waits on, should a
     /// completion message be lost (default 2 s).
@@ -685,58 +630,22 @@ impl RedisDedupeStoreBuilder {
 
     /// Checks the configuration and builds the store. No connection is made yet.
     pub fn build(self) -> Result<RedisDedupeStore, ConfigError> {
-        let client = Client::open(self.url.as_str()).map_err(|e| {
-            ConfigError::new(
-                "idempotency.redis.url",
-                format!("is not a usable Redis URL: {e}; write it as redis://host:port/db"),
-            )
-        })?;
-        if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
-            return Err(ConfigError::new(
-                "idempotency.redis.key_prefix",
-                format!(
-                    "must be non-empty and free of `{{` and `}}`, got {:?}",
-                    self.key_prefix
-                ),
-            ));
-        }
-        at_least_a_millisecond(
-            "idempotency.redis.operation_timeout",
-            self.operation_timeout,
-        )?;
+        let commands = self.settings.connect("idempotency.redis")?;
         at_least_a_millisecond(
             "idempotency.redis.fallback_poll_interval",
             self.fallback_poll_interval,
         )?;
-        let info = client.get_connection_info().clone();
-        let resp3 = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let subscriber_client = Client::open(info.set_redis_settings(resp3)).map_err(|e| {
-            ConfigError::new(
-                "idempotency.redis.url",
-                format!("cannot be used for subscriptions: {e}"),
-            )
-        })?;
-        let connection_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.operation_timeout))
-            .set_response_timeout(Some(self.operation_timeout))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(1));
+        let subscriber_client =
+            redis_support::resp3_client("idempotency.redis.url", commands.client())?;
         Ok(RedisDedupeStore {
             shared: Arc::new(Shared {
-                client,
                 subscriber: Arc::new(Subscriber::new(
                     subscriber_client,
-                    connection_config.clone(),
-                    self.operation_timeout,
+                    commands.config().clone(),
+                    self.settings.operation_timeout,
                 )),
-                connection_config,
-                commands: OnceLock::new(),
-                key_prefix: self.key_prefix,
-                operation_timeout: self.operation_timeout,
+                commands,
+                key_prefix: self.settings.key_prefix,
                 fallback_poll_interval: self.fallback_poll_interval,
                 scripts: Scripts {
                     replace: Script::new(value::REPLACE),

@@ -9,8 +9,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
-use super::{bounded, connection};
 use crate::idempotency::store::StoreError;
+use crate::redis_support::{bounded, connection};
 
 /// The subscriptions of one store: its connection and the waiters of each channel.
 pub(super) struct Subscriber {
@@ -79,7 +79,7 @@ impl Subscriber {
     }
 
     fn connection(&self) -> Result<ConnectionManager, StoreError> {
-        connection(&self.connection, &self.client, &self.config)
+        Ok(connection(&self.connection, &self.client, &self.config)?)
     }
 
     /// Subscribes to `channel`; the subscription holds every message that comes after the
@@ -103,7 +103,7 @@ impl Subscriber {
                 if let Err(error) = subscribed {
                     state.retired = true;
                     self.channels.remove(channel, &slot);
-                    return Err(error);
+                    return Err(error.into());
                 }
             }
             state.subscribers += 1;

@@ -1,0 +1,684 @@
+//! [`RedisLoopStore`]: the sessions' recent calls in Redis, shared by every replica.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Script;
+use tokio::time::Instant;
+
+use super::config::{BelowSession, LoopSettingKey, LoopSettings};
+use super::detector::{Limits, Outcome, SessionHistory, Signature, State, StoredCall};
+use crate::error::{ConfigError, ErrorCode};
+use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
+use crate::shared_store::SharedStoreError;
+use crate::time::{millis, unix_now_ms};
+
+/// The default prefix of every key the store writes.
+pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
+
+/// A session is one string of fixed-width fields, hexadecimal, so that a script finds each
+/// by its offset and never parses the calls:
+///
+/// - its next sequence number (12 digits);
+/// - the call last given a chance: signature (16) and time in ms (12), or 28 spaces;
+/// - the length of its own settings (4), then the settings (`!/set` overrides, as JSON);
+/// - its latest calls, oldest first, [`CALL_LEN`] characters each: time in ms (12),
+///   signature (16), poller (`0` or `1`), and how it ended: `p` (pending), `r` (refused),
+///   `s` (succeeded) or `f` (failed), then a 16-digit fingerprint of the poller's result or
+///   of the error code (zeros otherwise).
+///
+/// The calls' sequence numbers follow from the next one: the last call has the one before.
+const PRELUDE: &str = r"
+local EMPTY = '000000000000' .. string.rep(' ', 28) .. '0000'
+local function calls_from(blob) return 45 + tonumber(string.sub(blob, 41, 44), 16) end
+";
+
+/// Characters a call takes in a session's string.
+const CALL_LEN: usize = 46;
+
+/// `OBSERVE` reads the session's settings over the tiers below it, and, when they track the
+/// call, appends it (`ARGV[1]`, written by the replica) keeping as many calls as the rules
+/// look at, takes the next sequence number, and sets the session to expire with its window.
+/// It answers the session as it was. `ARGV`: call, window (ms), the calls kept for the
+/// rules other than repeats, max repeats, enabled (`1` or `0`), the last four below the
+/// session.
+const OBSERVE: &str = r"
+local blob = redis.call('GET', KEYS[1]) or EMPTY
+local body = calls_from(blob)
+local enabled, repeats, window = ARGV[5] == '1', tonumber(ARGV[4]), tonumber(ARGV[2])
+if body > 45 then
+  local own = cjson.decode(string.sub(blob, 45, body - 1))
+  if own.enabled ~= nil then enabled = own.enabled end
+  if own.max_repeats then repeats = own.max_repeats end
+  if own.ttl_secs then window = own.ttl_secs * 1000 end
+end
+if not enabled then return blob end
+local keep = math.max(tonumber(ARGV[3]), repeats - 1)
+local from = math.max(body, #blob - 46 * (keep - 1) + 1)
+local seq = string.format('%012x', tonumber(string.sub(blob, 1, 12), 16) + 1)
+redis.call('SET', KEYS[1], seq .. string.sub(blob, 13, body - 1) .. string.sub(blob, from) .. ARGV[1], 'PX', window)
+return blob
+";
+
+/// Settles the pending call of sequence number `ARGV[1]` with the state `ARGV[2]`, and sets
+/// the session's chance to `ARGV[3]` unless it is empty; the session keeps its expiry.
+const SETTLE: &str = r"
+local blob = redis.call('GET', KEYS[1])
+if not blob then return 0 end
+local body = calls_from(blob)
+local n = (#blob - body + 1) / 46
+local index = tonumber(ARGV[1]) - (tonumber(string.sub(blob, 1, 12), 16) - n)
+if index >= 0 and index < n then
+  local at = body + index * 46 + 29
+  if string.sub(blob, at, at) == 'p' then
+    blob = string.sub(blob, 1, at - 1) .. ARGV[2] .. string.sub(blob, at + 17)
+  end
+end
+if ARGV[3] ~= '' then blob = string.sub(blob, 1, 12) .. ARGV[3] .. string.sub(blob, 41) end
+redis.call('SET', KEYS[1], blob, 'KEEPTTL')
+return 1
+";
+
+/// Changes the session's settings: sets the members of the JSON object `ARGV[1]`, removes
+/// the comma-separated members `ARGV[2]`. Switching detection off drops the calls and the
+/// chance. The session then lasts at least its window: its own, or `ARGV[3]` (ms).
+const SET_SETTINGS: &str = r"
+local blob = redis.call('GET', KEYS[1]) or EMPTY
+local body = calls_from(blob)
+local own = body == 45 and {} or cjson.decode(string.sub(blob, 45, body - 1))
+for name, value in pairs(cjson.decode(ARGV[1])) do own[name] = value end
+for name in string.gmatch(ARGV[2], '[^,]+') do own[name] = nil end
+local settings = next(own) == nil and '' or cjson.encode(own)
+local chance, calls = string.sub(blob, 13, 40), string.sub(blob, body)
+if own.enabled == false then chance, calls = string.rep(' ', 28), '' end
+local window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[3])
+window = math.max(window, redis.call('PTTL', KEYS[1]))
+local header = string.sub(blob, 1, 12) .. chance .. string.format('%04x', #settings)
+redis.call('SET', KEYS[1], header .. settings .. calls, 'PX', window)
+return 1
+";
+
+/// Drops the session's calls and chance; its settings and sequence stay, with its expiry.
+const RESET: &str = r"
+local blob = redis.call('GET', KEYS[1])
+if not blob then return 0 end
+local kept = string.sub(blob, 1, 12) .. string.rep(' ', 28) .. string.sub(blob, 41, calls_from(blob) - 1)
+redis.call('SET', KEYS[1], kept, 'KEEPTTL')
+return 1
+";
+
+/// A script on a session: the common prelude, then `body`.
+fn session_script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}{body}"))
+}
+
+/// The default seed of call signatures: every replica that shares a store must hash calls
+/// alike.
+const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
+
+/// Loop detection's per-session state in Redis (7.0 or later), shared by every replica that
+/// points at the same server: a model whose calls are spread over replicas is stopped at the
+/// same call as on one.
+///
+/// - A session is one key, `<prefix>{<session>}`: one string of fixed-width fields, its
+///   sequence, the call last given a chance, its own settings (`!/set` overrides) and its
+///   latest calls (time, signature, and how each ended), as many as the rules look at. The
+///   braces are a Redis Cluster hash tag. The key expires with the session's window.
+/// - A call is one round trip: a Lua script (two commands, a read and a write) reads the
+///   session's settings, appends the call unless they switch detection off, and answers the
+///   session as it was, which the layer judges with the same rules as in memory. A refused
+///   call, a failure and a poller's result are then written to its entry (a second, short
+///   script), before the caller gets the answer, so the next call on any replica sees them.
+/// - A session's settings set through any replica's
+///   [`LoopDetectHandle`](super::LoopDetectHandle) are kept there and read with the
+///   session's next call on every replica.
+/// - Times are the replicas' wall clocks, in milliseconds: windows last seconds or minutes,
+///   far longer than the skew of synchronized clocks.
+/// - Signatures are keyed hashes with a seed every replica shares
+///   ([`signature_seed`](RedisLoopStoreBuilder::signature_seed)).
+/// - Every operation is bounded by the operation timeout (1 s by default); a failed one
+///   follows the layer's [`FailurePolicy`](crate::shared_store::FailurePolicy).
+///
+/// ```no_run
+/// use tower_toolcall::loop_detect::{LoopDetectLayer, RedisLoopStore};
+/// use tower_toolcall::registry::ToolRegistry;
+///
+/// let store = RedisLoopStore::open("redis://127.0.0.1:6379/")?;
+/// let layer = LoopDetectLayer::builder(ToolRegistry::open()).store(store).build()?;
+/// # let _ = layer;
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisLoopStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    connection: Connection,
+    key_prefix: String,
+    signature_seed: u64,
+    observe: Script,
+    settle: Script,
+    set_settings: Script,
+    reset: Script,
+}
+
+/// What the store answered for one call: the session's settings, and when they track the
+/// call, its sequence number and the session's history before it.
+pub(crate) struct Observed {
+    /// The session's own settings.
+    pub(crate) settings: LoopSettings,
+    /// `None` when the session's settings do not track the call.
+    pub(crate) tracked: Option<Tracked>,
+}
+
+/// A tracked call, as the store answered it.
+pub(crate) struct Tracked {
+    pub(crate) history: SessionHistory,
+    /// The call's sequence number in its session.
+    pub(crate) seq: u64,
+    /// When the store's clock read the call, on the tokio clock.
+    pub(crate) now: Instant,
+}
+
+impl RedisLoopStore {
+    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
+    pub fn open(url: &str) -> Result<RedisLoopStore, ConfigError> {
+        RedisLoopStore::builder(url).build()
+    }
+
+    /// A builder for a store at `url`.
+    pub fn builder(url: impl Into<String>) -> RedisLoopStoreBuilder {
+        RedisLoopStoreBuilder {
+            settings: StoreSettings::new(url.into(), DEFAULT_LOOP_KEY_PREFIX),
+            signature_seed: DEFAULT_SIGNATURE_SEED,
+        }
+    }
+
+    /// The Redis key of `session`'s latest calls.
+    pub fn session_key(&self, session: &str) -> String {
+        hash_tagged(&self.shared.key_prefix, session, "")
+    }
+
+    pub(crate) fn signature_seed(&self) -> u64 {
+        self.shared.signature_seed
+    }
+
+    /// Appends a call of `signature` to `session`, unless the session's own settings
+    /// switch detection off, and answers them with the history before it. `below` is what
+    /// the tiers below the session decide.
+    pub(crate) fn observe(
+        &self,
+        session: &str,
+        signature: Signature,
+        below: BelowSession,
+    ) -> impl Future<Output = Result<Observed, SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let key = self.session_key(session);
+        let limits = below.limits;
+        let window_ms = millis(limits.ttl).max(1);
+        // The calls the rules other than repeats look at.
+        let keep = Limits {
+            max_repeats: 1,
+            ..limits
+        }
+        .history_len();
+        async move {
+            let now_ms = unix_now_ms();
+            let call = encode_call(now_ms, signature, limits.poller, State::Pending);
+            let blob: Vec<u8> = shared
+                .connection
+                .eval(
+                    shared
+                        .observe
+                        .key(&key)
+                        .arg(call)
+                        .arg(window_ms)
+                        .arg(keep)
+                        .arg(limits.max_repeats)
+                        .arg(u8::from(below.enabled)),
+                )
+                .await?;
+            let now = Instant::now();
+            let session = StoredSession::decode(&blob)?;
+            let settings = decode_settings(session.settings)?;
+            if !below.under(&settings).0 {
+                // The script wrote nothing: the session's settings do not track the call.
+                return Ok(Observed {
+                    settings,
+                    tracked: None,
+                });
+            }
+            let at = |ms: u64| {
+                now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
+                    .unwrap_or(now)
+            };
+            let calls = session
+                .calls
+                .chunks(CALL_LEN)
+                .map(|call| decode_call(call, at))
+                .collect::<Result<Vec<_>, _>>()?;
+            let chance = session
+                .chance
+                .map(|(signature, ms)| (Signature::from_raw(signature), at(ms)));
+            Ok(Observed {
+                settings,
+                tracked: Some(Tracked {
+                    history: SessionHistory::restore(calls, session.seq, chance),
+                    seq: session.seq,
+                    now,
+                }),
+            })
+        }
+    }
+
+    /// Writes how the call `seq` of `session` ended, and the session's chance when it
+    /// changed.
+    pub(crate) fn settle(
+        &self,
+        session: &str,
+        seq: u64,
+        state: State,
+        chance: Option<(Signature, Instant)>,
+    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let key = self.session_key(session);
+        let chance = chance.map_or_else(String::new, |(signature, at)| {
+            let ago = millis(Instant::now().saturating_duration_since(at));
+            format!(
+                "{:016x}{:012x}",
+                signature.raw(),
+                unix_now_ms().saturating_sub(ago)
+            )
+        });
+        async move {
+            let _: i64 = shared
+                .connection
+                .eval(
+                    shared
+                        .settle
+                        .key(&key)
+                        .arg(seq)
+                        .arg(encode_state(state))
+                        .arg(chance),
+                )
+                .await?;
+            Ok(())
+        }
+    }
+
+    /// Changes `session`'s own settings: sets those `set` has, removes `unset`. `window` is
+    /// how long the session lasts when its settings do not say.
+    pub(crate) fn change_settings(
+        &self,
+        session: &str,
+        set: LoopSettings,
+        unset: &[LoopSettingKey],
+        window: Duration,
+    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let key = self.session_key(session);
+        let set = serde_json::to_string(&set).expect("settings serialize");
+        let unset = unset
+            .iter()
+            .map(|key| setting_member(*key))
+            .collect::<Vec<_>>()
+            .join(",");
+        let window_ms = millis(window).max(1);
+        async move {
+            let _: i64 = shared
+                .connection
+                .eval(
+                    shared
+                        .set_settings
+                        .key(&key)
+                        .arg(set)
+                        .arg(unset)
+                        .arg(window_ms),
+                )
+                .await?;
+            Ok(())
+        }
+    }
+
+    /// Drops `session`'s calls; its settings stay.
+    pub(crate) fn reset(
+        &self,
+        session: &str,
+    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let key = self.session_key(session);
+        async move {
+            let _: i64 = shared.connection.eval(&shared.reset.key(&key)).await?;
+            Ok(())
+        }
+    }
+
+    /// Forgets `session`: its calls and its settings.
+    pub(crate) fn forget(
+        &self,
+        session: &str,
+    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let shared = self.shared.clone();
+        let mut command = redis::cmd("DEL");
+        command.arg(self.session_key(session));
+        async move {
+            let _: i64 = shared.connection.command(&command).await?;
+            Ok(())
+        }
+    }
+}
+
+fn corrupt(what: &str) -> SharedStoreError {
+    SharedStoreError::Corrupt(format!("the loop-detection store holds {what}"))
+}
+
+/// A session's string, read by its offsets.
+#[derive(Debug)]
+struct StoredSession<'a> {
+    seq: u64,
+    chance: Option<(u64, u64)>,
+    settings: &'a str,
+    calls: &'a [u8],
+}
+
+impl<'a> StoredSession<'a> {
+    fn decode(blob: &'a [u8]) -> Result<Self, SharedStoreError> {
+        let malformed = || corrupt("a malformed session");
+        let field = |from: usize, to: usize| blob.get(from..to).ok_or_else(malformed);
+        let seq = hex(field(0, 12)?).ok_or_else(malformed)?;
+        let chance = field(12, 40)?;
+        let chance = if chance.iter().all(|b| *b == b' ') {
+            None
+        } else {
+            let signature = hex(&chance[..16]).ok_or_else(malformed)?;
+            Some((signature, hex(&chance[16..]).ok_or_else(malformed)?))
+        };
+        let settings_len =
+            usize::try_from(hex(field(40, 44)?).ok_or_else(malformed)?).map_err(|_| malformed())?;
+        let settings =
+            std::str::from_utf8(field(44, 44 + settings_len)?).map_err(|_| malformed())?;
+        let calls = &blob[44 + settings_len..];
+        if !calls.len().is_multiple_of(CALL_LEN) {
+            return Err(malformed());
+        }
+        Ok(StoredSession {
+            seq,
+            chance,
+            settings,
+            calls,
+        })
+    }
+}
+
+/// A fixed-width hexadecimal number.
+fn hex(digits: &[u8]) -> Option<u64> {
+    let digits = std::str::from_utf8(digits).ok()?;
+    if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// The JSON member of a setting, as [`LoopSettings`] serializes it.
+fn setting_member(key: LoopSettingKey) -> &'static str {
+    match key {
+        LoopSettingKey::Detection => "enabled",
+        LoopSettingKey::MaxRepeats => "max_repeats",
+        LoopSettingKey::Ttl => "ttl_secs",
+        LoopSettingKey::Mode => "mode",
+    }
+}
+
+/// A session's settings as stored: JSON, or nothing; checked as when they were set.
+fn decode_settings(stored: &str) -> Result<LoopSettings, SharedStoreError> {
+    if stored.is_empty() {
+        return Ok(LoopSettings::default());
+    }
+    serde_json::from_str::<LoopSettings>(stored)
+        .ok()
+        .filter(|settings| settings.check().is_ok())
+        .ok_or_else(|| corrupt(&format!("malformed session settings {stored:?}")))
+}
+
+/// A call as stored: `<ms><signature><poller><state>`, [`CALL_LEN`] characters.
+fn encode_call(at_ms: u64, signature: Signature, poller: bool, state: State) -> String {
+    format!(
+        "{at_ms:012x}{:016x}{}{}",
+        signature.raw(),
+        u8::from(poller),
+        encode_state(state)
+    )
+}
+
+/// How a call ended: a letter and 16 hexadecimal digits.
+fn encode_state(state: State) -> String {
+    match state {
+        State::Pending => format!("p{:016x}", 0),
+        State::Rejected => format!("r{:016x}", 0),
+        State::Done(Outcome::Succeeded(fingerprint)) => format!("s{fingerprint:016x}"),
+        State::Done(Outcome::Failed(code)) => format!("f{:016x}", code_fingerprint(code)),
+    }
+}
+
+/// A fixed-width stand-in for an error code that does not depend on the codes' order: the
+/// FNV-1a hash of its name.
+fn code_fingerprint(code: ErrorCode) -> u64 {
+    code.as_str()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, SharedStoreError> {
+    let malformed = || {
+        corrupt(&format!(
+            "a malformed call {:?}",
+            String::from_utf8_lossy(call)
+        ))
+    };
+    if call.len() != CALL_LEN {
+        return Err(malformed());
+    }
+    let at_ms = hex(&call[..12]).ok_or_else(malformed)?;
+    let signature = hex(&call[12..28]).ok_or_else(malformed)?;
+    let poller = match call[28] {
+        b'0' => false,
+        b'1' => true,
+        _ => return Err(malformed()),
+    };
+    let payload = hex(&call[30..]).ok_or_else(malformed)?;
+    let state = match (call[29], payload) {
+        (b'p', 0) => State::Pending,
+        (b'r', 0) => State::Rejected,
+        (b's', fingerprint) => State::Done(Outcome::Succeeded(fingerprint)),
+        (b'f', fingerprint) => State::Done(Outcome::Failed(
+            ErrorCode::ALL
+                .into_iter()
+                .find(|code| code_fingerprint(*code) == fingerprint)
+                .ok_or_else(malformed)?,
+        )),
+        _ => return Err(malformed()),
+    };
+    Ok(StoredCall {
+        at: at(at_ms),
+        signature: Signature::from_raw(signature),
+        poller,
+        state,
+    })
+}
+
+impl fmt::Debug for RedisLoopStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLoopStore")
+            .field(
+                "server",
+                &self.shared.connection.client().get_connection_info().addr(),
+            )
+            .field("key_prefix", &self.shared.key_prefix)
+            .field("operation_timeout", &self.shared.connection.timeout())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisLoopStore`]; made by [`RedisLoopStore::builder`].
+///
+/// ```
+/// use tower_toolcall::loop_detect::RedisLoopStore;
+///
+/// let err = RedisLoopStore::builder("redis://127.0.0.1/").key_prefix("").build().unwrap_err();
+/// assert_eq!(err.field(), "loop_detect.redis.key_prefix");
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct RedisLoopStoreBuilder {
+    settings: StoreSettings,
+    signature_seed: u64,
+}
+
+impl RedisLoopStoreBuilder {
+    redis_support::store_settings_setters!("toolcall:loop:");
+
+    /// The seed of the keyed hash of calls (a default is built in). Every replica that
+    /// shares the store must use the same; a secret one keeps calls from being crafted to
+    /// collide.
+    pub fn signature_seed(mut self, seed: u64) -> Self {
+        self.signature_seed = seed;
+        self
+    }
+
+    /// Checks the configuration and builds the store. No connection is made yet.
+    pub fn build(self) -> Result<RedisLoopStore, ConfigError> {
+        let connection = self.settings.connect("loop_detect.redis")?;
+        Ok(RedisLoopStore {
+            shared: Arc::new(Shared {
+                connection,
+                key_prefix: self.settings.key_prefix,
+                signature_seed: self.signature_seed,
+                observe: session_script(OBSERVE),
+                settle: session_script(SETTLE),
+                set_settings: session_script(SET_SETTINGS),
+                reset: session_script(RESET),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn state() -> impl Strategy<Value = State> {
+        prop_oneof![
+            Just(State::Pending),
+            Just(State::Rejected),
+            any::<u64>().prop_map(|fingerprint| State::Done(Outcome::Succeeded(fingerprint))),
+            proptest::sample::select(ErrorCode::ALL.to_vec())
+                .prop_map(|code| State::Done(Outcome::Failed(code))),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn a_stored_call_reads_back_as_written(
+            at_ms in 0u64..(1 << 48),
+            signature in any::<u64>(),
+            poller in any::<bool>(),
+            state in state(),
+        ) {
+            let now = Instant::now();
+            let stored = encode_call(at_ms, Signature::from_raw(signature), poller, state);
+            prop_assert_eq!(stored.len(), CALL_LEN);
+            let call = decode_call(stored.as_bytes(), |ms| {
+                assert_eq!(ms, at_ms);
+                now
+            })
+            .unwrap();
+            prop_assert_eq!(
+                call,
+                StoredCall { at: now, signature: Signature::from_raw(signature), poller, state }
+            );
+        }
+
+        #[test]
+        fn a_stored_session_reads_back_by_its_offsets(
+            seq in 0u64..(1 << 48),
+            chance in proptest::option::of((any::<u64>(), 0u64..(1 << 48))),
+            max_repeats in proptest::option::of(2u32..50),
+            calls in 0usize..10,
+        ) {
+            let settings = max_repeats
+                .map(|max| serde_json::to_string(&LoopSettings::default().with_max_repeats(max)).unwrap())
+                .unwrap_or_default();
+            let chance_text = chance.map_or_else(
+                || " ".repeat(28),
+                |(signature, ms)| format!("{signature:016x}{ms:012x}"),
+            );
+            let call = encode_call(7, Signature::from_raw(9), false, State::Pending);
+            let blob = format!(
+                "{seq:012x}{chance_text}{:04x}{settings}{}",
+                settings.len(),
+                call.repeat(calls)
+            );
+            let session = StoredSession::decode(blob.as_bytes()).unwrap();
+            prop_assert_eq!(session.seq, seq);
+            prop_assert_eq!(session.chance, chance);
+            prop_assert_eq!(session.settings, settings.as_str());
+            prop_assert_eq!(session.calls.len(), calls * CALL_LEN);
+            // Cut anywhere inside a call, it is refused, not misread.
+            if calls > 0 {
+                let cut = &blob.as_bytes()[..blob.len() - 1];
+                prop_assert!(matches!(
+                    StoredSession::decode(cut),
+                    Err(SharedStoreError::Corrupt(_))
+                ));
+            }
+        }
+
+        #[test]
+        fn stored_settings_read_back_and_anything_else_is_corrupt(
+            max_repeats in proptest::option::of(0u32..200),
+            ttl_secs in proptest::option::of(0u64..100_000),
+            enabled in proptest::option::of(any::<bool>()),
+            noise in ".{0,40}",
+        ) {
+            let settings = LoopSettings { enabled, max_repeats, ttl_secs, mode: None };
+            let stored = if settings.is_empty() {
+                String::new()
+            } else {
+                serde_json::to_string(&settings).unwrap()
+            };
+            match decode_settings(&stored) {
+                Ok(read) => prop_assert_eq!(read, settings),
+                Err(error) => {
+                    prop_assert!(settings.check().is_err());
+                    prop_assert!(matches!(error, SharedStoreError::Corrupt(_)));
+                }
+            }
+            if let Ok(read) = decode_settings(&noise) {
+                prop_assert!(read.check().is_ok());
+            }
+        }
+
+        #[test]
+        fn anything_else_is_refused_as_corrupt_without_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
+            let now = Instant::now();
+            match decode_call(&bytes, |_| now) {
+                Ok(call) => {
+                    // Only calls of the stored shape read back, and write back the same.
+                    prop_assert_eq!(bytes.len(), CALL_LEN);
+                    let again = encode_call(hex(&bytes[..12]).unwrap(), call.signature, call.poller, call.state);
+                    prop_assert_eq!(again.to_ascii_lowercase(), String::from_utf8(bytes.clone()).unwrap().to_ascii_lowercase());
+                }
+                Err(error) => prop_assert!(matches!(error, SharedStoreError::Corrupt(_))),
+            }
+            if let Err(error) = StoredSession::decode(&bytes) {
+                prop_assert!(matches!(error, SharedStoreError::Corrupt(_)));
+            }
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Stores that replicas share (rate-limit quotas, loop-detection state): what a layer does
+//! when its store cannot be reached, and what it counts meanwhile.
+//!
+//! Every call to a shared store is bounded by the store's operation timeout, so an
+//! unreachable server never holds a call up for longer. When a check fails, the layer
+//! follows its [`FailurePolicy`]: [`Open`](FailurePolicy::Open) (the default for rate limits
+//! and loop detection) lets the call proceed unchecked, [`Closed`](FailurePolicy::Closed)
+//! refuses it with `STORE_UNAVAILABLE`. Either way the failure is counted in the layer's
+//! [`StoreHealth`] and told to its [`StoreListener`]s (with the `metrics` feature,
+//! `ToolMetrics::store_listener` counts outages and failed checks per store and policy), and
+//! one warning is logged when an outage begins — not one per call — and one line when the
+//! store answers again. Recovery needs nothing: the next check that
+//! succeeds ends the outage.
+//!
+//! ```
+//! use tower_toolcall::shared_store::FailurePolicy;
+//!
+//! assert_eq!(FailurePolicy::default(), FailurePolicy::Open);
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{ErrorCode, ToolError};
+
+/// What a layer does with a call when its shared store cannot be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// The call proceeds unchecked (the default): an outage of the store costs the fleet its
+    /// shared limits for its duration, not its tools.
+    #[default]
+    Open,
+    /// The call is refused with `STORE_UNAVAILABLE` (retriable): nothing runs that the
+    /// shared state could not vouch for.
+    Closed,
+}
+
+/// Why a shared store could not answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SharedStoreError {
+    /// The store could not be reached, or answered with an error.
+    Unavailable(String),
+    /// The store did not answer within its operation timeout.
+    Timeout(Duration),
+    /// The store answered with something it should not have.
+    Corrupt(String),
+}
+
+impl fmt::Display for SharedStoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SharedStoreError::Unavailable(problem) => {
+                write!(f, "the shared store is unavailable: {problem}")
+            }
+            SharedStoreError::Timeout(after) => write!(
+                f,
+                "the shared store did not answer within {} ms",
+                after.as_millis()
+            ),
+            SharedStoreError::Corrupt(problem) => {
+                write!(f, "the shared store answered unexpectedly: {problem}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SharedStoreError {}
+
+/// How a layer's shared store has fared; read with the layer's `store_health()`.
+///
+/// ```
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::RateLimitLayer;
+///
+/// let layer = RateLimitLayer::new(ToolRegistry::open());
+/// let health = layer.store_health();
+/// assert!(health.available);
+/// assert_eq!(health.outages, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreHealth {
+    /// `false` from the first failed check of an outage to the next check that succeeds.
+    pub available: bool,
+    /// Outages seen: runs of failed checks between two that succeeded.
+    pub outages: u64,
+    /// Checks that failed, each one a call let through or refused by the failure policy.
+    pub failed_checks: u64,
+}
+
+/// What happened to a layer's shared store, as told to a [`StoreListener`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreEvent {
+    /// The store stopped answering: an outage begins (told before the check's failure).
+    OutageBegan,
+    /// A check failed, and the call was let through ([`FailurePolicy::Open`]) or refused
+    /// ([`FailurePolicy::Closed`]).
+    CheckFailed(FailurePolicy),
+    /// The store answers again: the outage is over.
+    OutageEnded,
+}
+
+/// Hears what happens to a layer's shared store: `layer` is `rate_limit` or `loop_detect`.
+/// Give one to the layer's builder (`on_store_event`); `ToolMetrics::store_listener` (feature
+/// `metrics`) counts the events. Called on the task of the call concerned: keep it short.
+/// Implemented by every `Fn(&'static str, StoreEvent)`.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::shared_store::StoreEvent;
+/// use tower_toolcall::RateLimitLayer;
+///
+/// let outages = Arc::new(AtomicU64::new(0));
+/// let seen = outages.clone();
+/// let layer = RateLimitLayer::builder(ToolRegistry::open())
+///     .on_store_event(move |_layer: &'static str, event: StoreEvent| {
+///         if event == StoreEvent::OutageBegan {
+///             seen.fetch_add(1, Ordering::Relaxed);
+///         }
+///     })
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+pub trait StoreListener: Send + Sync + 'static {
+    /// Called once per event.
+    fn on_store_event(&self, layer: &'static str, event: StoreEvent);
+}
+
+impl<F> StoreListener for F
+where
+    F: Fn(&'static str, StoreEvent) + Send + Sync + 'static,
+{
+    fn on_store_event(&self, layer: &'static str, event: StoreEvent) {
+        self(layer, event)
+    }
+}
+
+/// The listeners a layer's builder collects.
+#[derive(Clone, Default)]
+pub(crate) struct StoreListeners(Vec<Arc<dyn StoreListener>>);
+
+impl StoreListeners {
+    pub(crate) fn push(&mut self, listener: impl StoreListener) {
+        self.0.push(Arc::new(listener));
+    }
+}
+
+impl fmt::Debug for StoreListeners {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} listener(s)", self.0.len())
+    }
+}
+
+/// A layer's failure policy and the count of its store's outages.
+#[derive(Debug, Default)]
+pub(crate) struct Outages {
+    policy: FailurePolicy,
+    down: AtomicBool,
+    outages: AtomicU64,
+    failed_checks: AtomicU64,
+    listeners: StoreListeners,
+}
+
+impl Outages {
+    pub(crate) fn new(policy: FailurePolicy, listeners: StoreListeners) -> Self {
+        Outages {
+            policy,
+            listeners,
+            ..Outages::default()
+        }
+    }
+
+    fn tell(&self, layer: &'static str, event: StoreEvent) {
+        for listener in &self.listeners.0 {
+            listener.on_store_event(layer, event);
+        }
+    }
+
+    /// A check by `layer` succeeded: ends the outage, if one was going on.
+    pub(crate) fn succeeded(&self, layer: &'static str) {
+        if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
+            tracing::info!(layer, "the shared store answers again: sharing resumes");
+            self.tell(layer, StoreEvent::OutageEnded);
+        }
+    }
+
+    /// A check by `layer` failed with `error`: counts it, logs the start of an outage once,
+    /// and says whether the call proceeds (`Ok`) or with which error it is refused.
+    pub(crate) fn failed(
+        &self,
+        layer: &'static str,
+        error: &SharedStoreError,
+    ) -> Result<(), ToolError> {
+        self.failed_checks.fetch_add(1, Ordering::Relaxed);
+        self.unreachable(layer, error);
+        self.tell(layer, StoreEvent::CheckFailed(self.policy));
+        match self.policy {
+            FailurePolicy::Open => Ok(()),
+            FailurePolicy::Closed => Err(ToolError::rejected(
+                ErrorCode::StoreUnavailable,
+                format!(
+                    "{layer} could not check the call ({error}): it was not called; retry later"
+                ),
+            )),
+        }
+    }
+
+    /// A write by `layer` that decides nothing (how a call already decided ended) failed
+    /// with `error`: no check failed, but an outage begins if none was going on.
+    pub(crate) fn unreachable(&self, layer: &'static str, error: &SharedStoreError) {
+        if !self.down.swap(true, Ordering::Relaxed) {
+            self.outages.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                layer,
+                %error,
+                policy = ?self.policy,
+                "the shared store is unreachable: calls are {} until it answers again",
+                match self.policy {
+                    FailurePolicy::Open => "let through unchecked",
+                    FailurePolicy::Closed => "refused",
+                }
+            );
+            self.tell(layer, StoreEvent::OutageBegan);
+        }
+    }
+
+    pub(crate) fn health(&self) -> StoreHealth {
+        StoreHealth {
+            available: !self.down.load(Ordering::Relaxed),
+            outages: self.outages.load(Ordering::Relaxed),
+            failed_checks: self.failed_checks.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn an_outage_is_told_once_and_each_failed_check_with_its_policy() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let seen = events.clone();
+        let mut listeners = StoreListeners::default();
+        listeners.push(move |layer: &'static str, event: StoreEvent| {
+            seen.lock().unwrap().push((layer, event));
+        });
+        let outages = Outages::new(FailurePolicy::Closed, listeners);
+        let down = SharedStoreError::Timeout(Duration::from_millis(5));
+
+        // A failed write of a decided call begins an outage, but is no failed check.
+        outages.unreachable("loop_detect", &down);
+        let error = outages.failed("loop_detect", &down).unwrap_err();
+        assert_eq!(error.code(), ErrorCode::StoreUnavailable);
+        outages.succeeded("loop_detect");
+        outages.succeeded("loop_detect");
+        assert!(outages.failed("loop_detect", &down).is_err());
+
+        let health = outages.health();
+        assert_eq!(
+            (health.available, health.outages, health.failed_checks),
+            (false, 2, 2)
+        );
+        let closed = StoreEvent::CheckFailed(FailurePolicy::Closed);
+        assert_eq!(
+            *events.lock().unwrap(),
+            [
+                ("loop_detect", StoreEvent::OutageBegan),
+                ("loop_detect", closed),
+                ("loop_detect", StoreEvent::OutageEnded),
+                ("loop_detect", StoreEvent::OutageBegan),
+                ("loop_detect", closed),
+            ]
+        );
+    }
+}
