@@ -66,6 +66,7 @@ pub(crate) struct ExecutorConfig {
     pub(crate) policy: RunPolicy,
     pub(crate) event_capacity: usize,
     pub(crate) audit_dir: Option<PathBuf>,
+    pub(crate) jitter_seed: Option<u64>,
 }
 
 /// The settings of a run that decide its behaviour, as `run.json` records them.
@@ -125,6 +126,7 @@ pub struct ExecutorBuilder {
     policy: RunPolicy,
     event_capacity: usize,
     audit_dir: Option<PathBuf>,
+    jitter_seed: Option<u64>,
 }
 
 impl Executor {
@@ -143,6 +145,7 @@ impl Executor {
             },
             event_capacity: 1024,
             audit_dir: None,
+            jitter_seed: None,
         }
     }
 
@@ -164,6 +167,22 @@ impl Executor {
         S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
         S::Future: Send + 'static,
     {
+        self.start_seeded(service, plan, turn, None)
+    }
+
+    /// [`start`](Executor::start), drawing the run's jitter from `jitter_seed` when given
+    /// (a replay passes the recorded one), else from the executor's seed or a fresh one.
+    pub(crate) fn start_seeded<S>(
+        &self,
+        service: S,
+        plan: &Plan,
+        turn: Turn,
+        jitter_seed: Option<u64>,
+    ) -> Result<Run<S>, PlanError>
+    where
+        S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+        S::Future: Send + 'static,
+    {
         let checked = validate::check(plan, &self.config.registry)?;
         let mut turn = turn;
         let run_id = turn
@@ -179,7 +198,17 @@ impl Executor {
             })?),
             None => None,
         };
-        Ok(Run::new(self.config.clone(), service, checked, turn, audit))
+        let jitter_seed = jitter_seed
+            .or(self.config.jitter_seed)
+            .unwrap_or_else(crate::retry::entropy_seed);
+        Ok(Run::new(
+            self.config.clone(),
+            service,
+            checked,
+            turn,
+            audit,
+            jitter_seed,
+        ))
     }
 }
 
@@ -240,6 +269,14 @@ impl ExecutorBuilder {
         self
     }
 
+    /// Draws the jitter of every run's retry pauses from `seed` instead of a fresh seed per
+    /// run, so that runs wait the same pauses. Each run records its seed in `run.json`, and
+    /// [`replay`](super::replay) waits the recorded pauses whatever this is.
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.jitter_seed = Some(seed);
+        self
+    }
+
     /// Sets every setting of `policy` at once (a replay uses the recorded one).
     pub fn policy(mut self, policy: RunPolicy) -> Self {
         self.policy = policy;
@@ -279,6 +316,7 @@ impl ExecutorBuilder {
                 policy: self.policy,
                 event_capacity: self.event_capacity,
                 audit_dir: self.audit_dir,
+                jitter_seed: self.jitter_seed,
             }),
         })
     }
