@@ -66,6 +66,7 @@ pub(crate) struct ExecutorConfig {
     pub(crate) policy: RunPolicy,
     pub(crate) event_capacity: usize,
     pub(crate) audit_dir: Option<PathBuf>,
+    pub(crate) audit_queue_capacity: usize,
     pub(crate) jitter_seed: Option<u64>,
 }
 
@@ -126,6 +127,8 @@ pub struct ExecutorBuilder {
     policy: RunPolicy,
     event_capacity: usize,
     audit_dir: Option<PathBuf>,
+    /// Lines the audit's writer may be behind before the run waits for it.
+    pub(super) audit_queue_capacity: usize,
     jitter_seed: Option<u64>,
 }
 
@@ -145,6 +148,7 @@ impl Executor {
             },
             event_capacity: 1024,
             audit_dir: None,
+            audit_queue_capacity: 8192,
             jitter_seed: None,
         }
     }
@@ -190,12 +194,19 @@ impl Executor {
             .get_or_insert_with(|| ulid::Ulid::generate().to_string())
             .clone();
         let audit = match &self.config.audit_dir {
-            Some(root) => Some(AuditLog::builder(root.join(&run_id)).build().map_err(|e| {
-                PlanError::single(
-                    "auditDir",
-                    format!("cannot hold the run's audit: {e}; fix the executor's audit_dir"),
-                )
-            })?),
+            Some(root) => Some(
+                AuditLog::builder(root.join(&run_id))
+                    .queue_capacity(self.config.audit_queue_capacity)
+                    .build()
+                    .map_err(|e| {
+                        PlanError::single(
+                            "auditDir",
+                            format!(
+                                "cannot hold the run's audit: {e}; fix the executor's audit_dir"
+                            ),
+                        )
+                    })?,
+            ),
             None => None,
         };
         let jitter_seed = jitter_seed
@@ -316,6 +327,7 @@ impl ExecutorBuilder {
                 policy: self.policy,
                 event_capacity: self.event_capacity,
                 audit_dir: self.audit_dir,
+                audit_queue_capacity: self.audit_queue_capacity,
                 jitter_seed: self.jitter_seed,
             }),
         })

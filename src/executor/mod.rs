@@ -47,6 +47,8 @@ mod plan;
 mod reference;
 mod replay;
 mod run;
+#[cfg(test)]
+mod tests;
 mod validate;
 
 pub use config::{ConfirmationPolicy, Executor, ExecutorBuilder, OnDeadline, RunPolicy, Turn};
