@@ -66,6 +66,8 @@ pub(crate) struct ExecutorConfig {
     pub(crate) policy: RunPolicy,
     pub(crate) event_capacity: usize,
     pub(crate) audit_dir: Option<PathBuf>,
+    pub(crate) audit_queue_capacity: usize,
+    pub(crate) jitter_seed: Option<u64>,
 }
 
 /// The settings of a run that decide its behaviour, as `run.json` records them.
@@ -125,6 +127,9 @@ pub struct ExecutorBuilder {
     policy: RunPolicy,
     event_capacity: usize,
     audit_dir: Option<PathBuf>,
+    /// Lines the audit's writer may be behind before the run waits for it.
+    pub(super) audit_queue_capacity: usize,
+    jitter_seed: Option<u64>,
 }
 
 impl Executor {
@@ -143,6 +148,8 @@ impl Executor {
             },
             event_capacity: 1024,
             audit_dir: None,
+            audit_queue_capacity: 8192,
+            jitter_seed: None,
         }
     }
 
@@ -164,6 +171,22 @@ impl Executor {
         S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
         S::Future: Send + 'static,
     {
+        self.start_seeded(service, plan, turn, None)
+    }
+
+    /// [`start`](Executor::start), drawing the run's jitter from `jitter_seed` when given
+    /// (a replay passes the recorded one), else from the executor's seed or a fresh one.
+    pub(crate) fn start_seeded<S>(
+        &self,
+        service: S,
+        plan: &Plan,
+        turn: Turn,
+        jitter_seed: Option<u64>,
+    ) -> Result<Run<S>, PlanError>
+    where
+        S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+        S::Future: Send + 'static,
+    {
         let checked = validate::check(plan, &self.config.registry)?;
         let mut turn = turn;
         let run_id = turn
@@ -171,15 +194,32 @@ impl Executor {
             .get_or_insert_with(|| ulid::Ulid::generate().to_string())
             .clone();
         let audit = match &self.config.audit_dir {
-            Some(root) => Some(AuditLog::builder(root.join(&run_id)).build().map_err(|e| {
-                PlanError::single(
-                    "auditDir",
-                    format!("cannot hold the run's audit: {e}; fix the executor's audit_dir"),
-                )
-            })?),
+            Some(root) => Some(
+                AuditLog::builder(root.join(&run_id))
+                    .queue_capacity(self.config.audit_queue_capacity)
+                    .build()
+                    .map_err(|e| {
+                        PlanError::single(
+                            "auditDir",
+                            format!(
+                                "cannot hold the run's audit: {e}; fix the executor's audit_dir"
+                            ),
+                        )
+                    })?,
+            ),
             None => None,
         };
-        Ok(Run::new(self.config.clone(), service, checked, turn, audit))
+        let jitter_seed = jitter_seed
+            .or(self.config.jitter_seed)
+            .unwrap_or_else(crate::retry::entropy_seed);
+        Ok(Run::new(
+            self.config.clone(),
+            service,
+            checked,
+            turn,
+            audit,
+            jitter_seed,
+        ))
     }
 }
 
@@ -240,6 +280,14 @@ impl ExecutorBuilder {
         self
     }
 
+    /// Draws the jitter of every run's retry pauses from `seed` instead of a fresh seed per
+    /// run, so that runs wait the same pauses. Each run records its seed in `run.json`, and
+    /// [`replay`](super::replay) waits the recorded pauses whatever this is.
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.jitter_seed = Some(seed);
+        self
+    }
+
     /// Sets every setting of `policy` at once (a replay uses the recorded one).
     pub fn policy(mut self, policy: RunPolicy) -> Self {
         self.policy = policy;
@@ -279,6 +327,8 @@ impl ExecutorBuilder {
                 policy: self.policy,
                 event_capacity: self.event_capacity,
                 audit_dir: self.audit_dir,
+                audit_queue_capacity: self.audit_queue_capacity,
+                jitter_seed: self.jitter_seed,
             }),
         })
     }

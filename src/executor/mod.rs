@@ -13,7 +13,9 @@
 //!   100,000-item array never becomes 100,000 calls in memory. Each call carries a
 //!   [`RunLink`](crate::envelope::RunLink): `runId`, `stepId`, `callId`, the attempt, the
 //!   iteration and the `loopId`.
-//! - **Failures** (seed 004): a transient failure is retried when the step's `retry` allows;
+//! - **Failures** (seed 004): a transient failure is retried when the step's `retry` allows,
+//!   after its `backoffMs` with ±10 % jitter ([`StepRetry::jitter`]) drawn from a seed chosen
+//!   per run ([`ExecutorBuilder::jitter_seed`]) and recorded in `run.json`;
 //!   a permanent one, an exhausted retry or an open breaker tries the step's `alternatives`
 //!   in order, then uses its `default`, skips it when it is optional, or fails the turn when
 //!   it is required. Dependents of a step without output are skipped (or use their default)
@@ -33,8 +35,8 @@
 //! - **Audit and replay**: with [`ExecutorBuilder::audit_dir`], each run leaves `run.json`,
 //!   `calls.jsonl`, `results.jsonl` and `events.jsonl` (written losslessly: when the writer
 //!   is behind, the run waits for it); [`reconstruct`] reads them back and [`replay`] runs
-//!   the plan again against the recorded results, calling no tool, and reports the first
-//!   divergence.
+//!   the plan again against the recorded results and retry pauses, calling no tool, and
+//!   reports the first divergence.
 //!
 //! See [`Executor`] for an example.
 
@@ -45,6 +47,8 @@ mod plan;
 mod reference;
 mod replay;
 mod run;
+#[cfg(test)]
+mod tests;
 mod validate;
 
 pub use config::{ConfirmationPolicy, Executor, ExecutorBuilder, OnDeadline, RunPolicy, Turn};

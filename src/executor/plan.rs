@@ -294,18 +294,51 @@ impl Foreach {
 pub struct StepRetry {
     /// Tries in all, the first included (the executor holds it to its own limit).
     pub max_attempts: u32,
-    /// The pause before each new try, in milliseconds.
+    /// The pause before each new try, in milliseconds, before jitter.
     #[serde(default)]
     pub backoff_ms: u64,
+    /// The spread of the jitter on each pause, in percent of `backoffMs` either way
+    /// (default [`StepRetry::DEFAULT_JITTER_PERCENT`]; 0 for exact pauses, at most 100).
+    /// Also read as `jitter_percent`.
+    #[serde(
+        default,
+        alias = "jitter_percent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub jitter_percent: Option<u32>,
 }
 
 impl StepRetry {
-    /// `max_attempts` tries in all, `backoff` apart.
+    /// The jitter of a pause when the step's `retry` does not set `jitterPercent`: ±10 %.
+    pub const DEFAULT_JITTER_PERCENT: u32 = 10;
+
+    /// `max_attempts` tries in all, `backoff` apart, ±10 % jitter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_toolcall::executor::StepRetry;
+    ///
+    /// let retry = StepRetry::new(3, Duration::from_millis(100)).with_jitter_percent(0);
+    /// assert_eq!(retry.jitter(), 0);
+    /// assert_eq!(StepRetry::new(3, Duration::from_millis(100)).jitter(), 10);
+    /// ```
     pub fn new(max_attempts: u32, backoff: Duration) -> Self {
         StepRetry {
             max_attempts,
             backoff_ms: u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
+            jitter_percent: None,
         }
+    }
+
+    /// Sets `jitterPercent`: each pause is drawn from `backoff ± backoff · percent / 100`.
+    pub fn with_jitter_percent(mut self, percent: u32) -> Self {
+        self.jitter_percent = Some(percent);
+        self
+    }
+
+    /// The spread of the jitter in percent: `jitterPercent`, or the default.
+    pub fn jitter(&self) -> u32 {
+        self.jitter_percent.unwrap_or(Self::DEFAULT_JITTER_PERCENT)
     }
 }
 

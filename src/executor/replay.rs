@@ -41,6 +41,8 @@ pub struct RecordedRun {
     pub confirmation_id: Option<String>,
     /// How the run ended, if it did.
     pub status: Option<TurnStatus>,
+    /// The seed of the jitter of the run's retry pauses (`None` in a record without one).
+    pub jitter_seed: Option<u64>,
     /// The calls, in the order they were dispatched.
     pub calls: Vec<ToolCall>,
     /// The results, in the order they came.
@@ -60,6 +62,8 @@ struct RunFile {
     confirmation_id: Option<String>,
     #[serde(default)]
     status: Option<TurnStatus>,
+    #[serde(default)]
+    jitter_seed: Option<u64>,
 }
 
 impl RecordedRun {
@@ -102,6 +106,7 @@ pub fn reconstruct(dir: impl AsRef<Path>) -> Result<RecordedRun, ConfigError> {
         turn: run.turn,
         confirmation_id: run.confirmation_id,
         status: run.status,
+        jitter_seed: run.jitter_seed,
         calls,
         results,
         events,
@@ -188,7 +193,8 @@ pub struct ReplayReport {
 /// ```
 ///
 /// Each call is answered with the result recorded for its `callId`, after the recorded
-/// duration; a call the run left unfinished never answers, and a call the recording does
+/// duration, and each retry waits the pause the run waited (its jitter is drawn from the
+/// recorded seed, [`RecordedRun::jitter_seed`]); a call the run left unfinished never answers, and a call the recording does
 /// not have fails with `NOT_FOUND`. Run it with paused time (a current-thread runtime with
 /// `start_paused`), so that the recorded durations take no time and order the completions
 /// as they were. With an `executor` of another policy, the report says whether that policy
@@ -213,7 +219,7 @@ pub async fn replay(
     } else {
         turn.confirmation_id.clone_from(&recorded.confirmation_id);
     }
-    let mut run = executor.start(tool, &recorded.plan, turn)?;
+    let mut run = executor.start_seeded(tool, &recorded.plan, turn, recorded.jitter_seed)?;
     run.keep_record();
     let controls = run.controls();
     if asked {

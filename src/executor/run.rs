@@ -15,7 +15,10 @@ use std::task::{ready, Context, Poll};
 
 use futures_util::stream::{FuturesUnordered, Stream};
 use futures_util::task::AtomicWaker;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
 use tokio::time::{sleep_until, Duration, Instant, Sleep};
 use tower_service::Service;
 
@@ -24,6 +27,7 @@ use super::events::{Emitter, EventStream};
 use super::outcome::{
     Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
 };
+use super::plan::{Step, StepRetry};
 use super::reference::{resolve, Scope};
 use super::validate::{CheckedPlan, Items};
 use crate::classify::{ToolProfile, Verdict};
@@ -31,6 +35,8 @@ use crate::envelope::params::json_kind;
 use crate::envelope::{Iteration, RunLink, ToolCall, ToolResult};
 use crate::error::{ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
+use crate::registry::JitterKind;
+use crate::retry::Backoff;
 use crate::trace::{AuditLog, ExecutionEvent};
 
 /// The version of the executor, as `run.json` records it.
@@ -271,6 +277,8 @@ where
     dispatched: Option<Vec<ToolCall>>,
     /// Calls dispatched or ended in this poll.
     work: usize,
+    /// Where the jitter of the run's retry pauses comes from.
+    jitter_seed: u64,
 }
 
 impl<S> Run<S>
@@ -284,6 +292,7 @@ where
         plan: CheckedPlan,
         turn: Turn,
         audit: Option<AuditLog>,
+        jitter_seed: u64,
     ) -> Self {
         let run_id = turn
             .run_id
@@ -334,6 +343,7 @@ where
             status: TurnStatus::Completed,
             dispatched: None,
             work: 0,
+            jitter_seed,
         };
         Run {
             state,
@@ -351,6 +361,11 @@ where
     /// that is held.
     pub fn events(&mut self) -> Option<EventStream> {
         self.events.take()
+    }
+
+    /// The seed of the jitter of the run's retry pauses, as `run.json` records it.
+    pub fn jitter_seed(&self) -> u64 {
+        self.state.jitter_seed
     }
 
     /// The run's controls.
@@ -805,23 +820,15 @@ where
             scope = scope
                 .with_item(&foreach.item_name, item)
                 .with_index(&foreach.index_name, attempt.unit as u64);
-            link = RunLink::new(
-                self.emitter.run_id(),
-                &step.id,
-                format!("{}[{}]#{}", step.id, attempt.unit, attempt.dispatch),
-            )
-            .with_iteration(Iteration::new(
-                attempt.unit as u64,
-                &foreach.item_name,
-                item.clone(),
-            ))
-            .with_loop_id(format!("{}/{}", self.emitter.run_id(), step.id));
+            link = RunLink::new(self.emitter.run_id(), &step.id, call_id(step, attempt))
+                .with_iteration(Iteration::new(
+                    attempt.unit as u64,
+                    &foreach.item_name,
+                    item.clone(),
+                ))
+                .with_loop_id(format!("{}/{}", self.emitter.run_id(), step.id));
         } else {
-            link = RunLink::new(
-                self.emitter.run_id(),
-                &step.id,
-                format!("{}#{}", step.id, attempt.dispatch),
-            );
+            link = RunLink::new(self.emitter.run_id(), &step.id, call_id(step, attempt));
         }
         link = link.with_attempt(attempt.dispatch);
         let args = resolve(&step.args, &scope).map_err(|e| {
@@ -952,7 +959,9 @@ where
         let step = &self.plan.plan.steps[i];
         let tool_count = self.plan.steps[i].tools.len();
         let tool = &self.plan.steps[i].tools[attempt.tool];
-        let backoff = step.retry.map_or(0, |r| r.backoff_ms);
+        let pause = step.retry.map_or(Duration::ZERO, |retry| {
+            retry_pause(&retry, self.jitter_seed, &call_id(step, attempt))
+        });
         let profile = match self.config.registry.get(&tool.namespace, &tool.name) {
             Some(t) => ToolProfile::new(Some(t.descriptor()), &t.descriptor().policy),
             None => ToolProfile::new(None, self.config.registry.unregistered_policy()),
@@ -1013,13 +1022,12 @@ where
                     dispatch: attempt.dispatch + 1,
                     ..attempt
                 };
-                if backoff == 0 {
+                if pause.is_zero() {
                     run.redo.push_back(next);
                     self.active.insert(i);
                 } else {
                     run.waiting_retries += 1;
-                    self.retries
-                        .push((Instant::now() + Duration::from_millis(backoff), i, next));
+                    self.retries.push((Instant::now() + pause, i, next));
                 }
             }
             Recovery::Alternative => {
@@ -1427,6 +1435,7 @@ where
                 "turn": self.turn,
                 "confirmationId": self.confirmation_id,
                 "executorVersion": EXECUTOR_VERSION,
+                "jitterSeed": self.jitter_seed,
                 "status": status,
             });
             // Redacted as the audit's lines are: the plan's args may hold secrets.
@@ -1476,6 +1485,31 @@ where
             self.dispatched.take().unwrap_or_default(),
         )
     }
+}
+
+/// The id of the call of `attempt`: `<step>#<n>`, or `<step>[<item>]#<n>` in a `foreach`.
+fn call_id(step: &Step, attempt: Attempt) -> String {
+    if step.foreach.is_some() {
+        format!("{}[{}]#{}", step.id, attempt.unit, attempt.dispatch)
+    } else {
+        format!("{}#{}", step.id, attempt.dispatch)
+    }
+}
+
+/// The pause before the try after the failed call `call_id`: the step's backoff with its
+/// jitter, drawn from the run's seed and the call's id. The same seed gives the same pauses
+/// whatever order the calls end in, so a replay with the recorded seed waits what the run
+/// waited.
+fn retry_pause(retry: &StepRetry, seed: u64, call_id: &str) -> Duration {
+    let backoff = Duration::from_millis(retry.backoff_ms);
+    let digest = Sha256::new()
+        .chain_update(seed.to_le_bytes())
+        .chain_update(call_id.as_bytes())
+        .finalize();
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    let mut rng = SmallRng::seed_from_u64(u64::from_le_bytes(bytes));
+    Backoff::new(backoff, backoff, JitterKind::Percent, retry.jitter()).delay(1, None, &mut rng)
 }
 
 fn status_word(status: StepStatus) -> &'static str {

@@ -307,6 +307,14 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
                 },
             }
         }
+        if let Some(percent) = step.retry.and_then(|r| r.jitter_percent) {
+            if percent > 100 {
+                problem(
+                    at("retry.jitterPercent"),
+                    format!("must be at most 100, got {percent}"),
+                );
+            }
+        }
         deps.sort_unstable();
         deps.dedup();
         if deps.contains(&i) {

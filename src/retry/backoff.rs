@@ -113,6 +113,11 @@ impl Backoff {
     }
 }
 
+/// A fresh seed from the process's random hash keys (each call gets other keys).
+pub(crate) fn entropy_seed() -> u64 {
+    RandomState::new().hash_one(0u8)
+}
+
 /// The random number generator of a layer's jitter, shared by its clones.
 #[derive(Clone)]
 pub(crate) struct SharedRng(Arc<Mutex<Box<dyn Rng + Send>>>);
@@ -124,7 +129,7 @@ impl SharedRng {
 
     /// A fast generator seeded from the process's random hash keys.
     pub(crate) fn from_entropy() -> Self {
-        SharedRng::new(SmallRng::seed_from_u64(RandomState::new().hash_one(0u8)))
+        SharedRng::new(SmallRng::seed_from_u64(entropy_seed()))
     }
 
     pub(crate) fn delay(

@@ -2,6 +2,7 @@
 //! cascading failures, alternatives, confirmation, cancellation, events, audit and replay.
 
 mod audit;
+mod jitter;
 mod properties;
 mod tools;
 
@@ -448,7 +449,7 @@ async fn alternatives_answer_when_the_primary_fails_or_its_breaker_is_open() {
 async fn a_transient_failure_is_retried_within_the_step_retry_and_traced() {
     let tools = Toolbox::new().script("travel::weather", vec![transient(1), transient(1), ok(1)]);
     let p = plan(json!({"steps": [
-        {"id": "weather", "tool": "travel::weather", "args": {}, "retry": {"maxAttempts": 3, "backoffMs": 100}}
+        {"id": "weather", "tool": "travel::weather", "args": {}, "retry": {"maxAttempts": 3, "backoffMs": 100, "jitterPercent": 0}}
     ]}));
     let start = Instant::now();
     let (result, events) = run_collecting(&executor(), &tools, &p).await;
