@@ -62,8 +62,25 @@ struct RunFile {
     confirmation_id: Option<String>,
     #[serde(default)]
     status: Option<TurnStatus>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "seed_from_decimal")]
     jitter_seed: Option<u64>,
+}
+
+/// `jitterSeed` is a u64 written as a decimal string, so that readers that hold JSON
+/// numbers as doubles keep every digit.
+fn seed_from_decimal<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error;
+    let Some(text) = Option::<String>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    text.parse().map(Some).map_err(|_| {
+        D::Error::custom(format!(
+            "jitterSeed must be a whole number from 0 to 2^64-1 written as a string, not {text:?}"
+        ))
+    })
 }
 
 impl RecordedRun {
@@ -86,8 +103,17 @@ pub fn reconstruct(dir: impl AsRef<Path>) -> Result<RecordedRun, ConfigError> {
             ConfigError::new(name, format!("cannot be read from {}: {e}", dir.display()))
         })
     };
-    let run: RunFile = serde_json::from_str(&read("run.json")?)
-        .map_err(|e| ConfigError::new("run.json", format!("is not a run record: {e}")))?;
+    let text = read("run.json")?;
+    let run: RunFile = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(
+        &text,
+    ))
+    .map_err(|e| {
+        let problem = match e.path().to_string() {
+            path if path == "." => e.inner().to_string(),
+            path => format!("{path}: {}", e.inner()),
+        };
+        ConfigError::new("run.json", format!("is not a run record: {problem}"))
+    })?;
     let calls = lines(&read("calls.jsonl")?, "calls.jsonl", |line| {
         let call = line.get("call").cloned().ok_or("has no `call`")?;
         ToolCall::from_value(call).map_err(|e| e.message().to_owned())

@@ -1435,7 +1435,8 @@ where
                 "turn": self.turn,
                 "confirmationId": self.confirmation_id,
                 "executorVersion": EXECUTOR_VERSION,
-                "jitterSeed": self.jitter_seed,
+                // A string: a reader that holds JSON numbers as doubles would round it.
+                "jitterSeed": self.jitter_seed.to_string(),
                 "status": status,
             });
             // Redacted as the audit's lines are: the plan's args may hold secrets.

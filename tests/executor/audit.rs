@@ -225,6 +225,17 @@ fn a_broken_audit_directory_is_an_error_naming_the_file_and_line() {
     let err = reconstruct(&dir).unwrap_err();
     assert_eq!(err.field(), "events.jsonl:1");
     assert!(err.problem().contains("runId"), "{err}");
+
+    // A seed that is not a decimal string is refused, naming it.
+    let mut run = json!({"runId": "r", "plan": plan, "turn": {"sessionKey": "s", "actorId": "u"},
+               "policy": {"maxConcurrency": 1, "onDeadline": "leaveRunning", "confirmation": "ask", "maxStepAttempts": 1}});
+    for bad in [json!("12x"), json!(-1), json!("18446744073709551616")] {
+        run["jitterSeed"] = bad.clone();
+        std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
+        let err = reconstruct(&dir).unwrap_err();
+        assert_eq!(err.field(), "run.json", "{bad}");
+        assert!(err.problem().contains("jitterSeed"), "{bad}: {err}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -140,6 +140,11 @@ async fn a_recorded_run_with_retries_replays_its_pauses_exactly() {
     let result = run.finish().await;
     assert_eq!(result.status, TurnStatus::Completed, "{}", result.message);
 
+    // Written as a decimal string, which JSON readers holding numbers as doubles keep whole.
+    let run_file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("run-j").join("run.json")).unwrap())
+            .unwrap();
+    assert_eq!(run_file["jitterSeed"], json!(seed.to_string()));
     let recorded = reconstruct(root.join("run-j")).unwrap();
     assert_eq!(recorded.jitter_seed, Some(seed));
     assert_eq!(recorded.calls.len(), 5);
