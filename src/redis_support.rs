@@ -180,6 +180,22 @@ impl Connection {
         self.timeout
     }
 
+    /// A store's `Debug` output, begun with what every Redis store shows: its server, key
+    /// prefix and operation timeout; the store adds its own fields.
+    pub(crate) fn debug_store<'a, 'b>(
+        &self,
+        f: &'a mut std::fmt::Formatter<'b>,
+        store: &str,
+        key_prefix: &str,
+    ) -> std::fmt::DebugStruct<'a, 'b> {
+        let mut debug = f.debug_struct(store);
+        debug
+            .field("server", &self.client.get_connection_info().addr())
+            .field("key_prefix", &key_prefix)
+            .field("operation_timeout", &self.timeout);
+        debug
+    }
+
     /// Runs one command within the operation timeout.
     pub(crate) async fn command<T: FromRedisValue>(
         &self,

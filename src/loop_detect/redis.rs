@@ -513,13 +513,9 @@ fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, S
 
 impl fmt::Debug for RedisLoopStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisLoopStore")
-            .field(
-                "server",
-                &self.shared.connection.client().get_connection_info().addr(),
-            )
-            .field("key_prefix", &self.shared.key_prefix)
-            .field("operation_timeout", &self.shared.connection.timeout())
+        self.shared
+            .connection
+            .debug_store(f, "RedisLoopStore", &self.shared.key_prefix)
             .finish_non_exhaustive()
     }
 }

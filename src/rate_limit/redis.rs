@@ -122,13 +122,9 @@ impl RateLimitStore for RedisRateLimitStore {
 
 impl fmt::Debug for RedisRateLimitStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisRateLimitStore")
-            .field(
-                "server",
-                &self.shared.connection.client().get_connection_info().addr(),
-            )
-            .field("key_prefix", &self.shared.key_prefix)
-            .field("operation_timeout", &self.shared.connection.timeout())
+        self.shared
+            .connection
+            .debug_store(f, "RedisRateLimitStore", &self.shared.key_prefix)
             .finish_non_exhaustive()
     }
 }

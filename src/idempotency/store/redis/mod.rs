@@ -159,13 +159,9 @@ impl RedisDedupeStore {
 
 impl fmt::Debug for RedisDedupeStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisDedupeStore")
-            .field(
-                "server",
-                &self.shared.commands.client().get_connection_info().addr(),
-            )
-            .field("key_prefix", &self.shared.key_prefix)
-            .field("operation_timeout", &self.shared.commands.timeout())
+        self.shared
+            .commands
+            .debug_store(f, "RedisDedupeStore", &self.shared.key_prefix)
             .field(
                 "fallback_poll_interval",
                 &self.shared.fallback_poll_interval,
