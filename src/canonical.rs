@@ -346,7 +346,7 @@ pub(crate) fn derived_key_hex(
 ) -> HexDigest {
     // The params need no escape: they are what lies between the second separator and the
     // second-to-last one.
-    let escaped = |part| escape_part(part, b":");
+    let escaped = |part| escape_part(part, &DERIVED_KEY_ESCAPES);
     let parts = [
         escaped(namespace),
         escaped(name),
@@ -364,21 +364,44 @@ pub(crate) fn derived_key_hex(
     HexDigest::of(&hasher.finalize().into())
 }
 
-/// `part` with `%` and each of the ASCII `separators` percent-encoded (`%` as `%25`, `:` as
-/// `%3A`, `/` as `%2F`, …): the result holds none of the separators, and different parts stay
-/// different. A part with none of them is returned as it is.
+/// The ASCII separators that a part of a key escapes, with `%` (see [`escape_part`]).
+pub(crate) struct Escapes([bool; 128]);
+
+impl Escapes {
+    /// `%` and each of `separators`, which must be ASCII.
+    pub(crate) const fn new(separators: &[u8]) -> Escapes {
+        let mut escaped = [false; 128];
+        escaped[b'%' as usize] = true;
+        let mut i = 0;
+        while i < separators.len() {
+            escaped[separators[i] as usize] = true;
+            i += 1;
+        }
+        Escapes(escaped)
+    }
+
+    fn contains(&self, b: u8) -> bool {
+        self.0.get(usize::from(b)).copied().unwrap_or(false)
+    }
+}
+
+/// The separators of a derived key's parts.
+const DERIVED_KEY_ESCAPES: Escapes = Escapes::new(b":");
+
+/// `part` with each byte of `escapes` percent-encoded (`%` as `%25`, `:` as `%3A`, `/` as
+/// `%2F`, …): the result holds none of the separators, and different parts stay different. A
+/// part with none of them is returned as it is.
 ///
 /// Derived keys escape `:`; store keys escape `/`, `{` and `}` in every part, and `:` as well
 /// in the tool's namespace and name.
-pub(crate) fn escape_part<'a>(part: &'a str, separators: &[u8]) -> Cow<'a, str> {
-    let escaped = |b: u8| b == b'%' || separators.contains(&b);
-    if !part.bytes().any(escaped) {
+pub(crate) fn escape_part<'a>(part: &'a str, escapes: &Escapes) -> Cow<'a, str> {
+    if !part.bytes().any(|b| escapes.contains(b)) {
         return Cow::Borrowed(part);
     }
     let mut out = String::with_capacity(part.len() + 8);
     for c in part.chars() {
         match u8::try_from(c) {
-            Ok(b) if escaped(b) => {
+            Ok(b) if escapes.contains(b) => {
                 write!(out, "%{b:02X}").expect("a String takes any text");
             }
             _ => out.push(c),
@@ -772,10 +795,10 @@ mod tests {
 
     #[test]
     fn escaped_parts_are_percent_encoded_and_others_untouched() {
-        assert_eq!(escape_part("a%:/é", b":/"), "a%25%3A%2Fé");
-        assert_eq!(escape_part("a:b", b"/"), "a:b");
+        assert_eq!(escape_part("a%:/é", &Escapes::new(b":/")), "a%25%3A%2Fé");
+        assert_eq!(escape_part("a:b", &Escapes::new(b"/")), "a:b");
         assert!(matches!(
-            escape_part("sess-42", b":/"),
+            escape_part("sess-42", &Escapes::new(b":/")),
             Cow::Borrowed("sess-42")
         ));
     }
@@ -784,7 +807,7 @@ mod tests {
         #[test]
         fn escaping_holds_no_separator_and_can_be_undone(part in "[x:/%{}é3A]{0,8}") {
             for separators in [&b":"[..], b"/{}", b"/{}:"] {
-                let escaped = escape_part(&part, separators);
+                let escaped = escape_part(&part, &Escapes::new(separators));
                 prop_assert!(!escaped.bytes().any(|b| separators.contains(&b)), "{}", escaped);
                 prop_assert_eq!(unescape(&escaped), part.clone());
             }

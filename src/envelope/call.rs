@@ -67,6 +67,9 @@ struct SharedCall {
     /// An idempotency key that a hook put on the call; not on the wire and not part of the
     /// call's identity.
     hook_idempotency_key: Option<Box<str>>,
+    /// The envelope holds its invariants: it was checked when the call was made and has not
+    /// been lent mutably since, so [`ToolCall::check`] need not read it again.
+    checked: bool,
 }
 
 /// The fields of a tool call, as they are on the wire (camelCase JSON).
@@ -605,14 +608,19 @@ impl ToolCall {
                 envelope,
                 tool: ToolResolution::default(),
                 hook_idempotency_key: None,
+                checked: true,
             }),
             attempt: 1,
         })
     }
 
-    /// Checks the envelope's invariants again (after [`envelope_mut`](ToolCall::envelope_mut),
-    /// for example).
+    /// Checks the envelope's invariants: at once when they were checked as the call was made
+    /// and the envelope has not been changed since through
+    /// [`envelope_mut`](ToolCall::envelope_mut); by reading it again otherwise.
     pub fn check(&self) -> Result<(), ToolError> {
+        if self.inner.checked {
+            return Ok(());
+        }
         super::parse::check_envelope(&self.inner.envelope)
     }
 
@@ -625,8 +633,10 @@ impl ToolCall {
     /// stay shared until they are changed themselves.
     pub fn envelope_mut(&mut self) -> &mut CallEnvelope {
         let inner = Arc::make_mut(&mut self.inner);
-        // The tool may change: where a registry found it is looked up again.
+        // The tool may change: where a registry found it is looked up again; and the envelope
+        // may lose its invariants: it is checked again.
         inner.tool.clear();
+        inner.checked = false;
         &mut inner.envelope
     }
 

@@ -1,6 +1,6 @@
 use std::fmt;
 use std::future::{poll_fn, Future};
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -133,7 +133,7 @@ where
         let (mut record, now_ms) = match claimed {
             Ok(Claim::Held { guard }) => {
                 let tool = inner.call(call);
-                return execute(tool, plan, guard).await;
+                return execute(Box::pin(tool), plan, guard).await;
             }
             Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(error) => return Box::pin(store_failed(&shared, error, inner, call, &plan)).await,
@@ -300,8 +300,12 @@ fn found<St>(
 
 /// Awaits `tool`, the call whose claim `guard` holds, renewing the lease while it runs, and
 /// stores the result.
+///
+/// The tool's future comes boxed: held by value, it would be stored in this future's state
+/// twice (as the argument, and again where it is pinned to be polled), and the response future
+/// that boxes this one would be more than twice as large.
 pub(super) async fn execute<F, St>(
-    tool: F,
+    mut tool: Pin<Box<F>>,
     plan: Plan,
     mut guard: ClaimGuard<St>,
 ) -> Result<ToolOutput, ToolError>
@@ -314,7 +318,13 @@ where
     let claimed = guard.claimed();
     let (started_at_ms, version) = (claimed.created_at_ms, claimed.version);
     let started = Instant::now();
-    let outcome = renewing_lease(tool, &guard.shared.store, claimed, plan.claim.lease).await;
+    let outcome = renewing_lease(
+        tool.as_mut(),
+        &guard.shared.store,
+        claimed,
+        plan.claim.lease,
+    )
+    .await;
 
     if let Err(error) = &outcome {
         if error.is_not_processed() {
@@ -389,7 +399,7 @@ where
 
 /// Polls `tool` to completion and, every half lease while it runs, renews the lease.
 async fn renewing_lease<F, St>(
-    tool: F,
+    mut tool: Pin<&mut F>,
     store: &St,
     claimed: &DedupeRecord,
     lease: Duration,
@@ -398,7 +408,6 @@ where
     F: Future<Output = Result<ToolOutput, ToolError>>,
     St: DedupeStore,
 {
-    let mut tool = pin!(tool);
     // A tool that answers at once never needs a renewal: the renewer is made (and boxed, to
     // keep this future small) only for one that does not.
     let first = poll_fn(|cx| Poll::Ready(tool.as_mut().poll(cx))).await;

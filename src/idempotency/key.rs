@@ -188,20 +188,20 @@ pub(crate) fn fingerprint(store_key: &str, idempotency_key: &str, derived: bool)
 
 /// What each part of a store key escapes besides `%`: the `/` between parts, and the braces
 /// that would close a Redis Cluster hash tag.
-const PART_SEPARATORS: &[u8] = b"/{}";
+const PART_ESCAPES: canonical::Escapes = canonical::Escapes::new(b"/{}");
 
-/// What the tool's namespace and name escape besides `%`: [`PART_SEPARATORS`] and the `:` of
-/// the `::` between them.
-const TOOL_PART_SEPARATORS: &[u8] = b"/{}:";
+/// What the tool's namespace and name escape besides `%`: [`PART_ESCAPES`] and the `:` of the
+/// `::` between them.
+const TOOL_PART_ESCAPES: canonical::Escapes = canonical::Escapes::new(b"/{}:");
 
 /// Appends `part`, with `%`, `/`, `{` and `}` percent-encoded.
 fn push_part(out: &mut String, part: &str) {
-    out.push_str(&canonical::escape_part(part, PART_SEPARATORS));
+    out.push_str(&canonical::escape_part(part, &PART_ESCAPES));
 }
 
 /// Appends the tool's namespace or name, with `%`, `/`, `{`, `}` and `:` percent-encoded.
 fn push_tool_part(out: &mut String, part: &str) {
-    out.push_str(&canonical::escape_part(part, TOOL_PART_SEPARATORS));
+    out.push_str(&canonical::escape_part(part, &TOOL_PART_ESCAPES));
 }
 
 #[cfg(test)]

@@ -267,7 +267,7 @@ where
                     // The key is held: the ready service runs the tool.
                     Some(Ok(Claim::Held { guard })) => {
                         let tool = self.inner.call(call);
-                        ResponseFuture::deduplicated(Box::pin(execute(tool, plan, guard)))
+                        ResponseFuture::deduplicated(Box::pin(execute(Box::pin(tool), plan, guard)))
                     }
                     first => {
                         // The ready service goes into the future; this one keeps a fresh clone.
