@@ -13,7 +13,8 @@
 //! - `mcp_client`: the bare server called through `McpClient` (the `ToolCall` ↔
 //!   `tools/call` conversion, no stack);
 //! - `stacked_client`: the bare server called through `McpClient` behind the whole stack;
-//! - `tool_alone`, `stack_alone`: the same calls, built the same way, made on a tool that
+//! - `tool_alone`, `stack_alone`: the calls the stacked server's stack sees (its session,
+//!   its request ids, the client's name as actor, the same arguments), made on a tool that
 //!   answers at once, bare and behind the same stack, without MCP: the stack's own cost in
 //!   this run.
 //!
@@ -93,7 +94,12 @@ fn mcp(c: &mut Criterion) {
         "bench",
         tower::layer::util::Identity::new(),
     )));
-    let stacked = runtime.block_on(connect(McpServer::new(Echo, "bench", stack())));
+    let stacked_server = McpServer::new(Echo, "bench", stack());
+    // The stack-alone rows make the calls the stacked server makes: its session (a ULID),
+    // request ids after it, and the name rmcp's client gives (the actor).
+    let session = stacked_server.session_key().to_owned();
+    let stacked = runtime.block_on(connect(stacked_server));
+    let actor = rmcp::ClientHandler::get_info(&()).client_info.name;
     let for_client = runtime.block_on(connect(Echo));
     let client = McpClient::new(for_client.peer().clone());
     let echo = tool_fn(|call: ToolCall| async move {
@@ -142,8 +148,9 @@ fn mcp(c: &mut Criterion) {
                     for _ in 0..iters {
                         n += 1;
                         let call = ToolCall::builder("bench", "search")
-                            .session("sess-bench")
-                            .actor("agent")
+                            .session(&session)
+                            .request_id(format!("{session}-{n}"))
+                            .actor(&actor)
                             .params(Value::Object(args(n)))
                             .build()
                             .unwrap();
