@@ -9,7 +9,8 @@
 //! - `gateway`: `POST /v1/tools/call` through `tower::ServiceExt::oneshot` on the axum
 //!   `Router`, no network; `bare_router` and `gateway` differ only by the stack.
 //!   `tool_alone` and `stack_alone` are the same calls, already parsed, made on the tool and
-//!   on the stack without the router: the stack's own cost in the same run.
+//!   on the stack without the router, each on a clone of the service by `oneshot`, as the
+//!   router calls its service: the stack's own cost in the same run.
 //! - `gateway_http`: loopback HTTP/1.1 throughput. Both routers are served on 127.0.0.1:0 in
 //!   this process; a load generator (hyper's client, 64 keep-alive connections opened before
 //!   the measurement) sends the measured number of requests spread over the 64 connections,
@@ -34,6 +35,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
+use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
 use tower_toolcall::http::ToolRouter;
 use tower_toolcall::registry::ToolRegistry;
@@ -127,16 +129,18 @@ fn oneshot(c: &mut Criterion) {
             )
         });
     }
-    // The same calls without the router, for the stack's own cost in this run.
+    // The same calls without the router, for the stack's own cost in this run. The router
+    // calls a clone of its service for each request (axum hands each request its own copy
+    // of the state); so do these rows.
     let stack = ToolStack::builder(ToolRegistry::open()).build().unwrap();
     let services = [
-        ("tool_alone", tower::util::BoxService::new(bare_tool())),
+        ("tool_alone", BoxCloneSyncService::new(bare_tool())),
         (
             "stack_alone",
-            tower::util::BoxService::new(tower::Layer::layer(&stack, bare_tool())),
+            BoxCloneSyncService::new(tower::Layer::layer(&stack, bare_tool())),
         ),
     ];
-    for (name, mut service) in services {
+    for (name, service) in services {
         let mut n = 0;
         group.bench_function(name, |b| {
             b.iter_batched(
@@ -145,10 +149,7 @@ fn oneshot(c: &mut Criterion) {
                     call("sess-bench", n)
                 },
                 |call| {
-                    let outcome = runtime.block_on(async {
-                        let ready = service.ready().await.expect("ready");
-                        tower::Service::call(ready, call).await
-                    });
+                    let outcome = runtime.block_on(service.clone().oneshot(call));
                     black_box(outcome.unwrap())
                 },
                 FRESH,

@@ -13,9 +13,11 @@
 //! - `mcp_client`: the bare server called through `McpClient` (the `ToolCall` ↔
 //!   `tools/call` conversion, no stack);
 //! - `stacked_client`: the bare server called through `McpClient` behind the whole stack;
-//! - `tool_alone`, `stack_alone`: the same calls, built the same way, made on a tool that
-//!   answers at once, bare and behind the same stack, without MCP: the stack's own cost in
-//!   this run.
+//! - `tool_alone`, `stack_alone`: the calls the stacked server's stack sees (its session,
+//!   its request ids, the client's name as actor, the same arguments), made on a tool that
+//!   answers at once with the output the server's innermost service makes of the echo (the
+//!   structured content, the content blocks as JSON in its metadata), bare and behind the
+//!   same stack, without MCP: the stack's own cost in this run.
 //!
 //! Every call carries fresh params (a counter), so that the idempotency layer stores a new
 //! record and loop detection sees a new call each time.
@@ -53,6 +55,24 @@ impl ServerHandler for Echo {
         let args = request.arguments.unwrap_or_default();
         Ok(CallToolResult::structured(Value::Object(args)).into())
     }
+}
+
+/// What the stacked server's innermost service answers for `Echo`'s result: the structured
+/// content as the output, the content blocks as JSON in its metadata (for an answer from the
+/// idempotency cache), so that the stack alone stores the same records.
+fn echoed(call: &ToolCall) -> ToolOutput {
+    let structured = Value::Object(call.params().as_map().clone());
+    let blocks = CallToolResult::structured(structured.clone())
+        .content
+        .iter()
+        .map(|block| serde_json::to_value(block).unwrap())
+        .collect();
+    let mut output = ToolOutput::new(structured);
+    output.metadata = Some(Map::from_iter([(
+        "mcpContent".to_owned(),
+        Value::Array(blocks),
+    )]));
+    output
 }
 
 fn tools() -> Vec<Tool> {
@@ -93,14 +113,15 @@ fn mcp(c: &mut Criterion) {
         "bench",
         tower::layer::util::Identity::new(),
     )));
-    let stacked = runtime.block_on(connect(McpServer::new(Echo, "bench", stack())));
+    let stacked_server = McpServer::new(Echo, "bench", stack());
+    // The stack-alone rows make the calls the stacked server makes: its session (a ULID),
+    // request ids after it, and the name rmcp's client gives (the actor).
+    let session = stacked_server.session_key().to_owned();
+    let stacked = runtime.block_on(connect(stacked_server));
+    let actor = rmcp::ClientHandler::get_info(&()).client_info.name;
     let for_client = runtime.block_on(connect(Echo));
     let client = McpClient::new(for_client.peer().clone());
-    let echo = tool_fn(|call: ToolCall| async move {
-        Ok(ToolOutput::new(Value::Object(
-            call.params().as_map().clone(),
-        )))
-    });
+    let echo = tool_fn(|call: ToolCall| async move { Ok(echoed(&call)) });
     let clients: [(&str, BoxCloneSyncService<ToolCall, ToolOutput, ToolError>); 4] = [
         ("mcp_client", BoxCloneSyncService::new(client.clone())),
         (
@@ -142,8 +163,9 @@ fn mcp(c: &mut Criterion) {
                     for _ in 0..iters {
                         n += 1;
                         let call = ToolCall::builder("bench", "search")
-                            .session("sess-bench")
-                            .actor("agent")
+                            .session(&session)
+                            .request_id(format!("{session}-{n}"))
+                            .actor(&actor)
                             .params(Value::Object(args(n)))
                             .build()
                             .unwrap();
