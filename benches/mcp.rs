@@ -15,9 +15,9 @@
 //! - `stacked_client`: the bare server called through `McpClient` behind the whole stack;
 //! - `tool_alone`, `stack_alone`: the calls the stacked server's stack sees (its session,
 //!   its request ids, the client's name as actor, the same arguments), made on a tool that
-//!   answers at once with the output the server's innermost service makes of the echo (the
-//!   structured content, the content blocks as JSON in its metadata), bare and behind the
-//!   same stack, without MCP: the stack's own cost in this run.
+//!   answers at once with the output the server's innermost service makes of the echo (its
+//!   structured content), bare and behind the same stack, without MCP: the stack's own cost
+//!   in this run.
 //!
 //! Every call carries fresh params (a counter), so that the idempotency layer stores a new
 //! record and loop detection sees a new call each time.
@@ -58,21 +58,10 @@ impl ServerHandler for Echo {
 }
 
 /// What the stacked server's innermost service answers for `Echo`'s result: the structured
-/// content as the output, the content blocks as JSON in its metadata (for an answer from the
-/// idempotency cache), so that the stack alone stores the same records.
+/// content as the output (its one text block is the structured content's JSON, which the
+/// server renders again rather than keep), so that the stack alone stores the same records.
 fn echoed(call: &ToolCall) -> ToolOutput {
-    let structured = Value::Object(call.params().as_map().clone());
-    let blocks = CallToolResult::structured(structured.clone())
-        .content
-        .iter()
-        .map(|block| serde_json::to_value(block).unwrap())
-        .collect();
-    let mut output = ToolOutput::new(structured);
-    output.metadata = Some(Map::from_iter([(
-        "mcpContent".to_owned(),
-        Value::Array(blocks),
-    )]));
-    output
+    ToolOutput::new(Value::Object(call.params().as_map().clone()))
 }
 
 fn tools() -> Vec<Tool> {

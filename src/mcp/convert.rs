@@ -7,6 +7,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResult, ContentBlock, ErrorData, RequestMetaObject,
 };
 use rmcp::ServiceError;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::{ErrorClass, ErrorCode, ToolCall, ToolError, ToolOutput};
@@ -71,39 +72,52 @@ pub(crate) fn request_params(call: &ToolCall) -> CallToolRequestParams {
 /// A tool's `CallToolResult` as the outcome of the call.
 ///
 /// A success's structured content is the output's content (what the tool's output schema
-/// describes), with the content blocks kept in the metadata; without structured content,
-/// the content blocks are the output's content. An `isError` result is a `ToolError`: the
-/// code, class and retry-after that [`result_of`] wrote, else an unclassified
-/// `UPSTREAM_ERROR` with the text of the blocks as message.
+/// describes), with the content blocks kept in the metadata unless they are the structured
+/// content's JSON text, which the output renders again; without structured content, the
+/// content blocks are the output's content. An `isError` result is a `ToolError`: the code,
+/// class and retry-after that [`result_of`] wrote, else an unclassified `UPSTREAM_ERROR` with
+/// the text of the blocks as message.
 pub(crate) fn outcome_of(result: CallToolResult) -> Result<ToolOutput, ToolError> {
     outcome_and_blocks(result).0
 }
 
-/// [`outcome_of`], and the result's content blocks as they were (for a success).
+/// [`outcome_of`], and the result's content blocks as they were, for a success whose output
+/// does not render them again.
 pub(crate) fn outcome_and_blocks(
     result: CallToolResult,
 ) -> (Result<ToolOutput, ToolError>, Option<Vec<ContentBlock>>) {
     if result.is_error == Some(true) {
         return (Err(error_of(&result)), None);
     }
-    let blocks = Value::Array(
-        result
-            .content
-            .iter()
-            .filter_map(|block| serde_json::to_value(block).ok())
-            .collect(),
-    );
+    let blocks_as_json = |blocks: &[ContentBlock]| {
+        Value::Array(
+            blocks
+                .iter()
+                .filter_map(|block| serde_json::to_value(block).ok())
+                .collect(),
+        )
+    };
     let output = match result.structured_content {
+        Some(structured) if renders_as(&structured, &result.content) => {
+            return (Ok(ToolOutput::new(structured)), None);
+        }
         Some(structured) => {
             let mut output = ToolOutput::new(structured);
             let mut metadata = Map::new();
-            metadata.insert(CONTENT_BLOCKS.to_owned(), blocks);
+            metadata.insert(CONTENT_BLOCKS.to_owned(), blocks_as_json(&result.content));
             output.metadata = Some(metadata);
             output
         }
-        None => ToolOutput::new(blocks),
+        None => ToolOutput::new(blocks_as_json(&result.content)),
     };
     (Ok(output), Some(result.content))
+}
+
+/// `true` when `blocks` are what `CallToolResult::structured` makes of `structured`: its JSON
+/// text in one text block, which [`result_of`] writes again from the output alone.
+fn renders_as(structured: &Value, blocks: &[ContentBlock]) -> bool {
+    structured.is_object()
+        && matches!(blocks, [block] if *block == ContentBlock::text(structured.to_string()))
 }
 
 fn error_of(result: &CallToolResult) -> ToolError {
@@ -207,14 +221,9 @@ fn success_of(output: ToolOutput) -> CallToolResult {
             result.structured_content = Some(content);
             result
         }
-        None => match serde_json::from_value::<Vec<ContentBlock>>(content.clone()) {
+        None => match Vec::<ContentBlock>::deserialize(&content) {
             Ok(blocks) => CallToolResult::success(blocks),
-            Err(_) => {
-                let mut result =
-                    CallToolResult::success(vec![ContentBlock::text(content.to_string())]);
-                result.structured_content = Some(content);
-                result
-            }
+            Err(_) => CallToolResult::structured(content),
         },
     }
 }
@@ -304,6 +313,30 @@ mod tests {
         }
         let failed = CallToolResult::error(vec![ContentBlock::text("no")]);
         assert!(outcome_and_blocks(failed).1.is_none());
+    }
+
+    #[test]
+    fn blocks_that_are_the_structured_json_are_rendered_again_not_kept() {
+        let result = CallToolResult::structured(json!({"hits": 3, "top": ["a", "b"]}));
+        let (outcome, blocks) = outcome_and_blocks(result.clone());
+        let output = outcome.unwrap();
+        assert!(blocks.is_none());
+        assert_eq!(output.metadata, None);
+        assert_eq!(output.content, json!({"hits": 3, "top": ["a", "b"]}));
+        assert_eq!(result_of(Ok(output)), result);
+
+        // Blocks that say something else, or a structured array, are kept as they were.
+        let mut described = CallToolResult::structured(json!({"hits": 3}));
+        described.content = vec![ContentBlock::text("3 hits")];
+        let mut listed = CallToolResult::success(vec![ContentBlock::text("[1,2]")]);
+        listed.structured_content = Some(json!([1, 2]));
+        for result in [described, listed] {
+            let (outcome, blocks) = outcome_and_blocks(result.clone());
+            let output = outcome.unwrap();
+            assert!(output.metadata.is_some());
+            assert_eq!(result_with_blocks(output.clone(), blocks.unwrap()), result);
+            assert_eq!(result_of(Ok(output)), result);
+        }
     }
 
     #[test]
