@@ -159,7 +159,7 @@ impl Action {
 }
 
 /// The recent calls of one session.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct SessionHistory {
     entries: VecDeque<Entry>,
     /// The sequence number of the next call; the last entry has `next_seq - 1`.

@@ -9,9 +9,9 @@ use redis::Script;
 use tokio::time::Instant;
 
 use super::config::{BelowSession, LoopSettingKey, LoopSettings};
-use super::detector::{Limits, Outcome, SessionHistory, Signature, State, StoredCall};
+use super::detector::{Decision, Limits, Outcome, SessionHistory, Signature, State, StoredCall};
 use crate::error::{ConfigError, ErrorCode};
-use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
+use crate::redis_support::{self, hash_tagged, Batch, Coalescer, Connection, StoreSettings};
 use crate::shared_store::SharedStoreError;
 use crate::time::{millis, unix_now_ms};
 
@@ -38,28 +38,31 @@ local function calls_from(blob) return 45 + tonumber(string.sub(blob, 41, 44), 1
 /// Characters a call takes in a session's string.
 const CALL_LEN: usize = 46;
 
-/// `OBSERVE` reads the session's settings over the tiers below it, and, when they track the
-/// call, appends it (`ARGV[1]`, written by the replica) keeping as many calls as the rules
-/// look at, takes the next sequence number, and sets the session to expire with its window.
-/// It answers the session as it was. `ARGV`: call, window (ms), the calls kept for the
-/// rules other than repeats, max repeats, enabled (`1` or `0`), the last four below the
-/// session.
+/// `OBSERVE` takes calls of one session in arrival order, `ARGV` five by five: the call
+/// (written by the replica), window (ms), the calls kept for the rules other than repeats,
+/// max repeats, enabled (`1` or `0`), the last four below the session. For each, it reads
+/// the session's settings over the tiers below it, and, when they track the call, appends
+/// it keeping as many calls as the rules look at and takes the next sequence number; the
+/// session then expires with the last tracked call's window. It answers the session as it
+/// was before the first.
 const OBSERVE: &str = r"
 local blob = redis.call('GET', KEYS[1]) or EMPTY
-local body = calls_from(blob)
-local enabled, repeats, window = ARGV[5] == '1', tonumber(ARGV[4]), tonumber(ARGV[2])
-if body > 45 then
-  local own = cjson.decode(string.sub(blob, 45, body - 1))
+local before, body, window = blob, calls_from(blob), nil
+local own = body > 45 and cjson.decode(string.sub(blob, 45, body - 1)) or {}
+for at = 0, #ARGV - 5, 5 do
+  local enabled, repeats = ARGV[at + 5] == '1', tonumber(ARGV[at + 4])
   if own.enabled ~= nil then enabled = own.enabled end
-  if own.max_repeats then repeats = own.max_repeats end
-  if own.ttl_secs then window = own.ttl_secs * 1000 end
+  if enabled then
+    if own.max_repeats then repeats = own.max_repeats end
+    window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[at + 2])
+    local keep = math.max(tonumber(ARGV[at + 3]), repeats - 1)
+    local from = math.max(body, #blob - 46 * (keep - 1) + 1)
+    local seq = string.format('%012x', tonumber(string.sub(blob, 1, 12), 16) + 1)
+    blob = seq .. string.sub(blob, 13, body - 1) .. string.sub(blob, from) .. ARGV[at + 1]
+  end
 end
-if not enabled then return blob end
-local keep = math.max(tonumber(ARGV[3]), repeats - 1)
-local from = math.max(body, #blob - 46 * (keep - 1) + 1)
-local seq = string.format('%012x', tonumber(string.sub(blob, 1, 12), 16) + 1)
-redis.call('SET', KEYS[1], seq .. string.sub(blob, 13, body - 1) .. string.sub(blob, from) .. ARGV[1], 'PX', window)
-return blob
+if window then redis.call('SET', KEYS[1], blob, 'PX', window) end
+return before
 ";
 
 /// Settles the pending call of sequence number `ARGV[1]` with the state `ARGV[2]`, and sets
@@ -163,6 +166,8 @@ struct Shared {
     settle: Script,
     set_settings: Script,
     reset: Script,
+    /// Calls waiting for a script of their session, by the session's key.
+    waiting: Coalescer<String, Observing, Observed>,
 }
 
 /// What the store answered for one call: the session's settings, and when they track the
@@ -172,6 +177,91 @@ pub(crate) struct Observed {
     pub(crate) settings: LoopSettings,
     /// `None` when the session's settings do not track the call.
     pub(crate) tracked: Option<Tracked>,
+}
+
+/// A call of a session on its way to the store.
+pub(crate) struct Observing {
+    /// When the call came, in Unix ms.
+    now_ms: u64,
+    signature: Signature,
+    below: BelowSession,
+}
+
+impl Observing {
+    /// The call as `OBSERVE` appends it, in `state`.
+    fn stored(&self, state: State) -> String {
+        encode_call(self.now_ms, self.signature, self.below.limits.poller, state)
+    }
+
+    /// The calls the rules other than repeats look at.
+    fn keep(&self) -> usize {
+        Limits {
+            max_repeats: 1,
+            ..self.below.limits
+        }
+        .history_len()
+    }
+}
+
+impl Batch for Shared {
+    type Key = String;
+    type Member = Observing;
+    type Answer = Observed;
+
+    fn coalescer(&self) -> &Coalescer<String, Observing, Observed> {
+        &self.waiting
+    }
+
+    fn timeout(&self) -> Duration {
+        self.connection.timeout()
+    }
+
+    /// Appends the calls in one script, then judges each on the history before it, as the
+    /// session would have been had they come one by one: earlier calls appended, and marked
+    /// refused when the rules refuse them.
+    async fn run(
+        &self,
+        key: &String,
+        calls: Vec<Observing>,
+    ) -> Result<Vec<Observed>, SharedStoreError> {
+        let mut script = self.observe.key(key);
+        for call in &calls {
+            let limits = call.below.limits;
+            script
+                .arg(call.stored(State::Pending))
+                .arg(millis(limits.ttl).max(1))
+                .arg(call.keep())
+                .arg(limits.max_repeats)
+                .arg(u8::from(call.below.enabled));
+        }
+        let mut blob: Vec<u8> = self.connection.eval(&script).await?;
+        let now = Instant::now();
+        let settings = decode_settings(StoredSession::decode(&blob)?.settings)?;
+        let mut answers = Vec::with_capacity(calls.len());
+        let last = calls.len().saturating_sub(1);
+        for (index, call) in calls.iter().enumerate() {
+            let (tracked, limits) = call.below.under(&settings);
+            if !tracked {
+                // The script wrote nothing: the session's settings do not track the call.
+                answers.push(Observed {
+                    settings,
+                    tracked: None,
+                });
+                continue;
+            }
+            let session = StoredSession::decode(&blob)?;
+            let seq = session.seq;
+            let history = session.history(now, call.now_ms)?;
+            if index < last {
+                blob = session.appended(call, &history, now, &limits);
+            }
+            answers.push(Observed {
+                settings,
+                tracked: Some(Tracked { history, seq, now }),
+            });
+        }
+        Ok(answers)
+    }
 }
 
 /// A tracked call, as the store answered it.
@@ -208,70 +298,20 @@ impl RedisLoopStore {
 
     /// Appends a call of `signature` to `session`, unless the session's own settings
     /// switch detection off, and answers them with the history before it. `below` is what
-    /// the tiers below the session decide.
+    /// the tiers below the session decide. Calls of one session that arrive while a script
+    /// for it is in flight go together in the next one.
     pub(crate) fn observe(
         &self,
         session: &str,
         signature: Signature,
         below: BelowSession,
     ) -> impl Future<Output = Result<Observed, SharedStoreError>> + Send + 'static {
-        let shared = self.shared.clone();
-        let key = self.session_key(session);
-        let limits = below.limits;
-        let window_ms = millis(limits.ttl).max(1);
-        // The calls the rules other than repeats look at.
-        let keep = Limits {
-            max_repeats: 1,
-            ..limits
-        }
-        .history_len();
-        async move {
-            let now_ms = unix_now_ms();
-            let call = encode_call(now_ms, signature, limits.poller, State::Pending);
-            let blob: Vec<u8> = shared
-                .connection
-                .eval(
-                    shared
-                        .observe
-                        .key(&key)
-                        .arg(call)
-                        .arg(window_ms)
-                        .arg(keep)
-                        .arg(limits.max_repeats)
-                        .arg(u8::from(below.enabled)),
-                )
-                .await?;
-            let now = Instant::now();
-            let session = StoredSession::decode(&blob)?;
-            let settings = decode_settings(session.settings)?;
-            if !below.under(&settings).0 {
-                // The script wrote nothing: the session's settings do not track the call.
-                return Ok(Observed {
-                    settings,
-                    tracked: None,
-                });
-            }
-            let at = |ms: u64| {
-                now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
-                    .unwrap_or(now)
-            };
-            let calls = session
-                .calls
-                .chunks(CALL_LEN)
-                .map(|call| decode_call(call, at))
-                .collect::<Result<Vec<_>, _>>()?;
-            let chance = session
-                .chance
-                .map(|(signature, ms)| (Signature::from_raw(signature), at(ms)));
-            Ok(Observed {
-                settings,
-                tracked: Some(Tracked {
-                    history: SessionHistory::restore(calls, session.seq, chance),
-                    seq: session.seq,
-                    now,
-                }),
-            })
-        }
+        let observing = Observing {
+            now_ms: unix_now_ms(),
+            signature,
+            below,
+        };
+        redis_support::coalesced(self.shared.clone(), self.session_key(session), observing)
     }
 
     /// Writes how the call `seq` of `session` ended, and the session's chance when it
@@ -410,6 +450,71 @@ impl<'a> StoredSession<'a> {
             settings,
             calls,
         })
+    }
+}
+
+impl StoredSession<'_> {
+    /// The session's history, read at `now`, which is `now_ms` on the replica's wall clock.
+    fn history(&self, now: Instant, now_ms: u64) -> Result<SessionHistory, SharedStoreError> {
+        let at = |ms: u64| {
+            now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
+                .unwrap_or(now)
+        };
+        let calls = self
+            .calls
+            .chunks(CALL_LEN)
+            .map(|call| decode_call(call, at))
+            .collect::<Result<Vec<_>, _>>()?;
+        let chance = self
+            .chance
+            .map(|(signature, ms)| (Signature::from_raw(signature), at(ms)));
+        Ok(SessionHistory::restore(calls, self.seq, chance))
+    }
+
+    /// The session as it is once `call`, judged on `history` under `limits`, has been
+    /// appended as `OBSERVE` appends it, and, when the rules refuse it, settled as refused
+    /// with the session's chance.
+    fn appended(
+        &self,
+        call: &Observing,
+        history: &SessionHistory,
+        now: Instant,
+        limits: &Limits,
+    ) -> Vec<u8> {
+        let mut judged = history.clone();
+        let refused = matches!(
+            judged.observe(now, call.signature, limits),
+            Decision::Reject(_)
+        );
+        let keep = call
+            .keep()
+            .max((limits.max_repeats as usize).saturating_sub(1));
+        let kept = self.calls.len() / CALL_LEN;
+        let from = kept.saturating_sub(keep.saturating_sub(1)) * CALL_LEN;
+        let chance = match judged.chance() {
+            Some((signature, _)) if refused && judged.chance() != history.chance() => {
+                format!("{:016x}{:012x}", signature.raw(), call.now_ms)
+            }
+            _ => match self.chance {
+                Some((signature, ms)) => format!("{signature:016x}{ms:012x}"),
+                None => " ".repeat(28),
+            },
+        };
+        let state = if refused {
+            State::Rejected
+        } else {
+            State::Pending
+        };
+        let mut blob = format!(
+            "{:012x}{chance}{:04x}{}",
+            self.seq + 1,
+            self.settings.len(),
+            self.settings
+        )
+        .into_bytes();
+        blob.extend_from_slice(&self.calls[from..]);
+        blob.extend_from_slice(call.stored(state).as_bytes());
+        blob
     }
 }
 
@@ -558,6 +663,7 @@ impl RedisLoopStoreBuilder {
                 settle: session_script(SETTLE),
                 set_settings: session_script(SET_SETTINGS),
                 reset: session_script(RESET),
+                waiting: Coalescer::default(),
             }),
         })
     }
