@@ -1,5 +1,6 @@
 //! [`RedisLoopStore`]: the sessions' recent calls in Redis, shared by every replica.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -234,9 +235,11 @@ impl Batch for Shared {
                 .arg(limits.max_repeats)
                 .arg(u8::from(call.below.enabled));
         }
-        let mut blob: Vec<u8> = self.connection.eval(&script).await?;
+        let blob: Vec<u8> = self.connection.eval(&script).await?;
         let now = Instant::now();
-        let settings = decode_settings(StoredSession::decode(&blob)?.settings)?;
+        let session = StoredSession::decode(&blob)?;
+        let settings = decode_settings(session.settings)?;
+        let mut replay = Replay::read(&session)?;
         let mut answers = Vec::with_capacity(calls.len());
         let last = calls.len().saturating_sub(1);
         for (index, call) in calls.iter().enumerate() {
@@ -249,11 +252,10 @@ impl Batch for Shared {
                 });
                 continue;
             }
-            let session = StoredSession::decode(&blob)?;
-            let seq = session.seq;
-            let history = session.history(now, call.now_ms)?;
+            let seq = replay.seq;
+            let history = replay.history(now, call.now_ms);
             if index < last {
-                blob = session.appended(call, &history, now, &limits);
+                replay.append(call, &history, now, &limits);
             }
             answers.push(Observed {
                 settings,
@@ -453,78 +455,103 @@ impl<'a> StoredSession<'a> {
     }
 }
 
-impl StoredSession<'_> {
+/// A call as a session's string holds it: its time in Unix ms, and the rest.
+#[derive(Clone, Copy)]
+struct RawCall {
+    at_ms: u64,
+    signature: Signature,
+    poller: bool,
+    state: State,
+}
+
+/// A session as `OBSERVE` leaves it after each call of a batch: read once from the string
+/// the store answered, then changed call by call as the script changed it.
+struct Replay {
+    seq: u64,
+    chance: Option<(u64, u64)>,
+    calls: VecDeque<RawCall>,
+}
+
+impl Replay {
+    fn read(session: &StoredSession<'_>) -> Result<Self, SharedStoreError> {
+        Ok(Replay {
+            seq: session.seq,
+            chance: session.chance,
+            calls: session
+                .calls
+                .chunks(CALL_LEN)
+                .map(decode_raw)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
     /// The session's history, read at `now`, which is `now_ms` on the replica's wall clock.
-    fn history(&self, now: Instant, now_ms: u64) -> Result<SessionHistory, SharedStoreError> {
+    fn history(&self, now: Instant, now_ms: u64) -> SessionHistory {
         let at = |ms: u64| {
             now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
                 .unwrap_or(now)
         };
-        let calls = self
-            .calls
-            .chunks(CALL_LEN)
-            .map(|call| decode_call(call, at))
-            .collect::<Result<Vec<_>, _>>()?;
+        let calls = self.calls.iter().map(|call| StoredCall {
+            at: at(call.at_ms),
+            signature: call.signature,
+            poller: call.poller,
+            state: call.state,
+        });
         let chance = self
             .chance
             .map(|(signature, ms)| (Signature::from_raw(signature), at(ms)));
-        Ok(SessionHistory::restore(calls, self.seq, chance))
+        SessionHistory::restore(calls, self.seq, chance)
     }
 
-    /// The session as it is once `call`, judged on `history` under `limits`, has been
-    /// appended as `OBSERVE` appends it, and, when the rules refuse it, settled as refused
-    /// with the session's chance.
-    fn appended(
-        &self,
+    /// Appends `call`, judged on `history` under `limits`, as `OBSERVE` appends it; when
+    /// the rules refuse it, settles it as refused with the session's chance, as the replica
+    /// that judges it does.
+    fn append(
+        &mut self,
         call: &Observing,
         history: &SessionHistory,
         now: Instant,
         limits: &Limits,
-    ) -> Vec<u8> {
+    ) {
         let mut judged = history.clone();
         let refused = matches!(
             judged.observe(now, call.signature, limits),
             Decision::Reject(_)
         );
+        if refused && judged.chance() != history.chance() {
+            if let Some((signature, _)) = judged.chance() {
+                self.chance = Some((signature.raw(), call.now_ms));
+            }
+        }
         let keep = call
             .keep()
             .max((limits.max_repeats as usize).saturating_sub(1));
-        let kept = self.calls.len() / CALL_LEN;
-        let from = kept.saturating_sub(keep.saturating_sub(1)) * CALL_LEN;
-        let chance = match judged.chance() {
-            Some((signature, _)) if refused && judged.chance() != history.chance() => {
-                format!("{:016x}{:012x}", signature.raw(), call.now_ms)
-            }
-            _ => match self.chance {
-                Some((signature, ms)) => format!("{signature:016x}{ms:012x}"),
-                None => " ".repeat(28),
+        while self.calls.len() >= keep.max(1) {
+            self.calls.pop_front();
+        }
+        self.calls.push_back(RawCall {
+            at_ms: call.now_ms,
+            signature: call.signature,
+            poller: call.below.limits.poller,
+            state: if refused {
+                State::Rejected
+            } else {
+                State::Pending
             },
-        };
-        let state = if refused {
-            State::Rejected
-        } else {
-            State::Pending
-        };
-        let mut blob = format!(
-            "{:012x}{chance}{:04x}{}",
-            self.seq + 1,
-            self.settings.len(),
-            self.settings
-        )
-        .into_bytes();
-        blob.extend_from_slice(&self.calls[from..]);
-        blob.extend_from_slice(call.stored(state).as_bytes());
-        blob
+        });
+        self.seq += 1;
     }
 }
 
-/// A fixed-width hexadecimal number.
+/// A fixed-width hexadecimal number (at most 16 digits).
 fn hex(digits: &[u8]) -> Option<u64> {
-    let digits = std::str::from_utf8(digits).ok()?;
-    if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if digits.is_empty() || digits.len() > 16 {
         return None;
     }
-    u64::from_str_radix(digits, 16).ok()
+    digits.iter().try_fold(0u64, |value, digit| {
+        let nibble = char::from(*digit).to_digit(16)?;
+        Some(value << 4 | u64::from(nibble))
+    })
 }
 
 /// The JSON member of a setting, as [`LoopSettings`] serializes it.
@@ -578,7 +605,18 @@ fn code_fingerprint(code: ErrorCode) -> u64 {
         })
 }
 
+#[cfg(test)]
 fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, SharedStoreError> {
+    let raw = decode_raw(call)?;
+    Ok(StoredCall {
+        at: at(raw.at_ms),
+        signature: raw.signature,
+        poller: raw.poller,
+        state: raw.state,
+    })
+}
+
+fn decode_raw(call: &[u8]) -> Result<RawCall, SharedStoreError> {
     let malformed = || {
         corrupt(&format!(
             "a malformed call {:?}",
@@ -608,8 +646,8 @@ fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, S
         )),
         _ => return Err(malformed()),
     };
-    Ok(StoredCall {
-        at: at(at_ms),
+    Ok(RawCall {
+        at_ms,
         signature: Signature::from_raw(signature),
         poller,
         state,
