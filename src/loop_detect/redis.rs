@@ -1,7 +1,7 @@
 //! [`RedisLoopStore`]: the sessions' recent calls in Redis, shared by every replica.
 
 use std::collections::VecDeque;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,31 +39,37 @@ local function calls_from(blob) return 45 + tonumber(string.sub(blob, 41, 44), 1
 /// Characters a call takes in a session's string.
 const CALL_LEN: usize = 46;
 
-/// `OBSERVE` takes calls of one session in arrival order, `ARGV` five by five: the call
-/// (written by the replica), window (ms), the calls kept for the rules other than repeats,
-/// max repeats, enabled (`1` or `0`), the last four below the session. For each, it reads
-/// the session's settings over the tiers below it, and, when they track the call, appends
-/// it keeping as many calls as the rules look at and takes the next sequence number; the
-/// session then expires with the last tracked call's window. It answers the session as it
-/// was before the first.
+/// `OBSERVE` takes calls of one session in arrival order, in runs of calls alike, `ARGV`
+/// five by five: window (ms), the calls kept for the rules other than repeats, max repeats,
+/// enabled (`1` or `0`), the last four below the session, then the run's calls (written by
+/// the replica, [`CALL_LEN`] characters each). For each call, it reads the session's
+/// settings over the tiers below it, and, when they track the call, appends it keeping as
+/// many calls as the rules look at and takes the next sequence number; the session then
+/// expires with the last tracked call's window. The session is written once, with the calls
+/// that the last call keeps. It answers the session as it was before the first call.
 const OBSERVE: &str = r"
 local blob = redis.call('GET', KEYS[1]) or EMPTY
-local before, body, window = blob, calls_from(blob), nil
+local body, window, added = calls_from(blob), nil, {}
 local own = body > 45 and cjson.decode(string.sub(blob, 45, body - 1)) or {}
+local seq, kept = tonumber(string.sub(blob, 1, 12), 16), (#blob - body + 1) / 46
 for at = 0, #ARGV - 5, 5 do
-  local enabled, repeats = ARGV[at + 5] == '1', tonumber(ARGV[at + 4])
+  local enabled, repeats = ARGV[at + 4] == '1', tonumber(ARGV[at + 3])
   if own.enabled ~= nil then enabled = own.enabled end
   if enabled then
     if own.max_repeats then repeats = own.max_repeats end
-    window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[at + 2])
-    local keep = math.max(tonumber(ARGV[at + 3]), repeats - 1)
-    local from = math.max(body, #blob - 46 * (keep - 1) + 1)
-    local seq = string.format('%012x', tonumber(string.sub(blob, 1, 12), 16) + 1)
-    blob = seq .. string.sub(blob, 13, body - 1) .. string.sub(blob, from) .. ARGV[at + 1]
+    window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[at + 1])
+    local keep, calls = math.max(tonumber(ARGV[at + 2]) - 1, repeats - 2, 0), ARGV[at + 5]
+    for _ = 1, #calls / 46 do kept = math.min(kept, keep) + 1 end
+    seq = seq + #calls / 46
+    added[#added + 1] = calls
   end
 end
-if window then redis.call('SET', KEYS[1], blob, 'PX', window) end
-return before
+if window then
+  local calls = string.sub(blob, body) .. table.concat(added)
+  local header = string.format('%012x', seq) .. string.sub(blob, 13, body - 1)
+  redis.call('SET', KEYS[1], header .. string.sub(calls, #calls - 46 * kept + 1), 'PX', window)
+end
+return blob
 ";
 
 /// Settles the pending call of sequence number `ARGV[1]` with the state `ARGV[2]`, and sets
@@ -189,9 +195,27 @@ pub(crate) struct Observing {
 }
 
 impl Observing {
-    /// The call as `OBSERVE` appends it, in `state`.
-    fn stored(&self, state: State) -> String {
-        encode_call(self.now_ms, self.signature, self.below.limits.poller, state)
+    /// Writes the call as `OBSERVE` appends it.
+    fn store(&self, stored: &mut String) {
+        write_call(
+            stored,
+            self.now_ms,
+            self.signature,
+            self.below.limits.poller,
+            State::Pending,
+        );
+    }
+
+    /// Whether `OBSERVE` takes `other` with the same settings as this call.
+    fn alike(&self, other: &Observing) -> bool {
+        let (mine, theirs) = (self.below.limits, other.below.limits);
+        (mine.ttl, mine.max_repeats, self.below.enabled, self.keep())
+            == (
+                theirs.ttl,
+                theirs.max_repeats,
+                other.below.enabled,
+                other.keep(),
+            )
     }
 
     /// The calls the rules other than repeats look at.
@@ -226,14 +250,18 @@ impl Batch for Shared {
         calls: Vec<Observing>,
     ) -> Result<Vec<Observed>, SharedStoreError> {
         let mut script = self.observe.key(key);
-        for call in &calls {
-            let limits = call.below.limits;
+        for run in calls.chunk_by(|a, b| a.alike(b)) {
+            let limits = run[0].below.limits;
+            let mut stored = String::with_capacity(run.len() * CALL_LEN);
+            for call in run {
+                call.store(&mut stored);
+            }
             script
-                .arg(call.stored(State::Pending))
                 .arg(millis(limits.ttl).max(1))
-                .arg(call.keep())
+                .arg(run[0].keep())
                 .arg(limits.max_repeats)
-                .arg(u8::from(call.below.enabled));
+                .arg(u8::from(run[0].below.enabled))
+                .arg(stored);
         }
         let blob: Vec<u8> = self.connection.eval(&script).await?;
         let now = Instant::now();
@@ -576,13 +604,22 @@ fn decode_settings(stored: &str) -> Result<LoopSettings, SharedStoreError> {
 }
 
 /// A call as stored: `<ms><signature><poller><state>`, [`CALL_LEN`] characters.
+#[cfg(test)]
 fn encode_call(at_ms: u64, signature: Signature, poller: bool, state: State) -> String {
-    format!(
+    let mut stored = String::with_capacity(CALL_LEN);
+    write_call(&mut stored, at_ms, signature, poller, state);
+    stored
+}
+
+/// Writes a call as stored.
+fn write_call(stored: &mut String, at_ms: u64, signature: Signature, poller: bool, state: State) {
+    let _ = write!(
+        stored,
         "{at_ms:012x}{:016x}{}{}",
         signature.raw(),
         u8::from(poller),
         encode_state(state)
-    )
+    );
 }
 
 /// How a call ended: a letter and 16 hexadecimal digits.
