@@ -243,7 +243,7 @@ impl Batch for Shared {
 
     /// Appends the calls in one script, then judges each on the history before it, as the
     /// session would have been had they come one by one: earlier calls appended, and marked
-    /// refused when the rules refuse them.
+    /// refused when the rules refuse them. A refused call's own caller writes its refusal.
     async fn run(
         &self,
         key: &String,
@@ -281,26 +281,36 @@ impl Batch for Shared {
                 continue;
             }
             let seq = replay.seq;
-            let history = replay.history(now, call.now_ms);
+            let mut history = replay.history(now, call.now_ms);
+            let chance_before = history.chance();
+            let decision = history.observe(now, call.signature, &limits);
+            let chance = history
+                .chance()
+                .filter(|_| history.chance() != chance_before);
             if index < last {
-                replay.append(call, &history, now, &limits);
+                replay.append(call, &decision, chance, &limits);
             }
             answers.push(Observed {
                 settings,
-                tracked: Some(Tracked { history, seq, now }),
+                tracked: Some(Tracked {
+                    decision,
+                    seq,
+                    chance,
+                }),
             });
         }
         Ok(answers)
     }
 }
 
-/// A tracked call, as the store answered it.
+/// A tracked call, judged on the history the store answered, by the same rules as in
+/// memory.
 pub(crate) struct Tracked {
-    pub(crate) history: SessionHistory,
+    pub(crate) decision: Decision,
     /// The call's sequence number in its session.
     pub(crate) seq: u64,
-    /// When the store's clock read the call, on the tokio clock.
-    pub(crate) now: Instant,
+    /// The session's chance, when the call changed it.
+    pub(crate) chance: Option<(Signature, Instant)>,
 }
 
 impl RedisLoopStore {
@@ -531,25 +541,19 @@ impl Replay {
         SessionHistory::restore(calls, self.seq, chance)
     }
 
-    /// Appends `call`, judged on `history` under `limits`, as `OBSERVE` appends it; when
-    /// the rules refuse it, settles it as refused with the session's chance, as the replica
-    /// that judges it does.
+    /// Appends `call`, judged `decision` under `limits`, as `OBSERVE` appends it; when the
+    /// rules refuse it, settles it as refused with the session's `chance` when the call
+    /// changed it, as the replica that judges it does.
     fn append(
         &mut self,
         call: &Observing,
-        history: &SessionHistory,
-        now: Instant,
+        decision: &Decision,
+        chance: Option<(Signature, Instant)>,
         limits: &Limits,
     ) {
-        let mut judged = history.clone();
-        let refused = matches!(
-            judged.observe(now, call.signature, limits),
-            Decision::Reject(_)
-        );
-        if refused && judged.chance() != history.chance() {
-            if let Some((signature, _)) = judged.chance() {
-                self.chance = Some((signature.raw(), call.now_ms));
-            }
+        let refused = matches!(decision, Decision::Reject(_));
+        if let Some((signature, _)) = chance.filter(|_| refused) {
+            self.chance = Some((signature.raw(), call.now_ms));
         }
         let keep = call
             .keep()
