@@ -617,22 +617,28 @@ fn encode_call(at_ms: u64, signature: Signature, poller: bool, state: State) -> 
 
 /// Writes a call as stored.
 fn write_call(stored: &mut String, at_ms: u64, signature: Signature, poller: bool, state: State) {
+    let (letter, payload) = state_parts(state);
     let _ = write!(
         stored,
-        "{at_ms:012x}{:016x}{}{}",
+        "{at_ms:012x}{:016x}{}{letter}{payload:016x}",
         signature.raw(),
         u8::from(poller),
-        encode_state(state)
     );
 }
 
 /// How a call ended: a letter and 16 hexadecimal digits.
 fn encode_state(state: State) -> String {
+    let (letter, payload) = state_parts(state);
+    format!("{letter}{payload:016x}")
+}
+
+/// How a call ended, as stored: its letter and its payload.
+fn state_parts(state: State) -> (char, u64) {
     match state {
-        State::Pending => format!("p{:016x}", 0),
-        State::Rejected => format!("r{:016x}", 0),
-        State::Done(Outcome::Succeeded(fingerprint)) => format!("s{fingerprint:016x}"),
-        State::Done(Outcome::Failed(code)) => format!("f{:016x}", code_fingerprint(code)),
+        State::Pending => ('p', 0),
+        State::Rejected => ('r', 0),
+        State::Done(Outcome::Succeeded(fingerprint)) => ('s', fingerprint),
+        State::Done(Outcome::Failed(code)) => ('f', code_fingerprint(code)),
     }
 }
 
