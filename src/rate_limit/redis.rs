@@ -48,7 +48,9 @@ return {allowed, math.ceil(tat + interval - limit)}
 ///   together in the next script, which takes their units one by one in arrival order:
 ///   each is allowed or refused exactly as if it had come alone (a burst of 100 lets exactly
 ///   100 of any number of concurrent calls through, and the rest hear the same retry-after).
-///   A lone check goes at once, in one round trip; under load, one round trip serves many. The server's clock, not the replicas', so
+///   A lone check goes at once, in one round trip; under load, one round trip serves many.
+///   Each check waits at most the operation timeout and follows the failure policy on its
+///   own; a caller that gives up before its turn takes no unit. The server's clock, not the replicas', so
 ///   replicas whose clocks disagree still share one schedule. The schedule counts whole
 ///   microseconds: a rate above a million calls a second is not limited.
 /// - Every check is bounded by the operation timeout (1 s by default); a failed check follows
