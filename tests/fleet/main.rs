@@ -1280,6 +1280,34 @@ async fn a_store_that_hangs_under_a_batch_gives_every_waiting_call_its_policy_ou
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_fails_fails_every_call_it_carried_by_its_policy() {
+    let mut server = RedisServer::start();
+    let closed = rate_limited_replica(&server, 1_000, 1_000, FailurePolicy::Closed);
+    let looped = loop_checked_replica(&server, FailurePolicy::Open);
+    closed.call(fresh("search")).await.unwrap();
+    looped
+        .call(search_in("down", json!({"n": 0})))
+        .await
+        .unwrap();
+    server.kill();
+
+    let refused = all_at_once(&closed, (0..100).map(|_| fresh("search"))).await;
+    for error in refused.iter().map(|answer| answer.as_ref().unwrap_err()) {
+        assert_eq!(error.code(), ErrorCode::StoreUnavailable, "{error}");
+    }
+    let calls = (1..=100).map(|n| search_in("down", json!({ "n": n })));
+    let let_through = all_at_once(&looped, calls).await;
+    assert!(let_through.iter().all(Result::is_ok));
+    assert_eq!((closed.tool.get(), looped.tool.get()), (1, 101));
+    let health = closed.stack.rate_limits().unwrap().store_health();
+    assert_eq!((health.outages, health.failed_checks), (1, 100));
+
+    server.restart();
+    let answers = all_at_once(&closed, (0..100).map(|_| fresh("search"))).await;
+    assert!(answers.iter().all(Result::is_ok), "sharing resumes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_give_up_take_no_answer_from_the_others() {
     let server = RedisServer::start();
     let replica = rate_limited_replica(&server, 1, 100, FailurePolicy::Closed);
