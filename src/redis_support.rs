@@ -1,6 +1,7 @@
 //! What every Redis store of the crate shares: a lazily made multiplexed connection that
-//! reconnects by itself, every operation bounded by a timeout, hash-tagged key names and the
-//! checks of a store's settings.
+//! reconnects by itself, every operation bounded by a timeout, hash-tagged key names, the
+//! checks of a store's settings, and the coalescing of concurrent checks of one key into one
+//! script.
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -11,6 +12,10 @@ use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, ScriptInv
 
 use crate::error::ConfigError;
 use crate::shared_store::SharedStoreError;
+
+mod coalesce;
+
+pub(crate) use coalesce::{check as coalesced, Batch, Coalescer};
 
 /// The default time one Redis operation may take.
 pub(crate) const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(1);

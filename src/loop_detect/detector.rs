@@ -159,7 +159,7 @@ impl Action {
 }
 
 /// The recent calls of one session.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct SessionHistory {
     entries: VecDeque<Entry>,
     /// The sequence number of the next call; the last entry has `next_seq - 1`.
@@ -260,15 +260,19 @@ impl SessionHistory {
                 (Decision::Reject(detection), State::Rejected)
             }
         };
+        // Room first, so that a full history never grows.
+        let keep = limits.history_len();
+        while self.entries.len() >= keep.max(1) {
+            self.entries.pop_front();
+        }
         self.entries.push_back(Entry {
             at: now,
             signature,
             poller: limits.poller,
             state,
         });
-        let keep = limits.history_len();
-        while self.entries.len() > keep {
-            self.entries.pop_front();
+        if keep == 0 {
+            self.entries.clear();
         }
         decision
     }

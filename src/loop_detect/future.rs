@@ -337,9 +337,9 @@ mod shared {
                 sessions.update(&self.session, |_| settings);
             }
             let Some(Tracked {
-                mut history,
-                now,
+                decision,
                 seq,
+                chance,
             }) = tracked
             else {
                 // The session switched detection off: the call runs untracked.
@@ -347,8 +347,6 @@ mod shared {
             };
             let check = &self.check;
             let (_, limits) = check.below.under(&settings);
-            let chance_before = history.chance();
-            let decision = history.observe(now, check.signature, &limits);
             let call = self
                 .call
                 .as_ref()
@@ -372,9 +370,6 @@ mod shared {
                 Judgement::Refuse(error) => self.refusal = Some(error),
                 Judgement::Shadow(decision) => self.shadow = Some(decision),
             }
-            let chance = history
-                .chance()
-                .filter(|_| history.chance() != chance_before);
             let settle = check
                 .store
                 .settle(call.session_key(), seq, CallState::Rejected, chance);

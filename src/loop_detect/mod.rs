@@ -77,7 +77,8 @@
 //! whose calls are spread over N replicas would then repeat up to N times more often before
 //! it is stopped; with a `RedisLoopStore` (feature `redis`,
 //! `LoopDetectLayerBuilder::store`) every replica reads and extends one history per session,
-//! in one round trip per call, and the rules above judge it exactly as in memory. While the
+//! in one round trip per call (concurrent calls of one session share one, each judged on
+//! the history up to itself), and the rules above judge it exactly as in memory. While the
 //! store cannot be reached, calls follow the layer's
 //! [failure policy](crate::shared_store) (by default they run unchecked). The store keeps a
 //! session's own settings (its `!/set` overrides) in the same key, read in the same round

@@ -1,6 +1,7 @@
 //! [`RedisLoopStore`]: the sessions' recent calls in Redis, shared by every replica.
 
-use std::fmt;
+use std::collections::VecDeque;
+use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +10,9 @@ use redis::Script;
 use tokio::time::Instant;
 
 use super::config::{BelowSession, LoopSettingKey, LoopSettings};
-use super::detector::{Limits, Outcome, SessionHistory, Signature, State, StoredCall};
+use super::detector::{Decision, Limits, Outcome, SessionHistory, Signature, State, StoredCall};
 use crate::error::{ConfigError, ErrorCode};
-use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
+use crate::redis_support::{self, hash_tagged, Batch, Coalescer, Connection, StoreSettings};
 use crate::shared_store::SharedStoreError;
 use crate::time::{millis, unix_now_ms};
 
@@ -38,27 +39,36 @@ local function calls_from(blob) return 45 + tonumber(string.sub(blob, 41, 44), 1
 /// Characters a call takes in a session's string.
 const CALL_LEN: usize = 46;
 
-/// `OBSERVE` reads the session's settings over the tiers below it, and, when they track the
-/// call, appends it (`ARGV[1]`, written by the replica) keeping as many calls as the rules
-/// look at, takes the next sequence number, and sets the session to expire with its window.
-/// It answers the session as it was. `ARGV`: call, window (ms), the calls kept for the
-/// rules other than repeats, max repeats, enabled (`1` or `0`), the last four below the
-/// session.
+/// `OBSERVE` takes calls of one session in arrival order, in runs of calls alike, `ARGV`
+/// five by five: window (ms), the calls kept for the rules other than repeats, max repeats,
+/// enabled (`1` or `0`), the last four below the session, then the run's calls (written by
+/// the replica, [`CALL_LEN`] characters each). For each call, it reads the session's
+/// settings over the tiers below it, and, when they track the call, appends it keeping as
+/// many calls as the rules look at and takes the next sequence number; the session then
+/// expires with the last tracked call's window. The session is written once, with the calls
+/// that the last call keeps. It answers the session as it was before the first call.
 const OBSERVE: &str = r"
 local blob = redis.call('GET', KEYS[1]) or EMPTY
-local body = calls_from(blob)
-local enabled, repeats, window = ARGV[5] == '1', tonumber(ARGV[4]), tonumber(ARGV[2])
-if body > 45 then
-  local own = cjson.decode(string.sub(blob, 45, body - 1))
+local body, window, added = calls_from(blob), nil, {}
+local own = body > 45 and cjson.decode(string.sub(blob, 45, body - 1)) or {}
+local seq, kept = tonumber(string.sub(blob, 1, 12), 16), (#blob - body + 1) / 46
+for at = 0, #ARGV - 5, 5 do
+  local enabled, repeats = ARGV[at + 4] == '1', tonumber(ARGV[at + 3])
   if own.enabled ~= nil then enabled = own.enabled end
-  if own.max_repeats then repeats = own.max_repeats end
-  if own.ttl_secs then window = own.ttl_secs * 1000 end
+  if enabled then
+    if own.max_repeats then repeats = own.max_repeats end
+    window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[at + 1])
+    local keep, calls = math.max(tonumber(ARGV[at + 2]) - 1, repeats - 2, 0), ARGV[at + 5]
+    for _ = 1, #calls / 46 do kept = math.min(kept, keep) + 1 end
+    seq = seq + #calls / 46
+    added[#added + 1] = calls
+  end
 end
-if not enabled then return blob end
-local keep = math.max(tonumber(ARGV[3]), repeats - 1)
-local from = math.max(body, #blob - 46 * (keep - 1) + 1)
-local seq = string.format('%012x', tonumber(string.sub(blob, 1, 12), 16) + 1)
-redis.call('SET', KEYS[1], seq .. string.sub(blob, 13, body - 1) .. string.sub(blob, from) .. ARGV[1], 'PX', window)
+if window then
+  local calls = string.sub(blob, body) .. table.concat(added)
+  local header = string.format('%012x', seq) .. string.sub(blob, 13, body - 1)
+  redis.call('SET', KEYS[1], header .. string.sub(calls, #calls - 46 * kept + 1), 'PX', window)
+end
 return blob
 ";
 
@@ -128,7 +138,13 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 ///   braces are a Redis Cluster hash tag. The key expires with the session's window.
 /// - A call is one round trip: a Lua script (two commands, a read and a write) reads the
 ///   session's settings, appends the call unless they switch detection off, and answers the
-///   session as it was, which the layer judges with the same rules as in memory. A refused
+///   session as it was, which the layer judges with the same rules as in memory.
+/// - Calls of one session that arrive while a script for it is in flight wait, and go
+///   together in the next script, which appends them in arrival order; each is judged on
+///   the history up to itself, earlier calls of the batch included (and marked refused when
+///   the rules refuse them), exactly as if they had come one by one. A lone call goes at
+///   once, in one round trip. Each call waits at most the operation timeout and follows the
+///   failure policy on its own; a caller that gives up before its turn is not sent. A refused
 ///   call, a failure and a poller's result are then written to its entry (a second, short
 ///   script), before the caller gets the answer, so the next call on any replica sees them.
 /// - A session's settings set through any replica's
@@ -163,6 +179,8 @@ struct Shared {
     settle: Script,
     set_settings: Script,
     reset: Script,
+    /// Calls waiting for a script of their session, by the session's key.
+    waiting: Coalescer<String, Observing, Observed>,
 }
 
 /// What the store answered for one call: the session's settings, and when they track the
@@ -174,13 +192,131 @@ pub(crate) struct Observed {
     pub(crate) tracked: Option<Tracked>,
 }
 
-/// A tracked call, as the store answered it.
+/// A call of a session on its way to the store.
+pub(crate) struct Observing {
+    /// When the call came, in Unix ms.
+    now_ms: u64,
+    signature: Signature,
+    below: BelowSession,
+}
+
+impl Observing {
+    /// Writes the call as `OBSERVE` appends it.
+    fn store(&self, stored: &mut String) {
+        write_call(
+            stored,
+            self.now_ms,
+            self.signature,
+            self.below.limits.poller,
+            State::Pending,
+        );
+    }
+
+    /// Whether `OBSERVE` takes `other` with the same settings as this call.
+    fn alike(&self, other: &Observing) -> bool {
+        let (mine, theirs) = (self.below.limits, other.below.limits);
+        (mine.ttl, mine.max_repeats, self.below.enabled, self.keep())
+            == (
+                theirs.ttl,
+                theirs.max_repeats,
+                other.below.enabled,
+                other.keep(),
+            )
+    }
+
+    /// The calls the rules other than repeats look at.
+    fn keep(&self) -> usize {
+        Limits {
+            max_repeats: 1,
+            ..self.below.limits
+        }
+        .history_len()
+    }
+}
+
+impl Batch for Shared {
+    type Key = String;
+    type Member = Observing;
+    type Answer = Observed;
+
+    fn coalescer(&self) -> &Coalescer<String, Observing, Observed> {
+        &self.waiting
+    }
+
+    fn timeout(&self) -> Duration {
+        self.connection.timeout()
+    }
+
+    /// Appends the calls in one script, then judges each on the history before it, as the
+    /// session would have been had they come one by one: earlier calls appended, and marked
+    /// refused when the rules refuse them. A refused call's own caller writes its refusal.
+    async fn run(
+        &self,
+        key: &String,
+        calls: Vec<Observing>,
+    ) -> Result<Vec<Observed>, SharedStoreError> {
+        let mut script = self.observe.key(key);
+        for run in calls.chunk_by(|a, b| a.alike(b)) {
+            let limits = run[0].below.limits;
+            let mut stored = String::with_capacity(run.len() * CALL_LEN);
+            for call in run {
+                call.store(&mut stored);
+            }
+            script
+                .arg(millis(limits.ttl).max(1))
+                .arg(run[0].keep())
+                .arg(limits.max_repeats)
+                .arg(u8::from(run[0].below.enabled))
+                .arg(stored);
+        }
+        let blob: Vec<u8> = self.connection.eval(&script).await?;
+        let now = Instant::now();
+        let session = StoredSession::decode(&blob)?;
+        let settings = decode_settings(session.settings)?;
+        let mut replay = Replay::read(&session)?;
+        let mut answers = Vec::with_capacity(calls.len());
+        let last = calls.len().saturating_sub(1);
+        for (index, call) in calls.iter().enumerate() {
+            let (tracked, limits) = call.below.under(&settings);
+            if !tracked {
+                // The script wrote nothing: the session's settings do not track the call.
+                answers.push(Observed {
+                    settings,
+                    tracked: None,
+                });
+                continue;
+            }
+            let seq = replay.seq;
+            let mut history = replay.history(now, call.now_ms);
+            let chance_before = history.chance();
+            let decision = history.observe(now, call.signature, &limits);
+            let chance = history
+                .chance()
+                .filter(|_| history.chance() != chance_before);
+            if index < last {
+                replay.append(call, &decision, chance, &limits);
+            }
+            answers.push(Observed {
+                settings,
+                tracked: Some(Tracked {
+                    decision,
+                    seq,
+                    chance,
+                }),
+            });
+        }
+        Ok(answers)
+    }
+}
+
+/// A tracked call, judged on the history the store answered, by the same rules as in
+/// memory.
 pub(crate) struct Tracked {
-    pub(crate) history: SessionHistory,
+    pub(crate) decision: Decision,
     /// The call's sequence number in its session.
     pub(crate) seq: u64,
-    /// When the store's clock read the call, on the tokio clock.
-    pub(crate) now: Instant,
+    /// The session's chance, when the call changed it.
+    pub(crate) chance: Option<(Signature, Instant)>,
 }
 
 impl RedisLoopStore {
@@ -208,70 +344,20 @@ impl RedisLoopStore {
 
     /// Appends a call of `signature` to `session`, unless the session's own settings
     /// switch detection off, and answers them with the history before it. `below` is what
-    /// the tiers below the session decide.
+    /// the tiers below the session decide. Calls of one session that arrive while a script
+    /// for it is in flight go together in the next one.
     pub(crate) fn observe(
         &self,
         session: &str,
         signature: Signature,
         below: BelowSession,
     ) -> impl Future<Output = Result<Observed, SharedStoreError>> + Send + 'static {
-        let shared = self.shared.clone();
-        let key = self.session_key(session);
-        let limits = below.limits;
-        let window_ms = millis(limits.ttl).max(1);
-        // The calls the rules other than repeats look at.
-        let keep = Limits {
-            max_repeats: 1,
-            ..limits
-        }
-        .history_len();
-        async move {
-            let now_ms = unix_now_ms();
-            let call = encode_call(now_ms, signature, limits.poller, State::Pending);
-            let blob: Vec<u8> = shared
-                .connection
-                .eval(
-                    shared
-                        .observe
-                        .key(&key)
-                        .arg(call)
-                        .arg(window_ms)
-                        .arg(keep)
-                        .arg(limits.max_repeats)
-                        .arg(u8::from(below.enabled)),
-                )
-                .await?;
-            let now = Instant::now();
-            let session = StoredSession::decode(&blob)?;
-            let settings = decode_settings(session.settings)?;
-            if !below.under(&settings).0 {
-                // The script wrote nothing: the session's settings do not track the call.
-                return Ok(Observed {
-                    settings,
-                    tracked: None,
-                });
-            }
-            let at = |ms: u64| {
-                now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
-                    .unwrap_or(now)
-            };
-            let calls = session
-                .calls
-                .chunks(CALL_LEN)
-                .map(|call| decode_call(call, at))
-                .collect::<Result<Vec<_>, _>>()?;
-            let chance = session
-                .chance
-                .map(|(signature, ms)| (Signature::from_raw(signature), at(ms)));
-            Ok(Observed {
-                settings,
-                tracked: Some(Tracked {
-                    history: SessionHistory::restore(calls, session.seq, chance),
-                    seq: session.seq,
-                    now,
-                }),
-            })
-        }
+        let observing = Observing {
+            now_ms: unix_now_ms(),
+            signature,
+            below,
+        };
+        redis_support::coalesced(self.shared.clone(), self.session_key(session), observing)
     }
 
     /// Writes how the call `seq` of `session` ended, and the session's chance when it
@@ -413,13 +499,97 @@ impl<'a> StoredSession<'a> {
     }
 }
 
-/// A fixed-width hexadecimal number.
+/// A call as a session's string holds it: its time in Unix ms, and the rest.
+#[derive(Clone, Copy)]
+struct RawCall {
+    at_ms: u64,
+    signature: Signature,
+    poller: bool,
+    state: State,
+}
+
+/// A session as `OBSERVE` leaves it after each call of a batch: read once from the string
+/// the store answered, then changed call by call as the script changed it.
+struct Replay {
+    seq: u64,
+    chance: Option<(u64, u64)>,
+    calls: VecDeque<RawCall>,
+}
+
+impl Replay {
+    fn read(session: &StoredSession<'_>) -> Result<Self, SharedStoreError> {
+        Ok(Replay {
+            seq: session.seq,
+            chance: session.chance,
+            calls: session
+                .calls
+                .chunks(CALL_LEN)
+                .map(decode_raw)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The session's history, read at `now`, which is `now_ms` on the replica's wall clock.
+    fn history(&self, now: Instant, now_ms: u64) -> SessionHistory {
+        let at = |ms: u64| {
+            now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
+                .unwrap_or(now)
+        };
+        let calls = self.calls.iter().map(|call| StoredCall {
+            at: at(call.at_ms),
+            signature: call.signature,
+            poller: call.poller,
+            state: call.state,
+        });
+        let chance = self
+            .chance
+            .map(|(signature, ms)| (Signature::from_raw(signature), at(ms)));
+        SessionHistory::restore(calls, self.seq, chance)
+    }
+
+    /// Appends `call`, judged `decision` under `limits`, as `OBSERVE` appends it; when the
+    /// rules refuse it, settles it as refused with the session's `chance` when the call
+    /// changed it, as the replica that judges it does.
+    fn append(
+        &mut self,
+        call: &Observing,
+        decision: &Decision,
+        chance: Option<(Signature, Instant)>,
+        limits: &Limits,
+    ) {
+        let refused = matches!(decision, Decision::Reject(_));
+        if let Some((signature, _)) = chance.filter(|_| refused) {
+            self.chance = Some((signature.raw(), call.now_ms));
+        }
+        let keep = call
+            .keep()
+            .max((limits.max_repeats as usize).saturating_sub(1));
+        while self.calls.len() >= keep.max(1) {
+            self.calls.pop_front();
+        }
+        self.calls.push_back(RawCall {
+            at_ms: call.now_ms,
+            signature: call.signature,
+            poller: call.below.limits.poller,
+            state: if refused {
+                State::Rejected
+            } else {
+                State::Pending
+            },
+        });
+        self.seq += 1;
+    }
+}
+
+/// A fixed-width hexadecimal number (at most 16 digits).
 fn hex(digits: &[u8]) -> Option<u64> {
-    let digits = std::str::from_utf8(digits).ok()?;
-    if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if digits.is_empty() || digits.len() > 16 {
         return None;
     }
-    u64::from_str_radix(digits, 16).ok()
+    digits.iter().try_fold(0u64, |value, digit| {
+        let nibble = char::from(*digit).to_digit(16)?;
+        Some(value << 4 | u64::from(nibble))
+    })
 }
 
 /// The JSON member of a setting, as [`LoopSettings`] serializes it.
@@ -444,22 +614,37 @@ fn decode_settings(stored: &str) -> Result<LoopSettings, SharedStoreError> {
 }
 
 /// A call as stored: `<ms><signature><poller><state>`, [`CALL_LEN`] characters.
+#[cfg(test)]
 fn encode_call(at_ms: u64, signature: Signature, poller: bool, state: State) -> String {
-    format!(
-        "{at_ms:012x}{:016x}{}{}",
+    let mut stored = String::with_capacity(CALL_LEN);
+    write_call(&mut stored, at_ms, signature, poller, state);
+    stored
+}
+
+/// Writes a call as stored.
+fn write_call(stored: &mut String, at_ms: u64, signature: Signature, poller: bool, state: State) {
+    let (letter, payload) = state_parts(state);
+    let _ = write!(
+        stored,
+        "{at_ms:012x}{:016x}{}{letter}{payload:016x}",
         signature.raw(),
         u8::from(poller),
-        encode_state(state)
-    )
+    );
 }
 
 /// How a call ended: a letter and 16 hexadecimal digits.
 fn encode_state(state: State) -> String {
+    let (letter, payload) = state_parts(state);
+    format!("{letter}{payload:016x}")
+}
+
+/// How a call ended, as stored: its letter and its payload.
+fn state_parts(state: State) -> (char, u64) {
     match state {
-        State::Pending => format!("p{:016x}", 0),
-        State::Rejected => format!("r{:016x}", 0),
-        State::Done(Outcome::Succeeded(fingerprint)) => format!("s{fingerprint:016x}"),
-        State::Done(Outcome::Failed(code)) => format!("f{:016x}", code_fingerprint(code)),
+        State::Pending => ('p', 0),
+        State::Rejected => ('r', 0),
+        State::Done(Outcome::Succeeded(fingerprint)) => ('s', fingerprint),
+        State::Done(Outcome::Failed(code)) => ('f', code_fingerprint(code)),
     }
 }
 
@@ -473,7 +658,18 @@ fn code_fingerprint(code: ErrorCode) -> u64 {
         })
 }
 
+#[cfg(test)]
 fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, SharedStoreError> {
+    let raw = decode_raw(call)?;
+    Ok(StoredCall {
+        at: at(raw.at_ms),
+        signature: raw.signature,
+        poller: raw.poller,
+        state: raw.state,
+    })
+}
+
+fn decode_raw(call: &[u8]) -> Result<RawCall, SharedStoreError> {
     let malformed = || {
         corrupt(&format!(
             "a malformed call {:?}",
@@ -503,8 +699,8 @@ fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, S
         )),
         _ => return Err(malformed()),
     };
-    Ok(StoredCall {
-        at: at(at_ms),
+    Ok(RawCall {
+        at_ms,
         signature: Signature::from_raw(signature),
         poller,
         state,
@@ -558,6 +754,7 @@ impl RedisLoopStoreBuilder {
                 settle: session_script(SETTLE),
                 set_settings: session_script(SET_SETTINGS),
                 reset: session_script(RESET),
+                waiting: Coalescer::default(),
             }),
         })
     }

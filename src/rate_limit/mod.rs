@@ -33,7 +33,8 @@
 //! Behind a load balancer, each replica's quota adds up: 10 calls a second becomes 10·N. With
 //! a [`RateLimitStore`] ([`RedisRateLimitStore`], feature `redis`) set by
 //! [`RateLimitLayerBuilder::store`], every replica draws on one quota per key, kept by the
-//! store (GCRA on the server's clock, one round trip per check), and the retry-after of a
+//! store (GCRA on the server's clock, one round trip per check; concurrent checks of one
+//! quota share a round trip and are each answered as if alone), and the retry-after of a
 //! refused call is the store's answer. When the store cannot answer within its timeout, the
 //! call follows the layer's [failure policy](crate::shared_store): by default it proceeds,
 //! and the outage is counted in [`RateLimitLayer::store_health`] and logged once.

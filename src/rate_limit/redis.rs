@@ -8,26 +8,32 @@ use redis::Script;
 
 use super::store::{Admission, AdmissionFuture, Quota, RateLimitStore};
 use crate::error::ConfigError;
-use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
+use crate::redis_support::{self, hash_tagged, Batch, Coalescer, Connection, StoreSettings};
 use crate::shared_store::SharedStoreError;
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_RATE_LIMIT_KEY_PREFIX: &str = "toolcall:rl:";
 
-/// GCRA on the server's clock. `KEYS[1]`: the quota's theoretical arrival time, in µs;
-/// `ARGV[1]`: the emission interval in µs; `ARGV[2]`: the burst. Answers 0 when the call is
-/// allowed, otherwise the µs until the quota allows one.
+/// GCRA on the server's clock, for `ARGV[3]` calls in arrival order. `KEYS[1]`: the quota's
+/// theoretical arrival time, in µs; `ARGV[1]`: the emission interval in µs; `ARGV[2]`: the
+/// burst. The calls are taken one by one, as if each came alone at the same instant: the
+/// first `allowed` take a unit each, and once one is refused so is every later one, with the
+/// same wait. Answers `{allowed, µs until the quota allows the first refused call}`.
 const GCRA: &str = r"
 local now = redis.call('TIME')
 now = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local interval = tonumber(ARGV[1])
+local interval, calls = tonumber(ARGV[1]), tonumber(ARGV[3])
 local tat = tonumber(redis.call('GET', KEYS[1])) or now
 if tat < now then tat = now end
-local next_tat = tat + interval
-local over = next_tat - now - interval * tonumber(ARGV[2])
-if over > 0 then return math.ceil(over) end
-redis.call('SET', KEYS[1], string.format('%d', next_tat), 'PX', math.ceil((next_tat - now) / 1000) + 1)
-return 0
+local limit = now + interval * tonumber(ARGV[2])
+local allowed = calls
+if interval > 0 then allowed = math.max(0, math.min(calls, math.floor((limit - tat) / interval))) end
+if allowed > 0 then
+  tat = tat + allowed * interval
+  redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+end
+if allowed == calls then return {allowed, 0} end
+return {allowed, math.ceil(tat + interval - limit)}
 ";
 
 /// Rate-limit quotas in Redis (7.0 or later), shared by every replica that points at the
@@ -37,7 +43,14 @@ return 0
 ///   quota's theoretical arrival time (GCRA). The braces are a Redis Cluster hash tag.
 /// - A check is one round trip: a Lua script (sent by its hash) reads the server's clock,
 ///   takes one unit of the quota or answers how long until it allows one, and sets the key
-///   to expire once the quota is full again. The server's clock, not the replicas', so
+///   to expire once the quota is full again.
+/// - Checks of one quota that arrive while a script for it is in flight wait, and go
+///   together in the next script, which takes their units one by one in arrival order:
+///   each is allowed or refused exactly as if it had come alone (a burst of 100 lets exactly
+///   100 of any number of concurrent calls through, and the rest hear the same retry-after).
+///   A lone check goes at once, in one round trip; under load, one round trip serves many.
+///   Each check waits at most the operation timeout and follows the failure policy on its
+///   own; a caller that gives up before its turn takes no unit. The server's clock, not the replicas', so
 ///   replicas whose clocks disagree still share one schedule. The schedule counts whole
 ///   microseconds: a rate above a million calls a second is not limited.
 /// - Every check is bounded by the operation timeout (1 s by default); a failed check follows
@@ -72,6 +85,54 @@ struct Shared {
     connection: Connection,
     key_prefix: String,
     gcra: Script,
+    /// Checks waiting for a script of their quota: the key and the quota name it.
+    waiting: Coalescer<(String, Quota), (), Admission>,
+}
+
+impl Batch for Shared {
+    type Key = (String, Quota);
+    type Member = ();
+    type Answer = Admission;
+
+    fn coalescer(&self) -> &Coalescer<(String, Quota), (), Admission> {
+        &self.waiting
+    }
+
+    fn timeout(&self) -> Duration {
+        self.connection.timeout()
+    }
+
+    async fn run(
+        &self,
+        (key, quota): &(String, Quota),
+        calls: Vec<()>,
+    ) -> Result<Vec<Admission>, SharedStoreError> {
+        let interval_us = u64::try_from(quota.emission_interval().as_micros()).unwrap_or(u64::MAX);
+        let (allowed, wait_us): (u64, i64) = self
+            .connection
+            .eval(
+                self.gcra
+                    .key(key)
+                    .arg(interval_us)
+                    .arg(quota.burst.max(1))
+                    .arg(calls.len()),
+            )
+            .await?;
+        let refused = match u64::try_from(wait_us) {
+            Ok(wait_us) => Admission::RetryAfter(Duration::from_micros(wait_us)),
+            Err(_) => {
+                return Err(SharedStoreError::Corrupt(format!(
+                    "the rate-limit script answered {wait_us}"
+                )))
+            }
+        };
+        let allowed = usize::try_from(allowed)
+            .unwrap_or(usize::MAX)
+            .min(calls.len());
+        let mut answers = vec![Admission::Allowed; allowed];
+        answers.resize(calls.len(), refused);
+        Ok(answers)
+    }
 }
 
 impl RedisRateLimitStore {
@@ -95,28 +156,8 @@ impl RedisRateLimitStore {
 
 impl RateLimitStore for RedisRateLimitStore {
     fn acquire(&self, key: &str, quota: Quota) -> AdmissionFuture {
-        let shared = self.shared.clone();
-        let redis_key = self.quota_key(key);
-        let interval_us = u64::try_from(quota.emission_interval().as_micros()).unwrap_or(u64::MAX);
-        Box::pin(async move {
-            let wait_us: i64 = shared
-                .connection
-                .eval(
-                    shared
-                        .gcra
-                        .key(redis_key)
-                        .arg(interval_us)
-                        .arg(quota.burst.max(1)),
-                )
-                .await?;
-            match u64::try_from(wait_us) {
-                Ok(0) => Ok(Admission::Allowed),
-                Ok(wait_us) => Ok(Admission::RetryAfter(Duration::from_micros(wait_us))),
-                Err(_) => Err(SharedStoreError::Corrupt(format!(
-                    "the rate-limit script answered {wait_us}"
-                ))),
-            }
-        })
+        let key = (self.quota_key(key), quota);
+        Box::pin(redis_support::coalesced(self.shared.clone(), key, ()))
     }
 }
 
@@ -154,6 +195,7 @@ impl RedisRateLimitStoreBuilder {
                 connection,
                 key_prefix: self.settings.key_prefix,
                 gcra: Script::new(GCRA),
+                waiting: Coalescer::default(),
             }),
         })
     }

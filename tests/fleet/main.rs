@@ -1118,3 +1118,226 @@ fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
             .collect()
     }
 }
+
+// Concurrent checks of one key go together in one script, each judged as if alone.
+
+/// Sends `calls` at once through `replica`, each on a task of its own; their answers, in
+/// the order the calls were given.
+async fn all_at_once(
+    replica: &Replica,
+    calls: impl IntoIterator<Item = ToolCall>,
+) -> Vec<Result<ToolOutput, ToolError>> {
+    let tasks: Vec<_> = calls
+        .into_iter()
+        .map(|call| {
+            let mut service = replica.service.clone();
+            tokio::spawn(async move { call_once(&mut service, call).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        answers.push(task.await.expect("the call's task ends"));
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_of_one_quota_allow_exactly_its_burst() {
+    let server = RedisServer::start();
+    let replica = rate_limited_replica(&server, 1, 100, FailurePolicy::Closed);
+    let answers = all_at_once(&replica, (0..2_000).map(|_| fresh("search"))).await;
+
+    let allowed = answers.iter().filter(|answer| answer.is_ok()).count();
+    assert_eq!(allowed, 100, "a burst of 100 at 1/s allows exactly 100");
+    assert_eq!(replica.tool.get(), 100);
+    for error in answers.iter().filter_map(|answer| answer.as_ref().err()) {
+        assert_eq!(error.code(), ErrorCode::RateLimited, "{error}");
+        let wait = error.retry_after().expect("a refusal says when to retry");
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_secs(1),
+            "{wait:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_check_is_one_evalsha_and_concurrent_ones_share_round_trips() {
+    let server = RedisServer::start();
+    let replica = rate_limited_replica(&server, 1_000_000, 1_000_000, FailurePolicy::Closed);
+    // The first check loads the script.
+    replica.call(fresh("search")).await.unwrap();
+    let mut monitor = server.monitor();
+    monitor.take_commands();
+
+    replica.call(fresh("search")).await.unwrap();
+    assert_eq!(monitor.take_commands(), ["EVALSHA"], "a lone check");
+
+    let answers = all_at_once(&replica, (0..500).map(|_| fresh("search"))).await;
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(replica.tool.get(), 502);
+    let commands = monitor.take_commands();
+    assert!(commands.iter().all(|command| command == "EVALSHA"));
+    assert!(
+        !commands.is_empty() && commands.len() < 500,
+        "500 concurrent checks of one quota took {} round trips",
+        commands.len()
+    );
+
+    let looped = loop_checked_replica(&server, FailurePolicy::Closed);
+    looped
+        .call(search_in("mon", json!({"n": -1})))
+        .await
+        .unwrap();
+    monitor.take_commands();
+    looped
+        .call(search_in("mon", json!({"n": 0})))
+        .await
+        .unwrap();
+    assert_eq!(monitor.take_commands(), ["EVALSHA"], "a lone loop check");
+    let calls = (1..=300).map(|n| search_in("mon", json!({ "n": n })));
+    let answers = all_at_once(&looped, calls).await;
+    assert!(answers.iter().all(Result::is_ok));
+    let commands = monitor.take_commands();
+    assert!(
+        !commands.is_empty() && commands.len() < 300,
+        "300 concurrent loop checks of one session took {} round trips",
+        commands.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_loop_checks_of_one_session_refuse_as_many_as_one_by_one() {
+    let server = RedisServer::start();
+    let replica = loop_checked_replica(&server, FailurePolicy::Closed);
+    // The same call: concurrent calls arrive in any order, and the verdicts do not depend
+    // on it.
+    let calls = |session: &str| -> Vec<ToolCall> {
+        (0..24)
+            .map(|_| search_in(session, json!({"q": "same"})))
+            .collect()
+    };
+    let mut one_by_one = Vec::new();
+    for call in calls("sequential") {
+        one_by_one.push(replica.call(call).await);
+    }
+    let ran_alone = replica.tool.get();
+    let at_once = all_at_once(&replica, calls("concurrent")).await;
+
+    let refused = |answers: &[Result<ToolOutput, ToolError>]| {
+        answers
+            .iter()
+            .filter(|answer| {
+                answer
+                    .as_ref()
+                    .is_err_and(|error| error.code() == ErrorCode::LoopDetected)
+            })
+            .count()
+    };
+    assert!(refused(&one_by_one) > 0, "the calls loop");
+    assert_eq!(refused(&at_once), refused(&one_by_one));
+    assert_eq!(replica.tool.get() - ran_alone, ran_alone);
+    let answered = |answers: &[Result<ToolOutput, ToolError>]| {
+        answers.iter().filter(|answer| answer.is_ok()).count() + refused(answers)
+    };
+    assert_eq!(
+        answered(&at_once),
+        24,
+        "every call ran or was refused as a loop"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_hangs_under_a_batch_gives_every_waiting_call_its_policy_outcome() {
+    let server = RedisServer::start();
+    let closed = rate_limited_replica(&server, 1_000, 1_000, FailurePolicy::Closed);
+    let open = rate_limited_replica(&server, 1_000, 1_000, FailurePolicy::Open);
+    closed.call(fresh("search")).await.unwrap();
+    open.call(fresh("search")).await.unwrap();
+    server.freeze();
+
+    let started = Instant::now();
+    let (refused, let_through) = tokio::join!(
+        all_at_once(&closed, (0..50).map(|_| fresh("search"))),
+        all_at_once(&open, (0..50).map(|_| fresh("search"))),
+    );
+    let waited = started.elapsed();
+    server.resume();
+
+    for error in refused.iter().map(|answer| answer.as_ref().unwrap_err()) {
+        assert_eq!(error.code(), ErrorCode::StoreUnavailable, "{error}");
+    }
+    assert!(let_through.iter().all(Result::is_ok));
+    assert_eq!((closed.tool.get(), open.tool.get()), (1, 51));
+    // Each call waited for its own timeout (500 ms), not for the checks queued before it.
+    assert!(waited < Duration::from_millis(1_500), "{waited:?}");
+    for replica in [&closed, &open] {
+        let health = replica.stack.rate_limits().unwrap().store_health();
+        assert_eq!(health.failed_checks, 50);
+    }
+    // Sharing resumes for every caller.
+    let answers = all_at_once(&closed, (0..50).map(|_| fresh("search"))).await;
+    assert!(answers.iter().all(Result::is_ok));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_fails_fails_every_call_it_carried_by_its_policy() {
+    let mut server = RedisServer::start();
+    let closed = rate_limited_replica(&server, 1_000, 1_000, FailurePolicy::Closed);
+    let looped = loop_checked_replica(&server, FailurePolicy::Open);
+    closed.call(fresh("search")).await.unwrap();
+    looped
+        .call(search_in("down", json!({"n": 0})))
+        .await
+        .unwrap();
+    server.kill();
+
+    let refused = all_at_once(&closed, (0..100).map(|_| fresh("search"))).await;
+    for error in refused.iter().map(|answer| answer.as_ref().unwrap_err()) {
+        assert_eq!(error.code(), ErrorCode::StoreUnavailable, "{error}");
+    }
+    let calls = (1..=100).map(|n| search_in("down", json!({ "n": n })));
+    let let_through = all_at_once(&looped, calls).await;
+    assert!(let_through.iter().all(Result::is_ok));
+    assert_eq!((closed.tool.get(), looped.tool.get()), (1, 101));
+    let health = closed.stack.rate_limits().unwrap().store_health();
+    assert_eq!((health.outages, health.failed_checks), (1, 100));
+
+    server.restart();
+    let answers = all_at_once(&closed, (0..100).map(|_| fresh("search"))).await;
+    assert!(answers.iter().all(Result::is_ok), "sharing resumes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_give_up_take_no_answer_from_the_others() {
+    let server = RedisServer::start();
+    let replica = rate_limited_replica(&server, 1, 100, FailurePolicy::Closed);
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let mut service = replica.service.clone();
+            let call = fresh("search");
+            tokio::spawn(async move { call_once(&mut service, call).await })
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for (n, task) in tasks.into_iter().enumerate() {
+        if n % 2 == 0 {
+            task.abort();
+        } else {
+            kept.push(task);
+        }
+    }
+    let mut answered = 0;
+    for task in kept {
+        let answer = tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .expect("every kept caller hears back in time")
+            .expect("a kept call is not aborted");
+        match answer {
+            Ok(_) => answered += 1,
+            Err(error) => assert_eq!(error.code(), ErrorCode::RateLimited, "{error}"),
+        }
+    }
+    // No more than the burst ran, and every call that ran was answered to its caller.
+    assert!(answered > 0, "{answered}");
+    assert!(answered <= replica.tool.get() && replica.tool.get() <= 100);
+}
