@@ -6,7 +6,8 @@
 //! queue in one script, and then the queue that built up during that one, until none is
 //! left. Each check waits at most the operation timeout, counted from its arrival; a check
 //! whose caller has gone before its turn is not sent; a failed script fails every check it
-//! carried, each with the same error.
+//! carried, each with the same error. A script carries at most [`MAX_BATCH`] checks, so that
+//! none holds the server for long; the rest go in the scripts after it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,6 +19,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::shared_store::SharedStoreError;
+
+/// The most checks one script carries: a script runs alone on the server, and one carrying
+/// thousands of checks would hold every other client up.
+pub(crate) const MAX_BATCH: usize = 256;
 
 /// A check waiting for its turn, and where its answer goes.
 type Waiter<M, A> = (M, oneshot::Sender<Result<A, SharedStoreError>>);
@@ -123,11 +128,16 @@ impl<B: Batch> Turn<B> {
         self.key.as_ref().expect("a turn has its key until it ends")
     }
 
-    /// The checks waiting for `key`; none when the turn ends, and with it `key`'s entry.
+    /// The checks waiting for `key`, the first [`MAX_BATCH`] of them; none when the turn
+    /// ends, and with it `key`'s entry.
     fn next(&mut self) -> Vec<Waiter<B::Member, B::Answer>> {
         let mut waiting = lock(&self.batch.coalescer().waiting);
         let key = self.key();
-        let queue = waiting.get_mut(key).map(mem::take).unwrap_or_default();
+        let queue = match waiting.get_mut(key) {
+            Some(queue) if queue.len() > MAX_BATCH => queue.drain(..MAX_BATCH).collect(),
+            Some(queue) => mem::take(queue),
+            None => Vec::new(),
+        };
         if queue.is_empty() {
             waiting.remove(key);
             drop(waiting);
@@ -193,5 +203,71 @@ fn answer_all<A>(
 ) {
     for sender in senders {
         let _ = sender.send(Err(error.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Answers each check with its own number and records the size of every script.
+    #[derive(Default)]
+    struct Counting {
+        coalescer: Coalescer<u8, usize, usize>,
+        scripts: Mutex<Vec<usize>>,
+        running: AtomicUsize,
+    }
+
+    impl Batch for Counting {
+        type Key = u8;
+        type Member = usize;
+        type Answer = usize;
+
+        fn coalescer(&self) -> &Coalescer<u8, usize, usize> {
+            &self.coalescer
+        }
+
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(60)
+        }
+
+        async fn run(
+            &self,
+            _key: &u8,
+            members: Vec<usize>,
+        ) -> Result<Vec<usize>, SharedStoreError> {
+            assert_eq!(
+                self.running.fetch_add(1, Ordering::SeqCst),
+                0,
+                "one script at a time"
+            );
+            lock(&self.scripts).push(members.len());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            Ok(members)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_script_carries_more_than_max_batch_and_every_check_gets_its_own_answer() {
+        let batch = Arc::new(Counting::default());
+        let checks = 3 * MAX_BATCH + 10;
+        let tasks: Vec<_> = (0..checks)
+            .map(|n| tokio::spawn(check(batch.clone(), 7, n)))
+            .collect();
+        for (n, task) in tasks.into_iter().enumerate() {
+            assert_eq!(task.await.unwrap().unwrap(), n);
+        }
+        let scripts = lock(&batch.scripts).clone();
+        assert_eq!(scripts.iter().sum::<usize>(), checks);
+        assert!(scripts.iter().all(|&size| size <= MAX_BATCH), "{scripts:?}");
+        assert_eq!(
+            scripts.iter().filter(|&&size| size == MAX_BATCH).count(),
+            3,
+            "{scripts:?}"
+        );
+        assert!(lock(&batch.coalescer.waiting).is_empty());
     }
 }
