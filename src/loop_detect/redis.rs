@@ -140,7 +140,8 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 ///   session's settings, appends the call unless they switch detection off, and answers the
 ///   session as it was, which the layer judges with the same rules as in memory.
 /// - Calls of one session that arrive while a script for it is in flight wait, and go
-///   together in the next script, which appends them in arrival order; each is judged on
+///   together in the next script (at most 256 in one), which appends them in arrival order;
+///   each is judged on
 ///   the history up to itself, earlier calls of the batch included (and marked refused when
 ///   the rules refuse them), exactly as if they had come one by one. A lone call goes at
 ///   once, in one round trip. Each call waits at most the operation timeout and follows the
@@ -345,7 +346,7 @@ impl RedisLoopStore {
     /// Appends a call of `signature` to `session`, unless the session's own settings
     /// switch detection off, and answers them with the history before it. `below` is what
     /// the tiers below the session decide. Calls of one session that arrive while a script
-    /// for it is in flight go together in the next one.
+    /// for it is in flight go together in the next one (at most 256 in one).
     pub(crate) fn observe(
         &self,
         session: &str,

@@ -43,16 +43,16 @@ return {allowed, math.ceil(tat + interval - limit)}
 ///   quota's theoretical arrival time (GCRA). The braces are a Redis Cluster hash tag.
 /// - A check is one round trip: a Lua script (sent by its hash) reads the server's clock,
 ///   takes one unit of the quota or answers how long until it allows one, and sets the key
-///   to expire once the quota is full again.
-/// - Checks of one quota that arrive while a script for it is in flight wait, and go
-///   together in the next script, which takes their units one by one in arrival order:
-///   each is allowed or refused exactly as if it had come alone (a burst of 100 lets exactly
-///   100 of any number of concurrent calls through, and the rest hear the same retry-after).
-///   A lone check goes at once, in one round trip; under load, one round trip serves many.
-///   Each check waits at most the operation timeout and follows the failure policy on its
-///   own; a caller that gives up before its turn takes no unit. The server's clock, not the replicas', so
+///   to expire once the quota is full again. The server's clock, not the replicas', so
 ///   replicas whose clocks disagree still share one schedule. The schedule counts whole
 ///   microseconds: a rate above a million calls a second is not limited.
+/// - Checks of one quota that arrive while a script for it is in flight wait, and go
+///   together in the next script (at most 256 in one), which takes their units one by one in
+///   arrival order: each is allowed or refused exactly as if it had come alone (a burst of
+///   100 lets exactly 100 of any number of concurrent calls through, and the rest hear the
+///   same retry-after). A lone check goes at once, in one round trip; under load, one round
+///   trip serves many. Each check waits at most the operation timeout and follows the
+///   failure policy on its own; a caller that gives up before its turn takes no unit.
 /// - Every check is bounded by the operation timeout (1 s by default); a failed check follows
 ///   the layer's [`FailurePolicy`](crate::shared_store::FailurePolicy). The connection
 ///   reconnects by itself.
