@@ -141,10 +141,9 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 ///   session as it was, which the layer judges with the same rules as in memory.
 /// - Calls of one session that arrive while a script for it is in flight wait, and go
 ///   together in the next script (at most 256 in one), which appends them in arrival order;
-///   each is judged on
-///   the history up to itself, earlier calls of the batch included (and marked refused when
-///   the rules refuse them), exactly as if they had come one by one. A lone call goes at
-///   once, in one round trip. Each call waits at most the operation timeout and follows the
+///   each is judged on the history up to itself, earlier calls of the batch included (and
+///   marked refused when the rules refuse them), exactly as if they had come one by one. A
+///   lone call goes at once, in one round trip. Each call waits at most the operation timeout and follows the
 ///   failure policy on its own; a caller that gives up before its turn is not sent. A refused
 ///   call, a failure and a poller's result are then written to its entry (a second, short
 ///   script), before the caller gets the answer, so the next call on any replica sees them.
