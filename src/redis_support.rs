@@ -52,11 +52,13 @@ pub(crate) fn connection(
     .map_err(SharedStoreError::Unavailable)
 }
 
-/// How a store's connection reconnects: each attempt bounded by `timeout`.
+/// How a store's connection reconnects: each attempt bounded by `timeout`. Its operations
+/// carry no timer of their own: [`bounded`] already bounds each one by the operation timeout,
+/// and a second timer on every request only costs a wake-up of the runtime's timer.
 pub(crate) fn connection_config(timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
+        .set_response_timeout(None)
         .set_number_of_retries(2)
         .set_min_delay(Duration::from_millis(50))
         .set_max_delay(Duration::from_secs(1))
