@@ -262,17 +262,16 @@ impl SessionHistory {
         };
         // Room first, so that a full history never grows.
         let keep = limits.history_len();
-        while self.entries.len() >= keep.max(1) {
+        while !self.entries.is_empty() && self.entries.len() >= keep {
             self.entries.pop_front();
         }
-        self.entries.push_back(Entry {
-            at: now,
-            signature,
-            poller: limits.poller,
-            state,
-        });
-        if keep == 0 {
-            self.entries.clear();
+        if keep > 0 {
+            self.entries.push_back(Entry {
+                at: now,
+                signature,
+                poller: limits.poller,
+                state,
+            });
         }
         decision
     }
