@@ -143,8 +143,9 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 ///   together in the next script (at most 256 in one), which appends them in arrival order;
 ///   each is judged on the history up to itself, earlier calls of the batch included (and
 ///   marked refused when the rules refuse them), exactly as if they had come one by one. A
-///   lone call goes at once, in one round trip. Each call waits at most the operation timeout and follows the
-///   failure policy on its own; a caller that gives up before its turn is not sent. A refused
+///   lone call goes at once, in one round trip. Each call waits at most the operation
+///   timeout and follows the failure policy on its own; a caller that gives up before its
+///   turn is not sent. A refused
 ///   call, a failure and a poller's result are then written to its entry (a second, short
 ///   script), before the caller gets the answer, so the next call on any replica sees them.
 /// - A session's settings set through any replica's
@@ -508,6 +509,18 @@ struct RawCall {
     state: State,
 }
 
+impl RawCall {
+    /// The call as the rules read it, its time placed by `at` on the tokio clock.
+    fn read_at(&self, at: impl Fn(u64) -> Instant) -> StoredCall {
+        StoredCall {
+            at: at(self.at_ms),
+            signature: self.signature,
+            poller: self.poller,
+            state: self.state,
+        }
+    }
+}
+
 /// A session as `OBSERVE` leaves it after each call of a batch: read once from the string
 /// the store answered, then changed call by call as the script changed it.
 struct Replay {
@@ -535,12 +548,7 @@ impl Replay {
             now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
                 .unwrap_or(now)
         };
-        let calls = self.calls.iter().map(|call| StoredCall {
-            at: at(call.at_ms),
-            signature: call.signature,
-            poller: call.poller,
-            state: call.state,
-        });
+        let calls = self.calls.iter().map(|call| call.read_at(at));
         let chance = self
             .chance
             .map(|(signature, ms)| (Signature::from_raw(signature), at(ms)));
@@ -561,10 +569,8 @@ impl Replay {
         if let Some((signature, _)) = chance.filter(|_| refused) {
             self.chance = Some((signature.raw(), call.now_ms));
         }
-        let keep = call
-            .keep()
-            .max((limits.max_repeats as usize).saturating_sub(1));
-        while self.calls.len() >= keep.max(1) {
+        // The script keeps one call at least.
+        while self.calls.len() >= limits.history_len().max(1) {
             self.calls.pop_front();
         }
         self.calls.push_back(RawCall {
@@ -660,13 +666,7 @@ fn code_fingerprint(code: ErrorCode) -> u64 {
 
 #[cfg(test)]
 fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, SharedStoreError> {
-    let raw = decode_raw(call)?;
-    Ok(StoredCall {
-        at: at(raw.at_ms),
-        signature: raw.signature,
-        poller: raw.poller,
-        state: raw.state,
-    })
+    Ok(decode_raw(call)?.read_at(at))
 }
 
 fn decode_raw(call: &[u8]) -> Result<RawCall, SharedStoreError> {
