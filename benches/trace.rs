@@ -13,6 +13,9 @@
 //! store holds 64 records instead of 25 000, so the record each fresh key evicts is still in
 //! the cache: the difference is what evicting a cold record costs. In `stack_registered`, the
 //! tool is registered in a closed registry of 21 tools instead of called through an open one.
+//! `stack_parts` takes the stack apart in one run: the stack less each layer in turn, over a
+//! small store, and what SPEC §4 makes every fresh call compute (the canonical params, their
+//! digest and the derived key) on the bare tool.
 
 use std::hint::black_box;
 
@@ -20,8 +23,10 @@ use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Crit
 use futures::FutureExt;
 use serde_json::{json, Value};
 use tower::{Layer, Service};
+use tower_toolcall::canonical::{canonical_json, derive_key, params_digest, CanonicalOptions};
 use tower_toolcall::idempotency::InMemoryDedupeStore;
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::stack::StackLayer;
 use tower_toolcall::trace::{ToolMetrics, TraceLayer};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
@@ -161,6 +166,7 @@ fn whole_stack(c: &mut Criterion) {
         );
         group.finish();
     }
+    stack_parts(c, &registry, &stack);
     // A closed registry in which the tool is one of 21: each layer finds the tool's policy.
     let mut group = c.benchmark_group("stack_registered");
     bench(&mut group, "bare", FRESH, bare_tool());
@@ -186,6 +192,79 @@ fn whole_stack(c: &mut Criterion) {
         stack(&registered, InMemoryDedupeStore::new()),
     );
     group.finish();
+}
+
+/// Where the whole stack's cost lies, in one run: the stack less each layer in turn, the stack
+/// over a small store (no cold record to evict), and, on the bare tool, what SPEC §4 makes
+/// every fresh call compute whatever the code around it (the canonical params alone, then
+/// with the params digest and the derived key).
+fn stack_parts<S>(
+    c: &mut Criterion,
+    registry: &ToolRegistry,
+    stack: &impl Fn(&ToolRegistry, InMemoryDedupeStore) -> S,
+) where
+    S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+{
+    let mut group = c.benchmark_group("stack_parts");
+    bench(&mut group, "bare", FRESH, bare_tool());
+    bench(
+        &mut group,
+        "whole_stack",
+        FRESH,
+        stack(registry, InMemoryDedupeStore::new()),
+    );
+    let small_store = InMemoryDedupeStore::builder().capacity(64).build().unwrap();
+    bench(
+        &mut group,
+        "small_store",
+        FRESH,
+        stack(registry, small_store),
+    );
+    for (name, layer) in [
+        ("without_trace", StackLayer::Trace),
+        ("without_validate", StackLayer::Validate),
+        ("without_loop_detect", StackLayer::LoopDetect),
+        ("without_rate_limit", StackLayer::RateLimit),
+        ("without_idempotency", StackLayer::Idempotency),
+        ("without_retry", StackLayer::Retry),
+        ("without_circuit_breaker", StackLayer::CircuitBreaker),
+        ("without_timeout", StackLayer::Timeout),
+    ] {
+        let without = ToolStack::builder(registry.clone())
+            .without(layer)
+            .build()
+            .unwrap()
+            .layer(bare_tool());
+        bench(&mut group, name, FRESH, without);
+    }
+    bench(&mut group, "canonical_params", FRESH, spec_keys_tool(false));
+    bench(&mut group, "spec_keys", FRESH, spec_keys_tool(true));
+    group.finish();
+}
+
+/// The bare tool that first writes the params' canonical JSON and, with `digests`, the params
+/// digest `hex(sha256(canonical))` and the derived key
+/// `hex(sha256(namespace::name::canonical::session::actor))`: what SPEC §4 requires of a
+/// fresh call.
+fn spec_keys_tool(
+    digests: bool,
+) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> {
+    let options = CanonicalOptions::default();
+    tool_fn(move |call: ToolCall| {
+        let canonical = canonical_json(call.params().as_value(), &options).expect("canonical");
+        if digests {
+            black_box(params_digest(&canonical));
+            black_box(derive_key(
+                call.tool_namespace(),
+                call.tool_name(),
+                &canonical,
+                call.session_key(),
+                call.actor_id(),
+            ));
+        }
+        black_box(canonical);
+        std::future::ready(Ok(ToolOutput::new(Value::Null)))
+    })
 }
 
 criterion_group!(benches, whole_stack, trace);
