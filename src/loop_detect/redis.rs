@@ -145,9 +145,9 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 ///   marked refused when the rules refuse them), exactly as if they had come one by one. A
 ///   lone call goes at once, in one round trip. Each call waits at most the operation
 ///   timeout and follows the failure policy on its own; a caller that gives up before its
-///   turn is not sent. A refused
-///   call, a failure and a poller's result are then written to its entry (a second, short
-///   script), before the caller gets the answer, so the next call on any replica sees them.
+///   turn is not sent. A refused call, a failure and a poller's result are then written to
+///   its entry (a second, short script), before the caller gets the answer, so the next call
+///   on any replica sees them.
 /// - A session's settings set through any replica's
 ///   [`LoopDetectHandle`](super::LoopDetectHandle) are kept there and read with the
 ///   session's next call on every replica.
