@@ -5,18 +5,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use tower_service::Service;
 
 use super::plan::Plan;
 use super::run::Run;
-use super::validate::{self, PlanError};
+use super::validate::{self, CheckedPlan, PlanError};
+use crate::canonical::{CanonicalOptions, MAX_SUPPORTED_DEPTH};
 use crate::classify::SharedClassifier;
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ToolError};
 use crate::outcome::ToolOutput;
 use crate::registry::ToolRegistry;
 use crate::trace::AuditLog;
+use crate::validate::DEFAULT_MAX_PARAMS_BYTES;
 
 /// Runs the plans of agent turns over a `Service<ToolCall>`, normally the [`ToolStack`](crate::ToolStack).
 ///
@@ -80,7 +82,9 @@ pub struct RunPolicy {
     /// Calls in flight at once per tool (`namespace::name`).
     #[serde(default)]
     pub tool_concurrency: HashMap<String, usize>,
-    /// The turn's deadline, from its start, in milliseconds.
+    /// The turn's deadline, from its start, in milliseconds
+    /// ([`RunPolicy::DEFAULT_TURN_TIMEOUT_MS`] unless set; `None` only in a run recorded
+    /// without one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_timeout_ms: Option<u64>,
     /// What becomes of the calls still running at the deadline.
@@ -89,6 +93,40 @@ pub struct RunPolicy {
     pub confirmation: ConfirmationPolicy,
     /// The most tries of a step's tool that a step's `retry` may ask for.
     pub max_step_attempts: u32,
+    /// The longest pause a step's `retry.backoffMs` may ask for, in milliseconds; a plan
+    /// asking for more is refused.
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+    /// The largest args a step's references may build, in bytes of compact JSON (the
+    /// envelope's params limit by default; a tool's `policy.validate.max_params_bytes`
+    /// overrides it for that tool).
+    #[serde(default = "default_max_params_bytes")]
+    pub max_params_bytes: usize,
+    /// The deepest nesting of a plan's args, defaults, variables and `foreach` items, and of
+    /// the args references build (the envelope's depth limit, 64, by default).
+    #[serde(default = "default_max_depth")]
+    pub max_depth: usize,
+}
+
+impl RunPolicy {
+    /// The turn's deadline when none is set: 5 minutes, so that no plan parks a run
+    /// forever.
+    pub const DEFAULT_TURN_TIMEOUT_MS: u64 = 5 * 60 * 1000;
+    /// The longest retry pause a plan may ask for when the executor sets no other:
+    /// 1 minute.
+    pub const DEFAULT_MAX_BACKOFF_MS: u64 = 60 * 1000;
+}
+
+fn default_max_backoff_ms() -> u64 {
+    RunPolicy::DEFAULT_MAX_BACKOFF_MS
+}
+
+fn default_max_params_bytes() -> usize {
+    DEFAULT_MAX_PARAMS_BYTES
+}
+
+fn default_max_depth() -> usize {
+    CanonicalOptions::default().max_depth()
 }
 
 /// What becomes of the calls still running when the turn's deadline comes.
@@ -141,10 +179,13 @@ impl Executor {
             policy: RunPolicy {
                 max_concurrency: 8,
                 tool_concurrency: HashMap::new(),
-                turn_timeout_ms: None,
+                turn_timeout_ms: Some(RunPolicy::DEFAULT_TURN_TIMEOUT_MS),
                 on_deadline: OnDeadline::LeaveRunning,
                 confirmation: ConfirmationPolicy::Ask,
                 max_step_attempts: 5,
+                max_backoff_ms: RunPolicy::DEFAULT_MAX_BACKOFF_MS,
+                max_params_bytes: DEFAULT_MAX_PARAMS_BYTES,
+                max_depth: default_max_depth(),
             },
             event_capacity: 1024,
             audit_dir: None,
@@ -160,18 +201,38 @@ impl Executor {
 
     /// Checks `plan` as [`start`](Executor::start) does, without running anything.
     pub fn check(&self, plan: &Plan) -> Result<(), PlanError> {
-        validate::check(plan, &self.config.registry).map(drop)
+        validate::check(plan, &self.config.registry, &self.config.policy).map(drop)
     }
 
     /// Checks `plan` and prepares its run over `service`; nothing is dispatched until the
     /// run is driven by [`Run::finish`]. A plan that fails a check is refused with every
-    /// problem listed.
+    /// problem listed, and so is a turn whose `runId` is not a safe name
+    /// ([`Turn::with_run_id`]) or, with an audit directory, already has a record there.
+    ///
+    /// The run holds a copy of the plan; [`start_shared`](Executor::start_shared) shares
+    /// one instead.
     pub fn start<S>(&self, service: S, plan: &Plan, turn: Turn) -> Result<Run<S>, PlanError>
     where
         S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
         S::Future: Send + 'static,
     {
         self.start_seeded(service, plan, turn, None)
+    }
+
+    /// [`start`](Executor::start) with a plan the caller shares, not copied: for a plan
+    /// with a large `foreach` array.
+    pub fn start_shared<S>(
+        &self,
+        service: S,
+        plan: Arc<Plan>,
+        turn: Turn,
+    ) -> Result<Run<S>, PlanError>
+    where
+        S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+        S::Future: Send + 'static,
+    {
+        let steps = validate::check(&plan, &self.config.registry, &self.config.policy)?;
+        self.launch(service, CheckedPlan { plan, steps }, turn, None)
     }
 
     /// [`start`](Executor::start), drawing the run's jitter from `jitter_seed` when given
@@ -187,26 +248,38 @@ impl Executor {
         S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
         S::Future: Send + 'static,
     {
-        let checked = validate::check(plan, &self.config.registry)?;
+        // Checked before it is copied: a plan nested too deep is refused, never walked.
+        let steps = validate::check(plan, &self.config.registry, &self.config.policy)?;
+        let plan = Arc::new(plan.clone());
+        self.launch(service, CheckedPlan { plan, steps }, turn, jitter_seed)
+    }
+
+    /// The run of a checked plan: its id checked, its audit opened.
+    fn launch<S>(
+        &self,
+        service: S,
+        checked: CheckedPlan,
+        turn: Turn,
+        jitter_seed: Option<u64>,
+    ) -> Result<Run<S>, PlanError>
+    where
+        S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+        S::Future: Send + 'static,
+    {
         let mut turn = turn;
+        if let Some(id) = &turn.run_id {
+            check_run_id(id).map_err(|problem| PlanError::single("runId", problem))?;
+        }
         let run_id = turn
             .run_id
             .get_or_insert_with(|| ulid::Ulid::generate().to_string())
             .clone();
         let audit = match &self.config.audit_dir {
-            Some(root) => Some(
-                AuditLog::builder(root.join(&run_id))
-                    .queue_capacity(self.config.audit_queue_capacity)
-                    .build()
-                    .map_err(|e| {
-                        PlanError::single(
-                            "auditDir",
-                            format!(
-                                "cannot hold the run's audit: {e}; fix the executor's audit_dir"
-                            ),
-                        )
-                    })?,
-            ),
+            Some(root) => Some(open_audit(
+                root,
+                &run_id,
+                self.config.audit_queue_capacity,
+            )?),
             None => None,
         };
         let jitter_seed = jitter_seed
@@ -236,7 +309,9 @@ impl ExecutorBuilder {
         self
     }
 
-    /// The turn's deadline, from the start of its run (none by default).
+    /// The turn's deadline, from the start of its run (default
+    /// [`RunPolicy::DEFAULT_TURN_TIMEOUT_MS`], 5 minutes). At the deadline, completed results
+    /// are kept and the rest is skipped.
     pub fn turn_timeout(mut self, timeout: Duration) -> Self {
         self.policy.turn_timeout_ms = Some(crate::time::millis(timeout));
         self
@@ -257,6 +332,31 @@ impl ExecutorBuilder {
     /// The most tries of a tool a step's `retry` may ask for (default 5).
     pub fn max_step_attempts(mut self, attempts: u32) -> Self {
         self.policy.max_step_attempts = attempts;
+        self
+    }
+
+    /// The longest pause a step's `retry.backoffMs` may ask for (default
+    /// [`RunPolicy::DEFAULT_MAX_BACKOFF_MS`], 1 minute); a plan asking for more is refused
+    /// with the step's field named.
+    pub fn max_backoff(mut self, backoff: Duration) -> Self {
+        self.policy.max_backoff_ms = crate::time::millis(backoff);
+        self
+    }
+
+    /// The largest args a step's references may build, in bytes of compact JSON (default
+    /// [`DEFAULT_MAX_PARAMS_BYTES`], the envelope's limit). Resolution stops with a
+    /// `PAYLOAD_TOO_LARGE` failure of the call as soon as it would pass it. A tool's
+    /// `policy.validate.max_params_bytes` overrides it for that tool.
+    pub fn max_params_bytes(mut self, bytes: usize) -> Self {
+        self.policy.max_params_bytes = bytes;
+        self
+    }
+
+    /// The deepest nesting of a plan's args, defaults, variables and `foreach` items, and of
+    /// the args its references build (default 64, the envelope's limit; at most
+    /// [`MAX_SUPPORTED_DEPTH`]). A plan nested deeper is refused before anything runs.
+    pub fn max_depth(mut self, depth: usize) -> Self {
+        self.policy.max_depth = depth;
         self
     }
 
@@ -314,6 +414,24 @@ impl ExecutorBuilder {
                 "must be at least 1, got 0",
             ));
         }
+        if self.policy.max_params_bytes < 2 {
+            return Err(ConfigError::new(
+                "executor.max_params_bytes",
+                format!(
+                    "must be at least 2 (the size of `{{}}`), got {}",
+                    self.policy.max_params_bytes
+                ),
+            ));
+        }
+        if !(1..=MAX_SUPPORTED_DEPTH).contains(&self.policy.max_depth) {
+            return Err(ConfigError::new(
+                "executor.max_depth",
+                format!(
+                    "must be from 1 to {MAX_SUPPORTED_DEPTH}, got {}",
+                    self.policy.max_depth
+                ),
+            ));
+        }
         if self.event_capacity == 0 {
             return Err(ConfigError::new(
                 "executor.event_capacity",
@@ -346,8 +464,14 @@ pub struct Turn {
     /// `target.tenantId` of every call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<String>,
-    /// The run's id; a fresh ULID when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The run's id; a fresh ULID when absent. It names the run's audit folder, so it must
+    /// be a safe name (see [`Turn::with_run_id`]): reading a turn refuses any other, and so
+    /// does [`Executor::start`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "run_id_from_str"
+    )]
     pub run_id: Option<String>,
     /// The user approval given with the turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -355,6 +479,9 @@ pub struct Turn {
 }
 
 impl Turn {
+    /// The longest run id, in bytes.
+    pub const MAX_RUN_ID_BYTES: usize = 128;
+
     /// A turn of `session_key` on behalf of `actor_id`.
     pub fn new(session_key: impl Into<String>, actor_id: impl Into<String>) -> Self {
         Turn {
@@ -372,7 +499,23 @@ impl Turn {
         self
     }
 
-    /// Sets the run's id.
+    /// Sets the run's id: 1 to [`Turn::MAX_RUN_ID_BYTES`] bytes of ASCII letters, digits,
+    /// `.`, `_` and `-`, and neither `.` nor `..`, since it names the run's folder in the
+    /// audit directory. [`Executor::start`] refuses any other, naming `runId`.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_toolcall::executor::{Executor, Plan, Turn};
+    /// use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+    ///
+    /// let executor = Executor::builder(ToolRegistry::open()).build()?;
+    /// let plan = Plan::from_value(json!({"steps": [{"id": "a", "tool": "web::search"}]}))?;
+    /// let tool = tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(json!(1))) });
+    /// let err = executor.start(tool, &plan, Turn::new("s", "u").with_run_id("../x")).unwrap_err();
+    /// assert_eq!(err.problems()[0].field, "runId");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
         self.run_id = Some(run_id.into());
         self
@@ -383,4 +526,76 @@ impl Turn {
         self.confirmation_id = Some(confirmation_id.into());
         self
     }
+}
+
+/// Checks that `id` is a run id that names a folder inside the audit directory and nothing
+/// else: ASCII letters, digits, `.`, `_`, `-`, not `.` or `..`, not empty, not too long.
+pub(crate) fn check_run_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("must not be empty; leave it out for a fresh id".to_owned());
+    }
+    if id.len() > Turn::MAX_RUN_ID_BYTES {
+        return Err(format!(
+            "must be at most {} bytes, got {}; use a shorter id",
+            Turn::MAX_RUN_ID_BYTES,
+            id.len()
+        ));
+    }
+    if id == "." || id == ".." {
+        return Err(format!("must not be `{id}`; use a name such as a ULID"));
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(format!(
+            "`{}` may hold only ASCII letters, digits, `.`, `_` and `-`; use a name such as \
+             a ULID",
+            id.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// `runId` as a turn is read: a safe name, or refused with the reason.
+fn run_id_from_str<'de, D>(deserializer: D) -> Result<Option<String>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    use serde::de::Error;
+    let id = Option::<String>::deserialize(deserializer)?;
+    if let Some(id) = &id {
+        check_run_id(id).map_err(|problem| D::Error::custom(format!("runId {problem}")))?;
+    }
+    Ok(id)
+}
+
+/// Opens the audit of run `run_id` in a folder of its own under `root`: a run id that
+/// already has a folder there is refused, so that no run appends to another's record.
+fn open_audit(root: &std::path::Path, run_id: &str, capacity: usize) -> Result<AuditLog, PlanError> {
+    let unusable = |e: &dyn std::fmt::Display| {
+        PlanError::single(
+            "auditDir",
+            format!("cannot hold the run's audit: {e}; fix the executor's audit_dir"),
+        )
+    };
+    std::fs::create_dir_all(root).map_err(|e| unusable(&e))?;
+    let dir = root.join(run_id);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(PlanError::single(
+                "runId",
+                format!(
+                    "`{run_id}` already has a record in the audit directory; give the run a \
+                     fresh id (a replay needs an executor without this audit directory)"
+                ),
+            ))
+        }
+        Err(e) => return Err(unusable(&e)),
+    }
+    AuditLog::builder(dir)
+        .queue_capacity(capacity)
+        .build()
+        .map_err(|e| unusable(&e))
 }

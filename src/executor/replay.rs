@@ -6,7 +6,7 @@ use std::fs;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tower_service::Service;
 
-use super::config::{Executor, RunPolicy, Turn};
+use super::config::{check_run_id, Executor, RunPolicy, Turn};
 use super::outcome::{TurnResult, TurnStatus};
 use super::plan::Plan;
 use super::validate::PlanError;
@@ -114,6 +114,8 @@ pub fn reconstruct(dir: impl AsRef<Path>) -> Result<RecordedRun, ConfigError> {
         };
         ConfigError::new("run.json", format!("is not a run record: {problem}"))
     })?;
+    check_run_id(&run.run_id)
+        .map_err(|problem| ConfigError::new("run.json", format!("runId {problem}")))?;
     let calls = lines(&read("calls.jsonl")?, "calls.jsonl", |line| {
         let call = line.get("call").cloned().ok_or("has no `call`")?;
         ToolCall::from_value(call).map_err(|e| e.message().to_owned())
@@ -161,7 +163,8 @@ fn lines<T>(
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Divergence {
-    /// `calls` (a different call, args or order) or `events`.
+    /// `calls` (a different call, args or order), `results` (a call the recording has no
+    /// result for: the recorded run stopped while it ran) or `events`.
     pub stream: &'static str,
     /// The position in that stream, from 0.
     pub index: usize,
@@ -220,8 +223,15 @@ pub struct ReplayReport {
 ///
 /// Each call is answered with the result recorded for its `callId`, after the recorded
 /// duration, and each retry waits the pause the run waited (its jitter is drawn from the
-/// recorded seed, [`RecordedRun::jitter_seed`]); a call the run left unfinished never answers, and a call the recording does
-/// not have fails with `NOT_FOUND`. Run it with paused time (a current-thread runtime with
+/// recorded seed, [`RecordedRun::jitter_seed`]). A call that the turn's deadline or a
+/// cancellation left unfinished never answers (the replay's own deadline or cancellation
+/// ends it, as in the run). A call the recording has without a result (a run that stopped
+/// with calls in flight) fails with `NOT_FOUND` at once and is the report's divergence
+/// (stream `results`), so such a replay ends rather than waits. A call the recording does
+/// not have fails with `NOT_FOUND`.
+///
+/// The replay's run has the recorded run id: with an executor whose audit directory holds
+/// the recording, it is refused (`runId`), never appended to the record. Run it with paused time (a current-thread runtime with
 /// `start_paused`), so that the recorded durations take no time and order the completions
 /// as they were. With an `executor` of another policy, the report says whether that policy
 /// would have behaved the same.
@@ -234,6 +244,7 @@ pub async fn replay(
     executor: &Executor,
 ) -> Result<ReplayReport, PlanError> {
     let tool = RecordedTool::new(recorded);
+    let missing = tool.missing.clone();
     let asked = recorded
         .events
         .iter()
@@ -275,11 +286,27 @@ pub async fn replay(
         None => finish.await,
     };
     let redactor = Redactor::default();
-    let divergence = first_divergence(
+    let calls_divergence = first_divergence(
         "calls",
         recorded.calls.iter().map(|c| describe_call(c, &redactor)),
         calls.iter().map(|c| describe_call(c, &redactor)),
-    )
+    );
+    // The first call the replay made whose result the recording lacks.
+    let missing = missing.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let without_result = calls
+        .iter()
+        .position(|c| c.run_link().is_some_and(|l| missing.contains(&l.call_id)))
+        .map(|index| Divergence {
+            stream: "results",
+            index,
+            recorded: None,
+            replayed: Some(describe_call(&calls[index], &redactor)),
+        });
+    let divergence = match (calls_divergence, without_result) {
+        (Some(c), Some(r)) if r.index < c.index => Some(r),
+        (Some(c), _) => Some(c),
+        (None, r) => r,
+    }
     .or_else(|| {
         first_divergence(
             "events",
@@ -342,14 +369,23 @@ fn first_divergence(
     None
 }
 
-/// A recorded answer: the outcome and how long it took, or `None` for a call that never
-/// ended.
-type Answer = Option<(Result<ToolOutput, ToolError>, Duration)>;
+/// What the recording says of a call.
+#[derive(Clone)]
+enum Answer {
+    /// The outcome and how long it took.
+    Ended(Result<ToolOutput, ToolError>, Duration),
+    /// Left running by the deadline or a cancellation: its outcome is unknown.
+    Unfinished,
+    /// No result at all: the run stopped while the call ran.
+    Missing,
+}
 
 /// Answers calls from a recording.
 #[derive(Clone)]
 struct RecordedTool {
     answers: Arc<HashMap<String, Answer>>,
+    /// The calls asked for whose result the recording lacks.
+    missing: Arc<Mutex<Vec<String>>>,
 }
 
 impl RecordedTool {
@@ -364,15 +400,17 @@ impl RecordedTool {
             .iter()
             .filter_map(|call| {
                 let link = call.run_link()?;
-                let answer = by_request
-                    .get(call.request_id())
-                    .filter(|r| !outcome_unknown(r))
-                    .map(|r| (outcome_of(r), Duration::from_millis(r.duration_ms)));
+                let answer = match by_request.get(call.request_id()) {
+                    None => Answer::Missing,
+                    Some(r) if outcome_unknown(r) => Answer::Unfinished,
+                    Some(r) => Answer::Ended(outcome_of(r), Duration::from_millis(r.duration_ms)),
+                };
                 Some((link.call_id.clone(), answer))
             })
             .collect();
         RecordedTool {
             answers: Arc::new(answers),
+            missing: Arc::default(),
         }
     }
 }
@@ -432,11 +470,26 @@ impl Service<ToolCall> for RecordedTool {
             .map(|l| l.call_id.clone())
             .unwrap_or_default();
         match self.answers.get(&call_id).cloned() {
-            Some(Some((outcome, took))) => Box::pin(async move {
+            Some(Answer::Ended(outcome, took)) => Box::pin(async move {
                 tokio::time::sleep(took).await;
                 outcome
             }),
-            Some(None) => Box::pin(std::future::pending()),
+            Some(Answer::Unfinished) => Box::pin(std::future::pending()),
+            Some(Answer::Missing) => {
+                let error = ToolError::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "call `{call_id}` has no result in the recording: the recorded run \
+                         stopped while it ran"
+                    ),
+                )
+                .with_class(ErrorClass::Terminal);
+                self.missing
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(call_id);
+                Box::pin(std::future::ready(Err(error)))
+            }
             None => Box::pin(std::future::ready(Err(ToolError::new(
                 ErrorCode::NotFound,
                 format!("call `{call_id}` is not in the recording"),

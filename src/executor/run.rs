@@ -260,9 +260,14 @@ where
     phase: Phase,
     steps: Vec<StepState>,
     outputs: HashMap<String, Value>,
-    vars: Map<String, Value>,
+    /// The variables steps captured (`captureAs`); the plan's own are read from the plan.
+    captured: Map<String, Value>,
     ready: BTreeSet<usize>,
     active: BTreeSet<usize>,
+    /// Steps whose next call waits for a slot of its tool's concurrency limit, by tool: a
+    /// call of the tool that ends moves the first back to `active`, so that scheduling
+    /// does not look at every waiting step each time a call is dispatched.
+    parked: HashMap<String, BTreeSet<usize>>,
     running: FuturesUnordered<InFlight<S::Future>>,
     in_flight: usize,
     tool_in_flight: HashMap<String, usize>,
@@ -309,7 +314,6 @@ where
                 ..StepState::default()
             })
             .collect();
-        let vars = plan.plan.vars.clone();
         let step_count = plan.steps.len();
         let tool_in_flight = config
             .policy
@@ -328,9 +332,10 @@ where
             phase: Phase::Start,
             steps,
             outputs: HashMap::with_capacity(step_count),
-            vars,
+            captured: Map::new(),
             ready: BTreeSet::new(),
             active: BTreeSet::new(),
+            parked: HashMap::new(),
             running: FuturesUnordered::new(),
             in_flight: 0,
             tool_in_flight,
@@ -403,6 +408,14 @@ where
 {
     fn step_id(&self, i: usize) -> &str {
         &self.plan.plan.steps[i].id
+    }
+
+    /// What references see: the outputs, the captured variables over the plan's, and the
+    /// run's depth limit.
+    fn scope(&self) -> Scope<'_> {
+        Scope::new(&self.outputs, &self.captured)
+            .with_base_vars(&self.plan.plan.vars)
+            .with_max_depth(self.config.policy.max_depth)
     }
 
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -487,7 +500,10 @@ where
             progressed |= self.dispatch(cx, BUDGET);
             if self.running.is_empty()
                 && (self.stopping.is_some()
-                    || (self.ready.is_empty() && self.active.is_empty() && self.retries.is_empty()))
+                    || (self.ready.is_empty()
+                        && self.active.is_empty()
+                        && self.parked.values().all(BTreeSet::is_empty)
+                        && self.retries.is_empty()))
             {
                 self.end_run();
                 continue;
@@ -507,9 +523,7 @@ where
                 .payload(json!({"steps": steps}))
         });
         if let Some(ms) = self.config.policy.turn_timeout_ms {
-            self.deadline = Some(Box::pin(sleep_until(
-                Instant::now() + Duration::from_millis(ms),
-            )));
+            self.deadline = Some(Box::pin(sleep_until(after(Duration::from_millis(ms)))));
         }
         if !self.plan.needs_confirmation() || self.confirmation_id.is_some() {
             self.start_running();
@@ -593,7 +607,8 @@ where
                     // Items the plan holds are read where they are, one at a time.
                     Items::Inline | Items::Var(_) => Ok(None),
                     Items::Reference(value) => {
-                        resolve(value, &Scope::new(&self.outputs, &self.vars))
+                        // The items are a copy of an output, not args: no size limit.
+                        resolve(value, &self.scope().with_max_bytes(usize::MAX))
                             .map(Some)
                             .map_err(|e| ToolError::invalid_field("foreach.items", e.to_string()))
                     }
@@ -721,13 +736,28 @@ where
         progressed
     }
 
-    /// The next try the limits allow, in plan and item order.
-    fn next_attempt(&self) -> Option<(usize, Attempt)> {
+    /// The next try the limits allow, in plan and item order. A step whose next try waits
+    /// for its tool's limit is parked until a call of that tool ends.
+    fn next_attempt(&mut self) -> Option<(usize, Attempt)> {
         let policy = &self.config.policy;
         if self.in_flight >= policy.max_concurrency {
             return None;
         }
-        for &i in &self.active {
+        // Each free slot of a tool goes back to the first step waiting for it, as a scan in
+        // plan order would give it.
+        for (tool, waiting) in &mut self.parked {
+            let cap = policy.tool_concurrency.get(tool).copied().unwrap_or(usize::MAX);
+            let used = self.tool_in_flight.get(tool).copied().unwrap_or(0);
+            for _ in used..cap {
+                let Some(i) = waiting.pop_first() else {
+                    break;
+                };
+                self.active.insert(i);
+            }
+        }
+        let mut from = 0;
+        while let Some(&i) = self.active.range(from..).next() {
+            from = i + 1;
             let run = self.steps[i].run.as_ref()?;
             let limit = self.plan.plan.steps[i]
                 .foreach
@@ -750,6 +780,8 @@ where
             let tool = self.plan.steps[i].tools[attempt.tool].full();
             if let Some(&cap) = policy.tool_concurrency.get(tool) {
                 if self.tool_in_flight.get(tool).copied().unwrap_or(0) >= cap {
+                    self.active.remove(&i);
+                    self.parked.entry(tool.to_owned()).or_default().insert(i);
                     continue;
                 }
             }
@@ -810,7 +842,14 @@ where
         let step = &self.plan.plan.steps[i];
         let tool = &self.plan.steps[i].tools[attempt.tool];
         let run = self.steps[i].run.as_ref().expect("a dispatched step runs");
-        let mut scope = Scope::new(&self.outputs, &self.vars);
+        let max_bytes = self
+            .config
+            .registry
+            .get(&tool.namespace, &tool.name)
+            .and_then(|t| t.descriptor().policy.validate.overrides())
+            .and_then(|o| o.max_params_bytes)
+            .unwrap_or(self.config.policy.max_params_bytes);
+        let mut scope = self.scope().with_max_bytes(max_bytes);
         let mut link;
         let item = match &run.items {
             Some(items) => items.get(attempt.unit),
@@ -833,7 +872,7 @@ where
         link = link.with_attempt(attempt.dispatch);
         let args = resolve(&step.args, &scope).map_err(|e| {
             ToolError::rejected(
-                ErrorCode::ValidationError,
+                e.code(),
                 format!(
                     "step `{}`: {e}; the plan must reference an existing value",
                     step.id
@@ -1027,7 +1066,7 @@ where
                     self.active.insert(i);
                 } else {
                     run.waiting_retries += 1;
-                    self.retries.push((Instant::now() + pause, i, next));
+                    self.retries.push((after(pause), i, next));
                 }
             }
             Recovery::Alternative => {
@@ -1092,6 +1131,9 @@ where
     /// A step whose calls have all ended.
     fn finish_step(&mut self, i: usize) {
         self.active.remove(&i);
+        for waiting in self.parked.values_mut() {
+            waiting.remove(&i);
+        }
         let step = &self.plan.plan.steps[i];
         let tools = &self.plan.steps[i].tools;
         let (stopped, stop_code) = self.stop_status();
@@ -1153,7 +1195,7 @@ where
         // The output is kept once, where references find it.
         if let Some(output) = self.steps[i].output.take() {
             if let Some(name) = &step.capture_as {
-                self.vars.insert(name.clone(), output.clone());
+                self.captured.insert(name.clone(), output.clone());
             }
             self.outputs.insert(step.id.clone(), output);
         }
@@ -1314,6 +1356,7 @@ where
             self.finish_step(i);
         }
         self.active.clear();
+        self.parked.clear();
         self.ready.clear();
     }
 
@@ -1322,6 +1365,7 @@ where
         self.retries.clear();
         self.retry_timer = None;
         self.active.clear();
+        self.parked.clear();
         self.ready.clear();
         let (stopped, _) = self.stop_status();
         for i in 0..self.steps.len() {
@@ -1486,6 +1530,13 @@ where
             self.dispatched.take().unwrap_or_default(),
         )
     }
+}
+
+/// The instant `wait` from now, or one far in the future when that cannot be told.
+fn after(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
 }
 
 /// The id of the call of `attempt`: `<step>#<n>`, or `<step>[<item>]#<n>` in a `foreach`.

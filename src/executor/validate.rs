@@ -2,9 +2,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::config::RunPolicy;
 use super::plan::Plan;
 use super::reference::{self, Source};
 use crate::envelope::params::json_kind;
@@ -124,10 +126,11 @@ pub(crate) struct CheckedStep {
     pub(crate) items: Option<Items>,
 }
 
-/// A plan that passed every check.
+/// A plan that passed every check, shared rather than copied: a `foreach` over a large
+/// inline array is held once by the run.
 #[derive(Clone, Debug)]
 pub(crate) struct CheckedPlan {
-    pub(crate) plan: Plan,
+    pub(crate) plan: Arc<Plan>,
     pub(crate) steps: Vec<CheckedStep>,
 }
 
@@ -137,9 +140,16 @@ impl CheckedPlan {
     }
 }
 
-/// Checks `plan` against `registry`: ids, tools, static args against the tools' schemas,
-/// references, dependencies and cycles, and `foreach` items.
-pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan, PlanError> {
+/// Checks `plan` against `registry` and the limits of `policy`: nesting, ids, tools, static
+/// args against the tools' schemas, references, dependencies and cycles, `foreach` items and
+/// retry pauses. No walk of the plan recurses deeper than the depth limit, and the
+/// dependency graph is walked without recursion, so a hostile plan is refused, never a
+/// crash.
+pub(crate) fn check(
+    plan: &Plan,
+    registry: &ToolRegistry,
+    policy: &RunPolicy,
+) -> Result<Vec<CheckedStep>, PlanError> {
     let mut problems = Vec::new();
     let mut problem = |field: String, text: String| {
         problems.push(PlanProblem {
@@ -149,6 +159,14 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
     };
     if plan.steps.is_empty() {
         problem("steps".into(), "must have at least one step".into());
+    }
+    let max_depth = policy.max_depth;
+    let too_deep = |value: &Value| reference::deeper_than(value, max_depth);
+    let deep_text = format!("nests deeper than {max_depth} levels; flatten it");
+    for (name, value) in &plan.vars {
+        if too_deep(value) {
+            problem(format!("vars.{name}"), deep_text.clone());
+        }
     }
     let mut ids: HashMap<&str, usize> = HashMap::new();
     for (i, step) in plan.steps.iter().enumerate() {
@@ -163,6 +181,15 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
                 ),
             );
             ids.insert(&plan.steps[first].id, first);
+        } else if !reference::is_name(&step.id) {
+            problem(
+                format!("steps[{i}].id"),
+                format!(
+                    "`{}` cannot be named by a `$steps.` reference; use only letters, digits, \
+                     `_` and `-`",
+                    step.id.escape_debug()
+                ),
+            );
         }
     }
     let captured: HashMap<&str, usize> = plan
@@ -175,9 +202,45 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
     let mut steps = Vec::with_capacity(plan.steps.len());
     for (i, step) in plan.steps.iter().enumerate() {
         let at = |member: &str| format!("steps[{i}].{member}");
+        let args_too_deep = too_deep(&step.args);
+        let items_too_deep = step.foreach.as_ref().is_some_and(|f| too_deep(&f.items));
+        for (member, deep) in [
+            ("args", args_too_deep),
+            ("foreach.items", items_too_deep),
+            ("default", step.default.as_ref().is_some_and(too_deep)),
+        ] {
+            if deep {
+                problem(at(member), deep_text.clone());
+            }
+        }
+        if let Some(name) = &step.capture_as {
+            if !reference::is_name(name) {
+                problem(
+                    at("captureAs"),
+                    format!(
+                        "`{}` cannot be named by a `$vars.` reference; use only letters, \
+                         digits, `_` and `-`",
+                        name.escape_debug()
+                    ),
+                );
+            }
+        }
+        if let Some(retry) = &step.retry {
+            if retry.backoff_ms > policy.max_backoff_ms {
+                problem(
+                    at("retry.backoffMs"),
+                    format!(
+                        "must be at most {}, got {}; ask for a shorter pause",
+                        policy.max_backoff_ms, retry.backoff_ms
+                    ),
+                );
+            }
+        }
         let mut tools = Vec::new();
         let mut mutating = false;
-        let static_args = reference::is_static(&step.args);
+        // Args too deep to walk safely are neither checked against a schema nor searched
+        // for references: the plan is refused for their depth.
+        let static_args = !args_too_deep && reference::is_static(&step.args);
         let names = std::iter::once(("tool".to_owned(), &step.tool)).chain(
             step.alternatives
                 .iter()
@@ -231,9 +294,13 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
             .foreach
             .as_ref()
             .map(|f| (f.item_name.as_str(), f.index_name.as_str()));
-        let mut refs = reference::references(&step.args);
+        let mut refs = if args_too_deep {
+            Vec::new()
+        } else {
+            reference::references(&step.args)
+        };
         let mut items = None;
-        if let Some(foreach) = &step.foreach {
+        if let Some(foreach) = step.foreach.as_ref().filter(|_| !items_too_deep) {
             if foreach.max_concurrency == Some(0) {
                 problem(
                     at("foreach.maxConcurrency"),
@@ -330,10 +397,9 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
         });
     }
     if let Some(cycle) = find_cycle(&steps) {
-        let names: Vec<&str> = cycle.iter().map(|&i| plan.steps[i].id.as_str()).collect();
         problem(
             format!("steps[{}].dependsOn", cycle[0]),
-            format!("closes a dependency cycle {}", names.join(" -> ")),
+            format!("closes a dependency cycle {}", cycle_text(&cycle, plan)),
         );
     }
     if !problems.is_empty() {
@@ -344,13 +410,30 @@ pub(crate) fn check(plan: &Plan, registry: &ToolRegistry) -> Result<CheckedPlan,
             steps[d].dependents.push(i);
         }
     }
-    Ok(CheckedPlan {
-        plan: plan.clone(),
-        steps,
-    })
+    Ok(steps)
+}
+
+/// The ids of a cycle (first repeated at the end), the middle of a long one elided.
+fn cycle_text(cycle: &[usize], plan: &Plan) -> String {
+    const SHOWN: usize = 8;
+    let id = |i: &usize| plan.steps[*i].id.as_str();
+    if cycle.len() <= 2 * SHOWN {
+        return cycle.iter().map(id).collect::<Vec<_>>().join(" -> ");
+    }
+    let head: Vec<&str> = cycle[..SHOWN].iter().map(id).collect();
+    let tail: Vec<&str> = cycle[cycle.len() - SHOWN..].iter().map(id).collect();
+    format!(
+        "{} -> … ({} more steps) … -> {}",
+        head.join(" -> "),
+        cycle.len() - 2 * SHOWN,
+        tail.join(" -> ")
+    )
 }
 
 /// A cycle of the dependency graph, first step repeated at the end, if there is one.
+///
+/// A depth-first search with its own stack, not the thread's: a chain of 100,000 steps,
+/// each depending on the next, is as safe to check as a short one.
 fn find_cycle(steps: &[CheckedStep]) -> Option<Vec<usize>> {
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
@@ -359,41 +442,36 @@ fn find_cycle(steps: &[CheckedStep]) -> Option<Vec<usize>> {
         Done,
     }
     let mut marks = vec![Mark::New; steps.len()];
-    let mut path = Vec::new();
-    fn visit(
-        i: usize,
-        steps: &[CheckedStep],
-        marks: &mut [Mark],
-        path: &mut Vec<usize>,
-    ) -> Option<Vec<usize>> {
-        marks[i] = Mark::Open;
-        path.push(i);
-        for &d in &steps[i].deps {
+    // The open path: each step, and how many of its dependencies were looked at.
+    let mut path: Vec<(usize, usize)> = Vec::new();
+    for root in 0..steps.len() {
+        if marks[root] != Mark::New {
+            continue;
+        }
+        marks[root] = Mark::Open;
+        path.push((root, 0));
+        while let Some((i, next)) = path.last_mut() {
+            let i = *i;
+            let Some(&d) = steps[i].deps.get(*next) else {
+                marks[i] = Mark::Done;
+                path.pop();
+                continue;
+            };
+            *next += 1;
             match marks[d] {
                 Mark::Open => {
-                    let start = path.iter().position(|&p| p == d).unwrap_or(0);
-                    let mut cycle: Vec<usize> = path[start..].to_vec();
+                    let start = path.iter().position(|&(p, _)| p == d).unwrap_or(0);
+                    let mut cycle: Vec<usize> = path[start..].iter().map(|&(p, _)| p).collect();
                     cycle.reverse();
                     cycle.rotate_right(1);
                     cycle.push(cycle[0]);
                     return Some(cycle);
                 }
                 Mark::New => {
-                    if let Some(c) = visit(d, steps, marks, path) {
-                        return Some(c);
-                    }
+                    marks[d] = Mark::Open;
+                    path.push((d, 0));
                 }
                 Mark::Done => {}
-            }
-        }
-        path.pop();
-        marks[i] = Mark::Done;
-        None
-    }
-    for i in 0..steps.len() {
-        if marks[i] == Mark::New {
-            if let Some(c) = visit(i, steps, &mut marks, &mut path) {
-                return Some(c);
             }
         }
     }
