@@ -3,6 +3,7 @@
 
 mod audit;
 mod jitter;
+mod limits;
 mod properties;
 mod tools;
 
