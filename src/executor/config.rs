@@ -275,11 +275,7 @@ impl Executor {
             .get_or_insert_with(|| ulid::Ulid::generate().to_string())
             .clone();
         let audit = match &self.config.audit_dir {
-            Some(root) => Some(open_audit(
-                root,
-                &run_id,
-                self.config.audit_queue_capacity,
-            )?),
+            Some(root) => Some(open_audit(root, &run_id, self.config.audit_queue_capacity)?),
             None => None,
         };
         let jitter_seed = jitter_seed
@@ -572,7 +568,11 @@ where
 
 /// Opens the audit of run `run_id` in a folder of its own under `root`: a run id that
 /// already has a folder there is refused, so that no run appends to another's record.
-fn open_audit(root: &std::path::Path, run_id: &str, capacity: usize) -> Result<AuditLog, PlanError> {
+fn open_audit(
+    root: &std::path::Path,
+    run_id: &str,
+    capacity: usize,
+) -> Result<AuditLog, PlanError> {
     let unusable = |e: &dyn std::fmt::Display| {
         PlanError::single(
             "auditDir",

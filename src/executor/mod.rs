@@ -5,9 +5,15 @@
 //!   earlier outputs (`$steps.<id>.path`), variables (`$vars.<name>`) and, in a `foreach`,
 //!   the item and its index (`{item.field}`, `{index}`). The plan is checked before anything
 //!   runs — unknown tools, static args against the tool's schema, missing references,
-//!   dependency cycles, `foreach` over a non-array — and every problem is reported in one
-//!   [`PlanError`]. Resolution ([`resolve`]) is pure; the resolved args are what is sent,
-//!   hashed and logged.
+//!   dependency cycles, `foreach` over a non-array, step ids no reference can name, values
+//!   nested deeper than the envelope's depth limit, retry pauses over
+//!   [`ExecutorBuilder::max_backoff`] — and every problem is reported in one [`PlanError`].
+//!   No check recurses once per step or per level, so a hostile plan (a chain of 100,000
+//!   steps, args 5,000 levels deep) is refused or run, never a crash. Resolution
+//!   ([`resolve`]) is pure; the resolved args are what is sent, hashed and logged. It counts
+//!   what it builds against the params limit ([`ExecutorBuilder::max_params_bytes`]) and
+//!   stops before it passes it, so references that copy an output many times fail the call
+//!   with `PAYLOAD_TOO_LARGE` instead of taking the memory.
 //! - **Scheduling**: independent steps run side by side and dependent ones after, up to a
 //!   run-wide and a per-tool limit; a `foreach` expands one call at a time, so that a
 //!   100,000-item array never becomes 100,000 calls in memory. Each call carries a
@@ -21,7 +27,8 @@
 //!   it is required. Dependents of a step without output are skipped (or use their default)
 //!   transitively, while independent steps still finish. Every decision goes to the turn
 //!   trace ([`TurnResult::trace`]) and the event stream.
-//! - **The turn's deadline**: completed results are kept, running steps become `timedOut`
+//! - **The turn's deadline** ([`ExecutorBuilder::turn_timeout`], 5 minutes by default):
+//!   completed results are kept, running steps become `timedOut`
 //!   (their calls are left to finish, not awaited, unless [`OnDeadline::Cancel`]), the rest
 //!   are skipped, and [`TurnResult::message`] says what did not finish.
 //! - **Confirmation**: a run with mutating steps and no confirmation asks for one
@@ -36,7 +43,9 @@
 //!   `calls.jsonl`, `results.jsonl` and `events.jsonl` (written losslessly: when the writer
 //!   is behind, the run waits for it); [`reconstruct`] reads them back and [`replay`] runs
 //!   the plan again against the recorded results and retry pauses, calling no tool, and
-//!   reports the first divergence.
+//!   reports the first divergence. The run id names the run's folder, so it is a safe name
+//!   ([`Turn::with_run_id`]), and a run id that already has a folder is refused: no run
+//!   (and no replay) appends to another's record.
 //!
 //! See [`Executor`] for an example.
 

@@ -425,8 +425,7 @@ impl<'v> Nodes<'v> {
         }
     }
 
-    /// The next value and its depth; the children of a container come after it, unless
-    /// [`skip_children`](Nodes::skip_children) is called first.
+    /// The next value and its depth; the children of a container come after it.
     fn next(&mut self) -> Option<(&'v Value, usize)> {
         let value = match self.first.take() {
             Some(value) => value,

@@ -746,7 +746,11 @@ where
         // Each free slot of a tool goes back to the first step waiting for it, as a scan in
         // plan order would give it.
         for (tool, waiting) in &mut self.parked {
-            let cap = policy.tool_concurrency.get(tool).copied().unwrap_or(usize::MAX);
+            let cap = policy
+                .tool_concurrency
+                .get(tool)
+                .copied()
+                .unwrap_or(usize::MAX);
             let used = self.tool_in_flight.get(tool).copied().unwrap_or(0);
             for _ in used..cap {
                 let Some(i) = waiting.pop_first() else {

@@ -238,9 +238,7 @@ async fn references_that_nest_an_output_too_deep_fail_the_call_not_the_process()
 
 /// The name of a test of this binary, as `--exact` wants it.
 fn test_name(function: &str) -> String {
-    let module = module_path!()
-        .split_once("::")
-        .map_or("", |(_, rest)| rest);
+    let module = module_path!().split_once("::").map_or("", |(_, rest)| rest);
     format!("{module}::{function}")
 }
 
@@ -299,7 +297,8 @@ fn references_that_multiply_an_output_are_refused_at_the_params_limit() {
     // Each step echoes the previous output twice: 60 doublings of 1 KB, far more than any
     // memory if they were built.
     let calls = Arc::new(AtomicUsize::new(0));
-    let mut plan = Plan::new().with_step(Step::new("s0", "t::echo", json!({"v": "x".repeat(1000)})));
+    let mut plan =
+        Plan::new().with_step(Step::new("s0", "t::echo", json!({"v": "x".repeat(1000)})));
     for k in 1..=60 {
         let prev = format!("$steps.s{}", k - 1);
         plan = plan.with_step(Step::new(
@@ -441,11 +440,23 @@ async fn run_ids_that_would_leave_the_audit_directory_are_refused() {
         .unwrap_err();
         assert!(read.to_string().starts_with("runId "), "{id:?}: {read}");
     }
-    assert!(!outside.exists(), "nothing is written outside the audit directory");
-    assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0, "nor at its root");
+    assert!(
+        !outside.exists(),
+        "nothing is written outside the audit directory"
+    );
+    assert_eq!(
+        std::fs::read_dir(&root).unwrap().count(),
+        0,
+        "nor at its root"
+    );
     assert_eq!(tools.total(), 0);
 
-    for id in ["run-1", "01J9ZQ5Y3V7C8X2M4N6P8R0T2W", "a.b_c-d", &"x".repeat(128)] {
+    for id in [
+        "run-1",
+        "01J9ZQ5Y3V7C8X2M4N6P8R0T2W",
+        "a.b_c-d",
+        &"x".repeat(128),
+    ] {
         let turn: Turn = serde_json::from_value(json!({
             "sessionKey": "s", "actorId": "u", "runId": id
         }))
@@ -497,13 +508,19 @@ async fn a_run_id_with_a_record_is_not_reused_and_a_replay_does_not_append_to_it
 
     let again = executor.start(tools.service(), &plan, turn()).unwrap_err();
     assert_eq!(again.problems()[0].field, "runId");
-    assert!(again.to_string().contains("already has a record"), "{again}");
+    assert!(
+        again.to_string().contains("already has a record"),
+        "{again}"
+    );
 
     let recorded = reconstruct(&dir).unwrap();
     let refused = replay(&recorded, &executor).await.unwrap_err();
     assert_eq!(refused.problems()[0].field, "runId");
     assert_eq!(counts(&dir), recorded_counts, "the record is unchanged");
-    assert_eq!(std::fs::read_to_string(dir.join("run.json")).unwrap(), run_json);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("run.json")).unwrap(),
+        run_json
+    );
     assert_eq!(tools.total(), 2);
 
     // An executor without the audit directory replays it.
@@ -625,15 +642,19 @@ async fn a_run_has_a_turn_deadline_by_default() {
     ]}))
     .unwrap();
     let started = tokio::time::Instant::now();
-    let result = executor
+    let run = executor
         .start(tools.service(), &plan, Turn::new("s", "u"))
-        .unwrap()
-        .finish()
-        .await;
+        .unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(3_600), run.finish())
+        .await
+        .expect("the run ends by its default deadline");
     assert_eq!(started.elapsed(), Duration::from_secs(300));
     assert_eq!(result.status, TurnStatus::Partial);
     assert_eq!(result.step("hotels").unwrap().status, StepStatus::TimedOut);
-    assert_eq!(result.step("weather").unwrap().status, StepStatus::Succeeded);
+    assert_eq!(
+        result.step("weather").unwrap().status,
+        StepStatus::Succeeded
+    );
 
     // A deadline too far to tell is no crash: the run starts and waits.
     let far = Executor::builder(registry())
@@ -688,7 +709,11 @@ fn step_ids_and_captures_that_no_reference_can_name_are_refused() {
 
     let fine = Plan::new()
         .with_step(Step::new("a-b_1", "travel::hotels", json!({})).with_capture_as("the_x"))
-        .with_step(Step::new("étape", "travel::hotels", json!({"q": "$steps.a-b_1"})));
+        .with_step(Step::new(
+            "étape",
+            "travel::hotels",
+            json!({"q": "$steps.a-b_1"}),
+        ));
     assert_eq!(executor.check(&fine), Ok(()));
 }
 
@@ -762,7 +787,11 @@ async fn a_shared_plan_is_not_copied_by_its_run() {
         .unwrap()
         .start_shared(tools.service(), plan.clone(), Turn::new("s", "u"))
         .unwrap();
-    assert_eq!(Arc::strong_count(&plan), 2, "the run holds the caller's plan");
+    assert_eq!(
+        Arc::strong_count(&plan),
+        2,
+        "the run holds the caller's plan"
+    );
     let result = run.finish().await;
     assert_eq!(result.status, TurnStatus::Completed);
     assert_eq!(tools.count("travel::hotels"), 1_000);
