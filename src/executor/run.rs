@@ -264,8 +264,8 @@ where
     captured: Map<String, Value>,
     ready: BTreeSet<usize>,
     active: BTreeSet<usize>,
-    /// Steps whose next call waits for a slot of its tool's concurrency limit, by tool: a
-    /// call of the tool that ends moves the first back to `active`, so that scheduling
+    /// Steps whose next call waits for a slot of its tool's concurrency limit, by tool:
+    /// each slot that frees moves the first of them back to `active`, so that scheduling
     /// does not look at every waiting step each time a call is dispatched.
     parked: HashMap<String, BTreeSet<usize>>,
     running: FuturesUnordered<InFlight<S::Future>>,
