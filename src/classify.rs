@@ -521,7 +521,8 @@ mod tests {
         for status in RETRIABLE_HTTP_STATUSES {
             let (v, _, health) = verdict(ToolError::from_http_status(status, "x"), &tool);
             assert_eq!(v, Verdict::Retriable, "{status}");
-            assert!(health, "{status} speaks of health");
+            // A throttle asks the caller to slow down; it says nothing of health.
+            assert_eq!(health, status != 429, "{status} speaks of health");
         }
         for status in TERMINAL_HTTP_STATUSES {
             let (v, _, health) = verdict(ToolError::from_http_status(status, "x"), &tool);
