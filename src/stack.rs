@@ -371,10 +371,7 @@ type Stacked<S, St> = Stage<
                             CircuitBreakerLayer,
                             Stage<
                                 TimeoutLayer,
-                                Stage<
-                                    HookLayer<SharedHooks>,
-                                    Stage<HookLayer<AuditAttempts>, S>,
-                                >,
+                                Stage<HookLayer<SharedHooks>, Stage<HookLayer<AuditAttempts>, S>>,
                             >,
                         >,
                     >,

@@ -75,7 +75,12 @@ impl Settings {
         let read_only = descriptor.is_some_and(|d| d.risk == RiskLevel::ReadOnly);
         let overrides = match setting {
             LayerSetting::Off => return None,
-            LayerSetting::Default => return Some(Settings { read_only, ..self.clone() }),
+            LayerSetting::Default => {
+                return Some(Settings {
+                    read_only,
+                    ..self.clone()
+                })
+            }
             LayerSetting::On(overrides) => overrides,
         };
         let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);

@@ -281,12 +281,15 @@ async fn a_stalled_writer_never_slows_a_call_through_the_trace_layer() {
         stop
     };
     let audit = AuditLog::with_sink(sink.clone(), QUEUE, Redactor::default());
-    let svc = TraceLayer::new().audit(audit.clone()).layer(
-        HookLayer::new(audit.attempt_hooks()).layer(tool_fn(move |_call: ToolCall| async move {
-            tokio::time::sleep(tool_time).await;
-            Ok(ToolOutput::new(json!({"done": true})))
-        })),
-    );
+    let svc =
+        TraceLayer::new()
+            .audit(audit.clone())
+            .layer(HookLayer::new(audit.attempt_hooks()).layer(tool_fn(
+                move |_call: ToolCall| async move {
+                    tokio::time::sleep(tool_time).await;
+                    Ok(ToolOutput::new(json!({"done": true})))
+                },
+            )));
 
     let start = Instant::now();
     let elapsed = futures::future::join_all((0..CALLS).map(|n| {
@@ -383,11 +386,12 @@ fn params_eight_thousand_levels_deep_are_audited_cut_short_without_a_crash() {
 async fn audit_a_deep_call() {
     let sink = MemorySink::default();
     let audit = AuditLog::with_sink(sink.clone(), 64, Redactor::default());
-    let mut svc = TraceLayer::new().audit(audit.clone()).layer(
-        HookLayer::new(audit.attempt_hooks()).layer(tool_fn(|_call: ToolCall| async move {
-            Ok(ToolOutput::new(deep_value(8_000)))
-        })),
-    );
+    let mut svc =
+        TraceLayer::new()
+            .audit(audit.clone())
+            .layer(HookLayer::new(audit.attempt_hooks()).layer(tool_fn(
+                |_call: ToolCall| async move { Ok(ToolOutput::new(deep_value(8_000))) },
+            )));
     let call = ToolCall::builder("agents.tools.web", "search")
         .session("sess-42")
         .actor("user-7")

@@ -243,14 +243,17 @@ fn a_broken_audit_directory_is_an_error_naming_the_file_and_line() {
 async fn the_trace_layer_writes_step_started_uses_the_run_ids_and_records_a_dropped_call() {
     let dir = temp_dir("trace");
     let audit = AuditLog::builder(&dir).build().unwrap();
-    let mut svc = TraceLayer::new().audit(audit.clone()).layer(
-        HookLayer::new(audit.attempt_hooks()).layer(tool_fn(|call: ToolCall| async move {
-            if call.params().as_map().contains_key("slow") {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-            }
-            Ok(ToolOutput::new(json!("done")))
-        })),
-    );
+    let mut svc =
+        TraceLayer::new()
+            .audit(audit.clone())
+            .layer(HookLayer::new(audit.attempt_hooks()).layer(tool_fn(
+                |call: ToolCall| async move {
+                    if call.params().as_map().contains_key("slow") {
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                    }
+                    Ok(ToolOutput::new(json!("done")))
+                },
+            )));
     let call = |params: Value| {
         ToolCall::builder("travel", "flights")
             .session("s")

@@ -470,15 +470,14 @@ fn check_audit(dir: &Path) {
     let events = read_lines(&dir.join("events.jsonl"));
     // A retried attempt: a failed one that another attempt of the same run follows.
     let started = |run: &Value, attempt: u64| {
-        events.iter().any(|e| {
-            e["type"] == "step.started" && e["runId"] == *run && e["attempt"] == attempt
-        })
+        events
+            .iter()
+            .any(|e| e["type"] == "step.started" && e["runId"] == *run && e["attempt"] == attempt)
     };
     let retried = events
         .iter()
         .filter(|e| {
-            e["type"] == "step.failed"
-                && started(&e["runId"], e["attempt"].as_u64().unwrap() + 1)
+            e["type"] == "step.failed" && started(&e["runId"], e["attempt"].as_u64().unwrap() + 1)
         })
         .count();
     assert_eq!(retried, 1 + 3);

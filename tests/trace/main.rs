@@ -13,8 +13,8 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, TraceLayer};
 use tower_toolcall::{
-    tool_fn, CircuitBreakerLayer, HookLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer, RetryLayer,
-    ToolCall, ToolError, ToolOutput,
+    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, HookLayer, IdempotencyLayer,
+    RetryLayer, ToolCall, ToolError, ToolOutput,
 };
 
 async fn run<S>(svc: &mut S, call: ToolCall) -> Result<ToolOutput, ToolError>
