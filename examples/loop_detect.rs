@@ -25,7 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let search = tool_fn(|call: ToolCall| async move {
         Ok(ToolOutput::new(
-            json!({"hits": [], "query": call.params().as_map()["query"]}),
+            json!({"hits": [], "query": call.params().as_map().get("query")}),
         ))
     });
     let mut stack = ServiceBuilder::new()

@@ -60,7 +60,12 @@ fn search(call: &ToolCall, runs: &Runs) -> Result<ToolOutput, ToolError> {
             "search upstream is overloaded",
         ));
     }
-    let query = call.params().as_map()["query"].as_str().unwrap_or_default();
+    let query = call
+        .params()
+        .as_map()
+        .get("query")
+        .and_then(|q| q.as_str())
+        .unwrap_or_default();
     let hits: Vec<_> = [
         "tower: a library of modular components",
         "tokio: an async runtime",

@@ -35,7 +35,10 @@
 //!
 //! A breaker counts only failures that speak of the dependency's health: every retriable
 //! failure, and terminal failures that are not the caller's fault. Caller faults are the
-//! codes in [`CALLER_FAULT_CODES`] and upstream 4xx answers other than 408 and 429.
+//! codes in [`CALLER_FAULT_CODES`] and upstream 4xx answers other than 408 and 429. A
+//! throttle ([`is_throttle`]: HTTP 429, or `RATE_LIMITED` from the tool) is retriable, its
+//! `Retry-After` honoured, but says nothing about the dependency's health: a tool that is
+//! merely rate limited is not reported as down.
 //!
 //! A custom classifier is any [`Classify`] implementation, closures included; it may fall
 //! back on [`DefaultClassifier`]:
@@ -401,7 +404,7 @@ fn classify_error(error: &ToolError, tool: &ToolProfile) -> Classification {
         _ => Classification::terminal(reason),
     };
     classification
-        .with_health_failure(!is_caller_fault(error))
+        .with_health_failure(!is_caller_fault(error) && !is_throttle(error))
         .by(basis)
 }
 
@@ -425,6 +428,12 @@ pub(crate) fn decided_retriable(error: &ToolError) -> bool {
 pub fn is_caller_fault(error: &ToolError) -> bool {
     CALLER_FAULT_CODES.contains(&error.code())
         || matches!(error.http_status(), Some(s @ 400..=499) if s != 408 && s != 429)
+}
+
+/// `true` when `error` is a throttle: the dependency answered HTTP 429 or `RATE_LIMITED`. It
+/// asks the caller to slow down; it does not say that the dependency is unwell.
+pub fn is_throttle(error: &ToolError) -> bool {
+    error.code() == ErrorCode::RateLimited || error.http_status() == Some(429)
 }
 
 /// A classifier shared by the clones of a layer; cheap to clone.
@@ -512,7 +521,8 @@ mod tests {
         for status in RETRIABLE_HTTP_STATUSES {
             let (v, _, health) = verdict(ToolError::from_http_status(status, "x"), &tool);
             assert_eq!(v, Verdict::Retriable, "{status}");
-            assert!(health, "{status} speaks of health");
+            // A throttle asks the caller to slow down; it says nothing of health.
+            assert_eq!(health, status != 429, "{status} speaks of health");
         }
         for status in TERMINAL_HTTP_STATUSES {
             let (v, _, health) = verdict(ToolError::from_http_status(status, "x"), &tool);
@@ -590,6 +600,22 @@ mod tests {
         assert_eq!(verdict(throttled_by_layer, &tool).0, Verdict::Ignored);
         let throttled_upstream = ToolError::from_http_status(429, "slow down");
         assert_eq!(verdict(throttled_upstream, &tool).0, Verdict::Retriable);
+    }
+
+    #[test]
+    fn throttles_are_retriable_but_not_health_failures() {
+        let tool = profile(RiskLevel::Writes, false, ClassifyOverrides::default());
+        for throttle in [
+            ToolError::from_http_status(429, "slow down"),
+            ToolError::new(ErrorCode::RateLimited, "quota spent"),
+        ] {
+            assert!(is_throttle(&throttle));
+            let (verdict, _, health) = verdict(throttle, &tool);
+            assert_eq!((verdict, health), (Verdict::Retriable, false));
+        }
+        let down = ToolError::from_http_status(503, "down");
+        assert!(!is_throttle(&down));
+        assert!(verdict(down, &tool).2);
     }
 
     #[test]

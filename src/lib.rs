@@ -41,7 +41,7 @@
 //!     .build()?;
 //!
 //! let search = tool_fn(|call: ToolCall| async move {
-//!     Ok(ToolOutput::new(json!({"hits": [], "query": call.params().as_map()["query"]})))
+//!     Ok(ToolOutput::new(json!({"hits": [], "query": call.params().as_map().get("query")})))
 //! });
 //! let mut stack = ServiceBuilder::new()
 //!     .layer(ResultEnvelopeLayer::new())

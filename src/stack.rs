@@ -14,7 +14,9 @@
 //! Loop detection sees every repeat the model issues before the idempotency cache answers
 //! it; idempotency wraps the whole retried execution as one record; the breaker sits inside
 //! retry, so that it counts each attempt and an open breaker stops the retries; the timeout
-//! bounds each attempt; the hooks run around the tool, once per attempt.
+//! bounds each attempt; the hooks run around the tool, once per attempt, and so does the
+//! trace layer's [audit log](crate::trace::AuditLog::attempt_hooks), innermost, so that it
+//! writes only the attempts that reach the tool.
 //!
 //! The stack answers with the crate's own types (`ToolOutput` / `ToolError`), so that it
 //! composes with other tower middleware; put a [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer)
@@ -76,7 +78,7 @@ use crate::rate_limit::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::registry::ToolRegistry;
 use crate::retry::{RetryLayer, RetryLayerBuilder};
 use crate::timeout::{TimeoutLayer, TimeoutLayerBuilder};
-use crate::trace::{Redactor, TraceLayer};
+use crate::trace::{AuditAttempts, Redactor, TraceLayer};
 use crate::validate::{EnvelopeValidateLayer, EnvelopeValidateLayerBuilder};
 
 /// The hooks object the stack hands to its trace layer and to the layer around the tool.
@@ -150,6 +152,8 @@ pub struct ToolStack<St = InMemoryDedupeStore> {
     breaker: Option<CircuitBreakerLayer>,
     timeout: Option<TimeoutLayer>,
     hooks: Option<HookLayer<SharedHooks>>,
+    /// The trace layer's audit log writing each attempt, innermost.
+    audit_attempts: Option<HookLayer<AuditAttempts>>,
 }
 
 impl ToolStack<InMemoryDedupeStore> {
@@ -324,6 +328,7 @@ impl<St> Clone for ToolStack<St> {
             breaker: self.breaker.clone(),
             timeout: self.timeout.clone(),
             hooks: self.hooks.clone(),
+            audit_attempts: self.audit_attempts.clone(),
         }
     }
 }
@@ -364,7 +369,10 @@ type Stacked<S, St> = Stage<
                         RetryLayer,
                         Stage<
                             CircuitBreakerLayer,
-                            Stage<TimeoutLayer, Stage<HookLayer<SharedHooks>, S>>,
+                            Stage<
+                                TimeoutLayer,
+                                Stage<HookLayer<SharedHooks>, Stage<HookLayer<AuditAttempts>, S>>,
+                            >,
                         >,
                     >,
                 >,
@@ -387,6 +395,7 @@ impl<S, St> Layer<S> for ToolStack<St> {
             .option_layer(self.breaker.clone())
             .option_layer(self.timeout.clone())
             .option_layer(self.hooks.clone())
+            .option_layer(self.audit_attempts.clone())
             .service(tool);
         ToolStackService { inner }
     }
@@ -875,6 +884,10 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
             (true, Some(hooks)) => Some(self.trace.hooks(hooks.clone())),
             (true, None) => Some(self.trace),
         };
+        let audit_attempts = trace
+            .as_ref()
+            .and_then(TraceLayer::audit_log)
+            .map(|audit| HookLayer::new(audit.attempt_hooks()));
         let idempotency = on(StackLayer::Idempotency)
             .then(|| self.idempotency.build())
             .transpose()?;
@@ -904,6 +917,7 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
                 .then(|| self.timeout.build())
                 .transpose()?,
             hooks: self.hooks.map(HookLayer::new),
+            audit_attempts,
             registry: self.registry,
         })
     }

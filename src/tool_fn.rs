@@ -20,7 +20,7 @@ use crate::outcome::ToolOutput;
 ///
 /// # tokio_test::block_on(async {
 /// let mut search = tool_fn(|call: ToolCall| async move {
-///     let query = call.params().as_map()["query"].as_str().unwrap_or_default().to_owned();
+///     let query = call.params().as_map().get("query").and_then(|q| q.as_str()).unwrap_or_default().to_owned();
 ///     Ok::<_, ToolError>(ToolOutput::new(json!({"query": query, "hits": []})))
 /// });
 /// let call = ToolCall::builder("agents.tools.web", "search")

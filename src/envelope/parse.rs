@@ -180,6 +180,9 @@ fn from_json_error(err: serde_path_to_error::Error<serde_json::Error>) -> ToolEr
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof
     ) {
         let message = err.inner().to_string();
+        if strip_position(&message) == "recursion limit exceeded" {
+            return nested_too_deep(&path);
+        }
         return match not_i_json(strip_position(&message)) {
             Some(problem) if path != "." => {
                 ToolError::invalid_field(&path, Problem(ijson::problem(problem)))
@@ -205,6 +208,32 @@ fn from_value_error(err: serde_path_to_error::Error<serde_json::Error>) -> ToolE
     let path = err.path().to_string();
     field_error(&path, err.inner())
 }
+
+/// JSON nested deeper than the parser follows (128 levels), under the member at `path`:
+/// refused naming the member that holds it, as the depth limit of the params does.
+fn nested_too_deep(path: &str) -> ToolError {
+    let field = if path.starts_with("payload.params") {
+        "payload.params"
+    } else {
+        path.split(['.', '[']).next().unwrap_or_default()
+    };
+    let shown = if field.is_empty() || field == "?" {
+        "the envelope"
+    } else {
+        field
+    };
+    ToolError::rejected(
+        ErrorCode::ValidationError,
+        format!(
+            "invalid tool call: `{shown}` nests deeper than {JSON_NESTING_LIMIT} levels of \
+             JSON; flatten it"
+        ),
+    )
+    .with_details(serde_json::json!({"field": field, "maxDepth": JSON_NESTING_LIMIT}))
+}
+
+/// How deep the JSON parser follows arrays and objects.
+const JSON_NESTING_LIMIT: usize = 128;
 
 pub(crate) fn not_json(err: &serde_json::Error) -> ToolError {
     let problem = strip_position(&err.to_string()).to_owned();

@@ -7,7 +7,7 @@ use tower_layer::Layer;
 
 use super::service::{Counters, Idempotency, IdempotencyStats, Settings, Shared};
 use super::store::{at_least_a_millisecond, DedupeStore, InMemoryDedupeStore};
-use super::{DEFAULT_DONE_TTL, DEFAULT_FAILED_TTL, DEFAULT_INFLIGHT_LEASE};
+use super::{DEFAULT_DONE_TTL, DEFAULT_FAILED_TTL, DEFAULT_INFLIGHT_LEASE, DEFAULT_RESEND_WINDOW};
 use crate::canonical::CanonicalOptions;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ConfigError, ToolError};
@@ -52,6 +52,9 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
                 inflight_lease: DEFAULT_INFLIGHT_LEASE,
                 on_params_mismatch: ParamsMismatch::Conflict,
                 on_store_error: OnStoreError::FailClosed,
+                resend_window: DEFAULT_RESEND_WINDOW,
+                read_cache_ttl: None,
+                read_only: false,
             },
         }
     }
@@ -198,7 +201,8 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
         self
     }
 
-    /// How long a successful result is kept (default 24 h).
+    /// How long a successful result under a caller's or a hook's key is kept (default 24 h).
+    /// A derived key keeps its result for the [re-send window](Self::resend_window) instead.
     pub fn done_ttl(mut self, ttl: Duration) -> Self {
         self.defaults.done_ttl = ttl;
         self
@@ -208,6 +212,23 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
     /// visible.
     pub fn failed_ttl(mut self, ttl: Duration) -> Self {
         self.defaults.failed_ttl = ttl;
+        self
+    }
+
+    /// How long a completed result answers the same call re-sent under a derived key
+    /// (default 30 s), for tools that are not read-only. Zero turns reuse off: a derived key
+    /// then only joins a call still in flight. A read-only tool reuses a result only within
+    /// its [read cache TTL](Self::read_cache_ttl).
+    pub fn resend_window(mut self, window: Duration) -> Self {
+        self.defaults.resend_window = window;
+        self
+    }
+
+    /// How long a read-only tool's completed result answers the same read under a derived
+    /// key (default: never, the read runs again once the first has finished). Set it for
+    /// reads whose answer may be that old.
+    pub fn read_cache_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.defaults.read_cache_ttl = ttl;
         self
     }
 
@@ -253,8 +274,8 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
         at_least_a_millisecond("idempotency.failed_ttl", self.defaults.failed_ttl)?;
         at_least_a_millisecond("idempotency.inflight_lease", self.defaults.inflight_lease)?;
         let defaults = &self.defaults;
-        let tools = ToolTable::resolve(&self.registry, |_, policy| {
-            Ok(defaults.for_tool(&policy.idempotency))
+        let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
+            Ok(defaults.for_tool(descriptor, &policy.idempotency))
         })?;
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {

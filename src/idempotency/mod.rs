@@ -13,11 +13,29 @@
 //! fingerprint, never by itself: a derived key (a SHA-256 already) by its first 16 hex digits,
 //! another key by the [fingerprint](key_fingerprint) of its store key.
 //!
+//! # Derived keys absorb re-sends, not repeats
+//!
+//! A caller's or a hook's key says "this is one operation": its result is kept 24 h. A
+//! derived key only says "the same call again", which is either a re-send (the answer was
+//! lost on the way back, a client retried) or a repeat the model means (poll the time again,
+//! search again after a write). So a derived key:
+//!
+//! | the first call is | a tool that is not read-only | a read-only tool |
+//! |---|---|---|
+//! | in flight | joins it | joins it |
+//! | completed | reuses its result within the re-send window (30 s; [`resend_window`](IdempotencyLayerBuilder::resend_window), per tool `resend_window_ms`, `0` off), then runs again | runs again, unless the tool has a read cache TTL ([`read_cache_ttl`](IdempotencyLayerBuilder::read_cache_ttl), per tool `read_cache_ttl_ms`): within it, reuses the result |
+//!
+//! The record of a derived key is kept only that long, so the store does not fill with a
+//! day of derived keys. Every answer taken from a record says so: `fromCache`, and
+//! `cache.matchedOn` and `cache.ageMs` in the result envelope. A client that needs a result
+//! kept longer sends its own key.
+//!
 //! # What a call finds
 //!
 //! The first call claims its key atomically with an in-flight lease (2 min by default,
 //! renewed every half lease while the tool runs), runs the tool and stores the result by
-//! compare-and-set on the record's version: a success for 24 h, a failure for 5 min. A
+//! compare-and-set on the record's version: under a caller's or a hook's key, a success for
+//! 24 h and a failure for 5 min (a derived key: see above). A
 //! failure whose error says the request was not processed (a refusal before any effect) is
 //! not kept: the key is freed instead. A duplicate finds:
 //!
@@ -134,5 +152,7 @@ pub use store::{
 pub const DEFAULT_DONE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long a failure is kept by default: 5 min.
 pub const DEFAULT_FAILED_TTL: Duration = Duration::from_secs(5 * 60);
+/// How long a completed result answers a re-send under a derived key by default: 30 s.
+pub const DEFAULT_RESEND_WINDOW: Duration = Duration::from_secs(30);
 /// The default in-flight lease: 2 min.
 pub const DEFAULT_INFLIGHT_LEASE: Duration = Duration::from_secs(2 * 60);

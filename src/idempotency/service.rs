@@ -14,7 +14,10 @@ use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::ToolError;
 use crate::middleware::Passthrough;
 use crate::outcome::ToolOutput;
-use crate::registry::{IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch};
+use crate::registry::{
+    IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch, RiskLevel,
+    ToolDescriptor,
+};
 use crate::tool_table::ToolTable;
 
 /// Executes each idempotency key at most once; made by
@@ -51,18 +54,43 @@ pub(super) struct Settings {
     pub(super) inflight_lease: Duration,
     pub(super) on_params_mismatch: ParamsMismatch,
     pub(super) on_store_error: OnStoreError,
+    /// How long a completed result answers a derived key's re-send (tools that are not
+    /// read-only); zero: never.
+    pub(super) resend_window: Duration,
+    /// How long a read-only tool's completed result answers a derived key; `None`: never,
+    /// the read runs again.
+    pub(super) read_cache_ttl: Option<Duration>,
+    /// The tool is registered as read-only.
+    pub(super) read_only: bool,
 }
 
 impl Settings {
-    /// These settings with a tool's `policy.idempotency` over them; `None` when it is off.
-    pub(super) fn for_tool(&self, setting: &LayerSetting<IdempotencyOverrides>) -> Option<Self> {
+    /// These settings with a tool's `policy.idempotency` over them, for the tool of
+    /// `descriptor` (`None`: unregistered, not read-only); `None` when the layer is off.
+    pub(super) fn for_tool(
+        &self,
+        descriptor: Option<&ToolDescriptor>,
+        setting: &LayerSetting<IdempotencyOverrides>,
+    ) -> Option<Self> {
+        let read_only = descriptor.is_some_and(|d| d.risk == RiskLevel::ReadOnly);
         let overrides = match setting {
             LayerSetting::Off => return None,
-            LayerSetting::Default => return Some(self.clone()),
+            LayerSetting::Default => {
+                return Some(Settings {
+                    read_only,
+                    ..self.clone()
+                })
+            }
             LayerSetting::On(overrides) => overrides,
         };
         let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
         Some(Settings {
+            read_only,
+            resend_window: ms(overrides.resend_window_ms, self.resend_window),
+            read_cache_ttl: overrides
+                .read_cache_ttl_ms
+                .map(Duration::from_millis)
+                .or(self.read_cache_ttl),
             mode: overrides.dedupe_mode.unwrap_or(self.mode),
             scope: overrides.scope.unwrap_or(self.scope),
             derive_keys: overrides.derive_key.unwrap_or(self.derive_keys),
@@ -127,14 +155,46 @@ impl<St: DedupeStore> Shared<St> {
         );
         claim.key_derived_from_params = key_source == KeySource::Derived;
         claim.take_over_retriable_failure = mode == DedupeMode::BestEffort;
+        let (mut done_ttl, mut failed_ttl) = (settings.done_ttl, settings.failed_ttl);
+        if key_source == KeySource::Derived {
+            match settings.derived_reuse() {
+                Some(window) => {
+                    done_ttl = window;
+                    failed_ttl = failed_ttl.min(window);
+                }
+                None => {
+                    // Kept only for the calls already waiting on it: a later call runs.
+                    claim.reuse_settled = false;
+                    (done_ttl, failed_ttl) = (SETTLED_FOR_WAITERS, SETTLED_FOR_WAITERS);
+                }
+            }
+        }
         Ok(Some(Plan {
             mode,
             claim,
             key_source,
-            done_ttl: settings.done_ttl,
-            failed_ttl: settings.failed_ttl,
+            done_ttl,
+            failed_ttl,
             fail_open: settings.on_store_error == OnStoreError::FailOpen,
         }))
+    }
+}
+
+/// How long the settled record of a derived key that reuses no result is kept: waiters
+/// already have its result, and no later call reads it.
+const SETTLED_FOR_WAITERS: Duration = Duration::from_millis(1);
+
+impl Settings {
+    /// How long a settled record of a derived key answers later calls: a read-only tool's
+    /// cache TTL, another tool's re-send window (never longer than the done TTL); `None`
+    /// when it answers none.
+    pub(super) fn derived_reuse(&self) -> Option<Duration> {
+        let window = if self.read_only {
+            self.read_cache_ttl?
+        } else {
+            self.resend_window.min(self.done_ttl)
+        };
+        (!window.is_zero()).then_some(window)
     }
 }
 

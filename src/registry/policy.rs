@@ -497,6 +497,14 @@ pub struct IdempotencyOverrides {
     /// How long a failure is kept, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_ttl_ms: Option<u64>,
+    /// How long a completed result answers a re-send under a derived key, in milliseconds
+    /// (tools that are not read-only); `0` turns reuse off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resend_window_ms: Option<u64>,
+    /// How long a read-only tool's completed result answers the same read under a derived
+    /// key, in milliseconds; unset: the read runs again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_cache_ttl_ms: Option<u64>,
     /// The in-flight lease, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inflight_lease_ms: Option<u64>,
@@ -519,6 +527,10 @@ option_setters!(IdempotencyOverrides {
     with_done_ttl_ms => done_ttl_ms: u64,
     /// Sets how long a failure is kept, in milliseconds.
     with_failed_ttl_ms => failed_ttl_ms: u64,
+    /// Sets the re-send window of derived keys, in milliseconds (`0`: off).
+    with_resend_window_ms => resend_window_ms: u64,
+    /// Sets how long a read-only tool's result answers the same read, in milliseconds.
+    with_read_cache_ttl_ms => read_cache_ttl_ms: u64,
     /// Sets the in-flight lease, in milliseconds.
     with_inflight_lease_ms => inflight_lease_ms: u64,
     /// Sets what a reused key with other params means.
@@ -531,6 +543,7 @@ impl IdempotencyOverrides {
     fn check(&self) -> Result<(), ConfigError> {
         at_least("done_ttl_ms", self.done_ttl_ms, 1)?;
         at_least("failed_ttl_ms", self.failed_ttl_ms, 1)?;
+        at_least("read_cache_ttl_ms", self.read_cache_ttl_ms, 1)?;
         at_least("inflight_lease_ms", self.inflight_lease_ms, 1)
     }
 }

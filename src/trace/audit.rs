@@ -97,8 +97,9 @@ pub struct ExecutionEvent {
     /// `run.started`, `run.confirmationRequested`, `run.confirmed`, `run.cancelled`,
     /// `run.finished`, `step.scheduled`, `step.started`, `step.progress`, `step.finished`,
     /// `step.failed`; from the trace layer also `step.shadow` (a decision a layer in shadow
-    /// mode did not enforce), `run.failed`, `run.blocked`, and `admin.change` (an operator's
-    /// change, see [`ExecutionEvent::admin`]).
+    /// mode did not enforce), `step.refused` (a layer refused the call), `step.cached` (an
+    /// idempotency record answered it), `run.failed`, `run.blocked`, and `admin.change` (an
+    /// operator's change, see [`ExecutionEvent::admin`]).
     #[serde(rename = "type")]
     pub kind: Cow<'static, str>,
     /// The run: the executor's run id, else the call's `requestId`.
@@ -348,6 +349,13 @@ impl AuditLog {
     /// Queues the result envelope for `results.jsonl`; never waits.
     pub fn record_result(&self, result: ToolResult) {
         self.send(Entry::Result(Box::new(result), unix_now_ms()));
+    }
+
+    /// Hooks that write `step.started` before each attempt reaches the tool and
+    /// `step.finished` or `step.failed` after it, to put around the tool (see
+    /// [`AuditAttempts`](super::AuditAttempts)).
+    pub fn attempt_hooks(&self) -> super::AuditAttempts {
+        super::AuditAttempts::new(self.clone())
     }
 
     /// Queues an event for `events.jsonl`; never waits.

@@ -178,18 +178,6 @@ pub(super) fn audit_finished(
     let record = record_of(outcome);
     let attempts = attempts_of(outcome);
     let blocked = matches!(outcome, Err(error) if error.is_rejected());
-    for retried in &record.retried_by {
-        audit.record_event(
-            ExecutionEvent::new("step.failed", call, "attempt failed; retrying")
-                .attempt(retried.attempt)
-                .level("warn")
-                .payload(json!({
-                    "errorCode": retried.reason_code,
-                    "latencyMs": retried.latency_ms,
-                    "delayMs": retried.delay_ms,
-                })),
-        );
-    }
     for decision in &record.shadow {
         let (layer, verdict) = (decision.layer.as_str(), decision.verdict.as_str());
         audit.record_event(
@@ -199,6 +187,23 @@ pub(super) fn audit_finished(
                 format!("{layer} in shadow mode: {verdict}"),
             )
             .payload(json!({ "layer": layer, "decision": verdict })),
+        );
+    }
+    // A call answered without running the tool on its last attempt: one event of its own,
+    // never an attempt (the attempt hooks write those that reached the tool).
+    let path = record.short_circuit.map(ShortCircuit::as_str);
+    if record.from_cache {
+        let age = record.cache.as_ref().map(|cache| cache.age_ms);
+        audit.record_event(
+            ExecutionEvent::new("step.cached", call, "answered from an idempotency record")
+                .payload(json!({ "path": path, "ageMs": age })),
+        );
+    } else if blocked || path.is_some() {
+        let code = outcome.as_ref().err().map(|error| error.code().as_str());
+        audit.record_event(
+            ExecutionEvent::new("step.refused", call, "refused before the tool ran")
+                .level("warn")
+                .payload(json!({ "path": path, "errorCode": code })),
         );
     }
     let (kind, level, message) = match outcome {
@@ -214,15 +219,6 @@ pub(super) fn audit_finished(
             format!("call failed: {}", error.code()),
         ),
     };
-    // The attempt that ran last, unless the last one was rejected.
-    if attempts > 0 && !record.from_cache && !blocked {
-        let step = if outcome.is_ok() {
-            ExecutionEvent::new("step.finished", call, "attempt succeeded")
-        } else {
-            ExecutionEvent::new("step.failed", call, "attempt failed").level("warn")
-        };
-        audit.record_event(step.attempt(attempts));
-    }
     audit.record_event(
         ExecutionEvent::new(kind, call, message)
             .level(level)

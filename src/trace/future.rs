@@ -18,19 +18,22 @@ pin_project! {
     /// call's span, reported (and handed to the hooks, when it was short-circuited) when it
     /// ends.
     ///
-    /// Dropped before the call ended (its caller gave up on it), it writes `run.cancelled` to
-    /// the audit log: the tool may have acted, the outcome is unknown.
+    /// Dropped before the call ended (its caller gave up on it), it drops the inner call
+    /// first, so that an attempt it cuts short ends in the audit log before the run, then
+    /// writes `run.cancelled`: the tool may have acted, the outcome is unknown.
     #[derive(Debug)]
     pub struct ResponseFuture<F> {
+        // `None` once dropped ahead of the rest.
         #[pin]
-        future: F,
+        future: Option<F>,
         observed: Option<Observed>,
     }
 
     impl<F> PinnedDrop for ResponseFuture<F> {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
+            let mut this = this.project();
             if let Some(observed) = this.observed.take() {
+                this.future.set(None);
                 if let Some(audit) = &observed.config.audit {
                     audit.record_event(
                         ExecutionEvent::new(
@@ -64,7 +67,7 @@ impl<F> ResponseFuture<F> {
         config: Arc<TraceConfig>,
     ) -> Self {
         ResponseFuture {
-            future,
+            future: Some(future),
             observed: Some(Observed {
                 span,
                 call,
@@ -77,7 +80,7 @@ impl<F> ResponseFuture<F> {
     /// The inner call, when nothing listens.
     pub(super) fn unobserved(future: F) -> Self {
         ResponseFuture {
-            future,
+            future: Some(future),
             observed: None,
         }
     }
@@ -91,12 +94,16 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        let future = this
+            .future
+            .as_pin_mut()
+            .expect("a trace future is polled after it was dropped");
         let Some(observed) = this.observed.as_ref() else {
-            return this.future.poll(cx);
+            return future.poll(cx);
         };
         let outcome = {
             let _entered = observed.span.enter();
-            ready!(this.future.poll(cx))
+            ready!(future.poll(cx))
         };
         let Some(Observed {
             span,

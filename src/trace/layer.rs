@@ -63,9 +63,16 @@ impl TraceLayer {
         self.with(|config| config.redactor = redactor)
     }
 
-    /// Writes every call, result and run event to `audit`.
+    /// Writes every call, result and run event to `audit`. Its attempt events come from
+    /// [`AuditLog::attempt_hooks`] around the tool, which [`ToolStack`](crate::ToolStack)
+    /// puts there.
     pub fn audit(self, audit: AuditLog) -> Self {
         self.with(|config| config.audit = Some(audit))
+    }
+
+    /// The audit log, if any.
+    pub(crate) fn audit_log(&self) -> Option<&AuditLog> {
+        self.config.audit.as_ref()
     }
 
     /// Calls [`ToolHooks::on_short_circuit`] of `hooks` once for every call a layer answered

@@ -29,10 +29,17 @@
 //! new trace. Without an OpenTelemetry layer in the subscriber this changes nothing.
 //!
 //! With an [`AuditLog`], the layer also writes each call to `calls.jsonl`, its result to
-//! `results.jsonl`, and its run and step events (`run.started`, `step.failed` per retried
-//! attempt, `step.shadow` per shadow decision, `step.finished`, `run.finished`, `run.failed`,
-//! `run.blocked`) to `events.jsonl`, all redacted, without file I/O on the call path.
+//! `results.jsonl`, and its run events to `events.jsonl`, all redacted, without file I/O on
+//! the call path: `run.started` when the call arrives; `step.shadow` per shadow decision;
+//! for a call that a layer refused, `step.refused`, and for one answered from an
+//! idempotency record (completed or joined in flight), `step.cached`, each with the `path`
+//! it took; then `run.finished`, `run.failed` or `run.blocked`. The attempts that reach the
+//! tool are written by the log's [attempt hooks](AuditLog::attempt_hooks), around the tool:
+//! one `step.started` before each attempt and one `step.finished` or `step.failed` after it.
+//! [`ToolStack`](crate::ToolStack) puts them there; a stack built by hand adds
+//! `HookLayer::new(audit.attempt_hooks())` innermost.
 
+mod attempts;
 mod audit;
 mod events;
 mod future;
@@ -45,6 +52,7 @@ mod service;
 #[cfg(feature = "opentelemetry")]
 mod traceparent;
 
+pub use attempts::AuditAttempts;
 pub(crate) use audit::rfc3339;
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
 pub use future::ResponseFuture;

@@ -50,9 +50,6 @@ where
             if let Some(audit) = &self.config.audit {
                 audit.record_call(&call);
                 audit.record_event(ExecutionEvent::new("run.started", &call, "call received"));
-                audit.record_event(
-                    ExecutionEvent::new("step.started", &call, "attempt started").attempt(1),
-                );
             }
             self.inner.call(call.clone())
         };

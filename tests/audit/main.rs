@@ -14,7 +14,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_toolcall::trace::{
     AuditLog, AuditSink, AuditStream, ExecutionEvent, Redactor, TraceLayer,
 };
-use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolResult};
+use tower_toolcall::{tool_fn, HookLayer, ToolCall, ToolOutput, ToolResult};
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -284,10 +284,12 @@ async fn a_stalled_writer_never_slows_a_call_through_the_trace_layer() {
     let svc =
         TraceLayer::new()
             .audit(audit.clone())
-            .layer(tool_fn(move |_call: ToolCall| async move {
-                tokio::time::sleep(tool_time).await;
-                Ok(ToolOutput::new(json!({"done": true})))
-            }));
+            .layer(HookLayer::new(audit.attempt_hooks()).layer(tool_fn(
+                move |_call: ToolCall| async move {
+                    tokio::time::sleep(tool_time).await;
+                    Ok(ToolOutput::new(json!({"done": true})))
+                },
+            )));
 
     let start = Instant::now();
     let elapsed = futures::future::join_all((0..CALLS).map(|n| {
@@ -332,10 +334,10 @@ type Line = (AuditStream, Vec<u8>);
 
 /// Lines kept in memory, by stream.
 #[derive(Clone, Default)]
-struct MemorySink(Arc<Mutex<Vec<Line>>>);
+pub(crate) struct MemorySink(Arc<Mutex<Vec<Line>>>);
 
 impl MemorySink {
-    fn lines(&self, stream: AuditStream) -> Vec<Value> {
+    pub(crate) fn lines(&self, stream: AuditStream) -> Vec<Value> {
         self.0
             .lock()
             .unwrap()
@@ -387,9 +389,9 @@ async fn audit_a_deep_call() {
     let mut svc =
         TraceLayer::new()
             .audit(audit.clone())
-            .layer(tool_fn(|_call: ToolCall| async move {
-                Ok(ToolOutput::new(deep_value(8_000)))
-            }));
+            .layer(HookLayer::new(audit.attempt_hooks()).layer(tool_fn(
+                |_call: ToolCall| async move { Ok(ToolOutput::new(deep_value(8_000))) },
+            )));
     let call = ToolCall::builder("agents.tools.web", "search")
         .session("sess-42")
         .actor("user-7")
@@ -415,3 +417,5 @@ async fn audit_a_deep_call() {
     let output = &results[0]["result"]["output"];
     assert!(output.to_string().contains("[TRUNCATED]"), "{output}");
 }
+
+mod attempts;

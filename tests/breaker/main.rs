@@ -674,3 +674,36 @@ fn invalid_configuration_names_the_field() {
         "tools[vault::createFile].policy.breaker.min_calls"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn throttles_open_no_breaker() {
+    let throttled = |i: usize| {
+        let error = if i % 2 == 0 {
+            ToolError::from_http_status(429, "too many requests")
+                .with_retry_after(Duration::from_secs(2))
+        } else {
+            ToolError::new(ErrorCode::RateLimited, "quota spent for this minute")
+        };
+        Step::Fail(error)
+    };
+    let tool = ScriptedTool::new((0..12).map(throttled).chain([Step::Ok]));
+    let layer = CircuitBreakerLayer::new(registry_of([create_file()]));
+    let admin = layer.admin();
+    let mut svc = layer.layer(tool.service());
+
+    for _ in 0..12 {
+        let err = call_once(&mut svc, call_of(VAULT, "createFile"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::RateLimited);
+    }
+    let status = admin
+        .status(&BreakerKey::tool(VAULT, "createFile"))
+        .unwrap();
+    assert_eq!(status.state, Closed);
+    assert_eq!(status.stats.failures, 0);
+    call_once(&mut svc, call_of(VAULT, "createFile"))
+        .await
+        .unwrap();
+    assert_eq!(tool.calls(), 13);
+}

@@ -775,8 +775,15 @@ async fn at_a_rollout_of_0_percent_every_layer_of_the_stack_shadows() {
     assert_eq!(tool.runs(), 5, "every repeat ran");
     assert!(has(&outcomes[3], LoopDetect, ShadowVerdict::WouldBlock));
     assert!(has(&outcomes[4], LoopDetect, ShadowVerdict::WouldBlock));
-    assert!(has(&outcomes[1], Idempotency, ShadowVerdict::WouldReplay));
+    // A finished read runs again whatever the mode: nothing to shadow.
+    assert!(!has(&outcomes[1], Idempotency, ShadowVerdict::WouldReplay));
     assert!(outcomes.iter().all(|o| !record(o).from_cache));
+
+    // A write re-sent within the window runs again; its record says it would have replayed.
+    call_once(&mut svc, write("ok", 50)).await.unwrap();
+    let resent = call_once(&mut svc, write("ok", 50)).await;
+    assert!(!record(&resent).from_cache);
+    assert!(has(&resent, Idempotency, ShadowVerdict::WouldReplay));
 
     // A burst over the rate limit runs at once.
     let mut burst = Vec::new();
@@ -794,7 +801,7 @@ async fn at_a_rollout_of_0_percent_every_layer_of_the_stack_shadows() {
     let after = call_once(&mut svc, write("down", 2)).await;
     assert_eq!(code(&after), Some(ErrorCode::UpstreamUnavailable));
     assert!(has(&after, Breaker, ShadowVerdict::WouldReject));
-    assert_eq!(tool.runs(), 5 + 4 + 3);
+    assert_eq!(tool.runs(), 5 + 2 + 4 + 3);
 
     // Rolled out to every session at run time, the same stack enforces.
     control.set_rollout_percent(100).unwrap();
@@ -802,7 +809,7 @@ async fn at_a_rollout_of_0_percent_every_layer_of_the_stack_shadows() {
     assert_eq!(code(&refused), Some(ErrorCode::CircuitOpen));
     let limited = call_once(&mut svc, call("web", "fetch", json!({"n": 14}))).await;
     assert_eq!(code(&limited), Some(ErrorCode::RateLimited));
-    assert_eq!(tool.runs(), 12);
+    assert_eq!(tool.runs(), 14);
 }
 
 /// Four identical calls in `session` through loop detection: whether the fourth was

@@ -186,6 +186,32 @@ fn deeply_nested_json_is_an_error_not_a_crash() {
 }
 
 #[test]
+fn json_nested_past_the_parser_names_the_params() {
+    let mut text = String::from(
+        r#"{"contractVersion":"1.1","requestId":"r","toolName":"t","toolNamespace":"n","target":{"sessionKey":"s","actorId":"a"},"payload":{"version":"1.0","params":{"x":"#,
+    );
+    text.push_str(&"[".repeat(200));
+    text.push_str(&"]".repeat(200));
+    text.push_str("}}}");
+    let err = ToolCall::from_json(text.as_bytes()).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ValidationError);
+    assert_eq!(
+        err.message(),
+        "invalid tool call: `payload.params` nests deeper than 128 levels of JSON; flatten it"
+    );
+    assert_eq!(err.details().unwrap()["field"], "payload.params");
+
+    let control = r#"{"contractVersion":"1.1","requestId":"r","toolName":"t","toolNamespace":"n","target":{"sessionKey":"s","actorId":"a"},"payload":{"version":"1.0","params":{}},"control":"#;
+    let text = format!("{control}{}{}}}", "[".repeat(200), "]".repeat(200));
+    let err = ToolCall::from_json(text.as_bytes()).unwrap_err();
+    assert!(
+        err.message().contains("`control` nests deeper"),
+        "{}",
+        err.message()
+    );
+}
+
+#[test]
 fn cloning_a_call_shares_its_params() {
     let big: serde_json::Map<String, Value> =
         (0..10_000).map(|i| (format!("k{i}"), json!(i))).collect();

@@ -9,7 +9,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_toolcall::envelope::RunLink;
 use tower_toolcall::executor::{reconstruct, replay, Executor, Plan, StepStatus, Turn, TurnStatus};
 use tower_toolcall::trace::{AuditLog, TraceLayer};
-use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+use tower_toolcall::{tool_fn, HookLayer, ToolCall, ToolOutput};
 
 use crate::tools::{ok, ok_with, permanent, registry, transient, Answer, Toolbox};
 
@@ -246,12 +246,14 @@ async fn the_trace_layer_writes_step_started_uses_the_run_ids_and_records_a_drop
     let mut svc =
         TraceLayer::new()
             .audit(audit.clone())
-            .layer(tool_fn(|call: ToolCall| async move {
-                if call.params().as_map().contains_key("slow") {
-                    tokio::time::sleep(Duration::from_secs(10)).await;
-                }
-                Ok(ToolOutput::new(json!("done")))
-            }));
+            .layer(HookLayer::new(audit.attempt_hooks()).layer(tool_fn(
+                |call: ToolCall| async move {
+                    if call.params().as_map().contains_key("slow") {
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                    }
+                    Ok(ToolOutput::new(json!("done")))
+                },
+            )));
     let call = |params: Value| {
         ToolCall::builder("travel", "flights")
             .session("s")
@@ -285,6 +287,7 @@ async fn the_trace_layer_writes_step_started_uses_the_run_ids_and_records_a_drop
             "run.finished",
             "run.started",
             "step.started",
+            "step.failed",
             "run.cancelled"
         ]
     );

@@ -1949,3 +1949,5 @@ async fn snowflake_ids_beyond_two_to_the_53_are_neither_a_cache_hit_nor_a_confli
     assert!(again.record().from_cache);
     assert_eq!(tool.runs(), 1);
 }
+
+mod derived;

@@ -176,9 +176,9 @@ async fn a_loop_is_stopped_and_the_model_reads_why() {
     );
     assert_eq!(
         notes.calls("search"),
-        1,
-        "repeats two and three came from the dedupe cache (a key derived from the params and \
-         the session), and the fourth, stopped, never ran"
+        3,
+        "a finished read runs again (a derived key does not serve it from the record), and \
+         the fourth, stopped, never ran"
     );
 
     // Another connection is another session: its first call runs.
@@ -188,7 +188,7 @@ async fn a_loop_is_stopped_and_the_model_reads_why() {
         .await
         .unwrap();
     assert_ne!(fresh.is_error, Some(true), "{fresh:?}");
-    assert_eq!(notes.calls("search"), 2);
+    assert_eq!(notes.calls("search"), 4);
 }
 
 #[tokio::test(start_paused = true)]

@@ -32,7 +32,8 @@ fn snapshot(recorder: &DebuggingRecorder) -> BTreeMap<String, f64> {
 fn registry() -> ToolRegistry {
     ToolRegistry::from_json_str(
         r#"{"tools": [
-            {"namespace": "web", "name": "search", "risk": "read-only", "idempotent": true},
+            {"namespace": "web", "name": "search", "risk": "read-only", "idempotent": true,
+             "policy": {"idempotency": {"read_cache_ttl_ms": 60000}}},
             {"namespace": "vault", "name": "write", "risk": "writes",
              "policy": {"retry": "off", "idempotency": "off",
                         "breaker": {"consecutive_failures": 2}}}

@@ -185,7 +185,7 @@ fn registry() -> ToolRegistry {
     ToolRegistry::from_json_str(
         r#"{"tools": [
             {"namespace": "agents.tools.web", "name": "search", "risk": "read-only",
-             "idempotent": true},
+             "idempotent": true, "policy": {"idempotency": {"read_cache_ttl_ms": 60000}}},
             {"namespace": "vault", "name": "login", "risk": "writes",
              "policy": {"retry": "off", "idempotency": "off",
                         "breaker": {"consecutive_failures": 2}}}
@@ -468,9 +468,17 @@ fn check_audit(dir: &Path) {
     );
 
     let events = read_lines(&dir.join("events.jsonl"));
+    // A retried attempt: a failed one that another attempt of the same run follows.
+    let started = |run: &Value, attempt: u64| {
+        events
+            .iter()
+            .any(|e| e["type"] == "step.started" && e["runId"] == *run && e["attempt"] == attempt)
+    };
     let retried = events
         .iter()
-        .filter(|e| e["type"] == "step.failed" && e["message"] == "attempt failed; retrying")
+        .filter(|e| {
+            e["type"] == "step.failed" && started(&e["runId"], e["attempt"].as_u64().unwrap() + 1)
+        })
         .count();
     assert_eq!(retried, 1 + 3);
 }

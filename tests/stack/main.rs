@@ -13,7 +13,9 @@ use tower_toolcall::breaker::BreakerKey;
 use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::hooks::ToolHooks;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
-use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::registry::{
+    IdempotencyOverrides, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
+};
 use tower_toolcall::{
     tool_fn, ErrorCode, ResultStatus, ShortCircuit, StackLayer, ToolCall, ToolError, ToolOutput,
     ToolResult, ToolStack,
@@ -22,8 +24,12 @@ use tower_toolcall::{
 fn registry() -> ToolRegistry {
     ToolRegistry::builder()
         .tool(
+            // Its answers may be a minute old: repeated searches are served from the record.
             ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
-                .with_idempotent(true),
+                .with_idempotent(true)
+                .with_policy(ToolPolicy::default().with_idempotency(
+                    IdempotencyOverrides::default().with_read_cache_ttl_ms(60_000),
+                )),
         )
         .tool(
             ToolDescriptor::new("vault", "createFile", RiskLevel::Writes).with_input_schema(

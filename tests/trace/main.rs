@@ -13,8 +13,8 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, TraceLayer};
 use tower_toolcall::{
-    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, IdempotencyLayer, RetryLayer,
-    ToolCall, ToolError, ToolOutput,
+    tool_fn, CircuitBreakerLayer, EnvelopeValidateLayer, ErrorCode, HookLayer, IdempotencyLayer,
+    RetryLayer, ToolCall, ToolError, ToolOutput,
 };
 
 async fn run<S>(svc: &mut S, call: ToolCall) -> Result<ToolOutput, ToolError>
@@ -273,6 +273,7 @@ async fn an_audited_run_of_a_thousand_calls_is_reconstructable() {
     let mut svc = ServiceBuilder::new()
         .layer(TraceLayer::new().audit(audit.clone()))
         .layer(RetryLayer::builder(registry).seed(3).build().unwrap())
+        .layer(HookLayer::new(audit.attempt_hooks()))
         .service(tool_fn(move |call: ToolCall| {
             let run = counted.fetch_add(1, Ordering::SeqCst);
             async move {
@@ -322,19 +323,28 @@ async fn an_audited_run_of_a_thousand_calls_is_reconstructable() {
         assert!(attempts_by_request.contains_key(id), "{id} has no result");
         assert_eq!(call["call"]["payload"]["params"]["token"], "[REDACTED]");
     }
-    // Each call's step end events account for each of its attempts, after one step.started.
+    // Each attempt of each call has one step.started, then one step.finished or step.failed.
     let mut steps = BTreeMap::<String, u64>::new();
     let mut started = BTreeMap::<String, u64>::new();
     for e in &events {
         let run = e["runId"].as_str().unwrap().to_owned();
         match e["type"].as_str().unwrap() {
-            "step.finished" | "step.failed" => *steps.entry(run).or_default() += 1,
-            "step.started" => *started.entry(run).or_default() += 1,
+            "step.finished" | "step.failed" => {
+                let ended = steps.entry(run.clone()).or_default();
+                *ended += 1;
+                assert_eq!(e["attempt"], *ended, "{run} ends attempts in order");
+                assert_eq!(started.get(&run), Some(&*ended), "{run} ends what started");
+            }
+            "step.started" => {
+                let begun = started.entry(run.clone()).or_default();
+                *begun += 1;
+                assert_eq!(e["attempt"], *begun, "{run} starts attempts in order");
+            }
             _ => {}
         }
     }
     assert_eq!(steps, attempts_by_request);
-    assert!(started.len() == 1000 && started.values().all(|&n| n == 1));
+    assert_eq!(started, attempts_by_request);
     let total: u64 = attempts_by_request.values().sum();
     assert_eq!(total, runs.load(Ordering::SeqCst) as u64);
     assert!(total > 1000, "some calls were retried");

@@ -133,6 +133,10 @@ pub struct ClaimRequest {
     /// Take over a `failed` record whose error is retriable and whose params digest is the
     /// same (dedupe mode `bestEffort`).
     pub take_over_retriable_failure: bool,
+    /// A settled (`done` or `failed`) record answers this claim. `false` for a derived key
+    /// that reuses no result (a read-only tool without a read cache, or a zero re-send
+    /// window): the call runs again once the first has finished.
+    pub reuse_settled: bool,
     /// `hex(sha256(canonical_json(params)))`.
     params_digest: Arc<str>,
     /// The idempotency key was derived from the canonical params.
@@ -167,6 +171,7 @@ impl ClaimRequest {
             call,
             lease,
             take_over_retriable_failure: false,
+            reuse_settled: true,
             params_digest: params_digest.into(),
             key_derived_from_params: false,
         }
@@ -218,12 +223,14 @@ impl ClaimRequest {
     /// `true` when `record` holds the key against this claim.
     ///
     /// The rule every store applies: a cancelled record and an in-flight record whose lease
-    /// ended at `now_ms` never hold it; a retriable failure with the same params digest does
-    /// not hold it when the claim takes such failures over.
+    /// ended at `now_ms` never hold it; a settled record does not hold it when the claim
+    /// reuses no settled result; a retriable failure with the same params digest does not
+    /// hold it when the claim takes such failures over.
     pub fn is_held_by(&self, record: &DedupeRecord, now_ms: u64) -> bool {
         match record.state {
             RecordState::Cancelled => false,
             RecordState::Inflight => record.lock_until_ms.is_some_and(|until| until > now_ms),
+            RecordState::Done | RecordState::Failed if !self.reuse_settled => false,
             RecordState::Failed => {
                 let retriable = record.error.as_ref().is_some_and(|e| e.retriable);
                 !(self.take_over_retriable_failure
