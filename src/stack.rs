@@ -901,7 +901,11 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
                 .then(|| self.validate.build())
                 .transpose()?,
             loop_detect: on(StackLayer::LoopDetect)
-                .then(|| self.loop_detect.build())
+                .then(|| match &idempotency {
+                    // A re-send the idempotency layer answers is never a repeat.
+                    Some(idempotency) => self.loop_detect.resends_answered_by(idempotency).build(),
+                    None => self.loop_detect.build(),
+                })
                 .transpose()?,
             rate_limit: on(StackLayer::RateLimit)
                 .then(|| self.rate_limit.build())

@@ -75,6 +75,11 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
             .map(|plan| plan.claim.key.to_string()))
     }
 
+    /// The layer, as a loop layer in front of it asks which calls it answers from a record.
+    pub(crate) fn resends(&self) -> crate::loop_detect::Resends {
+        crate::loop_detect::Resends(self.shared.clone())
+    }
+
     /// What the layer has done so far, over all its services.
     pub fn stats(&self) -> IdempotencyStats {
         self.shared.counters.snapshot()

@@ -343,3 +343,32 @@ where
         }
     }
 }
+
+impl<St: DedupeStore> crate::loop_detect::ResendSource for Shared<St> {
+    /// The key a re-send of `call` finds its record under, by the precedence of
+    /// [`key::idempotency_key`], and how long a finished call's record answers: a caller's or
+    /// a hook's key as long as its record is kept, a derived key within its re-send window
+    /// (a read-only tool's within its read cache TTL), while the first call runs otherwise.
+    fn resend_key(&self, call: &ToolCall) -> Option<crate::loop_detect::ResendKey> {
+        use crate::loop_detect::ResendKey;
+        let settings = self.tools.for_call(call).as_ref()?;
+        if call.transport().dedupe_mode.unwrap_or(settings.mode) == DedupeMode::Disabled {
+            return None;
+        }
+        let given = call
+            .idempotency_key()
+            .filter(|k| !k.trim().is_empty())
+            .or_else(|| call.hook_idempotency_key().filter(|k| !k.trim().is_empty()));
+        if let Some(key) = given {
+            return Some(ResendKey::Given {
+                key: Arc::from(key),
+                settled_for: Some(settings.done_ttl.max(settings.failed_ttl)),
+            });
+        }
+        let derive = settings.derive_keys && self.tools.control().derives_idempotency_keys();
+        derive.then(|| ResendKey::Derived {
+            with_actor: settings.scope == KeyScope::Session,
+            settled_for: settings.derived_reuse(),
+        })
+    }
+}

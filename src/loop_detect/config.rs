@@ -19,7 +19,7 @@ use std::time::Duration;
 use hashlink::LruCache;
 use serde::{Deserialize, Serialize};
 
-use super::detector::{CycleLimits, Limits};
+use super::detector::{CycleLimits, Limits, PollLimits};
 use crate::envelope::ToolCall;
 use crate::error::ConfigError;
 use crate::registry::{LoopDetectOverrides, LoopMode};
@@ -493,8 +493,14 @@ impl SessionTier {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Rules {
     pub(super) cycles: Option<CycleLimits>,
+    /// Identical calls after identical failures that make a loop.
     pub(super) failures: Option<u32>,
-    pub(super) result_aware_polling: bool,
+    /// The least wait of a retry with back-off.
+    pub(super) backoff: Option<Duration>,
+    /// Whether read-only tools and pollers are judged with their answers.
+    pub(super) result_aware: bool,
+    /// How unchanged answers are judged, unless the tool says otherwise.
+    pub(super) polls: PollLimits,
 }
 
 static NO_OVERRIDES: LoopDetectOverrides = LoopDetectOverrides {
@@ -502,6 +508,9 @@ static NO_OVERRIDES: LoopDetectOverrides = LoopDetectOverrides {
     ttl_secs: None,
     mode: None,
     poller: None,
+    max_failures: None,
+    poll_budget_secs: None,
+    ignore_members: None,
 };
 
 /// The tiers, and the resolution of one call's limits.
@@ -520,17 +529,20 @@ impl Tiers {
         &self,
         call: &ToolCall,
         tool: Option<&LoopDetectOverrides>,
+        read_only: bool,
     ) -> Option<Limits> {
         let session = self.sessions.get(call.session_key()).unwrap_or_default();
-        let (enabled, limits) = self.below_session(call, tool).under(&session);
+        let (enabled, limits) = self.below_session(call, tool, read_only).under(&session);
         enabled.then_some(limits)
     }
 
-    /// What the tiers below the session decide for `call`: the tool, model and server tiers.
+    /// What the tiers below the session decide for `call`, whose tool is `read_only` or not:
+    /// the tool, model and server tiers.
     pub(super) fn below_session(
         &self,
         call: &ToolCall,
         tool: Option<&LoopDetectOverrides>,
+        read_only: bool,
     ) -> BelowSession {
         let model = self.models.for_call(call).copied().unwrap_or_default();
         let tool = tool.unwrap_or(&NO_OVERRIDES);
@@ -548,9 +560,18 @@ impl Tiers {
                 max_repeats,
                 ttl: Duration::from_secs(ttl_secs),
                 mode,
-                poller: self.rules.result_aware_polling && tool.poller == Some(true),
+                result_aware: self.rules.result_aware && tool.poller.unwrap_or(read_only),
                 cycles: self.rules.cycles,
-                failures: self.rules.failures,
+                failures: tool.max_failures.or(self.rules.failures),
+                backoff: self.rules.backoff,
+                polls: PollLimits {
+                    budget: match tool.poll_budget_secs {
+                        Some(0) => None,
+                        Some(secs) => Some(Duration::from_secs(secs)),
+                        None => self.rules.polls.budget,
+                    },
+                    ..self.rules.polls
+                },
             },
         }
     }

@@ -1,9 +1,10 @@
 //! The pure part of loop detection: one session's recent calls and the rules that find a loop
 //! in them.
 //!
-//! [`SessionHistory::observe`] takes the time, the call's [`Signature`] and the [`Limits`] in
+//! [`SessionHistory::observe`] takes the time, the call's [`CallFacts`] and the [`Limits`] in
 //! force, and returns the [`Decision`]; [`SessionHistory::record_outcome`] tells it how an
-//! admitted call ended. Nothing here reads a clock or takes a lock: the service does both.
+//! admitted call ended, and when. Nothing here reads a clock or takes a lock: the service
+//! does both.
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -14,7 +15,8 @@ use tokio::time::Instant;
 use crate::error::ErrorCode;
 use crate::registry::LoopMode;
 
-/// What identifies a call for loop detection: a keyed hash of its tool and canonical params.
+/// What identifies a call for loop detection: a keyed hash of its tool and canonical params
+/// (without the members the layer ignores as per-call noise).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Signature(u64);
 
@@ -45,6 +47,35 @@ impl Signature {
     }
 }
 
+/// What the rules know of a call before it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CallFacts {
+    pub(crate) signature: Signature,
+    /// How the idempotency layer behind would answer the call from a record; `None` when no
+    /// layer behind answers it.
+    pub(crate) resend: Option<Resend>,
+}
+
+impl CallFacts {
+    /// A call known by its signature alone.
+    #[cfg(test)]
+    pub(crate) fn plain(signature: Signature) -> Self {
+        CallFacts {
+            signature,
+            resend: None,
+        }
+    }
+}
+
+/// How the idempotency layer behind the loop layer answers a call from its record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Resend {
+    /// What the record is kept under (a hash of the idempotency key's parts); never 0.
+    pub(crate) id: u64,
+    /// How long after the earlier call ended its record answers; `None`: only while it runs.
+    pub(crate) settled_for: Option<Duration>,
+}
+
 /// The limits in force for one call, resolved from the configuration tiers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Limits {
@@ -54,12 +85,29 @@ pub(crate) struct Limits {
     pub(crate) ttl: Duration,
     /// What a detection does.
     pub(crate) mode: LoopMode,
-    /// The tool polls: identical calls count only while their results stay the same.
-    pub(crate) poller: bool,
+    /// The call's answer decides whether it repeats (read-only tools and pollers):
+    /// identical calls count only while their answers stay the same.
+    pub(crate) result_aware: bool,
     /// Cycles of different calls; `None` when that rule is off.
     pub(crate) cycles: Option<CycleLimits>,
-    /// Identical failures in a row that make a loop; `None` when that rule is off.
+    /// Identical calls that make a loop when the earlier ones failed alike; `None` when that
+    /// rule is off.
     pub(crate) failures: Option<u32>,
+    /// A retry whose wait since the previous identical failure is at least this long, and
+    /// that waits longer each time, is no repeat; `None` when every retry counts.
+    pub(crate) backoff: Option<Duration>,
+    /// How unchanged answers of a result-aware call are judged.
+    pub(crate) polls: PollLimits,
+}
+
+/// How long unchanged answers may go on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PollLimits {
+    /// Repetitions spaced at least this far apart on average are a patient poll: counted by
+    /// time (`budget`), not by number.
+    pub(crate) patient_gap: Duration,
+    /// How long a patient poll's answer may stay the same; `None`: without end.
+    pub(crate) budget: Option<Duration>,
 }
 
 /// The cycle rule's limits.
@@ -71,6 +119,10 @@ pub(crate) struct CycleLimits {
     pub(crate) max_length: usize,
 }
 
+/// A wait grows when it is at least this many times the one before (exponential back-off
+/// doubles it; jitter takes some of that away).
+const BACKOFF_GROWTH: f64 = 1.5;
+
 impl Limits {
     /// How many past calls the rules need to see.
     pub(crate) fn history_len(&self) -> usize {
@@ -78,7 +130,7 @@ impl Limits {
         let cycles = self.cycles.map_or(0, |c| {
             (c.repetitions as usize * c.max_length).saturating_sub(1)
         });
-        let failures = self.failures.unwrap_or(0) as usize;
+        let failures = self.failures.map_or(0, |f| f.saturating_sub(1)) as usize;
         repeats.max(cycles).max(failures)
     }
 }
@@ -86,7 +138,7 @@ impl Limits {
 /// How an admitted call ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// The tool answered; the fingerprint of its output (only computed for pollers).
+    /// The tool answered; the digest of its answer (only computed for result-aware calls).
     Succeeded(u64),
     /// The tool failed with this code.
     Failed(ErrorCode),
@@ -97,6 +149,9 @@ pub(crate) enum Outcome {
 pub(crate) enum Decision {
     /// Run the call; report its outcome under this sequence number.
     Admit(u64),
+    /// Run the call untracked: it re-sends an earlier call, which the idempotency layer
+    /// behind answers from its record.
+    Resend,
     /// Do not run the call.
     Reject(Detection),
 }
@@ -119,8 +174,9 @@ pub(crate) struct Detection {
 pub(crate) enum Rule {
     /// The same call, consecutively.
     Repeat,
-    /// The same poll, consecutively, with the same result each time.
-    UnchangedPoll,
+    /// The same read, consecutively, with the same answer each time: in quick succession,
+    /// or for longer than the poll budget (`for_secs` is then how long).
+    UnchangedPoll { for_secs: Option<u64> },
     /// A cycle of `length` different calls, repeated.
     Cycle { length: usize },
     /// The same call failing with the same code, consecutively.
@@ -132,7 +188,7 @@ impl Rule {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Rule::Repeat => "repeat",
-            Rule::UnchangedPoll => "unchanged_poll",
+            Rule::UnchangedPoll { .. } => "unchanged_poll",
             Rule::Cycle { .. } => "cycle",
             Rule::Failures { .. } => "failures",
         }
@@ -172,8 +228,14 @@ pub(crate) struct SessionHistory {
 struct Entry {
     at: Instant,
     signature: Signature,
-    poller: bool,
+    result_aware: bool,
     state: State,
+    /// When the call ended (its start until then).
+    ended: Instant,
+    /// Since when its answer has been the same (its start when it changed).
+    since: Instant,
+    /// The record the idempotency layer keeps it under; 0 for none.
+    resend: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,6 +246,10 @@ pub(crate) enum State {
     Rejected,
     /// Admitted and finished.
     Done(Outcome),
+    /// Answered from the idempotency layer's record: no call of its own. Only a shared
+    /// store keeps such calls, and the rules never see them.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Resent,
 }
 
 /// One remembered call, as a store keeps it.
@@ -192,8 +258,25 @@ pub(crate) enum State {
 pub(crate) struct StoredCall {
     pub(crate) at: Instant,
     pub(crate) signature: Signature,
-    pub(crate) poller: bool,
+    pub(crate) result_aware: bool,
     pub(crate) state: State,
+    pub(crate) ended: Instant,
+    pub(crate) since: Instant,
+    pub(crate) resend: u64,
+}
+
+/// When a call's unchanged answers began: `at` (its start) unless the previous identical
+/// call answered the same, whose streak it continues.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn streak_since(
+    previous: Option<(Outcome, Instant)>,
+    outcome: Outcome,
+    at: Instant,
+) -> Instant {
+    match previous {
+        Some((answered, since)) if answered == outcome => since,
+        _ => at,
+    }
 }
 
 impl SessionHistory {
@@ -208,11 +291,15 @@ impl SessionHistory {
         SessionHistory {
             entries: calls
                 .into_iter()
+                .filter(|call| call.state != State::Resent)
                 .map(|call| Entry {
                     at: call.at,
                     signature: call.signature,
-                    poller: call.poller,
+                    result_aware: call.result_aware,
                     state: call.state,
+                    ended: call.ended,
+                    since: call.since,
+                    resend: call.resend,
                 })
                 .collect(),
             next_seq,
@@ -232,19 +319,36 @@ impl SessionHistory {
         self.entries.len()
     }
 
+    /// The latest finished call of `signature` before the call `seq` (all calls when `seq` is
+    /// past the last): how it ended and since when its answer had been the same.
+    pub(crate) fn previous_answer(&self, signature: Signature, seq: u64) -> Option<(Outcome, Instant)> {
+        let first = self.next_seq - self.entries.len() as u64;
+        let before = seq.saturating_sub(first).min(self.entries.len() as u64) as usize;
+        self.entries
+            .range(..before)
+            .rev()
+            .filter(|e| e.signature == signature)
+            .find_map(|e| match e.state {
+                State::Done(outcome) => Some((outcome, e.since)),
+                _ => None,
+            })
+    }
+
     /// Looks at one call made at `now` and decides whether it runs. The call is remembered
-    /// either way: a refused repeat is still a repeat.
-    pub(crate) fn observe(
-        &mut self,
-        now: Instant,
-        signature: Signature,
-        limits: &Limits,
-    ) -> Decision {
+    /// either way, unless it re-sends an earlier one: a refused repeat is still a repeat.
+    pub(crate) fn observe(&mut self, now: Instant, call: &CallFacts, limits: &Limits) -> Decision {
         self.forget_before(now, limits.ttl);
-        let found = self
-            .failures(signature, limits)
-            .or_else(|| self.repeats(signature, limits))
-            .or_else(|| self.cycle(signature, limits));
+        if call.resend.is_some_and(|resend| self.resends(now, resend)) {
+            return Decision::Resend;
+        }
+        let signature = call.signature;
+        let found = if self.backing_off(now, signature, limits) {
+            None
+        } else {
+            self.failures(signature, limits)
+                .or_else(|| self.repeats(now, signature, limits))
+        }
+        .or_else(|| self.cycle(now, signature, limits));
         let seq = self.next_seq;
         self.next_seq += 1;
         let (decision, state) = match found {
@@ -269,24 +373,38 @@ impl SessionHistory {
             self.entries.push_back(Entry {
                 at: now,
                 signature,
-                poller: limits.poller,
+                result_aware: limits.result_aware,
                 state,
+                ended: now,
+                since: now,
+                resend: call.resend.map_or(0, |r| r.id),
             });
         }
         decision
     }
 
-    /// Records how the admitted call `seq` ended. Calls already forgotten are ignored.
-    pub(crate) fn record_outcome(&mut self, seq: u64, outcome: Outcome) {
+    /// Records how the admitted call `seq` ended, at `now`. Calls already forgotten are
+    /// ignored.
+    pub(crate) fn record_outcome(&mut self, seq: u64, outcome: Outcome, now: Instant) {
         let first = self.next_seq - self.entries.len() as u64;
         let Some(index) = seq.checked_sub(first) else {
             return;
         };
-        if let Some(entry) = self.entries.get_mut(index as usize) {
-            if entry.state == State::Pending {
-                entry.state = State::Done(outcome);
-            }
+        let Some(entry) = self.entries.get(index as usize).copied() else {
+            return;
+        };
+        if entry.state != State::Pending {
+            return;
         }
+        let since = streak_since(
+            self.previous_answer(entry.signature, seq),
+            outcome,
+            entry.at,
+        );
+        let entry = &mut self.entries[index as usize];
+        entry.state = State::Done(outcome);
+        entry.ended = now;
+        entry.since = since;
     }
 
     fn forget_before(&mut self, now: Instant, ttl: Duration) {
@@ -297,6 +415,21 @@ impl SessionHistory {
         if self.chance.is_some_and(|(_, at)| expired(at)) {
             self.chance = None;
         }
+    }
+
+    /// Whether an earlier call kept under the same record is still running (the new one
+    /// joins it) or ended recently enough for its record to answer.
+    fn resends(&self, now: Instant, resend: Resend) -> bool {
+        self.entries
+            .iter()
+            .filter(|e| e.resend == resend.id)
+            .any(|e| match e.state {
+                State::Pending => true,
+                State::Done(_) => resend
+                    .settled_for
+                    .is_some_and(|window| now.saturating_duration_since(e.ended) < window),
+                State::Rejected | State::Resent => false,
+            })
     }
 
     /// Break, or give the call its one chance in the window.
@@ -314,38 +447,76 @@ impl SessionHistory {
         }
     }
 
-    /// The same call, consecutively; for a poller, only while its results stay the same.
-    fn repeats(&self, signature: Signature, limits: &Limits) -> Option<(Rule, u32, u32)> {
+    /// Whether the call retries identical failures with back-off: each wait since the
+    /// previous identical call at least [`BACKOFF_GROWTH`] times the one before, the last
+    /// at least `limits.backoff`.
+    fn backing_off(&self, now: Instant, signature: Signature, limits: &Limits) -> bool {
+        let Some(min_wait) = limits.backoff else {
+            return false;
+        };
+        let mut later = now;
+        let mut previous_wait: Option<Duration> = None;
+        let mut failures = 0;
+        for entry in self.entries.iter().rev() {
+            if entry.signature != signature || !matches!(entry.state, State::Done(Outcome::Failed(_))) {
+                break;
+            }
+            let wait = later.saturating_duration_since(entry.at);
+            match previous_wait {
+                None if wait < min_wait => return false,
+                Some(newer) if newer.as_secs_f64() < wait.as_secs_f64() * BACKOFF_GROWTH => {
+                    return false
+                }
+                _ => {}
+            }
+            previous_wait = Some(wait);
+            later = entry.at;
+            failures += 1;
+        }
+        failures > 0
+    }
+
+    /// The same call, consecutively; for a result-aware call, only while its answers stay
+    /// the same, and then only in quick succession or past the poll budget.
+    fn repeats(&self, now: Instant, signature: Signature, limits: &Limits) -> Option<(Rule, u32, u32)> {
         let mut count = 1u32;
         let mut result = None;
+        let mut threshold_at = now;
+        let mut since = now;
         for entry in self.entries.iter().rev() {
             if entry.signature != signature {
                 break;
             }
-            if limits.poller && entry.poller {
+            if limits.result_aware && entry.result_aware {
                 if let State::Done(outcome) = entry.state {
                     match result {
                         None => result = Some(outcome),
                         Some(newer) if newer != outcome => break,
                         Some(_) => {}
                     }
+                    since = since.min(entry.since);
                 }
             }
             count += 1;
+            if count <= limits.max_repeats {
+                threshold_at = entry.at;
+            }
         }
-        let rule = if limits.poller {
-            Rule::UnchangedPoll
-        } else {
-            Rule::Repeat
-        };
-        (count >= limits.max_repeats).then_some((rule, count, limits.max_repeats))
+        if count < limits.max_repeats {
+            return None;
+        }
+        if !limits.result_aware {
+            return Some((Rule::Repeat, count, limits.max_repeats));
+        }
+        let rule = unchanged(now, threshold_at, since, limits.max_repeats, &limits.polls)?;
+        Some((rule, count, limits.max_repeats))
     }
 
-    /// The same call failed with the same code `failures` times in a row.
+    /// The same call failed with the same code, each of the last `max_failures - 1` times.
     fn failures(&self, signature: Signature, limits: &Limits) -> Option<(Rule, u32, u32)> {
         let threshold = limits.failures?;
         let mut code = None;
-        let mut count = 0u32;
+        let mut count = 1u32;
         for entry in self.entries.iter().rev() {
             if entry.signature != signature {
                 break;
@@ -366,8 +537,9 @@ impl SessionHistory {
     }
 
     /// A cycle of 2 to `max_length` calls, not all the same, repeated `repetitions` times
-    /// with this call completing the last repetition.
-    fn cycle(&self, signature: Signature, limits: &Limits) -> Option<(Rule, u32, u32)> {
+    /// with this call completing the last repetition. A cycle of result-aware calls whose
+    /// answers stay the same is judged as an unchanged poll.
+    fn cycle(&self, now: Instant, signature: Signature, limits: &Limits) -> Option<(Rule, u32, u32)> {
         let rule = limits.cycles?;
         let past = self.entries.len();
         let total = past + 1;
@@ -383,10 +555,10 @@ impl SessionHistory {
             if signature_at(i) != signature_at(j) {
                 return false;
             }
-            // A poll whose result changed is not a repetition, whichever call closes the
-            // cycle. `a` and `b` are calls of the same tool: they agree on polling.
+            // A read whose answer changed is not a repetition, whichever call closes the
+            // cycle. `a` and `b` are calls of the same tool: they agree on results.
             match (self.entries.get(i), self.entries.get(j)) {
-                (Some(a), Some(b)) if a.poller => match (a.state, b.state) {
+                (Some(a), Some(b)) if a.result_aware => match (a.state, b.state) {
                     (State::Done(x), State::Done(y)) => x == y,
                     _ => true,
                 },
@@ -408,12 +580,52 @@ impl SessionHistory {
             let shorter = (1..length)
                 .filter(|d| length % d == 0)
                 .any(|d| (block + d..total).all(|i| signature_at(i) == signature_at(i - d)));
-            if !shorter {
-                return Some((Rule::Cycle { length }, rule.repetitions, rule.repetitions));
+            if shorter {
+                continue;
+            }
+            let found = Rule::Cycle { length };
+            let all_reads =
+                limits.result_aware && self.entries.range(start..).all(|e| e.result_aware);
+            if !all_reads {
+                return Some((found, rule.repetitions, rule.repetitions));
+            }
+            let since = self
+                .entries
+                .range(start..)
+                .map(|e| e.since)
+                .min()
+                .unwrap_or(now);
+            let first = self.entries[start].at;
+            if unchanged(now, first, since, rule.repetitions, &limits.polls).is_some() {
+                return Some((found, rule.repetitions, rule.repetitions));
             }
         }
         None
     }
+}
+
+/// Whether `repetitions` of unchanged answers, the first at `first` and the same since
+/// `since`, are a loop: in quick succession (less than the patient gap apart on average), or
+/// for longer than the poll budget.
+fn unchanged(
+    now: Instant,
+    first: Instant,
+    since: Instant,
+    repetitions: u32,
+    polls: &PollLimits,
+) -> Option<Rule> {
+    let span = now.saturating_duration_since(first);
+    let patient = polls.patient_gap.saturating_mul(repetitions.saturating_sub(1));
+    if span < patient {
+        return Some(Rule::UnchangedPoll { for_secs: None });
+    }
+    let unchanged_for = now.saturating_duration_since(since);
+    polls
+        .budget
+        .filter(|budget| unchanged_for >= *budget)
+        .map(|_| Rule::UnchangedPoll {
+            for_secs: Some(unchanged_for.as_secs()),
+        })
 }
 
 #[cfg(test)]
@@ -423,18 +635,25 @@ mod tests {
     const A: u64 = 0xA;
     const B: u64 = 0xB;
     const C: u64 = 0xC;
+    const D: u64 = 0xD;
+    const E: u64 = 0xE;
 
     fn limits() -> Limits {
         Limits {
             max_repeats: 4,
             ttl: Duration::from_secs(120),
             mode: LoopMode::Break,
-            poller: false,
+            result_aware: false,
             cycles: Some(CycleLimits {
                 repetitions: 3,
                 max_length: 3,
             }),
-            failures: Some(3),
+            failures: Some(4),
+            backoff: None,
+            polls: PollLimits {
+                patient_gap: Duration::from_secs(20),
+                budget: Some(Duration::from_secs(600)),
+            },
         }
     }
 
@@ -477,13 +696,14 @@ mod tests {
         let mut detections = Vec::new();
         for step in steps {
             let now = t0 + Duration::from_secs(step.secs);
-            match history.observe(now, Signature::from_raw(step.signature), &limits) {
+            match history.observe(now, &CallFacts::plain(Signature::from_raw(step.signature)), &limits) {
                 Decision::Admit(seq) => {
                     marks.push('.');
                     if let Some(outcome) = step.outcome {
-                        history.record_outcome(seq, outcome);
+                        history.record_outcome(seq, outcome, now);
                     }
                 }
+                Decision::Resend => marks.push('r'),
                 Decision::Reject(detection) => {
                     marks.push(match detection.action {
                         Action::Break => 'B',
@@ -519,7 +739,7 @@ mod tests {
             ..limits()
         };
         let poller = Limits {
-            poller: true,
+            result_aware: true,
             ..limits()
         };
         let chance = Limits {
@@ -769,6 +989,192 @@ mod tests {
         }
     }
 
+    /// The defaults the layer resolves: cycles of up to 5 calls, 3 identical calls with
+    /// identical failures, back-off from 1 s, patient polls 20 s apart for 10 minutes.
+    fn defaults() -> Limits {
+        Limits {
+            cycles: Some(CycleLimits {
+                repetitions: 3,
+                max_length: 5,
+            }),
+            failures: Some(3),
+            backoff: Some(Duration::from_secs(1)),
+            ..limits()
+        }
+    }
+
+    /// `n` calls of `signature`, `gap` seconds apart, each ending with `outcome`.
+    fn every(gap: u64, n: u64, signature: u64, outcome: Outcome) -> Vec<Step> {
+        (0..n).map(|i| returning(i * gap, signature, outcome)).collect()
+    }
+
+    #[test]
+    fn rules_beyond_repetition_table() {
+        let failed = Outcome::Failed(ErrorCode::UpstreamUnavailable);
+        let same = Outcome::Succeeded(7);
+        let reads = Limits {
+            result_aware: true,
+            ..defaults()
+        };
+        let at_secs = |secs: &[u64], outcome: Outcome| -> Vec<Step> {
+            secs.iter().map(|&s| returning(s, A, outcome)).collect()
+        };
+        let cases: Vec<(&str, Limits, Vec<Step>, &str)> = vec![
+            (
+                "identical failures stop the third call, before the repeat rule",
+                defaults(),
+                every(1, 4, A, failed),
+                "..BB",
+            ),
+            (
+                "a retry that waits longer each time is no repeat",
+                defaults(),
+                at_secs(&[0, 2, 6, 14, 30, 62], failed),
+                "......",
+            ),
+            (
+                "retries at a steady pace are",
+                defaults(),
+                at_secs(&[0, 5, 10, 15], failed),
+                "..BB",
+            ),
+            (
+                "a retry whose wait shrinks ends the back-off",
+                defaults(),
+                at_secs(&[0, 2, 6, 7], failed),
+                "...B",
+            ),
+            (
+                "waits shorter than the least back-off are no back-off",
+                defaults(),
+                vec![
+                    returning(0, A, failed),
+                    Step { secs: 0, signature: A, outcome: Some(failed) },
+                    Step { secs: 0, signature: A, outcome: Some(failed) },
+                ],
+                "..B",
+            ),
+            (
+                "a tight loop of one read with the same answer stops at the fourth call",
+                reads,
+                every(1, 5, A, same),
+                "...BB",
+            ),
+            (
+                "a patient poll (every 30 s for 8 min) with the same answer runs",
+                reads,
+                every(30, 17, A, same),
+                ".................",
+            ),
+            (
+                "a patient poll stops once its answer stayed the same for 10 min",
+                reads,
+                every(30, 22, A, same),
+                "....................BB",
+            ),
+            (
+                "a poll that waits then reads, patiently, runs",
+                reads,
+                (0..16)
+                    .map(|i| returning(i * 15, if i % 2 == 0 { A } else { B }, same))
+                    .collect(),
+                "................",
+            ),
+            (
+                "the same cycle in quick succession stops",
+                reads,
+                (0..7)
+                    .map(|i| returning(i, if i % 2 == 0 { A } else { B }, same))
+                    .collect(),
+                ".....BB",
+            ),
+            (
+                "a write is judged on its arguments: new ids in its answers change nothing",
+                defaults(),
+                (0..5).map(|i| returning(i * 30, A, Outcome::Succeeded(i))).collect(),
+                "...BB",
+            ),
+            (
+                "A,B,C,D repeated three times",
+                defaults(),
+                seq(&[A, B, C, D, A, B, C, D, A, B, C, D]),
+                "...........B",
+            ),
+            (
+                "A,B,C,D,E repeated three times",
+                defaults(),
+                seq(&[A, B, C, D, E, A, B, C, D, E, A, B, C, D, E]),
+                "..............B",
+            ),
+            (
+                "A,B,C,D,E twice and another call is no loop",
+                defaults(),
+                seq(&[A, B, C, D, E, A, B, C, D, E, A, B, C, D, A]),
+                "...............",
+            ),
+        ];
+        for (name, limits, steps, expected) in cases {
+            let (marks, _) = run(limits, &steps);
+            assert_eq!(marks, expected, "case: {name}");
+        }
+        let (_, found) = run(reads, &every(30, 21, A, same));
+        assert_eq!(found[0].rule, Rule::UnchangedPoll { for_secs: Some(600) });
+    }
+
+    #[test]
+    fn a_resend_answered_from_a_record_is_never_a_repeat() {
+        let t0 = Instant::now();
+        let window = Duration::from_secs(30);
+        let resend = |id| CallFacts {
+            signature: Signature::from_raw(A),
+            resend: Some(Resend {
+                id,
+                settled_for: Some(window),
+            }),
+        };
+        let mut history = SessionHistory::default();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let Decision::Admit(first) = history.observe(at(0), &resend(1), &defaults()) else {
+            panic!("the first call runs");
+        };
+        // While it runs, a re-send joins it; once it ended, for 30 s, the record answers.
+        for secs in [1, 2, 3, 4] {
+            assert_eq!(history.observe(at(secs), &resend(1), &defaults()), Decision::Resend);
+        }
+        history.record_outcome(first, Outcome::Succeeded(0), at(5));
+        for secs in [6, 20, 34] {
+            assert_eq!(history.observe(at(secs), &resend(1), &defaults()), Decision::Resend);
+        }
+        // Past the window it runs again, and counts as the second identical call.
+        assert!(matches!(history.observe(at(35), &resend(1), &defaults()), Decision::Admit(_)));
+        // Other records are other calls: the third and fourth identical calls.
+        assert!(matches!(history.observe(at(36), &resend(2), &defaults()), Decision::Admit(_)));
+        assert!(matches!(history.observe(at(37), &resend(3), &defaults()), Decision::Reject(_)));
+        // A refused call keeps no record: the same call again is refused too.
+        assert!(matches!(history.observe(at(38), &resend(3), &defaults()), Decision::Reject(_)));
+        // A record that answers only while its call runs.
+        let mut history = SessionHistory::default();
+        let joins = CallFacts {
+            signature: Signature::from_raw(B),
+            resend: Some(Resend { id: 9, settled_for: None }),
+        };
+        let Decision::Admit(seq) = history.observe(at(0), &joins, &defaults()) else {
+            panic!("the first call runs");
+        };
+        assert_eq!(history.observe(at(1), &joins, &defaults()), Decision::Resend);
+        history.record_outcome(seq, Outcome::Succeeded(0), at(2));
+        assert!(matches!(history.observe(at(3), &joins, &defaults()), Decision::Admit(_)));
+    }
+
+    #[test]
+    fn an_answer_s_streak_continues_only_while_it_stays_the_same() {
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        assert_eq!(streak_since(None, Outcome::Succeeded(1), at(5)), at(5));
+        assert_eq!(streak_since(Some((Outcome::Succeeded(1), at(0))), Outcome::Succeeded(1), at(5)), at(0));
+        assert_eq!(streak_since(Some((Outcome::Succeeded(2), at(0))), Outcome::Succeeded(1), at(5)), at(5));
+    }
+
     #[test]
     fn detections_say_which_rule_and_how_far_it_counted() {
         let (_, found) = run(limits(), &seq(&[A, A, A, A]));
@@ -797,23 +1203,23 @@ mod tests {
                 code: ErrorCode::Timeout
             }
         );
-        assert_eq!((found[0].count, found[0].threshold), (3, 3));
+        assert_eq!((found[0].count, found[0].threshold), (4, 4));
         let poller = Limits {
-            poller: true,
+            result_aware: true,
             ..limits()
         };
         let steps: Vec<Step> = (0..4)
             .map(|i| returning(i, A, Outcome::Succeeded(1)))
             .collect();
         let (_, found) = run(poller, &steps);
-        assert_eq!(found[0].rule, Rule::UnchangedPoll);
+        assert_eq!(found[0].rule, Rule::UnchangedPoll { for_secs: None });
     }
 
     #[test]
     fn a_poll_whose_result_changes_is_no_repetition_whichever_call_closes_the_cycle() {
         // A status poll, whose result changes, alternating with a wait, which does not poll.
         let poller = Limits {
-            poller: true,
+            result_aware: true,
             ..limits()
         };
         let t0 = Instant::now();
@@ -825,8 +1231,8 @@ mod tests {
                 (B, limits())
             };
             let now = t0 + Duration::from_secs(i);
-            match history.observe(now, Signature::from_raw(signature), &limits) {
-                Decision::Admit(seq) => history.record_outcome(seq, Outcome::Succeeded(i)),
+            match history.observe(now, &CallFacts::plain(Signature::from_raw(signature)), &limits) {
+                Decision::Admit(seq) => history.record_outcome(seq, Outcome::Succeeded(i), now),
                 refused => panic!("call {i} was refused: {refused:?}"),
             }
         }
@@ -837,7 +1243,7 @@ mod tests {
         assert_eq!(Signature::from_raw(0x5EED).raw(), 0x5EED);
         let rules = [
             Rule::Repeat,
-            Rule::UnchangedPoll,
+            Rule::UnchangedPoll { for_secs: None },
             Rule::Cycle { length: 2 },
             Rule::Failures {
                 code: ErrorCode::Timeout,
@@ -858,7 +1264,7 @@ mod tests {
         let mut history = SessionHistory::default();
         let t0 = Instant::now();
         for i in 0..1000u64 {
-            history.observe(t0, Signature::from_raw(i), &limits());
+            history.observe(t0, &CallFacts::plain(Signature::from_raw(i)), &limits());
         }
         assert_eq!(
             history.len(),
@@ -870,7 +1276,7 @@ mod tests {
             failures: None,
             ..limits()
         };
-        history.observe(t0, Signature::from_raw(1), &only_repeats);
+        history.observe(t0, &CallFacts::plain(Signature::from_raw(1)), &only_repeats);
         assert_eq!(history.len(), 3);
     }
 
@@ -878,14 +1284,14 @@ mod tests {
     fn outcomes_of_forgotten_calls_are_ignored() {
         let mut history = SessionHistory::default();
         let t0 = Instant::now();
-        let Decision::Admit(first) = history.observe(t0, Signature::from_raw(A), &limits()) else {
+        let Decision::Admit(first) = history.observe(t0, &CallFacts::plain(Signature::from_raw(A)), &limits()) else {
             panic!("the first call is admitted");
         };
         for i in 0..20u64 {
-            history.observe(t0, Signature::from_raw(100 + i), &limits());
+            history.observe(t0, &CallFacts::plain(Signature::from_raw(100 + i)), &limits());
         }
-        history.record_outcome(first, Outcome::Failed(ErrorCode::Timeout));
-        history.record_outcome(u64::MAX, Outcome::Failed(ErrorCode::Timeout));
+        history.record_outcome(first, Outcome::Failed(ErrorCode::Timeout), t0);
+        history.record_outcome(u64::MAX, Outcome::Failed(ErrorCode::Timeout), t0);
         assert_eq!(history.len(), 8);
     }
 

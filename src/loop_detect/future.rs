@@ -5,7 +5,7 @@ use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use super::service::Monitor;
+use super::service::{Answers, Monitor};
 use super::tracker::{lock, SharedHistory};
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
@@ -48,22 +48,23 @@ pin_project! {
 pub(super) struct OutcomeReport {
     history: SharedHistory,
     seq: u64,
-    /// Set for pollers, whose outputs are fingerprinted.
-    results: Option<Arc<Monitor>>,
+    /// Set for result-aware calls, whose answers are digested.
+    answers: Option<Answers>,
 }
 
 impl OutcomeReport {
-    pub(super) fn new(history: SharedHistory, seq: u64, results: Option<Arc<Monitor>>) -> Self {
+    pub(super) fn new(history: SharedHistory, seq: u64, answers: Option<Answers>) -> Self {
         OutcomeReport {
             history,
             seq,
-            results,
+            answers,
         }
     }
 
     fn record(self, result: &Result<ToolOutput, ToolError>) {
-        let outcome = Monitor::outcome_of(self.results.as_deref(), result, self.seq);
-        lock(&self.history).record_outcome(self.seq, outcome);
+        let answers = self.answers.as_ref().map(Answers::parts);
+        let outcome = Monitor::outcome_of(answers, result, self.seq);
+        lock(&self.history).record_outcome(self.seq, outcome, tokio::time::Instant::now());
     }
 }
 
@@ -195,8 +196,8 @@ mod shared {
     //! A call whose session history is in the shared store.
 
     use super::*;
-    use crate::loop_detect::detector::{Decision, State as CallState};
-    use crate::loop_detect::redis::{Observed, Tracked};
+    use crate::loop_detect::detector::{Decision, Outcome};
+    use crate::loop_detect::redis::{Observed, Settled, Tracked};
     use crate::loop_detect::service::{Judgement, SharedCheck};
     use crate::outcome::ShadowDecision;
     use crate::shared_store::SharedStoreError;
@@ -233,6 +234,9 @@ mod shared {
         monitor: Arc<Monitor>,
         /// The call's sequence number in its session, once observed.
         seq: Option<u64>,
+        /// When the call came (Unix ms), and how the previous identical call ended and
+        /// since when its answer had been the same, once observed.
+        streak: (u64, Option<(Outcome, u64)>),
         /// Run the call over its loop, in shadow mode.
         shadow: Option<ShadowDecision>,
         /// Refuse the call with this error once its refusal is written.
@@ -282,17 +286,23 @@ mod shared {
             result: &Result<ToolOutput, ToolError>,
         ) -> Option<StoreStep> {
             let seq = self.seq.take()?;
-            let poller = self.check.below.limits.poller;
-            if result.is_ok() && !poller {
-                // A success reads as a pending call to every rule but polling's.
+            let result_aware = self.check.below.limits.result_aware;
+            if result.is_ok() && !result_aware && self.check.facts.resend.is_none() {
+                // A success reads as a pending call to every rule but those that read
+                // answers or when a call ended.
                 return None;
             }
-            let results = poller.then_some(&*self.monitor);
-            let outcome = Monitor::outcome_of(results, result, seq);
+            let answers = result_aware.then_some((&*self.monitor, &*self.check.noise));
+            let outcome = Monitor::outcome_of(answers, result, seq);
+            let (at_ms, previous) = self.streak;
+            let since_ms = match previous {
+                Some((answered, since)) if answered == outcome => since,
+                _ => at_ms,
+            };
             Some(StoreStep::Settle(Box::pin(self.check.store.settle(
                 &self.session,
                 seq,
-                CallState::Done(outcome),
+                Settled::Done { outcome, since_ms },
                 None,
             ))))
         }
@@ -340,6 +350,8 @@ mod shared {
                 decision,
                 seq,
                 chance,
+                at_ms,
+                previous,
             }) = tracked
             else {
                 // The session switched detection off: the call runs untracked.
@@ -357,22 +369,33 @@ mod shared {
                     .params()
                     .canonical(&self.monitor.canonical)
                     .unwrap_or_default(),
-                Decision::Admit(_) => std::borrow::Cow::Borrowed(""),
+                Decision::Admit(_) | Decision::Resend => std::borrow::Cow::Borrowed(""),
             };
             let judgement =
                 self.monitor
-                    .judge(call, decision, &limits, check.signature, &canonical);
+                    .judge(call, decision, &limits, check.facts.signature, &canonical);
             match judgement {
                 Judgement::Admit(_) => {
                     self.seq = Some(seq);
+                    self.streak = (at_ms, previous);
                     return Next::State(State::Ready);
+                }
+                // The idempotency layer behind answers it: the store forgets it as a call.
+                Judgement::Resend => {
+                    let settle =
+                        check
+                            .store
+                            .settle(call.session_key(), seq, Settled::Resent, None);
+                    return Next::State(State::Store {
+                        step: StoreStep::Settle(Box::pin(settle)),
+                    });
                 }
                 Judgement::Refuse(error) => self.refusal = Some(error),
                 Judgement::Shadow(decision) => self.shadow = Some(decision),
             }
             let settle = check
                 .store
-                .settle(call.session_key(), seq, CallState::Rejected, chance);
+                .settle(call.session_key(), seq, Settled::Rejected, chance);
             Next::State(State::Store {
                 step: StoreStep::Settle(Box::pin(settle)),
             })
@@ -389,7 +412,7 @@ mod shared {
         ) -> Self {
             let observe = check
                 .store
-                .observe(call.session_key(), check.signature, check.below);
+                .observe(call.session_key(), check.facts, check.below);
             ResponseFuture {
                 state: State::Store {
                     step: StoreStep::Observe(Box::pin(observe)),
@@ -401,6 +424,7 @@ mod shared {
                     check,
                     monitor,
                     seq: None,
+                    streak: (0, None),
                     shadow: None,
                     refusal: None,
                     result: None,

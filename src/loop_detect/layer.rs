@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use tower_layer::Layer;
 
@@ -6,14 +7,18 @@ use super::config::{
     check_max_repeats, in_range, LoopDetectConfig, LoopSettings, ModelTier, Rules,
 };
 use super::config::{SessionTier, Tiers, MAX_REPEATS_LIMIT};
-use super::detector::CycleLimits;
+use super::detector::{CycleLimits, PollLimits};
 use super::handle::LoopDetectHandle;
-use super::service::{LoopDetect, Monitor};
+use super::noise::{Noise, DEFAULT_IGNORED_MEMBERS};
+use super::resend::Resends;
+use super::service::{LoopDetect, Monitor, ToolLoop};
 use super::tracker::Tracker;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
-use crate::registry::{LayerSetting, ToolPolicy, ToolRegistry};
+use crate::idempotency::{DedupeStore, IdempotencyLayer};
+use crate::registry::{LayerSetting, RiskLevel, ToolPolicy, ToolRegistry};
 use crate::shared_store::{FailurePolicy, Outages, StoreHealth, StoreListener, StoreListeners};
+use crate::tool_table::ToolTable;
 use crate::trace::Redactor;
 
 /// Default of [`LoopDetectLayerBuilder::max_sessions`].
@@ -24,10 +29,20 @@ pub const DEFAULT_MAX_SESSION_BYTES: usize = 64 << 20;
 const MIN_MAX_SESSION_BYTES: usize = 64 << 10;
 /// Default of [`LoopDetectLayerBuilder::cycle_repetitions`].
 pub const DEFAULT_CYCLE_REPETITIONS: u32 = 3;
-/// Default of [`LoopDetectLayerBuilder::max_cycle_length`].
-pub const DEFAULT_MAX_CYCLE_LENGTH: usize = 3;
-/// Default of [`LoopDetectLayerBuilder::failure_threshold`].
-pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
+/// Default of [`LoopDetectLayerBuilder::max_cycle_length`]: cycles of up to 5 calls.
+pub const DEFAULT_MAX_CYCLE_LENGTH: usize = 5;
+/// Default of [`LoopDetectLayerBuilder::max_failures`]: the 3rd identical call after two
+/// identical failures is a loop.
+pub const DEFAULT_MAX_FAILURES: u32 = 3;
+/// Default of [`LoopDetectLayerBuilder::failure_threshold`]: identical failures after which
+/// the same call is not run again (`DEFAULT_MAX_FAILURES - 1`).
+pub const DEFAULT_FAILURE_THRESHOLD: u32 = DEFAULT_MAX_FAILURES - 1;
+/// Default of [`LoopDetectLayerBuilder::min_backoff`].
+pub const DEFAULT_MIN_BACKOFF: Duration = Duration::from_secs(1);
+/// Default of [`LoopDetectLayerBuilder::patient_poll_gap`].
+pub const DEFAULT_PATIENT_POLL_GAP: Duration = Duration::from_secs(20);
+/// Default of [`LoopDetectLayerBuilder::poll_budget`]: 10 minutes.
+pub const DEFAULT_POLL_BUDGET: Duration = Duration::from_secs(600);
 
 /// The longest cycle the builder accepts.
 const MAX_CYCLE_LENGTH_LIMIT: usize = 10;
@@ -71,7 +86,16 @@ impl LoopDetectLayer {
             cycle_repetitions: DEFAULT_CYCLE_REPETITIONS,
             max_cycle_length: DEFAULT_MAX_CYCLE_LENGTH,
             failures: true,
-            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
+            max_failures: DEFAULT_MAX_FAILURES,
+            failure_threshold: None,
+            min_backoff: DEFAULT_MIN_BACKOFF,
+            patient_poll_gap: DEFAULT_PATIENT_POLL_GAP,
+            poll_budget: Some(DEFAULT_POLL_BUDGET),
+            ignore_members: DEFAULT_IGNORED_MEMBERS
+                .iter()
+                .map(|name| (*name).to_owned())
+                .collect(),
+            resends: None,
             result_aware_polling: true,
             max_sessions: DEFAULT_MAX_SESSIONS,
             max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
@@ -134,7 +158,14 @@ pub struct LoopDetectLayerBuilder {
     cycle_repetitions: u32,
     max_cycle_length: usize,
     failures: bool,
-    failure_threshold: u32,
+    max_failures: u32,
+    /// Set through the older [`failure_threshold`](Self::failure_threshold).
+    failure_threshold: Option<u32>,
+    min_backoff: Duration,
+    patient_poll_gap: Duration,
+    poll_budget: Option<Duration>,
+    ignore_members: Vec<String>,
+    resends: Option<Resends>,
     result_aware_polling: bool,
     max_sessions: usize,
     max_session_bytes: usize,
@@ -204,7 +235,8 @@ impl LoopDetectLayerBuilder {
         self
     }
 
-    /// The longest cycle looked for, in calls (default 3; from 2 to 10).
+    /// The longest cycle looked for, in calls (default 5; from 2 to 10): A,B,C,D,E repeated
+    /// three times is a loop at its last call.
     pub fn max_cycle_length(mut self, length: usize) -> Self {
         self.max_cycle_length = length;
         self
@@ -217,15 +249,71 @@ impl LoopDetectLayerBuilder {
         self
     }
 
-    /// Identical failures in a row after which the same call is not run again (default 3;
-    /// from 2 to 1000).
-    pub fn failure_threshold(mut self, failures: u32) -> Self {
-        self.failure_threshold = failures;
+    /// Identical calls in a row that make a loop when each earlier one failed with the same
+    /// error code (default 3; from 2 to 1000): the 3rd identical call after two identical
+    /// failures is not run, one call before the repeat rule would stop it. Per tool:
+    /// `policy.loop_detect.max_failures`.
+    pub fn max_failures(mut self, calls: u32) -> Self {
+        self.max_failures = calls;
+        self.failure_threshold = None;
         self
     }
 
-    /// Whether tools marked `poller` in the registry count repeats only while their result
-    /// stays the same (default `true`). Off, pollers are counted like other tools.
+    /// Identical failures in a row after which the same call is not run again (default 2;
+    /// from 2 to 1000): [`max_failures`](Self::max_failures) less one.
+    pub fn failure_threshold(mut self, failures: u32) -> Self {
+        self.failure_threshold = Some(failures);
+        self
+    }
+
+    /// The least wait of a retry with back-off (default 1 s; zero: no retry is one): an
+    /// identical call after identical failures, each wait since the previous try at least
+    /// 1.5 times the one before and the last at least this long, is the caller's own retry,
+    /// not a loop, and neither the repeat nor the failure rule counts it.
+    pub fn min_backoff(mut self, wait: Duration) -> Self {
+        self.min_backoff = wait;
+        self
+    }
+
+    /// How far apart, on average, unchanged answers of a read must come to be a patient
+    /// poll (default 20 s): a read repeated faster with the same answer is a loop at
+    /// `max_repeats`; a patient poll only once its answer stayed the same for the
+    /// [poll budget](Self::poll_budget).
+    pub fn patient_poll_gap(mut self, gap: Duration) -> Self {
+        self.patient_poll_gap = gap;
+        self
+    }
+
+    /// How long a patient poll's answer may stay the same before the poll is a loop
+    /// (default 10 minutes; `None`: without end). Per tool:
+    /// `policy.loop_detect.poll_budget_secs`.
+    pub fn poll_budget(mut self, budget: Option<Duration>) -> Self {
+        self.poll_budget = budget;
+        self
+    }
+
+    /// The members ignored, at any depth, when calls and answers are compared (default
+    /// [`DEFAULT_IGNORED_MEMBERS`](super::DEFAULT_IGNORED_MEMBERS): request ids, nonces,
+    /// client timestamps). A tool's `policy.loop_detect.ignore_members` replaces the list for
+    /// it. Idempotency keys and the canonical form keep these members.
+    pub fn ignore_members<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.ignore_members = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Tells the layer which calls `idempotency`, behind it in the stack, answers from its
+    /// record: such a re-send (the same caller key as an earlier call of the session, or
+    /// the same derived key within its re-send window or while the earlier call runs) is
+    /// let through to get the recorded answer, and never counted as a repeat. The stack
+    /// builder does this itself.
+    pub fn resends_answered_by<St: DedupeStore>(mut self, idempotency: &IdempotencyLayer<St>) -> Self {
+        self.resends = Some(idempotency.resends());
+        self
+    }
+
+    /// Whether identical calls of read-only tools and tools marked `poller` count only while
+    /// their answers stay the same (default `true`). Off, every tool is judged on its
+    /// arguments alone.
     pub fn result_aware_polling(mut self, on: bool) -> Self {
         self.result_aware_polling = on;
         self
@@ -273,9 +361,28 @@ impl LoopDetectLayerBuilder {
                 repetitions: self.cycle_repetitions,
                 max_length: self.max_cycle_length,
             }),
-            failures: self.failures.then_some(self.failure_threshold),
-            result_aware_polling: self.result_aware_polling,
+            failures: self.failures.then(|| {
+                self.failure_threshold
+                    .map_or(self.max_failures, |failures| failures.saturating_add(1))
+            }),
+            backoff: (!self.min_backoff.is_zero()).then_some(self.min_backoff),
+            result_aware: self.result_aware_polling,
+            polls: PollLimits {
+                patient_gap: self.patient_poll_gap,
+                budget: self.poll_budget,
+            },
         };
+        let default_noise = Arc::new(Noise::new(&self.ignore_members));
+        let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
+            let overrides = policy.loop_detect.overrides();
+            Ok(ToolLoop {
+                read_only: descriptor.is_some_and(|d| d.risk == RiskLevel::ReadOnly),
+                noise: match overrides.and_then(|o| o.ignore_members.as_ref()) {
+                    Some(names) => Arc::new(Noise::new(names)),
+                    None => default_noise.clone(),
+                },
+            })
+        })?;
         let seed = {
             use std::hash::BuildHasher;
             std::hash::RandomState::new().hash_one(0u8)
@@ -288,6 +395,8 @@ impl LoopDetectLayerBuilder {
         let hasher = foldhash::quality::FixedState::with_seed(seed);
         let monitor = Monitor {
             registry: self.registry,
+            tools,
+            resends: self.resends,
             tiers: Tiers {
                 server: self.config,
                 models: self.models,
@@ -315,8 +424,18 @@ impl LoopDetectLayerBuilder {
             .map_err(field("cycle_repetitions"))?;
         in_range(self.max_cycle_length, 2, MAX_CYCLE_LENGTH_LIMIT)
             .map_err(field("max_cycle_length"))?;
-        in_range(self.failure_threshold, 2, MAX_REPEATS_LIMIT)
-            .map_err(field("failure_threshold"))?;
+        match self.failure_threshold {
+            Some(failures) => in_range(failures, 2, MAX_REPEATS_LIMIT)
+                .map_err(field("failure_threshold"))?,
+            None => in_range(self.max_failures, 2, MAX_REPEATS_LIMIT)
+                .map_err(field("max_failures"))?,
+        }
+        if let Some(index) = self.ignore_members.iter().position(String::is_empty) {
+            return Err(ConfigError::new(
+                format!("ignore_members[{index}]"),
+                "must be a member name, got an empty string",
+            ));
+        }
         if self.max_sessions == 0 {
             return Err(ConfigError::new(
                 "max_sessions",
@@ -340,15 +459,24 @@ impl LoopDetectLayerBuilder {
 /// layer's, because the history of a session grows with it.
 fn check_registry(registry: &ToolRegistry) -> Result<(), ConfigError> {
     let check = |policy: &ToolPolicy, prefix: &str| match &policy.loop_detect {
-        LayerSetting::On(overrides) => match overrides.max_repeats {
-            Some(max) => check_max_repeats(max).map_err(|problem| {
-                ConfigError::new(format!("{prefix}.policy.loop_detect.max_repeats"), problem)
-            }),
-            None => Ok(()),
-        },
+        LayerSetting::On(overrides) => {
+            let bounded = [
+                ("max_repeats", overrides.max_repeats),
+                ("max_failures", overrides.max_failures),
+            ];
+            for (name, value) in bounded {
+                if let Some(max) = value {
+                    check_max_repeats(max).map_err(|problem| {
+                        ConfigError::new(format!("{prefix}.policy.loop_detect.{name}"), problem)
+                    })?;
+                }
+            }
+            Ok(())
+        }
         _ => Ok(()),
     };
     check(registry.unregistered_policy(), "unregistered")?;
+    // The registry checks `max_failures` at least 2; its upper bound is the layer's too.
     for tool in registry.tools() {
         check(
             &tool.descriptor().policy,

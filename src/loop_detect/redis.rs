@@ -10,7 +10,9 @@ use redis::Script;
 use tokio::time::Instant;
 
 use super::config::{BelowSession, LoopSettingKey, LoopSettings};
-use super::detector::{Decision, Limits, Outcome, SessionHistory, Signature, State, StoredCall};
+use super::detector::{
+    CallFacts, Decision, Limits, Outcome, SessionHistory, Signature, State, StoredCall,
+};
 use crate::error::{ConfigError, ErrorCode};
 use crate::redis_support::{self, hash_tagged, Batch, Coalescer, Connection, StoreSettings};
 use crate::shared_store::SharedStoreError;
@@ -26,18 +28,32 @@ pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
 /// - the call last given a chance: signature (16) and time in ms (12), or 28 spaces;
 /// - the length of its own settings (4), then the settings (`!/set` overrides, as JSON);
 /// - its latest calls, oldest first, [`CALL_LEN`] characters each: time in ms (12),
-///   signature (16), poller (`0` or `1`), and how it ended: `p` (pending), `r` (refused),
-///   `s` (succeeded) or `f` (failed), then a 16-digit fingerprint of the poller's result or
-///   of the error code (zeros otherwise).
+///   signature (16), result-aware (`0` or `1`), and how it ended: `p` (pending), `r`
+///   (refused), `x` (re-sent: answered from the idempotency layer's record), `s`
+///   (succeeded) or `f` (failed), then a 16-digit digest of the answer or of the error
+///   code (zeros otherwise); then when it ended (12, its time until then), since when its
+///   answer had been the same (12), and the idempotency record that answers a re-send of
+///   it (16, zeros for none).
 ///
 /// The calls' sequence numbers follow from the next one: the last call has the one before.
+/// A session whose calls have another width (written by an older version, whose calls were
+/// 46 characters) is read without its calls.
 const PRELUDE: &str = r"
+local CALL = 86
 local EMPTY = '000000000000' .. string.rep(' ', 28) .. '0000'
 local function calls_from(blob) return 45 + tonumber(string.sub(blob, 41, 44), 16) end
+local function current(blob)
+  local body = calls_from(blob)
+  if (#blob - body + 1) % CALL ~= 0 then return string.sub(blob, 1, body - 1) end
+  return blob
+end
 ";
 
 /// Characters a call takes in a session's string.
-const CALL_LEN: usize = 46;
+const CALL_LEN: usize = 86;
+/// Characters of how a call ended, from its state letter on: the letter, the digest, when
+/// it ended and since when its answer had been the same.
+const SETTLED_LEN: usize = 41;
 
 /// `OBSERVE` takes calls of one session in arrival order, in runs of calls alike, `ARGV`
 /// five by five: window (ms), the calls kept for the rules other than repeats, max repeats,
@@ -48,10 +64,10 @@ const CALL_LEN: usize = 46;
 /// expires with the last tracked call's window. The session is written once, with the calls
 /// that the last call keeps. It answers the session as it was before the first call.
 const OBSERVE: &str = r"
-local blob = redis.call('GET', KEYS[1]) or EMPTY
+local blob = current(redis.call('GET', KEYS[1]) or EMPTY)
 local body, window, added = calls_from(blob), nil, {}
 local own = body > 45 and cjson.decode(string.sub(blob, 45, body - 1)) or {}
-local seq, kept = tonumber(string.sub(blob, 1, 12), 16), (#blob - body + 1) / 46
+local seq, kept = tonumber(string.sub(blob, 1, 12), 16), (#blob - body + 1) / CALL
 for at = 0, #ARGV - 5, 5 do
   local enabled, repeats = ARGV[at + 4] == '1', tonumber(ARGV[at + 3])
   if own.enabled ~= nil then enabled = own.enabled end
@@ -59,31 +75,33 @@ for at = 0, #ARGV - 5, 5 do
     if own.max_repeats then repeats = own.max_repeats end
     window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[at + 1])
     local keep, calls = math.max(tonumber(ARGV[at + 2]) - 1, repeats - 2, 0), ARGV[at + 5]
-    for _ = 1, #calls / 46 do kept = math.min(kept, keep) + 1 end
-    seq = seq + #calls / 46
+    for _ = 1, #calls / CALL do kept = math.min(kept, keep) + 1 end
+    seq = seq + #calls / CALL
     added[#added + 1] = calls
   end
 end
 if window then
   local calls = string.sub(blob, body) .. table.concat(added)
   local header = string.format('%012x', seq) .. string.sub(blob, 13, body - 1)
-  redis.call('SET', KEYS[1], header .. string.sub(calls, #calls - 46 * kept + 1), 'PX', window)
+  redis.call('SET', KEYS[1], header .. string.sub(calls, #calls - CALL * kept + 1), 'PX', window)
 end
 return blob
 ";
 
-/// Settles the pending call of sequence number `ARGV[1]` with the state `ARGV[2]`, and sets
-/// the session's chance to `ARGV[3]` unless it is empty; the session keeps its expiry.
+/// Settles the pending call of sequence number `ARGV[1]` with how it ended, `ARGV[2]`
+/// ([`SETTLED_LEN`] characters from its state letter on), and sets the session's chance to
+/// `ARGV[3]` unless it is empty; the session keeps its expiry.
 const SETTLE: &str = r"
 local blob = redis.call('GET', KEYS[1])
 if not blob then return 0 end
+blob = current(blob)
 local body = calls_from(blob)
-local n = (#blob - body + 1) / 46
+local n = (#blob - body + 1) / CALL
 local index = tonumber(ARGV[1]) - (tonumber(string.sub(blob, 1, 12), 16) - n)
 if index >= 0 and index < n then
-  local at = body + index * 46 + 29
+  local at = body + index * CALL + 29
   if string.sub(blob, at, at) == 'p' then
-    blob = string.sub(blob, 1, at - 1) .. ARGV[2] .. string.sub(blob, at + 17)
+    blob = string.sub(blob, 1, at - 1) .. ARGV[2] .. string.sub(blob, at + 41)
   end
 end
 if ARGV[3] ~= '' then blob = string.sub(blob, 1, 12) .. ARGV[3] .. string.sub(blob, 41) end
@@ -145,7 +163,8 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 ///   marked refused when the rules refuse them), exactly as if they had come one by one. A
 ///   lone call goes at once, in one round trip. Each call waits at most the operation
 ///   timeout and follows the failure policy on its own; a caller that gives up before its
-///   turn is not sent. A refused call, a failure and a poller's result are then written to
+///   turn is not sent. A refused call, a re-send, a failure, a read's answer and (when a
+///   re-send of it could be answered from a record) the end of a call are then written to
 ///   its entry (a second, short script), before the caller gets the answer, so the next call
 ///   on any replica sees them.
 /// - A session's settings set through any replica's
@@ -197,20 +216,27 @@ pub(crate) struct Observed {
 pub(crate) struct Observing {
     /// When the call came, in Unix ms.
     now_ms: u64,
-    signature: Signature,
+    facts: CallFacts,
     below: BelowSession,
 }
 
 impl Observing {
+    /// The call as `OBSERVE` appends it.
+    fn raw(&self) -> RawCall {
+        RawCall {
+            at_ms: self.now_ms,
+            signature: self.facts.signature,
+            result_aware: self.below.limits.result_aware,
+            state: State::Pending,
+            ended_ms: self.now_ms,
+            since_ms: self.now_ms,
+            resend: self.facts.resend.map_or(0, |r| r.id),
+        }
+    }
+
     /// Writes the call as `OBSERVE` appends it.
     fn store(&self, stored: &mut String) {
-        write_call(
-            stored,
-            self.now_ms,
-            self.signature,
-            self.below.limits.poller,
-            State::Pending,
-        );
+        write_call(stored, &self.raw());
     }
 
     /// Whether `OBSERVE` takes `other` with the same settings as this call.
@@ -288,9 +314,10 @@ impl Batch for Shared {
                 continue;
             }
             let seq = replay.seq;
+            let previous = replay.previous_answer(call.facts.signature);
             let mut history = replay.history(now, call.now_ms);
             let chance_before = history.chance();
-            let decision = history.observe(now, call.signature, &limits);
+            let decision = history.observe(now, &call.facts, &limits);
             let chance = history
                 .chance()
                 .filter(|_| history.chance() != chance_before);
@@ -303,6 +330,8 @@ impl Batch for Shared {
                     decision,
                     seq,
                     chance,
+                    at_ms: call.now_ms,
+                    previous,
                 }),
             });
         }
@@ -318,6 +347,22 @@ pub(crate) struct Tracked {
     pub(crate) seq: u64,
     /// The session's chance, when the call changed it.
     pub(crate) chance: Option<(Signature, Instant)>,
+    /// When the call came, in Unix ms.
+    pub(crate) at_ms: u64,
+    /// How the latest earlier identical call ended, and since when (Unix ms) its answer
+    /// had been the same.
+    pub(crate) previous: Option<(Outcome, u64)>,
+}
+
+/// How a call ended, as the replica that made it writes it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Settled {
+    /// Refused by the rules.
+    Rejected,
+    /// Answered from the idempotency layer's record.
+    Resent,
+    /// Ran and ended; its answer had been the same since `since_ms` (Unix ms).
+    Done { outcome: Outcome, since_ms: u64 },
 }
 
 impl RedisLoopStore {
@@ -350,12 +395,12 @@ impl RedisLoopStore {
     pub(crate) fn observe(
         &self,
         session: &str,
-        signature: Signature,
+        facts: CallFacts,
         below: BelowSession,
     ) -> impl Future<Output = Result<Observed, SharedStoreError>> + Send + 'static {
         let observing = Observing {
             now_ms: unix_now_ms(),
-            signature,
+            facts,
             below,
         };
         redis_support::coalesced(self.shared.clone(), self.session_key(session), observing)
@@ -367,9 +412,15 @@ impl RedisLoopStore {
         &self,
         session: &str,
         seq: u64,
-        state: State,
+        settled: Settled,
         chance: Option<(Signature, Instant)>,
     ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+        let now_ms = unix_now_ms();
+        let (state, since_ms) = match settled {
+            Settled::Rejected => (State::Rejected, now_ms),
+            Settled::Resent => (State::Resent, now_ms),
+            Settled::Done { outcome, since_ms } => (State::Done(outcome), since_ms),
+        };
         let shared = self.shared.clone();
         let key = self.session_key(session);
         let chance = chance.map_or_else(String::new, |(signature, at)| {
@@ -388,7 +439,7 @@ impl RedisLoopStore {
                         .settle
                         .key(&key)
                         .arg(seq)
-                        .arg(encode_state(state))
+                        .arg(encode_settled(state, now_ms, since_ms))
                         .arg(chance),
                 )
                 .await?;
@@ -500,23 +551,29 @@ impl<'a> StoredSession<'a> {
     }
 }
 
-/// A call as a session's string holds it: its time in Unix ms, and the rest.
-#[derive(Clone, Copy)]
+/// A call as a session's string holds it: its times in Unix ms, and the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RawCall {
     at_ms: u64,
     signature: Signature,
-    poller: bool,
+    result_aware: bool,
     state: State,
+    ended_ms: u64,
+    since_ms: u64,
+    resend: u64,
 }
 
 impl RawCall {
-    /// The call as the rules read it, its time placed by `at` on the tokio clock.
+    /// The call as the rules read it, its times placed by `at` on the tokio clock.
     fn read_at(&self, at: impl Fn(u64) -> Instant) -> StoredCall {
         StoredCall {
             at: at(self.at_ms),
             signature: self.signature,
-            poller: self.poller,
+            result_aware: self.result_aware,
             state: self.state,
+            ended: at(self.ended_ms),
+            since: at(self.since_ms),
+            resend: self.resend,
         }
     }
 }
@@ -540,6 +597,19 @@ impl Replay {
                 .map(decode_raw)
                 .collect::<Result<_, _>>()?,
         })
+    }
+
+    /// How the latest call of `signature` that ended did, and since when (Unix ms) its answer
+    /// had been the same.
+    fn previous_answer(&self, signature: Signature) -> Option<(Outcome, u64)> {
+        self.calls
+            .iter()
+            .rev()
+            .filter(|call| call.signature == signature)
+            .find_map(|call| match call.state {
+                State::Done(outcome) => Some((outcome, call.since_ms)),
+                _ => None,
+            })
     }
 
     /// The session's history, read at `now`, which is `now_ms` on the replica's wall clock.
@@ -574,14 +644,12 @@ impl Replay {
             self.calls.pop_front();
         }
         self.calls.push_back(RawCall {
-            at_ms: call.now_ms,
-            signature: call.signature,
-            poller: call.below.limits.poller,
-            state: if refused {
-                State::Rejected
-            } else {
-                State::Pending
+            state: match decision {
+                Decision::Reject(_) => State::Rejected,
+                Decision::Resend => State::Resent,
+                Decision::Admit(_) => State::Pending,
             },
+            ..call.raw()
         });
         self.seq += 1;
     }
@@ -619,29 +687,34 @@ fn decode_settings(stored: &str) -> Result<LoopSettings, SharedStoreError> {
         .ok_or_else(|| corrupt(&format!("malformed session settings {stored:?}")))
 }
 
-/// A call as stored: `<ms><signature><poller><state>`, [`CALL_LEN`] characters.
+/// A call as stored, [`CALL_LEN`] characters.
 #[cfg(test)]
-fn encode_call(at_ms: u64, signature: Signature, poller: bool, state: State) -> String {
+fn encode_call(call: &RawCall) -> String {
     let mut stored = String::with_capacity(CALL_LEN);
-    write_call(&mut stored, at_ms, signature, poller, state);
+    write_call(&mut stored, call);
     stored
 }
 
-/// Writes a call as stored.
-fn write_call(stored: &mut String, at_ms: u64, signature: Signature, poller: bool, state: State) {
-    let (letter, payload) = state_parts(state);
+/// Writes a call as stored: `<ms><signature><result-aware><settled><resend>`.
+fn write_call(stored: &mut String, call: &RawCall) {
     let _ = write!(
         stored,
-        "{at_ms:012x}{:016x}{}{letter}{payload:016x}",
-        signature.raw(),
-        u8::from(poller),
+        "{:012x}{:016x}{}{}{:016x}",
+        call.at_ms,
+        call.signature.raw(),
+        u8::from(call.result_aware),
+        encode_settled(call.state, call.ended_ms, call.since_ms),
+        call.resend,
     );
 }
 
-/// How a call ended: a letter and 16 hexadecimal digits.
-fn encode_state(state: State) -> String {
+/// How a call ended, as stored: its state letter and payload, when it ended and since when
+/// its answer had been the same ([`SETTLED_LEN`] characters).
+fn encode_settled(state: State, ended_ms: u64, since_ms: u64) -> String {
     let (letter, payload) = state_parts(state);
-    format!("{letter}{payload:016x}")
+    let settled = format!("{letter}{payload:016x}{ended_ms:012x}{since_ms:012x}");
+    debug_assert_eq!(settled.len(), SETTLED_LEN);
+    settled
 }
 
 /// How a call ended, as stored: its letter and its payload.
@@ -649,7 +722,8 @@ fn state_parts(state: State) -> (char, u64) {
     match state {
         State::Pending => ('p', 0),
         State::Rejected => ('r', 0),
-        State::Done(Outcome::Succeeded(fingerprint)) => ('s', fingerprint),
+        State::Resent => ('x', 0),
+        State::Done(Outcome::Succeeded(digest)) => ('s', digest),
         State::Done(Outcome::Failed(code)) => ('f', code_fingerprint(code)),
     }
 }
@@ -679,18 +753,18 @@ fn decode_raw(call: &[u8]) -> Result<RawCall, SharedStoreError> {
     if call.len() != CALL_LEN {
         return Err(malformed());
     }
-    let at_ms = hex(&call[..12]).ok_or_else(malformed)?;
-    let signature = hex(&call[12..28]).ok_or_else(malformed)?;
-    let poller = match call[28] {
+    let number = |from: usize, to: usize| hex(&call[from..to]).ok_or_else(malformed);
+    let result_aware = match call[28] {
         b'0' => false,
         b'1' => true,
         _ => return Err(malformed()),
     };
-    let payload = hex(&call[30..]).ok_or_else(malformed)?;
+    let payload = number(30, 46)?;
     let state = match (call[29], payload) {
         (b'p', 0) => State::Pending,
         (b'r', 0) => State::Rejected,
-        (b's', fingerprint) => State::Done(Outcome::Succeeded(fingerprint)),
+        (b'x', 0) => State::Resent,
+        (b's', digest) => State::Done(Outcome::Succeeded(digest)),
         (b'f', fingerprint) => State::Done(Outcome::Failed(
             ErrorCode::ALL
                 .into_iter()
@@ -700,10 +774,13 @@ fn decode_raw(call: &[u8]) -> Result<RawCall, SharedStoreError> {
         _ => return Err(malformed()),
     };
     Ok(RawCall {
-        at_ms,
-        signature: Signature::from_raw(signature),
-        poller,
+        at_ms: number(0, 12)?,
+        signature: Signature::from_raw(number(12, 28)?),
+        result_aware,
         state,
+        ended_ms: number(46, 58)?,
+        since_ms: number(58, 70)?,
+        resend: number(70, 86)?,
     })
 }
 
@@ -769,6 +846,7 @@ mod tests {
         prop_oneof![
             Just(State::Pending),
             Just(State::Rejected),
+            Just(State::Resent),
             any::<u64>().prop_map(|fingerprint| State::Done(Outcome::Succeeded(fingerprint))),
             proptest::sample::select(ErrorCode::ALL.to_vec())
                 .prop_map(|code| State::Done(Outcome::Failed(code))),
@@ -779,21 +857,38 @@ mod tests {
         #[test]
         fn a_stored_call_reads_back_as_written(
             at_ms in 0u64..(1 << 48),
+            ended_ms in 0u64..(1 << 48),
+            since_ms in 0u64..(1 << 48),
             signature in any::<u64>(),
-            poller in any::<bool>(),
+            result_aware in any::<bool>(),
             state in state(),
+            resend in any::<u64>(),
         ) {
             let now = Instant::now();
-            let stored = encode_call(at_ms, Signature::from_raw(signature), poller, state);
+            let raw = RawCall {
+                at_ms,
+                signature: Signature::from_raw(signature),
+                result_aware,
+                state,
+                ended_ms,
+                since_ms,
+                resend,
+            };
+            let stored = encode_call(&raw);
             prop_assert_eq!(stored.len(), CALL_LEN);
-            let call = decode_call(stored.as_bytes(), |ms| {
-                assert_eq!(ms, at_ms);
-                now
-            })
-            .unwrap();
+            prop_assert_eq!(decode_raw(stored.as_bytes()).unwrap(), raw);
+            let call = decode_call(stored.as_bytes(), |_| now).unwrap();
             prop_assert_eq!(
                 call,
-                StoredCall { at: now, signature: Signature::from_raw(signature), poller, state }
+                StoredCall {
+                    at: now,
+                    signature: Signature::from_raw(signature),
+                    result_aware,
+                    state,
+                    ended: now,
+                    since: now,
+                    resend,
+                }
             );
         }
 
@@ -811,7 +906,15 @@ mod tests {
                 || " ".repeat(28),
                 |(signature, ms)| format!("{signature:016x}{ms:012x}"),
             );
-            let call = encode_call(7, Signature::from_raw(9), false, State::Pending);
+            let call = encode_call(&RawCall {
+                at_ms: 7,
+                signature: Signature::from_raw(9),
+                result_aware: false,
+                state: State::Pending,
+                ended_ms: 7,
+                since_ms: 7,
+                resend: 0,
+            });
             let blob = format!(
                 "{seq:012x}{chance_text}{:04x}{settings}{}",
                 settings.len(),
@@ -864,7 +967,9 @@ mod tests {
                 Ok(call) => {
                     // Only calls of the stored shape read back, and write back the same.
                     prop_assert_eq!(bytes.len(), CALL_LEN);
-                    let again = encode_call(hex(&bytes[..12]).unwrap(), call.signature, call.poller, call.state);
+                    let raw = decode_raw(&bytes).unwrap();
+                    prop_assert_eq!(call.signature, raw.signature);
+                    let again = encode_call(&raw);
                     prop_assert_eq!(again.to_ascii_lowercase(), String::from_utf8(bytes.clone()).unwrap().to_ascii_lowercase());
                 }
                 Err(error) => prop_assert!(matches!(error, SharedStoreError::Corrupt(_))),

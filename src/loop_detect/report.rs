@@ -50,13 +50,23 @@ pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits
     };
     let finding = match detection.rule {
         Rule::Repeat => String::new(),
-        Rule::UnchangedPoll => " Its result did not change between these calls.".to_owned(),
+        Rule::UnchangedPoll { for_secs: None } => " Its result did not change between these \
+             calls. If you are waiting for it to change, wait longer between calls."
+            .to_owned(),
+        Rule::UnchangedPoll {
+            for_secs: Some(secs),
+        } => format!(
+            " Its result has not changed for {secs}s. Stop polling: report what you have to the \
+             user, or check the job another way."
+        ),
         Rule::Cycle { length } => format!(
             " The last {} calls repeat a cycle of {length} calls {count} times.",
             length.saturating_mul(count as usize)
         ),
         Rule::Failures { code } => format!(
-            " Each of the last {count} identical calls failed with {}.",
+            " Each of the last {} identical calls failed with {}. Read the error and change \
+             the call, or wait longer before each retry.",
+            count.saturating_sub(1),
             code.as_str()
         ),
     };
@@ -78,7 +88,10 @@ pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits
         match rule {
             Rule::Cycle { length } => details["cycleLength"] = json!(length),
             Rule::Failures { code } => details["errorCode"] = json!(code.as_str()),
-            Rule::Repeat | Rule::UnchangedPoll => {}
+            Rule::UnchangedPoll {
+                for_secs: Some(secs),
+            } => details["unchangedSecs"] = json!(secs),
+            Rule::Repeat | Rule::UnchangedPoll { for_secs: None } => {}
         }
         details
     };

@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -6,9 +7,11 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::config::Tiers;
-use super::detector::{Decision, Limits, Outcome, Signature};
+use super::detector::{CallFacts, Decision, Limits, Outcome, Resend, Signature};
 use super::future::{OutcomeReport, ResponseFuture};
+use super::noise::Noise;
 use super::report;
+use super::resend::{ResendKey, Resends};
 use super::tracker::{lock, Tracker};
 use crate::canonical::{canonical_json, CanonicalOptions};
 use crate::control::ShadowLayer;
@@ -18,6 +21,7 @@ use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{ShadowDecision, ShadowVerdict, ToolOutput};
 use crate::registry::{LayerSetting, ToolRegistry};
 use crate::shared_store::Outages;
+use crate::tool_table::ToolTable;
 use crate::trace::Redactor;
 
 /// Stops calls that repeat in a loop; made by [`LoopDetectLayer`](super::LoopDetectLayer).
@@ -27,10 +31,22 @@ pub struct LoopDetect<S> {
     monitor: Arc<Monitor>,
 }
 
+/// What the layer resolved once for one tool.
+#[derive(Debug)]
+pub(super) struct ToolLoop {
+    /// The tool is registered as read-only: its answers decide whether a call repeats.
+    pub(super) read_only: bool,
+    /// The members its calls and answers are compared without.
+    pub(super) noise: Arc<Noise>,
+}
+
 /// The state every clone of the layer and its services shares.
 #[derive(Debug)]
 pub(super) struct Monitor {
     pub(super) registry: ToolRegistry,
+    pub(super) tools: ToolTable<ToolLoop>,
+    /// The idempotency layer behind, when the layer knows which calls it answers.
+    pub(super) resends: Option<Resends>,
     pub(super) tiers: Tiers,
     pub(super) tracker: Tracker,
     pub(super) canonical: CanonicalOptions,
@@ -65,6 +81,8 @@ pub(super) enum Verdict {
 pub(super) enum Judgement {
     /// Run it, and report its outcome under this sequence number.
     Admit(u64),
+    /// Run it untracked: the idempotency layer behind answers it from its record.
+    Resend,
     /// Refuse it with this error.
     Refuse(ToolError),
     /// Run it although it loops: the layer is in shadow mode.
@@ -77,7 +95,9 @@ pub(super) struct SharedCheck {
     pub(super) store: super::redis::RedisLoopStore,
     /// What the tiers below the session decide; the store holds the session's settings.
     pub(super) below: super::config::BelowSession,
-    pub(super) signature: Signature,
+    pub(super) facts: CallFacts,
+    /// The members the tool's answers are compared without.
+    pub(super) noise: Arc<Noise>,
 }
 
 impl Monitor {
@@ -87,52 +107,95 @@ impl Monitor {
             LayerSetting::On(overrides) => Some(overrides),
             LayerSetting::Default => None,
         };
+        let facts = self.tools.for_call(call);
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             // The session's settings are in the store, read with its history.
-            let signature = match self.signature(call) {
+            let signature = match self.signature(call, &facts.noise) {
                 Ok((signature, _)) => signature,
                 Err(error) => return Verdict::Rejected(error),
             };
             return Verdict::Shared(SharedCheck {
                 store: store.clone(),
-                below: self.tiers.below_session(call, tool),
-                signature,
+                below: self.tiers.below_session(call, tool, facts.read_only),
+                facts: CallFacts {
+                    signature,
+                    resend: self.resend(call),
+                },
+                noise: facts.noise.clone(),
             });
         }
-        let Some(limits) = self.tiers.limits(call, tool) else {
+        let Some(limits) = self.tiers.limits(call, tool, facts.read_only) else {
             return Verdict::Untracked;
         };
-        let (signature, canonical) = match self.signature(call) {
+        let (signature, canonical) = match self.signature(call, &facts.noise) {
             Ok(signed) => signed,
             Err(error) => return Verdict::Rejected(error),
         };
         let now = Instant::now();
         let history = self.tracker.session(call.session_key(), now, limits.ttl);
-        let decision = lock(&history).observe(now, signature, &limits);
+        let observed = CallFacts {
+            signature,
+            resend: self.resend(call),
+        };
+        let decision = lock(&history).observe(now, &observed, &limits);
         match self.judge(call, decision, &limits, signature, &canonical) {
             Judgement::Admit(seq) => {
-                let results = limits.poller.then(|| self.clone());
-                Verdict::Tracked(OutcomeReport::new(history, seq, results))
+                let answers = limits
+                    .result_aware
+                    .then(|| Answers::new(self.clone(), facts.noise.clone()));
+                Verdict::Tracked(OutcomeReport::new(history, seq, answers))
             }
+            Judgement::Resend => Verdict::Untracked,
             Judgement::Refuse(error) => Verdict::Rejected(error),
             Judgement::Shadow(decision) => Verdict::Shadowed(decision),
         }
     }
 
-    /// The signature of `call`, and its params in canonical form.
+    /// The signature of `call`, without the `noise` members, and its params in canonical
+    /// form (with them: the form idempotency keys use, cached in the params).
     fn signature<'c>(
         &self,
         call: &'c ToolCall,
-    ) -> Result<(Signature, std::borrow::Cow<'c, str>), ToolError> {
+        noise: &Noise,
+    ) -> Result<(Signature, Cow<'c, str>), ToolError> {
         let canonical = call.params().canonical(&self.canonical)?;
+        let quiet = match noise.strip(call.params().as_value()) {
+            Cow::Borrowed(_) => None,
+            Cow::Owned(stripped) => Some(canonical_json(&stripped, &self.canonical)?),
+        };
         let signature = Signature::new(
             &self.hasher,
             call.tool_namespace(),
             call.tool_name(),
-            &canonical,
+            quiet.as_deref().unwrap_or(&canonical),
         );
         Ok((signature, canonical))
+    }
+
+    /// How the idempotency layer behind answers a re-send of `call`, if the layer knows it.
+    fn resend(&self, call: &ToolCall) -> Option<Resend> {
+        let key = self.resends.as_ref()?.0.resend_key(call)?;
+        let (namespace, name) = (call.tool_namespace(), call.tool_name());
+        let (id, settled_for) = match key {
+            ResendKey::Given { key, settled_for } => (
+                self.hasher.hash_one(("given", namespace, name, &*key)),
+                settled_for,
+            ),
+            ResendKey::Derived {
+                with_actor,
+                settled_for,
+            } => {
+                let canonical = call.params().canonical(&self.canonical).ok()?;
+                let actor = if with_actor { call.actor_id() } else { "" };
+                let parts = ("derived", namespace, name, &*canonical, actor);
+                (self.hasher.hash_one(parts), settled_for)
+            }
+        };
+        Some(Resend {
+            id: id.max(1),
+            settled_for,
+        })
     }
 
     /// What `decision`, taken on `call` under `limits`, means; logs a detection.
@@ -154,6 +217,7 @@ impl Monitor {
                 );
                 Judgement::Admit(seq)
             }
+            Decision::Resend => Judgement::Resend,
             Decision::Reject(_)
                 if self
                     .registry
@@ -181,17 +245,29 @@ impl Monitor {
         }
     }
 
-    /// How a call ended, for its session's history: a poller's output is fingerprinted.
+    /// How a call ended, for its session's history: a result-aware call's answer is
+    /// digested.
     pub(super) fn outcome_of(
-        poller: Option<&Monitor>,
+        answers: Option<(&Monitor, &Noise)>,
         result: &Result<ToolOutput, ToolError>,
         seq: u64,
     ) -> Outcome {
         match result {
             Ok(output) => Outcome::Succeeded(
-                poller.map_or(0, |monitor| monitor.result_fingerprint(output, seq)),
+                answers.map_or(0, |(monitor, noise)| monitor.answer_digest(noise, output, seq)),
             ),
             Err(error) => Outcome::Failed(error.code()),
+        }
+    }
+
+    /// A digest of the answer's canonical form without its `noise` members, to tell a
+    /// changed answer from the same one.
+    fn answer_digest(&self, noise: &Noise, output: &ToolOutput, seq: u64) -> u64 {
+        let content = noise.strip(&output.content);
+        match canonical_json(&content, &self.canonical) {
+            Ok(canonical) => self.hasher.hash_one(canonical.as_str()),
+            // Output too deep to write canonically: count it as a change, never as a repeat.
+            Err(_) => self.hasher.hash_one(("unwritable output", seq)),
         }
     }
 
@@ -204,14 +280,22 @@ impl Monitor {
         }
         super::handle::StoreWrite::done()
     }
+}
 
-    /// A fingerprint of a poller's output, to tell a changed result from the same one.
-    pub(super) fn result_fingerprint(&self, output: &ToolOutput, seq: u64) -> u64 {
-        match canonical_json(&output.content, &self.canonical) {
-            Ok(canonical) => self.hasher.hash_one(canonical.as_str()),
-            // Output too deep to write canonically: count it as a change, never as a repeat.
-            Err(_) => self.hasher.hash_one(("unwritable output", seq)),
-        }
+/// What digests a result-aware call's answers: the layer and the tool's noise.
+#[derive(Debug)]
+pub(super) struct Answers {
+    monitor: Arc<Monitor>,
+    noise: Arc<Noise>,
+}
+
+impl Answers {
+    pub(super) fn new(monitor: Arc<Monitor>, noise: Arc<Noise>) -> Self {
+        Answers { monitor, noise }
+    }
+
+    pub(super) fn parts(&self) -> (&Monitor, &Noise) {
+        (&self.monitor, &self.noise)
     }
 }
 

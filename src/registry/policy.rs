@@ -340,6 +340,21 @@ pub enum LoopMode {
 }
 
 /// Overrides of `LoopDetectLayer` for one tool.
+///
+/// A tool that writes (sending a message, filing an issue) and must not repeat gets a lower
+/// `max_repeats`, so that the second identical call in a row is refused:
+///
+/// ```
+/// use tower_toolcall::registry::{LoopDetectOverrides, ToolPolicy};
+///
+/// let policy: ToolPolicy = serde_json::from_str(
+///     r#"{"loop_detect": {"max_repeats": 2, "ignore_members": ["requestId", "sentAt"]}}"#,
+/// ).unwrap();
+/// let loops = policy.loop_detect.overrides().unwrap();
+/// assert_eq!(loops.max_repeats, Some(2));
+/// assert_eq!(loops.ignore_members.as_deref(), Some(&["requestId".to_owned(), "sentAt".to_owned()][..]));
+/// # let _ = LoopDetectOverrides::default().with_max_repeats(2);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -353,9 +368,25 @@ pub struct LoopDetectOverrides {
     /// What to do on a loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<LoopMode>,
-    /// The tool polls (e.g. `job.status`): repeats count only while its result stays the same.
+    /// Whether the tool's answers decide whether a call repeats: an identical call whose
+    /// answer changed is progress. Read-only tools are judged so by default; `true` makes
+    /// another tool (e.g. `job.status` registered as `writes`) judged so, `false` judges a
+    /// read-only tool on its arguments alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poller: Option<bool>,
+    /// Identical calls in a row that make a loop when each earlier one failed with the same
+    /// error (at least 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failures: Option<u32>,
+    /// How long, in seconds, a patient poll's answer may stay the same before the poll is
+    /// a loop; `0`: without end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_budget_secs: Option<u64>,
+    /// Members ignored, at any depth, when calls and answers of this tool are compared
+    /// (per-call noise: request ids, nonces, client timestamps). Replaces the layer's list
+    /// for the tool; an empty list ignores nothing. Idempotency keys never ignore them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_members: Option<Vec<String>>,
 }
 
 option_setters!(LoopDetectOverrides {
@@ -365,14 +396,33 @@ option_setters!(LoopDetectOverrides {
     with_ttl_secs => ttl_secs: u64,
     /// Sets what to do on a loop.
     with_mode => mode: LoopMode,
-    /// Sets whether the tool polls: repeats count only while its result stays the same.
+    /// Sets whether the tool's answers decide whether a call repeats.
     with_poller => poller: bool,
+    /// Sets the identical calls after identical failures that make a loop.
+    with_max_failures => max_failures: u32,
+    /// Sets how long a patient poll's answer may stay the same, in seconds (`0`: no end).
+    with_poll_budget_secs => poll_budget_secs: u64,
+    /// Sets the members ignored when calls and answers of the tool are compared.
+    with_ignore_members => ignore_members: Vec<String>,
 });
 
 impl LoopDetectOverrides {
     fn check(&self) -> Result<(), ConfigError> {
         at_least("max_repeats", self.max_repeats, 2)?;
-        at_least("ttl_secs", self.ttl_secs, 1)
+        at_least("max_failures", self.max_failures, 2)?;
+        at_least("ttl_secs", self.ttl_secs, 1)?;
+        if let Some(index) = self
+            .ignore_members
+            .iter()
+            .flatten()
+            .position(|name| name.is_empty())
+        {
+            return Err(ConfigError::new(
+                format!("ignore_members[{index}]"),
+                "must be a member name, got an empty string",
+            ));
+        }
+        Ok(())
     }
 }
 
