@@ -529,20 +529,23 @@ impl Tiers {
         &self,
         call: &ToolCall,
         tool: Option<&LoopDetectOverrides>,
-        read_only: bool,
+        answers_decide: bool,
     ) -> Option<Limits> {
         let session = self.sessions.get(call.session_key()).unwrap_or_default();
-        let (enabled, limits) = self.below_session(call, tool, read_only).under(&session);
+        let (enabled, limits) = self
+            .below_session(call, tool, answers_decide)
+            .under(&session);
         enabled.then_some(limits)
     }
 
-    /// What the tiers below the session decide for `call`, whose tool is `read_only` or not:
+    /// What the tiers below the session decide for `call`, whose tool's answers decide
+    /// whether it repeats (`answers_decide`) or not:
     /// the tool, model and server tiers.
     pub(super) fn below_session(
         &self,
         call: &ToolCall,
         tool: Option<&LoopDetectOverrides>,
-        read_only: bool,
+        answers_decide: bool,
     ) -> BelowSession {
         let model = self.models.for_call(call).copied().unwrap_or_default();
         let tool = tool.unwrap_or(&NO_OVERRIDES);
@@ -560,7 +563,7 @@ impl Tiers {
                 max_repeats,
                 ttl: Duration::from_secs(ttl_secs),
                 mode,
-                result_aware: self.rules.result_aware && tool.poller.unwrap_or(read_only),
+                result_aware: self.rules.result_aware && tool.poller.unwrap_or(answers_decide),
                 cycles: self.rules.cycles,
                 failures: tool.max_failures.or(self.rules.failures),
                 backoff: self.rules.backoff,

@@ -321,7 +321,11 @@ impl SessionHistory {
 
     /// The latest finished call of `signature` before the call `seq` (all calls when `seq` is
     /// past the last): how it ended and since when its answer had been the same.
-    pub(crate) fn previous_answer(&self, signature: Signature, seq: u64) -> Option<(Outcome, Instant)> {
+    pub(crate) fn previous_answer(
+        &self,
+        signature: Signature,
+        seq: u64,
+    ) -> Option<(Outcome, Instant)> {
         let first = self.next_seq - self.entries.len() as u64;
         let before = seq.saturating_sub(first).min(self.entries.len() as u64) as usize;
         self.entries
@@ -458,7 +462,9 @@ impl SessionHistory {
         let mut previous_wait: Option<Duration> = None;
         let mut failures = 0;
         for entry in self.entries.iter().rev() {
-            if entry.signature != signature || !matches!(entry.state, State::Done(Outcome::Failed(_))) {
+            if entry.signature != signature
+                || !matches!(entry.state, State::Done(Outcome::Failed(_)))
+            {
                 break;
             }
             let wait = later.saturating_duration_since(entry.at);
@@ -478,7 +484,12 @@ impl SessionHistory {
 
     /// The same call, consecutively; for a result-aware call, only while its answers stay
     /// the same, and then only in quick succession or past the poll budget.
-    fn repeats(&self, now: Instant, signature: Signature, limits: &Limits) -> Option<(Rule, u32, u32)> {
+    fn repeats(
+        &self,
+        now: Instant,
+        signature: Signature,
+        limits: &Limits,
+    ) -> Option<(Rule, u32, u32)> {
         let mut count = 1u32;
         let mut result = None;
         let mut threshold_at = now;
@@ -539,7 +550,12 @@ impl SessionHistory {
     /// A cycle of 2 to `max_length` calls, not all the same, repeated `repetitions` times
     /// with this call completing the last repetition. A cycle of result-aware calls whose
     /// answers stay the same is judged as an unchanged poll.
-    fn cycle(&self, now: Instant, signature: Signature, limits: &Limits) -> Option<(Rule, u32, u32)> {
+    fn cycle(
+        &self,
+        now: Instant,
+        signature: Signature,
+        limits: &Limits,
+    ) -> Option<(Rule, u32, u32)> {
         let rule = limits.cycles?;
         let past = self.entries.len();
         let total = past + 1;
@@ -615,7 +631,9 @@ fn unchanged(
     polls: &PollLimits,
 ) -> Option<Rule> {
     let span = now.saturating_duration_since(first);
-    let patient = polls.patient_gap.saturating_mul(repetitions.saturating_sub(1));
+    let patient = polls
+        .patient_gap
+        .saturating_mul(repetitions.saturating_sub(1));
     if span < patient {
         return Some(Rule::UnchangedPoll { for_secs: None });
     }
@@ -658,6 +676,7 @@ mod tests {
     }
 
     /// One step of a case: a call at `secs`, its signature, and how it ends if admitted.
+    #[derive(Clone)]
     struct Step {
         secs: u64,
         signature: u64,
@@ -696,7 +715,11 @@ mod tests {
         let mut detections = Vec::new();
         for step in steps {
             let now = t0 + Duration::from_secs(step.secs);
-            match history.observe(now, &CallFacts::plain(Signature::from_raw(step.signature)), &limits) {
+            match history.observe(
+                now,
+                &CallFacts::plain(Signature::from_raw(step.signature)),
+                &limits,
+            ) {
                 Decision::Admit(seq) => {
                     marks.push('.');
                     if let Some(outcome) = step.outcome {
@@ -989,15 +1012,15 @@ mod tests {
         }
     }
 
-    /// The defaults the layer resolves: cycles of up to 5 calls, 3 identical calls with
-    /// identical failures, back-off from 1 s, patient polls 20 s apart for 10 minutes.
+    /// The defaults the layer resolves: cycles of up to 5 calls, 4 identical calls with
+    /// identical failures, back-off from 1 s, patient polls 28 s apart for 10 minutes.
     fn defaults() -> Limits {
         Limits {
             cycles: Some(CycleLimits {
                 repetitions: 3,
                 max_length: 5,
             }),
-            failures: Some(3),
+            failures: Some(4),
             backoff: Some(Duration::from_secs(1)),
             ..limits()
         }
@@ -1005,7 +1028,9 @@ mod tests {
 
     /// `n` calls of `signature`, `gap` seconds apart, each ending with `outcome`.
     fn every(gap: u64, n: u64, signature: u64, outcome: Outcome) -> Vec<Step> {
-        (0..n).map(|i| returning(i * gap, signature, outcome)).collect()
+        (0..n)
+            .map(|i| returning(i * gap, signature, outcome))
+            .collect()
     }
 
     #[test]
@@ -1014,6 +1039,10 @@ mod tests {
         let same = Outcome::Succeeded(7);
         let reads = Limits {
             result_aware: true,
+            polls: PollLimits {
+                patient_gap: Duration::from_secs(28),
+                budget: Some(Duration::from_secs(600)),
+            },
             ..defaults()
         };
         let at_secs = |secs: &[u64], outcome: Outcome| -> Vec<Step> {
@@ -1021,10 +1050,25 @@ mod tests {
         };
         let cases: Vec<(&str, Limits, Vec<Step>, &str)> = vec![
             (
-                "identical failures stop the third call, before the repeat rule",
+                "identical failures stop the fourth call",
                 defaults(),
-                every(1, 4, A, failed),
-                "..BB",
+                every(1, 5, A, failed),
+                "...BB",
+            ),
+            (
+                "identical failures of a read, spaced like a patient poll, too",
+                reads,
+                every(40, 5, A, failed),
+                "...BB",
+            ),
+            (
+                "fewer failures allowed stop earlier than the repeat rule",
+                Limits {
+                    failures: Some(3),
+                    ..defaults()
+                },
+                every(1, 3, A, failed),
+                "..B",
             ),
             (
                 "a retry that waits longer each time is no repeat",
@@ -1035,8 +1079,8 @@ mod tests {
             (
                 "retries at a steady pace are",
                 defaults(),
-                at_secs(&[0, 5, 10, 15], failed),
-                "..BB",
+                at_secs(&[0, 5, 10, 15, 20], failed),
+                "...BB",
             ),
             (
                 "a retry whose wait shrinks ends the back-off",
@@ -1047,12 +1091,8 @@ mod tests {
             (
                 "waits shorter than the least back-off are no back-off",
                 defaults(),
-                vec![
-                    returning(0, A, failed),
-                    Step { secs: 0, signature: A, outcome: Some(failed) },
-                    Step { secs: 0, signature: A, outcome: Some(failed) },
-                ],
-                "..B",
+                vec![returning(0, A, failed); 4],
+                "...B",
             ),
             (
                 "a tight loop of one read with the same answer stops at the fourth call",
@@ -1091,7 +1131,9 @@ mod tests {
             (
                 "a write is judged on its arguments: new ids in its answers change nothing",
                 defaults(),
-                (0..5).map(|i| returning(i * 30, A, Outcome::Succeeded(i))).collect(),
+                (0..5)
+                    .map(|i| returning(i * 30, A, Outcome::Succeeded(i)))
+                    .collect(),
                 "...BB",
             ),
             (
@@ -1118,7 +1160,12 @@ mod tests {
             assert_eq!(marks, expected, "case: {name}");
         }
         let (_, found) = run(reads, &every(30, 21, A, same));
-        assert_eq!(found[0].rule, Rule::UnchangedPoll { for_secs: Some(600) });
+        assert_eq!(
+            found[0].rule,
+            Rule::UnchangedPoll {
+                for_secs: Some(600)
+            }
+        );
     }
 
     #[test]
@@ -1139,31 +1186,58 @@ mod tests {
         };
         // While it runs, a re-send joins it; once it ended, for 30 s, the record answers.
         for secs in [1, 2, 3, 4] {
-            assert_eq!(history.observe(at(secs), &resend(1), &defaults()), Decision::Resend);
+            assert_eq!(
+                history.observe(at(secs), &resend(1), &defaults()),
+                Decision::Resend
+            );
         }
         history.record_outcome(first, Outcome::Succeeded(0), at(5));
         for secs in [6, 20, 34] {
-            assert_eq!(history.observe(at(secs), &resend(1), &defaults()), Decision::Resend);
+            assert_eq!(
+                history.observe(at(secs), &resend(1), &defaults()),
+                Decision::Resend
+            );
         }
         // Past the window it runs again, and counts as the second identical call.
-        assert!(matches!(history.observe(at(35), &resend(1), &defaults()), Decision::Admit(_)));
+        assert!(matches!(
+            history.observe(at(35), &resend(1), &defaults()),
+            Decision::Admit(_)
+        ));
         // Other records are other calls: the third and fourth identical calls.
-        assert!(matches!(history.observe(at(36), &resend(2), &defaults()), Decision::Admit(_)));
-        assert!(matches!(history.observe(at(37), &resend(3), &defaults()), Decision::Reject(_)));
+        assert!(matches!(
+            history.observe(at(36), &resend(2), &defaults()),
+            Decision::Admit(_)
+        ));
+        assert!(matches!(
+            history.observe(at(37), &resend(3), &defaults()),
+            Decision::Reject(_)
+        ));
         // A refused call keeps no record: the same call again is refused too.
-        assert!(matches!(history.observe(at(38), &resend(3), &defaults()), Decision::Reject(_)));
+        assert!(matches!(
+            history.observe(at(38), &resend(3), &defaults()),
+            Decision::Reject(_)
+        ));
         // A record that answers only while its call runs.
         let mut history = SessionHistory::default();
         let joins = CallFacts {
             signature: Signature::from_raw(B),
-            resend: Some(Resend { id: 9, settled_for: None }),
+            resend: Some(Resend {
+                id: 9,
+                settled_for: None,
+            }),
         };
         let Decision::Admit(seq) = history.observe(at(0), &joins, &defaults()) else {
             panic!("the first call runs");
         };
-        assert_eq!(history.observe(at(1), &joins, &defaults()), Decision::Resend);
+        assert_eq!(
+            history.observe(at(1), &joins, &defaults()),
+            Decision::Resend
+        );
         history.record_outcome(seq, Outcome::Succeeded(0), at(2));
-        assert!(matches!(history.observe(at(3), &joins, &defaults()), Decision::Admit(_)));
+        assert!(matches!(
+            history.observe(at(3), &joins, &defaults()),
+            Decision::Admit(_)
+        ));
     }
 
     #[test]
@@ -1171,8 +1245,22 @@ mod tests {
         let t0 = Instant::now();
         let at = |secs| t0 + Duration::from_secs(secs);
         assert_eq!(streak_since(None, Outcome::Succeeded(1), at(5)), at(5));
-        assert_eq!(streak_since(Some((Outcome::Succeeded(1), at(0))), Outcome::Succeeded(1), at(5)), at(0));
-        assert_eq!(streak_since(Some((Outcome::Succeeded(2), at(0))), Outcome::Succeeded(1), at(5)), at(5));
+        assert_eq!(
+            streak_since(
+                Some((Outcome::Succeeded(1), at(0))),
+                Outcome::Succeeded(1),
+                at(5)
+            ),
+            at(0)
+        );
+        assert_eq!(
+            streak_since(
+                Some((Outcome::Succeeded(2), at(0))),
+                Outcome::Succeeded(1),
+                at(5)
+            ),
+            at(5)
+        );
     }
 
     #[test]
@@ -1231,7 +1319,11 @@ mod tests {
                 (B, limits())
             };
             let now = t0 + Duration::from_secs(i);
-            match history.observe(now, &CallFacts::plain(Signature::from_raw(signature)), &limits) {
+            match history.observe(
+                now,
+                &CallFacts::plain(Signature::from_raw(signature)),
+                &limits,
+            ) {
                 Decision::Admit(seq) => history.record_outcome(seq, Outcome::Succeeded(i), now),
                 refused => panic!("call {i} was refused: {refused:?}"),
             }
@@ -1284,11 +1376,17 @@ mod tests {
     fn outcomes_of_forgotten_calls_are_ignored() {
         let mut history = SessionHistory::default();
         let t0 = Instant::now();
-        let Decision::Admit(first) = history.observe(t0, &CallFacts::plain(Signature::from_raw(A)), &limits()) else {
+        let Decision::Admit(first) =
+            history.observe(t0, &CallFacts::plain(Signature::from_raw(A)), &limits())
+        else {
             panic!("the first call is admitted");
         };
         for i in 0..20u64 {
-            history.observe(t0, &CallFacts::plain(Signature::from_raw(100 + i)), &limits());
+            history.observe(
+                t0,
+                &CallFacts::plain(Signature::from_raw(100 + i)),
+                &limits(),
+            );
         }
         history.record_outcome(first, Outcome::Failed(ErrorCode::Timeout), t0);
         history.record_outcome(u64::MAX, Outcome::Failed(ErrorCode::Timeout), t0);

@@ -382,10 +382,9 @@ mod shared {
                 }
                 // The idempotency layer behind answers it: the store forgets it as a call.
                 Judgement::Resend => {
-                    let settle =
-                        check
-                            .store
-                            .settle(call.session_key(), seq, Settled::Resent, None);
+                    let settle = check
+                        .store
+                        .settle(call.session_key(), seq, Settled::Resent, None);
                     return Next::State(State::Store {
                         step: StoreStep::Settle(Box::pin(settle)),
                     });

@@ -31,16 +31,17 @@ const MIN_MAX_SESSION_BYTES: usize = 64 << 10;
 pub const DEFAULT_CYCLE_REPETITIONS: u32 = 3;
 /// Default of [`LoopDetectLayerBuilder::max_cycle_length`]: cycles of up to 5 calls.
 pub const DEFAULT_MAX_CYCLE_LENGTH: usize = 5;
-/// Default of [`LoopDetectLayerBuilder::max_failures`]: the 3rd identical call after two
-/// identical failures is a loop.
-pub const DEFAULT_MAX_FAILURES: u32 = 3;
+/// Default of [`LoopDetectLayerBuilder::max_failures`]: the 4th identical call after three
+/// identical failures is a loop, however far apart they came.
+pub const DEFAULT_MAX_FAILURES: u32 = 4;
 /// Default of [`LoopDetectLayerBuilder::failure_threshold`]: identical failures after which
 /// the same call is not run again (`DEFAULT_MAX_FAILURES - 1`).
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = DEFAULT_MAX_FAILURES - 1;
 /// Default of [`LoopDetectLayerBuilder::min_backoff`].
 pub const DEFAULT_MIN_BACKOFF: Duration = Duration::from_secs(1);
-/// Default of [`LoopDetectLayerBuilder::patient_poll_gap`].
-pub const DEFAULT_PATIENT_POLL_GAP: Duration = Duration::from_secs(20);
+/// Default of [`LoopDetectLayerBuilder::patient_poll_gap`]: a poll every 30 s, give or take
+/// the jitter of a model's turns.
+pub const DEFAULT_PATIENT_POLL_GAP: Duration = Duration::from_secs(28);
 /// Default of [`LoopDetectLayerBuilder::poll_budget`]: 10 minutes.
 pub const DEFAULT_POLL_BUDGET: Duration = Duration::from_secs(600);
 
@@ -250,16 +251,18 @@ impl LoopDetectLayerBuilder {
     }
 
     /// Identical calls in a row that make a loop when each earlier one failed with the same
-    /// error code (default 3; from 2 to 1000): the 3rd identical call after two identical
-    /// failures is not run, one call before the repeat rule would stop it. Per tool:
-    /// `policy.loop_detect.max_failures`.
+    /// error code (default 4; from 2 to 1000): the 4th identical call after three identical
+    /// failures is not run. Unlike the repeat rule, this one holds however far apart the
+    /// failures came (a failing read spaced like a patient poll is still stopped), and a
+    /// tool that must not be retried blindly gets a lower number before `max_repeats`.
+    /// Per tool: `policy.loop_detect.max_failures`.
     pub fn max_failures(mut self, calls: u32) -> Self {
         self.max_failures = calls;
         self.failure_threshold = None;
         self
     }
 
-    /// Identical failures in a row after which the same call is not run again (default 2;
+    /// Identical failures in a row after which the same call is not run again (default 3;
     /// from 2 to 1000): [`max_failures`](Self::max_failures) less one.
     pub fn failure_threshold(mut self, failures: u32) -> Self {
         self.failure_threshold = Some(failures);
@@ -276,7 +279,7 @@ impl LoopDetectLayerBuilder {
     }
 
     /// How far apart, on average, unchanged answers of a read must come to be a patient
-    /// poll (default 20 s): a read repeated faster with the same answer is a loop at
+    /// poll (default 28 s): a read repeated faster with the same answer is a loop at
     /// `max_repeats`; a patient poll only once its answer stayed the same for the
     /// [poll budget](Self::poll_budget).
     pub fn patient_poll_gap(mut self, gap: Duration) -> Self {
@@ -306,7 +309,10 @@ impl LoopDetectLayerBuilder {
     /// the same derived key within its re-send window or while the earlier call runs) is
     /// let through to get the recorded answer, and never counted as a repeat. The stack
     /// builder does this itself.
-    pub fn resends_answered_by<St: DedupeStore>(mut self, idempotency: &IdempotencyLayer<St>) -> Self {
+    pub fn resends_answered_by<St: DedupeStore>(
+        mut self,
+        idempotency: &IdempotencyLayer<St>,
+    ) -> Self {
         self.resends = Some(idempotency.resends());
         self
     }
@@ -376,7 +382,8 @@ impl LoopDetectLayerBuilder {
         let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
             let overrides = policy.loop_detect.overrides();
             Ok(ToolLoop {
-                read_only: descriptor.is_some_and(|d| d.risk == RiskLevel::ReadOnly),
+                answers_decide: descriptor
+                    .is_some_and(|d| matches!(d.risk, RiskLevel::ReadOnly | RiskLevel::Commands)),
                 noise: match overrides.and_then(|o| o.ignore_members.as_ref()) {
                     Some(names) => Arc::new(Noise::new(names)),
                     None => default_noise.clone(),
@@ -425,10 +432,12 @@ impl LoopDetectLayerBuilder {
         in_range(self.max_cycle_length, 2, MAX_CYCLE_LENGTH_LIMIT)
             .map_err(field("max_cycle_length"))?;
         match self.failure_threshold {
-            Some(failures) => in_range(failures, 2, MAX_REPEATS_LIMIT)
-                .map_err(field("failure_threshold"))?,
-            None => in_range(self.max_failures, 2, MAX_REPEATS_LIMIT)
-                .map_err(field("max_failures"))?,
+            Some(failures) => {
+                in_range(failures, 2, MAX_REPEATS_LIMIT).map_err(field("failure_threshold"))?
+            }
+            None => {
+                in_range(self.max_failures, 2, MAX_REPEATS_LIMIT).map_err(field("max_failures"))?
+            }
         }
         if let Some(index) = self.ignore_members.iter().position(String::is_empty) {
             return Err(ConfigError::new(

@@ -183,12 +183,11 @@ pub use handle::{LoopDetectHandle, StoreWrite};
 pub use layer::{
     LoopDetectLayer, LoopDetectLayerBuilder, DEFAULT_CYCLE_REPETITIONS, DEFAULT_FAILURE_THRESHOLD,
     DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_FAILURES, DEFAULT_MAX_SESSIONS,
-    DEFAULT_MAX_SESSION_BYTES, DEFAULT_MIN_BACKOFF, DEFAULT_PATIENT_POLL_GAP,
-    DEFAULT_POLL_BUDGET,
+    DEFAULT_MAX_SESSION_BYTES, DEFAULT_MIN_BACKOFF, DEFAULT_PATIENT_POLL_GAP, DEFAULT_POLL_BUDGET,
 };
 pub use noise::DEFAULT_IGNORED_MEMBERS;
-pub(crate) use resend::{ResendKey, ResendSource, Resends};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisLoopStore, RedisLoopStoreBuilder, DEFAULT_LOOP_KEY_PREFIX};
+pub(crate) use resend::{ResendKey, ResendSource, Resends};
 pub use service::LoopDetect;

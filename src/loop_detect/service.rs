@@ -34,8 +34,10 @@ pub struct LoopDetect<S> {
 /// What the layer resolved once for one tool.
 #[derive(Debug)]
 pub(super) struct ToolLoop {
-    /// The tool is registered as read-only: its answers decide whether a call repeats.
-    pub(super) read_only: bool,
+    /// The tool is registered as read-only or as running commands (whose output says
+    /// whether they made progress, as a log read through a shell does): its answers decide
+    /// whether a call repeats. A tool that writes is judged on its arguments alone.
+    pub(super) answers_decide: bool,
     /// The members its calls and answers are compared without.
     pub(super) noise: Arc<Noise>,
 }
@@ -117,7 +119,7 @@ impl Monitor {
             };
             return Verdict::Shared(SharedCheck {
                 store: store.clone(),
-                below: self.tiers.below_session(call, tool, facts.read_only),
+                below: self.tiers.below_session(call, tool, facts.answers_decide),
                 facts: CallFacts {
                     signature,
                     resend: self.resend(call),
@@ -125,7 +127,7 @@ impl Monitor {
                 noise: facts.noise.clone(),
             });
         }
-        let Some(limits) = self.tiers.limits(call, tool, facts.read_only) else {
+        let Some(limits) = self.tiers.limits(call, tool, facts.answers_decide) else {
             return Verdict::Untracked;
         };
         let (signature, canonical) = match self.signature(call, &facts.noise) {
@@ -253,9 +255,9 @@ impl Monitor {
         seq: u64,
     ) -> Outcome {
         match result {
-            Ok(output) => Outcome::Succeeded(
-                answers.map_or(0, |(monitor, noise)| monitor.answer_digest(noise, output, seq)),
-            ),
+            Ok(output) => Outcome::Succeeded(answers.map_or(0, |(monitor, noise)| {
+                monitor.answer_digest(noise, output, seq)
+            })),
             Err(error) => Outcome::Failed(error.code()),
         }
     }

@@ -3,6 +3,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod corpus;
+
 use std::collections::BTreeMap;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -134,7 +136,7 @@ support::store_suite!(
     a_a_b_twice_is_not_taken_for_a_loop_before_its_threshold,
     cycles_can_be_switched_off,
     repeated_identical_failures_break_below_max_repeats,
-    identical_failures_stop_before_the_repeat_rule_by_default,
+    a_tool_s_max_failures_stops_before_the_repeat_rule,
     failures_with_changing_codes_count_as_plain_repeats,
     a_poller_whose_result_changes_is_never_blocked,
     a_poller_whose_result_stays_the_same_is_a_loop,
@@ -610,39 +612,45 @@ async fn repeated_identical_failures_break_below_max_repeats(store: Store) {
         .layer(layer)
         .service(failing(vec![ErrorCode::UpstreamError], calls.clone()));
     let call = search("sess-1", json!({"query": "a"}));
-    for _ in 0..2 {
+    for _ in 0..3 {
         let err = send(&mut svc, call.clone()).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::UpstreamError);
     }
     let err = send(&mut svc, call).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::LoopDetected);
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "the 3rd identical call never runs");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
     assert_eq!(
         err.details(),
         Some(&json!({
             "action": "break",
             "rule": "failures",
             "errorCode": "UPSTREAM_ERROR",
-            "repeats": 3,
-            "maxRepeats": 3,
+            "repeats": 4,
+            "maxRepeats": 4,
             "windowSecs": 120
         }))
     );
     assert!(err.message().contains(
-        "Each of the last 2 identical calls failed with UPSTREAM_ERROR. Read the error and \
+        "Each of the last 3 identical calls failed with UPSTREAM_ERROR. Read the error and \
          change the call, or wait longer before each retry."
     ));
 }
 
-/// With the default of 4 repeats, identical failures stop the 3rd call: one before the
-/// repeat rule would.
-async fn identical_failures_stop_before_the_repeat_rule_by_default(store: Store) {
+/// A tool that must not be retried blindly stops at its own `max_failures`, before the
+/// repeat rule.
+async fn a_tool_s_max_failures_stops_before_the_repeat_rule(store: Store) {
+    let strict =
+        ToolPolicy::default().with_loop_detect(LoopDetectOverrides::default().with_max_failures(2));
+    let registry = ToolRegistry::builder()
+        .tool(ToolDescriptor::new(NS, "search", RiskLevel::Writes).with_policy(strict))
+        .build()
+        .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = ServiceBuilder::new()
-        .layer(store.layer(ToolRegistry::open()))
+        .layer(store.layer(registry))
         .service(failing(vec![ErrorCode::UpstreamUnavailable], calls.clone()));
     let (ran, err) = runs_before_refusal(&mut svc, &search("sess-1", json!({"q": 1}))).await;
-    assert_eq!((ran, calls.load(Ordering::SeqCst)), (2, 2));
+    assert_eq!((ran, calls.load(Ordering::SeqCst)), (1, 1));
     assert_eq!(err.details().unwrap()["rule"], "failures");
 }
 
