@@ -757,13 +757,13 @@ async fn a_loop_session_is_one_bounded_key_that_expires_with_its_window() {
     let calls = &session[44..];
     assert_eq!(
         calls.len(),
-        8 * 46,
-        "as many calls as the default rules look at (a cycle of 3, three times, less one)"
+        14 * 86,
+        "as many calls as the default rules look at (a cycle of 5, three times, less one)"
     );
     assert!(
         calls
             .as_bytes()
-            .chunks(46)
+            .chunks(86)
             .all(|call| call[28] == b'0' && call[29] == b'p'),
         "not pollers, none settled: {calls}"
     );
