@@ -143,6 +143,11 @@ support::store_suite!(
     result_aware_polling_can_be_switched_off,
     a_tool_can_switch_detection_off_or_set_its_own_limits,
     snowflake_ids_beyond_two_to_the_53_are_different_calls,
+    a_read_whose_answer_changes_is_progress_without_marking,
+    a_write_is_judged_on_its_arguments_whatever_its_answers,
+    noise_members_do_not_make_calls_different_and_keys_keep_them,
+    a_tool_s_own_noise_list_replaces_the_layer_s,
+    cycles_of_four_and_five_calls_are_loops,
 );
 
 fn stack(
@@ -1393,4 +1398,309 @@ async fn snowflake_ids_beyond_two_to_the_53_are_different_calls(store: Store) {
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::LoopDetected);
     assert_eq!(counter.get(), 6);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers, noise, longer cycles, failures with back-off, patient polls and re-sends
+
+fn registered(namespace: &str, name: &str, risk: RiskLevel, policy: ToolPolicy) -> ToolRegistry {
+    ToolRegistry::builder()
+        .tool(ToolDescriptor::new(namespace, name, risk).with_policy(policy))
+        .build()
+        .unwrap()
+}
+
+fn read_only_status() -> ToolRegistry {
+    registered("jobs", "status", RiskLevel::ReadOnly, ToolPolicy::default())
+}
+
+async fn a_read_whose_answer_changes_is_progress_without_marking(store: Store) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let progress: Vec<Value> = (0..=20).map(|p| json!({"lines": p})).collect();
+    let mut svc = ServiceBuilder::new()
+        .layer(store.layer(read_only_status()))
+        .service(job_status(progress, calls.clone()));
+    for _ in 0..20 {
+        send(&mut svc, poll("sess-1"))
+            .await
+            .expect("its answer changes");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 20);
+
+    // The same answer three times, in quick succession: the 4th call is a loop.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(store.layer(read_only_status()))
+        .service(job_status(vec![json!({"state": "done"})], calls.clone()));
+    let (ran, err) = runs_before_refusal(&mut svc, &poll("sess-2")).await;
+    assert_eq!((ran, calls.load(Ordering::SeqCst)), (3, 3));
+    assert_eq!(err.details().unwrap()["rule"], "unchanged_poll");
+    assert!(err
+        .message()
+        .contains("If you are waiting for it to change, wait longer between calls."));
+}
+
+fn send_mail(session: &str, params: Value) -> ToolCall {
+    ToolCall::builder("mail", "send")
+        .session(session)
+        .actor("user-7")
+        .params(params)
+        .build()
+        .unwrap()
+}
+
+async fn a_write_is_judged_on_its_arguments_whatever_its_answers(store: Store) {
+    // Each answer carries a fresh message id: the same mail sent again is still a repeat.
+    let fresh_ids: Vec<Value> = (0..10)
+        .map(|n| json!({"messageId": format!("m-{n}")}))
+        .collect();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let registry = registered("mail", "send", RiskLevel::Writes, ToolPolicy::default());
+    let mut svc = ServiceBuilder::new()
+        .layer(store.layer(registry))
+        .service(job_status(fresh_ids.clone(), calls.clone()));
+    let mail = send_mail("sess-1", json!({"to": "cfo@acme.io", "body": "Q2"}));
+    let (ran, err) = runs_before_refusal(&mut svc, &mail).await;
+    assert_eq!(
+        (ran, err.details().unwrap()["rule"].as_str()),
+        (3, Some("repeat"))
+    );
+
+    // An operator lowers `max_repeats` for a write that must not repeat: the 2nd is refused.
+    let once =
+        ToolPolicy::default().with_loop_detect(LoopDetectOverrides::default().with_max_repeats(2));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(store.layer(registered("mail", "send", RiskLevel::Writes, once)))
+        .service(job_status(fresh_ids, calls.clone()));
+    let mail = send_mail("sess-2", json!({"to": "cfo@acme.io", "body": "Q2"}));
+    let (ran, _) = runs_before_refusal(&mut svc, &mail).await;
+    assert_eq!((ran, calls.load(Ordering::SeqCst)), (1, 1));
+}
+
+async fn noise_members_do_not_make_calls_different_and_keys_keep_them(store: Store) {
+    let counter = Counter::default();
+    let mut svc = stack(store.layer(ToolRegistry::open()), &counter);
+    let noisy = |n: u32| {
+        search(
+            "sess-1",
+            json!({"query": "rust", "requestId": format!("r-{n}"), "meta": {"nonce": n, "sentAt": n}}),
+        )
+    };
+    for n in 0..3 {
+        send(&mut svc, noisy(n)).await.unwrap();
+    }
+    let err = send(&mut svc, noisy(3)).await.unwrap_err();
+    assert_eq!(err.details().unwrap()["repeats"], 4);
+    assert_eq!(counter.get(), 3);
+    // Idempotency keys keep every member: these are four different keys.
+    let idempotency =
+        tower_toolcall::idempotency::IdempotencyLayer::in_memory(ToolRegistry::open());
+    let keys: std::collections::BTreeSet<_> = (0..4)
+        .map(|n| idempotency.store_key(&noisy(n)).unwrap().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 4);
+
+    // A read whose answers differ only by noise answers the same.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let answers: Vec<Value> = (0..10)
+        .map(|n| json!({"state": "running", "requestId": format!("r-{n}"), "timestamp": n}))
+        .collect();
+    let mut svc = ServiceBuilder::new()
+        .layer(store.layer(read_only_status()))
+        .service(job_status(answers, calls.clone()));
+    let (ran, _) = runs_before_refusal(&mut svc, &poll("sess-2")).await;
+    assert_eq!(ran, 3);
+}
+
+async fn a_tool_s_own_noise_list_replaces_the_layer_s(store: Store) {
+    // `timestamp` means something to this tool; `cursorToken` is its noise.
+    let own = ToolPolicy::default().with_loop_detect(
+        LoopDetectOverrides::default().with_ignore_members(vec!["cursorToken".to_owned()]),
+    );
+    let counter = Counter::default();
+    let layer = store.layer(registered(NS, "search", RiskLevel::Writes, own));
+    let mut svc = stack(layer, &counter);
+    for n in 0..6 {
+        send(
+            &mut svc,
+            search("sess-1", json!({"q": "logs", "timestamp": n})),
+        )
+        .await
+        .expect("another timestamp is another call for this tool");
+    }
+    for n in 0..3 {
+        send(
+            &mut svc,
+            search("sess-1", json!({"q": "logs", "cursorToken": n})),
+        )
+        .await
+        .unwrap();
+    }
+    let err = send(
+        &mut svc,
+        search("sess-1", json!({"q": "logs", "cursorToken": 9})),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LoopDetected);
+    assert_eq!(counter.get(), 9);
+
+    let err = LoopDetectLayer::builder(ToolRegistry::open())
+        .ignore_members(["requestId", ""])
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "loop_detect.ignore_members[1]");
+}
+
+async fn cycles_of_four_and_five_calls_are_loops(store: Store) {
+    let counter = Counter::default();
+    let mut svc = stack(store.layer(ToolRegistry::open()), &counter);
+    let (marks, errors) = pattern(&mut svc, "abcd", "ABCDABCDABCD").await;
+    assert_eq!(marks, "...........x");
+    assert_eq!(errors[0].details().unwrap()["cycleLength"], 4);
+    let (marks, errors) = pattern(&mut svc, "abcde", "ABCDEABCDEABCDE").await;
+    assert_eq!(marks, "..............x");
+    assert_eq!(errors[0].details().unwrap()["cycleLength"], 5);
+    // Configurable: cycles of up to 3 calls only.
+    let layer = store
+        .builder(ToolRegistry::open())
+        .max_cycle_length(3)
+        .build()
+        .unwrap();
+    let mut svc = stack(layer, &counter);
+    let (marks, _) = pattern(&mut svc, "short", "ABCDABCDABCDABCD").await;
+    assert_eq!(marks, "................");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_patient_poll_runs_a_tight_one_stops_and_a_poll_past_its_budget_stops() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(read_only_status()))
+        .service(job_status(vec![json!({"state": "running"})], calls.clone()));
+    // Every 30 s for 8 minutes, the same answer: a patient poll of a long job.
+    for n in 0..17 {
+        send(&mut svc, poll("patient"))
+            .await
+            .unwrap_or_else(|e| panic!("poll {n}: {e}"));
+        tokio::time::advance(Duration::from_secs(30)).await;
+    }
+    // Every second: a tight loop, stopped at its 4th call.
+    let (ran, err) = runs_before_refusal(&mut svc, &poll("tight")).await;
+    assert_eq!(
+        (ran, err.details().unwrap()["rule"].as_str()),
+        (3, Some("unchanged_poll"))
+    );
+    // The patient poll goes on until its answer stayed the same for 10 minutes.
+    let mut refused = None;
+    for n in 17..30 {
+        match send(&mut svc, poll("patient")).await {
+            Ok(_) => tokio::time::advance(Duration::from_secs(30)).await,
+            Err(e) => {
+                refused = Some((n, e));
+                break;
+            }
+        }
+    }
+    let (n, err) = refused.expect("the budget stops the poll");
+    assert_eq!(n, 20, "at 600 s");
+    assert_eq!(err.details().unwrap()["unchangedSecs"], 600);
+    assert!(err
+        .message()
+        .contains("Its result has not changed for 600s. Stop polling"));
+    // A tool with a shorter budget; `0` would poll without end.
+    let short = ToolPolicy::default()
+        .with_loop_detect(LoopDetectOverrides::default().with_poll_budget_secs(120));
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(registered(
+            "jobs",
+            "status",
+            RiskLevel::ReadOnly,
+            short,
+        )))
+        .service(job_status(vec![json!({"state": "running"})], calls.clone()));
+    let mut ran = 0;
+    while send(&mut svc, poll("short")).await.is_ok() {
+        ran += 1;
+        tokio::time::advance(Duration::from_secs(30)).await;
+    }
+    assert_eq!(ran, 4, "at 0, 30, 60 and 90 s; refused at 120 s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_with_growing_waits_is_not_refused_and_a_steady_one_is() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(LoopDetectLayer::new(ToolRegistry::open()))
+        .service(failing(vec![ErrorCode::UpstreamUnavailable], calls.clone()));
+    let call = search("backoff", json!({"q": 1}));
+    for wait in [1, 2, 4, 8, 16, 32] {
+        let err = send(&mut svc, call.clone()).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            ErrorCode::UpstreamUnavailable,
+            "after a wait of {wait}"
+        );
+        tokio::time::advance(Duration::from_secs(wait)).await;
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    let steady = search("steady", json!({"q": 1}));
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(send(&mut svc, steady.clone()).await.unwrap_err().code());
+        tokio::time::advance(Duration::from_secs(5)).await;
+    }
+    assert_eq!(codes[3], ErrorCode::LoopDetected);
+    assert_eq!(calls.load(Ordering::SeqCst), 9);
+}
+
+#[tokio::test]
+async fn a_resend_answered_from_the_record_is_never_a_repeat() {
+    use tower::Layer;
+    let registry = registered("mail", "send", RiskLevel::Writes, ToolPolicy::default());
+    let stack = tower_toolcall::ToolStack::builder(registry)
+        .build()
+        .unwrap();
+    let counter = Counter::default();
+    let mut svc = stack.layer(counter.tool());
+    // The same caller key, sent six times: one mail, five recorded answers.
+    let keyed = ToolCall::builder("mail", "send")
+        .session("sess-1")
+        .actor("user-7")
+        .params(json!({"to": "cfo@acme.io"}))
+        .idempotency_key("mail-1")
+        .build()
+        .unwrap();
+    for n in 0..6 {
+        let output = send(&mut svc, keyed.clone())
+            .await
+            .unwrap_or_else(|e| panic!("re-send {n}: {e}"));
+        assert_eq!(output.record().from_cache, n > 0);
+    }
+    assert_eq!(counter.get(), 1);
+    // Without a key, identical calls inside the re-send window: the derived key's record.
+    let derived = send_mail("sess-2", json!({"to": "cfo@acme.io"}));
+    for n in 0..6 {
+        send(&mut svc, derived.clone())
+            .await
+            .unwrap_or_else(|e| panic!("re-send {n}: {e}"));
+    }
+    assert_eq!(counter.get(), 2);
+    // The loop layer alone knows no record: the 4th identical call is refused.
+    let mut alone = stack_without_idempotency(&counter);
+    let (ran, _) = runs_before_refusal(&mut alone, &keyed).await;
+    assert_eq!(ran, 3);
+}
+
+fn stack_without_idempotency(
+    counter: &Counter,
+) -> impl Service<ToolCall, Response = ToolOutput, Error = ToolError> {
+    use tower::Layer;
+    let registry = registered("mail", "send", RiskLevel::Writes, ToolPolicy::default());
+    tower_toolcall::ToolStack::builder(registry)
+        .without(tower_toolcall::StackLayer::Idempotency)
+        .build()
+        .unwrap()
+        .layer(counter.tool())
 }
