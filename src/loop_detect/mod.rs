@@ -3,22 +3,38 @@
 //! Per session (`target.sessionKey`), the layer remembers each call's time and *signature*:
 //! the tool (`namespace::name`) and its params in canonical form, the same form idempotency
 //! keys are derived from (volatile members such as `clientTs` ignored, key order and white
-//! space irrelevant, see [`canonical`](crate::canonical)). That form is cached in the
-//! params, so the idempotency layer behind this one does not compute it again. Calls older
-//! than the window (`ttl`, 120 s by default) are forgotten.
+//! space irrelevant, see [`canonical`](crate::canonical)), less per-call noise: members named
+//! like request ids, nonces and client timestamps ([`DEFAULT_IGNORED_MEMBERS`]; per tool
+//! `policy.loop_detect.ignore_members`, which replaces the list for the tool). The noise is
+//! dropped for loop signatures only: idempotency keys keep it, and a call whose params have
+//! none is signed from the canonical form cached in its params, which the idempotency layer
+//! behind reuses. Calls older than the window (`ttl`, 120 s by default) are forgotten.
 //!
 //! # What is a loop
 //!
 //! | rule | default | a loop when |
 //! |---|---|---|
 //! | repeats | on, 4 | the call would be the 4th identical call in a row (`max_repeats`) |
-//! | cycles | on, 3 | the call would complete the 3rd repetition of a cycle of 2 or 3 different calls: A,B,A,B,A,**B** or A,B,C,A,B,C,A,B,**C** |
-//! | failures | on, 3 | the same call failed with the same error code the last 3 times in a row, even below `max_repeats` |
-//! | polling | on | a tool marked `poller` in the registry (`job.status`) is counted only while its result stays the same: a poll whose result changes is never a loop |
+//! | answers | on | a read-only tool, a tool that runs commands, or one marked `poller` is judged with its answers: an identical call whose answer changed (a page scrolled, a log grown, a job's status moved) is progress, and identical calls count only while the answer stays the same (compared without its noise members). A tool that writes is judged on its arguments alone: fresh ids in its answers change nothing |
+//! | patient polls | 28 s, 10 min | unchanged answers that came at least 28 s apart on average are a patient poll: counted by time, not by number, and a loop once the answer stayed the same for the poll budget (per tool `poll_budget_secs`) |
+//! | cycles | on, 3, up to 5 calls | the call would complete the 3rd repetition of a cycle of 2 to 5 different calls: A,B,A,B,A,**B** or A,B,C,D,E,A,B,C,D,E,A,B,C,D,**E** (`max_cycle_length`) |
+//! | failures | on, 4 | the 4th identical call after three identical failures (same error code), even below `max_repeats` and however far apart (`max_failures`, per tool too) |
+//! | back-off | 1 s | an identical call after identical failures whose wait since the previous try is at least 1.5 times the one before (and at least 1 s) is the caller's own retry: neither repeats nor failures count it |
 //!
 //! All rules look only at calls inside the window, and the first call that would make a
 //! loop is not run. Calls the layer refused count as repeats too, so a model that goes on
 //! repeating stays refused until it does something else or the window passes.
+//!
+//! A tool that writes and must not repeat (sending a message, filing an issue) gets its own
+//! lower `max_repeats`, e.g. `loop_detect = { max_repeats = 2 }` in its registry entry: the
+//! second identical call in a row is then refused.
+//!
+//! **A re-send is never a repeat.** When the layer knows the idempotency layer behind it
+//! ([`LoopDetectLayerBuilder::resends_answered_by`]; the [stack](crate::ToolStack) wires it),
+//! a call that layer answers from its record — the same caller (or hook) key as an earlier
+//! call of the session, or the same derived key while the earlier call runs or within its
+//! re-send window — is let through uncounted, and gets the recorded answer, never
+//! `LOOP_DETECTED`.
 //!
 //! # What happens then
 //!
@@ -41,8 +57,9 @@
 //! {"action": "break", "rule": "repeat", "repeats": 4, "maxRepeats": 4, "windowSecs": 120}
 //! ```
 //!
-//! where `action` is `break` or `chance`, `rule` is `repeat`, `unchanged_poll`, `cycle`
-//! (with `cycleLength`) or `failures` (with `errorCode`), and `repeats`/`maxRepeats` are how far
+//! where `action` is `break` or `chance`, `rule` is `repeat`, `unchanged_poll` (with
+//! `unchangedSecs` when the poll budget stopped it), `cycle` (with `cycleLength`) or
+//! `failures` (with `errorCode`), and `repeats`/`maxRepeats` are how far
 //! the rule counted and where it fires (calls for repeats; full repetitions for cycles;
 //! failures for failures).
 //!
@@ -61,7 +78,8 @@
 //!   OpenTelemetry GenAI keys `gen_ai.system` (the backend, e.g. `openai`) and
 //!   `gen_ai.request.model` (e.g. `gpt-4o-mini`); a call without them gets no model tier.
 //! - **tool**: `policy.loop_detect` in the [registry](crate::registry): `max_repeats`,
-//!   `ttl_secs`, `mode` and `poller`, or `"off"`, which lets the tool's calls through
+//!   `ttl_secs`, `mode`, `poller`, `max_failures`, `poll_budget_secs` and
+//!   `ignore_members`, or `"off"`, which lets the tool's calls through
 //!   untracked whatever the other tiers say. A tool's numbers beat the model's, because
 //!   they describe the tool, which a model default does not know.
 //! - **session**: [`LoopSettings`] set and unset at run time through the
@@ -69,7 +87,18 @@
 //!   `!/unset(tool-loop-…)` (see [`LoopCommand`]).
 //!
 //! The other rules' switches and thresholds are the layer's, set on its
-//! [builder](LoopDetectLayerBuilder).
+//! [builder](LoopDetectLayerBuilder): `cycles`, `max_cycle_length`, `max_failures`,
+//! `min_backoff`, `patient_poll_gap`, `poll_budget`, `ignore_members`.
+//!
+//! # Measured
+//!
+//! `tests/loop_detect/corpus/` holds 167 labelled agent traces (78 loops, 89 productive
+//! sessions, in 14 families); the suite replays them with the default settings and asserts
+//! at least 65 % of loops stopped in time, at most 10 % of productive sessions stopped, and a
+//! median of at most one call past the earliest reasonable stop. With the defaults: 67 of 78
+//! loops in time (85.9 %), none stopped early, 0 of 89 productive sessions stopped, median 1.
+//! The loops missed are writes repeated 2 or 3 times, which the default of 4 repeats lets
+//! through: lower `max_repeats` for such tools.
 //!
 //! # Shared by replicas
 //!
@@ -105,7 +134,7 @@
 //!
 //! # Memory
 //!
-//! A session's history holds only as many calls as the rules need (the last 8 with the defaults). A
+//! A session's history holds only as many calls as the rules need (the last 14 with the defaults). A
 //! session idle for its whole window is dropped; at most
 //! [`max_sessions`](LoopDetectLayerBuilder::max_sessions) (100 000) are tracked, taking at
 //! most [`max_session_bytes`](LoopDetectLayerBuilder::max_session_bytes) (64 MiB, by their
