@@ -346,9 +346,11 @@ where
 
 impl<St: DedupeStore> crate::loop_detect::ResendSource for Shared<St> {
     /// The key a re-send of `call` finds its record under, by the precedence of
-    /// [`key::idempotency_key`], and how long a finished call's record answers: a caller's or
-    /// a hook's key as long as its record is kept, a derived key within its re-send window
-    /// (a read-only tool's within its read cache TTL), while the first call runs otherwise.
+    /// [`key::idempotency_key`], and how long a finished call's record answers a re-send: a
+    /// caller's or a hook's key as long as its record is kept, a derived key within its
+    /// re-send window, while the first call runs otherwise. A read-only tool's read cache is
+    /// no re-send window: a model that reads the same thing again and again is looping even
+    /// when the cache answers it.
     fn resend_key(&self, call: &ToolCall) -> Option<crate::loop_detect::ResendKey> {
         use crate::loop_detect::ResendKey;
         let settings = self.tools.for_call(call).as_ref()?;
@@ -368,7 +370,11 @@ impl<St: DedupeStore> crate::loop_detect::ResendSource for Shared<St> {
         let derive = settings.derive_keys && self.tools.control().derives_idempotency_keys();
         derive.then(|| ResendKey::Derived {
             with_actor: settings.scope == KeyScope::Session,
-            settled_for: settings.derived_reuse(),
+            settled_for: if settings.read_only {
+                None
+            } else {
+                settings.derived_reuse()
+            },
         })
     }
 }

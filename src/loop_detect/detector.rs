@@ -1058,8 +1058,8 @@ mod tests {
             (
                 "identical failures of a read, spaced like a patient poll, too",
                 reads,
-                every(40, 5, A, failed),
-                "...BB",
+                every(30, 4, A, failed),
+                "...B",
             ),
             (
                 "fewer failures allowed stop earlier than the repeat rule",
