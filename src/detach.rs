@@ -56,7 +56,10 @@ use crate::error::{ErrorCode, ToolError};
 /// finished.await.unwrap();
 /// # }
 /// ```
-pub fn detached<S>(service: S, call: ToolCall) -> impl Future<Output = Result<S::Response, ToolError>>
+pub fn detached<S>(
+    service: S,
+    call: ToolCall,
+) -> impl Future<Output = Result<S::Response, ToolError>>
 where
     S: Service<ToolCall> + Send + 'static,
     S::Future: Send + 'static,

@@ -126,9 +126,8 @@ impl BreakerMap {
             .filter(|cell| Arc::strong_count(cell) == 1)
             .filter_map(|cell| {
                 let (last_used, state) = cell.idle_since();
-                (state != BreakerState::ForcedOpen).then(|| {
-                    (state != BreakerState::Closed, last_used, cell.key().clone())
-                })
+                (state != BreakerState::ForcedOpen)
+                    .then(|| (state != BreakerState::Closed, last_used, cell.key().clone()))
             })
             .collect();
         if idle.is_empty() {

@@ -7,8 +7,7 @@ use serde_json::{Map, Value};
 
 use super::call::{
     CallEnvelope, CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES,
-    MAX_TRACEPARENT_BYTES,
-    PAYLOAD_VERSION,
+    MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
 };
 use super::ijson::{self, IJsonValue};
 use super::params::{json_kind, Params};

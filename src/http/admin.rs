@@ -609,8 +609,16 @@ async fn change_switches<St>(State(state): State<AdminState<St>>, body: Bytes) -
     let before = Switches::of(control);
     if let Some(fleet) = &state.fleet {
         // The switches the fleet shares go to every replica; the others stay this one's.
-        let mut steps: Vec<SwitchStep> = change.enabled.map(SwitchStep::Enabled).into_iter().collect();
-        steps.extend(shadow.drain(..).map(|(layer, on)| SwitchStep::Shadow(layer, on)));
+        let mut steps: Vec<SwitchStep> = change
+            .enabled
+            .map(SwitchStep::Enabled)
+            .into_iter()
+            .collect();
+        steps.extend(
+            shadow
+                .drain(..)
+                .map(|(layer, on)| SwitchStep::Shadow(layer, on)),
+        );
         let local = local_parts(&change);
         state
             .send_switch_steps(&steps, &local, |step| step.action().send(fleet))
@@ -726,20 +734,26 @@ impl<St> AdminState<St> {
                         .payload(details.clone()),
                 );
             }
-            let applied = if sent == 0 {
-                "nothing was applied".to_owned()
-            } else {
-                format!("{} applied on every replica and stay so", details["applied"])
+            let listed = |parts: &Value| -> String {
+                match parts.as_array().map(Vec::as_slice) {
+                    None | Some([]) => "nothing".to_owned(),
+                    Some(parts) => parts
+                        .iter()
+                        .map(Value::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                }
             };
             return Err(error(
                 ToolError::rejected(
                     ErrorCode::StoreUnavailable,
                     format!(
-                        "the fleet refused {} ({}): {applied}; {} not applied; send the \
-                         change again when the fleet is back",
+                        "the fleet refused {} ({}); applied on every replica, and kept: {}; \
+                         not applied: {}; send the change again when the fleet is back",
                         details["failed"],
                         failure.message(),
-                        details["notApplied"]
+                        listed(&details["applied"]),
+                        listed(&details["notApplied"]),
                     ),
                 )
                 .with_details(details),
@@ -763,7 +777,10 @@ mod tests {
     impl AuditSink for Events {
         fn write_line(&mut self, stream: AuditStream, line: &[u8]) -> std::io::Result<()> {
             if stream == AuditStream::Events {
-                self.0.lock().unwrap().push(serde_json::from_slice(line).unwrap());
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(serde_json::from_slice(line).unwrap());
             }
             Ok(())
         }
@@ -797,16 +814,16 @@ mod tests {
             .send_switch_steps(&steps, &local, |step| {
                 sent.push(step);
                 let answer = match step {
-                    SwitchStep::Shadow(ShadowLayer::Breaker, _) => Err(error(
-                        ToolError::rejected(ErrorCode::StoreUnavailable, "redis is down"),
-                    )),
+                    SwitchStep::Shadow(ShadowLayer::Breaker, _) => Err(error(ToolError::rejected(
+                        ErrorCode::StoreUnavailable,
+                        "redis is down",
+                    ))),
                     _ => Ok(()),
                 };
                 std::future::ready(answer)
             })
             .await
-            .err()
-            .expect("the second step failed");
+            .expect_err("the second step failed");
         assert_eq!(sent, steps[..2], "nothing is sent after the failure");
 
         let expected = json!({
@@ -819,15 +836,20 @@ mod tests {
         assert_eq!(refused.0.code(), ErrorCode::StoreUnavailable);
         assert_eq!(refused.0.details(), Some(&expected));
         assert!(
-            refused.0.message().contains("{\"enabled\":false} applied on every replica"),
+            refused.0.message().contains(
+                "applied on every replica, and kept: {\"enabled\":false}; not applied: \
+                 {\"shadow.rate_limit\":true}, {\"openMode\":false};"
+            ),
             "{}",
             refused.0.message()
         );
         audit.shutdown();
-        let events = events.0.lock().unwrap();
-        assert_eq!(events.len(), 1, "{events:?}");
-        assert_eq!(events[0]["type"], "admin.change");
-        assert_eq!(events[0]["payload"], expected);
+        {
+            let events = events.0.lock().unwrap();
+            assert_eq!(events.len(), 1, "{events:?}");
+            assert_eq!(events[0]["type"], "admin.change");
+            assert_eq!(events[0]["payload"], expected);
+        }
 
         // Every step sent: nothing recorded here, the caller records the whole change.
         let all = state

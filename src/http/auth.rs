@@ -92,7 +92,12 @@ pub(super) async fn require_token(
         return next.run(request).await;
     }
     if let Some(suppressed) = token.refusals.sample(Instant::now()) {
-        let path: String = request.uri().path().chars().take(LOGGED_PATH_CHARS).collect();
+        let path: String = request
+            .uri()
+            .path()
+            .chars()
+            .take(LOGGED_PATH_CHARS)
+            .collect();
         tracing::info!(
             target: "tower_toolcall::admin",
             path = %path,

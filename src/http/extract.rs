@@ -134,7 +134,10 @@ pub(super) fn json_content_type(headers: &HeaderMap) -> Result<(), ToolError> {
 }
 
 /// The value of a header that may be sent once; a second value is refused, not ignored.
-fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a HeaderValue>, ToolError> {
+fn single_header<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<Option<&'a HeaderValue>, ToolError> {
     let mut values = headers.get_all(name).iter();
     let first = values.next();
     if values.next().is_some() {

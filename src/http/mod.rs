@@ -24,7 +24,7 @@
 //! use tower_toolcall::registry::ToolRegistry;
 //! use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 //!
-//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let registry = ToolRegistry::from_json_str(
 //!     r#"{"tools": [{"namespace": "web", "name": "search", "risk": "read-only", "idempotent": true}]}"#,
 //! )?;

@@ -87,10 +87,7 @@ impl ServeConfig {
             Ok(n @ 1..) if self.max_connections <= most => Ok(n),
             _ => Err(ConfigError::new(
                 "serve.max_connections",
-                format!(
-                    "must be from 1 to {most}, got {}",
-                    self.max_connections
-                ),
+                format!("must be from 1 to {most}, got {}", self.max_connections),
             )),
         }
     }
@@ -153,10 +150,8 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let connection = http.serve_connection(
-            TokioIo::new(stream),
-            TowerToHyperService::new(app.clone()),
-        );
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
             let _slot = slot;

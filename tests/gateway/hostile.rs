@@ -114,7 +114,10 @@ async fn a_client_that_disconnects_and_sends_again_runs_the_tool_once() {
 
     // The first client sends the call and goes away while the tool runs.
     let mut first = TcpStream::connect(parked.gateway.addr).await.unwrap();
-    first.write_all(&raw_call(&call, "disconnect-1")).await.unwrap();
+    first
+        .write_all(&raw_call(&call, "disconnect-1"))
+        .await
+        .unwrap();
     parked.started.notified().await;
     drop(first);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -158,7 +161,11 @@ async fn only_json_bodies_are_taken() {
         &[],
     ] {
         let answer = post(&gateway, "/v1/tools/call", refused, body()).await;
-        assert_eq!(answer.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{refused:?}");
+        assert_eq!(
+            answer.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{refused:?}"
+        );
         assert_eq!(answer.body["error"]["code"], "VALIDATION_ERROR");
         assert_eq!(answer.body["error"]["details"]["field"], "content-type");
     }
@@ -244,7 +251,11 @@ async fn connections_over_the_cap_wait_until_one_closes() {
 
 #[tokio::test]
 async fn calls_over_the_limit_are_refused_at_once_with_retry_after() {
-    let parked = parked(|router| router.max_calls_in_flight(2), ServeConfig::default()).await;
+    let parked = parked(
+        |router| router.max_calls_in_flight(2),
+        ServeConfig::default(),
+    )
+    .await;
     let mut running = Vec::new();
     for n in 0..2 {
         let gateway = parked.gateway.clone();
@@ -262,11 +273,20 @@ async fn calls_over_the_limit_are_refused_at_once_with_retry_after() {
         .call(&create_file("s-busy", json!({"path": "third"})), &[])
         .await;
     assert!(start.elapsed() < Duration::from_secs(1));
-    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE, "{}", refused.body);
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        refused.body
+    );
     assert_eq!(refused.body["error"]["code"], "UPSTREAM_UNAVAILABLE");
     assert_eq!(refused.body["error"]["retryAfterMs"], 1000);
     assert_eq!(refused.headers["retry-after"], "1");
-    assert_eq!(parked.gateway.runs(), 2, "the third call did not reach the tool");
+    assert_eq!(
+        parked.gateway.runs(),
+        2,
+        "the third call did not reach the tool"
+    );
 
     parked.gate.add_permits(2);
     for call in running {
@@ -292,12 +312,19 @@ async fn headers_and_ids_made_to_confuse_are_refused_naming_the_field() {
     let two_keys = post(
         &gateway,
         "/v1/tools/call",
-        &[json_type, ("idempotency-key", "a"), ("idempotency-key", "b")],
+        &[
+            json_type,
+            ("idempotency-key", "a"),
+            ("idempotency-key", "b"),
+        ],
         body(),
     )
     .await;
     assert_eq!(two_keys.status, StatusCode::BAD_REQUEST);
-    assert_eq!(two_keys.body["error"]["details"]["field"], "idempotency-key");
+    assert_eq!(
+        two_keys.body["error"]["details"]["field"],
+        "idempotency-key"
+    );
 
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let two_parents = post(
@@ -323,9 +350,18 @@ async fn headers_and_ids_made_to_confuse_are_refused_naming_the_field() {
 
     let mut in_body = serde_json::to_value(&call).unwrap();
     in_body["trace"] = json!({"traceparent": long});
-    let answer = post(&gateway, "/v1/tools/call", &[json_type], in_body.to_string()).await;
+    let answer = post(
+        &gateway,
+        "/v1/tools/call",
+        &[json_type],
+        in_body.to_string(),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
-    assert_eq!(answer.body["error"]["details"]["field"], "trace.traceparent");
+    assert_eq!(
+        answer.body["error"]["details"]["field"],
+        "trace.traceparent"
+    );
 
     for (path, id) in [
         (&["target", "sessionKey"][..], "s\r\nx-forged: 1"),
@@ -341,7 +377,12 @@ async fn headers_and_ids_made_to_confuse_are_refused_naming_the_field() {
         }
         at[*last] = json!(id);
         let answer = post(&gateway, "/v1/tools/call", &[json_type], bad.to_string()).await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path:?}: {}", answer.body);
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{path:?}: {}",
+            answer.body
+        );
         assert_eq!(answer.body["error"]["details"]["field"], path.join("."));
     }
     assert_eq!(gateway.runs(), 0);
@@ -375,12 +416,22 @@ async fn the_admin_api_refuses_keys_no_tool_has_and_an_unscoped_flush() {
         let answer = gateway
             .admin(Method::POST, &format!("/breakers/{key}/force-open"), "")
             .await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", &key[..key.len().min(40)]);
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{}",
+            &key[..key.len().min(40)]
+        );
         assert_eq!(answer.body["error"]["details"]["field"], "key");
     }
     let listed = gateway.admin(Method::GET, "/breakers", "").await;
     assert!(
-        listed.body.as_array().unwrap().iter().all(|b| b["state"] == "closed"),
+        listed
+            .body
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["state"] == "closed"),
         "{}",
         listed.body
     );
@@ -395,7 +446,11 @@ async fn the_admin_api_refuses_keys_no_tool_has_and_an_unscoped_flush() {
     assert_eq!(unscoped.status, StatusCode::BAD_REQUEST);
     assert_eq!(unscoped.body["error"]["details"]["field"], "prefix");
     let all = gateway
-        .admin(Method::POST, "/dedupe/flush", r#"{"prefix": "", "all": true}"#)
+        .admin(
+            Method::POST,
+            "/dedupe/flush",
+            r#"{"prefix": "", "all": true}"#,
+        )
         .await;
     assert_eq!(all.status, StatusCode::OK, "{}", all.body);
 }

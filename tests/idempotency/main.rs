@@ -405,7 +405,9 @@ async fn concurrent_identical_calls_run_the_tool_once<B: Backend>(b: B) {
 
 async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
     let tool = MockTool::echo(Duration::from_millis(500));
-    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    // The tool lets callers ask for best effort under its enforced mode.
+    let loosen = IdempotencyOverrides::default().with_callers_may_loosen(true);
+    let svc = over(&layer(b.store(), policy(loosen)), &tool);
     let make = || {
         call("sess-42", json!({"path": "a.md"}))
             .dedupe_mode(DedupeMode::BestEffort)
@@ -976,9 +978,7 @@ async fn error_that_was_not_processed_frees_the_key<B: Backend>(b: B) {
     assert_eq!(idem.stats().released_unprocessed, 1);
 }
 
-async fn a_caller_may_not_loosen_the_tools_dedupe_mode_unless_its_policy_says_so<B: Backend>(
-    b: B,
-) {
+async fn a_caller_may_not_loosen_the_tools_dedupe_mode_unless_its_policy_says_so<B: Backend>(b: B) {
     let tool = MockTool::echo(Duration::ZERO);
     let disabled = |key: &str| {
         call("sess-loosen", json!({"path": "a.md"}))
@@ -991,7 +991,11 @@ async fn a_caller_may_not_loosen_the_tools_dedupe_mode_unless_its_policy_says_so
     let strict = over(&layer(b.store(), ToolPolicy::default()), &tool);
     run(&strict, disabled("k-strict")).await.unwrap();
     let again = run(&strict, disabled("k-strict")).await.unwrap();
-    assert_eq!(tool.runs(), 1, "the caller could not switch deduplication off");
+    assert_eq!(
+        tool.runs(),
+        1,
+        "the caller could not switch deduplication off"
+    );
     assert!(again.record().from_cache);
 
     // A tool whose policy lets callers loosen its mode: `disabled` is followed.
