@@ -175,6 +175,7 @@ store_suite!(
     refused_calls_leave_no_record,
     error_that_was_not_processed_frees_the_key,
     calls_pass_through_when_deduplication_is_off,
+    a_caller_may_not_loosen_the_tools_dedupe_mode_unless_its_policy_says_so,
     store_claims_finalizes_and_fences_by_version,
     store_deletes_and_flushes_by_tenant_prefix,
     store_finds_a_record_by_its_fingerprint,
@@ -404,7 +405,9 @@ async fn concurrent_identical_calls_run_the_tool_once<B: Backend>(b: B) {
 
 async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
     let tool = MockTool::echo(Duration::from_millis(500));
-    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    // The tool lets callers ask for best effort under its enforced mode.
+    let loosen = IdempotencyOverrides::default().with_callers_may_loosen(true);
+    let svc = over(&layer(b.store(), policy(loosen)), &tool);
     let make = || {
         call("sess-42", json!({"path": "a.md"}))
             .dedupe_mode(DedupeMode::BestEffort)
@@ -590,7 +593,9 @@ async fn retriable_failure_runs_again_under_best_effort_only<B: Backend>(b: B) {
         1 => Err(ToolError::from_http_status(502, "bad gateway").with_details(json!({"hop": 1}))),
         n => Ok(ToolOutput::new(json!({"run": n}))),
     });
-    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    // The tool lets callers ask for best effort under its enforced mode.
+    let loosen = IdempotencyOverrides::default().with_callers_may_loosen(true);
+    let svc = over(&layer(b.store(), policy(loosen)), &tool);
     let make = |mode| {
         call("sess-42", json!({"path": "a.md"}))
             .idempotency_key("k-1")
@@ -973,6 +978,40 @@ async fn error_that_was_not_processed_frees_the_key<B: Backend>(b: B) {
     assert_eq!(idem.stats().released_unprocessed, 1);
 }
 
+async fn a_caller_may_not_loosen_the_tools_dedupe_mode_unless_its_policy_says_so<B: Backend>(b: B) {
+    let tool = MockTool::echo(Duration::ZERO);
+    let disabled = |key: &str| {
+        call("sess-loosen", json!({"path": "a.md"}))
+            .idempotency_key(key)
+            .dedupe_mode(DedupeMode::Disabled)
+            .build()
+            .unwrap()
+    };
+    // By default the call's `disabled` is ignored: the key still holds.
+    let strict = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    run(&strict, disabled("k-strict")).await.unwrap();
+    let again = run(&strict, disabled("k-strict")).await.unwrap();
+    assert_eq!(
+        tool.runs(),
+        1,
+        "the caller could not switch deduplication off"
+    );
+    assert!(again.record().from_cache);
+
+    // A tool whose policy lets callers loosen its mode: `disabled` is followed.
+    let loose = over(
+        &layer(
+            b.store(),
+            policy(IdempotencyOverrides::default().with_callers_may_loosen(true)),
+        ),
+        &tool,
+    );
+    run(&loose, disabled("k-loose")).await.unwrap();
+    let again = run(&loose, disabled("k-loose")).await.unwrap();
+    assert_eq!(tool.runs(), 3);
+    assert!(!again.record().from_cache);
+}
+
 async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
     let store = b.store();
     let tool = MockTool::echo(Duration::ZERO);
@@ -991,7 +1030,11 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
     let on = over(
         &layer(
             store.clone(),
-            policy(IdempotencyOverrides::default().with_derive_key(false)),
+            policy(
+                IdempotencyOverrides::default()
+                    .with_derive_key(false)
+                    .with_callers_may_loosen(true),
+            ),
         ),
         &tool,
     );
