@@ -28,6 +28,7 @@
 //! `Retry-After`); a client that disconnects does not cancel its call, so a re-send with the
 //! same `Idempotency-Key` gets its result.
 
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -91,7 +92,7 @@ fn search(call: &ToolCall, searches: &AtomicUsize) -> Result<ToolOutput, ToolErr
             "search upstream is overloaded",
         ));
     }
-    let query = call.params().as_map()["query"].as_str().unwrap_or_default();
+    let query = call.params().as_map().get("query").and_then(|q| q.as_str()).unwrap_or_default();
     Ok(ToolOutput::new(json!({
         "query": query,
         "hits": [format!("{query}: the first hit"), format!("{query}: the second hit")],
@@ -197,10 +198,21 @@ async fn serve(app: Router) -> Result<(), BoxError> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_max_level(tracing::Level::INFO)
         .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // The error's message, naming what to fix; never a debug dump.
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
     let prometheus = prometheus()?;
 
     let registry = registry(ReliabilityControl::from_env()?)?;
@@ -213,7 +225,9 @@ async fn main() -> Result<(), BoxError> {
     if let Some(url) = redis_url {
         let store = tower_toolcall::idempotency::RedisDedupeStore::open(&url)?;
         store.ping().await?;
-        tracing::info!("dedupe records in Redis at {url}");
+        // The URL's password never reaches a log line.
+        let shown = tower_toolcall::trace::Redactor::default().redact_str(&url).into_owned();
+        tracing::info!("dedupe records in Redis at {shown}");
         let stack = stack.store(store).build()?;
         return serve(app(stack, metrics, prometheus)?).await;
     }
