@@ -397,6 +397,11 @@ impl DedupeStore for RedisDedupeStore {
             return Ok(ClaimOutcome::Claimed(Arc::new(record)));
         };
         let mut existing = decode(&previous)?;
+        if existing.version == record.version {
+            // The claim was sent again after its connection broke, and the first one had
+            // been applied: the record is this claim's own.
+            return Ok(ClaimOutcome::Claimed(Arc::new(record)));
+        }
         for _ in 0..TAKE_OVER_ATTEMPTS {
             // The server expires an in-flight record with its lease: one that exists is live.
             if existing.state == RecordState::Inflight || request.is_held_by(&existing, now_ms) {
@@ -424,6 +429,10 @@ impl DedupeStore for RedisDedupeStore {
                     ))
                 }
             };
+            if existing.version == record.version {
+                // Sent again after a broken connection: the first takeover was applied.
+                return Ok(ClaimOutcome::Claimed(Arc::new(record)));
+            }
         }
         Ok(ClaimOutcome::Existing {
             record: Arc::new(existing),
