@@ -533,7 +533,7 @@ impl Inner {
         self.refused.fetch_add(1, Ordering::Relaxed);
         let shown = &message[..message.len().min(LOGGED_MESSAGE_BYTES)];
         tracing::warn!(
-            message = %String::from_utf8_lossy(shown),
+            payload = %String::from_utf8_lossy(shown),
             bytes = message.len(),
             problem,
             "a message on the fleet's channel was refused; nothing changed"
