@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod dedupe_size;
 mod outages;
 
 use std::sync::atomic::{AtomicU64, Ordering};

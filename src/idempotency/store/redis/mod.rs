@@ -31,6 +31,12 @@ pub const DEFAULT_REDIS_OPERATION_TIMEOUT: Duration = redis_support::DEFAULT_OPE
 /// completion message be lost.
 pub const DEFAULT_FALLBACK_POLL_INTERVAL: Duration = Duration::from_secs(2);
 
+/// The most keys [`size`](DedupeStore::size) reads: past them, it estimates.
+const SIZE_SAMPLE: u64 = 4_000;
+
+/// The keys one `SCAN` step asks for.
+const SCAN_COUNT: u64 = 1_000;
+
 /// How many times a claim tries to take over a record that keeps changing hands before it
 /// answers with the record that holds the key.
 const TAKE_OVER_ATTEMPTS: usize = 4;
@@ -65,6 +71,10 @@ const TAKE_OVER_ATTEMPTS: usize = 4;
 ///   reconnect), it reads the record again after at most the fallback poll interval (2 s by
 ///   default), and when the lease ends. [`stats`](RedisDedupeStore::stats) counts those
 ///   fallback polls.
+/// - [`size`](DedupeStore::size) costs at most five round trips, however large the
+///   database: it counts the records among the first 4 000 keys a `SCAN` meets, exactly when
+///   the database holds no more, and otherwise scales the share of records among them by
+///   `DBSIZE` (an estimate, for metrics: a scrape never walks a large key space).
 /// - Every operation is bounded by the operation timeout (1 s by default); an unreachable
 ///   server is a [`StoreError`], never a hang. The connection manager reconnects by itself
 ///   and subscriptions are restored after a reconnect.
@@ -247,7 +257,7 @@ impl Shared {
                 .arg("MATCH")
                 .arg(pattern)
                 .arg("COUNT")
-                .arg(1000),
+                .arg(SCAN_COUNT),
         )
         .await
     }
@@ -566,14 +576,25 @@ impl DedupeStore for RedisDedupeStore {
     }
 
     async fn size(&self) -> Result<u64, StoreError> {
-        let pattern = format!("{}{{*", glob_escape(&self.shared.key_prefix));
-        let mut count = 0;
-        let mut cursor = 0;
+        let total: u64 = self.shared.command(&redis::cmd("DBSIZE")).await?;
+        let prefix = format!("{}{{", self.shared.key_prefix);
+        let (mut seen, mut records, mut cursor) = (0u64, 0u64, 0u64);
         loop {
-            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
-            count += keys.len() as u64;
+            let (next, keys): (u64, Vec<Vec<u8>>) = self
+                .shared
+                .command(redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT))
+                .await?;
+            seen += keys.len() as u64;
+            records += keys
+                .iter()
+                .filter(|key| key.starts_with(prefix.as_bytes()))
+                .count() as u64;
             if next == 0 {
-                return Ok(count);
+                return Ok(records);
+            }
+            if seen >= SIZE_SAMPLE {
+                // The keys a scan meets first are spread over the key space by its hash.
+                return Ok(records.saturating_mul(total.max(seen)) / seen);
             }
             cursor = next;
         }
