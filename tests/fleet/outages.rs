@@ -302,3 +302,41 @@ async fn after_redis_lost_its_data_every_switch_survives_alike() {
     assert!(!late.replica.stack.control().is_enabled());
     assert_eq!(breaker_state(&late), BreakerState::ForcedOpen);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_loop_session_is_reset_and_no_other_is_affected() {
+    let server = RedisServer::start();
+    let replica = loop_checked_replica(&server, FailurePolicy::Closed);
+    let healthy = search_in("healthy", json!({"q": 1}));
+    replica.call(healthy.clone()).await.unwrap();
+    // Damaged sessions: a string that is no session, a header whose calls are cut short,
+    // settings that are no JSON object, and a key of another type.
+    let header = format!("{:012x}{}", 3, " ".repeat(28));
+    for (session, damage) in [
+        ("junk", "junk".to_owned()),
+        ("cut", format!("{header}0000{}", "0".repeat(30))),
+        ("settings", format!("{header}0003[1]")),
+    ] {
+        let key = format!("toolcall:loop:{{{session}}}");
+        let _: () = query(&server, redis::cmd("SET").arg(&key).arg(damage)).await;
+    }
+    let _: () = query(
+        &server,
+        redis::cmd("HSET").arg("toolcall:loop:{hash}").arg("a").arg("b"),
+    )
+    .await;
+    for session in ["junk", "cut", "settings", "hash"] {
+        // The session starts afresh: its 4th identical call is a loop, as in a new session.
+        let calls: Vec<ToolCall> = (0..6).map(|_| search_in(session, json!({"q": 1}))).collect();
+        assert_eq!(refused_at(std::slice::from_ref(&replica), &calls).await, 4, "{session}");
+    }
+    let health = replica.stack.loop_sessions().unwrap().store_health();
+    assert!(health.available);
+    assert_eq!((health.outages, health.failed_checks), (0, 0));
+    // The healthy session kept its history: three more identical calls make the loop.
+    for _ in 0..2 {
+        replica.call(healthy.clone()).await.unwrap();
+    }
+    let error = replica.call(healthy).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::LoopDetected);
+}
