@@ -455,7 +455,11 @@ impl Inner {
         field: String,
         value: Option<String>,
     ) -> Result<(), SharedStoreError> {
-        let channel = if message.is_some() { &*self.channel } else { "" };
+        let channel = if message.is_some() {
+            &*self.channel
+        } else {
+            ""
+        };
         let _: i64 = self
             .commands
             .eval(
@@ -691,7 +695,9 @@ async fn follow(
             },
             Err(_) => {
                 let ping = bounded(fleet.commands.timeout(), async {
-                    redis::cmd("PING").query_async::<Value>(&mut connection).await
+                    redis::cmd("PING")
+                        .query_async::<Value>(&mut connection)
+                        .await
                 })
                 .await;
                 if let Err(error) = ping {

@@ -28,7 +28,9 @@ pub(crate) async fn bounded<T>(
     timeout: Duration,
     op: impl Future<Output = RedisResult<T>>,
 ) -> Result<T, SharedStoreError> {
-    bounded_telling(timeout, op).await.map_err(|(error, _)| error)
+    bounded_telling(timeout, op)
+        .await
+        .map_err(|(error, _)| error)
 }
 
 /// Runs one Redis operation within `timeout`; a failure comes with whether it says that the

@@ -988,7 +988,11 @@ async fn a_hung_redis_holds_no_call_longer_than_the_operation_timeout() {
     // The first check gives up after its timeout; the outage is then known to every store
     // on that server, and the other store's check fails at once.
     for (replica, least, most) in [
-        (&limited, Duration::from_millis(500), Duration::from_millis(1_500)),
+        (
+            &limited,
+            Duration::from_millis(500),
+            Duration::from_millis(1_500),
+        ),
         (&looped, Duration::ZERO, Duration::from_millis(50)),
     ] {
         let started = Instant::now();

@@ -49,17 +49,23 @@ async fn a_redis_restart_under_a_live_fleet_loses_no_control() {
             .set_enabled(enabled)
             .await
             .expect("the first action after a restart");
-        members[1].fleet.force_open(&key).await.expect("a second action");
+        members[1]
+            .fleet
+            .force_open(&key)
+            .await
+            .expect("a second action");
         for member in &members {
             let control = member.replica.stack.control().clone();
             by(within_a_second, "the actions on every replica", || {
-                control.is_enabled() == enabled
-                    && breaker_state(member) == BreakerState::ForcedOpen
+                control.is_enabled() == enabled && breaker_state(member) == BreakerState::ForcedOpen
             })
             .await;
         }
         while subscribers(&server).await < 3 {
-            assert!(Instant::now() < within_a_second, "not every replica resubscribed");
+            assert!(
+                Instant::now() < within_a_second,
+                "not every replica resubscribed"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         members[2].fleet.reset_breaker(&key).await.unwrap();
@@ -71,7 +77,11 @@ async fn a_redis_restart_under_a_live_fleet_loses_no_control() {
         }
     }
     for member in &members {
-        assert!(member.fleet.stats().syncs >= 3, "{:?}", member.fleet.stats());
+        assert!(
+            member.fleet.stats().syncs >= 3,
+            "{:?}",
+            member.fleet.stats()
+        );
     }
 }
 
@@ -238,7 +248,10 @@ async fn an_action_another_program_published_is_recorded_for_late_joiners() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let late = member(&server).await;
-    assert!(!late.replica.stack.control().is_enabled(), "the late joiner agrees");
+    assert!(
+        !late.replica.stack.control().is_enabled(),
+        "the late joiner agrees"
+    );
 }
 
 #[tokio::test]
@@ -261,7 +274,10 @@ async fn a_huge_junk_message_is_logged_by_a_bounded_prefix() {
         .expect("the refusal is logged");
     let logged: usize = refusal.fields.values().map(String::len).sum();
     assert!(logged < 2_000, "{logged} bytes logged");
-    assert_eq!(refusal.fields.get("bytes").map(String::as_str), Some("1048576"));
+    assert_eq!(
+        refusal.fields.get("bytes").map(String::as_str),
+        Some("1048576")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,7 +287,10 @@ async fn after_redis_lost_its_data_every_switch_survives_alike() {
     let b = member(&server).await;
     let key = BreakerKey::tool(WEB, "search");
     a.fleet.set_enabled(false).await.unwrap();
-    a.fleet.set_shadow(ShadowLayer::RateLimit, true).await.unwrap();
+    a.fleet
+        .set_shadow(ShadowLayer::RateLimit, true)
+        .await
+        .unwrap();
     a.fleet.force_open(&key).await.unwrap();
     let control = b.replica.stack.control().clone();
     eventually("the switches on B", || {
@@ -290,13 +309,24 @@ async fn after_redis_lost_its_data_every_switch_survives_alike() {
     for member in [&a, &b] {
         let control = member.replica.stack.control();
         assert!(!control.is_enabled(), "the kill switch survived");
-        assert!(control.is_shadow(ShadowLayer::RateLimit), "the shadow survived");
-        assert_eq!(breaker_state(member), BreakerState::ForcedOpen, "the force-open survived");
+        assert!(
+            control.is_shadow(ShadowLayer::RateLimit),
+            "the shadow survived"
+        );
+        assert_eq!(
+            breaker_state(member),
+            BreakerState::ForcedOpen,
+            "the force-open survived"
+        );
     }
     let enabled: Option<String> =
         query(&server, redis::cmd("HGET").arg(SWITCHES).arg("enabled")).await;
     assert_eq!(enabled.as_deref(), Some("0"));
-    let forced: bool = query(&server, redis::cmd("SISMEMBER").arg(FORCED).arg(key.short())).await;
+    let forced: bool = query(
+        &server,
+        redis::cmd("SISMEMBER").arg(FORCED).arg(key.short()),
+    )
+    .await;
     assert!(forced);
     let late = member(&server).await;
     assert!(!late.replica.stack.control().is_enabled());
@@ -322,13 +352,22 @@ async fn a_damaged_loop_session_is_reset_and_no_other_is_affected() {
     }
     let _: () = query(
         &server,
-        redis::cmd("HSET").arg("toolcall:loop:{hash}").arg("a").arg("b"),
+        redis::cmd("HSET")
+            .arg("toolcall:loop:{hash}")
+            .arg("a")
+            .arg("b"),
     )
     .await;
     for session in ["junk", "cut", "settings", "hash"] {
         // The session starts afresh: its 4th identical call is a loop, as in a new session.
-        let calls: Vec<ToolCall> = (0..6).map(|_| search_in(session, json!({"q": 1}))).collect();
-        assert_eq!(refused_at(std::slice::from_ref(&replica), &calls).await, 4, "{session}");
+        let calls: Vec<ToolCall> = (0..6)
+            .map(|_| search_in(session, json!({"q": 1})))
+            .collect();
+        assert_eq!(
+            refused_at(std::slice::from_ref(&replica), &calls).await,
+            4,
+            "{session}"
+        );
     }
     let health = replica.stack.loop_sessions().unwrap().store_health();
     assert!(health.available);
