@@ -231,6 +231,17 @@ impl Connection {
             .await
     }
 
+    /// Runs one command within the operation timeout even while the server is known to be
+    /// down: for a command that must follow one already sent on this connection (the release
+    /// of a claim whose answer never came), which a server that comes back runs in order.
+    pub(crate) async fn command_behind<T: FromRedisValue>(
+        &self,
+        command: &Cmd,
+    ) -> Result<T, SharedStoreError> {
+        let mut conn = connection(&self.cell, &self.client, &self.config)?;
+        bounded(self.timeout, command.query_async(&mut conn)).await
+    }
+
     /// Runs one script (`EVALSHA`, loading it once should the server not know it) within the
     /// operation timeout.
     pub(crate) async fn eval<T: FromRedisValue>(

@@ -330,8 +330,10 @@ impl Drop for Unanswered<'_> {
 async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: DedupeRecord) {
     let released = async {
         let message = encode(&cancelled(&sent, Duration::ZERO))?;
+        // Behind the claim, even if the claim's timeout made the server known to be down.
         shared
-            .command::<u64>(
+            .commands
+            .command_behind::<u64>(
                 redis::cmd("EVAL")
                     .arg(value::RELEASE)
                     .arg(2)
@@ -341,6 +343,7 @@ async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: Dedup
                     .arg(message),
             )
             .await
+            .map_err(StoreError::from)
     };
     let fingerprint = || {
         key::fingerprint(
