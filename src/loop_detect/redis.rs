@@ -31,9 +31,28 @@ pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
 ///   of the error code (zeros otherwise).
 ///
 /// The calls' sequence numbers follow from the next one: the last call has the one before.
+/// A key that does not hold a session (another program wrote it, or it was damaged) is
+/// deleted by the first script that reads it: that session starts afresh, and no other is
+/// touched.
 const PRELUDE: &str = r"
 local EMPTY = '000000000000' .. string.rep(' ', 28) .. '0000'
 local function calls_from(blob) return 45 + tonumber(string.sub(blob, 41, 44), 16) end
+local function is_session(blob)
+  if type(blob) ~= 'string' or #blob < 44 then return false end
+  if not string.match(string.sub(blob, 1, 12), '^%x+$') then return false end
+  if not string.match(string.sub(blob, 41, 44), '^%x+$') then return false end
+  local body = calls_from(blob)
+  if body - 1 > #blob or (#blob - body + 1) % 46 ~= 0 then return false end
+  if body == 45 then return true end
+  local ok, own = pcall(cjson.decode, string.sub(blob, 45, body - 1))
+  return ok and type(own) == 'table'
+end
+local function session(key)
+  local blob = redis.pcall('GET', key)
+  if is_session(blob) then return blob end
+  if blob then redis.call('DEL', key) end
+  return nil
+end
 ";
 
 /// Characters a call takes in a session's string.
@@ -48,7 +67,7 @@ const CALL_LEN: usize = 46;
 /// expires with the last tracked call's window. The session is written once, with the calls
 /// that the last call keeps. It answers the session as it was before the first call.
 const OBSERVE: &str = r"
-local blob = redis.call('GET', KEYS[1]) or EMPTY
+local blob = session(KEYS[1]) or EMPTY
 local body, window, added = calls_from(blob), nil, {}
 local own = body > 45 and cjson.decode(string.sub(blob, 45, body - 1)) or {}
 local seq, kept = tonumber(string.sub(blob, 1, 12), 16), (#blob - body + 1) / 46
@@ -75,7 +94,7 @@ return blob
 /// Settles the pending call of sequence number `ARGV[1]` with the state `ARGV[2]`, and sets
 /// the session's chance to `ARGV[3]` unless it is empty; the session keeps its expiry.
 const SETTLE: &str = r"
-local blob = redis.call('GET', KEYS[1])
+local blob = session(KEYS[1])
 if not blob then return 0 end
 local body = calls_from(blob)
 local n = (#blob - body + 1) / 46
@@ -95,7 +114,7 @@ return 1
 /// the comma-separated members `ARGV[2]`. Switching detection off drops the calls and the
 /// chance. The session then lasts at least its window: its own, or `ARGV[3]` (ms).
 const SET_SETTINGS: &str = r"
-local blob = redis.call('GET', KEYS[1]) or EMPTY
+local blob = session(KEYS[1]) or EMPTY
 local body = calls_from(blob)
 local own = body == 45 and {} or cjson.decode(string.sub(blob, 45, body - 1))
 for name, value in pairs(cjson.decode(ARGV[1])) do own[name] = value end
@@ -112,7 +131,7 @@ return 1
 
 /// Drops the session's calls and chance; its settings and sequence stay, with its expiry.
 const RESET: &str = r"
-local blob = redis.call('GET', KEYS[1])
+local blob = session(KEYS[1])
 if not blob then return 0 end
 local kept = string.sub(blob, 1, 12) .. string.rep(' ', 28) .. string.sub(blob, 41, calls_from(blob) - 1)
 redis.call('SET', KEYS[1], kept, 'KEEPTTL')
@@ -270,11 +289,18 @@ impl Batch for Shared {
                 .arg(u8::from(run[0].below.enabled))
                 .arg(stored);
         }
-        let blob: Vec<u8> = self.connection.eval(&script).await?;
+        let mut blob: Vec<u8> = self.connection.eval(&script).await?;
+        let mut read = read_session(&blob);
+        if let Err(error) = &read {
+            // A damaged session is reset: only its calls are lost, no other session and no
+            // check fails.
+            tracing::warn!(session = %key, %error, "a damaged loop session was reset");
+            let _: i64 = self.connection.command(redis::cmd("DEL").arg(key)).await?;
+            blob = self.connection.eval(&script).await?;
+            read = read_session(&blob);
+        }
+        let (settings, mut replay) = read?;
         let now = Instant::now();
-        let session = StoredSession::decode(&blob)?;
-        let settings = decode_settings(session.settings)?;
-        let mut replay = Replay::read(&session)?;
         let mut answers = Vec::with_capacity(calls.len());
         let last = calls.len().saturating_sub(1);
         for (index, call) in calls.iter().enumerate() {
@@ -456,6 +482,13 @@ impl RedisLoopStore {
             Ok(())
         }
     }
+}
+
+/// The settings and calls of the session in `blob`.
+fn read_session(blob: &[u8]) -> Result<(LoopSettings, Replay), SharedStoreError> {
+    let session = StoredSession::decode(blob)?;
+    let settings = decode_settings(session.settings)?;
+    Ok((settings, Replay::read(&session)?))
 }
 
 fn corrupt(what: &str) -> SharedStoreError {

@@ -1624,7 +1624,7 @@ mod redis_only {
 mod redis_unanswered_claims_and_round_trips {
     use super::redis_backend::Redis;
     use super::*;
-    use tower_toolcall::idempotency::StoreError;
+    use tower_toolcall::idempotency::{RedisDedupeStore, StoreError};
 
     /// How long a test lets a call run before it counts its claim as sent to a frozen server.
     const CLAIM_ON_ITS_WAY: Duration = Duration::from_millis(100);
@@ -1656,6 +1656,19 @@ mod redis_unanswered_claims_and_round_trips {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("the key is still held by a claim nobody owns: {record:?}");
+    }
+
+    /// Waits (at most 3 s) until `store` answers again: after an operation timed out, the
+    /// store skips its server until a probe finds it back.
+    async fn until_answers(store: &RedisDedupeStore) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while store.ping().await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the store did not come back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// `call`'s result within half a second: a free key, not one that waits for a lease.
@@ -1707,6 +1720,7 @@ mod redis_unanswered_claims_and_round_trips {
         assert!(err.is_retriable() && err.is_not_processed());
         assert_eq!(tool.runs(), 1, "the tool did not run");
 
+        until_answers(&store).await;
         assert_key_freed(&store, &key).await;
         let out = promptly(run(&svc, make("a.md"))).await.unwrap();
         assert_eq!(tool.runs(), 2, "the retry ran the tool");
@@ -1731,6 +1745,7 @@ mod redis_unanswered_claims_and_round_trips {
         );
 
         // The claim that timed out was never applied: its release leaves the holder's record.
+        until_answers(&store).await;
         let record = store.get(&request.key).await.unwrap().unwrap();
         assert_eq!(
             (record.state, record.version),
