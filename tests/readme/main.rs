@@ -119,3 +119,81 @@ fn the_first_screens_curl_block_gets_what_it_claims() {
         "the metrics grep prints the breaker's state: {rest}"
     );
 }
+
+/// The example's exit on bad input: the error's message, naming what to fix, no debug dump.
+#[test]
+fn a_bad_admin_token_stops_the_example_with_a_message() {
+    let output = Command::new(example_binary())
+        .env("PORT", "0")
+        .env("TOOLCALL_ADMIN_TOKEN", "short")
+        .env_remove("TOOLCALL_REDIS_URL")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("error: "), "{stderr}");
+    assert!(stderr.contains("admin.token"), "names the field: {stderr}");
+    assert!(!stderr.contains("ConfigError"), "no debug dump: {stderr}");
+}
+
+#[path = "../support/mod.rs"]
+mod support;
+
+/// A Redis URL's password never reaches the example's output, whether Redis answers or not.
+#[cfg(feature = "redis")]
+#[test]
+fn the_redis_password_never_reaches_a_log_line() {
+    use std::io::{Read, Write};
+
+    let server = support::redis_server::RedisServer::start();
+    let address = server.url();
+    let address = address
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut raw = std::net::TcpStream::connect(&address).unwrap();
+    raw.write_all(b"*4\r\n$6\r\nCONFIG\r\n$3\r\nSET\r\n$11\r\nrequirepass\r\n$6\r\ns3cret\r\n")
+        .unwrap();
+    let mut reply = [0u8; 5];
+    raw.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b"+OK\r\n");
+
+    // Redis answers: the URL is logged, its password redacted.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(example_binary())
+        .env("PORT", port.to_string())
+        .env("TOOLCALL_REDIS_URL", format!("redis://:s3cret@{address}/"))
+        .env_remove("TOOLCALL_ADMIN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the gateway never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    let output = child.wait_with_output().unwrap();
+    let logs = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(logs.contains("dedupe records in Redis at"), "{logs}");
+    assert!(!logs.contains("s3cret"), "{logs}");
+
+    // Redis refuses the password: the error names the problem, not the password.
+    let output = Command::new(example_binary())
+        .env("PORT", "0")
+        .env("TOOLCALL_REDIS_URL", format!("redis://:wr0ng-s3cret@{address}/"))
+        .env_remove("TOOLCALL_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let logs = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(logs.contains("error: "), "{logs}");
+    assert!(!logs.contains("wr0ng-s3cret"), "{logs}");
+}
