@@ -1369,6 +1369,132 @@ async fn memory_store_full_of_in_flight_records_refuses_and_never_evicts_them() 
     assert_eq!(idem.stats().store_errors, 1);
 }
 
+/// A flood of `FLOOD` keys from one client, at the default capacity, against a victim that
+/// completed one call first: the flood evicts its own oldest records, the victim's record
+/// stays, and its re-send is answered from it. The clients are tenants (`by_tenant`) or, for
+/// calls without a tenant, sessions.
+async fn flood_against_a_victim(by_tenant: bool) {
+    const FLOOD: usize = 30_000;
+    let store = InMemoryDedupeStore::new();
+    let cap = store.capacity();
+    let idem = layer(store.clone(), ToolPolicy::default());
+    let (victim_tool, flood_tool) = (
+        MockTool::echo(Duration::ZERO),
+        MockTool::echo(Duration::ZERO),
+    );
+    let (victim, flood) = (over(&idem, &victim_tool), over(&idem, &flood_tool));
+    let client = |session: &str, tenant: &str, path: String, key: String| {
+        let builder = call(session, json!({ "path": path })).idempotency_key(key);
+        let builder = if by_tenant {
+            builder.tenant(tenant)
+        } else {
+            builder
+        };
+        builder.build().unwrap()
+    };
+    // With tenants, both clients use the same session name: only the tenant tells them apart.
+    let victim_call = |n: usize| {
+        let session = if by_tenant { "s" } else { "victim" };
+        client(session, "victim", format!("v{n}.md"), format!("victim-{n}"))
+    };
+    let flood_call = |i: usize| {
+        let session = if by_tenant { "s" } else { "flood" };
+        client(session, "flood", format!("f{i}.md"), format!("flood-{i}"))
+    };
+
+    let first = run(&victim, victim_call(0)).await.unwrap();
+    assert!(!first.record().from_cache);
+    for i in 0..FLOOD {
+        run(&flood, flood_call(i)).await.unwrap();
+    }
+    assert_eq!(flood_tool.runs(), FLOOD);
+    let stats = store.stats();
+    assert_eq!(stats.records, cap, "{stats:?}");
+    assert_eq!(stats.partitions, 2, "{stats:?}");
+    // The victim's record and the flood's newest: the flood's oldest made room.
+    let evicted = FLOOD + 1 - cap;
+    assert_eq!(stats.evicted, evicted as u64, "{stats:?}");
+    assert_eq!(
+        stats.evicted_live, evicted as u64,
+        "every one before its TTL"
+    );
+    let held = |call: ToolCall| {
+        let key = idem.store_key(&call).unwrap().unwrap();
+        let store = store.clone();
+        async move { store.get(&key).await.unwrap().is_some() }
+    };
+    assert!(held(victim_call(0)).await, "the victim's record survived");
+    assert!(!held(flood_call(0)).await && !held(flood_call(evicted - 1)).await);
+    assert!(held(flood_call(evicted)).await && held(flood_call(FLOOD - 1)).await);
+
+    // A new call of the victim, within its share, makes room from the flood, not from the
+    // victim's own older record.
+    run(&victim, victim_call(1)).await.unwrap();
+    assert!(!held(flood_call(evicted)).await, "the flood's oldest went");
+    assert!(held(victim_call(0)).await);
+
+    let retry = run(&victim, victim_call(0)).await.unwrap();
+    assert!(
+        retry.record().from_cache,
+        "the re-send is answered from its record"
+    );
+    assert_eq!(retry.content, first.content);
+    assert_eq!(
+        victim_tool.runs(),
+        2,
+        "one run per victim key, none for the re-send"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_flood_from_one_tenant_evicts_its_own_records_not_anothers() {
+    flood_against_a_victim(true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_flood_from_one_session_evicts_its_own_records_not_anothers() {
+    flood_against_a_victim(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_shares_are_off_with_a_floor_as_large_as_the_capacity() {
+    // One least-recently-used list, as without shares: the oldest record goes, whoever
+    // holds it, and it was still live.
+    let store = InMemoryDedupeStore::builder()
+        .capacity(3)
+        .min_share(3)
+        .build()
+        .unwrap();
+    let lease = Duration::from_secs(120);
+    for (session, key) in [("a", "k0"), ("b", "k1"), ("b", "k2"), ("b", "k3")] {
+        let request = ClaimRequest::new(
+            format!("/vault::createFile/g/{key}"),
+            key,
+            "d",
+            call(session, json!({})).build().unwrap(),
+            lease,
+        );
+        let ClaimOutcome::Claimed(claimed) = store.claim(&request).await.unwrap() else {
+            panic!("{key} is fresh");
+        };
+        store
+            .finalize(&claimed, done(json!(key), Duration::from_secs(3600)))
+            .await
+            .unwrap();
+    }
+    assert!(store
+        .get("/vault::createFile/g/k0")
+        .await
+        .unwrap()
+        .is_none());
+    let stats = store.stats();
+    assert_eq!(
+        (stats.records, stats.evicted, stats.evicted_live),
+        (3, 1, 1)
+    );
+    assert_eq!(stats.partitions, 1, "session a has no record left");
+}
+
 #[tokio::test(start_paused = true)]
 async fn memory_store_sweeps_expired_records_and_its_sweeper_stops_when_dropped() {
     let metrics = tokio::runtime::Handle::current().metrics();
