@@ -92,7 +92,12 @@ fn search(call: &ToolCall, searches: &AtomicUsize) -> Result<ToolOutput, ToolErr
             "search upstream is overloaded",
         ));
     }
-    let query = call.params().as_map().get("query").and_then(|q| q.as_str()).unwrap_or_default();
+    let query = call
+        .params()
+        .as_map()
+        .get("query")
+        .and_then(|q| q.as_str())
+        .unwrap_or_default();
     Ok(ToolOutput::new(json!({
         "query": query,
         "hits": [format!("{query}: the first hit"), format!("{query}: the second hit")],
@@ -226,7 +231,9 @@ async fn run() -> Result<(), BoxError> {
         let store = tower_toolcall::idempotency::RedisDedupeStore::open(&url)?;
         store.ping().await?;
         // The URL's password never reaches a log line.
-        let shown = tower_toolcall::trace::Redactor::default().redact_str(&url).into_owned();
+        let shown = tower_toolcall::trace::Redactor::default()
+            .redact_str(&url)
+            .into_owned();
         tracing::info!("dedupe records in Redis at {shown}");
         let stack = stack.store(store).build()?;
         return serve(app(stack, metrics, prometheus)?).await;

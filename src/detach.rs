@@ -66,7 +66,19 @@ where
     S::Response: Send + 'static,
     S::Error: Into<ToolError> + Send + 'static,
 {
-    let task = tokio::spawn(service.oneshot(call).in_current_span());
+    detach(service.oneshot(call))
+}
+
+/// Runs `work`, a call's whole future, on a task of its own, as [`detached`] does; for an
+/// adapter whose call keeps more than the service's future alive (its request's bookkeeping,
+/// say) until the call ends.
+pub fn detach<F, T, E>(work: F) -> impl Future<Output = Result<T, ToolError>>
+where
+    F: Future<Output = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Into<ToolError> + Send + 'static,
+{
+    let task = tokio::spawn(work.in_current_span());
     async move {
         match task.await {
             Ok(answer) => answer.map_err(Into::into),

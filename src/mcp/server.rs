@@ -192,26 +192,17 @@ impl<H: ServerHandler> McpServer<H> {
         };
         let progress =
             progress_token.map(|(calls, token)| calls.insert(token, call.request_id().into()));
-        // DETACHED CALL: once dispatched, the call runs on a task of its own, to its end
+        // Once dispatched, the call runs on a task of its own, to its end
         // (bounded by the stack's timeouts), whatever becomes of this request: a client that
         // cancels it or drops the connection leaves the idempotency record in flight, so a
         // re-send joins the call or gets its result. The request's entries leave with the
         // call.
         let service = self.service.clone();
-        let running = tokio::spawn(async move {
+        let outcome = crate::detach::detach(async move {
             let _entries = (served, progress);
             service.oneshot(call).await
-        });
-        let outcome = running.await.unwrap_or_else(|stopped| {
-            tracing::error!(
-                panicked = stopped.is_panic(),
-                "a tool call ended without an answer"
-            );
-            Err(ToolError::new(
-                ErrorCode::InternalError,
-                "the tool call ended without an answer; try again",
-            ))
-        });
+        })
+        .await;
         match outcome {
             // The tool's own answer keeps its content blocks as they were.
             Ok(output) if !output.record().from_cache => {

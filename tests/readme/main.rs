@@ -187,7 +187,10 @@ fn the_redis_password_never_reaches_a_log_line() {
     // Redis refuses the password: the error names the problem, not the password.
     let output = Command::new(example_binary())
         .env("PORT", "0")
-        .env("TOOLCALL_REDIS_URL", format!("redis://:wr0ng-s3cret@{address}/"))
+        .env(
+            "TOOLCALL_REDIS_URL",
+            format!("redis://:wr0ng-s3cret@{address}/"),
+        )
         .env_remove("TOOLCALL_ADMIN_TOKEN")
         .output()
         .unwrap();
