@@ -12,14 +12,23 @@
 //!
 //! The tools:
 //! - `web::search`: read-only; its upstream fails on every 5th request (the retry hides it);
-//! - `vault::createFile`: mutating; needs `control.confirmationId`;
+//! - `vault::createFile`: mutating; needs `control.confirmationId` (over HTTP, a confirmation
+//!   id is only as trustworthy as the caller that sends it: authenticate callers in front of
+//!   the gateway);
 //! - `reports::report`: slow; takes 2 seconds.
 //!
 //! Dedupe records live in memory, or in Redis when `TOOLCALL_REDIS_URL` is set (run with
 //! `--features axum,metrics,redis`). The switches come from the environment
 //! (`TOOL_RELIABILITY_ENABLED`, …). Ctrl-C stops taking new connections, lets the calls in
 //! flight finish, then exits.
+//!
+//! Calls must be sent as `Content-Type: application/json`. Connections that send their
+//! headers slowly or sit idle are closed after 10 s, bodies must arrive within 15 s, at most
+//! 256 connections and 64 calls are served at once (a call over that gets 503 with
+//! `Retry-After`); a client that disconnects does not cancel its call, so a re-send with the
+//! same `Idempotency-Key` gets its result.
 
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,7 +40,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use tower::Layer;
 use tower_toolcall::control::ReliabilityControl;
-use tower_toolcall::http::{AdminRouter, ToolRouter};
+use tower_toolcall::http::{self, AdminRouter, ServeConfig, ToolRouter};
 use tower_toolcall::idempotency::DedupeStore;
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{ToolMetrics, DURATION_BUCKETS};
@@ -83,7 +92,12 @@ fn search(call: &ToolCall, searches: &AtomicUsize) -> Result<ToolOutput, ToolErr
             "search upstream is overloaded",
         ));
     }
-    let query = call.params().as_map()["query"].as_str().unwrap_or_default();
+    let query = call
+        .params()
+        .as_map()
+        .get("query")
+        .and_then(|q| q.as_str())
+        .unwrap_or_default();
     Ok(ToolOutput::new(json!({
         "query": query,
         "hits": [format!("{query}: the first hit"), format!("{query}: the second hit")],
@@ -153,7 +167,9 @@ fn app<St: DedupeStore>(
 ) -> Result<Router, BoxError> {
     let searches = Arc::new(AtomicUsize::new(0));
     let tools = tool_fn(move |call: ToolCall| run_tool(call, searches.clone()));
-    let mut router = ToolRouter::new(stack.registry().clone(), stack.layer(tools));
+    let mut router = ToolRouter::new(stack.registry().clone(), stack.layer(tools))
+        .body_timeout(Duration::from_secs(15))
+        .max_calls_in_flight(64);
     match std::env::var("TOOLCALL_ADMIN_TOKEN") {
         Ok(token) => router = router.admin(AdminRouter::new(&stack, token)?),
         Err(_) => tracing::info!("TOOLCALL_ADMIN_TOKEN is not set: no admin API"),
@@ -165,25 +181,43 @@ fn app<St: DedupeStore>(
 }
 
 /// Serves `app` until Ctrl-C, then lets the calls in flight finish.
+///
+/// The limits a gateway reachable by untrusted clients needs: a connection must send a
+/// request's headers within 10 s (which also closes connections left idle that long), at
+/// most 256 connections are open at once (well under a `ulimit -n` of 1024), and the router
+/// reads a body for at most 15 s and runs at most 64 calls at once (see `app`).
 async fn serve(app: Router) -> Result<(), BoxError> {
     let port = std::env::var("PORT").unwrap_or_else(|_| "8080".to_owned());
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
     tracing::info!("serving on http://{}", listener.local_addr()?);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            tokio::signal::ctrl_c().await.ok();
-            tracing::info!("shutting down: finishing the calls in flight");
-        })
-        .await?;
+    let limits = ServeConfig::default()
+        .header_read_timeout(Duration::from_secs(10))
+        .max_connections(256);
+    http::serve(listener, app, limits, async {
+        tokio::signal::ctrl_c().await.ok();
+        tracing::info!("shutting down: finishing the calls in flight");
+    })
+    .await?;
     tracing::info!("stopped");
     Ok(())
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_max_level(tracing::Level::INFO)
         .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // The error's message, naming what to fix; never a debug dump.
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
     let prometheus = prometheus()?;
 
     let registry = registry(ReliabilityControl::from_env()?)?;
@@ -196,7 +230,11 @@ async fn main() -> Result<(), BoxError> {
     if let Some(url) = redis_url {
         let store = tower_toolcall::idempotency::RedisDedupeStore::open(&url)?;
         store.ping().await?;
-        tracing::info!("dedupe records in Redis at {url}");
+        // The URL's password never reaches a log line.
+        let shown = tower_toolcall::trace::Redactor::default()
+            .redact_str(&url)
+            .into_owned();
+        tracing::info!("dedupe records in Redis at {shown}");
         let stack = stack.store(store).build()?;
         return serve(app(stack, metrics, prometheus)?).await;
     }

@@ -1,4 +1,4 @@
-//! Run with: `cargo run --features mcp --bin mcp-example-server [-- --registry registry.toml]`
+//! Run with: `cargo run --features mcp --bin mcp-example-server [-- --registry registry.toml] [--max-line-bytes 4194304]`
 //!
 //! An MCP server over stdio whose every `tools/call` goes through the whole stack. Its tools
 //! keep notes: `search` (read-only; its backend times out on the first search for `flaky`),
@@ -6,7 +6,9 @@
 //! as a progress notification when the request asks for progress. Their annotations
 //! become their policy, and a registry file given with `--registry` overrides it. Start it
 //! from an MCP client (an agent, the MCP inspector, or `McpClient` over
-//! `TokioChildProcess`): it speaks JSON-RPC on stdin and stdout.
+//! `TokioChildProcess`): it speaks JSON-RPC on stdin and stdout. An incoming line longer than
+//! `--max-line-bytes` (4 MiB by default) is dropped unread and unanswered, and the server
+//! goes on serving the next lines.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +23,9 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
-use tower_toolcall::mcp::{registry_for, McpServer, Trust};
+use tower_toolcall::mcp::{
+    registry_for, stdio_transport, McpServer, Trust, DEFAULT_MAX_LINE_BYTES,
+};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{ConfigError, ToolStack};
 
@@ -195,14 +199,21 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 }
 
 async fn serve_stdio() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    const USAGE: &str =
+        "usage: mcp-example-server [--registry <registry.toml|json>] [--max-line-bytes <bytes>]";
+    let (mut operator, mut max_line_bytes) = (None, DEFAULT_MAX_LINE_BYTES);
     let mut args = std::env::args().skip(1);
-    let operator = match (args.next().as_deref(), args.next()) {
-        (Some("--registry"), Some(path)) => Some(ToolRegistry::from_path(path)?),
-        (None, _) => None,
-        _ => return Err("usage: mcp-example-server [--registry <registry.toml|json>]".into()),
-    };
+    while let Some(flag) = args.next() {
+        match (flag.as_str(), args.next()) {
+            ("--registry", Some(path)) => operator = Some(ToolRegistry::from_path(path)?),
+            ("--max-line-bytes", Some(bytes)) => {
+                max_line_bytes = bytes.parse().map_err(|_| USAGE)?;
+            }
+            _ => return Err(USAGE.into()),
+        }
+    }
     let server = stacked(Notes::default(), operator.as_ref())?;
-    let running = rmcp::ServiceExt::serve(server, rmcp::transport::stdio()).await?;
+    let running = rmcp::ServiceExt::serve(server, stdio_transport(max_line_bytes)?).await?;
     running.waiting().await?;
     Ok(())
 }

@@ -641,6 +641,14 @@ impl From<io::Error> for ToolError {
     }
 }
 
+/// A service that cannot fail (a result envelope service, for one) fits where a
+/// `ToolError` is expected.
+impl From<std::convert::Infallible> for ToolError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}
+
 impl From<tokio::time::error::Elapsed> for ToolError {
     fn from(_: tokio::time::error::Elapsed) -> Self {
         ToolError::new(

@@ -26,9 +26,31 @@
 //! name is reset). A session reset is not a switch: it concerns the histories of that
 //! moment only.
 //!
+//! # When Redis goes away
+//!
+//! Each replica keeps its subscription alive by itself: when the connection drops (Redis
+//! restarted, the network cut), or stops answering its periodic `PING`, the replica connects
+//! and subscribes again, retrying every few hundred milliseconds for as long as it takes,
+//! and then reads the switches, so that what it missed while cut off is applied. An action
+//! sent while Redis is unreachable fails with `STORE_UNAVAILABLE` and changes nothing
+//! anywhere, not even on the sender.
+//!
+//! The switches outlive Redis the same way, all of them: **the fleet's state is what Redis
+//! holds, and when Redis holds none, the first replica to sync writes back what it holds.**
+//! After a restart that lost the data (a server without persistence), the kill switch, the
+//! shadowed layers and the breakers held open are all as they were on the replica that
+//! resynced first, which every other replica, and every replica that starts later, then
+//! reads. A fleet's first replica starts the state the same way, from its own switches.
+//!
 //! Bad input is refused before anything is sent: nothing reaches the other replicas. A
 //! malformed message on the channel (written by another tool) is counted in
-//! [`FleetStats::refused`], logged, and changes nothing.
+//! [`FleetStats::refused`], logged (its first 256 bytes), and changes nothing. A switch
+//! whose stored value is neither `0` nor `1` is skipped with a warning: the replica keeps
+//! that switch as it is. A well-formed action that another program published on the channel
+//! without recording it is applied, and recorded in the switches by the replicas that
+//! receive it, so that replicas starting later agree; actions sent through
+//! [`FleetControl`] are recorded and published in one step, and are the ones whose order is
+//! exact.
 //!
 //! # Breaker counting stays local
 //!
@@ -55,14 +77,14 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use redis::{PushInfo, PushKind, Script, Value};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, Script, Value};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::breaker::{BreakerAdmin, BreakerKey};
 use crate::control::{ReliabilityControl, ShadowLayer};
@@ -77,24 +99,57 @@ use crate::BreakerState;
 /// The default prefix of the fleet's keys and channel.
 pub const DEFAULT_FLEET_KEY_PREFIX: &str = "toolcall:fleet:";
 
-/// How long the listener waits before it tries again to subscribe.
-const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(1);
+/// The first wait of the listener before it tries again to subscribe; it doubles up to
+/// [`RESUBSCRIBE_MAX_DELAY`].
+const RESUBSCRIBE_DELAY: Duration = Duration::from_millis(50);
 
-/// Records an action in the fleet's state and publishes it, in one step. `KEYS[1]`: the
-/// key the action changes. `ARGV`: channel, message, change (`hset`, `hdel`, `sadd`, `srem`
-/// or `none`), field, value.
+/// The longest wait of the listener between two tries to subscribe.
+const RESUBSCRIBE_MAX_DELAY: Duration = Duration::from_millis(400);
+
+/// How long the subscription may stay silent before the listener checks, with `PING`, that
+/// the server still answers on it.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// The most bytes of a refused message that a log line shows.
+const LOGGED_MESSAGE_BYTES: usize = 256;
+
+/// The member of a message that says the fleet's state already records it.
+const RECORDED: &str = "recorded";
+
+/// Records an action in the fleet's state and publishes it (unless the channel is empty),
+/// in one step. `KEYS[1]`: the key the action changes. `ARGV`: channel, message, change
+/// (`hset`, `sadd`, `srem` or `none`), field, value.
 const ACT: &str = r"
 local change = ARGV[3]
 if change == 'hset' then
   redis.call('HSET', KEYS[1], ARGV[4], ARGV[5])
-elseif change == 'hdel' then
-  redis.call('HDEL', KEYS[1], ARGV[4])
 elseif change == 'sadd' then
   redis.call('SADD', KEYS[1], ARGV[4])
 elseif change == 'srem' then
   redis.call('SREM', KEYS[1], ARGV[4])
 end
+if ARGV[1] == '' then
+  return 0
+end
 return redis.call('PUBLISH', ARGV[1], ARGV[2])
+";
+
+/// Reads the fleet's state; when there is none (a new server, or one that lost its data),
+/// first writes this replica's. `KEYS`: the switches, the forced breakers. `ARGV`: the kill
+/// switch (`0` or `1`), the number of shadow fields, then the shadow fields and their
+/// values, then the breakers held open.
+const SYNC: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'enabled', ARGV[1])
+  local shadows = tonumber(ARGV[2])
+  for i = 1, shadows do
+    redis.call('HSET', KEYS[1], ARGV[1 + 2 * i], ARGV[2 + 2 * i])
+  end
+  for i = 3 + 2 * shadows, #ARGV do
+    redis.call('SADD', KEYS[2], ARGV[i])
+  end
+end
+return {redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2])}
 ";
 
 /// One operator action, as the channel carries it.
@@ -129,17 +184,17 @@ pub struct FleetControl {
 
 struct Inner {
     commands: Connection,
-    subscriber: ConnectionManager,
     channel: String,
     switches_key: String,
     forced_key: String,
     act: Script,
+    sync: Script,
     replica: Replica,
     applied: AtomicU64,
     refused: AtomicU64,
     syncs: AtomicU64,
-    /// The channel is subscribed to.
-    subscribed: AtomicBool,
+    /// `true` while the listener holds a live subscription to the channel.
+    subscribed: watch::Sender<bool>,
     /// Taken by an action from its check to its local effect, and by a sync.
     serial: tokio::sync::Mutex<()>,
     /// The task that applies what the subscription hands over.
@@ -233,11 +288,24 @@ impl FleetControl {
         Ok(command)
     }
 
-    /// Subscribes to the fleet's actions, if this replica is not yet, and applies the
-    /// fleet's current switches. The replica does it by itself when it joins and after a
-    /// reconnection; awaiting it says when it is done.
+    /// Waits (at most the operation timeout) until this replica is subscribed to the fleet's
+    /// actions, then applies the fleet's current switches. The replica subscribes and syncs
+    /// by itself when it joins and after each reconnection; awaiting this says when it is
+    /// done.
     pub async fn sync(&self) -> Result<(), ToolError> {
-        self.inner.sync().await.map_err(unavailable)
+        let inner = &self.inner;
+        let mut subscribed = inner.subscribed.subscribe();
+        let timeout = inner.commands.timeout();
+        match tokio::time::timeout(timeout, subscribed.wait_for(|live| *live)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => {
+                return Err(unavailable(SharedStoreError::Unavailable(format!(
+                    "this replica could not subscribe to the fleet's channel within {} ms",
+                    timeout.as_millis()
+                ))))
+            }
+        }
+        inner.sync().await.map_err(unavailable)
     }
 
     /// What this replica has seen.
@@ -261,7 +329,24 @@ impl FleetControl {
                 loops.reset_session(session).await.map_err(unavailable)?;
             }
         }
-        let (key, change, field, value) = match &action {
+        let (key, change, field, value) = action.change(inner);
+        let mut message = serde_json::to_value(&action).expect("an action serializes");
+        message[RECORDED] = serde_json::Value::Bool(true);
+        inner
+            .record(key, Some(&message.to_string()), change, field, value)
+            .await
+            .map_err(unavailable)?;
+        // At once here; the message that comes back changes nothing more.
+        inner.replica.apply(&action)?;
+        tracing::info!(action = ?action, "operator action sent to the fleet");
+        Ok(())
+    }
+}
+
+impl Action {
+    /// How the fleet's state records the action: the key, the change, the field and value.
+    fn change<'a>(&self, inner: &'a Inner) -> (&'a str, &'static str, String, Option<String>) {
+        match self {
             Action::ForceOpen { breaker } => (&inner.forced_key, "sadd", breaker.clone(), None),
             Action::ResetBreaker { breaker } => (&inner.forced_key, "srem", breaker.clone(), None),
             Action::ResetSession { .. } => (&inner.switches_key, "none", String::new(), None),
@@ -277,26 +362,7 @@ impl FleetControl {
                 format!("shadow:{layer}"),
                 Some(flag(*shadow)),
             ),
-        };
-        let message = serde_json::to_string(&action).expect("an action serializes");
-        let _: i64 = inner
-            .commands
-            .eval(
-                inner
-                    .act
-                    .key(key)
-                    .arg(&inner.channel)
-                    .arg(message)
-                    .arg(change)
-                    .arg(field)
-                    .arg(value.unwrap_or_default()),
-            )
-            .await
-            .map_err(unavailable)?;
-        // At once here; the message that comes back changes nothing more.
-        inner.replica.apply(&action)?;
-        tracing::info!(action = ?action, "operator action sent to the fleet");
-        Ok(())
+        }
     }
 }
 
@@ -316,6 +382,16 @@ fn invalid(field: &str, problem: impl fmt::Display) -> ToolError {
 }
 
 impl Replica {
+    /// The breakers this replica holds open by force, by name.
+    fn forced(&self) -> Vec<String> {
+        self.breakers
+            .iter()
+            .flat_map(|breakers| breakers.snapshot())
+            .filter(|status| status.state == BreakerState::ForcedOpen)
+            .map(|status| status.key.short())
+            .collect()
+    }
+
     /// Refuses an action this replica cannot apply, naming the field.
     fn check(&self, action: &Action) -> Result<(), ToolError> {
         match action {
@@ -369,30 +445,61 @@ impl Replica {
 }
 
 impl Inner {
-    /// Subscribes to the channel and applies the switches.
+    /// Records a change in the fleet's state and, with a `message`, publishes it, in one
+    /// step.
+    async fn record(
+        &self,
+        key: &str,
+        message: Option<&str>,
+        change: &str,
+        field: String,
+        value: Option<String>,
+    ) -> Result<(), SharedStoreError> {
+        let channel = if message.is_some() {
+            &*self.channel
+        } else {
+            ""
+        };
+        let _: i64 = self
+            .commands
+            .eval(
+                self.act
+                    .key(key)
+                    .arg(channel)
+                    .arg(message.unwrap_or_default())
+                    .arg(change)
+                    .arg(field)
+                    .arg(value.unwrap_or_default()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Reads the fleet's switches (writing this replica's first, when Redis holds none) and
+    /// applies them.
     async fn sync(&self) -> Result<(), SharedStoreError> {
         let _serial = self.serial.lock().await;
-        if !self.subscribed.load(Ordering::Relaxed) {
-            // Once subscribed, the connection subscribes again by itself after a reconnection.
-            let mut subscriber = self.subscriber.clone();
-            let channel = self.channel.clone();
-            bounded(self.commands.timeout(), async move {
-                subscriber.subscribe(channel).await
-            })
-            .await?;
-            self.subscribed.store(true, Ordering::Relaxed);
+        let mut invocation = self.sync.key(&self.switches_key);
+        invocation
+            .key(&self.forced_key)
+            .arg(flag(self.replica.control.is_enabled()));
+        let shadows: Vec<&ShadowLayer> = ShadowLayer::ALL.iter().collect();
+        invocation.arg(shadows.len());
+        for layer in shadows {
+            invocation
+                .arg(format!("shadow:{}", layer.as_str()))
+                .arg(flag(self.replica.control.is_shadow(*layer)));
         }
-        let switches: Vec<(String, String)> = self
-            .commands
-            .command(redis::cmd("HGETALL").arg(&self.switches_key))
-            .await?;
-        let forced: Vec<String> = self
-            .commands
-            .command(redis::cmd("SMEMBERS").arg(&self.forced_key))
-            .await?;
+        for breaker in self.replica.forced() {
+            invocation.arg(breaker);
+        }
+        let (switches, forced): (Vec<(String, String)>, Vec<String>) =
+            self.commands.eval(&invocation).await?;
         let mut actions = Vec::new();
         for (field, value) in switches {
-            let on = value == "1";
+            let Some(on) = switch_value(&field, &value) else {
+                continue;
+            };
             match field.strip_prefix("shadow:") {
                 Some(layer) => actions.push(Action::SetShadow {
                     layer: layer.to_owned(),
@@ -402,13 +509,10 @@ impl Inner {
                 None => {}
             }
         }
-        if let Some(breakers) = &self.replica.breakers {
-            // A breaker held open here that the fleet no longer holds was reset meanwhile.
-            for status in breakers.snapshot() {
-                let name = status.key.short();
-                if status.state == BreakerState::ForcedOpen && !forced.contains(&name) {
-                    actions.push(Action::ResetBreaker { breaker: name });
-                }
+        // A breaker held open here that the fleet no longer holds was reset meanwhile.
+        for name in self.replica.forced() {
+            if !forced.contains(&name) {
+                actions.push(Action::ResetBreaker { breaker: name });
             }
         }
         actions.extend(
@@ -417,70 +521,190 @@ impl Inner {
                 .map(|breaker| Action::ForceOpen { breaker }),
         );
         for action in &actions {
-            // The switches were checked when they were written.
-            let _ = self.replica.apply(action);
+            if let Err(error) = self.replica.apply(action) {
+                tracing::warn!(
+                    action = ?action,
+                    %error,
+                    "the fleet's switches hold an entry this replica cannot apply: skipped"
+                );
+            }
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    fn received(&self, action: &Action) {
-        match self.replica.apply(action) {
-            Ok(()) => {
-                self.applied.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(error) => self.refuse(&format!("{action:?}"), &error.to_string()),
-        }
-    }
-
-    fn refuse(&self, message: &str, problem: &str) {
+    fn refuse(&self, message: &[u8], problem: &str) {
         self.refused.fetch_add(1, Ordering::Relaxed);
+        let shown = &message[..message.len().min(LOGGED_MESSAGE_BYTES)];
         tracing::warn!(
-            message,
+            payload = %String::from_utf8_lossy(shown),
+            bytes = message.len(),
             problem,
             "a message on the fleet's channel was refused; nothing changed"
         );
     }
 
-    /// Applies one message from the channel.
-    fn message(&self, payload: &[u8]) {
-        match serde_json::from_slice::<Action>(payload) {
-            Ok(action) => self.received(&action),
-            Err(error) => self.refuse(&String::from_utf8_lossy(payload), &error.to_string()),
+    /// Applies one message from the channel; one that the fleet's state does not record
+    /// yet (another program published it) is recorded too.
+    async fn message(&self, payload: &[u8]) {
+        let (action, recorded) = match parse_message(payload) {
+            Ok(parsed) => parsed,
+            Err(problem) => return self.refuse(payload, &problem),
+        };
+        if let Err(error) = self.replica.apply(&action) {
+            return self.refuse(payload, &error.to_string());
+        }
+        self.applied.fetch_add(1, Ordering::Relaxed);
+        if recorded {
+            return;
+        }
+        let (key, change, field, value) = action.change(self);
+        if let Err(error) = self.record(key, None, change, field, value).await {
+            tracing::warn!(
+                action = ?action,
+                %error,
+                "an action published on the fleet's channel could not be recorded in its \
+                 switches: replicas that start later will not see it"
+            );
         }
     }
 }
 
-/// Applies what the subscription hands over; syncs at the start and after each
-/// resubscription.
-async fn listen(inner: Weak<Inner>, mut pushes: mpsc::UnboundedReceiver<PushInfo>) {
+/// The action in a message from the channel, and whether the fleet's state records it; or
+/// what is wrong with it.
+fn parse_message(payload: &[u8]) -> Result<(Action, bool), String> {
+    let mut message: serde_json::Value =
+        serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+    let recorded = match message.as_object_mut() {
+        Some(members) => match members.remove(RECORDED) {
+            None => false,
+            Some(serde_json::Value::Bool(recorded)) => recorded,
+            Some(_) => return Err(format!("`{RECORDED}` must be true or false")),
+        },
+        None => return Err("an action is a JSON object".to_owned()),
+    };
+    let action = Action::deserialize(message).map_err(|e| e.to_string())?;
+    Ok((action, recorded))
+}
+
+/// The value of the switch `field` as stored: `0` or `1`; anything else is skipped, with a
+/// warning, and the switch stays as it is.
+fn switch_value(field: &str, value: &str) -> Option<bool> {
+    match value {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => {
+            let shown: String = value.chars().take(LOGGED_MESSAGE_BYTES).collect();
+            tracing::warn!(
+                field,
+                value = %shown,
+                "a fleet switch holds neither 0 nor 1: skipped, this replica keeps it as it is"
+            );
+            None
+        }
+    }
+}
+
+/// Keeps this replica subscribed to the channel for as long as the fleet lives: connects,
+/// subscribes, syncs, applies the messages, and starts again whenever the connection is
+/// lost or stops answering.
+async fn listen(inner: Weak<Inner>, client: Client) {
+    let mut delay = RESUBSCRIBE_DELAY;
+    let mut failures = 0u32;
     loop {
         let Some(fleet) = inner.upgrade() else { return };
-        match fleet.sync().await {
-            Ok(()) => break,
-            Err(error) => tracing::debug!(%error, "cannot subscribe to the fleet's actions yet"),
+        let (push, pushes) = mpsc::unbounded_channel();
+        let subscribed = async {
+            let connection = subscribe(&fleet, &client, push).await?;
+            fleet.subscribed.send_replace(true);
+            fleet.sync().await?;
+            Ok::<_, SharedStoreError>(connection)
         }
-        drop(fleet);
-        tokio::time::sleep(RESUBSCRIBE_DELAY).await;
+        .await;
+        match subscribed {
+            Ok(connection) => {
+                if failures > 0 {
+                    tracing::info!("subscribed to the fleet's actions again");
+                }
+                (delay, failures) = (RESUBSCRIBE_DELAY, 0);
+                drop(fleet);
+                follow(&inner, connection, pushes).await;
+                let Some(fleet) = inner.upgrade() else { return };
+                fleet.subscribed.send_replace(false);
+                tracing::warn!("the fleet's subscription was lost: subscribing again");
+            }
+            Err(error) => {
+                fleet.subscribed.send_replace(false);
+                failures += 1;
+                if failures == 1 {
+                    tracing::warn!(%error, "cannot subscribe to the fleet's actions yet: retrying");
+                } else {
+                    tracing::debug!(%error, "cannot subscribe to the fleet's actions yet");
+                }
+                drop(fleet);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RESUBSCRIBE_MAX_DELAY);
+            }
+        }
     }
-    let mut reconnecting = false;
-    while let Some(push) = pushes.recv().await {
+}
+
+/// A new connection to the fleet's server, subscribed to its channel; its messages go to
+/// `push`.
+async fn subscribe(
+    fleet: &Inner,
+    client: &Client,
+    push: mpsc::UnboundedSender<PushInfo>,
+) -> Result<MultiplexedConnection, SharedStoreError> {
+    let timeout = fleet.commands.timeout();
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(None)
+        .set_push_sender(push);
+    let channel = fleet.channel.clone();
+    bounded(timeout, async move {
+        let mut connection = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        connection.subscribe(channel).await?;
+        Ok(connection)
+    })
+    .await
+}
+
+/// Applies the messages of a subscription until its connection is lost, or does not answer
+/// a `PING` after a silence of [`KEEPALIVE`].
+async fn follow(
+    inner: &Weak<Inner>,
+    mut connection: MultiplexedConnection,
+    mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+) {
+    loop {
+        let push = tokio::time::timeout(KEEPALIVE, pushes.recv()).await;
         let Some(fleet) = inner.upgrade() else { return };
-        match push.kind {
-            PushKind::Disconnection => reconnecting = true,
-            PushKind::Message => {
-                if let Some(Value::BulkString(payload)) = push.data.get(1) {
-                    fleet.message(payload);
+        match push {
+            Ok(None) => return,
+            Ok(Some(push)) => match push.kind {
+                PushKind::Disconnection => return,
+                PushKind::Message => {
+                    if let Some(Value::BulkString(payload)) = push.data.get(1) {
+                        fleet.message(payload).await;
+                    }
+                }
+                _ => {}
+            },
+            Err(_) => {
+                let ping = bounded(fleet.commands.timeout(), async {
+                    redis::cmd("PING")
+                        .query_async::<Value>(&mut connection)
+                        .await
+                })
+                .await;
+                if let Err(error) = ping {
+                    tracing::debug!(%error, "the fleet's subscription does not answer");
+                    return;
                 }
             }
-            // Resubscribed after a reconnection: messages may have been missed.
-            PushKind::Subscribe if reconnecting => {
-                reconnecting = false;
-                if let Err(error) = fleet.sync().await {
-                    tracing::warn!(%error, "cannot read the fleet's switches after a reconnection");
-                }
-            }
-            _ => {}
         }
     }
 }
@@ -527,23 +751,14 @@ impl FleetControlBuilder {
             )
         })?;
         let client = redis_support::resp3_client("fleet.redis.url", commands.client())?;
-        let (push, pushes) = mpsc::unbounded_channel();
-        let config = commands
-            .config()
-            .clone()
-            .set_push_sender(push)
-            .set_automatic_resubscription();
-        let subscriber = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
-            ConfigError::new("fleet.redis.url", format!("cannot be subscribed to: {e}"))
-        })?;
         let prefix = &self.settings.key_prefix;
         let inner = Arc::new(Inner {
-            subscriber,
             channel: hash_tagged(prefix, "fleet", ":actions"),
             switches_key: hash_tagged(prefix, "fleet", ":switches"),
             forced_key: hash_tagged(prefix, "fleet", ":forced"),
             commands,
             act: Script::new(ACT),
+            sync: Script::new(SYNC),
             replica: Replica {
                 control: stack.control().clone(),
                 breakers: stack.breakers(),
@@ -552,11 +767,11 @@ impl FleetControlBuilder {
             applied: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
-            subscribed: AtomicBool::new(false),
+            subscribed: watch::channel(false).0,
             serial: tokio::sync::Mutex::new(()),
             listener: OnceLock::new(),
         });
-        let listener = runtime.spawn(listen(Arc::downgrade(&inner), pushes));
+        let listener = runtime.spawn(listen(Arc::downgrade(&inner), client));
         let _ = inner.listener.set(listener.abort_handle());
         Ok(FleetControl { inner })
     }

@@ -182,6 +182,7 @@ pub mod breaker;
 pub mod canonical;
 pub mod classify;
 pub mod control;
+pub mod detach;
 pub mod envelope;
 mod error;
 pub mod executor;

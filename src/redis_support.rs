@@ -1,10 +1,11 @@
 //! What every Redis store of the crate shares: a lazily made multiplexed connection that
-//! reconnects by itself, every operation bounded by a timeout, hash-tagged key names, the
-//! checks of a store's settings, and the coalescing of concurrent checks of one key into one
-//! script.
+//! reconnects by itself, every operation bounded by a timeout, an operation sent again once
+//! when it found its connection broken, a short circuit that skips a server known to be down
+//! (see [`circuit`]), hash-tagged key names, the checks of a store's settings, and the
+//! coalescing of concurrent checks of one key into one script.
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -13,8 +14,10 @@ use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, ScriptInv
 use crate::error::ConfigError;
 use crate::shared_store::SharedStoreError;
 
+mod circuit;
 mod coalesce;
 
+use circuit::Server;
 pub(crate) use coalesce::{check as coalesced, Batch, Coalescer};
 
 /// The default time one Redis operation may take.
@@ -25,16 +28,28 @@ pub(crate) async fn bounded<T>(
     timeout: Duration,
     op: impl Future<Output = RedisResult<T>>,
 ) -> Result<T, SharedStoreError> {
+    bounded_telling(timeout, op)
+        .await
+        .map_err(|(error, _)| error)
+}
+
+/// Runs one Redis operation within `timeout`; a failure comes with whether it says that the
+/// server cannot be reached.
+async fn bounded_telling<T>(
+    timeout: Duration,
+    op: impl Future<Output = RedisResult<T>>,
+) -> Result<T, (SharedStoreError, bool)> {
     match tokio::time::timeout(timeout, op).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(SharedStoreError::Unavailable(
-            if error.to_string().contains("syntax error") {
+        Ok(Err(error)) => Err((
+            SharedStoreError::Unavailable(if error.to_string().contains("syntax error") {
                 format!("{error} (the store needs Redis 7.0 or later)")
             } else {
                 error.to_string()
-            },
+            }),
+            circuit::speaks_of_the_server(&error),
         )),
-        Err(_) => Err(SharedStoreError::Timeout(timeout)),
+        Err(_) => Err((SharedStoreError::Timeout(timeout), true)),
     }
 }
 
@@ -157,21 +172,25 @@ pub(crate) fn hash_tagged(prefix: &str, tagged: &str, suffix: &str) -> String {
 }
 
 /// One multiplexed connection to a server, made on first use inside the Tokio runtime, that
-/// reconnects by itself; every operation on it is bounded by the operation timeout.
+/// reconnects by itself; every operation on it is bounded by the operation timeout, and
+/// fails at once while the server is known to be down (see [`circuit`]).
 pub(crate) struct Connection {
     client: Client,
     config: ConnectionManagerConfig,
     cell: OnceLock<Result<ConnectionManager, String>>,
     timeout: Duration,
+    server: Arc<Server>,
 }
 
 impl Connection {
     pub(crate) fn new(client: Client, timeout: Duration) -> Self {
+        let server = Server::named(client.get_connection_info().addr().to_string());
         Connection {
             client,
             config: connection_config(timeout),
             cell: OnceLock::new(),
             timeout,
+            server,
         }
     }
 
@@ -208,6 +227,17 @@ impl Connection {
         &self,
         command: &Cmd,
     ) -> Result<T, SharedStoreError> {
+        self.run(|mut conn| async move { command.query_async(&mut conn).await })
+            .await
+    }
+
+    /// Runs one command within the operation timeout even while the server is known to be
+    /// down: for a command that must follow one already sent on this connection (the release
+    /// of a claim whose answer never came), which a server that comes back runs in order.
+    pub(crate) async fn command_behind<T: FromRedisValue>(
+        &self,
+        command: &Cmd,
+    ) -> Result<T, SharedStoreError> {
         let mut conn = connection(&self.cell, &self.client, &self.config)?;
         bounded(self.timeout, command.query_async(&mut conn)).await
     }
@@ -218,7 +248,39 @@ impl Connection {
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, SharedStoreError> {
-        let mut conn = connection(&self.cell, &self.client, &self.config)?;
-        bounded(self.timeout, invocation.invoke_async(&mut conn)).await
+        self.run(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await
+    }
+
+    /// Runs `op` on the connection within the operation timeout, unless the server is known
+    /// to be down. An operation that finds its connection broken (the server restarted since
+    /// the connection's last use: the request never reached it) is sent once more, on the
+    /// connection the manager makes anew, within the same timeout. A failure that says the
+    /// server cannot be reached marks it down for every store.
+    async fn run<T, F, Fut>(&self, op: F) -> Result<T, SharedStoreError>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        self.server.check()?;
+        let conn = connection(&self.cell, &self.client, &self.config)?;
+        let attempts = async {
+            match op(conn.clone()).await {
+                Err(error) if error.is_connection_dropped() => op(conn.clone()).await,
+                answered => answered,
+            }
+        };
+        match bounded_telling(self.timeout, attempts).await {
+            Ok(value) => {
+                self.server.answered();
+                Ok(value)
+            }
+            Err((error, unreachable)) => {
+                if unreachable {
+                    self.server.unreachable(&error, &conn, self.timeout);
+                }
+                Err(error)
+            }
+        }
     }
 }

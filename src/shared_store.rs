@@ -12,6 +12,12 @@
 //! store answers again. Recovery needs nothing: the next check that
 //! succeeds ends the outage.
 //!
+//! With Redis, an outage is known to every store of the process on that server (rate
+//! limits, loop detection, idempotency, the fleet) as soon as one operation times out or
+//! cannot reach it: from then on their operations fail at once, each by its own policy,
+//! until a background `PING` every 200 ms is answered. A server that hangs costs a call at
+//! most one operation timeout, however many stores the call passes.
+//!
 //! ```
 //! use tower_toolcall::shared_store::FailurePolicy;
 //!

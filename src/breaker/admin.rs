@@ -349,8 +349,13 @@ impl BreakerAdmin {
     }
 
     /// Holds a breaker open until it is reset; creates it when no call has needed it yet.
-    pub fn force_open(&self, key: &BreakerKey) {
+    ///
+    /// `false` when the breaker could not be kept: it is one made on demand (of a tool the
+    /// registry does not have, or of a namespace) and the map of those is full of breakers
+    /// forced open or in use. A forced-open breaker is never evicted to make room.
+    pub fn force_open(&self, key: &BreakerKey) -> bool {
         self.shared.find_or_create(key).force_open();
+        self.shared.find(key).is_some()
     }
 
     /// Closes a breaker at once, with an empty window. `false` when it does not exist.

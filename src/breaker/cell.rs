@@ -169,13 +169,10 @@ impl BreakerCell {
         status
     }
 
-    /// When the breaker was last used, and whether it is closed: what eviction looks at.
-    pub(crate) fn idle_since(&self) -> (Option<Instant>, bool) {
+    /// When the breaker was last used, and its state: what eviction looks at.
+    pub(crate) fn idle_since(&self) -> (Option<Instant>, BreakerState) {
         let state = self.lock();
-        (
-            state.last_used,
-            state.machine.state() == BreakerState::Closed,
-        )
+        (state.last_used, state.machine.state())
     }
 
     fn lock(&self) -> MutexGuard<'_, CellState> {

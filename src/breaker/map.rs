@@ -1,6 +1,6 @@
 //! The breakers made on demand — those of unregistered tools and of their namespaces — in a
 //! map of bounded size. When it is full, the breakers idle the longest are evicted, closed
-//! ones first; a breaker in use is never evicted.
+//! ones first; a breaker in use, or one an operator forced open, is never evicted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::admin::BreakerKey;
 use super::cell::BreakerCell;
 use crate::bounds::CallerKeyHasher;
+use crate::outcome::BreakerState;
 
 /// The share of the map evicted at once when it is full, so that a full map does not scan
 /// on every insertion.
@@ -116,22 +117,24 @@ impl BreakerMap {
             return true;
         }
         // Idle breakers (held by the map alone), closed ones first, then the least recently
-        // used.
+        // used; never one forced open, which only an operator's reset ends.
         let mut idle: Vec<(bool, Option<Instant>, BreakerKey)> = maps
             .tools
             .values()
             .flat_map(HashMap::values)
             .chain(maps.dependencies.values())
             .filter(|cell| Arc::strong_count(cell) == 1)
-            .map(|cell| {
-                let (last_used, closed) = cell.idle_since();
-                (!closed, last_used, cell.key().clone())
+            .filter_map(|cell| {
+                let (last_used, state) = cell.idle_since();
+                (state != BreakerState::ForcedOpen)
+                    .then(|| (state != BreakerState::Closed, last_used, cell.key().clone()))
             })
             .collect();
         if idle.is_empty() {
             tracing::warn!(
                 capacity = self.capacity,
-                "every circuit breaker made on demand is in use; a new one is not kept"
+                "every circuit breaker made on demand is in use or forced open; a new one is \
+                 not kept"
             );
             return false;
         }
@@ -213,5 +216,28 @@ mod tests {
         assert_eq!(map.len(), 3);
         assert!(map.find(transient.key()).is_none());
         drop((held, busy, new));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forced_open_breaker_is_never_evicted() {
+        let map = BreakerMap::new(2);
+        map.tool("ns", "forced", || cell("forced")).force_open();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // Many new breakers pass through; the forced-open one stays.
+        for n in 0..100 {
+            let name = format!("t{n}");
+            map.tool("ns", &name, || cell(&name));
+        }
+        let forced = map.find(&BreakerKey::tool("ns", "forced")).unwrap();
+        assert_eq!(forced.status().state, BreakerState::ForcedOpen);
+        drop(forced);
+
+        // A map full of forced-open breakers keeps them all and does not keep a new one.
+        map.tool("ns", "forced-2", || cell("forced-2")).force_open();
+        assert!(map.find(&BreakerKey::tool("ns", "forced-2")).is_some());
+        let transient = map.tool("ns", "extra", || cell("extra"));
+        assert!(map.find(transient.key()).is_none());
+        assert!(map.find(&BreakerKey::tool("ns", "forced")).is_some());
+        assert_eq!(map.len(), 2);
     }
 }

@@ -21,6 +21,8 @@ pub const PAYLOAD_VERSION: &str = "1.0";
 pub const MAX_IDENTIFIER_BYTES: usize = 256;
 /// The most bytes of `payload.idempotencyKey`, as in Stripe's API.
 pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+/// The most bytes of `trace.traceparent` (a W3C `traceparent` has 55).
+pub const MAX_TRACEPARENT_BYTES: usize = 512;
 
 /// One tool call: the envelope of contract version 1.1, cheap to clone.
 ///

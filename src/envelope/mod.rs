@@ -25,7 +25,7 @@ pub use builder::ToolCallBuilder;
 pub use call::{
     BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Iteration, Payload, RetryBudget,
     RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
-    MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, PAYLOAD_VERSION,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
 };
 pub use into_result::{ResultEnvelope, ResultEnvelopeFuture, ResultEnvelopeLayer};
 pub use params::Params;

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::call::{
     CallEnvelope, CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES,
-    PAYLOAD_VERSION,
+    MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
 };
 use super::ijson::{self, IJsonValue};
 use super::params::{json_kind, Params};
@@ -86,7 +86,7 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
     non_empty("target.actorId", &env.target.actor_id)?;
     for (field, id) in identifiers(env) {
         if let Some(id) = id {
-            at_most(field, id, MAX_IDENTIFIER_BYTES)?;
+            identifier(field, id, MAX_IDENTIFIER_BYTES)?;
         }
     }
     if env.payload.version != PAYLOAD_VERSION {
@@ -100,7 +100,19 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
     }
     if let Some(key) = &env.payload.idempotency_key {
         non_empty("payload.idempotencyKey", key)?;
-        at_most("payload.idempotencyKey", key, MAX_IDEMPOTENCY_KEY_BYTES)?;
+        identifier("payload.idempotencyKey", key, MAX_IDEMPOTENCY_KEY_BYTES)?;
+    }
+    if let Some(traceparent) = &env.trace.traceparent {
+        if traceparent.len() > MAX_TRACEPARENT_BYTES {
+            return Err(ToolError::invalid_field(
+                "trace.traceparent",
+                format_args!(
+                    "must be at most {MAX_TRACEPARENT_BYTES} bytes, got {}; send a W3C \
+                     traceparent (55 bytes)",
+                    traceparent.len()
+                ),
+            ));
+        }
     }
     if let Some(run) = &env.run {
         for (field, id) in [
@@ -109,7 +121,7 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
             ("run.callId", &run.call_id),
         ] {
             non_empty(field, id)?;
-            at_most(field, id, MAX_IDENTIFIER_BYTES)?;
+            identifier(field, id, MAX_IDENTIFIER_BYTES)?;
         }
         if run.attempt == 0 {
             return Err(ToolError::invalid_field(
@@ -148,6 +160,22 @@ fn identifiers(env: &CallEnvelope) -> [(&'static str, Option<&str>); 11] {
             env.control.confirmation_id.as_deref(),
         ),
     ]
+}
+
+/// An identifier: at most `limit` bytes, and no control characters (CR, LF, NUL, …), which
+/// would split or forge the log lines, headers and store keys it ends up in.
+fn identifier(field: &str, id: &str, limit: usize) -> Result<(), ToolError> {
+    at_most(field, id, limit)?;
+    match id.chars().find(|c| c.is_control()) {
+        Some(c) => Err(ToolError::invalid_field(
+            field,
+            format_args!(
+                "must not contain control characters, got U+{:04X}; remove it",
+                u32::from(c)
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn at_most(field: &str, value: &str, limit: usize) -> Result<(), ToolError> {

@@ -15,10 +15,11 @@ use serde_json::{json, Value};
 use super::auth::{require_token, BearerToken};
 use crate::breaker::{BreakerAdmin, BreakerKey};
 use crate::control::{ReliabilityControl, ShadowLayer};
-use crate::envelope::ToolResult;
+use crate::envelope::{ToolResult, MAX_IDENTIFIER_BYTES};
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::idempotency::{key_fingerprint, DedupeStore, StoreError};
 use crate::loop_detect::LoopDetectHandle;
+use crate::registry::ToolRegistry;
 use crate::stack::ToolStack;
 use crate::trace::{AuditLog, ExecutionEvent};
 
@@ -34,20 +35,24 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 /// |---|---|
 /// | `GET /breakers` | every breaker's [`BreakerStatus`](crate::breaker::BreakerStatus) |
 /// | `GET /breakers/{key}` | one breaker; `key` is `tool:web::search`, `dependency:web` or `global` |
-/// | `POST /breakers/{key}/force-open` | holds the breaker open until it is reset |
+/// | `POST /breakers/{key}/force-open` | holds the breaker open until it is reset; `key` must name a registered tool or namespace (any well-formed name when the registry is open) |
 /// | `POST /breakers/{key}/reset` | closes the breaker, forgetting its counts |
 /// | `GET /loops/{session}` | the loop detector's settings for the session |
 /// | `POST /loops/{session}/reset` | forgets the session's recent calls |
 /// | `GET /dedupe/records/{fingerprint}` | the dedupe record whose key has this fingerprint (as results and logs show it) |
 /// | `GET /dedupe/records?key=…` | the dedupe record of a store key, with its fingerprint |
-/// | `POST /dedupe/flush` | `{"prefix": "acme/"}`: deletes every record under the prefix |
+/// | `POST /dedupe/flush` | `{"prefix": "acme/"}`: deletes every record under the prefix; an empty prefix (every tenant's records) only with `"all": true` |
 /// | `GET /switches` | the kill switch, open mode, key derivation, shadow layers and the rollout percentage |
 /// | `PUT /switches` | changes those given: `{"enabled": false, "shadow": {"breaker": true}, "rolloutPercent": 10}` |
 ///
 /// Every change is logged at INFO (target `tower_toolcall::admin`) and, when the router has
-/// an [`audit`](AdminRouter::audit) log, written to it as an `admin.change` event. A route
-/// whose layer is switched off in the stack answers `NOT_FOUND` (404); errors are
-/// [`ToolResult`] envelopes.
+/// an [`audit`](AdminRouter::audit) log, written to it as an `admin.change` event. A change
+/// of switches sent to a [fleet](AdminRouter::fleet) that fails part-way is answered
+/// `STORE_UNAVAILABLE` (503) naming the parts applied, the part that failed and the parts
+/// not tried, and is logged at WARN and audited as such. A route whose layer is switched off
+/// in the stack answers `NOT_FOUND` (404); errors are [`ToolResult`] envelopes. Requests
+/// without the token get the same 401 whatever the path, one that exists or not; refusals
+/// are logged at INFO at most once a second, with the count of those not logged.
 ///
 /// ```
 /// use tower_toolcall::http::AdminRouter;
@@ -78,6 +83,8 @@ impl<St> fmt::Debug for AdminRouter<St> {
 }
 
 struct AdminState<St> {
+    /// What force-opens are checked against.
+    registry: ToolRegistry,
     breakers: Option<BreakerAdmin>,
     loops: Option<LoopDetectHandle>,
     store: Option<St>,
@@ -126,6 +133,7 @@ impl FleetAction<'_> {
 impl<St: Clone> Clone for AdminState<St> {
     fn clone(&self) -> Self {
         AdminState {
+            registry: self.registry.clone(),
             breakers: self.breakers.clone(),
             loops: self.loops.clone(),
             store: self.store.clone(),
@@ -152,6 +160,7 @@ impl<St: DedupeStore> AdminRouter<St> {
         }
         Ok(AdminRouter {
             state: AdminState {
+                registry: stack.registry().clone(),
                 breakers: stack.breakers(),
                 loops: stack.loop_sessions(),
                 store: stack.dedupe_store().cloned(),
@@ -198,7 +207,10 @@ impl<St: DedupeStore> AdminRouter<St> {
                 "/switches",
                 get(read_switches::<St>).put(change_switches::<St>),
             )
+            .fallback(no_route)
             .with_state(self.state)
+            // After the fallback, so that a path that does not exist is refused like one
+            // that does: the routes cannot be listed without the token.
             .layer(middleware::from_fn_with_state(self.token, require_token))
     }
 }
@@ -307,9 +319,20 @@ async fn read_breaker<St>(State(state): State<AdminState<St>>, Path(key): Path<S
 async fn force_open<St>(State(state): State<AdminState<St>>, Path(key): Path<String>) -> Answer {
     let key = parse_key(&key)?;
     let breakers = state.breakers()?;
+    check_breaker_key(&state.registry, &key)?;
     match &state.fleet {
         Some(fleet) => FleetAction::ForceOpen(&key).send(fleet).await?,
-        None => breakers.force_open(&key),
+        None => {
+            if !breakers.force_open(&key) {
+                return Err(error(ToolError::rejected(
+                    ErrorCode::Conflict,
+                    format!(
+                        "{key} could not be held open: every breaker made on demand is forced \
+                         open or in use; reset some first"
+                    ),
+                )));
+            }
+        }
     }
     state.changed(
         &key.short(),
@@ -317,6 +340,53 @@ async fn force_open<St>(State(state): State<AdminState<St>>, Path(key): Path<Str
         json!({"action": "force_open", "key": key}),
     );
     Ok(Json(breakers.status(&key)).into_response())
+}
+
+/// Refuses a breaker key that no call can have: a tool or namespace the registry does not
+/// know (when it is closed), or a name no call could carry.
+fn check_breaker_key(registry: &ToolRegistry, key: &BreakerKey) -> Result<(), Refused> {
+    let names: &[&str] = match key {
+        BreakerKey::Tool { namespace, name } => &[namespace.as_str(), name.as_str()],
+        BreakerKey::Dependency { namespace } => &[namespace.as_str()],
+        _ => &[],
+    };
+    let malformed = names.iter().any(|name| {
+        name.len() > MAX_IDENTIFIER_BYTES
+            || name.trim().is_empty()
+            || name.chars().any(char::is_control)
+    });
+    let known = match key {
+        BreakerKey::Tool { namespace, name } => registry.get(namespace, name).is_some(),
+        BreakerKey::Dependency { namespace } => registry
+            .tools()
+            .any(|tool| tool.descriptor().namespace == *namespace),
+        _ => true,
+    };
+    let problem = if malformed {
+        format!(
+            "is not a name a tool can have: names are 1 to {MAX_IDENTIFIER_BYTES} bytes without \
+             control characters"
+        )
+    } else if !known && !registry.is_open() {
+        format!("names {key}, which the registry does not have; check the spelling")
+    } else {
+        return Ok(());
+    };
+    Err(error(
+        ToolError::rejected(
+            ErrorCode::ValidationError,
+            format!("invalid admin request: `key` {problem}"),
+        )
+        .with_details(json!({"field": "key"})),
+    ))
+}
+
+/// The answer to a path with no route (behind the token, like every other).
+async fn no_route() -> Refused {
+    error(ToolError::rejected(
+        ErrorCode::NotFound,
+        "the admin API has no such route",
+    ))
 }
 
 async fn reset_breaker<St>(State(state): State<AdminState<St>>, Path(key): Path<String>) -> Answer {
@@ -417,10 +487,38 @@ async fn find_dedupe_record<St: DedupeStore>(
 #[serde(deny_unknown_fields)]
 struct FlushRequest {
     prefix: String,
+    /// Says that an empty prefix, every tenant's records, is meant.
+    #[serde(default)]
+    all: bool,
 }
 
 async fn flush_dedupe<St: DedupeStore>(State(state): State<AdminState<St>>, body: Bytes) -> Answer {
     let request: FlushRequest = json_body(&body)?;
+    let refused = |field: &str, problem: &str| {
+        error(
+            ToolError::rejected(
+                ErrorCode::ValidationError,
+                format!("invalid admin request: `{field}` {problem}"),
+            )
+            .with_details(json!({"field": field})),
+        )
+    };
+    match (request.prefix.is_empty(), request.all) {
+        (true, false) => {
+            return Err(refused(
+                "prefix",
+                "is empty, which would delete every tenant's records; give a prefix, or send \
+                 `\"all\": true` with it to mean every record",
+            ))
+        }
+        (false, true) => {
+            return Err(refused(
+                "all",
+                "is true with a prefix; send an empty prefix with it, or leave it out",
+            ))
+        }
+        _ => {}
+    }
     let deleted = state
         .store()?
         .flush_prefix(&request.prefix)
@@ -511,12 +609,20 @@ async fn change_switches<St>(State(state): State<AdminState<St>>, body: Bytes) -
     let before = Switches::of(control);
     if let Some(fleet) = &state.fleet {
         // The switches the fleet shares go to every replica; the others stay this one's.
-        if let Some(enabled) = change.enabled {
-            FleetAction::Enabled(enabled).send(fleet).await?;
-        }
-        for (layer, on) in shadow.drain(..) {
-            FleetAction::Shadow(layer, on).send(fleet).await?;
-        }
+        let mut steps: Vec<SwitchStep> = change
+            .enabled
+            .map(SwitchStep::Enabled)
+            .into_iter()
+            .collect();
+        steps.extend(
+            shadow
+                .drain(..)
+                .map(|(layer, on)| SwitchStep::Shadow(layer, on)),
+        );
+        let local = local_parts(&change);
+        state
+            .send_switch_steps(&steps, &local, |step| step.action().send(fleet))
+            .await?;
     }
     if let Some(enabled) = change.enabled {
         control.set_enabled(enabled);
@@ -542,4 +648,213 @@ async fn change_switches<St>(State(state): State<AdminState<St>>, body: Bytes) -
         json!({"action": "switches", "before": before, "after": after}),
     );
     Ok(Json(after).into_response())
+}
+
+/// One switch a fleet shares, sent to every replica on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SwitchStep {
+    Enabled(bool),
+    Shadow(ShadowLayer, bool),
+}
+
+impl SwitchStep {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    fn action(self) -> FleetAction<'static> {
+        match self {
+            SwitchStep::Enabled(enabled) => FleetAction::Enabled(enabled),
+            SwitchStep::Shadow(layer, on) => FleetAction::Shadow(layer, on),
+        }
+    }
+
+    /// The step as the log, the audit event and the answer show it: `{"enabled": false}`.
+    fn describe(self) -> Value {
+        match self {
+            SwitchStep::Enabled(enabled) => json!({"enabled": enabled}),
+            SwitchStep::Shadow(layer, on) => json!({ format!("shadow.{}", layer.as_str()): on }),
+        }
+    }
+}
+
+/// The parts of a change that only this replica applies, after the fleet's, as the answer
+/// names them.
+fn local_parts(change: &SwitchChange) -> Vec<Value> {
+    let mut parts = Vec::new();
+    if let Some(open_mode) = change.open_mode {
+        parts.push(json!({"openMode": open_mode}));
+    }
+    if let Some(derive) = change.derive_idempotency_keys {
+        parts.push(json!({"deriveIdempotencyKeys": derive}));
+    }
+    if let Some(percent) = change.rollout_percent {
+        parts.push(json!({"rolloutPercent": percent}));
+    }
+    parts
+}
+
+impl<St> AdminState<St> {
+    /// Sends `steps` in order through `send`. When one fails, the steps sent before it stay
+    /// applied on every replica: the change is logged at WARN and audited as partly applied
+    /// (the steps applied, the one that failed, the steps and `local` parts not tried), and
+    /// the answer says the same.
+    async fn send_switch_steps<F, Fut>(
+        &self,
+        steps: &[SwitchStep],
+        local: &[Value],
+        mut send: F,
+    ) -> Result<(), Refused>
+    where
+        F: FnMut(SwitchStep) -> Fut,
+        Fut: std::future::Future<Output = Result<(), Refused>>,
+    {
+        for (sent, step) in steps.iter().enumerate() {
+            let Err(Refused(failure)) = send(*step).await else {
+                continue;
+            };
+            let describe = |steps: &[SwitchStep]| -> Vec<Value> {
+                steps.iter().map(|step| step.describe()).collect()
+            };
+            let mut not_tried = describe(&steps[sent + 1..]);
+            not_tried.extend(local.iter().cloned());
+            let details = json!({
+                "action": "switches",
+                "applied": describe(&steps[..sent]),
+                "failed": step.describe(),
+                "notApplied": not_tried,
+                "error": failure.message(),
+            });
+            tracing::warn!(
+                target: "tower_toolcall::admin",
+                target_of_change = "switches",
+                details = %details,
+                "switches partly changed: the fleet refused one of them"
+            );
+            if let Some(audit) = &self.audit {
+                audit.record_event(
+                    ExecutionEvent::admin("switches", "switches partly changed")
+                        .payload(details.clone()),
+                );
+            }
+            let listed = |parts: &Value| -> String {
+                match parts.as_array().map(Vec::as_slice) {
+                    None | Some([]) => "nothing".to_owned(),
+                    Some(parts) => parts
+                        .iter()
+                        .map(Value::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                }
+            };
+            return Err(error(
+                ToolError::rejected(
+                    ErrorCode::StoreUnavailable,
+                    format!(
+                        "the fleet refused {} ({}); applied on every replica, and kept: {}; \
+                         not applied: {}; send the change again when the fleet is back",
+                        details["failed"],
+                        failure.message(),
+                        listed(&details["applied"]),
+                        listed(&details["notApplied"]),
+                    ),
+                )
+                .with_details(details),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::idempotency::InMemoryDedupeStore;
+    use crate::trace::{AuditSink, AuditStream, Redactor};
+
+    #[derive(Clone, Default)]
+    struct Events(Arc<Mutex<Vec<Value>>>);
+
+    impl AuditSink for Events {
+        fn write_line(&mut self, stream: AuditStream, line: &[u8]) -> std::io::Result<()> {
+            if stream == AuditStream::Events {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(serde_json::from_slice(line).unwrap());
+            }
+            Ok(())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_the_fleet_refuses_part_way_is_logged_audited_and_answered() {
+        let events = Events::default();
+        let audit = AuditLog::with_sink(events.clone(), 16, Redactor::default());
+        let state: AdminState<InMemoryDedupeStore> = AdminState {
+            registry: ToolRegistry::open(),
+            breakers: None,
+            loops: None,
+            store: None,
+            control: ReliabilityControl::default(),
+            audit: Some(audit.clone()),
+            fleet: None,
+        };
+        let steps = [
+            SwitchStep::Enabled(false),
+            SwitchStep::Shadow(ShadowLayer::Breaker, true),
+            SwitchStep::Shadow(ShadowLayer::RateLimit, true),
+        ];
+        let local = [json!({"openMode": false})];
+        let mut sent = Vec::new();
+        let refused = state
+            .send_switch_steps(&steps, &local, |step| {
+                sent.push(step);
+                let answer = match step {
+                    SwitchStep::Shadow(ShadowLayer::Breaker, _) => Err(error(ToolError::rejected(
+                        ErrorCode::StoreUnavailable,
+                        "redis is down",
+                    ))),
+                    _ => Ok(()),
+                };
+                std::future::ready(answer)
+            })
+            .await
+            .expect_err("the second step failed");
+        assert_eq!(sent, steps[..2], "nothing is sent after the failure");
+
+        let expected = json!({
+            "action": "switches",
+            "applied": [{"enabled": false}],
+            "failed": {"shadow.breaker": true},
+            "notApplied": [{"shadow.rate_limit": true}, {"openMode": false}],
+            "error": "redis is down",
+        });
+        assert_eq!(refused.0.code(), ErrorCode::StoreUnavailable);
+        assert_eq!(refused.0.details(), Some(&expected));
+        assert!(
+            refused.0.message().contains(
+                "applied on every replica, and kept: {\"enabled\":false}; not applied: \
+                 {\"shadow.rate_limit\":true}, {\"openMode\":false};"
+            ),
+            "{}",
+            refused.0.message()
+        );
+        audit.shutdown();
+        {
+            let events = events.0.lock().unwrap();
+            assert_eq!(events.len(), 1, "{events:?}");
+            assert_eq!(events[0]["type"], "admin.change");
+            assert_eq!(events[0]["payload"], expected);
+        }
+
+        // Every step sent: nothing recorded here, the caller records the whole change.
+        let all = state
+            .send_switch_steps(&steps, &local, |_| std::future::ready(Ok(())))
+            .await;
+        assert!(all.is_ok());
+    }
 }

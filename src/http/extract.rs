@@ -3,10 +3,10 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde_json::Value;
 
-use crate::envelope::{ToolCall, ToolResult, MAX_IDEMPOTENCY_KEY_BYTES};
+use crate::envelope::{ToolCall, ToolResult, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TRACEPARENT_BYTES};
 use crate::error::{ErrorCode, ToolError};
 
 /// The `Idempotency-Key` request header (IETF draft `draft-ietf-httpapi-idempotency-key-header`).
@@ -17,7 +17,11 @@ pub const TRACEPARENT: &str = "traceparent";
 
 /// Extracts a [`ToolCall`] from a JSON body.
 ///
-/// The body is read within the route's body limit (axum's
+/// The request's `Content-Type` must be JSON: `application/json` (with parameters such as
+/// `charset=utf-8`, or not) or a `+json` type. Any other, or none, is refused before the body
+/// is read — a `text/plain` POST is what a web page may send to a local gateway without a
+/// CORS preflight. [`ToolRouter`](super::ToolRouter) answers it `415 Unsupported Media
+/// Type`. The body is read within the route's body limit (axum's
 /// [`DefaultBodyLimit`](axum::extract::DefaultBodyLimit), 2 MiB unless the router says
 /// otherwise; [`ToolRouter`](super::ToolRouter) sets its own) and parsed with
 /// [`ToolCall::from_json`]. Then the headers go into the call:
@@ -26,7 +30,11 @@ pub const TRACEPARENT: &str = "traceparent";
 ///   string (`"abc"`); a bare token is taken too. A body that carries another key is refused:
 ///   header and body that disagree are a client error (400), as the IETF draft says.
 /// - `traceparent` becomes `trace.traceparent`, the call's trace parent, over any the body has:
-///   it is what the HTTP hop propagated.
+///   it is what the HTTP hop propagated. It has at most
+///   [`MAX_TRACEPARENT_BYTES`](crate::envelope::MAX_TRACEPARENT_BYTES).
+///
+/// Each of the two headers may be sent once: a request with two is refused, rather than one
+/// of them chosen silently.
 ///
 /// Bad input is rejected with a [`ToolResult`] envelope ([`ToolResult::rejected`]) whose
 /// error names the field: `VALIDATION_ERROR` (400) for a malformed body or header,
@@ -44,15 +52,26 @@ pub const TRACEPARENT: &str = "traceparent";
 /// # tokio_test::block_on(async {
 /// let call = ToolCall::builder("web", "search").session("s").actor("u").build().unwrap();
 /// let request = Request::post("/v1/tools/call")
+///     .header("content-type", "application/json")
 ///     .header("idempotency-key", "\"search-1\"")
 ///     .body(Body::from(call.to_json()))
 ///     .unwrap();
 /// let JsonToolCall(call) = JsonToolCall::from_request(request, &()).await.unwrap();
 /// assert_eq!(call.idempotency_key(), Some("search-1"));
 ///
-/// let bad = Request::post("/v1/tools/call").body(Body::from(r#"{"toolName": 3}"#)).unwrap();
+/// let bad = Request::post("/v1/tools/call")
+///     .header("content-type", "application/json")
+///     .body(Body::from(r#"{"toolName": 3}"#))
+///     .unwrap();
 /// let rejected = JsonToolCall::from_request(bad, &()).await.unwrap_err();
 /// assert!(rejected.error.unwrap().message.contains("toolName"));
+///
+/// let text = Request::post("/v1/tools/call")
+///     .header("content-type", "text/plain")
+///     .body(Body::from(call.to_json()))
+///     .unwrap();
+/// let rejected = JsonToolCall::from_request(text, &()).await.unwrap_err();
+/// assert_eq!(rejected.error.unwrap().details.unwrap()["field"], "content-type");
 /// # });
 /// ```
 #[derive(Clone, Debug)]
@@ -62,9 +81,14 @@ impl<S: Send + Sync> FromRequest<S> for JsonToolCall {
     type Rejection = ToolResult;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        json_content_type(req.headers()).map_err(ToolResult::rejected)?;
         // Only the two headers the call takes in are kept; the body consumes the request.
-        let key_header = req.headers().get(IDEMPOTENCY_KEY).cloned();
-        let traceparent_header = req.headers().get(TRACEPARENT).cloned();
+        let key_header = single_header(req.headers(), IDEMPOTENCY_KEY)
+            .map_err(ToolResult::rejected)?
+            .cloned();
+        let traceparent_header = single_header(req.headers(), TRACEPARENT)
+            .map_err(ToolResult::rejected)?
+            .cloned();
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             let error = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ToolError::rejected(
@@ -86,6 +110,42 @@ impl<S: Send + Sync> FromRequest<S> for JsonToolCall {
     }
 }
 
+/// Whether the request's `Content-Type` is JSON: `application/json` or `application/*+json`,
+/// with any parameters.
+pub(super) fn json_content_type(headers: &HeaderMap) -> Result<(), ToolError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .map(|essence| essence.trim().to_ascii_lowercase())
+        .and_then(|essence| {
+            let subtype = essence.strip_prefix("application/")?.to_owned();
+            Some(subtype == "json" || (subtype.ends_with("+json") && subtype.len() > 5))
+        })
+        .unwrap_or(false);
+    if is_json {
+        Ok(())
+    } else {
+        Err(header_error(
+            header::CONTENT_TYPE.as_str(),
+            "must be `application/json`; send the call as JSON with that content type",
+        ))
+    }
+}
+
+/// The value of a header that may be sent once; a second value is refused, not ignored.
+fn single_header<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<Option<&'a HeaderValue>, ToolError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(header_error(name, "is sent more than once; send it once"));
+    }
+    Ok(first)
+}
+
 /// Puts the values of the `Idempotency-Key` and `traceparent` headers into `call`.
 fn with_headers(
     mut call: ToolCall,
@@ -97,6 +157,12 @@ fn with_headers(
         .transpose()?;
     let traceparent = traceparent_header
         .map(|value| {
+            if value.len() > MAX_TRACEPARENT_BYTES {
+                return Err(header_error(
+                    TRACEPARENT,
+                    &format!("must have at most {MAX_TRACEPARENT_BYTES} bytes"),
+                ));
+            }
             value
                 .to_str()
                 .map(str::to_owned)

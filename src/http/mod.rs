@@ -9,17 +9,22 @@
 //! - [`ToolRouter`]: `POST /v1/tools/call` through any tool service and `GET /v1/tools`.
 //! - [`AdminRouter`]: breakers, loop sessions, dedupe records and switches, behind a bearer
 //!   token.
+//! - [`serve`]: the router on a TCP listener with a header-read timeout (which also closes
+//!   idle connections) and a cap on connections ([`ServeConfig`]).
+//!
+//! [`ToolRouter`]'s docs say what a gateway facing untrusted clients needs: JSON bodies only,
+//! calls detached from their connection, bounded calls in flight, timeouts.
 //!
 //! The core speaks `ToolCall`, `ToolOutput` and `ToolError`; this module converts at the edge.
 //!
 //! ```no_run
 //! use serde_json::json;
 //! use tower::Layer;
-//! use tower_toolcall::http::{AdminRouter, ToolRouter};
+//! use tower_toolcall::http::{serve, AdminRouter, ServeConfig, ToolRouter};
 //! use tower_toolcall::registry::ToolRegistry;
 //! use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 //!
-//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let registry = ToolRegistry::from_json_str(
 //!     r#"{"tools": [{"namespace": "web", "name": "search", "risk": "read-only", "idempotent": true}]}"#,
 //! )?;
@@ -35,7 +40,8 @@
 //!     app = app.admin(AdminRouter::new(&stack, token)?);
 //! }
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! axum::serve(listener, app.into_router()).await?;
+//! let shutdown = async { tokio::signal::ctrl_c().await.ok(); };
+//! serve(listener, app.into_router(), ServeConfig::default(), shutdown).await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -45,12 +51,14 @@ mod auth;
 mod extract;
 mod response;
 mod router;
+mod serve;
 mod tools;
 
 pub use admin::{AdminRouter, MIN_TOKEN_BYTES};
 pub use extract::{JsonToolCall, IDEMPOTENCY_KEY, TRACEPARENT};
 pub use router::{
-    ToolRouter, ADMIN_PATH, CALL_PATH, DEFAULT_BODY_LIMIT, DEFAULT_UNAVAILABLE_RETRY_AFTER,
-    TOOLS_PATH,
+    ToolRouter, ADMIN_PATH, CALL_PATH, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_CALLS_IN_FLIGHT, DEFAULT_UNAVAILABLE_RETRY_AFTER, TOOLS_PATH,
 };
+pub use serve::{serve, ServeConfig, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use tools::tool_listing;

@@ -2,21 +2,28 @@
 
 use std::convert::Infallible;
 use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::future::BoxFuture;
 use serde_json::Value;
+use tokio::sync::Semaphore;
 use tower::util::BoxCloneSyncService;
-use tower::{Layer, ServiceExt};
+use tower::Layer;
 use tower_service::Service;
 
 use super::admin::AdminRouter;
-use super::extract::JsonToolCall;
+use super::extract::{json_content_type, JsonToolCall};
 use super::tools::tool_listing;
+use crate::detach::detached;
 use crate::envelope::{ResultEnvelopeLayer, ToolCall, ToolResult};
-use crate::error::ToolError;
+use crate::error::{ErrorCode, ToolError};
 use crate::idempotency::DedupeStore;
 use crate::outcome::ToolOutput;
 use crate::registry::ToolRegistry;
@@ -37,7 +44,20 @@ pub const ADMIN_PATH: &str = "/admin";
 /// come back, by default: 30 seconds.
 pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(30);
 
-/// The service behind the call route: any tool service, answering with envelopes.
+/// How long a request's body may take to arrive by default: 30 seconds.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many calls [`ToolRouter`] runs at once by default: 64.
+pub const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 64;
+
+/// When a call refused because the router is full is told to come back: 1 second.
+const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The tool service as the router is given it.
+type ToolService = BoxCloneSyncService<ToolCall, ToolOutput, ToolError>;
+
+/// The service behind the call route: the tools within the limit of calls in flight,
+/// answering with envelopes.
 type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 
 /// Builds the axum [`Router`] of a tool gateway:
@@ -52,7 +72,30 @@ type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 /// tools behind a [`ToolStack`](crate::ToolStack). It must be `Clone + Send + Sync`, as axum's
 /// state is; the router boxes it, so no type of the stack shows in the router's.
 ///
+/// # Facing untrusted clients
+///
+/// - **Content type.** The call route takes `application/json` bodies only (and `+json`
+///   types); others are answered `415`, so that a web page cannot send a call as a CORS
+///   "simple request" without a preflight. Nothing else authenticates the caller: put the
+///   router behind your own authentication, and treat a `control.confirmationId` that
+///   arrives over HTTP as only as trustworthy as the caller who sent it.
+/// - **Disconnects.** A call, once dispatched, is [detached](crate::detach::detached) from
+///   its connection: a client that disconnects does not cancel it. It runs to its end
+///   (bounded by the stack's timeouts), its idempotency record stays in flight, and a re-send
+///   with the same `Idempotency-Key` joins it or gets its result.
+/// - **Calls in flight** are bounded ([`max_calls_in_flight`](ToolRouter::max_calls_in_flight));
+///   a call over the limit is answered `503` with `UPSTREAM_UNAVAILABLE` and `Retry-After`
+///   at once. A call holds its parsed params while it runs, up to some 30 times the size of
+///   its body for a body of many small values: the body limit times the calls in flight
+///   bounds that memory.
+/// - **Slow clients.** The body must arrive within [`body_timeout`](ToolRouter::body_timeout)
+///   (`408` otherwise). Headers and idle connections are the server's to bound: serve the
+///   router with [`serve`](super::serve), whose [`ServeConfig`](super::ServeConfig) sets a
+///   header-read timeout (which also closes idle keep-alive connections) and a cap on
+///   connections. `axum::serve` sets neither.
+///
 /// ```
+/// use std::time::Duration;
 /// use serde_json::json;
 /// use tower::Layer;
 /// use tower_toolcall::http::{AdminRouter, ToolRouter};
@@ -65,17 +108,21 @@ type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 /// }));
 /// let app: axum::Router = ToolRouter::new(stack.registry().clone(), tools)
 ///     .body_limit(256 * 1024)
+///     .body_timeout(Duration::from_secs(10))
+///     .max_calls_in_flight(32)
 ///     .admin(AdminRouter::new(&stack, "a long secret token")?)
 ///     .into_router();
-/// // axum::serve(listener, app).await
+/// // tower_toolcall::http::serve(listener, app, ServeConfig::default(), shutdown).await
 /// # let _ = app;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use]
 pub struct ToolRouter {
     registry: ToolRegistry,
-    service: CallService,
+    service: ToolService,
     body_limit: usize,
+    body_timeout: Duration,
+    max_calls_in_flight: usize,
     unavailable_retry_after: Option<Duration>,
     admin: Option<Router>,
 }
@@ -85,6 +132,8 @@ impl fmt::Debug for ToolRouter {
         f.debug_struct("ToolRouter")
             .field("registry", &self.registry)
             .field("body_limit", &self.body_limit)
+            .field("body_timeout", &self.body_timeout)
+            .field("max_calls_in_flight", &self.max_calls_in_flight)
             .field("unavailable_retry_after", &self.unavailable_retry_after)
             .field("admin", &self.admin.is_some())
             .finish_non_exhaustive()
@@ -95,6 +144,7 @@ impl fmt::Debug for ToolRouter {
 struct ToolsState {
     registry: ToolRegistry,
     service: CallService,
+    body_timeout: Duration,
     unavailable_retry_after: Option<Duration>,
 }
 
@@ -111,8 +161,10 @@ impl ToolRouter {
     {
         ToolRouter {
             registry,
-            service: BoxCloneSyncService::new(ResultEnvelopeLayer::new().layer(service)),
+            service: BoxCloneSyncService::new(service),
             body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             unavailable_retry_after: Some(DEFAULT_UNAVAILABLE_RETRY_AFTER),
             admin: None,
         }
@@ -125,12 +177,29 @@ impl ToolRouter {
         self
     }
 
+    /// How long a call's body may take to arrive, from when its headers were read (default
+    /// [`DEFAULT_BODY_TIMEOUT`]); a slower one is answered `408 Request Timeout` with a
+    /// `TIMEOUT` envelope, and the connection is closed.
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.body_timeout = timeout;
+        self
+    }
+
+    /// How many calls run at once (default [`DEFAULT_MAX_CALLS_IN_FLIGHT`], at least 1: `0`
+    /// counts as 1). A call that finds them all taken is answered at once with
+    /// `UPSTREAM_UNAVAILABLE` (503) and a `Retry-After` of one second; the tool does not run.
+    /// A call whose client disconnected still counts until it ends.
+    pub fn max_calls_in_flight(mut self, calls: usize) -> Self {
+        self.max_calls_in_flight = calls.clamp(1, Semaphore::MAX_PERMITS);
+        self
+    }
+
     /// When a `503` result that has no `retryAfterMs` of its own tells the client to come
     /// back (default [`DEFAULT_UNAVAILABLE_RETRY_AFTER`]; `None` for never): a breaker an
     /// operator holds open, a dedupe store or an upstream that is down. The result's
     /// `retryAfterMs` and the `Retry-After` header both get it, so that clients back off
     /// instead of calling again at once. Results with a time of their own (a breaker open
-    /// after failures, a rate limit) keep it.
+    /// after failures, a rate limit, a full router) keep it.
     pub fn unavailable_retry_after(mut self, after: Option<Duration>) -> Self {
         self.unavailable_retry_after = after;
         self
@@ -144,9 +213,15 @@ impl ToolRouter {
 
     /// The axum router.
     pub fn into_router(self) -> Router {
+        let limited = InFlightLimit {
+            inner: self.service,
+            slots: Arc::new(Semaphore::new(self.max_calls_in_flight)),
+            limit: self.max_calls_in_flight,
+        };
         let state = ToolsState {
             registry: self.registry,
-            service: self.service,
+            service: BoxCloneSyncService::new(ResultEnvelopeLayer::new().layer(limited)),
+            body_timeout: self.body_timeout,
             unavailable_retry_after: self.unavailable_retry_after,
         };
         let router = Router::new()
@@ -163,22 +238,90 @@ impl ToolRouter {
     }
 }
 
-async fn call_tool(
-    State(state): State<ToolsState>,
-    JsonToolCall(call): JsonToolCall,
-) -> ToolResult {
-    let mut result = match state.service.oneshot(call).await {
+async fn call_tool(State(state): State<ToolsState>, request: Request) -> Response {
+    if let Err(error) = json_content_type(request.headers()) {
+        let result = ToolResult::rejected(error);
+        return (StatusCode::UNSUPPORTED_MEDIA_TYPE, Json(result)).into_response();
+    }
+    let read = tokio::time::timeout(state.body_timeout, JsonToolCall::from_request(request, &()));
+    let call = match read.await {
+        Ok(Ok(JsonToolCall(call))) => call,
+        Ok(Err(rejected)) => return rejected.into_response(),
+        Err(_) => return body_too_slow(state.body_timeout),
+    };
+    // Detached: a client that disconnects does not cancel the call.
+    let mut result = match detached(state.service.clone(), call.clone()).await {
         Ok(result) => result,
-        Err(never) => match never {},
+        Err(failure) => ToolResult::from_outcome(&call, Err(failure)),
     };
     if let (Some(after), Some(error)) = (state.unavailable_retry_after, result.error.as_mut()) {
         if error.retry_after_ms.is_none() && error.code.http_status() == 503 {
             error.retry_after_ms = Some(crate::time::millis(after));
         }
     }
-    result
+    result.into_response()
+}
+
+/// The answer to a body that did not arrive in time: `408`, and the connection closed.
+fn body_too_slow(timeout: Duration) -> Response {
+    let error = ToolError::rejected(
+        ErrorCode::Timeout,
+        format!(
+            "the request body did not arrive within {} ms; send it at once, or a smaller one",
+            timeout.as_millis()
+        ),
+    );
+    (
+        StatusCode::REQUEST_TIMEOUT,
+        [(header::CONNECTION, "close")],
+        Json(ToolResult::rejected(error)),
+    )
+        .into_response()
 }
 
 async fn list_tools(State(state): State<ToolsState>) -> Json<Value> {
     Json(tool_listing(&state.registry))
+}
+
+/// Runs a call when fewer than `limit` are running; refuses it at once otherwise. The slot
+/// is held by the call's future, so a call whose client went away counts until it ends.
+#[derive(Clone)]
+struct InFlightLimit {
+    inner: ToolService,
+    slots: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl Service<ToolCall> for InFlightLimit {
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = BoxFuture<'static, Result<ToolOutput, ToolError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                let answer = self.inner.call(call);
+                Box::pin(async move {
+                    let answer = answer.await;
+                    drop(slot);
+                    answer
+                })
+            }
+            Err(_) => {
+                let busy = ToolError::rejected(
+                    ErrorCode::UpstreamUnavailable,
+                    format!(
+                        "the gateway is running {} calls, its limit; try again in a moment",
+                        self.limit
+                    ),
+                )
+                .with_retry_after(BUSY_RETRY_AFTER);
+                Box::pin(std::future::ready(Err(busy)))
+            }
+        }
+    }
 }

@@ -55,6 +55,7 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
                 resend_window: DEFAULT_RESEND_WINDOW,
                 read_cache_ttl: None,
                 read_only: false,
+                callers_may_loosen: false,
             },
         }
     }
@@ -190,6 +191,15 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
     /// (default `enforced`).
     pub fn dedupe_mode(mut self, mode: DedupeMode) -> Self {
         self.defaults.mode = mode;
+        self
+    }
+
+    /// Whether a call's `transport.dedupeMode` may ask for less deduplication than its
+    /// tool's mode (default `false`): `bestEffort` under `enforced`, or `disabled`. When it
+    /// may not, such a request is ignored and the tool's mode applies; a stricter request is
+    /// always followed.
+    pub fn callers_may_loosen(mut self, allowed: bool) -> Self {
+        self.defaults.callers_may_loosen = allowed;
         self
     }
 

@@ -48,7 +48,10 @@
 //! | other params digest | `IDEMPOTENCY_KEY_REUSED` | the same |
 //!
 //! `dedupeMode = disabled` (from the call, else the tool's policy, else the layer's default)
-//! means no deduplication. With `on_params_mismatch = "independent"` a reused key with other
+//! means no deduplication. A call may ask for a stricter mode than its tool's, never a looser
+//! one (`bestEffort` under `enforced`, `disabled`) unless the tool's policy says
+//! `callers_may_loosen = true` (or the layer's builder does): otherwise the request is
+//! ignored and the tool's mode applies. With `on_params_mismatch = "independent"` a reused key with other
 //! params is another key (the digest is appended to the store key), so both calls run.
 //! A derived key hashes the params, so a duplicate found under it by another derived call has
 //! the same params; the digests are compared when the record was written under a key from a

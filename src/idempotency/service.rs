@@ -62,9 +62,31 @@ pub(super) struct Settings {
     pub(super) read_cache_ttl: Option<Duration>,
     /// The tool is registered as read-only.
     pub(super) read_only: bool,
+    /// Whether a call may ask for a looser dedupe mode than `mode`.
+    pub(super) callers_may_loosen: bool,
 }
 
 impl Settings {
+    /// The dedupe mode of a call that asks for `asked`: the call's when it is at least as
+    /// strict as the tool's, or when the tool lets callers loosen it; the tool's otherwise.
+    fn mode_for(&self, asked: Option<DedupeMode>) -> DedupeMode {
+        fn strictness(mode: DedupeMode) -> u8 {
+            match mode {
+                DedupeMode::Disabled => 0,
+                DedupeMode::BestEffort => 1,
+                DedupeMode::Enforced => 2,
+            }
+        }
+        match asked {
+            Some(asked)
+                if self.callers_may_loosen || strictness(asked) >= strictness(self.mode) =>
+            {
+                asked
+            }
+            _ => self.mode,
+        }
+    }
+
     /// These settings with a tool's `policy.idempotency` over them, for the tool of
     /// `descriptor` (`None`: unregistered, not read-only); `None` when the layer is off.
     pub(super) fn for_tool(
@@ -101,6 +123,9 @@ impl Settings {
                 .on_params_mismatch
                 .unwrap_or(self.on_params_mismatch),
             on_store_error: overrides.on_store_error.unwrap_or(self.on_store_error),
+            callers_may_loosen: overrides
+                .callers_may_loosen
+                .unwrap_or(self.callers_may_loosen),
         })
     }
 }
@@ -119,13 +144,14 @@ pub(super) struct Plan {
 
 impl<St: DedupeStore> Shared<St> {
     /// How `call` is deduplicated, or `None` when it passes through: the layer is off for its
-    /// tool, its dedupe mode is `disabled`, or it has no key and derivation is off (by the
+    /// tool, its dedupe mode is `disabled` (the call's own only when the tool lets callers
+    /// loosen its mode), or it has no key and derivation is off (by the
     /// tool's policy or by the operator).
     pub(super) fn plan(&self, call: &ToolCall) -> Result<Option<Plan>, ToolError> {
         let Some(settings) = self.tools.for_call(call) else {
             return Ok(None);
         };
-        let mode = call.transport().dedupe_mode.unwrap_or(settings.mode);
+        let mode = settings.mode_for(call.transport().dedupe_mode);
         if mode == DedupeMode::Disabled {
             return Ok(None);
         }

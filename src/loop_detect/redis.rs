@@ -36,16 +36,28 @@ pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
 ///   it (16, zeros for none).
 ///
 /// The calls' sequence numbers follow from the next one: the last call has the one before.
-/// A session whose calls have another width (written by an older version, whose calls were
-/// 46 characters) is read without its calls.
+/// A key that does not hold a session (another program wrote it, it was damaged, or an
+/// older version wrote its calls 46 characters wide) is deleted by the first script that
+/// reads it: that session starts afresh, and no other is touched.
 const PRELUDE: &str = r"
 local CALL = 86
 local EMPTY = '000000000000' .. string.rep(' ', 28) .. '0000'
 local function calls_from(blob) return 45 + tonumber(string.sub(blob, 41, 44), 16) end
-local function current(blob)
+local function is_session(blob)
+  if type(blob) ~= 'string' or #blob < 44 then return false end
+  if not string.match(string.sub(blob, 1, 12), '^%x+$') then return false end
+  if not string.match(string.sub(blob, 41, 44), '^%x+$') then return false end
   local body = calls_from(blob)
-  if (#blob - body + 1) % CALL ~= 0 then return string.sub(blob, 1, body - 1) end
-  return blob
+  if body - 1 > #blob or (#blob - body + 1) % CALL ~= 0 then return false end
+  if body == 45 then return true end
+  local ok, own = pcall(cjson.decode, string.sub(blob, 45, body - 1))
+  return ok and type(own) == 'table'
+end
+local function session(key)
+  local blob = redis.pcall('GET', key)
+  if is_session(blob) then return blob end
+  if blob then redis.call('DEL', key) end
+  return nil
 end
 ";
 
@@ -64,7 +76,7 @@ const SETTLED_LEN: usize = 41;
 /// expires with the last tracked call's window. The session is written once, with the calls
 /// that the last call keeps. It answers the session as it was before the first call.
 const OBSERVE: &str = r"
-local blob = current(redis.call('GET', KEYS[1]) or EMPTY)
+local blob = session(KEYS[1]) or EMPTY
 local body, window, added = calls_from(blob), nil, {}
 local own = body > 45 and cjson.decode(string.sub(blob, 45, body - 1)) or {}
 local seq, kept = tonumber(string.sub(blob, 1, 12), 16), (#blob - body + 1) / CALL
@@ -92,9 +104,8 @@ return blob
 /// ([`SETTLED_LEN`] characters from its state letter on), and sets the session's chance to
 /// `ARGV[3]` unless it is empty; the session keeps its expiry.
 const SETTLE: &str = r"
-local blob = redis.call('GET', KEYS[1])
+local blob = session(KEYS[1])
 if not blob then return 0 end
-blob = current(blob)
 local body = calls_from(blob)
 local n = (#blob - body + 1) / CALL
 local index = tonumber(ARGV[1]) - (tonumber(string.sub(blob, 1, 12), 16) - n)
@@ -113,7 +124,7 @@ return 1
 /// the comma-separated members `ARGV[2]`. Switching detection off drops the calls and the
 /// chance. The session then lasts at least its window: its own, or `ARGV[3]` (ms).
 const SET_SETTINGS: &str = r"
-local blob = redis.call('GET', KEYS[1]) or EMPTY
+local blob = session(KEYS[1]) or EMPTY
 local body = calls_from(blob)
 local own = body == 45 and {} or cjson.decode(string.sub(blob, 45, body - 1))
 for name, value in pairs(cjson.decode(ARGV[1])) do own[name] = value end
@@ -130,7 +141,7 @@ return 1
 
 /// Drops the session's calls and chance; its settings and sequence stay, with its expiry.
 const RESET: &str = r"
-local blob = redis.call('GET', KEYS[1])
+local blob = session(KEYS[1])
 if not blob then return 0 end
 local kept = string.sub(blob, 1, 12) .. string.rep(' ', 28) .. string.sub(blob, 41, calls_from(blob) - 1)
 redis.call('SET', KEYS[1], kept, 'KEEPTTL')
@@ -296,11 +307,18 @@ impl Batch for Shared {
                 .arg(u8::from(run[0].below.enabled))
                 .arg(stored);
         }
-        let blob: Vec<u8> = self.connection.eval(&script).await?;
+        let mut blob: Vec<u8> = self.connection.eval(&script).await?;
+        let mut read = read_session(&blob);
+        if let Err(error) = &read {
+            // A damaged session is reset: only its calls are lost, no other session and no
+            // check fails.
+            tracing::warn!(session = %key, %error, "a damaged loop session was reset");
+            let _: i64 = self.connection.command(redis::cmd("DEL").arg(key)).await?;
+            blob = self.connection.eval(&script).await?;
+            read = read_session(&blob);
+        }
+        let (settings, mut replay) = read?;
         let now = Instant::now();
-        let session = StoredSession::decode(&blob)?;
-        let settings = decode_settings(session.settings)?;
-        let mut replay = Replay::read(&session)?;
         let mut answers = Vec::with_capacity(calls.len());
         let last = calls.len().saturating_sub(1);
         for (index, call) in calls.iter().enumerate() {
@@ -507,6 +525,13 @@ impl RedisLoopStore {
             Ok(())
         }
     }
+}
+
+/// The settings and calls of the session in `blob`.
+fn read_session(blob: &[u8]) -> Result<(LoopSettings, Replay), SharedStoreError> {
+    let session = StoredSession::decode(blob)?;
+    let settings = decode_settings(session.settings)?;
+    Ok((settings, Replay::read(&session)?))
 }
 
 fn corrupt(what: &str) -> SharedStoreError {

@@ -14,12 +14,21 @@
 //!   descriptors (`readOnlyHint` → read-only, `idempotentHint` → idempotent,
 //!   `destructiveHint` → confirmation required), believed only from a [`Trust::Trusted`]
 //!   server, and let an operator's registry file override any of them.
+//! - **Line limit.** Over stdio (or any newline-delimited JSON-RPC stream), serve the server
+//!   over [`stdio_transport`] or [`line_transport`]: an incoming line longer than their bound
+//!   ([`DEFAULT_MAX_LINE_BYTES`], 4 MiB, by default; configurable, at least 4 KiB) is read
+//!   through without being kept, logged and dropped; its request gets no answer (its id is in
+//!   the dropped line) and the connection goes on serving the next lines. rmcp's own bound,
+//!   which a transport made from a bare reader and writer gets, is 16 MiB, and such a line
+//!   costs far more in memory and time, once parsed, than the stack needs to refuse it.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use rmcp::model::{CallToolRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations};
 //! use rmcp::{ServerHandler, ServiceExt};
-//! use tower_toolcall::mcp::{registry_for, McpClient, McpServer, Trust};
+//! use tower_toolcall::mcp::{
+//!     line_transport, registry_for, McpClient, McpServer, Trust, DEFAULT_MAX_LINE_BYTES,
+//! };
 //! use tower_toolcall::ToolStack;
 //!
 //! struct Notes;
@@ -46,7 +55,9 @@
 //!
 //! let (server_end, client_end) = tokio::io::duplex(64 * 1024);
 //! tokio::spawn(async move {
-//!     let running = McpServer::new(Notes, "notes", stack).serve(server_end).await?;
+//!     let (read, write) = tokio::io::split(server_end);
+//!     let transport = line_transport(read, write, DEFAULT_MAX_LINE_BYTES)?;
+//!     let running = McpServer::new(Notes, "notes", stack).serve(transport).await?;
 //!     running.waiting().await?;
 //!     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
 //! });
@@ -63,11 +74,13 @@
 mod client;
 mod convert;
 mod in_flight;
+mod lines;
 mod policy;
 mod progress;
 mod server;
 
 pub use client::{McpClient, ProgressEvents};
 pub use convert::{CONFIRMATION_ID_META, IDEMPOTENCY_KEY_META};
+pub use lines::{line_transport, stdio_transport, DEFAULT_MAX_LINE_BYTES};
 pub use policy::{descriptor_for, registry_for, Trust};
 pub use server::{HandlerTool, McpServer};

@@ -47,8 +47,17 @@ const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
 /// envelope. The call goes through the stack, whose innermost service is the handler's own
 /// `tools/call` with the original request (its arguments the call's params, as the layers
 /// leave them) and context, so that the tool's progress
-/// notifications (for the request's `_meta.progressToken`) and cancellation reach the
-/// client as before. The answer is the tool's
+/// notifications (for the request's `_meta.progressToken`) reach the client as before.
+///
+/// A call once dispatched is detached from its request: it runs on a task of its own, to its
+/// end or its timeout, whether the client cancels the request or the connection ends. So
+/// its idempotency record stays in flight, and a re-send of the call with the same
+/// idempotency key (over this connection or another, within the key's scope) joins it or
+/// gets its result instead of running the tool again. For the same reason, the cancellation
+/// token of the context the handler gets is not the request's: it is cancelled when the
+/// stack gives the attempt up (a timeout) or the attempt ends.
+///
+/// The answer is the tool's
 /// `CallToolResult` (its content blocks as the tool wrote them; an answer from the
 /// idempotency cache rebuilds them from the stored output), or an `isError` result whose text is the error's code and message (a
 /// stopped loop tells the model to change its approach) and whose structured content is
@@ -171,7 +180,7 @@ impl<H: ServerHandler> McpServer<H> {
             blocks: blocks.clone(),
         };
         // A request id the client reuses while its first request runs gets a fresh one.
-        let _served = match self
+        let served = match self
             .pending
             .insert_new(call.request_id().to_owned(), served)
         {
@@ -181,9 +190,20 @@ impl<H: ServerHandler> McpServer<H> {
                 self.pending.insert(call.request_id().to_owned(), served)
             }
         };
-        let _progress =
+        let progress =
             progress_token.map(|(calls, token)| calls.insert(token, call.request_id().into()));
-        match self.service.clone().oneshot(call).await {
+        // Once dispatched, the call runs on a task of its own, to its end
+        // (bounded by the stack's timeouts), whatever becomes of this request: a client that
+        // cancels it or drops the connection leaves the idempotency record in flight, so a
+        // re-send joins the call or gets its result. The request's entries leave with the
+        // call.
+        let service = self.service.clone();
+        let outcome = crate::detach::detach(async move {
+            let _entries = (served, progress);
+            service.oneshot(call).await
+        })
+        .await;
+        match outcome {
             // The tool's own answer keeps its content blocks as they were.
             Ok(output) if !output.record().from_cache => {
                 let kept = blocks.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -322,7 +342,7 @@ impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
         Box::pin(async move {
             let Served {
                 mut request,
-                context,
+                mut context,
                 blocks,
             } = served.ok_or_else(|| {
                 ToolError::new(
@@ -334,6 +354,11 @@ impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
                     ),
                 )
             })?;
+            // The attempt is the stack's, not the request's: the client's cancellation of the
+            // request (or the connection's end) does not stop it. The handler's token is
+            // cancelled when the stack gives the attempt up (its timeout), or when it ends.
+            context.ct = Default::default();
+            let _cancel_when_given_up = context.ct.clone().drop_guard();
             // The params move to the handler unless a layer keeps the call for another attempt.
             let params = call.params().clone();
             drop(call);

@@ -564,6 +564,11 @@ pub struct IdempotencyOverrides {
     /// What happens to a call when the dedupe store cannot be used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_store_error: Option<OnStoreError>,
+    /// Whether a call's `transport.dedupeMode` may loosen the tool's mode (`bestEffort`
+    /// under `enforced`, or `disabled`); by default it may only make it stricter, and a
+    /// looser request is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callers_may_loosen: Option<bool>,
 }
 
 option_setters!(IdempotencyOverrides {
@@ -587,6 +592,8 @@ option_setters!(IdempotencyOverrides {
     with_on_params_mismatch => on_params_mismatch: ParamsMismatch,
     /// Sets what happens to a call when the dedupe store cannot be used.
     with_on_store_error => on_store_error: OnStoreError,
+    /// Sets whether a call's `transport.dedupeMode` may loosen the tool's mode.
+    with_callers_may_loosen => callers_may_loosen: bool,
 });
 
 impl IdempotencyOverrides {

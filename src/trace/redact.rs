@@ -123,7 +123,7 @@ const CREDENTIAL_PATTERNS: [&str; 13] = [
     r"\bwhsec_[0-9A-Za-z+/=]{16,}",
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?s:.*?)(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
     // The password of a URL; the replacement keeps the scheme separator and the `@`.
-    r"://[^/\s:@]+:[^/\s@]+@",
+    r"://[^/\s:@]*:[^/\s@]+@",
 ];
 
 /// A name given a value in text: `name=`, `name: `, `"name": `. The value follows the match.

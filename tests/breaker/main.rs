@@ -678,7 +678,7 @@ fn invalid_configuration_names_the_field() {
 #[tokio::test(start_paused = true)]
 async fn throttles_open_no_breaker() {
     let throttled = |i: usize| {
-        let error = if i % 2 == 0 {
+        let error = if i.is_multiple_of(2) {
             ToolError::from_http_status(429, "too many requests")
                 .with_retry_after(Duration::from_secs(2))
         } else {

@@ -3,6 +3,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod hostile;
 mod rollout;
 
 use std::net::SocketAddr;
@@ -52,6 +53,7 @@ impl AuditSink for Lines {
 }
 
 /// A gateway on 127.0.0.1, its tools counting their runs.
+#[derive(Clone)]
 struct Gateway {
     addr: SocketAddr,
     runs: Arc<AtomicUsize>,

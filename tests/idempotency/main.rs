@@ -175,6 +175,7 @@ store_suite!(
     refused_calls_leave_no_record,
     error_that_was_not_processed_frees_the_key,
     calls_pass_through_when_deduplication_is_off,
+    a_caller_may_not_loosen_the_tools_dedupe_mode_unless_its_policy_says_so,
     store_claims_finalizes_and_fences_by_version,
     store_deletes_and_flushes_by_tenant_prefix,
     store_finds_a_record_by_its_fingerprint,
@@ -404,7 +405,9 @@ async fn concurrent_identical_calls_run_the_tool_once<B: Backend>(b: B) {
 
 async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
     let tool = MockTool::echo(Duration::from_millis(500));
-    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    // The tool lets callers ask for best effort under its enforced mode.
+    let loosen = IdempotencyOverrides::default().with_callers_may_loosen(true);
+    let svc = over(&layer(b.store(), policy(loosen)), &tool);
     let make = || {
         call("sess-42", json!({"path": "a.md"}))
             .dedupe_mode(DedupeMode::BestEffort)
@@ -590,7 +593,9 @@ async fn retriable_failure_runs_again_under_best_effort_only<B: Backend>(b: B) {
         1 => Err(ToolError::from_http_status(502, "bad gateway").with_details(json!({"hop": 1}))),
         n => Ok(ToolOutput::new(json!({"run": n}))),
     });
-    let svc = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    // The tool lets callers ask for best effort under its enforced mode.
+    let loosen = IdempotencyOverrides::default().with_callers_may_loosen(true);
+    let svc = over(&layer(b.store(), policy(loosen)), &tool);
     let make = |mode| {
         call("sess-42", json!({"path": "a.md"}))
             .idempotency_key("k-1")
@@ -973,6 +978,40 @@ async fn error_that_was_not_processed_frees_the_key<B: Backend>(b: B) {
     assert_eq!(idem.stats().released_unprocessed, 1);
 }
 
+async fn a_caller_may_not_loosen_the_tools_dedupe_mode_unless_its_policy_says_so<B: Backend>(b: B) {
+    let tool = MockTool::echo(Duration::ZERO);
+    let disabled = |key: &str| {
+        call("sess-loosen", json!({"path": "a.md"}))
+            .idempotency_key(key)
+            .dedupe_mode(DedupeMode::Disabled)
+            .build()
+            .unwrap()
+    };
+    // By default the call's `disabled` is ignored: the key still holds.
+    let strict = over(&layer(b.store(), ToolPolicy::default()), &tool);
+    run(&strict, disabled("k-strict")).await.unwrap();
+    let again = run(&strict, disabled("k-strict")).await.unwrap();
+    assert_eq!(
+        tool.runs(),
+        1,
+        "the caller could not switch deduplication off"
+    );
+    assert!(again.record().from_cache);
+
+    // A tool whose policy lets callers loosen its mode: `disabled` is followed.
+    let loose = over(
+        &layer(
+            b.store(),
+            policy(IdempotencyOverrides::default().with_callers_may_loosen(true)),
+        ),
+        &tool,
+    );
+    run(&loose, disabled("k-loose")).await.unwrap();
+    let again = run(&loose, disabled("k-loose")).await.unwrap();
+    assert_eq!(tool.runs(), 3);
+    assert!(!again.record().from_cache);
+}
+
 async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
     let store = b.store();
     let tool = MockTool::echo(Duration::ZERO);
@@ -991,7 +1030,11 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
     let on = over(
         &layer(
             store.clone(),
-            policy(IdempotencyOverrides::default().with_derive_key(false)),
+            policy(
+                IdempotencyOverrides::default()
+                    .with_derive_key(false)
+                    .with_callers_may_loosen(true),
+            ),
         ),
         &tool,
     );
@@ -1326,6 +1369,132 @@ async fn memory_store_full_of_in_flight_records_refuses_and_never_evicts_them() 
     assert_eq!(idem.stats().store_errors, 1);
 }
 
+/// A flood of `FLOOD` keys from one client, at the default capacity, against a victim that
+/// completed one call first: the flood evicts its own oldest records, the victim's record
+/// stays, and its re-send is answered from it. The clients are tenants (`by_tenant`) or, for
+/// calls without a tenant, sessions.
+async fn flood_against_a_victim(by_tenant: bool) {
+    const FLOOD: usize = 30_000;
+    let store = InMemoryDedupeStore::new();
+    let cap = store.capacity();
+    let idem = layer(store.clone(), ToolPolicy::default());
+    let (victim_tool, flood_tool) = (
+        MockTool::echo(Duration::ZERO),
+        MockTool::echo(Duration::ZERO),
+    );
+    let (victim, flood) = (over(&idem, &victim_tool), over(&idem, &flood_tool));
+    let client = |session: &str, tenant: &str, path: String, key: String| {
+        let builder = call(session, json!({ "path": path })).idempotency_key(key);
+        let builder = if by_tenant {
+            builder.tenant(tenant)
+        } else {
+            builder
+        };
+        builder.build().unwrap()
+    };
+    // With tenants, both clients use the same session name: only the tenant tells them apart.
+    let victim_call = |n: usize| {
+        let session = if by_tenant { "s" } else { "victim" };
+        client(session, "victim", format!("v{n}.md"), format!("victim-{n}"))
+    };
+    let flood_call = |i: usize| {
+        let session = if by_tenant { "s" } else { "flood" };
+        client(session, "flood", format!("f{i}.md"), format!("flood-{i}"))
+    };
+
+    let first = run(&victim, victim_call(0)).await.unwrap();
+    assert!(!first.record().from_cache);
+    for i in 0..FLOOD {
+        run(&flood, flood_call(i)).await.unwrap();
+    }
+    assert_eq!(flood_tool.runs(), FLOOD);
+    let stats = store.stats();
+    assert_eq!(stats.records, cap, "{stats:?}");
+    assert_eq!(stats.partitions, 2, "{stats:?}");
+    // The victim's record and the flood's newest: the flood's oldest made room.
+    let evicted = FLOOD + 1 - cap;
+    assert_eq!(stats.evicted, evicted as u64, "{stats:?}");
+    assert_eq!(
+        stats.evicted_live, evicted as u64,
+        "every one before its TTL"
+    );
+    let held = |call: ToolCall| {
+        let key = idem.store_key(&call).unwrap().unwrap();
+        let store = store.clone();
+        async move { store.get(&key).await.unwrap().is_some() }
+    };
+    assert!(held(victim_call(0)).await, "the victim's record survived");
+    assert!(!held(flood_call(0)).await && !held(flood_call(evicted - 1)).await);
+    assert!(held(flood_call(evicted)).await && held(flood_call(FLOOD - 1)).await);
+
+    // A new call of the victim, within its share, makes room from the flood, not from the
+    // victim's own older record.
+    run(&victim, victim_call(1)).await.unwrap();
+    assert!(!held(flood_call(evicted)).await, "the flood's oldest went");
+    assert!(held(victim_call(0)).await);
+
+    let retry = run(&victim, victim_call(0)).await.unwrap();
+    assert!(
+        retry.record().from_cache,
+        "the re-send is answered from its record"
+    );
+    assert_eq!(retry.content, first.content);
+    assert_eq!(
+        victim_tool.runs(),
+        2,
+        "one run per victim key, none for the re-send"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_flood_from_one_tenant_evicts_its_own_records_not_anothers() {
+    flood_against_a_victim(true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_flood_from_one_session_evicts_its_own_records_not_anothers() {
+    flood_against_a_victim(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_shares_are_off_with_a_floor_as_large_as_the_capacity() {
+    // One least-recently-used list, as without shares: the oldest record goes, whoever
+    // holds it, and it was still live.
+    let store = InMemoryDedupeStore::builder()
+        .capacity(3)
+        .min_share(3)
+        .build()
+        .unwrap();
+    let lease = Duration::from_secs(120);
+    for (session, key) in [("a", "k0"), ("b", "k1"), ("b", "k2"), ("b", "k3")] {
+        let request = ClaimRequest::new(
+            format!("/vault::createFile/g/{key}"),
+            key,
+            "d",
+            call(session, json!({})).build().unwrap(),
+            lease,
+        );
+        let ClaimOutcome::Claimed(claimed) = store.claim(&request).await.unwrap() else {
+            panic!("{key} is fresh");
+        };
+        store
+            .finalize(&claimed, done(json!(key), Duration::from_secs(3600)))
+            .await
+            .unwrap();
+    }
+    assert!(store
+        .get("/vault::createFile/g/k0")
+        .await
+        .unwrap()
+        .is_none());
+    let stats = store.stats();
+    assert_eq!(
+        (stats.records, stats.evicted, stats.evicted_live),
+        (3, 1, 1)
+    );
+    assert_eq!(stats.partitions, 1, "session a has no record left");
+}
+
 #[tokio::test(start_paused = true)]
 async fn memory_store_sweeps_expired_records_and_its_sweeper_stops_when_dropped() {
     let metrics = tokio::runtime::Handle::current().metrics();
@@ -1581,7 +1750,7 @@ mod redis_only {
 mod redis_unanswered_claims_and_round_trips {
     use super::redis_backend::Redis;
     use super::*;
-    use tower_toolcall::idempotency::StoreError;
+    use tower_toolcall::idempotency::{RedisDedupeStore, StoreError};
 
     /// How long a test lets a call run before it counts its claim as sent to a frozen server.
     const CLAIM_ON_ITS_WAY: Duration = Duration::from_millis(100);
@@ -1613,6 +1782,19 @@ mod redis_unanswered_claims_and_round_trips {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("the key is still held by a claim nobody owns: {record:?}");
+    }
+
+    /// Waits (at most 3 s) until `store` answers again: after an operation timed out, the
+    /// store skips its server until a probe finds it back.
+    async fn until_answers(store: &RedisDedupeStore) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while store.ping().await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the store did not come back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// `call`'s result within half a second: a free key, not one that waits for a lease.
@@ -1664,6 +1846,7 @@ mod redis_unanswered_claims_and_round_trips {
         assert!(err.is_retriable() && err.is_not_processed());
         assert_eq!(tool.runs(), 1, "the tool did not run");
 
+        until_answers(&store).await;
         assert_key_freed(&store, &key).await;
         let out = promptly(run(&svc, make("a.md"))).await.unwrap();
         assert_eq!(tool.runs(), 2, "the retry ran the tool");
@@ -1688,6 +1871,7 @@ mod redis_unanswered_claims_and_round_trips {
         );
 
         // The claim that timed out was never applied: its release leaves the holder's record.
+        until_answers(&store).await;
         let record = store.get(&request.key).await.unwrap().unwrap();
         assert_eq!(
             (record.state, record.version),

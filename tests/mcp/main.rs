@@ -703,3 +703,242 @@ async fn a_tools_progress_on_the_server_becomes_events_of_the_call() {
     assert_eq!(fields["progress"], "1.0");
     assert_eq!(fields["message"], "put done");
 }
+
+// ---- a call once dispatched is detached from its request ----
+
+/// A tool that takes 10 s, or stops early when its request's cancellation token is
+/// cancelled; counts the runs that started, finished and stopped.
+#[derive(Clone, Default)]
+struct Slow {
+    started: Arc<std::sync::atomic::AtomicUsize>,
+    finished: Arc<std::sync::atomic::AtomicUsize>,
+    stopped: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Slow {
+    fn count(counter: &std::sync::atomic::AtomicUsize) -> usize {
+        counter.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl rmcp::ServerHandler for Slow {
+    async fn call_tool(
+        &self,
+        _request: CallToolRequestParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let run = self.started.fetch_add(1, SeqCst) + 1;
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_secs(10)) => {
+                self.finished.fetch_add(1, SeqCst);
+                Ok(CallToolResult::structured(json!({ "run": run })).into())
+            }
+            () = context.ct.cancelled() => {
+                self.stopped.fetch_add(1, SeqCst);
+                Err(rmcp::ErrorData::internal_error("the work was cancelled", None))
+            }
+        }
+    }
+}
+
+/// An rmcp service that drops the future of a request to the server it wraps when the
+/// request is cancelled, as some transports and wrappers do.
+struct DropsOnCancel<S>(S);
+
+impl<S: rmcp::Service<rmcp::RoleServer>> rmcp::Service<rmcp::RoleServer> for DropsOnCancel<S> {
+    async fn handle_request(
+        &self,
+        request: rmcp::model::ClientRequest,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ServerResult, rmcp::ErrorData> {
+        let cancelled = context.ct.clone();
+        tokio::select! {
+            answer = self.0.handle_request(request, context) => answer,
+            () = cancelled.cancelled() => Err(rmcp::ErrorData::internal_error("cancelled", None)),
+        }
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: rmcp::model::ClientNotification,
+        context: rmcp::service::NotificationContext<rmcp::RoleServer>,
+    ) -> Result<(), rmcp::ErrorData> {
+        self.0.handle_notification(notification, context).await
+    }
+
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        self.0.get_info()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_or_disconnected_call_runs_once_and_its_resend_gets_the_result() {
+    use rmcp::model::{CallToolRequest, ClientRequest};
+    use rmcp::service::PeerRequestOptions;
+    use tower_toolcall::registry::{IdempotencyOverrides, KeyScope, ToolDescriptor, ToolPolicy};
+
+    // Keys in global scope: the re-send comes over another connection, whose McpServer has
+    // a session of its own.
+    let registry = ToolRegistry::builder()
+        .tool(
+            ToolDescriptor::new("slow", "work", RiskLevel::Writes)
+                .with_attempt_timeout(std::time::Duration::from_secs(60))
+                .with_policy(ToolPolicy::default().with_idempotency(
+                    IdempotencyOverrides::default().with_scope(KeyScope::Global),
+                )),
+        )
+        .build()
+        .unwrap();
+    let work = || {
+        with_meta(
+            params("work", json!({"x": 1})),
+            json!({"idempotencyKey": "work-1"}),
+        )
+    };
+    for case in [
+        "request cancelled",
+        "connection dropped",
+        "request's future dropped",
+    ] {
+        let tool = Slow::default();
+        let stack = ToolStack::builder(registry.clone()).build().unwrap();
+        let server = McpServer::new(tool.clone(), "slow", stack.clone());
+        let first = if case == "request's future dropped" {
+            connect(DropsOnCancel(server), "agent").await
+        } else {
+            connect(server, "agent").await
+        };
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(work()));
+        let handle = first
+            .peer()
+            .send_request_with_option(request, PeerRequestOptions::no_options())
+            .await
+            .unwrap();
+        while Slow::count(&tool.started) == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        if case == "connection dropped" {
+            first.cancel().await.unwrap();
+        } else {
+            handle
+                .cancel(Some("the agent gave up".into()))
+                .await
+                .unwrap();
+        }
+        // The server sees the cancellation or the end of the connection.
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+
+        let second = connect(McpServer::new(tool.clone(), "slow", stack), "agent").await;
+        let resent = second.call_tool(work()).await.unwrap();
+        assert_ne!(resent.is_error, Some(true), "{case}: {resent:?}");
+        assert_eq!(
+            resent.structured_content,
+            Some(json!({"run": 1})),
+            "{case}: the re-send gets the first run's result"
+        );
+        assert_eq!(Slow::count(&tool.started), 1, "{case}: the tool ran once");
+        assert_eq!(Slow::count(&tool.finished), 1, "{case}: to its end");
+        assert_eq!(Slow::count(&tool.stopped), 0, "{case}");
+    }
+}
+
+// ---- the line limit of a stdio server ----
+
+/// The peak resident memory of process `pid`, in bytes (Linux's `VmHWM`).
+#[cfg(target_os = "linux")]
+fn peak_rss(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmHWM:"))
+        .unwrap();
+    let kib: usize = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib * 1024
+}
+
+// Linux only: the memory is read from /proc. Real time: a child process.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn an_over_long_line_is_dropped_unread_and_the_stdio_server_serves_the_next() {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    const LINE_BYTES: usize = 12 << 20;
+    let binary = env!("CARGO_BIN_EXE_mcp-example-server");
+    let mut child = tokio::process::Command::new(binary)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next_answer = async move || -> Value {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(60), stdout.next_line())
+            .await
+            .expect("an answer within a minute")
+            .unwrap()
+            .expect("the server is still there");
+        serde_json::from_str(&line).unwrap()
+    };
+
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    stdin
+        .write_all(format!("{initialize}\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(next_answer().await["id"], 1);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    stdin
+        .write_all(format!("{initialized}\n").as_bytes())
+        .await
+        .unwrap();
+    let before = peak_rss(pid);
+
+    // A well-formed call 12 MiB long (under rmcp's own bound of 16 MiB, over the server's 4),
+    // then a small one.
+    let long = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "put", "arguments": {"id": "n1", "text": "x".repeat(LINE_BYTES)}}});
+    let short = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "put", "arguments": {"id": "n2", "text": "short"}}});
+    let writer = tokio::spawn(async move {
+        stdin
+            .write_all(format!("{long}\n{short}\n").as_bytes())
+            .await
+            .unwrap();
+        stdin
+    });
+    let answer = next_answer().await;
+    assert_eq!(answer["id"], 3, "the long line got no answer: {answer}");
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    assert_eq!(answer["result"]["structuredContent"], json!({"notes": 1}));
+    let growth = peak_rss(pid).saturating_sub(before);
+    assert!(
+        growth < 8 << 20,
+        "the 12 MiB line was not kept: the peak memory grew by {growth} bytes"
+    );
+
+    // The connection still serves.
+    let mut stdin = writer.await.unwrap();
+    let list = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"});
+    stdin
+        .write_all(format!("{list}\n").as_bytes())
+        .await
+        .unwrap();
+    let answer = next_answer().await;
+    assert_eq!(answer["id"], 4);
+    assert_eq!(answer["result"]["tools"].as_array().unwrap().len(), 3);
+    drop(stdin);
+    assert!(child.wait().await.unwrap().success());
+}

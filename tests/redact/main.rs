@@ -38,6 +38,11 @@ fn every_credential_shape_is_cut_out_of_strings() {
         redactor.redact_str("postgres://app:hunter2@db.internal:5432/prod"),
         "postgres://[REDACTED]@db.internal:5432/prod"
     );
+    // A password without a user name, as Redis URLs have it.
+    assert_eq!(
+        redactor.redact_str("redis://:s3cret@127.0.0.1:6379/0"),
+        "redis://[REDACTED]@127.0.0.1:6379/0"
+    );
 }
 
 #[test]

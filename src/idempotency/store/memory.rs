@@ -1,14 +1,14 @@
 //! [`InMemoryDedupeStore`]: records in the process, bounded, with a background sweep.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use hashlink::LruCache;
+use hashlink::{LinkedHashSet, LruCache};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -17,6 +17,7 @@ use super::{
     StoreError,
 };
 use crate::bounds::{json_bytes, CallerKeyHasher};
+use crate::envelope::ToolCall;
 use crate::error::ConfigError;
 use crate::idempotency::key::fingerprint_matches;
 use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
@@ -39,6 +40,20 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 ///   recently used settled record; an in-flight record is never evicted. When every record is
 ///   in flight the claim fails with [`StoreError::CapacityExhausted`] (the layer answers
 ///   `STORE_UNAVAILABLE`), which is counted and logged.
+/// - The room is shared between tenants, and between sessions for calls without a tenant:
+///   each holds a share of the capacity and of the bytes, the whole divided by how many of
+///   them have records, and never less than 64 records' worth
+///   ([`min_share`](InMemoryDedupeStoreBuilder::min_share)). When room is needed, one over
+///   its share gives it: the caller's own least recently used record if the caller is over
+///   its share, else that of the one holding the most. So a client that floods the store with
+///   keys evicts its own oldest records, never those of another within its share. Only when
+///   every one is within its share does the least recently used record of the whole store
+///   go.
+/// - A record evicted before its TTL ended is counted ([`MemoryStoreStats::evicted_live`])
+///   and logged at WARN (the first, then every 1 000th): its key is free again, and a re-send
+///   with it runs the tool again. That is the limit of an embedded store: size its capacity
+///   for the records every client together must keep for their TTL, or share a
+///   `RedisDedupeStore` (feature `redis`).
 /// - The records are bounded in bytes too (64 MiB by default), by their approximate size in
 ///   memory: their strings, and the output or error they keep. A claim or a result that would
 ///   pass the bound evicts the least recently used settled records, as the capacity does; a
@@ -70,24 +85,76 @@ pub struct InMemoryDedupeStore {
 
 struct Shared {
     state: Mutex<State>,
-    capacity: usize,
-    max_bytes: usize,
+    limits: Limits,
     sweep_interval: Duration,
     clock: Clock,
     sweeper_started: AtomicBool,
     evicted: AtomicU64,
+    evicted_live: AtomicU64,
     rejected_at_capacity: AtomicU64,
     expired: AtomicU64,
 }
 
-/// The records: in-flight ones apart, never evicted; settled ones in their order of use.
+/// The store's bounds.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    capacity: usize,
+    max_bytes: usize,
+    /// The fewest records' worth a partition's share is.
+    min_share: usize,
+}
+
+impl Limits {
+    /// How much of the store `partition` takes: the larger of its part of the capacity and
+    /// its part of the bytes, both scaled by `capacity * max_bytes` to stay integers.
+    fn load(&self, partition: &Partition) -> u128 {
+        let by_records = partition.records as u128 * self.max_bytes as u128;
+        let by_bytes = partition.bytes as u128 * self.capacity as u128;
+        by_records.max(by_bytes)
+    }
+
+    /// The share of each of `partitions` partitions, in the unit of [`Limits::load`].
+    fn share(&self, partitions: usize) -> u128 {
+        let whole = self.capacity as u128 * self.max_bytes as u128;
+        let floor = self.min_share as u128 * self.max_bytes as u128;
+        (whole / partitions.max(1) as u128).max(floor)
+    }
+}
+
+/// The records: in-flight ones apart, never evicted; settled ones in their order of use,
+/// in the whole store and in each partition.
 struct State {
     inflight: HashMap<Arc<str>, Entry, CallerKeyHasher>,
     /// The least recently used first.
     settled: LruCache<Arc<str>, Entry, CallerKeyHasher>,
     /// The sum of the entries' sizes.
     bytes: usize,
+    /// The tenants, or sessions, that have records.
+    partitions: HashMap<Arc<str>, Partition, CallerKeyHasher>,
+    /// The partitions by their [`Limits::load`], the lightest first.
+    by_load: BTreeSet<(u128, Arc<str>)>,
     last_version: u64,
+    limits: Limits,
+}
+
+/// What one tenant (or session, for calls without a tenant) holds.
+#[derive(Default)]
+struct Partition {
+    /// Its records, in flight and settled.
+    records: usize,
+    /// Their sizes.
+    bytes: usize,
+    /// The keys of its settled records, the least recently used first.
+    settled: LinkedHashSet<Arc<str>, CallerKeyHasher>,
+}
+
+/// The partition of the records `call` claims: its tenant, or its session when it has no
+/// tenant. The first character keeps the two kinds apart.
+fn partition_of(call: &ToolCall) -> String {
+    match call.tenant_id() {
+        Some(tenant) => ["t", tenant].concat(),
+        None => ["s", call.session_key()].concat(),
+    }
 }
 
 /// A record and, while it is in flight, the channel of the calls that wait for it.
@@ -98,14 +165,17 @@ struct Entry {
     waiters: Option<watch::Sender<Option<Arc<DedupeRecord>>>>,
     /// The approximate size of the entry in memory.
     bytes: usize,
+    /// The partition the record counts in.
+    partition: Arc<str>,
 }
 
 impl Entry {
-    fn new(record: Arc<DedupeRecord>) -> Entry {
+    fn new(record: Arc<DedupeRecord>, partition: Arc<str>) -> Entry {
         Entry {
             bytes: record_bytes(&record),
             record,
             waiters: None,
+            partition,
         }
     }
 
@@ -132,6 +202,12 @@ pub struct MemoryStoreStats {
     pub inflight: usize,
     /// Settled records evicted to make room.
     pub evicted: u64,
+    /// Of those, the records evicted before their TTL ended: each a key that a re-send finds
+    /// free, so that the tool runs again. More than a few mean the store is too small for
+    /// what its clients keep.
+    pub evicted_live: u64,
+    /// The tenants (and sessions without a tenant) that share the store.
+    pub partitions: usize,
     /// Claims refused because every record was in flight at capacity.
     pub rejected_at_capacity: u64,
     /// Records removed because they expired.
@@ -166,6 +242,13 @@ impl Clock {
 
 /// The smallest bound in bytes: room for a few records.
 const MIN_MAX_BYTES: usize = 64 << 10;
+
+/// The default floor of a partition's share: 64 records' worth.
+const DEFAULT_MIN_SHARE: usize = 64;
+
+/// How often a record evicted before its TTL ended is logged: the first, then one in this
+/// many.
+const EVICTED_LIVE_LOG_EVERY: u64 = 1_000;
 
 /// The approximate size of `record` in memory: its own, its strings, and the output or error
 /// it keeps. Strings that records share are counted in each.
@@ -221,6 +304,7 @@ impl InMemoryDedupeStore {
         InMemoryDedupeStoreBuilder {
             capacity: DEFAULT_MEMORY_CAPACITY,
             max_bytes: DEFAULT_MEMORY_MAX_BYTES,
+            min_share: DEFAULT_MIN_SHARE,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
         }
     }
@@ -233,6 +317,8 @@ impl InMemoryDedupeStore {
             bytes: state.bytes,
             inflight: state.inflight.len(),
             evicted: self.shared.evicted.load(Ordering::Relaxed),
+            evicted_live: self.shared.evicted_live.load(Ordering::Relaxed),
+            partitions: state.partitions.len(),
             rejected_at_capacity: self.shared.rejected_at_capacity.load(Ordering::Relaxed),
             expired: self.shared.expired.load(Ordering::Relaxed),
         }
@@ -240,12 +326,12 @@ impl InMemoryDedupeStore {
 
     /// The capacity.
     pub fn capacity(&self) -> usize {
-        self.shared.capacity
+        self.shared.limits.capacity
     }
 
     /// The capacity in bytes.
     pub fn max_bytes(&self) -> usize {
-        self.shared.max_bytes
+        self.shared.limits.max_bytes
     }
 
     /// [`DedupeStore::claim`], answered at once.
@@ -293,8 +379,7 @@ impl Default for InMemoryDedupeStore {
 impl fmt::Debug for InMemoryDedupeStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InMemoryDedupeStore")
-            .field("capacity", &self.shared.capacity)
-            .field("max_bytes", &self.shared.max_bytes)
+            .field("limits", &self.shared.limits)
             .field("sweep_interval", &self.shared.sweep_interval)
             .field("stats", &self.stats())
             .finish()
@@ -342,6 +427,7 @@ impl Shared {
 
     fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let now = self.clock.now_ms();
+        let partition = partition_of(&request.call);
         // Declared before the lock, so dropped after it: records evicted or replaced here are
         // freed outside the critical section.
         let mut removed = Vec::new();
@@ -362,8 +448,10 @@ impl Shared {
         } else if let Some(entry) = state.settled.get(key) {
             let record = &entry.record;
             if record.expires_at_ms > now && request.is_held_by(record, now) {
+                let record = record.clone();
+                state.touch(key);
                 return Ok(ClaimOutcome::Existing {
-                    record: record.clone(),
+                    record,
                     now_ms: now,
                 });
             }
@@ -372,29 +460,58 @@ impl Shared {
         removed.extend(state.remove(key));
         state.last_version += 1;
         let record = Arc::new(request.inflight_record(state.last_version, now));
-        let entry = Entry::new(record.clone());
-        while state.len() >= self.capacity || state.bytes + entry.bytes > self.max_bytes {
-            let Some((_, evicted)) = state.settled.remove_lru() else {
+        let partition = state.partition_id(partition);
+        state.insert_inflight(request.key.clone(), Entry::new(record.clone(), partition));
+        let evicted_from = removed.len();
+        let limits = &self.limits;
+        while state.len() > limits.capacity || state.bytes > limits.max_bytes {
+            let Some(evicted) = state.evict(key) else {
+                let refused = state.remove(key);
                 drop(state);
+                self.count_evicted(&removed[evicted_from..], now);
+                drop((refused, removed));
                 self.rejected_at_capacity.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    capacity = self.capacity,
-                    max_bytes = self.max_bytes,
+                    capacity = limits.capacity,
+                    max_bytes = limits.max_bytes,
                     "dedupe store full of in-flight records; claim refused"
                 );
                 return Err(StoreError::CapacityExhausted {
-                    capacity: self.capacity,
+                    capacity: limits.capacity,
                 });
             };
-            state.bytes -= evicted.bytes;
-            self.evicted.fetch_add(1, Ordering::Relaxed);
             removed.push(evicted);
         }
-        state.bytes += entry.bytes;
-        state.inflight.insert(request.key.clone(), entry);
         drop(state);
+        self.count_evicted(&removed[evicted_from..], now);
         drop(removed);
         Ok(ClaimOutcome::Claimed(record))
+    }
+
+    /// Counts the settled records `evicted` at `now` to make room, and those of them that
+    /// were still live; logs the live ones, sampled.
+    fn count_evicted(&self, evicted: &[Entry], now: u64) {
+        if evicted.is_empty() {
+            return;
+        }
+        self.evicted
+            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
+        let live = evicted.iter().filter(|entry| entry.is_live(now)).count() as u64;
+        if live == 0 {
+            return;
+        }
+        let before = self.evicted_live.fetch_add(live, Ordering::Relaxed);
+        let total = before + live;
+        // Log the first, then once each time the count passes a multiple of the sampling.
+        if before == 0 || before / EVICTED_LIVE_LOG_EVERY != total / EVICTED_LIVE_LOG_EVERY {
+            tracing::warn!(
+                evicted_live = total,
+                capacity = self.limits.capacity,
+                max_bytes = self.limits.max_bytes,
+                "dedupe store full: records evicted before their TTL ended, so a re-send with \
+                 their keys runs the tool again; raise the store's capacity or max_bytes"
+            );
+        }
     }
 
     /// Settles the in-flight record `claimed` by `apply(record, now)`, if the claim still
@@ -426,22 +543,18 @@ impl Shared {
             .waiters
             .take()
             .map(|waiters| (waiters, entry.record.clone()));
-        let bytes = record_bytes(&entry.record);
-        state.bytes = state.bytes - entry.bytes + bytes;
-        entry.bytes = bytes;
-        state.settled.insert(key, entry);
-        // The result may pass the bound in bytes: older settled records make room.
+        state.insert_settled(key.clone(), entry);
+        // The result may pass the bound in bytes: other settled records make room, and it
+        // is kept even when it alone passes the bound.
         let mut evicted = Vec::new();
-        while state.bytes > self.max_bytes && state.settled.len() > 1 {
-            let Some((_, entry)) = state.settled.remove_lru() else {
+        while state.bytes > self.limits.max_bytes {
+            let Some(entry) = state.evict(&key) else {
                 break;
             };
-            state.bytes -= entry.bytes;
             evicted.push(entry);
         }
-        self.evicted
-            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
         drop(state);
+        self.count_evicted(&evicted, now);
         drop(evicted);
         if let Some((waiters, record)) = waiters {
             waiters.send_replace(Some(record));
@@ -481,27 +594,136 @@ impl State {
         self.inflight.len() + self.settled.len()
     }
 
+    /// The partition named `id`, shared with its records when it has some.
+    fn partition_id(&self, id: String) -> Arc<str> {
+        match self.partitions.get_key_value(id.as_str()) {
+            Some((shared, _)) => shared.clone(),
+            None => id.into(),
+        }
+    }
+
+    /// Changes the partition `id` by `change`, keeping its place in the order by load; a
+    /// partition left without records goes.
+    fn account(&mut self, id: &Arc<str>, change: impl FnOnce(&mut Partition)) {
+        let limits = self.limits;
+        let partition = self.partitions.entry(id.clone()).or_default();
+        let before = (partition.records > 0).then(|| limits.load(partition));
+        change(partition);
+        let after = (partition.records > 0).then(|| limits.load(partition));
+        if before == after {
+            return;
+        }
+        if let Some(load) = before {
+            self.by_load.remove(&(load, id.clone()));
+        }
+        match after {
+            Some(load) => {
+                self.by_load.insert((load, id.clone()));
+            }
+            None => {
+                self.partitions.remove(id);
+            }
+        }
+    }
+
+    /// Adds the in-flight `entry` of `key`.
+    fn insert_inflight(&mut self, key: Arc<str>, entry: Entry) {
+        self.bytes += entry.bytes;
+        let bytes = entry.bytes;
+        self.account(&entry.partition, |partition| {
+            partition.records += 1;
+            partition.bytes += bytes;
+        });
+        self.inflight.insert(key, entry);
+    }
+
+    /// Keeps the settled `entry`, taken out of the in-flight records, as the most recently
+    /// used record of the store and of its partition; its size is measured again.
+    fn insert_settled(&mut self, key: Arc<str>, mut entry: Entry) {
+        let (before, after) = (entry.bytes, record_bytes(&entry.record));
+        entry.bytes = after;
+        self.bytes = self.bytes - before + after;
+        self.account(&entry.partition, |partition| {
+            partition.bytes = partition.bytes - before + after;
+            partition.settled.insert(key.clone());
+        });
+        self.settled.insert(key, entry);
+    }
+
+    /// Makes the settled record of `key` the most recently used of its partition (the store's
+    /// order of use is kept by reading it).
+    fn touch(&mut self, key: &str) {
+        let Some(entry) = self.settled.peek(key) else {
+            return;
+        };
+        if let Some(partition) = self.partitions.get_mut(&entry.partition) {
+            partition.settled.to_back(key);
+        }
+    }
+
     /// Removes the record of `key`; returns its entry.
     fn remove(&mut self, key: &str) -> Option<Entry> {
-        let entry = (self.inflight.remove(key)).or_else(|| self.settled.remove(key))?;
-        self.bytes -= entry.bytes;
+        let (key, entry) =
+            (self.inflight.remove_entry(key)).or_else(|| self.settled.remove_entry(key))?;
+        self.forget(&key, &entry);
         Some(entry)
+    }
+
+    /// Takes the removed `entry` of `key` out of the sizes and of its partition.
+    fn forget(&mut self, key: &str, entry: &Entry) {
+        self.bytes -= entry.bytes;
+        let bytes = entry.bytes;
+        self.account(&entry.partition, |partition| {
+            partition.records -= 1;
+            partition.bytes -= bytes;
+            partition.settled.remove(key);
+        });
+    }
+
+    /// Evicts a settled record other than `keep` to make room; returns it, or `None` when
+    /// there is none.
+    ///
+    /// The victim is the least recently used record of a partition over its share: the
+    /// partition of `keep` first, then the one with the largest load. When every partition
+    /// is within its share, the least recently used record of the store goes.
+    fn evict(&mut self, keep: &str) -> Option<Entry> {
+        let limits = &self.limits;
+        let share = limits.share(self.partitions.len());
+        let oldest = |partition: &Partition| {
+            (partition.settled.front())
+                .filter(|key| ***key != *keep)
+                .cloned()
+        };
+        let own = (self.inflight.get(keep).or_else(|| self.settled.peek(keep)))
+            .and_then(|entry| self.partitions.get(&entry.partition))
+            .filter(|partition| limits.load(partition) > share)
+            .and_then(oldest);
+        let victim = own
+            .or_else(|| {
+                (self.by_load.iter().rev())
+                    .take_while(|(load, _)| *load > share)
+                    .find_map(|(_, id)| oldest(self.partitions.get(id)?))
+            })
+            .or_else(|| {
+                (self.settled.iter().next())
+                    .map(|(key, _)| key.clone())
+                    .filter(|key| **key != *keep)
+            })?;
+        self.remove(&victim)
     }
 
     /// Keeps the records for which `keep` is true; returns how many it removed.
     fn retain(&mut self, mut keep: impl FnMut(&str, &Entry) -> bool) -> usize {
-        let (before, mut bytes) = (self.len(), self.bytes);
-        let mut keep = |key: &Arc<str>, entry: &mut Entry| {
-            let kept = keep(key, entry);
-            if !kept {
-                bytes -= entry.bytes;
-            }
-            kept
-        };
-        self.inflight.retain(|key, entry| keep(key, entry));
-        self.settled.retain(|key, entry| keep(key, entry));
-        self.bytes = bytes;
-        before - self.len()
+        let doomed: Vec<Arc<str>> = (self.inflight.iter())
+            .chain(self.settled.iter())
+            .filter(|(key, entry)| !keep(key, entry))
+            .map(|(key, _)| key.clone())
+            .collect();
+        // Dropping an in-flight entry drops its channel, which wakes its waiters.
+        doomed
+            .iter()
+            .filter(|key| self.remove(key).is_some())
+            .count()
     }
 }
 
@@ -620,6 +842,7 @@ impl DedupeStore for InMemoryDedupeStore {
 pub struct InMemoryDedupeStoreBuilder {
     capacity: usize,
     max_bytes: usize,
+    min_share: usize,
     sweep_interval: Duration,
 }
 
@@ -635,6 +858,17 @@ impl InMemoryDedupeStoreBuilder {
     /// evicted to stay within it.
     pub fn max_bytes(mut self, bytes: usize) -> Self {
         self.max_bytes = bytes;
+        self
+    }
+
+    /// The floor of each tenant's (or session's) share of the store, in records (default
+    /// 64): one that holds no more than this many records, and no more than as many records'
+    /// worth of bytes, is within its share however many share the store, so another's flood
+    /// does not evict its records. The shares are the capacity, and the bytes, divided by how
+    /// many tenants and sessions have records, when that is more. A floor as large as the
+    /// capacity turns the shares off: the store is one least-recently-used list.
+    pub fn min_share(mut self, records: usize) -> Self {
+        self.min_share = records;
         self
     }
 
@@ -659,20 +893,28 @@ impl InMemoryDedupeStoreBuilder {
             ));
         }
         at_least_a_millisecond("idempotency.store.sweep_interval", self.sweep_interval)?;
+        let limits = Limits {
+            capacity: capacity.get(),
+            max_bytes: self.max_bytes,
+            min_share: self.min_share,
+        };
         Ok(InMemoryDedupeStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     inflight: HashMap::with_hasher(CallerKeyHasher::default()),
                     settled: LruCache::with_hasher(usize::MAX, CallerKeyHasher::default()),
                     bytes: 0,
+                    partitions: HashMap::with_hasher(CallerKeyHasher::default()),
+                    by_load: BTreeSet::new(),
                     last_version: 0,
+                    limits,
                 }),
-                capacity: capacity.get(),
-                max_bytes: self.max_bytes,
+                limits,
                 sweep_interval: self.sweep_interval,
                 clock: Clock::new(),
                 sweeper_started: AtomicBool::new(false),
                 evicted: AtomicU64::new(0),
+                evicted_live: AtomicU64::new(0),
                 rejected_at_capacity: AtomicU64::new(0),
                 expired: AtomicU64::new(0),
             }),

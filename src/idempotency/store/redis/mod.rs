@@ -31,6 +31,12 @@ pub const DEFAULT_REDIS_OPERATION_TIMEOUT: Duration = redis_support::DEFAULT_OPE
 /// completion message be lost.
 pub const DEFAULT_FALLBACK_POLL_INTERVAL: Duration = Duration::from_secs(2);
 
+/// The most keys [`size`](DedupeStore::size) reads: past them, it estimates.
+const SIZE_SAMPLE: u64 = 4_000;
+
+/// The keys one `SCAN` step asks for.
+const SCAN_COUNT: u64 = 1_000;
+
 /// How many times a claim tries to take over a record that keeps changing hands before it
 /// answers with the record that holds the key.
 const TAKE_OVER_ATTEMPTS: usize = 4;
@@ -65,6 +71,10 @@ const TAKE_OVER_ATTEMPTS: usize = 4;
 ///   reconnect), it reads the record again after at most the fallback poll interval (2 s by
 ///   default), and when the lease ends. [`stats`](RedisDedupeStore::stats) counts those
 ///   fallback polls.
+/// - [`size`](DedupeStore::size) costs at most five round trips, however large the
+///   database: it counts the records among the first 4 000 keys a `SCAN` meets, exactly when
+///   the database holds no more, and otherwise scales the share of records among them by
+///   `DBSIZE` (an estimate, for metrics: a scrape never walks a large key space).
 /// - Every operation is bounded by the operation timeout (1 s by default); an unreachable
 ///   server is a [`StoreError`], never a hang. The connection manager reconnects by itself
 ///   and subscriptions are restored after a reconnect.
@@ -247,7 +257,7 @@ impl Shared {
                 .arg("MATCH")
                 .arg(pattern)
                 .arg("COUNT")
-                .arg(1000),
+                .arg(SCAN_COUNT),
         )
         .await
     }
@@ -320,8 +330,10 @@ impl Drop for Unanswered<'_> {
 async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: DedupeRecord) {
     let released = async {
         let message = encode(&cancelled(&sent, Duration::ZERO))?;
+        // Behind the claim, even if the claim's timeout made the server known to be down.
         shared
-            .command::<u64>(
+            .commands
+            .command_behind::<u64>(
                 redis::cmd("EVAL")
                     .arg(value::RELEASE)
                     .arg(2)
@@ -331,6 +343,7 @@ async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: Dedup
                     .arg(message),
             )
             .await
+            .map_err(StoreError::from)
     };
     let fingerprint = || {
         key::fingerprint(
@@ -397,6 +410,11 @@ impl DedupeStore for RedisDedupeStore {
             return Ok(ClaimOutcome::Claimed(Arc::new(record)));
         };
         let mut existing = decode(&previous)?;
+        if existing.version == record.version {
+            // The claim was sent again after its connection broke, and the first one had
+            // been applied: the record is this claim's own.
+            return Ok(ClaimOutcome::Claimed(Arc::new(record)));
+        }
         for _ in 0..TAKE_OVER_ATTEMPTS {
             // The server expires an in-flight record with its lease: one that exists is live.
             if existing.state == RecordState::Inflight || request.is_held_by(&existing, now_ms) {
@@ -424,6 +442,10 @@ impl DedupeStore for RedisDedupeStore {
                     ))
                 }
             };
+            if existing.version == record.version {
+                // Sent again after a broken connection: the first takeover was applied.
+                return Ok(ClaimOutcome::Claimed(Arc::new(record)));
+            }
         }
         Ok(ClaimOutcome::Existing {
             record: Arc::new(existing),
@@ -557,14 +579,25 @@ impl DedupeStore for RedisDedupeStore {
     }
 
     async fn size(&self) -> Result<u64, StoreError> {
-        let pattern = format!("{}{{*", glob_escape(&self.shared.key_prefix));
-        let mut count = 0;
-        let mut cursor = 0;
+        let total: u64 = self.shared.command(&redis::cmd("DBSIZE")).await?;
+        let prefix = format!("{}{{", self.shared.key_prefix);
+        let (mut seen, mut records, mut cursor) = (0u64, 0u64, 0u64);
         loop {
-            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
-            count += keys.len() as u64;
+            let (next, keys): (u64, Vec<Vec<u8>>) = self
+                .shared
+                .command(redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT))
+                .await?;
+            seen += keys.len() as u64;
+            records += keys
+                .iter()
+                .filter(|key| key.starts_with(prefix.as_bytes()))
+                .count() as u64;
             if next == 0 {
-                return Ok(count);
+                return Ok(records);
+            }
+            if seen >= SIZE_SAMPLE {
+                // The keys a scan meets first are spread over the key space by its hash.
+                return Ok(records.saturating_mul(total.max(seen)) / seen);
             }
             cursor = next;
         }
