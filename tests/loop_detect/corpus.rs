@@ -286,7 +286,7 @@ async fn the_labelled_corpus_meets_the_promised_figures() {
                 "id": trace.id,
                 "family": trace.family,
                 "label": if trace.label == Label::Loop { "loop" } else { "productive" },
-                "refusedAt": refused,
+                "stoppedAt": refused,
                 "rule": refusal.as_ref().map(|(_, rule)| rule.as_str()),
                 "earliestStop": trace.earliest_stop,
                 "latestStop": trace.latest_stop,
