@@ -59,7 +59,7 @@ fn switches(vars: &[(&'static str, &'static str)]) -> ReliabilityControl {
 }
 
 /// A tool that answers by its `mode` param, counts its runs and keeps the envelopes it was
-/// given. Modes: `ok`, `flaky` (503 the first time for its `n`, then success), `bad` (400),
+/// given. Modes: `ok` (answers `{"n": n}`), `flaky` (503 the first time for its `n`, then success), `bad` (400),
 /// `down` (503), `slow` (success after 40 s, longer than the default attempt timeout).
 #[derive(Clone, Default)]
 struct ModeTool {
@@ -108,7 +108,9 @@ impl ModeTool {
                         tokio::time::sleep(Duration::from_secs(40)).await;
                         Ok(ToolOutput::new(json!({"run": run, "n": n, "slow": true})))
                     }
-                    _ => Ok(ToolOutput::new(json!({"run": run, "n": n}))),
+                    // The same answer for the same call, as a real read gives it: loop
+                    // detection judges a read-only tool's repeats by its answers.
+                    _ => Ok(ToolOutput::new(json!({"n": n}))),
                 }
             }
         })
