@@ -205,7 +205,7 @@ pub use command::{CommandError, CommandErrorKind, LoopCommand};
 pub use config::{
     LoopDetectConfig, LoopSettingKey, LoopSettings, BAGGAGE_BACKEND, BAGGAGE_MODEL,
     DEFAULT_MAX_REPEATS, DEFAULT_TTL_SECS, ENV_ENABLED, ENV_MAX_REPEATS, ENV_MODE, ENV_TTL_SECONDS,
-    MAX_REPEATS_LIMIT,
+    MAX_POLL_BUDGET_SECS, MAX_REPEATS_LIMIT,
 };
 pub use future::ResponseFuture;
 pub use handle::{LoopDetectHandle, StoreWrite};
