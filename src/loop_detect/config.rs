@@ -847,13 +847,19 @@ mod tests {
             ),
             (
                 none,
-                no_tool.clone().with_max_failures(3).with_poll_budget_secs(60),
+                no_tool
+                    .clone()
+                    .with_max_failures(3)
+                    .with_poll_budget_secs(60),
                 none.with_max_failures(5).with_poll_budget_secs(300),
                 (Some(3), secs(60)),
             ),
             (
                 none.with_max_failures(2).with_poll_budget_secs(30),
-                no_tool.clone().with_max_failures(3).with_poll_budget_secs(60),
+                no_tool
+                    .clone()
+                    .with_max_failures(3)
+                    .with_poll_budget_secs(60),
                 none.with_max_failures(5).with_poll_budget_secs(300),
                 (Some(2), secs(30)),
             ),
@@ -871,7 +877,12 @@ mod tests {
                 (Some(5), secs(30)),
             ),
             // `0` is a budget without end, at every tier.
-            (none, no_tool.clone(), none.with_poll_budget_secs(0), (Some(4), None)),
+            (
+                none,
+                no_tool.clone(),
+                none.with_poll_budget_secs(0),
+                (Some(4), None),
+            ),
             (
                 none.with_poll_budget_secs(0),
                 no_tool.clone().with_poll_budget_secs(60),
@@ -885,8 +896,7 @@ mod tests {
                 (Some(4), secs(45)),
             ),
         ];
-        for (index, (session, tool, model, (failures, budget))) in cases.into_iter().enumerate()
-        {
+        for (index, (session, tool, model, (failures, budget))) in cases.into_iter().enumerate() {
             let limits = tiers(model, session)
                 .limits(&call, Some(&tool), true)
                 .unwrap();
@@ -924,6 +934,9 @@ mod tests {
             .with_max_failures(2)
             .with_poll_budget_secs(MAX_POLL_BUDGET_SECS);
         assert!(fine.check().is_ok());
-        assert!(LoopSettings::default().with_poll_budget_secs(0).check().is_ok());
+        assert!(LoopSettings::default()
+            .with_poll_budget_secs(0)
+            .check()
+            .is_ok());
     }
 }

@@ -970,9 +970,18 @@ mod tests {
             max_repeats in proptest::option::of(0u32..200),
             ttl_secs in proptest::option::of(0u64..100_000),
             enabled in proptest::option::of(any::<bool>()),
+            max_failures in proptest::option::of(0u32..1200),
+            poll_budget_secs in proptest::option::of(0u64..40_000_000),
             noise in ".{0,40}",
         ) {
-            let settings = LoopSettings { enabled, max_repeats, ttl_secs, mode: None };
+            let settings = LoopSettings {
+                enabled,
+                max_repeats,
+                ttl_secs,
+                mode: None,
+                max_failures,
+                poll_budget_secs,
+            };
             let stored = if settings.is_empty() {
                 String::new()
             } else {

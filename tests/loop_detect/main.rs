@@ -674,8 +674,12 @@ async fn a_session_s_max_failures_holds_for_it_alone_and_unset_falls_back(store:
             .apply(session, &LoopCommand::parse(command).unwrap())
             .unwrap()
     };
-    set("strict", "!/set(tool-loop-max-failures=2)").await.unwrap();
-    set("three", "!/set(tool-loop-max-failures=3)").await.unwrap();
+    set("strict", "!/set(tool-loop-max-failures=2)")
+        .await
+        .unwrap();
+    set("three", "!/set(tool-loop-max-failures=3)")
+        .await
+        .unwrap();
     set(
         "patient",
         "!/set(tool-loop-max-repeats=12, tool-loop-max-failures=8)",
@@ -685,7 +689,11 @@ async fn a_session_s_max_failures_holds_for_it_alone_and_unset_falls_back(store:
     let cases = [
         ("strict", 1, "the 2nd try after one failure"),
         ("three", 2, "the 3rd try after two failures"),
-        ("default", 3, "the 4th try after three failures: the layer's default"),
+        (
+            "default",
+            3,
+            "the 4th try after three failures: the layer's default",
+        ),
         ("patient", 7, "the 8th try, past the repeat rule's default"),
     ];
     for (session, expected, what) in cases {
@@ -694,11 +702,17 @@ async fn a_session_s_max_failures_holds_for_it_alone_and_unset_falls_back(store:
         assert_eq!(ran, expected, "{session}: {what}");
         assert_eq!(calls.load(Ordering::SeqCst) - before, expected, "{session}");
         assert_eq!(err.details().unwrap()["rule"], "failures", "{session}");
-        assert_eq!(err.details().unwrap()["maxRepeats"], expected + 1, "{session}");
+        assert_eq!(
+            err.details().unwrap()["maxRepeats"],
+            expected + 1,
+            "{session}"
+        );
     }
 
     // Unset, the session falls back to the layer's default.
-    set("strict", "!/unset(tool-loop-max-failures)").await.unwrap();
+    set("strict", "!/unset(tool-loop-max-failures)")
+        .await
+        .unwrap();
     let (ran, _) = runs_before_refusal(&mut svc, &search("strict", json!({"q": "again"}))).await;
     assert_eq!(ran, 3);
 }
