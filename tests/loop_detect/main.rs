@@ -1687,6 +1687,45 @@ async fn a_patient_poll_runs_a_tight_one_stops_and_a_poll_past_its_budget_stops(
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_session_s_poll_budget_holds_for_it_alone() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = LoopDetectLayer::new(read_only_status());
+    let handle = layer.handle();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(job_status(vec![json!({"state": "running"})], calls.clone()));
+    handle
+        .apply_command("short", "!/set(tool-loop-poll-budget-seconds=90)")
+        .unwrap();
+    handle
+        .apply_command("endless", "!/set(tool-loop-poll-budget-seconds=0)")
+        .unwrap();
+    // Every 30 s, the same answer, in three sessions at once.
+    let mut refused_at = BTreeMap::new();
+    for n in 0..30 {
+        for session in ["short", "default", "endless"] {
+            if refused_at.contains_key(session) {
+                continue;
+            }
+            if let Err(err) = send(&mut svc, poll(session)).await {
+                assert_eq!(
+                    err.details().unwrap()["rule"],
+                    "unchanged_poll",
+                    "{session}"
+                );
+                refused_at.insert(session, n * 30);
+            }
+        }
+        tokio::time::advance(Duration::from_secs(30)).await;
+    }
+    assert_eq!(
+        refused_at,
+        BTreeMap::from([("default", 600), ("short", 90)]),
+        "the endless session polls on"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_retry_with_growing_waits_is_not_refused_and_a_steady_one_is() {
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = ServiceBuilder::new()
