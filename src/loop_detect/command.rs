@@ -5,8 +5,11 @@
 //! !/set(tool-loop-max-repeats=4)
 //! !/set(tool-loop-ttl=120)
 //! !/set(tool-loop-mode=break|chance|chance_then_break)
+//! !/set(tool-loop-max-failures=3)
+//! !/set(tool-loop-poll-budget-seconds=300)
 //! !/set(tool-loop-max-repeats=6, tool-loop-mode=chance)
 //! !/unset(tool-loop-detection, tool-loop-max-repeats, tool-loop-ttl, tool-loop-mode)
+//! !/unset(tool-loop-max-failures, tool-loop-poll-budget-seconds)
 //! ```
 //!
 //! Command words and setting names are matched without regard to case; spaces around names,
@@ -15,7 +18,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::config::{parse_bool, parse_max_repeats, parse_mode, parse_ttl_secs};
+use super::config::{
+    parse_bool, parse_max_repeats, parse_mode, parse_poll_budget_secs, parse_ttl_secs,
+};
 use super::config::{LoopSettingKey, LoopSettings};
 
 /// A parsed `!/set(…)` or `!/unset(…)` command.
@@ -180,6 +185,14 @@ fn parse_set(inside: &str) -> Result<LoopSettings, CommandError> {
             LoopSettingKey::Mode => {
                 settings.mode = Some(parse_mode(value).map_err(bad(CommandErrorKind::BadMode))?);
             }
+            LoopSettingKey::MaxFailures => {
+                settings.max_failures =
+                    Some(parse_max_repeats(value).map_err(bad(CommandErrorKind::BadNumber))?);
+            }
+            LoopSettingKey::PollBudget => {
+                settings.poll_budget_secs =
+                    Some(parse_poll_budget_secs(value).map_err(bad(CommandErrorKind::BadNumber))?);
+            }
         }
     }
     Ok(settings)
@@ -234,6 +247,8 @@ fn value_example(key: LoopSettingKey) -> &'static str {
         LoopSettingKey::MaxRepeats => "4",
         LoopSettingKey::Ttl => "120",
         LoopSettingKey::Mode => "break",
+        LoopSettingKey::MaxFailures => "3",
+        LoopSettingKey::PollBudget => "300",
     }
 }
 
@@ -406,7 +421,32 @@ mod tests {
             ),
             (
                 "!/unset(tool-loop-detection, tool-loop-max-repeats, tool-loop-ttl, tool-loop-mode)",
-                Ok(LoopCommand::Unset(LoopSettingKey::ALL.to_vec())),
+                Ok(LoopCommand::Unset(LoopSettingKey::ALL[..4].to_vec())),
+            ),
+            (
+                "!/set(tool-loop-max-failures=3)",
+                set(LoopSettings::default().with_max_failures(3)),
+            ),
+            (
+                "!/set( TOOL-LOOP-POLL-BUDGET-SECONDS = 300 )",
+                set(LoopSettings::default().with_poll_budget_secs(300)),
+            ),
+            (
+                "!/set(tool-loop-poll-budget-seconds=0, tool-loop-max-failures=1000)",
+                set(LoopSettings::default()
+                    .with_poll_budget_secs(0)
+                    .with_max_failures(1000)),
+            ),
+            (
+                "!/unset(tool-loop-max-failures)",
+                Ok(LoopCommand::Unset(vec![LoopSettingKey::MaxFailures])),
+            ),
+            (
+                "!/unset(tool-loop-poll-budget-seconds, tool-loop-max-failures)",
+                Ok(LoopCommand::Unset(vec![
+                    LoopSettingKey::PollBudget,
+                    LoopSettingKey::MaxFailures,
+                ])),
             ),
         ];
         for (input, expected) in cases {
@@ -428,5 +468,97 @@ mod tests {
         let unset = LoopCommand::parse("!/unset(tool-loop-max-repeats)").unwrap();
         assert_eq!(unset.apply_to(after).max_repeats, None);
         assert_eq!(unset.apply_to(after).ttl_secs, Some(9));
+    }
+
+    #[test]
+    fn bad_failure_and_poll_budget_values_are_refused_naming_the_setting() {
+        let failures = "`tool-loop-max-failures` must be a whole number from 2 to 1000, got";
+        let budget = "`tool-loop-poll-budget-seconds` must be a whole number of seconds from 0 \
+                      (no end) to 31536000, got";
+        let cases = [
+            (
+                "!/set(tool-loop-max-failures=1)",
+                CommandErrorKind::BadNumber,
+                "tool-loop-max-failures",
+                format!("{failures} 1"),
+            ),
+            (
+                "!/set(tool-loop-max-failures=1001)",
+                CommandErrorKind::BadNumber,
+                "tool-loop-max-failures",
+                format!("{failures} 1001"),
+            ),
+            (
+                "!/set(tool-loop-max-failures=three)",
+                CommandErrorKind::BadNumber,
+                "tool-loop-max-failures",
+                format!("{failures} \"three\""),
+            ),
+            (
+                "!/set(tool-loop-poll-budget-seconds=-1)",
+                CommandErrorKind::BadNumber,
+                "tool-loop-poll-budget-seconds",
+                format!("{budget} \"-1\""),
+            ),
+            (
+                "!/set(tool-loop-poll-budget-seconds=5m)",
+                CommandErrorKind::BadNumber,
+                "tool-loop-poll-budget-seconds",
+                format!("{budget} \"5m\""),
+            ),
+            (
+                "!/set(tool-loop-poll-budget-seconds=31536001)",
+                CommandErrorKind::BadNumber,
+                "tool-loop-poll-budget-seconds",
+                format!("{budget} 31536001"),
+            ),
+            (
+                "!/set(tool-loop-max-failures)",
+                CommandErrorKind::MissingValue,
+                "tool-loop-max-failures",
+                "`tool-loop-max-failures` needs a value, as in `tool-loop-max-failures=3`"
+                    .to_owned(),
+            ),
+            (
+                "!/unset(tool-loop-poll-budget-seconds=300)",
+                CommandErrorKind::UnexpectedValue,
+                "tool-loop-poll-budget-seconds",
+                "`!/unset` takes setting names only, got `tool-loop-poll-budget-seconds=300`"
+                    .to_owned(),
+            ),
+            (
+                "!/unset(tool-loop-max-failures, tool-loop-max-failures)",
+                CommandErrorKind::DuplicateKey,
+                "tool-loop-max-failures",
+                "`tool-loop-max-failures` is named twice; name it once".to_owned(),
+            ),
+        ];
+        for (input, kind, key, message) in cases {
+            let err = LoopCommand::parse(input).unwrap_err();
+            assert_eq!(err.kind(), kind, "{input}: {err}");
+            assert_eq!(err.key(), Some(key), "{input}");
+            assert_eq!(err.message(), message, "{input}");
+        }
+    }
+
+    #[test]
+    fn unset_of_a_new_setting_falls_back_alone() {
+        let start = LoopSettings::default()
+            .with_max_failures(2)
+            .with_poll_budget_secs(60)
+            .with_max_repeats(3);
+        let after = LoopCommand::parse("!/unset(tool-loop-max-failures)")
+            .unwrap()
+            .apply_to(start);
+        assert_eq!(
+            after,
+            LoopSettings::default()
+                .with_poll_budget_secs(60)
+                .with_max_repeats(3)
+        );
+        let after = LoopCommand::parse("!/unset(tool-loop-poll-budget-seconds)")
+            .unwrap()
+            .apply_to(after);
+        assert_eq!(after, LoopSettings::default().with_max_repeats(3));
     }
 }

@@ -30,6 +30,9 @@ pub const DEFAULT_MAX_REPEATS: u32 = 4;
 pub const DEFAULT_TTL_SECS: u64 = 120;
 /// The largest `max_repeats` accepted anywhere: the history of a session grows with it.
 pub const MAX_REPEATS_LIMIT: u32 = 1000;
+/// The longest poll budget a model or session sets, in seconds: a year. Longer is without
+/// end in practice; say `0` for that.
+pub const MAX_POLL_BUDGET_SECS: u64 = 365 * 24 * 60 * 60;
 
 /// `TOOL_LOOP_DETECTION_ENABLED`: `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
 pub const ENV_ENABLED: &str = "TOOL_LOOP_DETECTION_ENABLED";
@@ -204,6 +207,14 @@ pub struct LoopSettings {
     /// What happens when a loop is found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<LoopMode>,
+    /// Identical calls in a row that make a loop when each earlier one failed with the same
+    /// error code (from 2 to 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failures: Option<u32>,
+    /// How long, in seconds, a patient poll's answer may stay the same before the poll is a
+    /// loop (at most [`MAX_POLL_BUDGET_SECS`]); `0`: without end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_budget_secs: Option<u64>,
 }
 
 impl LoopSettings {
@@ -231,6 +242,18 @@ impl LoopSettings {
         self
     }
 
+    /// Sets the identical calls after identical failures that make a loop.
+    pub fn with_max_failures(mut self, max_failures: u32) -> Self {
+        self.max_failures = Some(max_failures);
+        self
+    }
+
+    /// Sets how long a patient poll's answer may stay the same, in seconds (`0`: no end).
+    pub fn with_poll_budget_secs(mut self, poll_budget_secs: u64) -> Self {
+        self.poll_budget_secs = Some(poll_budget_secs);
+        self
+    }
+
     /// `true` when no setting is given.
     pub fn is_empty(&self) -> bool {
         *self == LoopSettings::default()
@@ -244,6 +267,12 @@ impl LoopSettings {
         if let Some(ttl) = self.ttl_secs {
             check_ttl_secs(ttl).map_err(|p| ConfigError::new("ttl_secs", p))?;
         }
+        if let Some(max) = self.max_failures {
+            check_max_repeats(max).map_err(|p| ConfigError::new("max_failures", p))?;
+        }
+        if let Some(budget) = self.poll_budget_secs {
+            check_poll_budget_secs(budget).map_err(|p| ConfigError::new("poll_budget_secs", p))?;
+        }
         Ok(())
     }
 
@@ -254,6 +283,8 @@ impl LoopSettings {
             max_repeats: newer.max_repeats.or(self.max_repeats),
             ttl_secs: newer.ttl_secs.or(self.ttl_secs),
             mode: newer.mode.or(self.mode),
+            max_failures: newer.max_failures.or(self.max_failures),
+            poll_budget_secs: newer.poll_budget_secs.or(self.poll_budget_secs),
         }
     }
 
@@ -264,6 +295,8 @@ impl LoopSettings {
             LoopSettingKey::MaxRepeats => self.max_repeats = None,
             LoopSettingKey::Ttl => self.ttl_secs = None,
             LoopSettingKey::Mode => self.mode = None,
+            LoopSettingKey::MaxFailures => self.max_failures = None,
+            LoopSettingKey::PollBudget => self.poll_budget_secs = None,
         }
         self
     }
@@ -281,15 +314,21 @@ pub enum LoopSettingKey {
     Ttl,
     /// `tool-loop-mode`: [`LoopSettings::mode`].
     Mode,
+    /// `tool-loop-max-failures`: [`LoopSettings::max_failures`].
+    MaxFailures,
+    /// `tool-loop-poll-budget-seconds`: [`LoopSettings::poll_budget_secs`].
+    PollBudget,
 }
 
 impl LoopSettingKey {
     /// Every key.
-    pub const ALL: [LoopSettingKey; 4] = [
+    pub const ALL: [LoopSettingKey; 6] = [
         LoopSettingKey::Detection,
         LoopSettingKey::MaxRepeats,
         LoopSettingKey::Ttl,
         LoopSettingKey::Mode,
+        LoopSettingKey::MaxFailures,
+        LoopSettingKey::PollBudget,
     ];
 
     /// The name in commands, e.g. `tool-loop-max-repeats`.
@@ -299,6 +338,8 @@ impl LoopSettingKey {
             LoopSettingKey::MaxRepeats => "tool-loop-max-repeats",
             LoopSettingKey::Ttl => "tool-loop-ttl",
             LoopSettingKey::Mode => "tool-loop-mode",
+            LoopSettingKey::MaxFailures => "tool-loop-max-failures",
+            LoopSettingKey::PollBudget => "tool-loop-poll-budget-seconds",
         }
     }
 
@@ -362,6 +403,28 @@ pub(super) fn parse_max_repeats(value: &str) -> Result<u32, String> {
         format!("must be a whole number from 2 to {MAX_REPEATS_LIMIT}, got {trimmed:?}")
     })?;
     check_max_repeats(max).map(|()| max)
+}
+
+pub(super) fn check_poll_budget_secs(budget: u64) -> Result<(), String> {
+    if budget <= MAX_POLL_BUDGET_SECS {
+        Ok(())
+    } else {
+        Err(poll_budget_problem(budget))
+    }
+}
+
+fn poll_budget_problem(got: impl fmt::Debug) -> String {
+    format!(
+        "must be a whole number of seconds from 0 (no end) to {MAX_POLL_BUDGET_SECS}, got {got:?}"
+    )
+}
+
+pub(super) fn parse_poll_budget_secs(value: &str) -> Result<u64, String> {
+    let trimmed = value.trim();
+    let budget = trimmed
+        .parse::<u64>()
+        .map_err(|_| poll_budget_problem(trimmed))?;
+    check_poll_budget_secs(budget).map(|()| budget)
 }
 
 pub(super) fn parse_ttl_secs(value: &str) -> Result<u64, String> {
@@ -565,19 +628,26 @@ impl Tiers {
                 mode,
                 result_aware: self.rules.result_aware && tool.poller.unwrap_or(answers_decide),
                 cycles: self.rules.cycles,
-                failures: tool.max_failures.or(self.rules.failures),
+                failures: tool
+                    .max_failures
+                    .or(model.max_failures)
+                    .or(self.rules.failures),
                 backoff: self.rules.backoff,
                 polls: PollLimits {
-                    budget: match tool.poll_budget_secs {
-                        Some(0) => None,
-                        Some(secs) => Some(Duration::from_secs(secs)),
-                        None => self.rules.polls.budget,
-                    },
+                    budget: tool
+                        .poll_budget_secs
+                        .or(model.poll_budget_secs)
+                        .map_or(self.rules.polls.budget, poll_budget),
                     ..self.rules.polls
                 },
             },
         }
     }
+}
+
+/// The poll budget of `secs` seconds; `0`: without end.
+fn poll_budget(secs: u64) -> Option<Duration> {
+    (secs > 0).then(|| Duration::from_secs(secs))
 }
 
 /// A call's settings before its session's own: each session setting, when set, wins.
@@ -596,6 +666,13 @@ impl BelowSession {
                 .ttl_secs
                 .map_or(self.limits.ttl, Duration::from_secs),
             mode: session.mode.unwrap_or(self.limits.mode),
+            failures: session.max_failures.or(self.limits.failures),
+            polls: PollLimits {
+                budget: session
+                    .poll_budget_secs
+                    .map_or(self.limits.polls.budget, poll_budget),
+                ..self.limits.polls
+            },
             ..self.limits
         };
         (session.enabled.unwrap_or(self.enabled), limits)
@@ -689,7 +766,9 @@ mod tests {
                 enabled: Some(true),
                 max_repeats: Some(6),
                 ttl_secs: None,
-                mode: Some(LoopMode::Break)
+                mode: Some(LoopMode::Break),
+                max_failures: None,
+                poll_budget_secs: None,
             }
         );
         let unset = merged
@@ -719,5 +798,145 @@ mod tests {
         assert!(tier.get("a").is_some() && tier.get("c").is_some());
         tier.update("a", |s| s.without(LoopSettingKey::MaxRepeats));
         assert_eq!(tier.len(), 1, "empty settings are removed");
+    }
+
+    /// The layer's defaults for the new settings: the 4th identical call after three
+    /// failures, a poll budget of 10 minutes.
+    fn tiers(model: LoopSettings, session: LoopSettings) -> Tiers {
+        let mut models = ModelTier::default();
+        models.insert("openai".into(), "gpt-4o".into(), model);
+        let sessions = SessionTier::new(8);
+        sessions.update("s", |_| session);
+        Tiers {
+            server: LoopDetectConfig::default(),
+            models,
+            sessions,
+            rules: Rules {
+                cycles: None,
+                failures: Some(4),
+                backoff: None,
+                result_aware: true,
+                polls: PollLimits {
+                    patient_gap: Duration::from_secs(28),
+                    budget: Some(Duration::from_secs(600)),
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn failures_and_poll_budget_resolve_session_then_tool_then_model_then_server() {
+        let call = ToolCall::builder("app", "search")
+            .session("s")
+            .actor("a")
+            .baggage(BAGGAGE_BACKEND, "openai")
+            .baggage(BAGGAGE_MODEL, "gpt-4o")
+            .build()
+            .unwrap();
+        let none = LoopSettings::default();
+        let no_tool = LoopDetectOverrides::default();
+        let secs = |s: u64| Some(Duration::from_secs(s));
+        // (session, tool, model) -> (failures, poll budget)
+        let cases = [
+            (none, no_tool.clone(), none, (Some(4), secs(600))),
+            (
+                none,
+                no_tool.clone(),
+                none.with_max_failures(5).with_poll_budget_secs(300),
+                (Some(5), secs(300)),
+            ),
+            (
+                none,
+                no_tool
+                    .clone()
+                    .with_max_failures(3)
+                    .with_poll_budget_secs(60),
+                none.with_max_failures(5).with_poll_budget_secs(300),
+                (Some(3), secs(60)),
+            ),
+            (
+                none.with_max_failures(2).with_poll_budget_secs(30),
+                no_tool
+                    .clone()
+                    .with_max_failures(3)
+                    .with_poll_budget_secs(60),
+                none.with_max_failures(5).with_poll_budget_secs(300),
+                (Some(2), secs(30)),
+            ),
+            // Each setting on its own: the session sets one, the tool the other.
+            (
+                none.with_max_failures(2),
+                no_tool.clone().with_poll_budget_secs(60),
+                none.with_max_failures(5).with_poll_budget_secs(300),
+                (Some(2), secs(60)),
+            ),
+            (
+                none.with_poll_budget_secs(30),
+                no_tool.clone(),
+                none.with_max_failures(5),
+                (Some(5), secs(30)),
+            ),
+            // `0` is a budget without end, at every tier.
+            (
+                none,
+                no_tool.clone(),
+                none.with_poll_budget_secs(0),
+                (Some(4), None),
+            ),
+            (
+                none.with_poll_budget_secs(0),
+                no_tool.clone().with_poll_budget_secs(60),
+                none,
+                (Some(4), None),
+            ),
+            (
+                none.with_poll_budget_secs(45),
+                no_tool.clone().with_poll_budget_secs(0),
+                none,
+                (Some(4), secs(45)),
+            ),
+        ];
+        for (index, (session, tool, model, (failures, budget))) in cases.into_iter().enumerate() {
+            let limits = tiers(model, session)
+                .limits(&call, Some(&tool), true)
+                .unwrap();
+            assert_eq!(limits.failures, failures, "case {index}");
+            assert_eq!(limits.polls.budget, budget, "case {index}");
+            assert_eq!(limits.polls.patient_gap, Duration::from_secs(28));
+            assert_eq!(limits.max_repeats, DEFAULT_MAX_REPEATS, "case {index}");
+        }
+    }
+
+    #[test]
+    fn bad_failures_and_poll_budgets_are_refused_naming_the_field() {
+        let cases = [
+            (
+                LoopSettings::default().with_max_failures(1),
+                "max_failures",
+                "must be a whole number from 2 to 1000, got 1",
+            ),
+            (
+                LoopSettings::default().with_max_failures(1001),
+                "max_failures",
+                "must be a whole number from 2 to 1000, got 1001",
+            ),
+            (
+                LoopSettings::default().with_poll_budget_secs(MAX_POLL_BUDGET_SECS + 1),
+                "poll_budget_secs",
+                "must be a whole number of seconds from 0 (no end) to 31536000, got 31536001",
+            ),
+        ];
+        for (settings, field, problem) in cases {
+            let err = settings.check().unwrap_err();
+            assert_eq!((err.field(), err.problem()), (field, problem));
+        }
+        let fine = LoopSettings::default()
+            .with_max_failures(2)
+            .with_poll_budget_secs(MAX_POLL_BUDGET_SECS);
+        assert!(fine.check().is_ok());
+        assert!(LoopSettings::default()
+            .with_poll_budget_secs(0)
+            .check()
+            .is_ok());
     }
 }

@@ -255,7 +255,8 @@ impl LoopDetectLayerBuilder {
     /// failures is not run. Unlike the repeat rule, this one holds however far apart the
     /// failures came (a failing read spaced like a patient poll is still stopped), and a
     /// tool that must not be retried blindly gets a lower number before `max_repeats`.
-    /// Per tool: `policy.loop_detect.max_failures`.
+    /// Per tool, model and session too: `max_failures` of `policy.loop_detect` and of
+    /// [`LoopSettings`].
     pub fn max_failures(mut self, calls: u32) -> Self {
         self.max_failures = calls;
         self.failure_threshold = None;
@@ -288,8 +289,8 @@ impl LoopDetectLayerBuilder {
     }
 
     /// How long a patient poll's answer may stay the same before the poll is a loop
-    /// (default 10 minutes; `None`: without end). Per tool:
-    /// `policy.loop_detect.poll_budget_secs`.
+    /// (default 10 minutes; `None`: without end). Per tool, model and session too:
+    /// `poll_budget_secs` of `policy.loop_detect` and of [`LoopSettings`].
     pub fn poll_budget(mut self, budget: Option<Duration>) -> Self {
         self.poll_budget = budget;
         self

@@ -65,15 +65,19 @@
 //!
 //! # Configuration
 //!
-//! Four settings (`enabled`, `max_repeats`, `ttl_secs`, `mode`) come in tiers, and each is
-//! resolved on its own: **session, then tool, then model, then server**.
+//! Six settings (`enabled`, `max_repeats`, `ttl_secs`, `mode`, `max_failures`,
+//! `poll_budget_secs`) come in tiers, and each is resolved on its own: **session, then tool,
+//! then model, then server**. A `poll_budget_secs` of `0` is a budget without end, at any
+//! tier.
 //!
 //! - **server**: [`LoopDetectConfig`], in code or from the environment:
 //!   `TOOL_LOOP_DETECTION_ENABLED` (default `true`), `TOOL_LOOP_MAX_REPEATS` (4),
 //!   `TOOL_LOOP_TTL_SECONDS` (120), `TOOL_LOOP_MODE` (`break` | `chance` |
 //!   `chance_then_break`). A bad value fails the build with a
-//!   [`ConfigError`](crate::ConfigError) naming the variable.
-//! - **model**: [`LoopSettings`] per (backend, model), given to
+//!   [`ConfigError`](crate::ConfigError) naming the variable. The server's `max_failures`
+//!   (4) and poll budget (10 min) are the [builder](LoopDetectLayerBuilder)'s
+//!   `max_failures` and `poll_budget`.
+//! - **model**: [`LoopSettings`] per (backend, model) (all six settings), given to
 //!   [`LoopDetectLayerBuilder::model`]. A call names its model in `trace.baggage`, with the
 //!   OpenTelemetry GenAI keys `gen_ai.system` (the backend, e.g. `openai`) and
 //!   `gen_ai.request.model` (e.g. `gpt-4o-mini`); a call without them gets no model tier.
@@ -84,11 +88,17 @@
 //!   they describe the tool, which a model default does not know.
 //! - **session**: [`LoopSettings`] set and unset at run time through the
 //!   [`LoopDetectHandle`], directly or from the in-chat commands `!/set(tool-loop-…=…)` and
-//!   `!/unset(tool-loop-…)` (see [`LoopCommand`]).
+//!   `!/unset(tool-loop-…)` (see [`LoopCommand`]): `tool-loop-detection`,
+//!   `tool-loop-max-repeats`, `tool-loop-ttl`, `tool-loop-mode`, `tool-loop-max-failures`
+//!   (2 to 1000) and `tool-loop-poll-budget-seconds` (0 to [`MAX_POLL_BUDGET_SECS`]), e.g.
+//!   `!/set(tool-loop-max-failures=3)`. A wrong value changes nothing and the error names
+//!   the setting.
 //!
-//! The other rules' switches and thresholds are the layer's, set on its
-//! [builder](LoopDetectLayerBuilder): `cycles`, `max_cycle_length`, `max_failures`,
-//! `min_backoff`, `patient_poll_gap`, `poll_budget`, `ignore_members`.
+//! A tool's or session's `max_failures` applies the failure rule even when the layer has it
+//! switched off ([`repeated_failures(false)`](LoopDetectLayerBuilder::repeated_failures)).
+//! The other rules' switches and thresholds are the layer's only, set on its
+//! [builder](LoopDetectLayerBuilder): `cycles`, `cycle_repetitions`, `max_cycle_length`,
+//! `min_backoff`, `patient_poll_gap`, and `ignore_members` (per tool too).
 //!
 //! # Measured
 //!
@@ -205,7 +215,7 @@ pub use command::{CommandError, CommandErrorKind, LoopCommand};
 pub use config::{
     LoopDetectConfig, LoopSettingKey, LoopSettings, BAGGAGE_BACKEND, BAGGAGE_MODEL,
     DEFAULT_MAX_REPEATS, DEFAULT_TTL_SECS, ENV_ENABLED, ENV_MAX_REPEATS, ENV_MODE, ENV_TTL_SECONDS,
-    MAX_REPEATS_LIMIT,
+    MAX_POLL_BUDGET_SECS, MAX_REPEATS_LIMIT,
 };
 pub use future::ResponseFuture;
 pub use handle::{LoopDetectHandle, StoreWrite};

@@ -71,7 +71,8 @@ const SETTLED_LEN: usize = 41;
 /// five by five: window (ms), the calls kept for the rules other than repeats, max repeats,
 /// enabled (`1` or `0`), the last four below the session, then the run's calls (written by
 /// the replica, [`CALL_LEN`] characters each). For each call, it reads the session's
-/// settings over the tiers below it, and, when they track the call, appends it keeping as
+/// settings that decide what is kept (`enabled`, `max_repeats`, `ttl_secs`, and
+/// `max_failures`, which may need more calls than the tiers below it) over the tiers below it, and, when they track the call, appends it keeping as
 /// many calls as the rules look at and takes the next sequence number; the session then
 /// expires with the last tracked call's window. The session is written once, with the calls
 /// that the last call keeps. It answers the session as it was before the first call.
@@ -86,7 +87,9 @@ for at = 0, #ARGV - 5, 5 do
   if enabled then
     if own.max_repeats then repeats = own.max_repeats end
     window = own.ttl_secs and own.ttl_secs * 1000 or tonumber(ARGV[at + 1])
-    local keep, calls = math.max(tonumber(ARGV[at + 2]) - 1, repeats - 2, 0), ARGV[at + 5]
+    local others = tonumber(ARGV[at + 2])
+    if own.max_failures then others = math.max(others, own.max_failures - 1) end
+    local keep, calls = math.max(others - 1, repeats - 2, 0), ARGV[at + 5]
     for _ = 1, #calls / CALL do kept = math.min(kept, keep) + 1 end
     seq = seq + #calls / CALL
     added[#added + 1] = calls
@@ -698,6 +701,8 @@ fn setting_member(key: LoopSettingKey) -> &'static str {
         LoopSettingKey::MaxRepeats => "max_repeats",
         LoopSettingKey::Ttl => "ttl_secs",
         LoopSettingKey::Mode => "mode",
+        LoopSettingKey::MaxFailures => "max_failures",
+        LoopSettingKey::PollBudget => "poll_budget_secs",
     }
 }
 
@@ -965,9 +970,18 @@ mod tests {
             max_repeats in proptest::option::of(0u32..200),
             ttl_secs in proptest::option::of(0u64..100_000),
             enabled in proptest::option::of(any::<bool>()),
+            max_failures in proptest::option::of(0u32..1200),
+            poll_budget_secs in proptest::option::of(0u64..40_000_000),
             noise in ".{0,40}",
         ) {
-            let settings = LoopSettings { enabled, max_repeats, ttl_secs, mode: None };
+            let settings = LoopSettings {
+                enabled,
+                max_repeats,
+                ttl_secs,
+                mode: None,
+                max_failures,
+                poll_budget_secs,
+            };
             let stored = if settings.is_empty() {
                 String::new()
             } else {

@@ -137,6 +137,7 @@ support::store_suite!(
     cycles_can_be_switched_off,
     repeated_identical_failures_break_below_max_repeats,
     a_tool_s_max_failures_stops_before_the_repeat_rule,
+    a_session_s_max_failures_holds_for_it_alone_and_unset_falls_back,
     failures_with_changing_codes_count_as_plain_repeats,
     a_poller_whose_result_changes_is_never_blocked,
     a_poller_whose_result_stays_the_same_is_a_loop,
@@ -657,6 +658,63 @@ async fn a_tool_s_max_failures_stops_before_the_repeat_rule(store: Store) {
     let (ran, err) = runs_before_refusal(&mut svc, &search("sess-1", json!({"q": 1}))).await;
     assert_eq!((ran, calls.load(Ordering::SeqCst)), (1, 1));
     assert_eq!(err.details().unwrap()["rule"], "failures");
+}
+
+/// `!/set(tool-loop-max-failures=…)` changes the failure rule of its session only; through
+/// a shared store, the other replicas read it too.
+async fn a_session_s_max_failures_holds_for_it_alone_and_unset_falls_back(store: Store) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = store.layer(ToolRegistry::open());
+    let handle = layer.handle();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(failing(vec![ErrorCode::UpstreamUnavailable], calls.clone()));
+    let set = |session: &'static str, command: &str| {
+        handle
+            .apply(session, &LoopCommand::parse(command).unwrap())
+            .unwrap()
+    };
+    set("strict", "!/set(tool-loop-max-failures=2)")
+        .await
+        .unwrap();
+    set("three", "!/set(tool-loop-max-failures=3)")
+        .await
+        .unwrap();
+    set(
+        "patient",
+        "!/set(tool-loop-max-repeats=12, tool-loop-max-failures=8)",
+    )
+    .await
+    .unwrap();
+    let cases = [
+        ("strict", 1, "the 2nd try after one failure"),
+        ("three", 2, "the 3rd try after two failures"),
+        (
+            "default",
+            3,
+            "the 4th try after three failures: the layer's default",
+        ),
+        ("patient", 7, "the 8th try, past the repeat rule's default"),
+    ];
+    for (session, expected, what) in cases {
+        let before = calls.load(Ordering::SeqCst);
+        let (ran, err) = runs_before_refusal(&mut svc, &search(session, json!({"q": 1}))).await;
+        assert_eq!(ran, expected, "{session}: {what}");
+        assert_eq!(calls.load(Ordering::SeqCst) - before, expected, "{session}");
+        assert_eq!(err.details().unwrap()["rule"], "failures", "{session}");
+        assert_eq!(
+            err.details().unwrap()["maxRepeats"],
+            expected + 1,
+            "{session}"
+        );
+    }
+
+    // Unset, the session falls back to the layer's default.
+    set("strict", "!/unset(tool-loop-max-failures)")
+        .await
+        .unwrap();
+    let (ran, _) = runs_before_refusal(&mut svc, &search("strict", json!({"q": "again"}))).await;
+    assert_eq!(ran, 3);
 }
 
 async fn failures_with_changing_codes_count_as_plain_repeats(store: Store) {
@@ -1626,6 +1684,45 @@ async fn a_patient_poll_runs_a_tight_one_stops_and_a_poll_past_its_budget_stops(
         tokio::time::advance(Duration::from_secs(30)).await;
     }
     assert_eq!(ran, 4, "at 0, 30, 60 and 90 s; refused at 120 s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_s_poll_budget_holds_for_it_alone() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = LoopDetectLayer::new(read_only_status());
+    let handle = layer.handle();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(job_status(vec![json!({"state": "running"})], calls.clone()));
+    handle
+        .apply_command("short", "!/set(tool-loop-poll-budget-seconds=90)")
+        .unwrap();
+    handle
+        .apply_command("endless", "!/set(tool-loop-poll-budget-seconds=0)")
+        .unwrap();
+    // Every 30 s, the same answer, in three sessions at once.
+    let mut refused_at = BTreeMap::new();
+    for n in 0..30 {
+        for session in ["short", "default", "endless"] {
+            if refused_at.contains_key(session) {
+                continue;
+            }
+            if let Err(err) = send(&mut svc, poll(session)).await {
+                assert_eq!(
+                    err.details().unwrap()["rule"],
+                    "unchanged_poll",
+                    "{session}"
+                );
+                refused_at.insert(session, n * 30);
+            }
+        }
+        tokio::time::advance(Duration::from_secs(30)).await;
+    }
+    assert_eq!(
+        refused_at,
+        BTreeMap::from([("default", 600), ("short", 90)]),
+        "the endless session polls on"
+    );
 }
 
 #[tokio::test(start_paused = true)]
