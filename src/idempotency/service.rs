@@ -380,7 +380,7 @@ impl<St: DedupeStore> crate::loop_detect::ResendSource for Shared<St> {
     fn resend_key(&self, call: &ToolCall) -> Option<crate::loop_detect::ResendKey> {
         use crate::loop_detect::ResendKey;
         let settings = self.tools.for_call(call).as_ref()?;
-        if call.transport().dedupe_mode.unwrap_or(settings.mode) == DedupeMode::Disabled {
+        if settings.mode_for(call.transport().dedupe_mode) == DedupeMode::Disabled {
             return None;
         }
         let given = call

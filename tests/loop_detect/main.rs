@@ -1784,6 +1784,17 @@ async fn a_resend_answered_from_the_record_is_never_a_repeat() {
             .unwrap_or_else(|e| panic!("re-send {n}: {e}"));
     }
     assert_eq!(counter.get(), 2);
+    // A call that asks for no deduplication, which its tool does not let callers ask for,
+    // is still answered from the record, so it is still a re-send.
+    let mut unasked = keyed.clone();
+    unasked.envelope_mut().transport.dedupe_mode = Some(tower_toolcall::DedupeMode::Disabled);
+    for n in 0..6 {
+        let output = send(&mut svc, unasked.clone())
+            .await
+            .unwrap_or_else(|e| panic!("re-send {n}: {e}"));
+        assert!(output.record().from_cache);
+    }
+    assert_eq!(counter.get(), 2);
     // The loop layer alone knows no record: the 4th identical call is refused.
     let mut alone = stack_without_idempotency(&counter);
     let (ran, _) = runs_before_refusal(&mut alone, &keyed).await;
