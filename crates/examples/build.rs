@@ -1,11 +1,11 @@
 //! Compiles `proto/` into the gRPC client and server of the example and its tests, only when
-//! the `tonic` feature is on: without it, the build script does nothing.
+//! the `grpc` feature is on: without it, the build script does nothing.
 
 fn main() {
     println!("cargo:rerun-if-changed=proto");
-    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_TONIC");
-    #[cfg(feature = "tonic")]
-    if std::env::var_os("CARGO_FEATURE_TONIC").is_some() {
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_GRPC");
+    #[cfg(feature = "grpc")]
+    if std::env::var_os("CARGO_FEATURE_GRPC").is_some() {
         if let Err(err) = tonic_prost_build::compile_protos("proto/tools.proto") {
             panic!(
                 "compiling proto/tools.proto failed: {err}; \

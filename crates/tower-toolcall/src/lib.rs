@@ -242,7 +242,7 @@ pub use timeout::TimeoutLayer;
 pub use trace::TraceLayer;
 
 /// The examples of the README, compiled and run as doctests (the README's test command,
-/// `cargo test --all-features`, runs them; its adapter sections need `tonic`, `mcp` and
+/// `cargo test --workspace --all-features`, runs them; its adapter sections need `tonic`, `mcp` and
 /// `mcp-http`).
 #[cfg(all(
     doctest,
@@ -252,5 +252,5 @@ pub use trace::TraceLayer;
     feature = "mcp",
     feature = "mcp-http"
 ))]
-#[doc = include_str!("../README.md")]
+#[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;

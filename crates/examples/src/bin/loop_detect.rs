@@ -1,4 +1,4 @@
-//! Run with `cargo run --example loop_detect`.
+//! Run with `cargo run -p tower-toolcall-examples --bin loop_detect`.
 //!
 //! A model that keeps calling the same search gets a chance on its 4th identical call and is
 //! stopped on the 5th; a user's in-chat command gives another session a stricter limit.

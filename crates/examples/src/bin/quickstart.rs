@@ -1,4 +1,4 @@
-//! Run with: `cargo run --example quickstart`
+//! Run with: `cargo run -p tower-toolcall-examples --bin quickstart`
 //!
 //! Two tools behind the whole stack: a read-only web search whose upstream fails now and then,
 //! and a file write that needs schema-valid params and the user's confirmation. Calls go

@@ -1,4 +1,4 @@
-//! Run with: `cargo run --example grpc --features tonic`
+//! Run with: `cargo run -p tower-toolcall-examples --features grpc --bin grpc`
 //!
 //! A small gRPC tool service (`proto/tools.proto`) whose calls run through the whole stack.
 //! Its `forecast` tool asks an upstream gRPC service that is unavailable on its first

@@ -1,4 +1,4 @@
-//! Run with: `cargo run --features mcp --bin mcp-example-server [-- --registry registry.toml] [--max-line-bytes 4194304]`
+//! Run with: `cargo run -p tower-toolcall-examples --features mcp --bin mcp-example-server [-- --registry registry.toml] [--max-line-bytes 4194304]`
 //!
 //! An MCP server over stdio whose every `tools/call` goes through the whole stack. Its tools
 //! keep notes: `search` (read-only; its backend times out on the first search for `flaky`),

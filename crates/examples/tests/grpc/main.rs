@@ -2,7 +2,7 @@
 //! called with the generated client on a loopback port.
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../../examples/grpc.rs"]
+#[path = "../../src/bin/grpc.rs"]
 mod example;
 
 use std::sync::atomic::Ordering;

@@ -3,11 +3,11 @@
 //! example server as a child process.
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../../examples/mcp_server.rs"]
+#[path = "../../src/bin/mcp-example-server.rs"]
 mod example;
 #[cfg(feature = "mcp-http")]
 mod http;
-#[path = "../support/mod.rs"]
+#[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
 
 use std::sync::{Arc, Mutex};
@@ -479,7 +479,7 @@ async fn end_to_end_over_stdio_with_the_example_server() {
     let binary = env!("CARGO_BIN_EXE_mcp-example-server");
     let command = tokio::process::Command::new(binary);
     let transport = rmcp::transport::TokioChildProcess::new(command)
-        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}; build it with `cargo build --features mcp --bin mcp-example-server`"));
+        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}; build it with `cargo build -p tower-toolcall-examples --features mcp --bin mcp-example-server`"));
     let running = ().serve(transport).await.expect("the MCP handshake over stdio");
     let client = McpClient::new(running.peer().clone());
     let registry = client

@@ -1,4 +1,4 @@
-//! Run with: `cargo run --example gateway --features axum,metrics`
+//! Run with: `cargo run -p tower-toolcall-examples --bin gateway`
 //!
 //! A tool gateway: three demo tools behind the whole stack, served over HTTP on
 //! 127.0.0.1:8080 (`PORT` changes the port).
@@ -18,7 +18,7 @@
 //! - `reports::report`: slow; takes 2 seconds.
 //!
 //! Dedupe records live in memory, or in Redis when `TOOLCALL_REDIS_URL` is set (run with
-//! `--features axum,metrics,redis`). The switches come from the environment
+//! `--features redis`). The switches come from the environment
 //! (`TOOL_RELIABILITY_ENABLED`, …). Ctrl-C stops taking new connections, lets the calls in
 //! flight finish, then exits.
 //!
@@ -242,7 +242,7 @@ async fn run() -> Result<(), BoxError> {
     if redis_url.is_some() {
         return Err(
             "TOOLCALL_REDIS_URL is set, but the Redis store needs the `redis` feature: \
-                    cargo run --example gateway --features axum,metrics,redis"
+                    cargo run -p tower-toolcall-examples --features redis --bin gateway"
                 .into(),
         );
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-const README: &str = include_str!("../../README.md");
+const README: &str = include_str!("../../../../README.md");
 
 /// The block that starts with the `call` helper.
 fn shell_block() -> &'static str {
@@ -22,18 +22,7 @@ fn shell_block() -> &'static str {
 
 /// The gateway example, built by `cargo test` beside this test.
 fn example_binary() -> PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    let path = deps
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|debug| debug.join("examples").join("gateway"))
-        .unwrap();
-    assert!(
-        path.exists(),
-        "{} is missing: cargo build --example gateway --features axum,metrics",
-        path.display()
-    );
-    path
+    PathBuf::from(env!("CARGO_BIN_EXE_gateway"))
 }
 
 struct Gateway(Child);
@@ -136,7 +125,7 @@ fn a_bad_admin_token_stops_the_example_with_a_message() {
     assert!(!stderr.contains("ConfigError"), "no debug dump: {stderr}");
 }
 
-#[path = "../support/mod.rs"]
+#[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
 
 /// A Redis URL's password never reaches the example's output, whether Redis answers or not.

@@ -243,7 +243,6 @@ pub fn on_a_large_stack(test: impl FnOnce() + Send + 'static) {
 }
 
 pub mod capture;
-#[cfg(feature = "metrics")]
 pub mod metrics_series;
 pub mod redis_server;
 

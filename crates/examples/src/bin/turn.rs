@@ -1,4 +1,4 @@
-//! Run with: `cargo run --example turn`
+//! Run with: `cargo run -p tower-toolcall-examples --bin turn`
 //!
 //! One agent turn planning a trip, run by the executor over the whole stack: flights first,
 //! hotels near the arrival airport once the flights are known (one call per hotel
