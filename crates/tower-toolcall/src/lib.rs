@@ -179,12 +179,8 @@
 
 mod bounds;
 pub mod breaker;
-pub mod canonical;
-pub mod classify;
-pub mod control;
+mod contract;
 pub mod detach;
-pub mod envelope;
-mod error;
 pub mod executor;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -202,22 +198,21 @@ pub mod loop_detect;
 #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
 pub mod mcp;
 mod middleware;
-mod outcome;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
 mod redis_support;
-pub mod registry;
 pub mod retry;
-mod serde_message;
 pub mod shared_store;
 mod spans;
 pub mod stack;
-mod time;
 pub mod timeout;
 mod tool_fn;
 mod tool_table;
 pub mod trace;
 pub mod validate;
+
+pub use contract::{canonical, classify, control, envelope, registry};
+pub(crate) use contract::{error, outcome, time};
 
 pub use envelope::{
     BreakerScope, CallEnvelope, DedupeMode, Params, ResultEnvelopeLayer, ResultStatus, ToolCall,

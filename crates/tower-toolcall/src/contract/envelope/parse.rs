@@ -11,8 +11,8 @@ use super::call::{
 };
 use super::ijson::{self, IJsonValue};
 use super::params::{json_kind, Params};
-use crate::error::{ErrorCode, ToolError};
-use crate::serde_message::{missing_field, not_i_json, strip_position};
+use crate::contract::error::{ErrorCode, ToolError};
+use crate::contract::serde_message::{missing_field, not_i_json, strip_position};
 
 /// Reads JSON text as I-JSON (RFC 7493) into a value: the first step of parsing an envelope.
 pub(crate) fn i_json(bytes: &[u8]) -> Result<Value, ToolError> {

@@ -9,8 +9,8 @@ use serde_json::Value;
 use super::builder::ToolCallBuilder;
 use super::ijson::{object, optional_name, optional_object, IJsonValue};
 use super::params::Params;
-use crate::error::ToolError;
-use crate::registry::ToolResolution;
+use crate::contract::error::ToolError;
+use crate::contract::registry::ToolResolution;
 
 /// The only contract version this crate speaks.
 pub const CONTRACT_VERSION: &str = "1.1";

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::control::ShadowLayer;
-use crate::error::ToolError;
+use crate::contract::control::ShadowLayer;
+use crate::contract::error::ToolError;
 
 /// The successful output of a tool: its `content` and optional `metadata`.
 ///

@@ -8,8 +8,8 @@ use super::call::{
     Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
 };
 use super::params::Params;
-use crate::error::ToolError;
-use crate::time::millis;
+use crate::contract::error::ToolError;
+use crate::contract::time::millis;
 
 /// Builds a [`ToolCall`] from code; made by [`ToolCall::builder`].
 ///

@@ -4,10 +4,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::call::ToolCall;
-use crate::classify::decided_retriable;
-use crate::error::{ErrorCode, ToolError};
-use crate::outcome::{BreakerState, CacheMatch, CallRecord, RetryRecord, ToolOutput};
-use crate::time::millis;
+use crate::contract::classify::decided_retriable;
+use crate::contract::error::{ErrorCode, ToolError};
+use crate::contract::outcome::{BreakerState, CacheMatch, CallRecord, RetryRecord, ToolOutput};
+use crate::contract::time::millis;
 
 /// The result envelope of a call, as it goes back to the agent (camelCase JSON).
 ///

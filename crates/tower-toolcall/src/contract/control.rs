@@ -82,8 +82,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use crate::envelope::ToolCall;
-use crate::error::ConfigError;
+use crate::contract::envelope::ToolCall;
+use crate::contract::error::ConfigError;
 
 /// The variable of the kill switch.
 pub const ENABLED_VAR: &str = "TOOL_RELIABILITY_ENABLED";

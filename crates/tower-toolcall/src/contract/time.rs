@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use crate::envelope::ToolCall;
-use crate::error::ConfigError;
+use crate::contract::envelope::ToolCall;
+use crate::contract::error::ConfigError;
 
 /// A duration in whole milliseconds, saturating.
 pub(crate) fn millis(duration: Duration) -> u64 {

@@ -54,10 +54,10 @@ pub use policy::{
 
 pub(crate) use resolution::ToolResolution;
 
-use crate::control::ReliabilityControl;
-use crate::envelope::ToolCall;
-use crate::error::{ConfigError, ErrorCode, ToolError};
-use crate::serde_message::{missing_field, strip_position};
+use crate::contract::control::ReliabilityControl;
+use crate::contract::envelope::ToolCall;
+use crate::contract::error::{ConfigError, ErrorCode, ToolError};
+use crate::contract::serde_message::{missing_field, strip_position};
 use schema::{list, violation_details, Schema};
 
 /// The registered tools, the denied ones, and the policy of unregistered tools.
@@ -388,7 +388,7 @@ impl RegisteredTool {
                 list(&violations)
             ),
         )
-        .with_class(crate::error::ErrorClass::Terminal)
+        .with_class(crate::contract::error::ErrorClass::Terminal)
         .with_details(violation_details("output.content", &violations)))
     }
 }

@@ -10,8 +10,8 @@ use tower_service::Service;
 
 use super::call::ToolCall;
 use super::result::ToolResult;
-use crate::error::ToolError;
-use crate::outcome::ToolOutput;
+use crate::contract::error::ToolError;
+use crate::contract::outcome::ToolOutput;
 
 /// Turns a tool stack into a service that answers every call with a [`ToolResult`]
 /// envelope, its duration measured here. Put it outermost, at the edge where results go
