@@ -11,6 +11,13 @@ use super::params::Params;
 use crate::contract::error::ToolError;
 use crate::contract::time::millis;
 
+impl ToolCall {
+    /// A builder for a call of tool `name` in `namespace`.
+    pub fn builder(namespace: impl Into<String>, name: impl Into<String>) -> ToolCallBuilder {
+        ToolCallBuilder::new(namespace.into(), name.into())
+    }
+}
+
 /// Builds a [`ToolCall`] from code; made by [`ToolCall::builder`].
 ///
 /// `session` and `actor` are required; the request id is a fresh ULID unless set.

@@ -34,7 +34,6 @@
 
 mod descriptor;
 mod policy;
-mod resolution;
 mod schema;
 
 use std::collections::HashMap;
@@ -52,10 +51,8 @@ pub use policy::{
     RetryOverrides, TimeoutOverrides, ToolPolicy, UnclassifiedAs, ValidateOverrides,
 };
 
-pub(crate) use resolution::ToolResolution;
-
 use crate::contract::control::ReliabilityControl;
-use crate::contract::envelope::ToolCall;
+use crate::contract::envelope::{next_registry_id, ToolCall};
 use crate::contract::error::{ConfigError, ErrorCode, ToolError};
 use crate::contract::serde_message::{missing_field, strip_position};
 use schema::{list, violation_details, Schema};
@@ -498,7 +495,7 @@ impl ToolRegistryBuilder {
             inner: Arc::new(RegistryInner {
                 tools,
                 in_order,
-                id: resolution::next_registry_id(),
+                id: next_registry_id(),
                 open: self.open,
                 denied,
                 unregistered: self.unregistered,

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::call::ToolCall;
-use super::result::ToolResult;
+use super::ToolResult;
+use crate::contract::envelope::ToolCall;
 use crate::contract::error::ToolError;
 use crate::contract::outcome::ToolOutput;
 
