@@ -179,12 +179,8 @@
 
 mod bounds;
 pub mod breaker;
-pub mod canonical;
-pub mod classify;
-pub mod control;
+mod contract;
 pub mod detach;
-pub mod envelope;
-mod error;
 pub mod executor;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -202,22 +198,47 @@ pub mod loop_detect;
 #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
 pub mod mcp;
 mod middleware;
-mod outcome;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
 mod redis_support;
-pub mod registry;
 pub mod retry;
-mod serde_message;
 pub mod shared_store;
 mod spans;
 pub mod stack;
-mod time;
 pub mod timeout;
 mod tool_fn;
 mod tool_table;
 pub mod trace;
 pub mod validate;
+
+pub use contract::{canonical, classify, control, registry};
+pub(crate) use contract::{error, outcome, time};
+
+// The public `envelope` joins the call envelope and the result envelope, which stand at two
+// levels of the contract: the result is made with the classifier, which reads the registry,
+// which reads calls.
+pub mod envelope {
+    //! The wire format: the [`ToolCall`] envelope (contract version 1.1), its parts, and the
+    //! [`ToolResult`] envelope.
+    //!
+    //! Both serialize to camelCase JSON exactly as the contract describes. Required fields of a
+    //! call: `contractVersion` (`"1.1"`), `requestId`, `toolName`, `toolNamespace`,
+    //! `target.sessionKey`, `target.actorId`, `payload.version` (`"1.0"`) and `payload.params`
+    //! (an object). The sections `transport`, `control` and `trace` may be absent; the layers
+    //! then use the tool's policy. Unknown members are ignored.
+    //!
+    //! [`ToolCall::from_json`] takes I-JSON (RFC 7493) only, in known and unknown members alike:
+    //! an object where the contract says object (never the array of its fields that serde would
+    //! take for a struct), no member name twice in one object, valid Unicode, and numbers that a
+    //! double can hold. Identifiers have at most [`MAX_IDENTIFIER_BYTES`] bytes, the idempotency
+    //! key at most [`MAX_IDEMPOTENCY_KEY_BYTES`].
+
+    pub use crate::contract::envelope::*;
+    pub use crate::contract::result::{
+        ResultEnvelope, ResultEnvelopeFuture, ResultEnvelopeLayer, ResultError, ResultStatus,
+        ToolResult,
+    };
+}
 
 pub use envelope::{
     BreakerScope, CallEnvelope, DedupeMode, Params, ResultEnvelopeLayer, ResultStatus, ToolCall,

@@ -21,7 +21,7 @@ use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{
     CacheMatch, CallRecord, MatchedOn, ShadowDecision, ShadowVerdict, ShortCircuit, ToolOutput,
 };
-use crate::time::{call_deadline, millis};
+use crate::time::millis;
 
 type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
 
@@ -152,7 +152,7 @@ where
                     let wait = Box::pin(store.wait(&record));
                     // The deadline is absolute: reading the clocks now or at the call's start
                     // gives the same instant.
-                    let waited = match call_deadline(&call, Instant::now()) {
+                    let waited = match call.deadline_from(Instant::now()) {
                         Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
                             Ok(waited) => waited,
                             Err(_) => return Err(deadline_passed(&plan)),

@@ -70,6 +70,27 @@
 //! deadline raced against each, and the per-tool policy resolved once, when the layer is
 //! built.
 //!
+//! # Why not tower's `TpsBudget`
+//!
+//! tower's [`TpsBudget`](https://docs.rs/tower/latest/tower/retry/budget/struct.TpsBudget.html)
+//! is Finagle's budget, and [`GlobalRetryBudget`] is the token bucket SPEC §6 asks for ("as
+//! gRPC and AWS SDKs do"); they allow different retries:
+//!
+//! - *what a call earns*: `TpsBudget` forgets a deposit after its `ttl` (1 to 60 s, in ten
+//!   slots); here a call's `retry_ratio` stays in the bucket until a retry spends it, up to
+//!   `capacity`, which `TpsBudget` does not have;
+//! - *the floor*: `TpsBudget` grants `min_per_sec · ttl` retries per window, an integer that
+//!   starts with the window; here `min_per_second` (any non-negative number) refills the
+//!   bucket continuously, and the bucket starts full;
+//! - *the ratio*: `TpsBudget` turns `retry_percent` into whole deposit and withdrawal amounts
+//!   (a ratio of 0.3 withdraws 3 per deposit, so 33 % are retried); here the ratio is exact;
+//! - *what it reports and refuses*: `TpsBudget` panics on numbers out of range and has no
+//!   counters; here bad numbers are a [`ConfigError`](crate::ConfigError) naming the field,
+//!   and [`GlobalRetryBudget::stats`] counts what was granted and refused;
+//! - *its clock*: a withdrawal here takes the `now` of the attempt, so that the budget's tests
+//!   count tokens exactly under paused tokio time ("50 calls earn 10 retries", "half a second
+//!   earns 5"), which `TpsBudget`'s windows would not reproduce.
+//!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::sync::Arc;

@@ -12,7 +12,7 @@ use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::outcome::RetryRecord;
 use crate::registry::{JitterKind, RetryOverrides};
-use crate::time::{call_deadline, millis};
+use crate::time::millis;
 
 /// The retry policy of one tool: the layer's defaults with the tool's `policy.retry`
 /// overrides.
@@ -145,7 +145,7 @@ impl CallLimits {
             max_attempts,
             retry_time,
             retry_deadline: started + retry_time,
-            call_deadline: call_deadline(call, started),
+            call_deadline: call.deadline_from(started),
         }
     }
 

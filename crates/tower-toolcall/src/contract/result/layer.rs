@@ -8,10 +8,10 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::call::ToolCall;
-use super::result::ToolResult;
-use crate::error::ToolError;
-use crate::outcome::ToolOutput;
+use super::ToolResult;
+use crate::contract::envelope::ToolCall;
+use crate::contract::error::ToolError;
+use crate::contract::outcome::ToolOutput;
 
 /// Turns a tool stack into a service that answers every call with a [`ToolResult`]
 /// envelope, its duration measured here. Put it outermost, at the edge where results go

@@ -132,7 +132,7 @@ impl ToolDescriptor {
 
     /// Sets the time one attempt may take (`policy.timeout.attempt_timeout_ms`).
     pub fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
-        let ms = crate::time::millis(timeout);
+        let ms = crate::contract::time::millis(timeout);
         match &mut self.policy.timeout {
             LayerSetting::On(t) => t.attempt_timeout_ms = Some(ms),
             other => {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::outcome::{CallRecord, ShortCircuit};
+use crate::contract::record::{CallRecord, ShortCircuit};
 
 /// Stable, machine-readable error codes.
 ///

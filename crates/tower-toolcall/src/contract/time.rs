@@ -3,10 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::time::Instant;
-
-use crate::envelope::ToolCall;
-use crate::error::ConfigError;
+use crate::contract::error::ConfigError;
 
 /// A duration in whole milliseconds, saturating.
 pub(crate) fn millis(duration: Duration) -> u64 {
@@ -20,13 +17,6 @@ pub(crate) fn unix_now_ms() -> u64 {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default(),
     )
-}
-
-/// The instant of the call's `control.deadlineAtMs` (Unix milliseconds) on the tokio clock,
-/// seen from `now`; a deadline in the past is `now`.
-pub(crate) fn call_deadline(call: &ToolCall, now: Instant) -> Option<Instant> {
-    let at = call.control().deadline_at_ms?;
-    Some(now + Duration::from_millis(at.saturating_sub(unix_now_ms())))
 }
 
 /// Refuses a configured duration under one millisecond, the resolution of records.

@@ -1,16 +1,17 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
+use tokio::time::Instant;
 
-use super::builder::ToolCallBuilder;
-use super::ijson::{object, optional_name, optional_object, IJsonValue};
+use super::ijson::{object, optional_name, optional_object};
 use super::params::Params;
-use crate::error::ToolError;
-use crate::registry::ToolResolution;
+use super::resolution::ToolResolution;
+use crate::contract::time::unix_now_ms;
 
 /// The only contract version this crate speaks.
 pub const CONTRACT_VERSION: &str = "1.1";
@@ -577,35 +578,9 @@ impl TraceContext {
 }
 
 impl ToolCall {
-    /// A builder for a call of tool `name` in `namespace`.
-    pub fn builder(namespace: impl Into<String>, name: impl Into<String>) -> ToolCallBuilder {
-        ToolCallBuilder::new(namespace.into(), name.into())
-    }
-
-    /// Parses and checks a JSON envelope.
-    ///
-    /// Malformed input becomes a `VALIDATION_ERROR` whose message names the field path (for
-    /// example ``invalid tool call: `target.sessionKey` is required``) and whose details hold
-    /// `{"field": path}`. Input that is not JSON at all gets a message that says so, with the
-    /// line and column.
-    ///
-    /// The text must be I-JSON (RFC 7493), in the members that the crate ignores too: no
-    /// member name twice in one object (``invalid tool call: `payload.params.path` must be
-    /// unique…``), valid Unicode, numbers that a double can hold, and an object wherever the
-    /// contract says object.
-    pub fn from_json(bytes: &[u8]) -> Result<ToolCall, ToolError> {
-        ToolCall::from_value(super::parse::i_json(bytes)?)
-    }
-
-    /// Checks a JSON value as an envelope, like [`from_json`](ToolCall::from_json).
-    pub fn from_value(value: Value) -> Result<ToolCall, ToolError> {
-        ToolCall::from_envelope(super::parse::envelope(value)?)
-    }
-
-    /// Checks an envelope and wraps it.
-    pub fn from_envelope(envelope: CallEnvelope) -> Result<ToolCall, ToolError> {
-        super::parse::check_envelope(&envelope)?;
-        Ok(ToolCall {
+    /// Wraps `envelope`, which [`check_envelope`](super::parse::check_envelope) accepted.
+    pub(super) fn from_checked(envelope: CallEnvelope) -> ToolCall {
+        ToolCall {
             inner: Arc::new(SharedCall {
                 envelope,
                 tool: ToolResolution::default(),
@@ -613,17 +588,13 @@ impl ToolCall {
                 checked: true,
             }),
             attempt: 1,
-        })
+        }
     }
 
-    /// Checks the envelope's invariants: at once when they were checked as the call was made
-    /// and the envelope has not been changed since through
-    /// [`envelope_mut`](ToolCall::envelope_mut); by reading it again otherwise.
-    pub fn check(&self) -> Result<(), ToolError> {
-        if self.inner.checked {
-            return Ok(());
-        }
-        super::parse::check_envelope(&self.inner.envelope)
+    /// Whether the envelope's invariants were checked as the call was made and the envelope
+    /// has not been changed since.
+    pub(super) fn is_checked(&self) -> bool {
+        self.inner.checked
     }
 
     /// The envelope.
@@ -690,6 +661,13 @@ impl ToolCall {
     /// The idempotency key a hook put on the call, if any.
     pub(crate) fn hook_idempotency_key(&self) -> Option<&str> {
         self.inner.hook_idempotency_key.as_deref()
+    }
+
+    /// The instant of the call's `control.deadlineAtMs` (Unix milliseconds) on the tokio
+    /// clock, seen from `now`; a deadline in the past is `now`.
+    pub(crate) fn deadline_from(&self, now: Instant) -> Option<Instant> {
+        let at = self.control().deadline_at_ms?;
+        Some(now + Duration::from_millis(at.saturating_sub(unix_now_ms())))
     }
 
     /// Where a registry found the call's tool, as the registry remembers it.
@@ -807,31 +785,6 @@ impl PartialEq for ToolCall {
 impl Serialize for ToolCall {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.inner.envelope.serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for ToolCall {
-    /// Reads the envelope as [`from_json`](ToolCall::from_json) does, and refuses what it
-    /// refuses.
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let IJsonValue(value) = serde_path_to_error::deserialize(deserializer).map_err(|e| {
-            let path = e.path().to_string();
-            let problem = e.into_inner();
-            if path == "." {
-                de::Error::custom(format_args!("invalid tool call: {problem}"))
-            } else {
-                de::Error::custom(format_args!("invalid tool call: `{path}` {problem}"))
-            }
-        })?;
-        ToolCall::from_value(value).map_err(|e| de::Error::custom(e.message()))
-    }
-}
-
-impl TryFrom<CallEnvelope> for ToolCall {
-    type Error = ToolError;
-
-    fn try_from(envelope: CallEnvelope) -> Result<Self, ToolError> {
-        ToolCall::from_envelope(envelope)
     }
 }
 

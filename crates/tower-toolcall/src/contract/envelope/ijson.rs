@@ -18,7 +18,7 @@ use serde::de::{
 use serde::Deserialize;
 use serde_json::{Map, Number, Value};
 
-use crate::serde_message::NotIJson;
+use crate::contract::serde_message::NotIJson;
 
 /// What a repeated member name gets.
 const REPEATED: &str =

@@ -8,8 +8,15 @@ use super::call::{
     Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
 };
 use super::params::Params;
-use crate::error::ToolError;
-use crate::time::millis;
+use crate::contract::error::ToolError;
+use crate::contract::time::millis;
+
+impl ToolCall {
+    /// A builder for a call of tool `name` in `namespace`.
+    pub fn builder(namespace: impl Into<String>, name: impl Into<String>) -> ToolCallBuilder {
+        ToolCallBuilder::new(namespace.into(), name.into())
+    }
+}
 
 /// Builds a [`ToolCall`] from code; made by [`ToolCall::builder`].
 ///

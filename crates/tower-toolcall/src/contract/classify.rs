@@ -67,9 +67,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{ErrorClass, ErrorCode, ToolError};
-use crate::outcome::ToolOutput;
-use crate::registry::{RiskLevel, ToolDescriptor, ToolPolicy, UnclassifiedAs};
+use crate::contract::error::{ErrorClass, ErrorCode, ToolError};
+use crate::contract::outcome::ToolOutput;
+use crate::contract::registry::{RiskLevel, ToolDescriptor, ToolPolicy, UnclassifiedAs};
 
 /// Upstream HTTP statuses that are retriable unless the error or the tool says otherwise.
 pub const RETRIABLE_HTTP_STATUSES: [u16; 6] = [408, 429, 500, 502, 503, 504];
@@ -499,7 +499,7 @@ impl fmt::Debug for SharedClassifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::ClassifyOverrides;
+    use crate::contract::registry::ClassifyOverrides;
 
     fn profile(risk: RiskLevel, idempotent: bool, classify: ClassifyOverrides) -> ToolProfile {
         let descriptor = ToolDescriptor::new("ns", "tool", risk).with_idempotent(idempotent);

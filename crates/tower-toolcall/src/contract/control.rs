@@ -82,8 +82,9 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use crate::envelope::ToolCall;
-use crate::error::ConfigError;
+use crate::contract::envelope::ToolCall;
+use crate::contract::error::ConfigError;
+pub use crate::contract::record::ShadowLayer;
 
 /// The variable of the kill switch.
 pub const ENABLED_VAR: &str = "TOOL_RELIABILITY_ENABLED";
@@ -98,57 +99,6 @@ pub const LEGACY_DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABLE_DERIVE_IDEMPOTENC
 pub const SHADOW_VAR: &str = "TOOL_RELIABILITY_SHADOW";
 /// The variable of the share of sessions enforced, in percent.
 pub const ROLLOUT_PERCENT_VAR: &str = "TOOL_RELIABILITY_ROLLOUT_PERCENT";
-
-/// A layer that can run in shadow mode: deciding, logging and counting, never enforcing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ShadowLayer {
-    /// The circuit breaker: `would_reject` instead of `CIRCUIT_OPEN`, `would_open` when a
-    /// failure trips it.
-    Breaker,
-    /// Loop detection: `would_block` instead of `LOOP_DETECTED`.
-    LoopDetect,
-    /// Idempotency: `would_replay`, `would_join` or `would_conflict` instead of answering
-    /// from the store; the tool runs again.
-    Idempotency,
-    /// The rate limiter: `would_limit` or `would_wait` instead of `RATE_LIMITED` or a wait.
-    RateLimit,
-}
-
-impl ShadowLayer {
-    /// Every layer that has a shadow mode.
-    pub const ALL: [ShadowLayer; 4] = [
-        ShadowLayer::Breaker,
-        ShadowLayer::LoopDetect,
-        ShadowLayer::Idempotency,
-        ShadowLayer::RateLimit,
-    ];
-
-    /// The layer's name in `TOOL_RELIABILITY_SHADOW`, logs and the `layer` metric label.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ShadowLayer::Breaker => "breaker",
-            ShadowLayer::LoopDetect => "loop_detect",
-            ShadowLayer::Idempotency => "idempotency",
-            ShadowLayer::RateLimit => "rate_limit",
-        }
-    }
-
-    /// The layer named `name`, as [`as_str`](Self::as_str) spells it.
-    pub fn parse(name: &str) -> Option<ShadowLayer> {
-        ShadowLayer::ALL.into_iter().find(|l| l.as_str() == name)
-    }
-
-    const fn bit(self) -> u8 {
-        1 << self as u8
-    }
-}
-
-impl fmt::Display for ShadowLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The shared switches over every layer. Cheap to clone: clones share the switches.
 ///
@@ -311,7 +261,7 @@ impl ReliabilityControl {
     /// Whether `layer` is in shadow mode.
     #[inline]
     pub fn is_shadow(&self, layer: ShadowLayer) -> bool {
-        self.switches.shadow.load(Ordering::Relaxed) & layer.bit() != 0
+        self.switches.shadow.load(Ordering::Relaxed) & bit(layer) != 0
     }
 
     /// Whether `layer` is in shadow mode for `call`: the layer is in shadow mode, or the
@@ -409,15 +359,18 @@ impl ReliabilityControl {
     /// Puts `layer` in or out of shadow mode, from the next call on.
     pub fn set_shadow(&self, layer: ShadowLayer, shadow: bool) {
         if shadow {
-            self.switches
-                .shadow
-                .fetch_or(layer.bit(), Ordering::Relaxed);
+            self.switches.shadow.fetch_or(bit(layer), Ordering::Relaxed);
         } else {
             self.switches
                 .shadow
-                .fetch_and(!layer.bit(), Ordering::Relaxed);
+                .fetch_and(!bit(layer), Ordering::Relaxed);
         }
     }
+}
+
+/// The bit of `layer` among the shadow switches.
+const fn bit(layer: ShadowLayer) -> u8 {
+    1 << layer as u8
 }
 
 /// The session's bucket in `0..100`: a rollout of `p` percent enforces the buckets below `p`.

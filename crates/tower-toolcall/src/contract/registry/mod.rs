@@ -34,7 +34,6 @@
 
 mod descriptor;
 mod policy;
-mod resolution;
 mod schema;
 
 use std::collections::HashMap;
@@ -52,12 +51,10 @@ pub use policy::{
     RetryOverrides, TimeoutOverrides, ToolPolicy, UnclassifiedAs, ValidateOverrides,
 };
 
-pub(crate) use resolution::ToolResolution;
-
-use crate::control::ReliabilityControl;
-use crate::envelope::ToolCall;
-use crate::error::{ConfigError, ErrorCode, ToolError};
-use crate::serde_message::{missing_field, strip_position};
+use crate::contract::control::ReliabilityControl;
+use crate::contract::envelope::{next_registry_id, ToolCall};
+use crate::contract::error::{ConfigError, ErrorCode, ToolError};
+use crate::contract::serde_message::{missing_field, strip_position};
 use schema::{list, violation_details, Schema};
 
 /// The registered tools, the denied ones, and the policy of unregistered tools.
@@ -388,7 +385,7 @@ impl RegisteredTool {
                 list(&violations)
             ),
         )
-        .with_class(crate::error::ErrorClass::Terminal)
+        .with_class(crate::contract::error::ErrorClass::Terminal)
         .with_details(violation_details("output.content", &violations)))
     }
 }
@@ -498,7 +495,7 @@ impl ToolRegistryBuilder {
             inner: Arc::new(RegistryInner {
                 tools,
                 in_order,
-                id: resolution::next_registry_id(),
+                id: next_registry_id(),
                 open: self.open,
                 denied,
                 unregistered: self.unregistered,

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::error::ConfigError;
+use crate::contract::error::ConfigError;
 
 /// The most schema violations listed in one error message.
 #[cfg(feature = "schema")]
@@ -99,7 +99,7 @@ fn dotted(root: &str, pointer: &str) -> String {
 mod tests {
     use serde_json::json;
 
-    use crate::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+    use crate::contract::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 
     #[test]
     fn without_the_feature_a_schema_is_refused_naming_the_field() {

@@ -51,7 +51,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::{Number, Value};
 use sha2::{Digest, Sha256};
 
-use crate::error::{ErrorCode, ToolError};
+use crate::contract::error::{ErrorCode, ToolError};
 
 /// The deepest nesting [`CanonicalOptions::with_max_depth`] accepts; larger settings are lowered
 /// to it, because the walk recurses once per level.

@@ -1,97 +1,11 @@
-//! What a tool returns ([`ToolOutput`]) and the per-call [`CallRecord`] that every layer
-//! enriches on the way out, so that one conversion at the edge produces the whole
-//! [`ToolResult`](crate::ToolResult) envelope.
+//! The per-call [`CallRecord`] that every layer enriches on the way out, and its parts: what
+//! the idempotency cache matched, the retried attempts, the breaker's state, the layer that
+//! answered without running the tool, and what the layers in shadow mode would have done.
 
+use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
-
-use crate::control::ShadowLayer;
-use crate::error::ToolError;
-
-/// The successful output of a tool: its `content` and optional `metadata`.
-///
-/// ```
-/// use serde_json::json;
-/// use tower_toolcall::ToolOutput;
-///
-/// let out = ToolOutput::new(json!({"hits": 3})).with_metadata("source", json!("docs.rs"));
-/// assert_eq!(out.content, json!({"hits": 3}));
-/// assert_eq!(out.metadata.unwrap()["source"], "docs.rs");
-/// ```
-///
-/// The [`CallRecord`] the layers enrich is kept out of line and allocated only when a layer
-/// writes to it, so that an output stays small as it moves through the stack.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct ToolOutput {
-    /// What the tool produced.
-    pub content: Value,
-    /// Data about the output (timestamps, etags, sources).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Map<String, Value>>,
-    #[serde(skip)]
-    record: Option<Box<CallRecord>>,
-}
-
-impl ToolOutput {
-    /// An output with `content` and no metadata.
-    pub fn new(content: Value) -> Self {
-        ToolOutput {
-            content,
-            metadata: None,
-            record: None,
-        }
-    }
-
-    /// What the layers recorded about the call.
-    pub fn record(&self) -> &CallRecord {
-        static EMPTY: CallRecord = CallRecord::EMPTY;
-        self.record.as_deref().unwrap_or(&EMPTY)
-    }
-
-    /// Mutable access to the record, for layers.
-    pub fn record_mut(&mut self) -> &mut CallRecord {
-        self.record.get_or_insert_with(Box::default)
-    }
-
-    /// Takes the record out, leaving an empty one.
-    pub fn take_record(&mut self) -> CallRecord {
-        self.record.take().map(|record| *record).unwrap_or_default()
-    }
-
-    /// Replaces the record.
-    pub fn with_record(mut self, record: CallRecord) -> Self {
-        self.record = Some(Box::new(record));
-        self
-    }
-
-    /// Adds one metadata member.
-    pub fn with_metadata(mut self, name: impl Into<String>, value: Value) -> Self {
-        self.metadata
-            .get_or_insert_with(Map::new)
-            .insert(name.into(), value);
-        self
-    }
-}
-
-/// How many times the tool ran for a call that ended with `outcome`: the count the retry
-/// layer wrote, else none for a call that was [rejected](ToolError::is_rejected), else one.
-pub(crate) fn attempts_of(outcome: &Result<ToolOutput, ToolError>) -> u32 {
-    match outcome {
-        Ok(output) => output.record().attempts.unwrap_or(1),
-        Err(error) => error.attempts(),
-    }
-}
-
-/// The record of a call's outcome, whichever way it ended.
-pub(crate) fn record_of(outcome: &Result<ToolOutput, ToolError>) -> &CallRecord {
-    match outcome {
-        Ok(output) => output.record(),
-        Err(error) => error.record(),
-    }
-}
 
 /// What the layers learned about one call: attempts, cache use, retries, breaker state and
 /// duration.
@@ -102,7 +16,7 @@ pub(crate) fn record_of(outcome: &Result<ToolOutput, ToolError>) -> &CallRecord 
 pub struct CallRecord {
     /// How many times the tool was executed, as the retry layer counted them (a retried
     /// call); `None` when no retry layer counted: the tool ran once, unless the call was
-    /// [rejected](ToolError::is_rejected).
+    /// [rejected](crate::ToolError::is_rejected).
     pub attempts: Option<u32>,
     /// `true` when the answer came from the idempotency cache or an in-flight join.
     pub from_cache: bool,
@@ -134,14 +48,6 @@ impl CallRecord {
         short_circuit: None,
         shadow: Vec::new(),
     };
-}
-
-/// The record of an outcome, success or error, for a layer to write in.
-pub(crate) fn outcome_record_mut(outcome: &mut Result<ToolOutput, ToolError>) -> &mut CallRecord {
-    match outcome {
-        Ok(output) => output.record_mut(),
-        Err(error) => error.record_mut(),
-    }
 }
 
 /// How a layer answered a call without running the tool.
@@ -176,6 +82,53 @@ impl ShortCircuit {
             ShortCircuit::KeyConflict => "key_conflict",
             ShortCircuit::BreakerOpen => "breaker_open",
         }
+    }
+}
+
+/// A layer that can run in shadow mode: deciding, logging and counting, never enforcing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ShadowLayer {
+    /// The circuit breaker: `would_reject` instead of `CIRCUIT_OPEN`, `would_open` when a
+    /// failure trips it.
+    Breaker,
+    /// Loop detection: `would_block` instead of `LOOP_DETECTED`.
+    LoopDetect,
+    /// Idempotency: `would_replay`, `would_join` or `would_conflict` instead of answering
+    /// from the store; the tool runs again.
+    Idempotency,
+    /// The rate limiter: `would_limit` or `would_wait` instead of `RATE_LIMITED` or a wait.
+    RateLimit,
+}
+
+impl ShadowLayer {
+    /// Every layer that has a shadow mode.
+    pub const ALL: [ShadowLayer; 4] = [
+        ShadowLayer::Breaker,
+        ShadowLayer::LoopDetect,
+        ShadowLayer::Idempotency,
+        ShadowLayer::RateLimit,
+    ];
+
+    /// The layer's name in `TOOL_RELIABILITY_SHADOW`, logs and the `layer` metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ShadowLayer::Breaker => "breaker",
+            ShadowLayer::LoopDetect => "loop_detect",
+            ShadowLayer::Idempotency => "idempotency",
+            ShadowLayer::RateLimit => "rate_limit",
+        }
+    }
+
+    /// The layer named `name`, as [`as_str`](Self::as_str) spells it.
+    pub fn parse(name: &str) -> Option<ShadowLayer> {
+        ShadowLayer::ALL.into_iter().find(|l| l.as_str() == name)
+    }
+}
+
+impl fmt::Display for ShadowLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -20,7 +20,7 @@ const UNCACHED: u32 = u32::MAX;
 const UNREGISTERED: u32 = u32::MAX;
 
 /// A new registry id, never given before in this process.
-pub(super) fn next_registry_id() -> u32 {
+pub(crate) fn next_registry_id() -> u32 {
     NEXT_REGISTRY_ID
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| {
             (id != UNCACHED).then(|| id + 1)
@@ -36,7 +36,7 @@ pub(crate) struct ToolResolution(AtomicU64);
 impl ToolResolution {
     /// The answer remembered for registry `registry_id`: `Some(Some(index))` for a registered
     /// tool, `Some(None)` for an unregistered one, `None` when that registry has not looked.
-    pub(super) fn get(&self, registry_id: u32) -> Option<Option<u32>> {
+    pub(crate) fn get(&self, registry_id: u32) -> Option<Option<u32>> {
         let packed = self.0.load(Ordering::Relaxed);
         if registry_id == UNCACHED || (packed >> 32) as u32 != registry_id {
             return None;
@@ -46,7 +46,7 @@ impl ToolResolution {
     }
 
     /// Remembers the answer of registry `registry_id`, in place of any other.
-    pub(super) fn set(&self, registry_id: u32, index: Option<u32>) {
+    pub(crate) fn set(&self, registry_id: u32, index: Option<u32>) {
         if registry_id == UNCACHED {
             return;
         }

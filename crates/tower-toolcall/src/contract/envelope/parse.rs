@@ -2,17 +2,81 @@
 
 use std::fmt;
 
+use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::call::{
-    CallEnvelope, CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES,
+    CallEnvelope, ToolCall, CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES,
     MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
 };
 use super::ijson::{self, IJsonValue};
 use super::params::{json_kind, Params};
-use crate::error::{ErrorCode, ToolError};
-use crate::serde_message::{missing_field, not_i_json, strip_position};
+use crate::contract::error::{ErrorCode, ToolError};
+use crate::contract::serde_message::{missing_field, not_i_json, strip_position};
+
+impl ToolCall {
+    /// Parses and checks a JSON envelope.
+    ///
+    /// Malformed input becomes a `VALIDATION_ERROR` whose message names the field path (for
+    /// example ``invalid tool call: `target.sessionKey` is required``) and whose details hold
+    /// `{"field": path}`. Input that is not JSON at all gets a message that says so, with the
+    /// line and column.
+    ///
+    /// The text must be I-JSON (RFC 7493), in the members that the crate ignores too: no
+    /// member name twice in one object (``invalid tool call: `payload.params.path` must be
+    /// unique…``), valid Unicode, numbers that a double can hold, and an object wherever the
+    /// contract says object.
+    pub fn from_json(bytes: &[u8]) -> Result<ToolCall, ToolError> {
+        ToolCall::from_value(i_json(bytes)?)
+    }
+
+    /// Checks a JSON value as an envelope, like [`from_json`](ToolCall::from_json).
+    pub fn from_value(value: Value) -> Result<ToolCall, ToolError> {
+        ToolCall::from_envelope(envelope(value)?)
+    }
+
+    /// Checks an envelope and wraps it.
+    pub fn from_envelope(envelope: CallEnvelope) -> Result<ToolCall, ToolError> {
+        check_envelope(&envelope)?;
+        Ok(ToolCall::from_checked(envelope))
+    }
+
+    /// Checks the envelope's invariants: at once when they were checked as the call was made
+    /// and the envelope has not been changed since through
+    /// [`envelope_mut`](ToolCall::envelope_mut); by reading it again otherwise.
+    pub fn check(&self) -> Result<(), ToolError> {
+        if self.is_checked() {
+            return Ok(());
+        }
+        check_envelope(self.envelope())
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolCall {
+    /// Reads the envelope as [`from_json`](ToolCall::from_json) does, and refuses what it
+    /// refuses.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let IJsonValue(value) = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let problem = e.into_inner();
+            if path == "." {
+                de::Error::custom(format_args!("invalid tool call: {problem}"))
+            } else {
+                de::Error::custom(format_args!("invalid tool call: `{path}` {problem}"))
+            }
+        })?;
+        ToolCall::from_value(value).map_err(|e| de::Error::custom(e.message()))
+    }
+}
+
+impl TryFrom<CallEnvelope> for ToolCall {
+    type Error = ToolError;
+
+    fn try_from(envelope: CallEnvelope) -> Result<Self, ToolError> {
+        ToolCall::from_envelope(envelope)
+    }
+}
 
 /// Reads JSON text as I-JSON (RFC 7493) into a value: the first step of parsing an envelope.
 pub(crate) fn i_json(bytes: &[u8]) -> Result<Value, ToolError> {

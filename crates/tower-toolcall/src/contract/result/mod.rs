@@ -1,13 +1,20 @@
+//! The result envelope: [`ToolResult`], made from a call's outcome, and the
+//! [`ResultEnvelopeLayer`] that answers every call with one. Public as
+//! [`tower_toolcall::envelope`](crate::envelope).
+
+mod layer;
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::call::ToolCall;
-use crate::classify::decided_retriable;
-use crate::error::{ErrorCode, ToolError};
-use crate::outcome::{BreakerState, CacheMatch, CallRecord, RetryRecord, ToolOutput};
-use crate::time::millis;
+use crate::contract::classify::decided_retriable;
+use crate::contract::envelope::ToolCall;
+use crate::contract::error::{ErrorCode, ToolError};
+use crate::contract::outcome::{BreakerState, CacheMatch, CallRecord, RetryRecord, ToolOutput};
+use crate::contract::time::millis;
+pub use layer::{ResultEnvelope, ResultEnvelopeFuture, ResultEnvelopeLayer};
 
 /// The result envelope of a call, as it goes back to the agent (camelCase JSON).
 ///

@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde::{Serialize, Serializer};
 
-use crate::envelope::DedupeMode;
-use crate::error::{ConfigError, ErrorCode};
+use crate::contract::envelope::DedupeMode;
+use crate::contract::error::{ConfigError, ErrorCode};
 
 /// One layer's setting for one tool.
 ///

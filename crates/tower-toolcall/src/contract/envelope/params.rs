@@ -7,8 +7,8 @@ use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::ijson::IJsonValue;
-use crate::canonical::{self, CanonicalOptions};
-use crate::error::ToolError;
+use crate::contract::canonical::{self, CanonicalOptions};
+use crate::contract::error::ToolError;
 
 /// The params of a call: a JSON object behind an [`Arc`], so cloning a call never copies
 /// them.

@@ -1,0 +1,18 @@
+//! The call envelope: [`ToolCall`] (contract version 1.1), its parts, its parser and its
+//! builder. Public, with the result envelope, as [`tower_toolcall::envelope`](crate::envelope).
+
+mod builder;
+mod call;
+mod ijson;
+pub(crate) mod params;
+mod parse;
+mod resolution;
+
+pub use builder::ToolCallBuilder;
+pub use call::{
+    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Iteration, Payload, RetryBudget,
+    RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
+};
+pub use params::Params;
+pub(crate) use resolution::next_registry_id;
