@@ -26,7 +26,7 @@
 //! use std::sync::Arc;
 //! use rmcp::model::{CallToolRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations};
 //! use rmcp::{ServerHandler, ServiceExt};
-//! use tower_toolcall::mcp::{
+//! use tower_toolcall_mcp::{
 //!     line_transport, registry_for, McpClient, McpServer, Trust, DEFAULT_MAX_LINE_BYTES,
 //! };
 //! use tower_toolcall::ToolStack;
