@@ -1,4 +1,4 @@
-//! Run with: `cargo bench --features mcp --bench mcp`, then
+//! Run with: `cargo bench -p tower-toolcall-mcp --bench mcp`, then
 //! `python3 benches/medians.py mcp bare_rmcp`.
 //!
 //! What the MCP adapter costs per `tools/call`, over rmcp's in-process transport (a duplex

@@ -25,8 +25,8 @@ type Calls = ProgressCalls;
 /// The tools of a remote MCP server as a `Service<ToolCall>`, over any rmcp client
 /// transport (stdio of a child process, streamable HTTP, an in-process pipe).
 ///
-/// The `mcp` feature enables rmcp's stdio and child-process transports; the `mcp-http`
-/// feature adds its streamable-HTTP client transport (`rmcp::transport::StreamableHttpClientTransport`,
+/// This crate enables rmcp's stdio and child-process transports; its `http` feature adds
+/// rmcp's streamable-HTTP client transport (`rmcp::transport::StreamableHttpClientTransport`,
 /// on `reqwest` without TLS: enable one of `reqwest`'s TLS features for `https`).
 ///
 /// Each call is a `tools/call` of the call's tool name with its params as arguments and its

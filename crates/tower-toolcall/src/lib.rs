@@ -170,8 +170,6 @@
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
 //! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
 //! | `tonic` | no | `grpc`: `ToolError` as a gRPC `Status` and back |
-//! | `mcp` | no | `mcp`: every MCP `tools/call` of an `rmcp` server through the stack, a remote MCP server's tools as a `Service<ToolCall>`, policy from tool annotations |
-//! | `mcp-http` | no | `mcp`, and rmcp's streamable-HTTP client transport for `McpClient` (plain HTTP) |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]
@@ -198,9 +196,6 @@ pub mod hooks;
 pub mod http;
 pub mod idempotency;
 pub mod loop_detect;
-#[cfg(feature = "mcp")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
-pub mod mcp;
 mod middleware;
 mod outcome;
 pub mod rate_limit;
@@ -242,15 +237,7 @@ pub use timeout::TimeoutLayer;
 pub use trace::TraceLayer;
 
 /// The examples of the README, compiled and run as doctests (the README's test command,
-/// `cargo test --workspace --all-features`, runs them; its adapter sections need `tonic`, `mcp` and
-/// `mcp-http`).
-#[cfg(all(
-    doctest,
-    feature = "toml",
-    feature = "schema",
-    feature = "tonic",
-    feature = "mcp",
-    feature = "mcp-http"
-))]
+/// `cargo test --workspace --all-features`, runs them; its gRPC section needs `tonic`).
+#[cfg(all(doctest, feature = "toml", feature = "schema", feature = "tonic"))]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
