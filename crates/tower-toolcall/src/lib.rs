@@ -168,7 +168,7 @@
 //! | `redis` | no | Redis stores shared by every replica: idempotency records (`RedisDedupeStore`), rate-limit quotas (`RedisRateLimitStore`), loop histories (`RedisLoopStore`), and operator actions (`fleet`) |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
-//! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
+//! | `axum` | no | `IntoResponse` for [`ToolResult`]: its status from the error code, `Retry-After`, the envelope as JSON (the tool router, the extractor and the admin API are the crate `tower-toolcall-axum`'s) |
 //! | `tonic` | no | `grpc`: `ToolError` as a gRPC `Status` and back |
 //! | `full` | no | every feature |
 
@@ -191,13 +191,12 @@ pub mod fleet;
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
 pub mod hooks;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod http;
 pub mod idempotency;
 pub mod loop_detect;
 mod middleware;
 mod outcome;
+#[cfg(feature = "axum")]
+mod response;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
 mod redis_support;
