@@ -168,10 +168,8 @@
 //! | `redis` | no | Redis stores shared by every replica: idempotency records (`RedisDedupeStore`), rate-limit quotas (`RedisRateLimitStore`), loop histories (`RedisLoopStore`), and operator actions (`fleet`) |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
-//! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
+//! | `axum` | no | `IntoResponse` for [`ToolResult`]: its status from the error code, `Retry-After`, the envelope as JSON (the tool router, the extractor and the admin API are the crate `tower-toolcall-axum`'s) |
 //! | `tonic` | no | `grpc`: `ToolError` as a gRPC `Status` and back |
-//! | `mcp` | no | `mcp`: every MCP `tools/call` of an `rmcp` server through the stack, a remote MCP server's tools as a `Service<ToolCall>`, policy from tool annotations |
-//! | `mcp-http` | no | `mcp`, and rmcp's streamable-HTTP client transport for `McpClient` (plain HTTP) |
 //! | `full` | no | every feature |
 
 #![forbid(unsafe_code)]
@@ -189,15 +187,11 @@ pub mod fleet;
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
 pub mod hooks;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod http;
 pub mod idempotency;
 pub mod loop_detect;
-#[cfg(feature = "mcp")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
-pub mod mcp;
 mod middleware;
+#[cfg(feature = "axum")]
+mod response;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
 mod redis_support;
@@ -263,15 +257,7 @@ pub use timeout::TimeoutLayer;
 pub use trace::TraceLayer;
 
 /// The examples of the README, compiled and run as doctests (the README's test command,
-/// `cargo test --workspace --all-features`, runs them; its adapter sections need `tonic`, `mcp` and
-/// `mcp-http`).
-#[cfg(all(
-    doctest,
-    feature = "toml",
-    feature = "schema",
-    feature = "tonic",
-    feature = "mcp",
-    feature = "mcp-http"
-))]
+/// `cargo test --workspace --all-features`, runs them; its gRPC section needs `tonic`).
+#[cfg(all(doctest, feature = "toml", feature = "schema", feature = "tonic"))]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;

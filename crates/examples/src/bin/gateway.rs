@@ -40,7 +40,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use tower::Layer;
 use tower_toolcall::control::ReliabilityControl;
-use tower_toolcall::http::{self, AdminRouter, ServeConfig, ToolRouter};
+use tower_toolcall_axum::{self as http, AdminRouter, ServeConfig, ToolRouter};
 use tower_toolcall::idempotency::DedupeStore;
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{ToolMetrics, DURATION_BUCKETS};

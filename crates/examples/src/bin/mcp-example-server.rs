@@ -23,7 +23,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
-use tower_toolcall::mcp::{
+use tower_toolcall_mcp::{
     registry_for, stdio_transport, McpServer, Trust, DEFAULT_MAX_LINE_BYTES,
 };
 use tower_toolcall::registry::ToolRegistry;

@@ -6,8 +6,8 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde_json::Value;
 
-use crate::envelope::{ToolCall, ToolResult, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TRACEPARENT_BYTES};
-use crate::error::{ErrorCode, ToolError};
+use tower_toolcall::envelope::{ToolCall, ToolResult, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TRACEPARENT_BYTES};
+use tower_toolcall::{ErrorCode, ToolError};
 
 /// The `Idempotency-Key` request header (IETF draft `draft-ietf-httpapi-idempotency-key-header`).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -31,7 +31,7 @@ pub const TRACEPARENT: &str = "traceparent";
 ///   header and body that disagree are a client error (400), as the IETF draft says.
 /// - `traceparent` becomes `trace.traceparent`, the call's trace parent, over any the body has:
 ///   it is what the HTTP hop propagated. It has at most
-///   [`MAX_TRACEPARENT_BYTES`](crate::envelope::MAX_TRACEPARENT_BYTES).
+///   [`MAX_TRACEPARENT_BYTES`](tower_toolcall::envelope::MAX_TRACEPARENT_BYTES).
 ///
 /// Each of the two headers may be sent once: a request with two is refused, rather than one
 /// of them chosen silently.
@@ -46,7 +46,7 @@ pub const TRACEPARENT: &str = "traceparent";
 /// use axum::extract::FromRequest;
 /// use axum::http::Request;
 /// use serde_json::json;
-/// use tower_toolcall::http::JsonToolCall;
+/// use tower_toolcall_axum::JsonToolCall;
 /// use tower_toolcall::ToolCall;
 ///
 /// # tokio_test::block_on(async {

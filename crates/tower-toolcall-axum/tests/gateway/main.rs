@@ -1,6 +1,6 @@
 //! The gateway over real HTTP: a server on a bound loopback port, a hyper client.
 
-#[path = "../support/mod.rs"]
+#[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
 
 mod hostile;
@@ -16,7 +16,7 @@ use hyper::header::HeaderValue;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tower_toolcall::http::{AdminRouter, ToolRouter};
+use tower_toolcall_axum::{AdminRouter, ToolRouter};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{AuditLog, AuditSink, AuditStream, Redactor};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};

@@ -1,7 +1,7 @@
 //! `/metrics` of a gateway over real HTTP: the Prometheus exposition of the call and breaker
 //! series, recorded by `metrics-exporter-prometheus` as the examples/gateway.rs server does.
 
-#[path = "../support/mod.rs"]
+#[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
 
 use std::net::SocketAddr;
@@ -13,7 +13,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
-use tower_toolcall::http::{AdminRouter, ToolRouter};
+use tower_toolcall_axum::{AdminRouter, ToolRouter};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};

@@ -13,7 +13,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::error::ConfigError;
+use tower_toolcall::ConfigError;
 
 /// How long a connection may take to send a request's headers by default: 20 seconds.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(20);
@@ -37,7 +37,7 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_toolcall::http::ServeConfig;
+/// use tower_toolcall_axum::ServeConfig;
 ///
 /// let config = ServeConfig::default()
 ///     .header_read_timeout(Duration::from_secs(10))
@@ -103,7 +103,7 @@ impl ServeConfig {
 /// descriptors. A bad `config` is an [`io::ErrorKind::InvalidInput`] error naming the field.
 ///
 /// ```no_run
-/// use tower_toolcall::http::{serve, ServeConfig, ToolRouter};
+/// use tower_toolcall_axum::{serve, ServeConfig, ToolRouter};
 /// # use tower_toolcall::{registry::ToolRegistry, tool_fn, ToolCall, ToolOutput};
 ///
 /// # async fn run() -> std::io::Result<()> {

@@ -8,7 +8,7 @@ use rmcp::transport::{
     StreamableHttpClientTransport, StreamableHttpServerConfig, StreamableHttpService,
 };
 use rmcp::ServiceExt as _;
-use tower_toolcall::mcp::McpClient;
+use tower_toolcall_mcp::McpClient;
 
 use super::example::Notes;
 use super::the_stack_on_the_client_side;

@@ -19,8 +19,8 @@ use tower::{Layer, Service, ServiceExt};
 use super::convert::{error_from_mcp, outcome_and_blocks, result_of, result_with_blocks, CallMeta};
 use super::in_flight::InFlight;
 use super::progress::{ProgressCalls, ProgressTransport};
-use crate::envelope::MAX_IDENTIFIER_BYTES;
-use crate::{ErrorCode, ToolCall, ToolError, ToolOutput};
+use tower_toolcall::envelope::MAX_IDENTIFIER_BYTES;
+use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
 
 /// The `tools/call` requests being served, by the request id of their `ToolCall`.
 type Pending = InFlight<String, Served>;
@@ -69,7 +69,7 @@ const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
 /// use std::sync::Arc;
 /// use rmcp::model::Tool;
 /// use rmcp::ServerHandler;
-/// use tower_toolcall::mcp::{registry_for, McpServer, Trust};
+/// use tower_toolcall_mcp::{registry_for, McpServer, Trust};
 /// use tower_toolcall::ToolStack;
 ///
 /// fn stacked<H: ServerHandler>(handler: H, tools: &[Tool]) -> Result<McpServer<H>, tower_toolcall::ConfigError> {
@@ -90,7 +90,7 @@ pub struct McpServer<H> {
 }
 
 impl<H: ServerHandler> McpServer<H> {
-    /// Serves `handler`'s tools, in `namespace`, through `layer` (a [`ToolStack`](crate::ToolStack)
+    /// Serves `handler`'s tools, in `namespace`, through `layer` (a [`ToolStack`](tower_toolcall::ToolStack)
     /// or any layer of `Service<ToolCall>`), with a fresh session.
     pub fn new<L>(handler: H, namespace: impl Into<Arc<str>>, layer: L) -> Self
     where
@@ -124,7 +124,7 @@ impl<H: ServerHandler> McpServer<H> {
     /// on their way to the client. Serve the server over it:
     ///
     /// ```no_run
-    /// # use tower_toolcall::mcp::McpServer;
+    /// # use tower_toolcall_mcp::McpServer;
     /// # async fn run<H: rmcp::ServerHandler>(server: McpServer<H>, pipe: tokio::io::DuplexStream) -> Result<(), Box<dyn std::error::Error>> {
     /// let transport = server.progress_events(pipe);
     /// let running = rmcp::ServiceExt::serve(server, transport).await?;
@@ -198,7 +198,7 @@ impl<H: ServerHandler> McpServer<H> {
         // re-send joins the call or gets its result. The request's entries leave with the
         // call.
         let service = self.service.clone();
-        let outcome = crate::detach::detach(async move {
+        let outcome = tower_toolcall::detach::detach(async move {
             let _entries = (served, progress);
             service.oneshot(call).await
         })

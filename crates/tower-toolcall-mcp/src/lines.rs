@@ -5,12 +5,12 @@ use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::RoleServer;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::error::ConfigError;
+use tower_toolcall::ConfigError;
 
 /// The default bound on one incoming line (one JSON-RPC message) of a server's transport made
 /// by [`line_transport`] or [`stdio_transport`]: 4 MiB, four times the envelope's default
 /// bound on a call's params
-/// ([`DEFAULT_MAX_PARAMS_BYTES`](crate::validate::DEFAULT_MAX_PARAMS_BYTES)), which leaves
+/// ([`DEFAULT_MAX_PARAMS_BYTES`](tower_toolcall::validate::DEFAULT_MAX_PARAMS_BYTES)), which leaves
 /// room for the JSON-RPC framing, `_meta` and escaped strings.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
 
@@ -30,7 +30,7 @@ const MIN_MAX_LINE_BYTES: usize = 4 << 10;
 /// A bound under 4 KiB is refused, naming the field `mcp.max_line_bytes`.
 ///
 /// ```
-/// use tower_toolcall::mcp::{line_transport, DEFAULT_MAX_LINE_BYTES};
+/// use tower_toolcall_mcp::{line_transport, DEFAULT_MAX_LINE_BYTES};
 ///
 /// # tokio_test::block_on(async {
 /// let (server_end, _client_end) = tokio::io::duplex(64 * 1024);
@@ -64,8 +64,8 @@ where
 /// `max_line_bytes`: [`line_transport`] over the process's standard streams.
 ///
 /// ```no_run
-/// # async fn run<H: rmcp::ServerHandler>(server: tower_toolcall::mcp::McpServer<H>) -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_toolcall::mcp::{stdio_transport, DEFAULT_MAX_LINE_BYTES};
+/// # async fn run<H: rmcp::ServerHandler>(server: tower_toolcall_mcp::McpServer<H>) -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_toolcall_mcp::{stdio_transport, DEFAULT_MAX_LINE_BYTES};
 ///
 /// let transport = server.progress_events(stdio_transport(DEFAULT_MAX_LINE_BYTES)?);
 /// let running = rmcp::ServiceExt::serve(server, transport).await?;

@@ -37,7 +37,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
-use tower_toolcall::http::ToolRouter;
+use tower_toolcall_axum::ToolRouter;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
-use tower_toolcall::http::{serve, ServeConfig};
+use tower_toolcall_axum::{serve, ServeConfig};
 
 use super::*;
 

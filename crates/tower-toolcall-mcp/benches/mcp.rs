@@ -1,4 +1,4 @@
-//! Run with: `cargo bench --features mcp --bench mcp`, then
+//! Run with: `cargo bench -p tower-toolcall-mcp --bench mcp`, then
 //! `python3 benches/medians.py mcp bare_rmcp`.
 //!
 //! What the MCP adapter costs per `tools/call`, over rmcp's in-process transport (a duplex
@@ -36,7 +36,7 @@ use rmcp::{RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::{json, Map, Value};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
-use tower_toolcall::mcp::{registry_for, McpClient, McpServer, Trust};
+use tower_toolcall_mcp::{registry_for, McpClient, McpServer, Trust};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
 /// A server whose one tool echoes its arguments as structured content.

@@ -16,8 +16,8 @@ use tower::Service;
 use super::convert::{error_from_service, outcome_of, request_params};
 use super::policy::{registry_for, Trust};
 use super::progress::{log_progress, ProgressCalls};
-use crate::registry::ToolRegistry;
-use crate::{ErrorCode, ToolCall, ToolError, ToolOutput};
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
 
 /// The request ids of the calls in flight, by the progress token rmcp gave their request.
 type Calls = ProgressCalls;
@@ -25,8 +25,8 @@ type Calls = ProgressCalls;
 /// The tools of a remote MCP server as a `Service<ToolCall>`, over any rmcp client
 /// transport (stdio of a child process, streamable HTTP, an in-process pipe).
 ///
-/// The `mcp` feature enables rmcp's stdio and child-process transports; the `mcp-http`
-/// feature adds its streamable-HTTP client transport (`rmcp::transport::StreamableHttpClientTransport`,
+/// This crate enables rmcp's stdio and child-process transports; its `http` feature adds
+/// rmcp's streamable-HTTP client transport (`rmcp::transport::StreamableHttpClientTransport`,
 /// on `reqwest` without TLS: enable one of `reqwest`'s TLS features for `https`).
 ///
 /// Each call is a `tools/call` of the call's tool name with its params as arguments and its
@@ -36,14 +36,14 @@ type Calls = ProgressCalls;
 /// retriable `UPSTREAM_UNAVAILABLE`. A call dropped before its answer (a timeout, a caller
 /// that went away) cancels its request on the server.
 ///
-/// Put a [`ToolStack`](crate::ToolStack) built from [`McpClient::registry`] around it, and the
+/// Put a [`ToolStack`](tower_toolcall::ToolStack) built from [`McpClient::registry`] around it, and the
 /// agent's outgoing calls get dedupe, retries of what MCP marks safe, a breaker per tool
 /// (or one per server: calls sent with `BreakerScope::Dependency` share the breaker of the
 /// server's namespace) and loop detection.
 ///
 /// ```no_run
 /// use tower::{ServiceBuilder, ServiceExt};
-/// use tower_toolcall::mcp::{McpClient, Trust};
+/// use tower_toolcall_mcp::{McpClient, Trust};
 /// use tower_toolcall::{ToolCall, ToolStack};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -186,7 +186,7 @@ impl Drop for CancelOnDrop {
 /// Serve the client with it instead of `()` or a bare `ClientConfig`:
 ///
 /// ```no_run
-/// use tower_toolcall::mcp::{McpClient, ProgressEvents};
+/// use tower_toolcall_mcp::{McpClient, ProgressEvents};
 ///
 /// # async fn run(transport: tokio::io::DuplexStream) -> Result<(), Box<dyn std::error::Error>> {
 /// let events = ProgressEvents::default();

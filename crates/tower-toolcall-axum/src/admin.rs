@@ -13,15 +13,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::auth::{require_token, BearerToken};
-use crate::breaker::{BreakerAdmin, BreakerKey};
-use crate::control::{ReliabilityControl, ShadowLayer};
-use crate::envelope::{ToolResult, MAX_IDENTIFIER_BYTES};
-use crate::error::{ConfigError, ErrorCode, ToolError};
-use crate::idempotency::{key_fingerprint, DedupeStore, StoreError};
-use crate::loop_detect::LoopDetectHandle;
-use crate::registry::ToolRegistry;
-use crate::stack::ToolStack;
-use crate::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::breaker::{BreakerAdmin, BreakerKey};
+use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
+use tower_toolcall::envelope::{ToolResult, MAX_IDENTIFIER_BYTES};
+use tower_toolcall::{ConfigError, ErrorCode, ToolError};
+use tower_toolcall::idempotency::{key_fingerprint, DedupeStore, StoreError};
+use tower_toolcall::loop_detect::LoopDetectHandle;
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::stack::ToolStack;
+use tower_toolcall::trace::{AuditLog, ExecutionEvent};
 
 /// The shortest bearer token [`AdminRouter::new`] takes.
 pub const MIN_TOKEN_BYTES: usize = 16;
@@ -33,7 +33,7 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 ///
 /// | route | what it does |
 /// |---|---|
-/// | `GET /breakers` | every breaker's [`BreakerStatus`](crate::breaker::BreakerStatus) |
+/// | `GET /breakers` | every breaker's [`BreakerStatus`](tower_toolcall::breaker::BreakerStatus) |
 /// | `GET /breakers/{key}` | one breaker; `key` is `tool:web::search`, `dependency:web` or `global` |
 /// | `POST /breakers/{key}/force-open` | holds the breaker open until it is reset; `key` must name a registered tool or namespace (any well-formed name when the registry is open) |
 /// | `POST /breakers/{key}/reset` | closes the breaker, forgetting its counts |
@@ -55,7 +55,7 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 /// are logged at INFO at most once a second, with the count of those not logged.
 ///
 /// ```
-/// use tower_toolcall::http::AdminRouter;
+/// use tower_toolcall_axum::AdminRouter;
 /// use tower_toolcall::registry::ToolRegistry;
 /// use tower_toolcall::ToolStack;
 ///
@@ -94,14 +94,14 @@ struct AdminState<St> {
     fleet: Option<Fleet>,
 }
 
-#[cfg(feature = "redis")]
-type Fleet = crate::fleet::FleetControl;
-/// Without the `redis` feature there is no fleet.
-#[cfg(not(feature = "redis"))]
+#[cfg(feature = "fleet")]
+type Fleet = tower_toolcall::fleet::FleetControl;
+/// Without the `fleet` feature there is no fleet.
+#[cfg(not(feature = "fleet"))]
 type Fleet = std::convert::Infallible;
 
 /// An operator action that a fleet shares.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg_attr(not(feature = "fleet"), allow(dead_code))]
 enum FleetAction<'a> {
     ForceOpen(&'a BreakerKey),
     ResetBreaker(&'a BreakerKey),
@@ -112,7 +112,7 @@ enum FleetAction<'a> {
 
 impl FleetAction<'_> {
     /// Sends the action to every replica of `fleet`.
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "fleet")]
     async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
         match self {
             FleetAction::ForceOpen(key) => fleet.force_open(key).await,
@@ -124,7 +124,7 @@ impl FleetAction<'_> {
         .map_err(error)
     }
 
-    #[cfg(not(feature = "redis"))]
+    #[cfg(not(feature = "fleet"))]
     async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
         match *fleet {}
     }
@@ -179,11 +179,11 @@ impl<St: DedupeStore> AdminRouter<St> {
     }
 
     /// Sends force-opens, breaker resets, loop-session resets, the kill switch (`enabled`)
-    /// and shadow changes to every replica of `fleet` (see [`fleet`](crate::fleet)), rather
+    /// and shadow changes to every replica of `fleet` (see [`fleet`](tower_toolcall::fleet)), rather
     /// than to this replica only.
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn fleet(mut self, fleet: crate::fleet::FleetControl) -> Self {
+    #[cfg(feature = "fleet")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "fleet")))]
+    pub fn fleet(mut self, fleet: Fleet) -> Self {
         self.state.fleet = Some(fleet);
         self
     }
@@ -658,7 +658,7 @@ enum SwitchStep {
 }
 
 impl SwitchStep {
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[cfg_attr(not(feature = "fleet"), allow(dead_code))]
     fn action(self) -> FleetAction<'static> {
         match self {
             SwitchStep::Enabled(enabled) => FleetAction::Enabled(enabled),
@@ -768,8 +768,8 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::idempotency::InMemoryDedupeStore;
-    use crate::trace::{AuditSink, AuditStream, Redactor};
+    use tower_toolcall::idempotency::InMemoryDedupeStore;
+    use tower_toolcall::trace::{AuditSink, AuditStream, Redactor};
 
     #[derive(Clone, Default)]
     struct Events(Arc<Mutex<Vec<Value>>>);

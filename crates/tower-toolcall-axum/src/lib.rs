@@ -1,7 +1,9 @@
-//! Tool calls over HTTP with [axum](https://docs.rs/axum) (feature `axum`).
+//! Tool calls of [`tower_toolcall`] over HTTP with [axum](https://docs.rs/axum): the tool
+//! router, the extractor, the admin API and a server with the limits untrusted clients need.
 //!
-//! - [`IntoResponse` for `ToolResult`](crate::ToolResult#impl-IntoResponse-for-ToolResult):
-//!   the status from the error code ([`ErrorCode::http_status`](crate::ErrorCode::http_status)),
+//! - [`IntoResponse` for `ToolResult`](tower_toolcall::ToolResult#impl-IntoResponse-for-ToolResult),
+//!   in the core under its `axum` feature (which this crate turns on): the status from the
+//!   error code ([`ErrorCode::http_status`](tower_toolcall::ErrorCode::http_status)),
 //!   `Retry-After` when the result says when to come back, the envelope as JSON.
 //! - [`JsonToolCall`]: an extractor reading a `ToolCall` from a JSON body within a body limit,
 //!   with the `Idempotency-Key` and `traceparent` headers put into it; bad input is answered
@@ -15,12 +17,12 @@
 //! [`ToolRouter`]'s docs say what a gateway facing untrusted clients needs: JSON bodies only,
 //! calls detached from their connection, bounded calls in flight, timeouts.
 //!
-//! The core speaks `ToolCall`, `ToolOutput` and `ToolError`; this module converts at the edge.
+//! The core speaks `ToolCall`, `ToolOutput` and `ToolError`; this crate converts at the edge.
 //!
 //! ```no_run
 //! use serde_json::json;
 //! use tower::Layer;
-//! use tower_toolcall::http::{serve, AdminRouter, ServeConfig, ToolRouter};
+//! use tower_toolcall_axum::{serve, AdminRouter, ServeConfig, ToolRouter};
 //! use tower_toolcall::registry::ToolRegistry;
 //! use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 //!
@@ -45,11 +47,21 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it brings |
+//! |---|---|---|
+//! | `fleet` | no | `AdminRouter::fleet`: operator actions sent to every replica through Redis (`tower-toolcall`'s `redis` feature) |
+
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::time::Duration;
 
 mod admin;
 mod auth;
 mod extract;
-mod response;
 mod router;
 mod serve;
 mod tools;
@@ -62,3 +74,8 @@ pub use router::{
 };
 pub use serve::{serve, ServeConfig, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use tools::tool_listing;
+
+/// A duration in whole milliseconds, saturating.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

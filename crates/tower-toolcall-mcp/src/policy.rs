@@ -3,8 +3,8 @@
 use rmcp::model::Tool;
 use serde_json::Value;
 
-use crate::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
-use crate::ConfigError;
+use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::ConfigError;
 
 /// Whether the annotations of a server's tools may relax the policy.
 ///
@@ -50,7 +50,7 @@ pub enum Trust {
 /// ```
 /// use std::sync::Arc;
 /// use rmcp::model::{Tool, ToolAnnotations};
-/// use tower_toolcall::mcp::{descriptor_for, Trust};
+/// use tower_toolcall_mcp::{descriptor_for, Trust};
 /// use tower_toolcall::registry::RiskLevel;
 ///
 /// let tool = Tool::new("search", "Searches the notes", Arc::new(serde_json::Map::new()))
@@ -107,7 +107,7 @@ pub fn descriptor_for(namespace: &str, tool: &Tool, trust: Trust) -> ToolDescrip
 /// ```
 /// use std::sync::Arc;
 /// use rmcp::model::{Tool, ToolAnnotations};
-/// use tower_toolcall::mcp::{registry_for, Trust};
+/// use tower_toolcall_mcp::{registry_for, Trust};
 /// use tower_toolcall::registry::{RiskLevel, ToolRegistry};
 ///
 /// let tools = [Tool::new("rm", "Deletes a note", Arc::new(serde_json::Map::new()))

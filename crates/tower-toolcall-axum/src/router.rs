@@ -21,12 +21,12 @@ use tower_service::Service;
 use super::admin::AdminRouter;
 use super::extract::{json_content_type, JsonToolCall};
 use super::tools::tool_listing;
-use crate::detach::detached;
-use crate::envelope::{ResultEnvelopeLayer, ToolCall, ToolResult};
-use crate::error::{ErrorCode, ToolError};
-use crate::idempotency::DedupeStore;
-use crate::outcome::ToolOutput;
-use crate::registry::ToolRegistry;
+use tower_toolcall::detach::detached;
+use tower_toolcall::envelope::{ResultEnvelopeLayer, ToolCall, ToolResult};
+use tower_toolcall::{ErrorCode, ToolError};
+use tower_toolcall::idempotency::DedupeStore;
+use tower_toolcall::ToolOutput;
+use tower_toolcall::registry::ToolRegistry;
 
 /// The largest request body [`ToolRouter`] reads by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
@@ -69,7 +69,7 @@ type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 /// | `/admin/…` | the [`AdminRouter`], when one is given |
 ///
 /// The service is any `Service<ToolCall>` answering `ToolOutput` / `ToolError` — typically
-/// tools behind a [`ToolStack`](crate::ToolStack). It must be `Clone + Send + Sync`, as axum's
+/// tools behind a [`ToolStack`](tower_toolcall::ToolStack). It must be `Clone + Send + Sync`, as axum's
 /// state is; the router boxes it, so no type of the stack shows in the router's.
 ///
 /// # Facing untrusted clients
@@ -79,7 +79,7 @@ type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 ///   "simple request" without a preflight. Nothing else authenticates the caller: put the
 ///   router behind your own authentication, and treat a `control.confirmationId` that
 ///   arrives over HTTP as only as trustworthy as the caller who sent it.
-/// - **Disconnects.** A call, once dispatched, is [detached](crate::detach::detached) from
+/// - **Disconnects.** A call, once dispatched, is [detached](tower_toolcall::detach::detached) from
 ///   its connection: a client that disconnects does not cancel it. It runs to its end
 ///   (bounded by the stack's timeouts), its idempotency record stays in flight, and a re-send
 ///   with the same `Idempotency-Key` joins it or gets its result.
@@ -98,7 +98,7 @@ type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 /// use std::time::Duration;
 /// use serde_json::json;
 /// use tower::Layer;
-/// use tower_toolcall::http::{AdminRouter, ToolRouter};
+/// use tower_toolcall_axum::{AdminRouter, ToolRouter};
 /// use tower_toolcall::registry::ToolRegistry;
 /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
 ///
@@ -112,7 +112,7 @@ type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 ///     .max_calls_in_flight(32)
 ///     .admin(AdminRouter::new(&stack, "a long secret token")?)
 ///     .into_router();
-/// // tower_toolcall::http::serve(listener, app, ServeConfig::default(), shutdown).await
+/// // tower_toolcall_axum::serve(listener, app, ServeConfig::default(), shutdown).await
 /// # let _ = app;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -256,7 +256,7 @@ async fn call_tool(State(state): State<ToolsState>, request: Request) -> Respons
     };
     if let (Some(after), Some(error)) = (state.unavailable_retry_after, result.error.as_mut()) {
         if error.retry_after_ms.is_none() && error.code.http_status() == 503 {
-            error.retry_after_ms = Some(crate::time::millis(after));
+            error.retry_after_ms = Some(crate::millis(after));
         }
     }
     result.into_response()

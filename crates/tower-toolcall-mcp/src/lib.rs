@@ -1,5 +1,6 @@
-//! MCP (feature `mcp`, with the official SDK `rmcp`): the stack on every MCP tool call, in
-//! both directions.
+//! MCP for [`tower_toolcall`], with the official SDK `rmcp`: the stack on every MCP tool
+//! call, in both directions. The core speaks `ToolCall`, `ToolOutput` and `ToolError`; this
+//! crate converts at the edge.
 //!
 //! - **Server side.** [`McpServer`] wraps an rmcp [`ServerHandler`](rmcp::ServerHandler) so
 //!   that every `tools/call` goes through a stack: one session per connection with the
@@ -26,7 +27,7 @@
 //! use std::sync::Arc;
 //! use rmcp::model::{CallToolRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations};
 //! use rmcp::{ServerHandler, ServiceExt};
-//! use tower_toolcall::mcp::{
+//! use tower_toolcall_mcp::{
 //!     line_transport, registry_for, McpClient, McpServer, Trust, DEFAULT_MAX_LINE_BYTES,
 //! };
 //! use tower_toolcall::ToolStack;
@@ -70,6 +71,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it brings |
+//! |---|---|---|
+//! | `schema` | yes | the tools' input and output schemas in their descriptors, checked by `tower-toolcall`'s `schema` feature (which it turns on) |
+//! | `http` | no | rmcp's streamable-HTTP client transport for [`McpClient`] (`rmcp::transport::StreamableHttpClientTransport`, on `reqwest` without TLS: enable one of `reqwest`'s TLS features for `https`) |
+
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod client;
 mod convert;
@@ -84,3 +95,8 @@ pub use convert::{CONFIRMATION_ID_META, IDEMPOTENCY_KEY_META};
 pub use lines::{line_transport, stdio_transport, DEFAULT_MAX_LINE_BYTES};
 pub use policy::{descriptor_for, registry_for, Trust};
 pub use server::{HandlerTool, McpServer};
+
+/// The examples of the README, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

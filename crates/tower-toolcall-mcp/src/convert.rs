@@ -10,7 +10,7 @@ use rmcp::ServiceError;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::{ErrorClass, ErrorCode, ToolCall, ToolError, ToolOutput};
+use tower_toolcall::{ErrorClass, ErrorCode, ToolCall, ToolError, ToolOutput};
 
 /// The `_meta` member of a `tools/call` that carries the call's idempotency key.
 pub const IDEMPOTENCY_KEY_META: &str = "idempotencyKey";

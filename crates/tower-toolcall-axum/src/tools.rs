@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::registry::{ToolDescriptor, ToolRegistry};
+use tower_toolcall::registry::{ToolDescriptor, ToolRegistry};
 
 /// The listing `GET /v1/tools` answers: `{"tools": [...]}`, one entry per registered tool,
 /// in the registry's order.
@@ -20,7 +20,7 @@ use crate::registry::{ToolDescriptor, ToolRegistry};
 /// | `streaming` | `supported`: `false`, results come whole |
 ///
 /// ```
-/// use tower_toolcall::http::tool_listing;
+/// use tower_toolcall_axum::tool_listing;
 /// use tower_toolcall::registry::ToolRegistry;
 ///
 /// let registry = ToolRegistry::from_json_str(
@@ -64,7 +64,7 @@ fn describe(tool: &ToolDescriptor) -> Value {
             },
             "timeout": {
                 "enabled": !policy.timeout.is_off(),
-                "attemptTimeoutMs": tool.attempt_timeout().map(crate::time::millis),
+                "attemptTimeoutMs": tool.attempt_timeout().map(crate::millis),
             },
             "streaming": { "supported": false },
         },
