@@ -148,10 +148,11 @@
 //!
 //! # A fleet of replicas
 //!
-//! With the `redis` feature, replicas behind a load balancer share what would otherwise be
-//! per process: rate-limit quotas (`rate_limit::RedisRateLimitStore`), loop-detection
-//! histories (`loop_detect::RedisLoopStore`) and operator actions (`fleet::FleetControl`), on
-//! top of the idempotency records. What a layer does while its store is unreachable is its
+//! With the crate `tower-toolcall-redis`, replicas behind a load balancer share what would
+//! otherwise be per process: rate-limit quotas (a [`rate_limit::RateLimitStore`]),
+//! loop-detection histories (a [`loop_detect::LoopStore`]) and operator actions (a
+//! [`stack::FleetActions`]), on top of the idempotency records (a
+//! [`idempotency::DedupeStore`]). What a layer does while its store is unreachable is its
 //! [`shared_store::FailurePolicy`].
 //!
 //! # Canonical params
@@ -165,7 +166,6 @@
 //! |---|---|---|
 //! | `schema` | yes | params and outputs checked against the tools' JSON Schemas (`jsonschema`) |
 //! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
-//! | `redis` | no | Redis stores shared by every replica: idempotency records (`RedisDedupeStore`), rate-limit quotas (`RedisRateLimitStore`), loop histories (`RedisLoopStore`), and operator actions (`fleet`) |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
 //! | `axum` | no | `http`: results as responses, the `ToolCall` extractor, the tool and admin routers |
@@ -186,9 +186,6 @@ pub mod detach;
 pub mod envelope;
 mod error;
 pub mod executor;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub mod fleet;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
@@ -204,8 +201,6 @@ pub mod mcp;
 mod middleware;
 mod outcome;
 pub mod rate_limit;
-#[cfg(feature = "redis")]
-mod redis_support;
 pub mod registry;
 pub mod retry;
 mod serde_message;

@@ -228,7 +228,7 @@ async fn run() -> Result<(), BoxError> {
     let redis_url = std::env::var("TOOLCALL_REDIS_URL").ok();
     #[cfg(feature = "redis")]
     if let Some(url) = redis_url {
-        let store = tower_toolcall::idempotency::RedisDedupeStore::open(&url)?;
+        let store = tower_toolcall_redis::RedisDedupeStore::open(&url)?;
         store.ping().await?;
         // The URL's password never reaches a log line.
         let shown = tower_toolcall::trace::Redactor::default()

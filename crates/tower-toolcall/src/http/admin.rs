@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -20,7 +21,7 @@ use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::idempotency::{key_fingerprint, DedupeStore, StoreError};
 use crate::loop_detect::LoopDetectHandle;
 use crate::registry::ToolRegistry;
-use crate::stack::ToolStack;
+use crate::stack::{FleetActions, ToolStack};
 use crate::trace::{AuditLog, ExecutionEvent};
 
 /// The shortest bearer token [`AdminRouter::new`] takes.
@@ -94,14 +95,9 @@ struct AdminState<St> {
     fleet: Option<Fleet>,
 }
 
-#[cfg(feature = "redis")]
-type Fleet = crate::fleet::FleetControl;
-/// Without the `redis` feature there is no fleet.
-#[cfg(not(feature = "redis"))]
-type Fleet = std::convert::Infallible;
+type Fleet = Arc<dyn FleetActions>;
 
 /// An operator action that a fleet shares.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 enum FleetAction<'a> {
     ForceOpen(&'a BreakerKey),
     ResetBreaker(&'a BreakerKey),
@@ -112,7 +108,6 @@ enum FleetAction<'a> {
 
 impl FleetAction<'_> {
     /// Sends the action to every replica of `fleet`.
-    #[cfg(feature = "redis")]
     async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
         match self {
             FleetAction::ForceOpen(key) => fleet.force_open(key).await,
@@ -122,11 +117,6 @@ impl FleetAction<'_> {
             FleetAction::Shadow(layer, shadow) => fleet.set_shadow(layer, shadow).await,
         }
         .map_err(error)
-    }
-
-    #[cfg(not(feature = "redis"))]
-    async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
-        match *fleet {}
     }
 }
 
@@ -179,12 +169,10 @@ impl<St: DedupeStore> AdminRouter<St> {
     }
 
     /// Sends force-opens, breaker resets, loop-session resets, the kill switch (`enabled`)
-    /// and shadow changes to every replica of `fleet` (see [`fleet`](crate::fleet)), rather
-    /// than to this replica only.
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn fleet(mut self, fleet: crate::fleet::FleetControl) -> Self {
-        self.state.fleet = Some(fleet);
+    /// and shadow changes to every replica of `fleet` (see [`FleetActions`]; `FleetControl`
+    /// of the crate `tower-toolcall-redis` is one), rather than to this replica only.
+    pub fn fleet(mut self, fleet: impl FleetActions) -> Self {
+        self.state.fleet = Some(Arc::new(fleet));
         self
     }
 
@@ -658,7 +646,6 @@ enum SwitchStep {
 }
 
 impl SwitchStep {
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     fn action(self) -> FleetAction<'static> {
         match self {
             SwitchStep::Enabled(enabled) => FleetAction::Enabled(enabled),

@@ -19,14 +19,15 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower_toolcall::breaker::BreakerKey;
 use tower_toolcall::control::ShadowLayer;
-use tower_toolcall::fleet::FleetControl;
-use tower_toolcall::loop_detect::{LoopSettings, RedisLoopStore};
-use tower_toolcall::rate_limit::RedisRateLimitStore;
+use tower_toolcall::loop_detect::LoopSettings;
 use tower_toolcall::registry::{RateLimitKey, ToolRegistry};
 use tower_toolcall::shared_store::{FailurePolicy, SharedStoreError};
 use tower_toolcall::{
     BreakerState, ErrorCode, StackLayer, ToolCall, ToolError, ToolOutput, ToolStack,
 };
+use tower_toolcall_redis::FleetControl;
+use tower_toolcall_redis::RedisLoopStore;
+use tower_toolcall_redis::RedisRateLimitStore;
 
 const WEB: &str = "agents.tools.web";
 
@@ -642,7 +643,6 @@ async fn actions_need_redis_and_sharing_resumes_after_a_restart() {
 
 /// The admin API of `member`'s stack, sending through its fleet, on a bound loopback port;
 /// answers `(status, body)` of each request.
-#[cfg(feature = "axum")]
 mod admin_api {
     use super::*;
     use http_body_util::{BodyExt, Full};
@@ -692,7 +692,6 @@ mod admin_api {
     }
 }
 
-#[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_to_the_admin_api_leaves_the_other_replicas_untouched() {
     use hyper::Method;
@@ -1016,7 +1015,6 @@ async fn a_hung_redis_holds_no_call_longer_than_the_operation_timeout() {
 
 /// The shared stores' outages and failed checks, counted in metrics by the stacks'
 /// [`ToolMetrics`](tower_toolcall::trace::ToolMetrics), per store and failure policy.
-#[cfg(feature = "metrics")]
 #[test]
 fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
