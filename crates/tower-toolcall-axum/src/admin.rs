@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -16,12 +17,12 @@ use super::auth::{require_token, BearerToken};
 use tower_toolcall::breaker::{BreakerAdmin, BreakerKey};
 use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
 use tower_toolcall::envelope::{ToolResult, MAX_IDENTIFIER_BYTES};
-use tower_toolcall::{ConfigError, ErrorCode, ToolError};
 use tower_toolcall::idempotency::{key_fingerprint, DedupeStore, StoreError};
 use tower_toolcall::loop_detect::LoopDetectHandle;
 use tower_toolcall::registry::ToolRegistry;
-use tower_toolcall::stack::ToolStack;
+use tower_toolcall::stack::{FleetActions, ToolStack};
 use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::{ConfigError, ErrorCode, ToolError};
 
 /// The shortest bearer token [`AdminRouter::new`] takes.
 pub const MIN_TOKEN_BYTES: usize = 16;
@@ -94,14 +95,9 @@ struct AdminState<St> {
     fleet: Option<Fleet>,
 }
 
-#[cfg(feature = "fleet")]
-type Fleet = tower_toolcall::fleet::FleetControl;
-/// Without the `fleet` feature there is no fleet.
-#[cfg(not(feature = "fleet"))]
-type Fleet = std::convert::Infallible;
+type Fleet = Arc<dyn FleetActions>;
 
 /// An operator action that a fleet shares.
-#[cfg_attr(not(feature = "fleet"), allow(dead_code))]
 enum FleetAction<'a> {
     ForceOpen(&'a BreakerKey),
     ResetBreaker(&'a BreakerKey),
@@ -112,7 +108,6 @@ enum FleetAction<'a> {
 
 impl FleetAction<'_> {
     /// Sends the action to every replica of `fleet`.
-    #[cfg(feature = "fleet")]
     async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
         match self {
             FleetAction::ForceOpen(key) => fleet.force_open(key).await,
@@ -122,11 +117,6 @@ impl FleetAction<'_> {
             FleetAction::Shadow(layer, shadow) => fleet.set_shadow(layer, shadow).await,
         }
         .map_err(error)
-    }
-
-    #[cfg(not(feature = "fleet"))]
-    async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
-        match *fleet {}
     }
 }
 
@@ -179,12 +169,10 @@ impl<St: DedupeStore> AdminRouter<St> {
     }
 
     /// Sends force-opens, breaker resets, loop-session resets, the kill switch (`enabled`)
-    /// and shadow changes to every replica of `fleet` (see [`fleet`](tower_toolcall::fleet)), rather
-    /// than to this replica only.
-    #[cfg(feature = "fleet")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "fleet")))]
-    pub fn fleet(mut self, fleet: Fleet) -> Self {
-        self.state.fleet = Some(fleet);
+    /// and shadow changes to every replica of `fleet` (see [`FleetActions`]; `FleetControl`
+    /// of the crate `tower-toolcall-redis` is one), rather than to this replica only.
+    pub fn fleet(mut self, fleet: impl FleetActions) -> Self {
+        self.state.fleet = Some(Arc::new(fleet));
         self
     }
 
@@ -658,7 +646,6 @@ enum SwitchStep {
 }
 
 impl SwitchStep {
-    #[cfg_attr(not(feature = "fleet"), allow(dead_code))]
     fn action(self) -> FleetAction<'static> {
         match self {
             SwitchStep::Enabled(enabled) => FleetAction::Enabled(enabled),

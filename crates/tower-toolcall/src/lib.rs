@@ -148,10 +148,11 @@
 //!
 //! # A fleet of replicas
 //!
-//! With the `redis` feature, replicas behind a load balancer share what would otherwise be
-//! per process: rate-limit quotas (`rate_limit::RedisRateLimitStore`), loop-detection
-//! histories (`loop_detect::RedisLoopStore`) and operator actions (`fleet::FleetControl`), on
-//! top of the idempotency records. What a layer does while its store is unreachable is its
+//! With the crate `tower-toolcall-redis`, replicas behind a load balancer share what would
+//! otherwise be per process: rate-limit quotas (a [`rate_limit::RateLimitStore`]),
+//! loop-detection histories (a [`loop_detect::LoopStore`]) and operator actions (a
+//! [`stack::FleetActions`]), on top of the idempotency records (a
+//! [`idempotency::DedupeStore`]). What a layer does while its store is unreachable is its
 //! [`shared_store::FailurePolicy`].
 //!
 //! # Canonical params
@@ -165,7 +166,6 @@
 //! |---|---|---|
 //! | `schema` | yes | params and outputs checked against the tools' JSON Schemas (`jsonschema`) |
 //! | `toml` | yes | [`ToolRegistry::from_toml_str`](registry::ToolRegistry::from_toml_str) |
-//! | `redis` | no | Redis stores shared by every replica: idempotency records (`RedisDedupeStore`), rate-limit quotas (`RedisRateLimitStore`), loop histories (`RedisLoopStore`), and operator actions (`fleet`) |
 //! | `metrics` | no | `trace::ToolMetrics`: series of every call through the `metrics` facade |
 //! | `opentelemetry` | no | the call's W3C `traceparent` as the remote parent of its span, for `tracing-opentelemetry` |
 //! | `axum` | no | `IntoResponse` for [`ToolResult`]: its status from the error code, `Retry-After`, the envelope as JSON (the tool router, the extractor and the admin API are the crate `tower-toolcall-axum`'s) |
@@ -180,9 +180,6 @@ pub mod breaker;
 mod contract;
 pub mod detach;
 pub mod executor;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub mod fleet;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
@@ -190,11 +187,9 @@ pub mod hooks;
 pub mod idempotency;
 pub mod loop_detect;
 mod middleware;
+pub mod rate_limit;
 #[cfg(feature = "axum")]
 mod response;
-pub mod rate_limit;
-#[cfg(feature = "redis")]
-mod redis_support;
 pub mod retry;
 pub mod shared_store;
 mod spans;

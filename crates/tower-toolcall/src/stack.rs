@@ -51,6 +51,10 @@
 //! # }).unwrap();
 //! ```
 
+mod fleet;
+
+pub use fleet::{FleetActions, FleetFuture};
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -757,18 +761,8 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     /// Keeps loop detection's session histories in `store`, shared by every replica that
     /// uses it, instead of in this process. The loop-detection settings made so far are kept.
     ///
-    /// ```no_run
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::loop_detect::RedisLoopStore;
-    ///
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .loop_store(RedisLoopStore::open("redis://127.0.0.1:6379/")?)
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn loop_store(mut self, store: crate::loop_detect::RedisLoopStore) -> Self {
+    /// `RedisLoopStore`, of the crate `tower-toolcall-redis`, is such a store.
+    pub fn loop_store(mut self, store: impl crate::loop_detect::LoopStore) -> Self {
         self.loop_detect = self.loop_detect.store(store);
         self
     }

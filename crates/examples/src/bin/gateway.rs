@@ -40,11 +40,11 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use tower::Layer;
 use tower_toolcall::control::ReliabilityControl;
-use tower_toolcall_axum::{self as http, AdminRouter, ServeConfig, ToolRouter};
 use tower_toolcall::idempotency::DedupeStore;
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall_axum::{self as http, AdminRouter, ServeConfig, ToolRouter};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -228,7 +228,7 @@ async fn run() -> Result<(), BoxError> {
     let redis_url = std::env::var("TOOLCALL_REDIS_URL").ok();
     #[cfg(feature = "redis")]
     if let Some(url) = redis_url {
-        let store = tower_toolcall::idempotency::RedisDedupeStore::open(&url)?;
+        let store = tower_toolcall_redis::RedisDedupeStore::open(&url)?;
         store.ping().await?;
         // The URL's password never reaches a log line.
         let shown = tower_toolcall::trace::Redactor::default()

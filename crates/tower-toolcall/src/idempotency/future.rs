@@ -10,7 +10,6 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::key;
 use super::record::{DedupeRecord, Execution, RecordState, StoredError};
 use super::service::{Counters, Plan, Shared};
 use super::store::{finish_detached, ClaimOutcome, Completion, DedupeStore, Finalized, StoreError};
@@ -446,13 +445,9 @@ async fn renew_periodically<St: DedupeStore>(store: &St, claimed: &DedupeRecord,
     std::future::pending::<()>().await;
 }
 
-/// What logs name the key of `record` by (see [`key::fingerprint`]).
+/// What logs name the key of `record` by.
 fn record_fingerprint(record: &DedupeRecord) -> String {
-    key::fingerprint(
-        &record.key,
-        &record.idempotency_key,
-        record.key_derived_from_params,
-    )
+    record.fingerprint()
 }
 
 /// Answers from a settled record, with a copy of its output or error.

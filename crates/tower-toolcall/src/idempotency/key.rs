@@ -166,8 +166,17 @@ pub fn key_fingerprint(store_key: &str) -> String {
 
 /// Whether `fingerprint` names `store_key`: it is the key's [`key_fingerprint`], or the first
 /// 16 hex digits of an idempotency key derived from the params (64 hex digits, the last part
-/// of the store key), as [`fingerprint`] writes them.
-pub(crate) fn fingerprint_matches(store_key: &str, fingerprint: &str) -> bool {
+/// of the store key), as [`DedupeRecord::fingerprint`](super::DedupeRecord::fingerprint)
+/// writes them. The rule of [`DedupeStore::find_by_fingerprint`](super::DedupeStore::find_by_fingerprint).
+///
+/// ```
+/// use tower_toolcall::idempotency::{fingerprint_matches, key_fingerprint};
+///
+/// let key = "acme/vault::createFile/s/sess-42/user-7/create-foo-1";
+/// assert!(fingerprint_matches(key, &key_fingerprint(key)));
+/// assert!(!fingerprint_matches(key, "0123456789abcdef"));
+/// ```
+pub fn fingerprint_matches(store_key: &str, fingerprint: &str) -> bool {
     if fingerprint.len() != 16 {
         return false;
     }

@@ -119,7 +119,7 @@
 //! # Stores
 //!
 //! [`InMemoryDedupeStore`] (the default) keeps records in the process; `RedisDedupeStore`
-//! (feature `redis`) shares them between replicas. Both implement [`DedupeStore`].
+//! (crate `tower-toolcall-redis`) shares them between replicas. Both implement [`DedupeStore`].
 //!
 //! [`canonical::derive_key`]: crate::canonical::derive_key
 
@@ -133,7 +133,7 @@ mod store;
 use std::time::Duration;
 
 pub use future::ResponseFuture;
-pub use key::{key_fingerprint, tenant_prefix};
+pub use key::{fingerprint_matches, key_fingerprint, tenant_prefix};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};
 pub use record::{
     AttemptRecord, AttemptStatus, DedupeRecord, Execution, RecordRequest, RecordState, StoredError,
@@ -143,12 +143,6 @@ pub use store::{
     ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized, InMemoryDedupeStore,
     InMemoryDedupeStoreBuilder, MemoryStoreStats, StoreError, DEFAULT_MEMORY_CAPACITY,
     DEFAULT_MEMORY_MAX_BYTES, DEFAULT_SWEEP_INTERVAL,
-};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use store::{
-    RedisDedupeStore, RedisDedupeStoreBuilder, RedisStoreStats, DEFAULT_FALLBACK_POLL_INTERVAL,
-    DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_OPERATION_TIMEOUT,
 };
 
 /// How long a successful result is kept by default: 24 h.

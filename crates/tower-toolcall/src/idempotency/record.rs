@@ -103,6 +103,19 @@ pub enum RecordState {
     Cancelled,
 }
 
+impl DedupeRecord {
+    /// What results and logs name the record's key by, without revealing it: for a key
+    /// derived from the params (a SHA-256 already) its first 16 hex digits, for another key
+    /// the [`key_fingerprint`](super::key_fingerprint) of its store key.
+    pub fn fingerprint(&self) -> String {
+        super::key::fingerprint(
+            &self.key,
+            &self.idempotency_key,
+            self.key_derived_from_params,
+        )
+    }
+}
+
 impl RecordState {
     /// The state's name as it is stored.
     pub const fn as_str(self) -> &'static str {

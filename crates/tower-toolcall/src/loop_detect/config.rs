@@ -331,6 +331,18 @@ impl LoopSettingKey {
         LoopSettingKey::PollBudget,
     ];
 
+    /// The member of [`LoopSettings`] it names, as they serialize, e.g. `max_repeats`.
+    pub const fn member(self) -> &'static str {
+        match self {
+            LoopSettingKey::Detection => "enabled",
+            LoopSettingKey::MaxRepeats => "max_repeats",
+            LoopSettingKey::Ttl => "ttl_secs",
+            LoopSettingKey::Mode => "mode",
+            LoopSettingKey::MaxFailures => "max_failures",
+            LoopSettingKey::PollBudget => "poll_budget_secs",
+        }
+    }
+
     /// The name in commands, e.g. `tool-loop-max-repeats`.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -17,8 +17,14 @@ use crate::registry::LoopMode;
 
 /// What identifies a call for loop detection: a keyed hash of its tool and canonical params
 /// (without the members the layer ignores as per-call noise).
+///
+/// ```
+/// use tower_toolcall::loop_detect::store::Signature;
+///
+/// assert_eq!(Signature::from_raw(0x5eed).raw(), 0x5eed);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Signature(u64);
+pub struct Signature(u64);
 
 impl Signature {
     /// The signature of `namespace::name` called with `canonical` params.
@@ -36,13 +42,12 @@ impl Signature {
     }
 
     /// A signature from a raw hash (a stored one).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn from_raw(raw: u64) -> Self {
+    pub fn from_raw(raw: u64) -> Self {
         Signature(raw)
     }
 
-    /// The hash, for logs.
-    pub(crate) fn raw(self) -> u64 {
+    /// The hash, for logs and stores.
+    pub fn raw(self) -> u64 {
         self.0
     }
 }
@@ -78,7 +83,7 @@ pub(crate) struct Resend {
 
 /// The limits in force for one call, resolved from the configuration tiers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Limits {
+pub struct Limits {
     /// Identical consecutive calls that make a loop.
     pub(crate) max_repeats: u32,
     /// How long a call is remembered.
@@ -124,8 +129,31 @@ pub(crate) struct CycleLimits {
 const BACKOFF_GROWTH: f64 = 1.5;
 
 impl Limits {
+    /// How long a call is remembered: the session's window.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Identical consecutive calls that make a loop.
+    pub fn max_repeats(&self) -> u32 {
+        self.max_repeats
+    }
+
+    /// Whether the call's answer decides whether it repeats (read-only tools and pollers).
+    pub fn result_aware(&self) -> bool {
+        self.result_aware
+    }
+
+    /// These limits with `max_repeats` identical consecutive calls making a loop.
+    pub fn with_max_repeats(self, max_repeats: u32) -> Self {
+        Limits {
+            max_repeats,
+            ..self
+        }
+    }
+
     /// How many past calls the rules need to see.
-    pub(crate) fn history_len(&self) -> usize {
+    pub fn history_len(&self) -> usize {
         let repeats = self.max_repeats.saturating_sub(1) as usize;
         let cycles = self.cycles.map_or(0, |c| {
             (c.repetitions as usize * c.max_length).saturating_sub(1)
@@ -135,18 +163,20 @@ impl Limits {
     }
 }
 
-/// How an admitted call ended.
+/// How an admitted call ended. Exhaustive, as every [`LoopStore`](super::LoopStore) writes
+/// each variant: a new one is a breaking change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     /// The tool answered; the digest of its answer (only computed for result-aware calls).
     Succeeded(u64),
     /// The tool failed with this code.
     Failed(ErrorCode),
 }
 
-/// What [`SessionHistory::observe`] decided.
+/// What the rules decided about a call. Exhaustive, as every
+/// [`LoopStore`](super::LoopStore) keeps the call by it: a new one is a breaking change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub enum Decision {
     /// Run the call; report its outcome under this sequence number.
     Admit(u64),
     /// Run the call untracked: it re-sends an earlier call, which the idempotency layer
@@ -156,9 +186,10 @@ pub(crate) enum Decision {
     Reject(Detection),
 }
 
-/// A loop found in a session.
+/// A loop found in a session: which rule found it and how far it counted (what the layer
+/// logs and answers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Detection {
+pub struct Detection {
     /// The rule that found it.
     pub(crate) rule: Rule,
     /// What the layer does about it.
@@ -214,9 +245,10 @@ impl Action {
     }
 }
 
-/// The recent calls of one session.
+/// The recent calls of one session, and the rules that judge a new call on them: what a
+/// [`LoopStore`](super::LoopStore) restores from what it keeps.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct SessionHistory {
+pub struct SessionHistory {
     entries: VecDeque<Entry>,
     /// The sequence number of the next call; the last entry has `next_seq - 1`.
     next_seq: u64,
@@ -238,8 +270,10 @@ struct Entry {
     resend: u64,
 }
 
+/// Where a remembered call stands. Exhaustive, as every [`LoopStore`](super::LoopStore)
+/// writes each variant: a new one is a breaking change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum State {
+pub enum State {
     /// Admitted; no outcome yet (or the caller gave up on it).
     Pending,
     /// Rejected by this layer.
@@ -248,26 +282,55 @@ pub(crate) enum State {
     Done(Outcome),
     /// Answered from the idempotency layer's record: no call of its own. Only a shared
     /// store keeps such calls, and the rules never see them.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Resent,
 }
 
 /// One remembered call, as a store keeps it.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StoredCall {
-    pub(crate) at: Instant,
-    pub(crate) signature: Signature,
-    pub(crate) result_aware: bool,
-    pub(crate) state: State,
-    pub(crate) ended: Instant,
-    pub(crate) since: Instant,
-    pub(crate) resend: u64,
+#[non_exhaustive]
+pub struct StoredCall {
+    /// When the call came.
+    pub at: Instant,
+    /// The call's signature.
+    pub signature: Signature,
+    /// Whether its answer decides whether it repeats.
+    pub result_aware: bool,
+    /// Where it stands.
+    pub state: State,
+    /// When it ended (when it came, until then).
+    pub ended: Instant,
+    /// Since when its answer has been the same (when it came, when the answer changed).
+    pub since: Instant,
+    /// The idempotency record that answers a re-send of it; 0 for none.
+    pub resend: u64,
+}
+
+impl StoredCall {
+    /// A call that came `at` with `signature`, in `state`; it ended `ended`, its answer had
+    /// been the same `since`, and `resend` names its idempotency record (0 for none).
+    pub fn new(
+        at: Instant,
+        signature: Signature,
+        result_aware: bool,
+        state: State,
+        ended: Instant,
+        since: Instant,
+        resend: u64,
+    ) -> Self {
+        StoredCall {
+            at,
+            signature,
+            result_aware,
+            state,
+            ended,
+            since,
+            resend,
+        }
+    }
 }
 
 /// When a call's unchanged answers began: `at` (its start) unless the previous identical
 /// call answered the same, whose streak it continues.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn streak_since(
     previous: Option<(Outcome, Instant)>,
     outcome: Outcome,
@@ -282,8 +345,7 @@ pub(crate) fn streak_since(
 impl SessionHistory {
     /// A history that a store kept: its calls, oldest first, the sequence number of the call
     /// after the last, and the call last given a chance.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn restore(
+    pub fn restore(
         calls: impl IntoIterator<Item = StoredCall>,
         next_seq: u64,
         chance: Option<(Signature, Instant)>,
@@ -308,8 +370,7 @@ impl SessionHistory {
     }
 
     /// The call last given a chance, and when.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn chance(&self) -> Option<(Signature, Instant)> {
+    pub fn chance(&self) -> Option<(Signature, Instant)> {
         self.chance
     }
 

@@ -12,8 +12,7 @@ use crate::error::ToolError;
 use crate::middleware::Passthrough;
 use crate::outcome::ToolOutput;
 
-#[cfg(feature = "redis")]
-pub(super) use self::shared::Pending;
+use self::shared::{Pending, StoreStep};
 
 pin_project! {
     /// The response future of [`LoopDetect`](super::LoopDetect): refused with
@@ -115,7 +114,6 @@ where
                     if let Some(report) = report.take() {
                         report.record(&result);
                     }
-                    #[cfg(feature = "redis")]
                     if let Some(pending) = this.pending.as_mut() {
                         if let Some(step) = pending.finished(&result) {
                             this.state.set(State::Store { step });
@@ -146,59 +144,18 @@ where
 }
 
 /// What follows a step of a call over the shared store.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 enum Next<F> {
     State(State<F>),
     Done(Result<ToolOutput, ToolError>),
 }
 
-/// Without a shared store, no call is ever pending.
-#[cfg(not(feature = "redis"))]
-pub(super) enum Pending<S> {
-    #[allow(dead_code)]
-    Never(std::convert::Infallible, std::marker::PhantomData<S>),
-}
-
-#[cfg(not(feature = "redis"))]
-enum StoreStep {}
-
-#[cfg(not(feature = "redis"))]
-enum Answer {}
-
-#[cfg(not(feature = "redis"))]
-impl StoreStep {
-    fn poll(&mut self, _cx: &mut Context<'_>) -> Poll<Answer> {
-        match *self {}
-    }
-}
-
-#[cfg(not(feature = "redis"))]
-impl<S> Pending<S> {
-    fn next<F>(&mut self, answer: Answer) -> Next<F> {
-        match answer {}
-    }
-
-    fn service(&mut self) -> &mut S {
-        match *self {
-            Pending::Never(never, _) => match never {},
-        }
-    }
-
-    fn call<F>(&mut self) -> State<F> {
-        match *self {
-            Pending::Never(never, _) => match never {},
-        }
-    }
-}
-
-#[cfg(feature = "redis")]
 mod shared {
     //! A call whose session history is in the shared store.
 
     use super::*;
     use crate::loop_detect::detector::{Decision, Outcome};
-    use crate::loop_detect::redis::{Observed, Settled, Tracked};
     use crate::loop_detect::service::{Judgement, SharedCheck};
+    use crate::loop_detect::store::{LoopStoreFuture, Observed, Settled, Tracked};
     use crate::outcome::ShadowDecision;
     use crate::shared_store::SharedStoreError;
 
@@ -206,8 +163,8 @@ mod shared {
 
     /// A store operation on its way.
     pub(in crate::loop_detect) enum StoreStep {
-        Observe(Pin<Box<dyn Future<Output = Result<Observed, SharedStoreError>> + Send>>),
-        Settle(Pin<Box<dyn Future<Output = Result<(), SharedStoreError>> + Send>>),
+        Observe(LoopStoreFuture<Observed>),
+        Settle(LoopStoreFuture<()>),
     }
 
     /// What a store step answered.
@@ -286,8 +243,8 @@ mod shared {
             result: &Result<ToolOutput, ToolError>,
         ) -> Option<StoreStep> {
             let seq = self.seq.take()?;
-            let result_aware = self.check.below.limits.result_aware;
-            if result.is_ok() && !result_aware && self.check.facts.resend.is_none() {
+            let result_aware = self.check.call.below.limits.result_aware;
+            if result.is_ok() && !result_aware && self.check.call.facts.resend.is_none() {
                 // A success reads as a pending call to every rule but those that read
                 // answers or when a call ended.
                 return None;
@@ -299,12 +256,12 @@ mod shared {
                 Some((answered, since)) if answered == outcome => since,
                 _ => at_ms,
             };
-            Some(StoreStep::Settle(Box::pin(self.check.store.settle(
+            Some(StoreStep::Settle(self.check.store.finish(
                 &self.session,
                 seq,
                 Settled::Done { outcome, since_ms },
                 None,
-            ))))
+            )))
         }
 
         /// The next state after a store step answered.
@@ -358,7 +315,7 @@ mod shared {
                 return Next::State(State::Ready);
             };
             let check = &self.check;
-            let (_, limits) = check.below.under(&settings);
+            let (_, limits) = check.call.under(&settings);
             let call = self
                 .call
                 .as_ref()
@@ -373,7 +330,7 @@ mod shared {
             };
             let judgement =
                 self.monitor
-                    .judge(call, decision, &limits, check.facts.signature, &canonical);
+                    .judge(call, decision, &limits, check.call.signature(), &canonical);
             match judgement {
                 Judgement::Admit(_) => {
                     self.seq = Some(seq);
@@ -384,9 +341,9 @@ mod shared {
                 Judgement::Resend => {
                     let settle = check
                         .store
-                        .settle(call.session_key(), seq, Settled::Resent, None);
+                        .finish(call.session_key(), seq, Settled::Resent, None);
                     return Next::State(State::Store {
-                        step: StoreStep::Settle(Box::pin(settle)),
+                        step: StoreStep::Settle(settle),
                     });
                 }
                 Judgement::Refuse(error) => self.refusal = Some(error),
@@ -394,9 +351,9 @@ mod shared {
             }
             let settle = check
                 .store
-                .settle(call.session_key(), seq, Settled::Rejected, chance);
+                .finish(call.session_key(), seq, Settled::Rejected, chance);
             Next::State(State::Store {
-                step: StoreStep::Settle(Box::pin(settle)),
+                step: StoreStep::Settle(settle),
             })
         }
     }
@@ -409,12 +366,10 @@ mod shared {
             check: SharedCheck,
             monitor: Arc<Monitor>,
         ) -> Self {
-            let observe = check
-                .store
-                .observe(call.session_key(), check.facts, check.below);
+            let observe = check.store.check(call.session_key(), check.call);
             ResponseFuture {
                 state: State::Store {
-                    step: StoreStep::Observe(Box::pin(observe)),
+                    step: StoreStep::Observe(observe),
                 },
                 pending: Some(Box::new(Pending {
                     session: call.session_key().to_owned(),
@@ -432,9 +387,6 @@ mod shared {
         }
     }
 }
-
-#[cfg(feature = "redis")]
-use self::shared::StoreStep;
 
 impl<S, F> std::fmt::Debug for ResponseFuture<S, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

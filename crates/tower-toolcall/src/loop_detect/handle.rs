@@ -79,7 +79,7 @@ impl LoopDetectHandle {
     }
 
     /// Applies a checked command here and, with a shared store, there.
-    pub(crate) fn apply_checked(&self, session: &str, command: &LoopCommand) -> StoreWrite {
+    fn apply_checked(&self, session: &str, command: &LoopCommand) -> StoreWrite {
         match command {
             LoopCommand::Set(settings) => self.change(session, *settings, &[]),
             LoopCommand::Unset(keys) => self.change(session, LoopSettings::default(), keys),
@@ -91,7 +91,6 @@ impl LoopDetectHandle {
         self.monitor.tiers.sessions.update(session, |current| {
             unset.iter().fold(current.merged(set), |s, k| s.without(*k))
         });
-        #[cfg(feature = "redis")]
         if let Some(store) = &self.monitor.store {
             // The store drops the history itself when detection is switched off.
             self.monitor.tracker.remove(session);
@@ -136,7 +135,6 @@ impl LoopDetectHandle {
             .sessions
             .update(session, |_| LoopSettings::default());
         self.monitor.tracker.remove(session);
-        #[cfg(feature = "redis")]
         if let Some(store) = &self.monitor.store {
             return StoreWrite::spawn(store.forget(session));
         }
@@ -154,15 +152,16 @@ impl LoopDetectHandle {
         self.monitor.tracker.evicted()
     }
 
-    /// Whether the sessions' histories and settings are in a shared store.
-    #[cfg(feature = "redis")]
-    pub(crate) fn shares_sessions(&self) -> bool {
+    /// Whether the sessions' histories and settings are in a shared
+    /// [`LoopStore`](super::LoopStore), where every replica reads them.
+    pub fn shares_sessions(&self) -> bool {
         self.monitor.store.is_some()
     }
 
-    /// Clears `session`'s history in this process only.
-    #[cfg(feature = "redis")]
-    pub(crate) fn reset_local_session(&self, session: &str) {
+    /// Clears `session`'s history in this process only, leaving the shared store alone: for
+    /// a replica told that the session was reset through another one, which cleared the
+    /// shared history already.
+    pub fn reset_local_session(&self, session: &str) {
         self.monitor.tracker.remove(session);
     }
 
@@ -193,7 +192,6 @@ impl StoreWrite {
     }
 
     /// Starts `write` at once, in the background when a Tokio runtime runs.
-    #[cfg(feature = "redis")]
     pub(super) fn spawn(
         write: impl Future<Output = Result<(), SharedStoreError>> + Send + 'static,
     ) -> Self {

@@ -12,6 +12,7 @@ use super::handle::LoopDetectHandle;
 use super::noise::{Noise, DEFAULT_IGNORED_MEMBERS};
 use super::resend::Resends;
 use super::service::{LoopDetect, Monitor, ToolLoop};
+use super::store::LoopStore;
 use super::tracker::Tracker;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
@@ -102,7 +103,6 @@ impl LoopDetectLayer {
             max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
             canonical: CanonicalOptions::default(),
             redactor: Redactor::default(),
-            #[cfg(feature = "redis")]
             store: None,
             on_store_failure: FailurePolicy::Open,
             store_listeners: StoreListeners::default(),
@@ -172,8 +172,7 @@ pub struct LoopDetectLayerBuilder {
     max_session_bytes: usize,
     canonical: CanonicalOptions,
     redactor: Redactor,
-    #[cfg(feature = "redis")]
-    store: Option<super::redis::RedisLoopStore>,
+    store: Option<Arc<dyn LoopStore>>,
     on_store_failure: FailurePolicy,
     store_listeners: StoreListeners,
 }
@@ -182,10 +181,8 @@ impl LoopDetectLayerBuilder {
     /// Keeps the sessions' histories in `store`, shared by every replica that uses it,
     /// instead of in this process. `max_sessions` and `max_session_bytes` then bound the
     /// in-process tracker only; the store's keys expire with each session's window.
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn store(mut self, store: super::redis::RedisLoopStore) -> Self {
-        self.store = Some(store);
+    pub fn store(mut self, store: impl LoopStore) -> Self {
+        self.store = Some(Arc::new(store));
         self
     }
 
@@ -391,15 +388,13 @@ impl LoopDetectLayerBuilder {
                 },
             })
         })?;
-        let seed = {
-            use std::hash::BuildHasher;
-            std::hash::RandomState::new().hash_one(0u8)
+        let seed = match &self.store {
+            Some(store) => store.signature_seed(),
+            None => {
+                use std::hash::BuildHasher;
+                std::hash::RandomState::new().hash_one(0u8)
+            }
         };
-        #[cfg(feature = "redis")]
-        let seed = self
-            .store
-            .as_ref()
-            .map_or(seed, |store| store.signature_seed());
         let hasher = foldhash::quality::FixedState::with_seed(seed);
         let monitor = Monitor {
             registry: self.registry,
@@ -415,7 +410,6 @@ impl LoopDetectLayerBuilder {
             canonical: self.canonical,
             redactor: self.redactor,
             hasher,
-            #[cfg(feature = "redis")]
             store: self.store,
             outages: Outages::new(self.on_store_failure, self.store_listeners),
         };

@@ -114,8 +114,8 @@
 //!
 //! Each process keeps its sessions' histories by default. Behind a load balancer a model
 //! whose calls are spread over N replicas would then repeat up to N times more often before
-//! it is stopped; with a `RedisLoopStore` (feature `redis`,
-//! `LoopDetectLayerBuilder::store`) every replica reads and extends one history per session,
+//! it is stopped; with a shared [`LoopStore`] ([`LoopDetectLayerBuilder::store`], e.g. the
+//! `RedisLoopStore` of the crate `tower-toolcall-redis`) every replica reads and extends one history per session,
 //! in one round trip per call (concurrent calls of one session share one, each judged on
 //! the history up to itself), and the rules above judge it exactly as in memory. While the
 //! store cannot be reached, calls follow the layer's
@@ -204,11 +204,10 @@ mod future;
 mod handle;
 mod layer;
 mod noise;
-#[cfg(feature = "redis")]
-mod redis;
 mod report;
 mod resend;
 mod service;
+pub mod store;
 mod tracker;
 
 pub use command::{CommandError, CommandErrorKind, LoopCommand};
@@ -225,8 +224,6 @@ pub use layer::{
     DEFAULT_MAX_SESSION_BYTES, DEFAULT_MIN_BACKOFF, DEFAULT_PATIENT_POLL_GAP, DEFAULT_POLL_BUDGET,
 };
 pub use noise::DEFAULT_IGNORED_MEMBERS;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{RedisLoopStore, RedisLoopStoreBuilder, DEFAULT_LOOP_KEY_PREFIX};
 pub(crate) use resend::{ResendKey, ResendSource, Resends};
 pub use service::LoopDetect;
+pub use store::LoopStore;

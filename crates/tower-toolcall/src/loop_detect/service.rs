@@ -12,6 +12,7 @@ use super::future::{OutcomeReport, ResponseFuture};
 use super::noise::Noise;
 use super::report;
 use super::resend::{ResendKey, Resends};
+use super::store::{LoopCall, LoopStore};
 use super::tracker::{lock, Tracker};
 use crate::canonical::{canonical_json, CanonicalOptions};
 use crate::control::ShadowLayer;
@@ -58,8 +59,7 @@ pub(super) struct Monitor {
     /// shared store's, which every replica uses.
     pub(super) hasher: foldhash::quality::FixedState,
     /// Where the sessions' histories are kept when replicas share them.
-    #[cfg(feature = "redis")]
-    pub(super) store: Option<super::redis::RedisLoopStore>,
+    pub(super) store: Option<Arc<dyn LoopStore>>,
     /// The failure policy of the shared store, and its outages.
     pub(super) outages: Outages,
 }
@@ -75,7 +75,6 @@ pub(super) enum Verdict {
     /// Run the call although it loops: the layer is in shadow mode.
     Shadowed(ShadowDecision),
     /// The shared store is asked; the answer decides.
-    #[cfg(feature = "redis")]
     Shared(SharedCheck),
 }
 
@@ -92,12 +91,11 @@ pub(super) enum Judgement {
 }
 
 /// A call whose session history is in the shared store: what judging it needs.
-#[cfg(feature = "redis")]
 pub(super) struct SharedCheck {
-    pub(super) store: super::redis::RedisLoopStore,
-    /// What the tiers below the session decide; the store holds the session's settings.
-    pub(super) below: super::config::BelowSession,
-    pub(super) facts: CallFacts,
+    pub(super) store: Arc<dyn LoopStore>,
+    /// The call's facts, and what the tiers below the session decide; the store holds the
+    /// session's settings.
+    pub(super) call: LoopCall,
     /// The members the tool's answers are compared without.
     pub(super) noise: Arc<Noise>,
 }
@@ -110,7 +108,6 @@ impl Monitor {
             LayerSetting::Default => None,
         };
         let facts = self.tools.for_call(call);
-        #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             // The session's settings are in the store, read with its history.
             let signature = match self.signature(call, &facts.noise) {
@@ -119,10 +116,12 @@ impl Monitor {
             };
             return Verdict::Shared(SharedCheck {
                 store: store.clone(),
-                below: self.tiers.below_session(call, tool, facts.answers_decide),
-                facts: CallFacts {
-                    signature,
-                    resend: self.resend(call),
+                call: LoopCall {
+                    facts: CallFacts {
+                        signature,
+                        resend: self.resend(call),
+                    },
+                    below: self.tiers.below_session(call, tool, facts.answers_decide),
                 },
                 noise: facts.noise.clone(),
             });
@@ -276,7 +275,6 @@ impl Monitor {
     /// Forgets `session`'s history: in this process, and in the shared store.
     pub(super) fn forget_history(&self, session: &str) -> super::handle::StoreWrite {
         self.tracker.remove(session);
-        #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             return super::handle::StoreWrite::spawn(store.reset(session));
         }
@@ -334,7 +332,6 @@ where
             Verdict::Shadowed(decision) => {
                 ResponseFuture::passthrough(Passthrough::shadowed(self.inner.call(call), decision))
             }
-            #[cfg(feature = "redis")]
             Verdict::Shared(check) => {
                 // The store answers later: the ready service waits for its answer.
                 let clone = self.inner.clone();

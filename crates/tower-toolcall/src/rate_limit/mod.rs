@@ -31,7 +31,7 @@
 //! # Quotas shared by replicas
 //!
 //! Behind a load balancer, each replica's quota adds up: 10 calls a second becomes 10·N. With
-//! a [`RateLimitStore`] ([`RedisRateLimitStore`], feature `redis`) set by
+//! a [`RateLimitStore`] (`RedisRateLimitStore` of the crate `tower-toolcall-redis`) set by
 //! [`RateLimitLayerBuilder::store`], every replica draws on one quota per key, kept by the
 //! store (GCRA on the server's clock, one round trip per check; concurrent checks of one
 //! quota share a round trip and are each answered as if alone), and the retry-after of a
@@ -69,8 +69,6 @@
 mod future;
 mod layer;
 mod limiter;
-#[cfg(feature = "redis")]
-mod redis;
 mod service;
 mod store;
 
@@ -79,8 +77,5 @@ pub use layer::{
     RateLimitLayer, RateLimitLayerBuilder, DEFAULT_MAX_KEYS, DEFAULT_MAX_WAIT,
     DEFAULT_SWEEP_INTERVAL,
 };
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{RedisRateLimitStore, RedisRateLimitStoreBuilder, DEFAULT_RATE_LIMIT_KEY_PREFIX};
 pub use service::RateLimit;
 pub use store::{Admission, AdmissionFuture, Quota, RateLimitStore};

@@ -44,7 +44,7 @@ pub type AdmissionFuture =
 /// [`RateLimitLayerBuilder::store`](super::RateLimitLayerBuilder::store). Without one, each
 /// process keeps its own quotas with governor's in-process limiter.
 ///
-/// [`RedisRateLimitStore`](super::RedisRateLimitStore) (feature `redis`) is the crate's store.
+/// `RedisRateLimitStore`, of the crate `tower-toolcall-redis`, is one.
 /// An implementation takes one unit of `key`'s quota atomically (GCRA: every replica sees
 /// one schedule) and answers within its own timeout.
 ///

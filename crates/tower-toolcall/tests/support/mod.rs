@@ -265,10 +265,10 @@ pub fn enveloped<S, St>(
     tower_toolcall::ResultEnvelopeLayer::new().layer(stacked(stack, tool))
 }
 
-/// Runs each case of a table once per store: in memory, under the test attribute given first,
-/// and on a `redis-server` of its own (feature `redis`). Each case is an
-/// `async fn case(store: Store)` beside the table, where `Store` has the variants `Memory`
-/// and `Redis(RedisServer)`.
+/// Runs each case of a table on the in-memory store, under the test attribute given first.
+/// Each case is an `async fn case(store: Store)` beside the table, where `Store` has the
+/// variant `Memory`. The crate `tower-toolcall-redis` runs the same cases on a
+/// `redis-server` of their own, with a macro of the same name.
 #[allow(unused_macros)]
 macro_rules! store_suite {
     (#[$memory:meta] $($case:ident),* $(,)?) => {
@@ -277,17 +277,6 @@ macro_rules! store_suite {
                 #[$memory]
                 async fn $case() {
                     super::$case(super::Store::Memory).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "redis")]
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let server = super::support::redis_server::RedisServer::start();
-                    super::$case(super::Store::Redis(server)).await;
                 }
             )*
         }

@@ -5,12 +5,10 @@
 //! compare-and-set on the record's version, cancelling it, renewing the lease. It also lets a
 //! duplicate wait for a running execution without polling.
 //!
-//! [`InMemoryDedupeStore`] keeps records in the process; `RedisDedupeStore` (feature `redis`)
+//! [`InMemoryDedupeStore`] keeps records in the process; `RedisDedupeStore` (crate `tower-toolcall-redis`)
 //! shares them between replicas.
 
 mod memory;
-#[cfg(feature = "redis")]
-mod redis;
 
 use std::fmt;
 use std::future::Future;
@@ -21,12 +19,6 @@ use std::time::Duration;
 pub use memory::{
     InMemoryDedupeStore, InMemoryDedupeStoreBuilder, MemoryStoreStats, DEFAULT_MEMORY_CAPACITY,
     DEFAULT_MEMORY_MAX_BYTES, DEFAULT_SWEEP_INTERVAL,
-};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{
-    RedisDedupeStore, RedisDedupeStoreBuilder, RedisStoreStats, DEFAULT_FALLBACK_POLL_INTERVAL,
-    DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_OPERATION_TIMEOUT,
 };
 
 use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::SharedStoreError;
 
 /// The most checks one script carries: a script runs alone on the server, and one carrying
 /// thousands of checks would hold every other client up.

@@ -13,20 +13,21 @@ use redis::{Cmd, FromRedisValue, Script, Value};
 
 use self::subscriptions::Subscriber;
 use self::value::{decode, encode};
-use super::{
-    at_least_a_millisecond, finish_detached, ClaimOutcome, ClaimRequest, Completion, DedupeStore,
-    Finalized, StoreError,
+use tower_toolcall::idempotency::{
+    fingerprint_matches, ClaimOutcome, ClaimRequest, Completion, DedupeRecord, DedupeStore,
+    Finalized, RecordState, StoreError,
 };
-use crate::error::ConfigError;
-use crate::idempotency::key;
-use crate::idempotency::record::{DedupeRecord, RecordState};
-use crate::redis_support::{self, hash_tagged, Connection, StoreSettings};
-use crate::time::{millis, unix_now_ms};
+use tower_toolcall::ConfigError;
+
+use crate::support::{
+    self, at_least_a_millisecond, finish_detached, hash_tagged, millis, unix_now_ms, Connection,
+    StoreSettings,
+};
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_REDIS_KEY_PREFIX: &str = "toolcall:idem:";
 /// The default time one Redis operation may take.
-pub const DEFAULT_REDIS_OPERATION_TIMEOUT: Duration = redis_support::DEFAULT_OPERATION_TIMEOUT;
+pub const DEFAULT_REDIS_OPERATION_TIMEOUT: Duration = support::DEFAULT_OPERATION_TIMEOUT;
 /// The default longest wait between two reads of a record a call waits on, should a
 /// completion message be lost.
 pub const DEFAULT_FALLBACK_POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -85,7 +86,8 @@ const TAKE_OVER_ATTEMPTS: usize = 4;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_toolcall::idempotency::{IdempotencyLayer, RedisDedupeStore};
+/// use tower_toolcall::idempotency::IdempotencyLayer;
+/// use tower_toolcall_redis::RedisDedupeStore;
 /// use tower_toolcall::registry::ToolRegistry;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -267,14 +269,13 @@ impl Shared {
 fn cancelled(claimed: &DedupeRecord, keep_for: Duration) -> DedupeRecord {
     let now_ms = unix_now_ms();
     let keep_ms = millis(keep_for);
-    DedupeRecord {
-        state: RecordState::Cancelled,
-        updated_at_ms: now_ms,
-        expires_at_ms: now_ms.saturating_add(keep_ms),
-        ttl_ms: keep_ms,
-        lock_until_ms: None,
-        ..claimed.clone()
-    }
+    let mut record = claimed.clone();
+    record.state = RecordState::Cancelled;
+    record.updated_at_ms = now_ms;
+    record.expires_at_ms = now_ms.saturating_add(keep_ms);
+    record.ttl_ms = keep_ms;
+    record.lock_until_ms = None;
+    record
 }
 
 /// A claim sent to the server whose answer has not been read. Dropped before it is
@@ -314,7 +315,7 @@ impl Drop for Unanswered<'_> {
             self.record_key.to_owned(),
             sent.clone(),
         );
-        if tokio::runtime::Handle::try_current().is_err() || !finish_detached(release) {
+        if !finish_detached(release) {
             tracing::warn!(
                 "a claim whose answer never came could not be released: no Tokio runtime; \
                  if the server applied it, the key stays held until its lease ends"
@@ -345,13 +346,7 @@ async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: Dedup
             .await
             .map_err(StoreError::from)
     };
-    let fingerprint = || {
-        key::fingerprint(
-            &sent.key,
-            &sent.idempotency_key,
-            sent.key_derived_from_params,
-        )
-    };
+    let fingerprint = || sent.fingerprint();
     match released.await {
         Ok(1) => tracing::debug!(
             idempotency_key_hash = %fingerprint(),
@@ -483,12 +478,10 @@ impl DedupeStore for RedisDedupeStore {
     async fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> Result<bool, StoreError> {
         let now_ms = unix_now_ms();
         let until = now_ms.saturating_add(millis(lease));
-        let renewed = DedupeRecord {
-            updated_at_ms: now_ms,
-            expires_at_ms: until,
-            lock_until_ms: Some(until),
-            ..claimed.clone()
-        };
+        let mut renewed = claimed.clone();
+        renewed.updated_at_ms = now_ms;
+        renewed.expires_at_ms = until;
+        renewed.lock_until_ms = Some(until);
         let written = self.shared.replace(claimed, &renewed, lease, false).await?;
         Ok(written == Finalized::Written)
     }
@@ -614,7 +607,7 @@ impl DedupeStore for RedisDedupeStore {
             let (next, keys) = self.shared.scan(cursor, &pattern).await?;
             let found = keys.iter().find_map(|record_key| {
                 let store_key = record_key.strip_prefix(&prefix)?.strip_suffix('}')?;
-                key::fingerprint_matches(store_key, fingerprint).then_some(store_key)
+                fingerprint_matches(store_key, fingerprint).then_some(store_key)
             });
             if let Some(store_key) = found {
                 return self.get(store_key).await;
@@ -648,7 +641,7 @@ pub struct RedisDedupeStoreBuilder {
 }
 
 impl RedisDedupeStoreBuilder {
-    redis_support::store_settings_setters!("toolcall:idem:");
+    support::store_settings_setters!("toolcall:idem:");
 
     /// The longest a waiting call goes without reading the record it waits on, should a
     /// completion message be lost (default 2 s).
@@ -664,8 +657,7 @@ impl RedisDedupeStoreBuilder {
             "idempotency.redis.fallback_poll_interval",
             self.fallback_poll_interval,
         )?;
-        let subscriber_client =
-            redis_support::resp3_client("idempotency.redis.url", commands.client())?;
+        let subscriber_client = support::resp3_client("idempotency.redis.url", commands.client())?;
         Ok(RedisDedupeStore {
             shared: Arc::new(Shared {
                 subscriber: Arc::new(Subscriber::new(

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::store::{Admission, AdmissionFuture, Quota, RateLimitStore};
-use crate::error::ConfigError;
-use crate::redis_support::{self, hash_tagged, Batch, Coalescer, Connection, StoreSettings};
-use crate::shared_store::SharedStoreError;
+use tower_toolcall::rate_limit::{Admission, AdmissionFuture, Quota, RateLimitStore};
+use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::ConfigError;
+
+use crate::support::{self, hash_tagged, Batch, Coalescer, Connection, StoreSettings};
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_RATE_LIMIT_KEY_PREFIX: &str = "toolcall:rl:";
@@ -54,7 +55,7 @@ return {allowed, math.ceil(tat + interval - limit)}
 ///   trip serves many. Each check waits at most the operation timeout and follows the
 ///   failure policy on its own; a caller that gives up before its turn takes no unit.
 /// - Every check is bounded by the operation timeout (1 s by default); a failed check follows
-///   the layer's [`FailurePolicy`](crate::shared_store::FailurePolicy). The connection
+///   the layer's [`FailurePolicy`](tower_toolcall::shared_store::FailurePolicy). The connection
 ///   reconnects by itself.
 ///
 /// Connections are made on first use, inside the Tokio runtime: one multiplexed connection,
@@ -62,7 +63,7 @@ return {allowed, math.ceil(tat + interval - limit)}
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_toolcall::rate_limit::RedisRateLimitStore;
+/// use tower_toolcall_redis::RedisRateLimitStore;
 /// use tower_toolcall::registry::ToolRegistry;
 /// use tower_toolcall::RateLimitLayer;
 ///
@@ -157,7 +158,7 @@ impl RedisRateLimitStore {
 impl RateLimitStore for RedisRateLimitStore {
     fn acquire(&self, key: &str, quota: Quota) -> AdmissionFuture {
         let key = (self.quota_key(key), quota);
-        Box::pin(redis_support::coalesced(self.shared.clone(), key, ()))
+        Box::pin(support::coalesced(self.shared.clone(), key, ()))
     }
 }
 
@@ -173,7 +174,7 @@ impl fmt::Debug for RedisRateLimitStore {
 /// Builds a [`RedisRateLimitStore`]; made by [`RedisRateLimitStore::builder`].
 ///
 /// ```
-/// use tower_toolcall::rate_limit::RedisRateLimitStore;
+/// use tower_toolcall_redis::RedisRateLimitStore;
 ///
 /// let err = RedisRateLimitStore::builder("redis://127.0.0.1/").key_prefix("a{b").build().unwrap_err();
 /// assert_eq!(err.field(), "rate_limit.redis.key_prefix");
@@ -185,7 +186,7 @@ pub struct RedisRateLimitStoreBuilder {
 }
 
 impl RedisRateLimitStoreBuilder {
-    redis_support::store_settings_setters!("toolcall:rl:");
+    support::store_settings_setters!("toolcall:rl:");
 
     /// Checks the configuration and builds the store. No connection is made yet.
     pub fn build(self) -> Result<RedisRateLimitStore, ConfigError> {

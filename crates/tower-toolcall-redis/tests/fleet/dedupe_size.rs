@@ -2,7 +2,8 @@
 //! however many keys the database holds.
 
 use super::*;
-use tower_toolcall::idempotency::{DedupeStore, RedisDedupeStore};
+use tower_toolcall::idempotency::DedupeStore;
+use tower_toolcall_redis::RedisDedupeStore;
 
 /// Writes `count` keys named `<prefix><n>`, 10 000 a script.
 async fn fill(server: &RedisServer, prefix: &str, count: u64) {

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use support::redis_server::RedisServer;
 use tokio::time::Instant;
-use tower_toolcall::fleet::FleetControl;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{BreakerState, StackLayer, ToolStack};
+use tower_toolcall_redis::FleetControl;
 
 const WEB: &str = "agents.tools.web";
 

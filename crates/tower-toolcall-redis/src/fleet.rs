@@ -63,9 +63,9 @@
 //!
 //! ```no_run
 //! use tower_toolcall::breaker::BreakerKey;
-//! use tower_toolcall::fleet::FleetControl;
 //! use tower_toolcall::registry::ToolRegistry;
 //! use tower_toolcall::ToolStack;
+//! use tower_toolcall_redis::FleetControl;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let stack = ToolStack::builder(ToolRegistry::open()).build()?;
@@ -86,15 +86,15 @@ use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, Script, Value};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use crate::breaker::{BreakerAdmin, BreakerKey};
-use crate::control::{ReliabilityControl, ShadowLayer};
-use crate::error::{ConfigError, ErrorCode, ToolError};
-use crate::idempotency::DedupeStore;
-use crate::loop_detect::{LoopCommand, LoopDetectHandle};
-use crate::redis_support::{self, bounded, hash_tagged, Connection, StoreSettings};
-use crate::shared_store::SharedStoreError;
-use crate::stack::ToolStack;
-use crate::BreakerState;
+use tower_toolcall::breaker::{BreakerAdmin, BreakerKey};
+use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
+use tower_toolcall::idempotency::DedupeStore;
+use tower_toolcall::loop_detect::{LoopCommand, LoopDetectHandle};
+use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::stack::{FleetActions, FleetFuture, ToolStack};
+use tower_toolcall::{BreakerState, ConfigError, ErrorCode, ToolError};
+
+use crate::support::{self, bounded, hash_tagged, Connection, StoreSettings};
 
 /// The default prefix of the fleet's keys and channel.
 pub const DEFAULT_FLEET_KEY_PREFIX: &str = "toolcall:fleet:";
@@ -281,7 +281,8 @@ impl FleetControl {
             ));
         }
         loops
-            .apply_checked(session, &command)
+            .apply(session, &command)
+            .map_err(|problem| invalid("command", problem))?
             .await
             .map_err(unavailable)?;
         tracing::info!(session, command = ?command, "loop command written for the fleet");
@@ -340,6 +341,33 @@ impl FleetControl {
         inner.replica.apply(&action)?;
         tracing::info!(action = ?action, "operator action sent to the fleet");
         Ok(())
+    }
+}
+
+/// The actions of the admin router (feature `axum` of the core), sent to every replica.
+impl FleetActions for FleetControl {
+    fn force_open(&self, key: &BreakerKey) -> FleetFuture<'_> {
+        let breaker = key.short();
+        Box::pin(self.act(Action::ForceOpen { breaker }))
+    }
+
+    fn reset_breaker(&self, key: &BreakerKey) -> FleetFuture<'_> {
+        let breaker = key.short();
+        Box::pin(self.act(Action::ResetBreaker { breaker }))
+    }
+
+    fn reset_session(&self, session: &str) -> FleetFuture<'_> {
+        let session = session.to_owned();
+        Box::pin(self.act(Action::ResetSession { session }))
+    }
+
+    fn set_enabled(&self, enabled: bool) -> FleetFuture<'_> {
+        Box::pin(self.act(Action::SetEnabled { enabled }))
+    }
+
+    fn set_shadow(&self, layer: ShadowLayer, shadow: bool) -> FleetFuture<'_> {
+        let layer = layer.as_str().to_owned();
+        Box::pin(self.act(Action::SetShadow { layer, shadow }))
     }
 }
 
@@ -721,9 +749,9 @@ impl fmt::Debug for FleetControl {
 /// Builds a [`FleetControl`]; made by [`FleetControl::builder`].
 ///
 /// ```
-/// use tower_toolcall::fleet::FleetControl;
 /// use tower_toolcall::registry::ToolRegistry;
 /// use tower_toolcall::ToolStack;
+/// use tower_toolcall_redis::FleetControl;
 ///
 /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
 /// let err = FleetControl::builder("not a url").join(&stack).unwrap_err();
@@ -737,7 +765,7 @@ pub struct FleetControlBuilder {
 }
 
 impl FleetControlBuilder {
-    redis_support::store_settings_setters!("toolcall:fleet:");
+    support::store_settings_setters!("toolcall:fleet:");
 
     /// Joins `stack` to the fleet: from now on, actions sent by any replica reach it. Must
     /// be called inside the Tokio runtime, where it starts listening in the background (see
@@ -750,7 +778,7 @@ impl FleetControlBuilder {
                 "must be joined inside the Tokio runtime, which runs its subscription",
             )
         })?;
-        let client = redis_support::resp3_client("fleet.redis.url", commands.client())?;
+        let client = support::resp3_client("fleet.redis.url", commands.client())?;
         let prefix = &self.settings.key_prefix;
         let inner = Arc::new(Inner {
             channel: hash_tagged(prefix, "fleet", ":actions"),
@@ -783,7 +811,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn replica() -> Replica {
-        let stack = ToolStack::builder(crate::registry::ToolRegistry::open())
+        let stack = ToolStack::builder(tower_toolcall::registry::ToolRegistry::open())
             .build()
             .unwrap();
         Replica {

@@ -6,19 +6,63 @@
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::task::{Context, Waker};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, ScriptInvocation};
 
-use crate::error::ConfigError;
-use crate::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::ConfigError;
 
 mod circuit;
 mod coalesce;
 
 use circuit::Server;
 pub(crate) use coalesce::{check as coalesced, Batch, Coalescer};
+
+/// A duration in whole milliseconds, saturating (as the core's records count).
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The wall clock, in Unix milliseconds.
+pub(crate) fn unix_now_ms() -> u64 {
+    millis(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
+}
+
+/// Refuses a configured duration under one millisecond, the resolution of records.
+pub(crate) fn at_least_a_millisecond(field: &str, value: Duration) -> Result<(), ConfigError> {
+    if value < Duration::from_millis(1) {
+        return Err(ConfigError::new(
+            field,
+            format!("must be at least 1 ms, got {} µs", value.as_micros()),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `work`, which its caller leaves behind, to its end: polled once here, so that a
+/// command is on its way before any the caller's task sends next, then on the Tokio runtime.
+/// `false` when there is no runtime (nothing is polled then).
+pub(crate) fn finish_detached(work: impl Future<Output = ()> + Send + 'static) -> bool {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    let mut work = Box::pin(work);
+    if work
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_pending()
+    {
+        runtime.spawn(work);
+    }
+    true
+}
 
 /// The default time one Redis operation may take.
 pub(crate) const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(1);
@@ -115,7 +159,7 @@ impl StoreSettings {
                 ),
             ));
         }
-        crate::time::at_least_a_millisecond(
+        at_least_a_millisecond(
             &format!("{section}.operation_timeout"),
             self.operation_timeout,
         )?;

@@ -19,14 +19,15 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower_toolcall::breaker::BreakerKey;
 use tower_toolcall::control::ShadowLayer;
-use tower_toolcall::fleet::FleetControl;
-use tower_toolcall::loop_detect::{LoopSettings, RedisLoopStore};
-use tower_toolcall::rate_limit::RedisRateLimitStore;
+use tower_toolcall::loop_detect::LoopSettings;
 use tower_toolcall::registry::{RateLimitKey, ToolRegistry};
 use tower_toolcall::shared_store::{FailurePolicy, SharedStoreError};
 use tower_toolcall::{
     BreakerState, ErrorCode, StackLayer, ToolCall, ToolError, ToolOutput, ToolStack,
 };
+use tower_toolcall_redis::FleetControl;
+use tower_toolcall_redis::RedisLoopStore;
+use tower_toolcall_redis::RedisRateLimitStore;
 
 const WEB: &str = "agents.tools.web";
 
@@ -914,7 +915,6 @@ async fn a_hung_redis_holds_no_call_longer_than_the_operation_timeout() {
 
 /// The shared stores' outages and failed checks, counted in metrics by the stacks'
 /// [`ToolMetrics`](tower_toolcall::trace::ToolMetrics), per store and failure policy.
-#[cfg(feature = "metrics")]
 #[test]
 fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};

@@ -1,8 +1,8 @@
 //! The shared stores' checks against a raw `EVALSHA` of an empty script, in the same run, on a
 //! `redis-server` the bench starts on a free loopback port:
-//! `cargo bench --features redis --bench fleet -- --warm-up-time 1 --measurement-time 3`,
-//! then `python3 benches/medians.py fleet_latency raw_evalsha` and
-//! `python3 benches/medians.py fleet_throughput raw_evalsha`.
+//! `cargo bench -p tower-toolcall-redis --bench fleet -- --warm-up-time 1 --measurement-time 3`,
+//! then `python3 ../tower-toolcall/benches/medians.py fleet_latency raw_evalsha` and
+//! `python3 ../tower-toolcall/benches/medians.py fleet_throughput raw_evalsha`.
 //!
 //! - `fleet_latency`: one call at a time — a raw `EVALSHA` of `return 0`, a call through
 //!   `RateLimitLayer` over `RedisRateLimitStore` (the quota never runs out), and a call
@@ -16,12 +16,10 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
-#[cfg(feature = "redis")]
-#[path = "../tests/support/redis_server.rs"]
+#[path = "../../tower-toolcall/tests/support/redis_server.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod redis_server;
 
-#[cfg(feature = "redis")]
 fn fleet(c: &mut Criterion) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
@@ -31,11 +29,12 @@ fn fleet(c: &mut Criterion) {
     use serde_json::json;
     use tower::util::BoxCloneService;
     use tower::{Layer, ServiceExt};
-    use tower_toolcall::loop_detect::{LoopDetectLayer, RedisLoopStore};
-    use tower_toolcall::rate_limit::RedisRateLimitStore;
+    use tower_toolcall::loop_detect::LoopDetectLayer;
     use tower_toolcall::registry::ToolRegistry;
     use tower_toolcall::shared_store::FailurePolicy;
     use tower_toolcall::{tool_fn, RateLimitLayer, ToolCall, ToolError, ToolOutput};
+    use tower_toolcall_redis::RedisLoopStore;
+    use tower_toolcall_redis::RedisRateLimitStore;
 
     const BATCH: usize = 10_000;
     type Svc = BoxCloneService<ToolCall, ToolOutput, ToolError>;
@@ -197,11 +196,6 @@ fn fleet(c: &mut Criterion) {
     }
     group.finish();
     drop(server);
-}
-
-#[cfg(not(feature = "redis"))]
-fn fleet(_: &mut Criterion) {
-    eprintln!("the fleet benchmarks need `--features redis`");
 }
 
 criterion_group!(benches, fleet);

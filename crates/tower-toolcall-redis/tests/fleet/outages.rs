@@ -3,7 +3,7 @@
 
 use super::*;
 use support::capture::capture;
-use tower_toolcall::idempotency::RedisDedupeStore;
+use tower_toolcall_redis::RedisDedupeStore;
 
 const CHANNEL: &str = "toolcall:fleet:{fleet}:actions";
 const SWITCHES: &str = "toolcall:fleet:{fleet}:switches";

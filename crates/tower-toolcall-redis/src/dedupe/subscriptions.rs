@@ -9,8 +9,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
-use crate::idempotency::store::StoreError;
-use crate::redis_support::{bounded, connection};
+use crate::support::{bounded, connection};
+use tower_toolcall::idempotency::StoreError;
 
 /// The subscriptions of one store: its connection and the waiters of each channel.
 pub(super) struct Subscriber {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 
 use super::bounded;
-use crate::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::SharedStoreError;
 
 /// How often the probe of a server that is down asks it for `PING`.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(200);

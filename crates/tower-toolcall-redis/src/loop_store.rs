@@ -2,21 +2,22 @@
 
 use std::collections::VecDeque;
 use std::fmt::{self, Write as _};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
 use tokio::time::Instant;
-
-use super::config::{BelowSession, LoopSettingKey, LoopSettings};
-use super::detector::{
-    CallFacts, Decision, Limits, Outcome, SessionHistory, Signature, State, StoredCall,
+use tower_toolcall::loop_detect::store::{
+    Decision, Limits, LoopCall, LoopStore, LoopStoreFuture, Observed, Outcome, SessionHistory,
+    Settled, Signature, State, StoredCall, Tracked,
 };
-use crate::error::{ConfigError, ErrorCode};
-use crate::redis_support::{self, hash_tagged, Batch, Coalescer, Connection, StoreSettings};
-use crate::shared_store::SharedStoreError;
-use crate::time::{millis, unix_now_ms};
+use tower_toolcall::loop_detect::{LoopSettingKey, LoopSettings};
+use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::{ConfigError, ErrorCode};
+
+use crate::support::{
+    self, hash_tagged, millis, unix_now_ms, Batch, Coalescer, Connection, StoreSettings,
+};
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_LOOP_KEY_PREFIX: &str = "toolcall:loop:";
@@ -182,17 +183,18 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 ///   its entry (a second, short script), before the caller gets the answer, so the next call
 ///   on any replica sees them.
 /// - A session's settings set through any replica's
-///   [`LoopDetectHandle`](super::LoopDetectHandle) are kept there and read with the
+///   [`LoopDetectHandle`](tower_toolcall::loop_detect::LoopDetectHandle) are kept there and read with the
 ///   session's next call on every replica.
 /// - Times are the replicas' wall clocks, in milliseconds: windows last seconds or minutes,
 ///   far longer than the skew of synchronized clocks.
 /// - Signatures are keyed hashes with a seed every replica shares
 ///   ([`signature_seed`](RedisLoopStoreBuilder::signature_seed)).
 /// - Every operation is bounded by the operation timeout (1 s by default); a failed one
-///   follows the layer's [`FailurePolicy`](crate::shared_store::FailurePolicy).
+///   follows the layer's [`FailurePolicy`](tower_toolcall::shared_store::FailurePolicy).
 ///
 /// ```no_run
-/// use tower_toolcall::loop_detect::{LoopDetectLayer, RedisLoopStore};
+/// use tower_toolcall::loop_detect::LoopDetectLayer;
+/// use tower_toolcall_redis::RedisLoopStore;
 /// use tower_toolcall::registry::ToolRegistry;
 ///
 /// let store = RedisLoopStore::open("redis://127.0.0.1:6379/")?;
@@ -217,21 +219,11 @@ struct Shared {
     waiting: Coalescer<String, Observing, Observed>,
 }
 
-/// What the store answered for one call: the session's settings, and when they track the
-/// call, its sequence number and the session's history before it.
-pub(crate) struct Observed {
-    /// The session's own settings.
-    pub(crate) settings: LoopSettings,
-    /// `None` when the session's settings do not track the call.
-    pub(crate) tracked: Option<Tracked>,
-}
-
 /// A call of a session on its way to the store.
-pub(crate) struct Observing {
+struct Observing {
     /// When the call came, in Unix ms.
     now_ms: u64,
-    facts: CallFacts,
-    below: BelowSession,
+    call: LoopCall,
 }
 
 impl Observing {
@@ -239,12 +231,12 @@ impl Observing {
     fn raw(&self) -> RawCall {
         RawCall {
             at_ms: self.now_ms,
-            signature: self.facts.signature,
-            result_aware: self.below.limits.result_aware,
+            signature: self.call.signature(),
+            result_aware: self.call.limits().result_aware(),
             state: State::Pending,
             ended_ms: self.now_ms,
             since_ms: self.now_ms,
-            resend: self.facts.resend.map_or(0, |r| r.id),
+            resend: self.call.resend_id(),
         }
     }
 
@@ -255,23 +247,23 @@ impl Observing {
 
     /// Whether `OBSERVE` takes `other` with the same settings as this call.
     fn alike(&self, other: &Observing) -> bool {
-        let (mine, theirs) = (self.below.limits, other.below.limits);
-        (mine.ttl, mine.max_repeats, self.below.enabled, self.keep())
-            == (
-                theirs.ttl,
-                theirs.max_repeats,
-                other.below.enabled,
-                other.keep(),
-            )
+        let (mine, theirs) = (self.call.limits(), other.call.limits());
+        (
+            mine.ttl(),
+            mine.max_repeats(),
+            self.call.enabled(),
+            self.keep(),
+        ) == (
+            theirs.ttl(),
+            theirs.max_repeats(),
+            other.call.enabled(),
+            other.keep(),
+        )
     }
 
     /// The calls the rules other than repeats look at.
     fn keep(&self) -> usize {
-        Limits {
-            max_repeats: 1,
-            ..self.below.limits
-        }
-        .history_len()
+        self.call.limits().with_max_repeats(1).history_len()
     }
 }
 
@@ -298,16 +290,16 @@ impl Batch for Shared {
     ) -> Result<Vec<Observed>, SharedStoreError> {
         let mut script = self.observe.key(key);
         for run in calls.chunk_by(|a, b| a.alike(b)) {
-            let limits = run[0].below.limits;
+            let limits = run[0].call.limits();
             let mut stored = String::with_capacity(run.len() * CALL_LEN);
             for call in run {
                 call.store(&mut stored);
             }
             script
-                .arg(millis(limits.ttl).max(1))
+                .arg(millis(limits.ttl()).max(1))
                 .arg(run[0].keep())
-                .arg(limits.max_repeats)
-                .arg(u8::from(run[0].below.enabled))
+                .arg(limits.max_repeats())
+                .arg(u8::from(run[0].call.enabled()))
                 .arg(stored);
         }
         let mut blob: Vec<u8> = self.connection.eval(&script).await?;
@@ -325,65 +317,30 @@ impl Batch for Shared {
         let mut answers = Vec::with_capacity(calls.len());
         let last = calls.len().saturating_sub(1);
         for (index, call) in calls.iter().enumerate() {
-            let (tracked, limits) = call.below.under(&settings);
+            let (tracked, limits) = call.call.under(&settings);
             if !tracked {
                 // The script wrote nothing: the session's settings do not track the call.
-                answers.push(Observed {
-                    settings,
-                    tracked: None,
-                });
+                answers.push(Observed::new(settings, None));
                 continue;
             }
             let seq = replay.seq;
-            let previous = replay.previous_answer(call.facts.signature);
+            let previous = replay.previous_answer(call.call.signature());
             let mut history = replay.history(now, call.now_ms);
             let chance_before = history.chance();
-            let decision = history.observe(now, &call.facts, &limits);
+            let decision = call.call.judge(&mut history, now, &limits);
             let chance = history
                 .chance()
                 .filter(|_| history.chance() != chance_before);
             if index < last {
                 replay.append(call, &decision, chance, &limits);
             }
-            answers.push(Observed {
-                settings,
-                tracked: Some(Tracked {
-                    decision,
-                    seq,
-                    chance,
-                    at_ms: call.now_ms,
-                    previous,
-                }),
-            });
+            let tracked = Tracked::new(decision, seq, call.now_ms)
+                .with_chance(chance)
+                .with_previous(previous);
+            answers.push(Observed::new(settings, Some(tracked)));
         }
         Ok(answers)
     }
-}
-
-/// A tracked call, judged on the history the store answered, by the same rules as in
-/// memory.
-pub(crate) struct Tracked {
-    pub(crate) decision: Decision,
-    /// The call's sequence number in its session.
-    pub(crate) seq: u64,
-    /// The session's chance, when the call changed it.
-    pub(crate) chance: Option<(Signature, Instant)>,
-    /// When the call came, in Unix ms.
-    pub(crate) at_ms: u64,
-    /// How the latest earlier identical call ended, and since when (Unix ms) its answer
-    /// had been the same.
-    pub(crate) previous: Option<(Outcome, u64)>,
-}
-
-/// How a call ended, as the replica that made it writes it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Settled {
-    /// Refused by the rules.
-    Rejected,
-    /// Answered from the idempotency layer's record.
-    Resent,
-    /// Ran and ended; its answer had been the same since `since_ms` (Unix ms).
-    Done { outcome: Outcome, since_ms: u64 },
 }
 
 impl RedisLoopStore {
@@ -404,38 +361,35 @@ impl RedisLoopStore {
     pub fn session_key(&self, session: &str) -> String {
         hash_tagged(&self.shared.key_prefix, session, "")
     }
+}
 
-    pub(crate) fn signature_seed(&self) -> u64 {
+impl LoopStore for RedisLoopStore {
+    fn signature_seed(&self) -> u64 {
         self.shared.signature_seed
     }
 
-    /// Appends a call of `signature` to `session`, unless the session's own settings
-    /// switch detection off, and answers them with the history before it. `below` is what
-    /// the tiers below the session decide. Calls of one session that arrive while a script
-    /// for it is in flight go together in the next one (at most 256 in one).
-    pub(crate) fn observe(
-        &self,
-        session: &str,
-        facts: CallFacts,
-        below: BelowSession,
-    ) -> impl Future<Output = Result<Observed, SharedStoreError>> + Send + 'static {
+    /// Appends the call to `session`, unless the session's own settings switch detection
+    /// off, and answers them with the history before it. Calls of one session that arrive
+    /// while a script for it is in flight go together in the next one (at most 256 in one).
+    fn check(&self, session: &str, call: LoopCall) -> LoopStoreFuture<Observed> {
         let observing = Observing {
             now_ms: unix_now_ms(),
-            facts,
-            below,
+            call,
         };
-        redis_support::coalesced(self.shared.clone(), self.session_key(session), observing)
+        Box::pin(support::coalesced(
+            self.shared.clone(),
+            self.session_key(session),
+            observing,
+        ))
     }
 
-    /// Writes how the call `seq` of `session` ended, and the session's chance when it
-    /// changed.
-    pub(crate) fn settle(
+    fn finish(
         &self,
         session: &str,
         seq: u64,
         settled: Settled,
         chance: Option<(Signature, Instant)>,
-    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+    ) -> LoopStoreFuture<()> {
         let now_ms = unix_now_ms();
         let (state, since_ms) = match settled {
             Settled::Rejected => (State::Rejected, now_ms),
@@ -452,7 +406,7 @@ impl RedisLoopStore {
                 unix_now_ms().saturating_sub(ago)
             )
         });
-        async move {
+        Box::pin(async move {
             let _: i64 = shared
                 .connection
                 .eval(
@@ -465,28 +419,26 @@ impl RedisLoopStore {
                 )
                 .await?;
             Ok(())
-        }
+        })
     }
 
-    /// Changes `session`'s own settings: sets those `set` has, removes `unset`. `window` is
-    /// how long the session lasts when its settings do not say.
-    pub(crate) fn change_settings(
+    fn change_settings(
         &self,
         session: &str,
         set: LoopSettings,
         unset: &[LoopSettingKey],
         window: Duration,
-    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+    ) -> LoopStoreFuture<()> {
         let shared = self.shared.clone();
         let key = self.session_key(session);
         let set = serde_json::to_string(&set).expect("settings serialize");
         let unset = unset
             .iter()
-            .map(|key| setting_member(*key))
+            .map(|key| key.member())
             .collect::<Vec<_>>()
             .join(",");
         let window_ms = millis(window).max(1);
-        async move {
+        Box::pin(async move {
             let _: i64 = shared
                 .connection
                 .eval(
@@ -499,34 +451,26 @@ impl RedisLoopStore {
                 )
                 .await?;
             Ok(())
-        }
+        })
     }
 
-    /// Drops `session`'s calls; its settings stay.
-    pub(crate) fn reset(
-        &self,
-        session: &str,
-    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+    fn reset(&self, session: &str) -> LoopStoreFuture<()> {
         let shared = self.shared.clone();
         let key = self.session_key(session);
-        async move {
+        Box::pin(async move {
             let _: i64 = shared.connection.eval(&shared.reset.key(&key)).await?;
             Ok(())
-        }
+        })
     }
 
-    /// Forgets `session`: its calls and its settings.
-    pub(crate) fn forget(
-        &self,
-        session: &str,
-    ) -> impl Future<Output = Result<(), SharedStoreError>> + Send + 'static {
+    fn forget(&self, session: &str) -> LoopStoreFuture<()> {
         let shared = self.shared.clone();
         let mut command = redis::cmd("DEL");
         command.arg(self.session_key(session));
-        async move {
+        Box::pin(async move {
             let _: i64 = shared.connection.command(&command).await?;
             Ok(())
-        }
+        })
     }
 }
 
@@ -594,15 +538,15 @@ struct RawCall {
 impl RawCall {
     /// The call as the rules read it, its times placed by `at` on the tokio clock.
     fn read_at(&self, at: impl Fn(u64) -> Instant) -> StoredCall {
-        StoredCall {
-            at: at(self.at_ms),
-            signature: self.signature,
-            result_aware: self.result_aware,
-            state: self.state,
-            ended: at(self.ended_ms),
-            since: at(self.since_ms),
-            resend: self.resend,
-        }
+        StoredCall::new(
+            at(self.at_ms),
+            self.signature,
+            self.result_aware,
+            self.state,
+            at(self.ended_ms),
+            at(self.since_ms),
+            self.resend,
+        )
     }
 }
 
@@ -685,25 +629,10 @@ impl Replay {
 
 /// A fixed-width hexadecimal number (at most 16 digits).
 fn hex(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 16 {
+    if digits.is_empty() || digits.len() > 16 || !digits.iter().all(u8::is_ascii_hexdigit) {
         return None;
     }
-    digits.iter().try_fold(0u64, |value, digit| {
-        let nibble = char::from(*digit).to_digit(16)?;
-        Some(value << 4 | u64::from(nibble))
-    })
-}
-
-/// The JSON member of a setting, as [`LoopSettings`] serializes it.
-fn setting_member(key: LoopSettingKey) -> &'static str {
-    match key {
-        LoopSettingKey::Detection => "enabled",
-        LoopSettingKey::MaxRepeats => "max_repeats",
-        LoopSettingKey::Ttl => "ttl_secs",
-        LoopSettingKey::Mode => "mode",
-        LoopSettingKey::MaxFailures => "max_failures",
-        LoopSettingKey::PollBudget => "poll_budget_secs",
-    }
+    u64::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
 }
 
 /// A session's settings as stored: JSON, or nothing; checked as when they were set.
@@ -826,7 +755,7 @@ impl fmt::Debug for RedisLoopStore {
 /// Builds a [`RedisLoopStore`]; made by [`RedisLoopStore::builder`].
 ///
 /// ```
-/// use tower_toolcall::loop_detect::RedisLoopStore;
+/// use tower_toolcall_redis::RedisLoopStore;
 ///
 /// let err = RedisLoopStore::builder("redis://127.0.0.1/").key_prefix("").build().unwrap_err();
 /// assert_eq!(err.field(), "loop_detect.redis.key_prefix");
@@ -839,7 +768,7 @@ pub struct RedisLoopStoreBuilder {
 }
 
 impl RedisLoopStoreBuilder {
-    redis_support::store_settings_setters!("toolcall:loop:");
+    support::store_settings_setters!("toolcall:loop:");
 
     /// The seed of the keyed hash of calls (a default is built in). Every replica that
     /// shares the store must use the same; a secret one keeps calls from being crafted to
@@ -910,15 +839,15 @@ mod tests {
             let call = decode_call(stored.as_bytes(), |_| now).unwrap();
             prop_assert_eq!(
                 call,
-                StoredCall {
-                    at: now,
-                    signature: Signature::from_raw(signature),
+                StoredCall::new(
+                    now,
+                    Signature::from_raw(signature),
                     result_aware,
                     state,
-                    ended: now,
-                    since: now,
+                    now,
+                    now,
                     resend,
-                }
+                )
             );
         }
 
@@ -974,14 +903,13 @@ mod tests {
             poll_budget_secs in proptest::option::of(0u64..40_000_000),
             noise in ".{0,40}",
         ) {
-            let settings = LoopSettings {
-                enabled,
-                max_repeats,
-                ttl_secs,
-                mode: None,
-                max_failures,
-                poll_budget_secs,
-            };
+            let mut settings = LoopSettings::default();
+            settings.enabled = enabled;
+            settings.max_repeats = max_repeats;
+            settings.ttl_secs = ttl_secs;
+            settings.mode = None;
+            settings.max_failures = max_failures;
+            settings.poll_budget_secs = poll_budget_secs;
             let stored = if settings.is_empty() {
                 String::new()
             } else {

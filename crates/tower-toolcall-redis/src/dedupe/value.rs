@@ -5,8 +5,8 @@
 //! plain `SET … NX PX … GET`, so that a duplicate costs the server no more than a `GET`; every
 //! step that must compare versions is a script.
 
-use crate::idempotency::record::{DedupeRecord, RecordState};
-use crate::idempotency::store::StoreError;
+use tower_toolcall::idempotency::StoreError;
+use tower_toolcall::idempotency::{DedupeRecord, RecordState};
 
 /// KEYS: record, channel. ARGV: version, new value, TTL in ms, publish (1/0).
 ///
@@ -97,8 +97,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::envelope::ToolCall;
-    use crate::idempotency::store::ClaimRequest;
+    use tower_toolcall::idempotency::ClaimRequest;
+    use tower_toolcall::ToolCall;
 
     #[test]
     fn a_record_round_trips_and_its_header_is_checked() {

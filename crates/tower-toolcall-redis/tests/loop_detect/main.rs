@@ -1,0 +1,41 @@
+//! The loop-detection cases of the core's tests, on `RedisLoopStore`.
+#![allow(dead_code, unused_imports)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+/// Where the sessions' histories are kept: the core's cases run here on Redis.
+enum Store {
+    Redis(support::redis_server::RedisServer),
+}
+
+impl Store {
+    fn builder(
+        &self,
+        registry: ToolRegistry,
+    ) -> tower_toolcall::loop_detect::LoopDetectLayerBuilder {
+        let builder = LoopDetectLayer::builder(registry)
+            .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);
+        match self {
+            Store::Redis(server) => builder.store(
+                tower_toolcall_redis::RedisLoopStore::open(&server.url())
+                    .expect("a valid store configuration"),
+            ),
+        }
+    }
+
+    fn layer(&self, registry: ToolRegistry) -> LoopDetectLayer {
+        self.builder(registry)
+            .build()
+            .expect("a valid configuration")
+    }
+
+    fn layer_with(&self, config: LoopDetectConfig) -> LoopDetectLayer {
+        self.builder(ToolRegistry::open())
+            .config(config)
+            .build()
+            .expect("a valid configuration")
+    }
+}
+
+include!("../../../tower-toolcall/tests/loop_detect/cases.rs");
