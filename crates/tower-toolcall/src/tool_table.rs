@@ -5,14 +5,24 @@
 //! others read one number. Nothing is merged per call.
 //!
 //! The table also keeps the registry's [`ReliabilityControl`], so that a layer reads the
-//! operator's switches from where it reads its tools.
+//! operator's switches from where it reads its tools, and answers the questions every
+//! layer's `call` opens with ([`ToolTable::gate`]).
 
 use std::fmt;
 
-use crate::control::ReliabilityControl;
+use crate::control::{ReliabilityControl, ShadowLayer};
 use crate::envelope::ToolCall;
 use crate::error::ConfigError;
 use crate::registry::{ToolDescriptor, ToolPolicy, ToolRegistry};
+
+/// A layer acting on a call: the tool's settings, and whether the layer is in shadow mode for
+/// the call (it decides as it would, notes what it would have done, and lets the call
+/// through). Made by [`ToolTable::gate`].
+#[derive(Debug)]
+pub(crate) struct Acting<'a, T> {
+    pub(crate) tool: &'a T,
+    pub(crate) shadow: bool,
+}
 
 /// One resolved value per registered tool, and one for every unregistered tool.
 pub(crate) struct ToolTable<T> {
@@ -106,6 +116,27 @@ impl<T> ToolTable<T> {
                     value,
                 )
             })
+    }
+}
+
+impl<T> ToolTable<Option<T>> {
+    /// The questions every layer's `call` opens with, for a table whose value is `None` for
+    /// the tools whose policy switches the layer off: `None` (the call goes to the inner
+    /// service untouched) while the operator's kill switch is off or for such a tool; else
+    /// the tool's settings, in shadow mode when `layer` (the layer's shadow switch, `None`
+    /// for a layer that always enforces) does not enforce on `call`
+    /// ([`ReliabilityControl::enforces_layer`]).
+    pub(crate) fn gate(
+        &self,
+        call: &ToolCall,
+        layer: Option<ShadowLayer>,
+    ) -> Option<Acting<'_, T>> {
+        if !self.control().is_enabled() {
+            return None;
+        }
+        let tool = self.for_call(call).as_ref()?;
+        let shadow = layer.is_some_and(|layer| !self.control().enforces_layer(layer, call));
+        Some(Acting { tool, shadow })
     }
 }
 

@@ -208,7 +208,6 @@ impl CircuitBreakerLayerBuilder {
                 profile: ToolProfile::new(descriptor, policy),
                 classifier: self.classifier.clone(),
                 config,
-                control: self.registry.control().clone(),
                 own,
                 dependency,
             })))

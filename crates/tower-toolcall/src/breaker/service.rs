@@ -10,12 +10,12 @@ use super::future::ResponseFuture;
 use super::map::BreakerMap;
 use super::state::{Admission, BreakerConfig};
 use crate::classify::{SharedClassifier, ToolProfile};
-use crate::control::{ReliabilityControl, ShadowLayer};
+use crate::control::ShadowLayer;
 use crate::envelope::{BreakerScope, ToolCall};
 use crate::error::ToolError;
 use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{ShadowVerdict, ToolOutput};
-use crate::tool_table::ToolTable;
+use crate::tool_table::{Acting, ToolTable};
 
 /// Fails calls fast while the breaker that guards them is open; made by
 /// [`CircuitBreakerLayer`](super::CircuitBreakerLayer).
@@ -47,8 +47,6 @@ pub(crate) struct ToolBreaker {
     pub(super) classifier: SharedClassifier,
     /// The tool's configuration: its risk preset with its overrides.
     pub(super) config: BreakerConfig,
-    /// The operator's switches, read when the tool's breaker would refuse a call or opens.
-    pub(super) control: ReliabilityControl,
     /// The tool's own breaker (registered tools only).
     pub(super) own: Option<Arc<BreakerCell>>,
     /// Its namespace's breaker (registered tools only).
@@ -162,10 +160,8 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        if !self.shared.tools.control().is_enabled() {
-            return ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)));
-        }
-        let Some(tool) = self.shared.tools.for_call(&call) else {
+        let gate = self.shared.tools.gate(&call, Some(ShadowLayer::Breaker));
+        let Some(Acting { tool, shadow }) = gate else {
             return ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)));
         };
         let scoped = self.shared.scoped_cell(&call, tool);
@@ -174,18 +170,15 @@ where
             .or(tool.own.as_ref())
             .expect("a registered tool has its own breaker");
         match cell.admit() {
-            Admission::Admitted(ticket) => {
-                let fail_fast = tool.control.breakers_fail_fast_for(&call);
-                ResponseFuture::admitted(
-                    self.inner.call(call),
-                    tool.clone(),
-                    scoped,
-                    ticket,
-                    fail_fast,
-                )
-            }
+            Admission::Admitted(ticket) => ResponseFuture::admitted(
+                self.inner.call(call),
+                tool.clone(),
+                scoped,
+                ticket,
+                !shadow,
+            ),
             // Not enforced: the call runs, uncounted, as if it had been refused.
-            Admission::Rejected { .. } if !tool.control.breakers_fail_fast_for(&call) => {
+            Admission::Rejected { .. } if shadow => {
                 let decision =
                     shadow_decision(&call, ShadowLayer::Breaker, ShadowVerdict::WouldReject);
                 ResponseFuture::passthrough(Passthrough::shadowed(self.inner.call(call), decision))

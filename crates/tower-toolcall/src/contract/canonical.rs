@@ -417,21 +417,12 @@ pub(crate) struct HexDigest([u8; 64]);
 impl HexDigest {
     fn of(digest: &[u8; 32]) -> HexDigest {
         let mut out = [0; 64];
-        write_hex(&mut out, digest);
+        hex::encode_to_slice(digest, &mut out).expect("64 digits hold 32 bytes");
         HexDigest(out)
     }
 
     pub(crate) fn as_str(&self) -> &str {
         std::str::from_utf8(&self.0).expect("hex digits are ASCII")
-    }
-}
-
-/// Writes the lowercase hex of `bytes` into `out`, two digits a byte.
-fn write_hex(out: &mut [u8], bytes: &[u8]) {
-    const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (pair, &byte) in out.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = HEX_DIGITS[usize::from(byte >> 4)];
-        pair[1] = HEX_DIGITS[usize::from(byte & 0x0f)];
     }
 }
 
@@ -562,13 +553,6 @@ impl Writer<'_> {
     }
 }
 
-/// Lowercase hex of a digest.
-pub(crate) fn hex_lower(bytes: &[u8]) -> String {
-    let mut out = vec![0; bytes.len() * 2];
-    write_hex(&mut out, bytes);
-    String::from_utf8(out).expect("hex digits are ASCII")
-}
-
 /// Writes a number: an integer that serde_json holds as a `u64` or `i64` as its decimal
 /// digits, any other number as ECMAScript writes a double (RFC 8785).
 fn write_number(out: &mut String, n: &Number) {
@@ -640,10 +624,7 @@ fn write_escaped(out: &mut String, s: &str) {
         out.push_str(&s[start..i]);
         out.push('\\');
         if escape == b'u' {
-            const DIGITS: &[u8; 16] = b"0123456789abcdef";
-            out.push_str("u00");
-            out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-            out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+            write!(out, "u{byte:04x}").expect("a String takes any text");
         } else {
             out.push(char::from(escape));
         }

@@ -288,7 +288,15 @@ impl ReliabilityControl {
     /// and the call's session is inside the rollout.
     #[inline]
     pub fn breakers_fail_fast_for(&self, call: &ToolCall) -> bool {
-        self.is_breaker_enforced() && !self.shadows(ShadowLayer::Breaker, call)
+        self.enforces_layer(ShadowLayer::Breaker, call)
+    }
+
+    /// Whether `layer` enforces its decisions on `call`: it is not in shadow mode for the
+    /// call ([`shadows`](Self::shadows)), and for the breaker, breaker enforcement is on.
+    #[inline]
+    pub(crate) fn enforces_layer(&self, layer: ShadowLayer, call: &ToolCall) -> bool {
+        let enforced = layer != ShadowLayer::Breaker || self.is_breaker_enforced();
+        enforced && !self.shadows(layer, call)
     }
 
     /// The share of sessions enforced, from 0 to 100 (`TOOL_RELIABILITY_ROLLOUT_PERCENT`,

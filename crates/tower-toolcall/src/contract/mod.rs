@@ -13,14 +13,15 @@
 //! - [`canonical`]: canonical JSON of params, and the keys derived from it;
 //! - [`time`]: durations in milliseconds, as the records count them.
 //!
-//! The modules stand in layers, each importing only those below it, so that a change low in
-//! the contract is seen by all above it and none of it depends on a layer:
+//! The modules stand in layers, each importing only modules below it (the nearest in
+//! brackets), so that a change low in the contract is seen by all above it and none of it
+//! depends on a layer:
 //!
 //! ```text
 //! result       the result envelope                  (classify, envelope, outcome)
 //! classify     the verdict on an outcome            (registry, outcome)
 //! registry     tools and their policy               (control, envelope)
-//! control      the operator's switches              (envelope, record)
+//! control      the operator's switches              (envelope, error, record)
 //! envelope     the call envelope                    (canonical, time, error)
 //! canonical, time, outcome                          (error)
 //! error        ToolError, ErrorCode, ConfigError    (record)

@@ -234,11 +234,8 @@ fn found<St>(
     let same_params = (record.key_derived_from_params && plan.claim.key_derived_from_params())
         || *record.request.params_digest == *plan.claim.params_digest();
     let shadowed = |verdict| {
-        let shadow = shared
-            .tools
-            .control()
-            .shadows(ShadowLayer::Idempotency, call);
-        shadow.then(|| Found::Shadowed(shadow_decision(call, ShadowLayer::Idempotency, verdict)))
+        let decision = || Found::Shadowed(shadow_decision(call, ShadowLayer::Idempotency, verdict));
+        plan.shadow.then(decision)
     };
     if !same_params {
         if let Some(shadowed) = shadowed(ShadowVerdict::WouldConflict) {

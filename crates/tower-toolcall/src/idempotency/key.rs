@@ -161,7 +161,7 @@ pub fn tenant_prefix(tenant: Option<&str>) -> String {
 /// ```
 pub fn key_fingerprint(store_key: &str) -> String {
     let digest = Sha256::digest(store_key.as_bytes());
-    canonical::hex_lower(&digest[..8])
+    hex::encode(&digest[..8])
 }
 
 /// Whether `fingerprint` names `store_key`: it is the key's [`key_fingerprint`], or the first

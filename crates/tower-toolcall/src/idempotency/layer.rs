@@ -70,9 +70,12 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
     /// derivation is off). Errors are those the call itself would get (params nested too
     /// deep).
     pub fn store_key(&self, call: &ToolCall) -> Result<Option<String>, ToolError> {
+        let Some(settings) = self.shared.tools.for_call(call) else {
+            return Ok(None);
+        };
         Ok(self
             .shared
-            .plan(call)?
+            .plan(call, settings, false)?
             .map(|plan| plan.claim.key.to_string()))
     }
 

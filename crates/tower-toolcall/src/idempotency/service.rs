@@ -10,6 +10,7 @@ use super::future::{deduplicate, execute, Claim, ResponseFuture};
 use super::key::{self, KeySource};
 use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
 use crate::canonical::{self, CanonicalOptions};
+use crate::control::ShadowLayer;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::ToolError;
 use crate::middleware::Passthrough;
@@ -140,6 +141,9 @@ pub(super) struct Plan {
     pub(super) done_ttl: Duration,
     pub(super) failed_ttl: Duration,
     pub(super) fail_open: bool,
+    /// Whether the layer is in shadow mode for the call: it notes what the record would have
+    /// answered and runs the call.
+    pub(super) shadow: bool,
 }
 
 impl<St: DedupeStore> Shared<St> {
@@ -147,10 +151,12 @@ impl<St: DedupeStore> Shared<St> {
     /// tool, its dedupe mode is `disabled` (the call's own only when the tool lets callers
     /// loosen its mode), or it has no key and derivation is off (by the
     /// tool's policy or by the operator).
-    pub(super) fn plan(&self, call: &ToolCall) -> Result<Option<Plan>, ToolError> {
-        let Some(settings) = self.tools.for_call(call) else {
-            return Ok(None);
-        };
+    pub(super) fn plan(
+        &self,
+        call: &ToolCall,
+        settings: &Settings,
+        shadow: bool,
+    ) -> Result<Option<Plan>, ToolError> {
         let mode = settings.mode_for(call.transport().dedupe_mode);
         if mode == DedupeMode::Disabled {
             return Ok(None);
@@ -202,6 +208,7 @@ impl<St: DedupeStore> Shared<St> {
             done_ttl,
             failed_ttl,
             fail_open: settings.on_store_error == OnStoreError::FailOpen,
+            shadow,
         }))
     }
 }
@@ -338,10 +345,14 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        if !self.shared.tools.control().is_enabled() {
+        let gate = self
+            .shared
+            .tools
+            .gate(&call, Some(ShadowLayer::Idempotency));
+        let Some(acting) = gate else {
             return ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)));
-        }
-        match self.shared.plan(&call) {
+        };
+        match self.shared.plan(&call, acting.tool, acting.shadow) {
             Ok(None) => ResponseFuture::passthrough(Passthrough::new(self.inner.call(call))),
             Ok(Some(plan)) => {
                 let shared = &self.shared;

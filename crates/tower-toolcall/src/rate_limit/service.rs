@@ -67,18 +67,14 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let control = self.limits.tools.control();
-        if !control.is_enabled() {
-            return ResponseFuture::called(self.inner.call(call));
-        }
-        let Some(limit) = self.limits.tools.for_call(&call) else {
+        let Some(acting) = self.limits.tools.gate(&call, Some(ShadowLayer::RateLimit)) else {
             return ResponseFuture::called(self.inner.call(call));
         };
+        let (limit, shadow) = (acting.tool, acting.shadow);
         let key = limit.key_for(&call);
         if let Some(store) = &self.limits.store {
             // The store answers later: the ready service waits for its answer.
             let check = store.acquire(&key, limit.quota());
-            let shadow = control.shadows(ShadowLayer::RateLimit, &call);
             let clone = self.inner.clone();
             let service = mem::replace(&mut self.inner, clone);
             let waiting = Waiting::new(service, call, limit.clone(), key, shadow);
@@ -88,7 +84,7 @@ where
         self.limits.sweeper.tend(self.limits.all());
         match decision {
             Ok(()) => ResponseFuture::called(self.inner.call(call)),
-            Err(wait) if control.shadows(ShadowLayer::RateLimit, &call) => {
+            Err(wait) if shadow => {
                 let verdict = if limit.waits_for(wait) {
                     ShadowVerdict::WouldWait
                 } else {

@@ -13,7 +13,7 @@ use crate::classify::{SharedClassifier, ToolProfile};
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
-use crate::tool_table::ToolTable;
+use crate::tool_table::{Acting, ToolTable};
 
 /// Retries failed calls when that may help and is safe; made by
 /// [`RetryLayer`](super::RetryLayer).
@@ -54,10 +54,7 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        if !self.tools.control().is_enabled() {
-            return ResponseFuture::passthrough(self.inner.call(call));
-        }
-        let Some(tool) = self.tools.for_call(&call) else {
+        let Some(Acting { tool, .. }) = self.tools.gate(&call, None) else {
             return ResponseFuture::passthrough(self.inner.call(call));
         };
         if let Some(budget) = &tool.budget {

@@ -16,7 +16,7 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Clones share the per-tool timeouts, resolved once from the registry, behind an [`Arc`].
 #[derive(Clone, Debug)]
 pub struct TimeoutLayer {
-    limits: Arc<ToolTable<AttemptLimit>>,
+    limits: Arc<ToolTable<Option<AttemptLimit>>>,
 }
 
 impl TimeoutLayer {
@@ -39,7 +39,7 @@ impl TimeoutLayer {
     /// The attempt timeout of the tool `namespace::name`, before a call's hint narrows it;
     /// `None` when its attempts are not bounded.
     pub fn attempt_timeout(&self, namespace: &str, name: &str) -> Option<Duration> {
-        self.limits.get(namespace, name).limit
+        self.limits.get(namespace, name).and_then(|limit| limit.0)
     }
 }
 
@@ -102,14 +102,14 @@ impl TimeoutLayerBuilder {
         let default = self.default_timeout;
         let limits = ToolTable::resolve(&self.registry, |_, policy| {
             Ok(match &policy.timeout {
-                LayerSetting::Off => AttemptLimit::OFF,
-                LayerSetting::Default => AttemptLimit::on(default),
-                LayerSetting::On(overrides) => AttemptLimit::on(
+                LayerSetting::Off => None,
+                LayerSetting::Default => Some(AttemptLimit(default)),
+                LayerSetting::On(overrides) => Some(AttemptLimit(
                     overrides
                         .attempt_timeout_ms
                         .map(Duration::from_millis)
                         .or(default),
-                ),
+                )),
             })
         })?;
         Ok(TimeoutLayer {

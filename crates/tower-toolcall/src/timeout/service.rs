@@ -8,44 +8,26 @@ use super::future::ResponseFuture;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
 use crate::outcome::ToolOutput;
-use crate::tool_table::ToolTable;
+use crate::tool_table::{Acting, ToolTable};
 
 /// Bounds each attempt of the inner service; made by
 /// [`TimeoutLayer`](super::TimeoutLayer).
 #[derive(Clone, Debug)]
 pub struct Timeout<S> {
     inner: S,
-    limits: Arc<ToolTable<AttemptLimit>>,
+    limits: Arc<ToolTable<Option<AttemptLimit>>>,
 }
 
-/// A tool's attempt timeout, resolved from its policy.
+/// A tool's attempt timeout, resolved from its policy: its own, else the layer's default, if
+/// any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct AttemptLimit {
-    /// `false` when the tool's policy switches the layer off.
-    pub(super) enabled: bool,
-    pub(super) limit: Option<Duration>,
-}
+pub(super) struct AttemptLimit(pub(super) Option<Duration>);
 
 impl AttemptLimit {
-    pub(super) const OFF: AttemptLimit = AttemptLimit {
-        enabled: false,
-        limit: None,
-    };
-
-    pub(super) fn on(limit: Option<Duration>) -> Self {
-        AttemptLimit {
-            enabled: true,
-            limit,
-        }
-    }
-
     /// The limit for `call`: the tool's, narrowed by `callHints.timeoutMs`.
     fn for_call(self, call: &ToolCall) -> Option<Duration> {
-        if !self.enabled {
-            return None;
-        }
         let hint = call.call_hints().timeout_ms.map(Duration::from_millis);
-        match (self.limit, hint) {
+        match (self.0, hint) {
             (Some(limit), Some(hint)) => Some(limit.min(hint)),
             (limit, hint) => limit.or(hint),
         }
@@ -53,7 +35,7 @@ impl AttemptLimit {
 }
 
 impl<S> Timeout<S> {
-    pub(super) fn new(inner: S, limits: Arc<ToolTable<AttemptLimit>>) -> Self {
+    pub(super) fn new(inner: S, limits: Arc<ToolTable<Option<AttemptLimit>>>) -> Self {
         Timeout { inner, limits }
     }
 
@@ -73,10 +55,10 @@ where
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        if !self.limits.control().is_enabled() {
+        let Some(Acting { tool: limit, .. }) = self.limits.gate(&call, None) else {
             return ResponseFuture::passthrough(self.inner.call(call));
-        }
-        let limit = self.limits.for_call(&call).for_call(&call);
+        };
+        let limit = limit.for_call(&call);
         ResponseFuture::new(self.inner.call(call), limit)
     }
 }
