@@ -37,9 +37,9 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
-use tower_toolcall_axum::ToolRouter;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall_axum::ToolRouter;
 
 /// The offset of the template a load generator's connection fills in with its counter.
 const SENTINEL: u64 = 918_273_645;

@@ -16,12 +16,12 @@ use super::auth::{require_token, BearerToken};
 use tower_toolcall::breaker::{BreakerAdmin, BreakerKey};
 use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
 use tower_toolcall::envelope::{ToolResult, MAX_IDENTIFIER_BYTES};
-use tower_toolcall::{ConfigError, ErrorCode, ToolError};
 use tower_toolcall::idempotency::{key_fingerprint, DedupeStore, StoreError};
 use tower_toolcall::loop_detect::LoopDetectHandle;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::stack::ToolStack;
 use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::{ConfigError, ErrorCode, ToolError};
 
 /// The shortest bearer token [`AdminRouter::new`] takes.
 pub const MIN_TOKEN_BYTES: usize = 16;

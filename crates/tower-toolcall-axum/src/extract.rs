@@ -6,7 +6,9 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde_json::Value;
 
-use tower_toolcall::envelope::{ToolCall, ToolResult, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TRACEPARENT_BYTES};
+use tower_toolcall::envelope::{
+    ToolCall, ToolResult, MAX_IDEMPOTENCY_KEY_BYTES, MAX_TRACEPARENT_BYTES,
+};
 use tower_toolcall::{ErrorCode, ToolError};
 
 /// The `Idempotency-Key` request header (IETF draft `draft-ietf-httpapi-idempotency-key-header`).

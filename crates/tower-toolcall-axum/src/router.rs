@@ -23,10 +23,10 @@ use super::extract::{json_content_type, JsonToolCall};
 use super::tools::tool_listing;
 use tower_toolcall::detach::detached;
 use tower_toolcall::envelope::{ResultEnvelopeLayer, ToolCall, ToolResult};
-use tower_toolcall::{ErrorCode, ToolError};
 use tower_toolcall::idempotency::DedupeStore;
-use tower_toolcall::ToolOutput;
 use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::ToolOutput;
+use tower_toolcall::{ErrorCode, ToolError};
 
 /// The largest request body [`ToolRouter`] reads by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;

@@ -36,8 +36,8 @@ use rmcp::{RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::{json, Map, Value};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
-use tower_toolcall_mcp::{registry_for, McpClient, McpServer, Trust};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall_mcp::{registry_for, McpClient, McpServer, Trust};
 
 /// A server whose one tool echoes its arguments as structured content.
 struct Echo;

@@ -195,12 +195,12 @@ pub mod idempotency;
 pub mod loop_detect;
 mod middleware;
 mod outcome;
-#[cfg(feature = "axum")]
-mod response;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
 mod redis_support;
 pub mod registry;
+#[cfg(feature = "axum")]
+mod response;
 pub mod retry;
 mod serde_message;
 pub mod shared_store;

@@ -40,11 +40,11 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use tower::Layer;
 use tower_toolcall::control::ReliabilityControl;
-use tower_toolcall_axum::{self as http, AdminRouter, ServeConfig, ToolRouter};
 use tower_toolcall::idempotency::DedupeStore;
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall_axum::{self as http, AdminRouter, ServeConfig, ToolRouter};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -23,11 +23,9 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
-use tower_toolcall_mcp::{
-    registry_for, stdio_transport, McpServer, Trust, DEFAULT_MAX_LINE_BYTES,
-};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{ConfigError, ToolStack};
+use tower_toolcall_mcp::{registry_for, stdio_transport, McpServer, Trust, DEFAULT_MAX_LINE_BYTES};
 
 /// The notes server's tools and what they hold.
 #[derive(Clone, Debug, Default)]

@@ -16,10 +16,10 @@ use hyper::header::HeaderValue;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tower_toolcall_axum::{AdminRouter, ToolRouter};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{AuditLog, AuditSink, AuditStream, Redactor};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall_axum::{AdminRouter, ToolRouter};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 

@@ -13,10 +13,10 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
-use tower_toolcall_axum::{AdminRouter, ToolRouter};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
+use tower_toolcall_axum::{AdminRouter, ToolRouter};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 

@@ -21,11 +21,11 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::ServiceExt as _;
 use serde_json::{json, Value};
 use tower::{Layer, ServiceBuilder, ServiceExt};
+use tower_toolcall::registry::{RiskLevel, ToolRegistry};
+use tower_toolcall::{ErrorCode, ToolCall, ToolStack};
 use tower_toolcall_mcp::{
     descriptor_for, registry_for, McpClient, McpServer, ProgressEvents, Trust,
 };
-use tower_toolcall::registry::{RiskLevel, ToolRegistry};
-use tower_toolcall::{ErrorCode, ToolCall, ToolStack};
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
