@@ -131,6 +131,8 @@ impl FleetAction<'_> {
 }
 
 impl<St: Clone> Clone for AdminState<St> {
+    // Without the `fleet` feature, `Fleet` is `Infallible`, which is `Copy`.
+    #[cfg_attr(not(feature = "fleet"), allow(clippy::clone_on_copy))]
     fn clone(&self) -> Self {
         AdminState {
             registry: self.registry.clone(),
