@@ -1,4 +1,4 @@
-//! Run with: `cargo bench --features axum --bench gateway`, then
+//! Run with: `cargo bench -p tower-toolcall-axum --bench gateway`, then
 //! `python3 benches/medians.py gateway bare_router` and
 //! `python3 benches/medians.py gateway_http bare_router`.
 //!
