@@ -729,7 +729,7 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     }
 
     /// Keeps the rate-limit quotas in `store` (a
-    /// [`RedisRateLimitStore`](crate::rate_limit::RedisRateLimitStore) to share them between
+    /// `RedisRateLimitStore` (of `tower-toolcall-redis`) to share them between
     /// replicas) instead of in this process. The rate-limit settings made so far are kept.
     ///
     /// ```

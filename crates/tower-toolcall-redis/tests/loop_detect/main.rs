@@ -23,19 +23,6 @@ impl Store {
             ),
         }
     }
-
-    fn layer(&self, registry: ToolRegistry) -> LoopDetectLayer {
-        self.builder(registry)
-            .build()
-            .expect("a valid configuration")
-    }
-
-    fn layer_with(&self, config: LoopDetectConfig) -> LoopDetectLayer {
-        self.builder(ToolRegistry::open())
-            .config(config)
-            .build()
-            .expect("a valid configuration")
-    }
 }
 
 include!("../../../tower-toolcall/tests/loop_detect/cases.rs");

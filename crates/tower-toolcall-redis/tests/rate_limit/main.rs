@@ -11,12 +11,6 @@ enum Store {
 }
 
 impl Store {
-    fn layer(&self, registry: ToolRegistry) -> RateLimitLayer {
-        self.builder(registry)
-            .build()
-            .expect("a valid configuration")
-    }
-
     fn builder(&self, registry: ToolRegistry) -> tower_toolcall::rate_limit::RateLimitLayerBuilder {
         let builder = RateLimitLayer::builder(registry)
             .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);

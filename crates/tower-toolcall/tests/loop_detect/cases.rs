@@ -999,3 +999,19 @@ fn stack_without_idempotency(
         .unwrap()
         .layer(counter.tool())
 }
+
+/// The layers of every store, made by its `builder`.
+impl Store {
+    fn layer(&self, registry: ToolRegistry) -> LoopDetectLayer {
+        self.builder(registry)
+            .build()
+            .expect("a valid configuration")
+    }
+
+    fn layer_with(&self, config: LoopDetectConfig) -> LoopDetectLayer {
+        self.builder(ToolRegistry::open())
+            .config(config)
+            .build()
+            .expect("a valid configuration")
+    }
+}

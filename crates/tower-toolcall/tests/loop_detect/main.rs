@@ -27,19 +27,6 @@ impl Store {
             Store::Memory => builder,
         }
     }
-
-    fn layer(&self, registry: ToolRegistry) -> LoopDetectLayer {
-        self.builder(registry)
-            .build()
-            .expect("a valid configuration")
-    }
-
-    fn layer_with(&self, config: LoopDetectConfig) -> LoopDetectLayer {
-        self.builder(ToolRegistry::open())
-            .config(config)
-            .build()
-            .expect("a valid configuration")
-    }
 }
 
 include!("cases.rs");

@@ -195,3 +195,12 @@ async fn the_layer_default_limits_every_tool_but_those_switched_off(store: Store
     store.assert_tracked_keys(&layer, ("plugins", "a"), 2);
     assert_eq!(layer.tracked_keys(WEB, "fetch"), 0);
 }
+
+/// The layer of every store, made by its `builder`.
+impl Store {
+    fn layer(&self, registry: ToolRegistry) -> RateLimitLayer {
+        self.builder(registry)
+            .build()
+            .expect("a valid configuration")
+    }
+}
