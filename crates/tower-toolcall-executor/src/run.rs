@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::{sleep_until, Duration, Instant, Sleep};
 use tower_service::Service;
 
-use super::config::{ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn};
+use super::config::{millis, ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn};
 use super::events::{Emitter, EventStream};
 use super::outcome::{
     Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
@@ -30,14 +30,14 @@ use super::outcome::{
 use super::plan::{Step, StepRetry};
 use super::reference::{resolve, Scope};
 use super::validate::{CheckedPlan, Items};
-use crate::classify::{ToolProfile, Verdict};
-use crate::envelope::params::json_kind;
-use crate::envelope::{Iteration, RunLink, ToolCall, ToolResult};
-use crate::error::{ErrorCode, ToolError};
-use crate::outcome::ToolOutput;
-use crate::registry::JitterKind;
-use crate::retry::Backoff;
-use crate::trace::{AuditLog, ExecutionEvent};
+use crate::validate::json_kind;
+use tower_toolcall::classify::{ToolProfile, Verdict};
+use tower_toolcall::envelope::{Iteration, RunLink, ToolCall, ToolResult};
+use tower_toolcall::registry::JitterKind;
+use tower_toolcall::retry::Backoff;
+use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::ToolOutput;
+use tower_toolcall::{ErrorCode, ToolError};
 
 /// The version of the executor, as `run.json` records it.
 pub const EXECUTOR_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -72,7 +72,7 @@ where
 /// use std::time::Duration;
 /// use futures_util::StreamExt;
 /// use serde_json::json;
-/// use tower_toolcall::executor::{Executor, Plan, StepStatus, Turn, TurnStatus};
+/// use tower_toolcall_executor::{Executor, Plan, StepStatus, Turn, TurnStatus};
 /// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
 ///
@@ -908,7 +908,7 @@ where
         self.emitter
             .emit(|_| ExecutionEvent::new("step.started", &call, "call dispatched"));
         if let Some(audit) = &self.emitter.audit {
-            audit.record_call_waiting(&call);
+            audit.record_call(&call);
         }
         if let Some(dispatched) = &mut self.dispatched {
             dispatched.push(call.clone());
@@ -940,9 +940,8 @@ where
     ) {
         if let Some(audit) = &self.emitter.audit {
             let mut result = ToolResult::from_outcome(call, outcome.clone());
-            result.duration_ms =
-                crate::time::millis(dispatched.map_or(Duration::ZERO, |at| at.elapsed()));
-            audit.record_result_waiting(result);
+            result.duration_ms = millis(dispatched.map_or(Duration::ZERO, |at| at.elapsed()));
+            audit.record_result(result);
         }
     }
 
@@ -1488,7 +1487,7 @@ where
                 "status": status,
             });
             // Redacted as the audit's lines are: the plan's args may hold secrets.
-            let record = crate::trace::Redactor::default().redact_value(&record);
+            let record = tower_toolcall::trace::Redactor::default().redact_value(&record);
             let text = serde_json::to_vec_pretty(&record).expect("a run record serializes");
             let _ = std::fs::write(dir.join("run.json"), text);
         }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{BreakerState, ErrorCode};
+use tower_toolcall::{BreakerState, ErrorCode};
 
 /// The result of one turn.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

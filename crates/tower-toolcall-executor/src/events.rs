@@ -4,13 +4,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use futures_util::Stream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::time::unix_now_ms;
-use crate::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::trace::{AuditLog, ExecutionEvent};
 
 /// The events of one run, as a [`Stream`]; it ends when the run has finished.
 ///
@@ -99,12 +99,12 @@ impl Emitter {
         }
         let mut event = make(&self.run_id);
         event.elapsed_ms = Some(self.elapsed_ms());
-        event.timestamp = Some(crate::trace::rfc3339(unix_now_ms()));
+        event.timestamp = Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string());
         if let Some(kept) = &mut self.kept {
             kept.push(event.clone());
         }
         if let Some(audit) = &self.audit {
-            audit.record_event_waiting(event.clone());
+            audit.record_event(event.clone());
         }
         if let Some(stream) = &self.stream {
             match stream.try_send(event) {

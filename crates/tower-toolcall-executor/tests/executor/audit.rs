@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tower::{Layer, Service, ServiceExt};
 use tower_toolcall::envelope::RunLink;
-use tower_toolcall::executor::{reconstruct, replay, Executor, Plan, StepStatus, Turn, TurnStatus};
 use tower_toolcall::trace::{AuditLog, TraceLayer};
 use tower_toolcall::{tool_fn, HookLayer, ToolCall, ToolOutput};
+use tower_toolcall_executor::{reconstruct, replay, Executor, Plan, StepStatus, Turn, TurnStatus};
 
 use crate::tools::{ok, ok_with, permanent, registry, transient, Answer, Toolbox};
 
