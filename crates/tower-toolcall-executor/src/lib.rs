@@ -86,6 +86,8 @@
 //!   reports the first divergence. The run id names the run's folder, so it is a safe name
 //!   ([`Turn::with_run_id`]), and a run id that already has a folder is refused: no run
 //!   (and no replay) appends to another's record.
+//!   A write that fails is reported, never dropped: a `run.json` that cannot be written is a
+//!   `run.auditFailed` event, and lines lost are counted in [`TurnResult::audit_lines_lost`].
 //!
 //! See [`Executor`] for another example.
 
@@ -105,7 +107,9 @@ mod validate;
 
 pub use config::{ConfirmationPolicy, Executor, ExecutorBuilder, OnDeadline, RunPolicy, Turn};
 pub use events::EventStream;
-pub use outcome::{Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus};
+pub use outcome::{
+    Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
+};
 pub use plan::{Foreach, OnError, Plan, Step, StepRetry};
 pub use reference::{resolve, ResolveError, Scope};
 pub use replay::{reconstruct, replay, Divergence, RecordedRun, ReplayReport};

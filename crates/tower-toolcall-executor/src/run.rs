@@ -23,9 +23,9 @@ use tokio::time::{sleep_until, Duration, Instant, Sleep};
 use tower_service::Service;
 
 use super::config::{millis, ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn};
-use super::events::{Emitter, EventStream};
+use super::events::{Emitter, EventKind, EventStream, Level};
 use super::outcome::{
-    Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
+    Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
 };
 use super::plan::{Step, StepRetry};
 use super::reference::{resolve, Scope};
@@ -441,12 +441,9 @@ where
             if self.phase == Phase::AwaitConfirmation {
                 if signals.cancel {
                     self.emitter.emit(|run| {
-                        ExecutionEvent::of_run(
-                            "run.cancelled",
-                            run,
-                            "run cancelled before it was confirmed",
-                        )
-                        .level("warn")
+                        EventKind::RunCancelled
+                            .of_run(run, "run cancelled before it was confirmed")
+                            .level(Level::Warn.as_str())
                     });
                     self.end_unstarted(
                         TurnStatus::Cancelled,
@@ -465,7 +462,8 @@ where
                 }
                 if let Some(id) = signals.confirmed {
                     self.emitter.emit(|run| {
-                        ExecutionEvent::of_run("run.confirmed", run, "run confirmed")
+                        EventKind::RunConfirmed
+                            .of_run(run, "run confirmed")
                             .payload(json!({"confirmationId": id}))
                     });
                     self.confirmation_id = Some(id);
@@ -519,7 +517,8 @@ where
         self.emitter.start_clock();
         let steps = self.plan.plan.steps.len();
         self.emitter.emit(|run| {
-            ExecutionEvent::of_run("run.started", run, format!("run of {steps} steps started"))
+            EventKind::RunStarted
+                .of_run(run, format!("run of {steps} steps started"))
                 .payload(json!({"steps": steps}))
         });
         if let Some(ms) = self.config.policy.turn_timeout_ms {
@@ -547,12 +546,12 @@ where
                     .map(|(s, _)| json!({"stepId": s.id, "tool": s.tool, "preview": s.preview}))
                     .collect();
                 self.emitter.emit(|run| {
-                    ExecutionEvent::of_run(
-                        "run.confirmationRequested",
-                        run,
-                        "the run has steps that change things; confirm it to go on",
-                    )
-                    .payload(json!({"steps": previews}))
+                    EventKind::RunConfirmationRequested
+                        .of_run(
+                            run,
+                            "the run has steps that change things; confirm it to go on",
+                        )
+                        .payload(json!({"steps": previews}))
                 });
                 self.phase = Phase::AwaitConfirmation;
             }
@@ -636,14 +635,15 @@ where
             self.steps[i].run = Some(run);
             let step = &self.plan.plan.steps[i];
             self.emitter.emit(|r| {
-                ExecutionEvent::of_run("step.scheduled", r, format!("step {} scheduled", step.id))
+                EventKind::StepScheduled
+                    .of_run(r, format!("step {} scheduled", step.id))
                     .step(step.id.clone())
                     .tool(step.tool.clone())
                     .payload(json!({"units": units}))
             });
             if let Some(error) = failed {
                 let recovery = self.fallback(i);
-                self.record_decision(i, None, &error, "permanent", 0, recovery);
+                self.record_decision(i, None, &error, Classification::Permanent, 0, recovery);
                 self.finish_step(i);
             } else if units == 0 {
                 self.finish_step(i);
@@ -676,7 +676,7 @@ where
             call_id: None,
             tool: step.tool.clone(),
             error_code: None,
-            classification: "dependency".to_owned(),
+            classification: Classification::Dependency,
             breaker_state: None,
             retry_count: 0,
             decision: recovery,
@@ -906,7 +906,7 @@ where
             *n += 1;
         }
         self.emitter
-            .emit(|_| ExecutionEvent::new("step.started", &call, "call dispatched"));
+            .emit(|_| EventKind::StepStarted.of_call(&call, "call dispatched"));
         if let Some(audit) = &self.emitter.audit {
             audit.record_call(&call);
         }
@@ -965,7 +965,7 @@ where
         match outcome {
             Ok(output) => {
                 self.emitter
-                    .emit(|_| ExecutionEvent::new("step.finished", &meta.call, "call succeeded"));
+                    .emit(|_| EventKind::StepFinished.of_call(&meta.call, "call succeeded"));
                 let foreach = self.plan.plan.steps[i].foreach.is_some();
                 let run = self.steps[i].run.as_mut().expect("a step with calls runs");
                 run.answered_by = Some(meta.attempt.tool);
@@ -978,13 +978,10 @@ where
                     let (done, total) = (run.next_unit - run.in_flight, run.units);
                     let id = self.step_id(i).to_owned();
                     self.emitter.emit(|r| {
-                        ExecutionEvent::of_run(
-                            "step.progress",
-                            r,
-                            format!("{done} of {total} items ended"),
-                        )
-                        .step(id)
-                        .payload(json!({"ended": done, "total": total}))
+                        EventKind::StepProgress
+                            .of_run(r, format!("{done} of {total} items ended"))
+                            .step(id)
+                            .payload(json!({"ended": done, "total": total}))
                     });
                 } else {
                     run.outputs.push(output.content);
@@ -1017,18 +1014,18 @@ where
         let Err(error) = outcome else { unreachable!() };
         let breaker_open = error.code() == ErrorCode::CircuitOpen;
         let classification = if breaker_open {
-            "breakerOpen"
+            Classification::BreakerOpen
         } else if verdict == Verdict::Retriable {
-            "transient"
+            Classification::Transient
         } else {
-            "permanent"
+            Classification::Permanent
         };
         let max_tries = step.retry.map_or(1, |r| {
             r.max_attempts.min(self.config.policy.max_step_attempts)
         });
         let recovery = if self.stopping.is_some() {
             None
-        } else if classification == "transient" && attempt.tries < max_tries {
+        } else if classification == Classification::Transient && attempt.tries < max_tries {
             Some(Recovery::Retry)
         } else if attempt.tool + 1 < tool_count {
             Some(Recovery::Alternative)
@@ -1045,8 +1042,9 @@ where
             });
             let message = error.message().to_owned();
             self.emitter.emit(|_| {
-                ExecutionEvent::new("step.failed", call, message)
-                    .level("warn")
+                EventKind::StepFailed
+                    .of_call(call, message)
+                    .level(Level::Warn.as_str())
                     .payload(payload)
             });
         }
@@ -1095,7 +1093,7 @@ where
         i: usize,
         call: Option<&ToolCall>,
         error: &ToolError,
-        classification: &str,
+        classification: Classification,
         tries: u32,
         recovery: Recovery,
     ) {
@@ -1108,7 +1106,7 @@ where
                 |c| format!("{}::{}", c.tool_namespace(), c.tool_name()),
             ),
             error_code: Some(error.code()),
-            classification: classification.to_owned(),
+            classification,
             breaker_state: error.record().breaker_state,
             retry_count: tries,
             decision: recovery,
@@ -1140,17 +1138,12 @@ where
         let step = &self.plan.plan.steps[i];
         let tools = &self.plan.steps[i].tools;
         let (stopped, stop_code) = self.stop_status();
+        let fallback = self.fallback(i);
         let state = &mut self.steps[i];
         let run = state.run.take().unwrap_or_default();
         let mut recovery = None;
         if let Some(error) = run.failure {
-            let r = if step.default.is_some() {
-                Recovery::Default
-            } else if step.is_required() {
-                Recovery::Escalate
-            } else {
-                Recovery::Skip
-            };
+            let r = fallback;
             if r == Recovery::Default {
                 state.status = Some(StepStatus::Defaulted);
                 state.output = step.default.clone();
@@ -1208,20 +1201,20 @@ where
         let error = state.error.as_ref();
         self.emitter.emit(|run| {
             let (kind, level) = if status.has_output() {
-                ("step.finished", "info")
+                (EventKind::StepFinished, Level::Info)
             } else if status == StepStatus::Skipped && recovery == Some(Recovery::Skip) {
-                ("step.finished", "warn")
+                (EventKind::StepFinished, Level::Warn)
             } else {
-                ("step.failed", "error")
+                (EventKind::StepFailed, Level::Error)
             };
             let message = match error {
                 Some(e) => format!("step {id} {}: {}", status_word(status), e.message),
                 None => format!("step {id} {}", status_word(status)),
             };
-            ExecutionEvent::of_run(kind, run, message)
+            kind.of_run(run, message)
                 .step(id.clone())
                 .tool(tool.clone())
-                .level(level)
+                .level(level.as_str())
                 .payload(json!({
                     "status": status,
                     "calls": calls,
@@ -1267,8 +1260,8 @@ where
             )
             .with_details(json!({"outcomeUnknown": true}));
             self.emitter.emit(|_| {
-                ExecutionEvent::new("step.failed", &meta.call, error.message())
-                    .level("warn")
+                EventKind::StepFailed.of_call(&meta.call, error.message())
+                    .level(Level::Warn.as_str())
                     .payload(json!({"errorCode": ErrorCode::Timeout, "decision": "skip", "outcomeUnknown": true}))
             });
             self.record_result(&meta.call, &Err(error), meta.dispatched);
@@ -1313,7 +1306,9 @@ where
     fn cancel(&mut self) {
         self.stopping = Some(TurnStatus::Cancelled);
         self.emitter.emit(|run| {
-            ExecutionEvent::of_run("run.cancelled", run, "run cancelled").level("warn")
+            EventKind::RunCancelled
+                .of_run(run, "run cancelled")
+                .level(Level::Warn.as_str())
         });
         let running = self.take_running();
         for mut in_flight in running {
@@ -1337,8 +1332,9 @@ where
             )
             .with_details(json!({"outcomeUnknown": true}));
             self.emitter.emit(|_| {
-                ExecutionEvent::new("step.failed", &meta.call, error.message())
-                    .level("warn")
+                EventKind::StepFailed
+                    .of_call(&meta.call, error.message())
+                    .level(Level::Warn.as_str())
                     .payload(json!({"errorCode": ErrorCode::Cancelled, "outcomeUnknown": true}))
             });
             self.record_result(&meta.call, &Err(error), meta.dispatched);
@@ -1402,10 +1398,11 @@ where
                 state.error.as_ref().map_or("", |e| e.message.as_str())
             );
             self.emitter.emit(|run| {
-                ExecutionEvent::of_run("step.failed", run, message)
+                EventKind::StepFailed
+                    .of_run(run, message)
                     .step(id)
                     .tool(tool.clone())
-                    .level("warn")
+                    .level(Level::Warn.as_str())
                     .payload(json!({"status": status, "errorCode": code}))
             });
         }
@@ -1422,16 +1419,18 @@ where
         };
         let status = self.status;
         let message = self.message();
+        // Before `run.finished`, so that a failure to write it is an event of the run.
+        self.write_run_json(Some(status));
         self.emitter.emit(|run| {
-            ExecutionEvent::of_run("run.finished", run, message)
+            EventKind::RunFinished
+                .of_run(run, message)
                 .level(if status == TurnStatus::Completed {
-                    "info"
+                    Level::Info.as_str()
                 } else {
-                    "warn"
+                    Level::Warn.as_str()
                 })
                 .payload(json!({"status": status}))
         });
-        self.write_run_json(Some(status));
         self.emitter.close();
         self.phase = Phase::Done;
     }
@@ -1470,7 +1469,9 @@ where
         format!("{head}. {}.", body.join("; "))
     }
 
-    fn write_run_json(&self, status: Option<TurnStatus>) {
+    /// Writes `run.json`; a failure is reported as a `run.auditFailed` event, so that the
+    /// run's record is never silently incomplete.
+    fn write_run_json(&mut self, status: Option<TurnStatus>) {
         if self.emitter.audit.is_none() {
             return;
         }
@@ -1489,7 +1490,16 @@ where
             // Redacted as the audit's lines are: the plan's args may hold secrets.
             let record = tower_toolcall::trace::Redactor::default().redact_value(&record);
             let text = serde_json::to_vec_pretty(&record).expect("a run record serializes");
-            let _ = std::fs::write(dir.join("run.json"), text);
+            if let Err(e) = std::fs::write(dir.join("run.json"), text) {
+                let message = format!("run.json could not be written: {e}");
+                let error = e.to_string();
+                self.emitter.emit(|run| {
+                    EventKind::RunAuditFailed
+                        .of_run(run, message)
+                        .level(Level::Error.as_str())
+                        .payload(json!({"file": "run.json", "error": error}))
+                });
+            }
         }
     }
 
@@ -1501,9 +1511,11 @@ where
     }
 
     fn into_result(mut self) -> (TurnResult, Vec<ExecutionEvent>, Vec<ToolCall>) {
-        if let Some(audit) = self.emitter.audit.take() {
-            audit.shutdown();
-        }
+        // Lines the writer could not write are counted, not dropped in silence.
+        let audit_lines_lost = self.emitter.audit.take().map_or(0, |audit| {
+            let stats = audit.shutdown();
+            stats.failed + stats.dropped
+        });
         let message = self.message();
         let steps = self
             .steps
@@ -1526,6 +1538,7 @@ where
             message,
             confirmation_id: self.confirmation_id.clone(),
             events_dropped: self.emitter.dropped(),
+            audit_lines_lost,
         };
         (
             result,
