@@ -101,6 +101,7 @@ mod plan;
 mod reference;
 mod replay;
 mod run;
+mod schedule;
 #[cfg(test)]
 mod tests;
 mod validate;

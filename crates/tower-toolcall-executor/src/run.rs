@@ -29,6 +29,7 @@ use super::outcome::{
 };
 use super::plan::{Step, StepRetry};
 use super::reference::{resolve, Scope};
+use super::schedule::{self, after, Failure, Retries};
 use super::validate::{CheckedPlan, Items};
 use crate::validate::json_kind;
 use tower_toolcall::classify::{ToolProfile, Verdict};
@@ -271,7 +272,8 @@ where
     running: FuturesUnordered<InFlight<S::Future>>,
     in_flight: usize,
     tool_in_flight: HashMap<String, usize>,
-    retries: Vec<(Instant, usize, Attempt)>,
+    /// Tries waiting for their pause to end: the step and the attempt.
+    retries: Retries<(usize, Attempt)>,
     retry_timer: Option<Pin<Box<Sleep>>>,
     deadline: Option<Pin<Box<Sleep>>>,
     stopping: Option<TurnStatus>,
@@ -339,7 +341,7 @@ where
             running: FuturesUnordered::new(),
             in_flight: 0,
             tool_in_flight,
-            retries: Vec::new(),
+            retries: Retries::default(),
             retry_timer: None,
             deadline: None,
             stopping: None,
@@ -522,7 +524,10 @@ where
                 .payload(json!({"steps": steps}))
         });
         if let Some(ms) = self.config.policy.turn_timeout_ms {
-            self.deadline = Some(Box::pin(sleep_until(after(Duration::from_millis(ms)))));
+            self.deadline = Some(Box::pin(sleep_until(after(
+                Instant::now(),
+                Duration::from_millis(ms),
+            ))));
         }
         if !self.plan.needs_confirmation() || self.confirmation_id.is_some() {
             self.start_running();
@@ -658,13 +663,7 @@ where
     /// turn's failure.
     fn fallback(&self, i: usize) -> Recovery {
         let step = &self.plan.plan.steps[i];
-        if step.default.is_some() {
-            Recovery::Default
-        } else if step.is_required() {
-            Recovery::Escalate
-        } else {
-            Recovery::Skip
-        }
+        schedule::fallback(step.default.is_some(), step.is_required())
     }
 
     /// A step one of whose dependencies has no output.
@@ -707,23 +706,16 @@ where
             self.retry_timer = None;
             return false;
         }
-        let now = Instant::now();
-        let mut progressed = false;
-        let mut k = 0;
-        while k < self.retries.len() {
-            if self.retries[k].0 <= now {
-                let (_, step, attempt) = self.retries.remove(k);
-                if let Some(run) = &mut self.steps[step].run {
-                    run.waiting_retries -= 1;
-                    run.redo.push_back(attempt);
-                    self.active.insert(step);
-                }
-                progressed = true;
-            } else {
-                k += 1;
+        let due = self.retries.take_due(Instant::now());
+        let mut progressed = !due.is_empty();
+        for (step, attempt) in due {
+            if let Some(run) = &mut self.steps[step].run {
+                run.waiting_retries -= 1;
+                run.redo.push_back(attempt);
+                self.active.insert(step);
             }
         }
-        if let Some(next) = self.retries.iter().map(|r| r.0).min() {
+        if let Some(next) = self.retries.next_due() {
             let mut timer = Box::pin(sleep_until(next));
             if timer.as_mut().poll(cx).is_ready() {
                 progressed = true;
@@ -1012,26 +1004,20 @@ where
             .classify(&outcome, &profile)
             .verdict();
         let Err(error) = outcome else { unreachable!() };
-        let breaker_open = error.code() == ErrorCode::CircuitOpen;
-        let classification = if breaker_open {
-            Classification::BreakerOpen
-        } else if verdict == Verdict::Retriable {
-            Classification::Transient
-        } else {
-            Classification::Permanent
+        let classification = schedule::classify(
+            error.code() == ErrorCode::CircuitOpen,
+            verdict == Verdict::Retriable,
+        );
+        let failure = Failure {
+            classification,
+            tries: attempt.tries,
+            max_tries: step.retry.map_or(1, |r| {
+                r.max_attempts.min(self.config.policy.max_step_attempts)
+            }),
+            tool: attempt.tool,
+            tools: tool_count,
         };
-        let max_tries = step.retry.map_or(1, |r| {
-            r.max_attempts.min(self.config.policy.max_step_attempts)
-        });
-        let recovery = if self.stopping.is_some() {
-            None
-        } else if classification == Classification::Transient && attempt.tries < max_tries {
-            Some(Recovery::Retry)
-        } else if attempt.tool + 1 < tool_count {
-            Some(Recovery::Alternative)
-        } else {
-            Some(self.fallback(i))
-        };
+        let recovery = schedule::recovery(failure, self.fallback(i), self.stopping.is_some());
         if let Some(call) = call {
             let payload = json!({
                 "errorCode": error.code(),
@@ -1067,7 +1053,7 @@ where
                     self.active.insert(i);
                 } else {
                     run.waiting_retries += 1;
-                    self.retries.push((after(pause), i, next));
+                    self.retries.schedule(Instant::now(), pause, (i, next));
                 }
             }
             Recovery::Alternative => {
@@ -1546,13 +1532,6 @@ where
             self.dispatched.take().unwrap_or_default(),
         )
     }
-}
-
-/// The instant `wait` from now, or one far in the future when that cannot be told.
-fn after(wait: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(wait)
-        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
 }
 
 /// The id of the call of `attempt`: `<step>#<n>`, or `<step>[<item>]#<n>` in a `foreach`.
