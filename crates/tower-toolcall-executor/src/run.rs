@@ -29,7 +29,7 @@ use super::outcome::{
 };
 use super::plan::{Step, StepRetry};
 use super::reference::{resolve, Scope};
-use super::schedule::{self, after, Failure, Retries};
+use super::schedule::{self, after, Action, Failure, Retries};
 use super::validate::{CheckedPlan, Items};
 use crate::validate::json_kind;
 use tower_toolcall::classify::{ToolProfile, Verdict};
@@ -228,6 +228,31 @@ struct CallMeta {
     dispatched: Option<Instant>,
 }
 
+/// The actions decided and not yet done.
+#[derive(Debug, Default)]
+struct Outbox {
+    actions: Vec<Action>,
+}
+
+impl Outbox {
+    fn push(&mut self, action: Action) {
+        self.actions.push(action);
+    }
+
+    /// Queues the event `make` builds, if anything listens: events are not even built
+    /// otherwise.
+    fn emit(&mut self, emitter: &Emitter, make: impl FnOnce(&str) -> ExecutionEvent) {
+        if emitter.listening() {
+            self.actions
+                .push(Action::Emit(Box::new(make(emitter.run_id()))));
+        }
+    }
+
+    fn take(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+}
+
 /// A call in flight.
 struct InFlight<F> {
     meta: Option<CallMeta>,
@@ -258,6 +283,8 @@ where
     controls: RunControls,
     confirmation_id: Option<String>,
     emitter: Emitter,
+    /// What was decided and is not yet done.
+    out: Outbox,
     phase: Phase,
     steps: Vec<StepState>,
     outputs: HashMap<String, Value>,
@@ -331,6 +358,7 @@ where
             turn,
             controls: controls.clone(),
             emitter,
+            out: Outbox::default(),
             phase: Phase::Start,
             steps,
             outputs: HashMap::with_capacity(step_count),
@@ -421,6 +449,13 @@ where
     }
 
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let poll = self.schedule(cx);
+        self.perform();
+        poll
+    }
+
+    /// Takes the signals, the timers and the calls that ended, and decides what comes next.
+    fn schedule(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // Calls dispatched or ended in one poll before the run lets the other tasks of its
         // thread (the event stream's reader, say) have a turn.
         const BUDGET: usize = 32;
@@ -442,7 +477,7 @@ where
             let signals = self.controls.signals();
             if self.phase == Phase::AwaitConfirmation {
                 if signals.cancel {
-                    self.emitter.emit(|run| {
+                    self.out.emit(&self.emitter, |run| {
                         EventKind::RunCancelled
                             .of_run(run, "run cancelled before it was confirmed")
                             .level(Level::Warn.as_str())
@@ -463,7 +498,7 @@ where
                     continue;
                 }
                 if let Some(id) = signals.confirmed {
-                    self.emitter.emit(|run| {
+                    self.out.emit(&self.emitter, |run| {
                         EventKind::RunConfirmed
                             .of_run(run, "run confirmed")
                             .payload(json!({"confirmationId": id}))
@@ -518,7 +553,7 @@ where
     fn begin(&mut self) {
         self.emitter.start_clock();
         let steps = self.plan.plan.steps.len();
-        self.emitter.emit(|run| {
+        self.out.emit(&self.emitter, |run| {
             EventKind::RunStarted
                 .of_run(run, format!("run of {steps} steps started"))
                 .payload(json!({"steps": steps}))
@@ -550,7 +585,7 @@ where
                     .filter(|(_, c)| c.mutating)
                     .map(|(s, _)| json!({"stepId": s.id, "tool": s.tool, "preview": s.preview}))
                     .collect();
-                self.emitter.emit(|run| {
+                self.out.emit(&self.emitter, |run| {
                     EventKind::RunConfirmationRequested
                         .of_run(
                             run,
@@ -565,7 +600,7 @@ where
 
     fn start_running(&mut self) {
         self.phase = Phase::Running;
-        self.write_run_json(None);
+        self.out.push(Action::WriteRecord(None));
         for (i, step) in self.steps.iter().enumerate() {
             if step.waiting_on == 0 {
                 self.ready.insert(i);
@@ -639,7 +674,7 @@ where
             let failed = run.failure.clone();
             self.steps[i].run = Some(run);
             let step = &self.plan.plan.steps[i];
-            self.emitter.emit(|r| {
+            self.out.emit(&self.emitter, |r| {
                 EventKind::StepScheduled
                     .of_run(r, format!("step {} scheduled", step.id))
                     .step(step.id.clone())
@@ -897,10 +932,11 @@ where
         if let Some(n) = self.tool_in_flight.get_mut(tool) {
             *n += 1;
         }
-        self.emitter
-            .emit(|_| EventKind::StepStarted.of_call(&call, "call dispatched"));
-        if let Some(audit) = &self.emitter.audit {
-            audit.record_call(&call);
+        self.out.emit(&self.emitter, |_| {
+            EventKind::StepStarted.of_call(&call, "call dispatched")
+        });
+        if self.emitter.audit.is_some() {
+            self.out.push(Action::RecordCall(call.clone()));
         }
         if let Some(dispatched) = &mut self.dispatched {
             dispatched.push(call.clone());
@@ -925,15 +961,15 @@ where
     }
 
     fn record_result(
-        &self,
+        &mut self,
         call: &ToolCall,
         outcome: &Result<ToolOutput, ToolError>,
         dispatched: Option<Instant>,
     ) {
-        if let Some(audit) = &self.emitter.audit {
+        if self.emitter.audit.is_some() {
             let mut result = ToolResult::from_outcome(call, outcome.clone());
             result.duration_ms = millis(dispatched.map_or(Duration::ZERO, |at| at.elapsed()));
-            audit.record_result(result);
+            self.out.push(Action::RecordResult(Box::new(result)));
         }
     }
 
@@ -956,8 +992,9 @@ where
         let i = meta.step;
         match outcome {
             Ok(output) => {
-                self.emitter
-                    .emit(|_| EventKind::StepFinished.of_call(&meta.call, "call succeeded"));
+                self.out.emit(&self.emitter, |_| {
+                    EventKind::StepFinished.of_call(&meta.call, "call succeeded")
+                });
                 let foreach = self.plan.plan.steps[i].foreach.is_some();
                 let run = self.steps[i].run.as_mut().expect("a step with calls runs");
                 run.answered_by = Some(meta.attempt.tool);
@@ -969,7 +1006,7 @@ where
                     run.outputs[unit] = output.content;
                     let (done, total) = (run.next_unit - run.in_flight, run.units);
                     let id = self.step_id(i).to_owned();
-                    self.emitter.emit(|r| {
+                    self.out.emit(&self.emitter, |r| {
                         EventKind::StepProgress
                             .of_run(r, format!("{done} of {total} items ended"))
                             .step(id)
@@ -1027,7 +1064,7 @@ where
                 "decision": recovery.map(Recovery::as_str),
             });
             let message = error.message().to_owned();
-            self.emitter.emit(|_| {
+            self.out.emit(&self.emitter, |_| {
                 EventKind::StepFailed
                     .of_call(call, message)
                     .level(Level::Warn.as_str())
@@ -1185,7 +1222,7 @@ where
         let status = state.status.expect("an ended step has a status");
         let (id, tool, calls) = (&step.id, &step.tool, state.calls);
         let error = state.error.as_ref();
-        self.emitter.emit(|run| {
+        self.out.emit(&self.emitter, |run| {
             let (kind, level) = if status.has_output() {
                 (EventKind::StepFinished, Level::Info)
             } else if status == StepStatus::Skipped && recovery == Some(Recovery::Skip) {
@@ -1245,7 +1282,7 @@ where
                 "the turn's deadline came before the call ended; the tool may still act",
             )
             .with_details(json!({"outcomeUnknown": true}));
-            self.emitter.emit(|_| {
+            self.out.emit(&self.emitter, |_| {
                 EventKind::StepFailed.of_call(&meta.call, error.message())
                     .level(Level::Warn.as_str())
                     .payload(json!({"errorCode": ErrorCode::Timeout, "decision": "skip", "outcomeUnknown": true}))
@@ -1291,7 +1328,7 @@ where
     /// Cancellation: the running calls of cancellable steps are dropped; the others end.
     fn cancel(&mut self) {
         self.stopping = Some(TurnStatus::Cancelled);
-        self.emitter.emit(|run| {
+        self.out.emit(&self.emitter, |run| {
             EventKind::RunCancelled
                 .of_run(run, "run cancelled")
                 .level(Level::Warn.as_str())
@@ -1317,7 +1354,7 @@ where
                 "the run was cancelled while the call ran; the tool may have acted",
             )
             .with_details(json!({"outcomeUnknown": true}));
-            self.emitter.emit(|_| {
+            self.out.emit(&self.emitter, |_| {
                 EventKind::StepFailed
                     .of_call(&meta.call, error.message())
                     .level(Level::Warn.as_str())
@@ -1383,7 +1420,7 @@ where
                 "step {id}: {}",
                 state.error.as_ref().map_or("", |e| e.message.as_str())
             );
-            self.emitter.emit(|run| {
+            self.out.emit(&self.emitter, |run| {
                 EventKind::StepFailed
                     .of_run(run, message)
                     .step(id)
@@ -1406,8 +1443,8 @@ where
         let status = self.status;
         let message = self.message();
         // Before `run.finished`, so that a failure to write it is an event of the run.
-        self.write_run_json(Some(status));
-        self.emitter.emit(|run| {
+        self.out.push(Action::WriteRecord(Some(status)));
+        self.out.emit(&self.emitter, |run| {
             EventKind::RunFinished
                 .of_run(run, message)
                 .level(if status == TurnStatus::Completed {
@@ -1417,6 +1454,8 @@ where
                 })
                 .payload(json!({"status": status}))
         });
+        // What is decided is done before the stream ends.
+        self.perform();
         self.emitter.close();
         self.phase = Phase::Done;
     }
@@ -1453,6 +1492,27 @@ where
             .map(|(label, ids)| format!("{label}: {}", ids.join(", ")))
             .collect();
         format!("{head}. {}.", body.join("; "))
+    }
+
+    /// Does what the scheduling decided, in order: the events, the audit's lines and
+    /// `run.json`. A write that fails is reported, never dropped.
+    fn perform(&mut self) {
+        for action in self.out.take() {
+            match action {
+                Action::Emit(event) => self.emitter.emit(move |_| *event),
+                Action::RecordCall(call) => {
+                    if let Some(audit) = &self.emitter.audit {
+                        audit.record_call(&call);
+                    }
+                }
+                Action::RecordResult(result) => {
+                    if let Some(audit) = &self.emitter.audit {
+                        audit.record_result(*result);
+                    }
+                }
+                Action::WriteRecord(status) => self.write_run_json(status),
+            }
+        }
     }
 
     /// Writes `run.json`; a failure is reported as a `run.auditFailed` event, so that the

@@ -4,7 +4,24 @@
 
 use tokio::time::{Duration, Instant};
 
-use crate::outcome::{Classification, Recovery};
+use tower_toolcall::envelope::ToolResult;
+use tower_toolcall::trace::ExecutionEvent;
+use tower_toolcall::ToolCall;
+
+use crate::outcome::{Classification, Recovery, TurnStatus};
+
+/// What the run must do with the world outside its state, in the order it was decided.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Send the event to the stream, the audit and the kept record.
+    Emit(Box<ExecutionEvent>),
+    /// Write the call envelope to `calls.jsonl`.
+    RecordCall(ToolCall),
+    /// Write the result envelope to `results.jsonl`.
+    RecordResult(Box<ToolResult>),
+    /// Write `run.json`, with the run's status once it has ended.
+    WriteRecord(Option<TurnStatus>),
+}
 
 /// What is known of a failed try when deciding what comes next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
