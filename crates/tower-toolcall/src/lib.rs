@@ -127,8 +127,8 @@
 //!
 //! # A whole turn
 //!
-//! The [`executor`] runs the model's plan for a turn over any `Service<ToolCall>`, normally
-//! the stack: references resolved before dispatch, `foreach` expanded lazily, independent
+//! The executor of the crate `tower-toolcall-executor` runs the model's plan for a turn over
+//! any `Service<ToolCall>`, normally the stack: references resolved before dispatch, `foreach` expanded lazily, independent
 //! steps side by side, a turn deadline with partial results, cascading skips, defaults and
 //! alternatives, confirmation, a bounded stream of events, an audit directory per run and a
 //! deterministic replay of it.
@@ -179,7 +179,6 @@ mod bounds;
 pub mod breaker;
 mod contract;
 pub mod detach;
-pub mod executor;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;

@@ -11,9 +11,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::json;
 use tower::ServiceBuilder;
-use tower_toolcall::executor::{Executor, Plan, Turn};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall_executor::{Executor, Plan, Turn};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -134,7 +134,6 @@ mod layer;
 mod policy;
 mod service;
 
-pub(crate) use backoff::entropy_seed;
 pub use backoff::Backoff;
 pub use budget::{BudgetStats, GlobalRetryBudget, GlobalRetryBudgetBuilder};
 pub use future::ResponseFuture;

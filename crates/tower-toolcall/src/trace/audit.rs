@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -82,8 +83,8 @@ pub trait AuditSink: Send + 'static {
     fn flush(&mut self) -> io::Result<()>;
 }
 
-/// An event of a run, as the [`executor`](crate::executor) streams it and `events.jsonl`
-/// records it.
+/// An event of a run, as an executor of plans (`tower-toolcall-executor`'s) streams it and
+/// `events.jsonl` records it.
 ///
 /// The trace layer writes the events of each call too. A call an executor issued carries a
 /// [`RunLink`](crate::envelope::RunLink), and its events take the run's `runId`, `stepId`
@@ -287,9 +288,16 @@ struct Counters {
 }
 
 /// The audit log's handle. Cheap to clone; every clone feeds the same writer thread.
+///
+/// Its `record_*` methods are how anything outside the trace layer (an executor of plans,
+/// say) writes call envelopes, result envelopes and [`ExecutionEvent`]s into the same three
+/// streams. By default a record never waits: when the writer is behind, it is dropped and
+/// counted. A [`lossless`](AuditLog::lossless) handle waits for room instead.
 #[derive(Clone)]
 pub struct AuditLog {
     shared: Arc<Shared>,
+    /// The records of this handle wait for room instead of being dropped.
+    lossless: bool,
 }
 
 struct Shared {
@@ -304,6 +312,7 @@ impl fmt::Debug for AuditLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AuditLog")
             .field("stats", &self.stats())
+            .field("lossless", &self.lossless)
             .finish_non_exhaustive()
     }
 }
@@ -338,15 +347,45 @@ impl AuditLog {
                 counters,
                 worker: Mutex::new(Some(worker)),
             }),
+            lossless: false,
         }
     }
 
-    /// Queues the call envelope for `calls.jsonl`; never waits.
+    /// A handle to the same log whose records wait for room when the writer is behind,
+    /// instead of being dropped: for records that must not be lost, such as a run's audit
+    /// that a replay reads back. The writer is a thread of its own, so the wait is for the
+    /// disk, never for the caller's thread; it blocks the caller, so keep it off paths that
+    /// must not wait.
+    ///
+    /// ```
+    /// use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+    ///
+    /// let dir = std::env::temp_dir().join(format!("audit-lossless-{}", std::process::id()));
+    /// let audit = AuditLog::builder(&dir).queue_capacity(1).build()?.lossless();
+    /// for n in 0..100 {
+    ///     audit.record_event(ExecutionEvent::of_run("step.progress", "run-1", format!("{n}")));
+    /// }
+    /// let stats = audit.shutdown();
+    /// assert_eq!((stats.written, stats.dropped), (100, 0));
+    /// # std::fs::remove_dir_all(&dir).ok();
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn lossless(&self) -> AuditLog {
+        AuditLog {
+            shared: self.shared.clone(),
+            lossless: true,
+        }
+    }
+
+    /// Queues the call envelope for `calls.jsonl`; never waits, unless the handle is
+    /// [`lossless`](AuditLog::lossless).
     pub fn record_call(&self, call: &ToolCall) {
         self.send(Entry::Call(call.clone(), unix_now_ms()));
     }
 
-    /// Queues the result envelope for `results.jsonl`; never waits.
+    /// Queues the result envelope for `results.jsonl`; never waits, unless the handle is
+    /// [`lossless`](AuditLog::lossless).
     pub fn record_result(&self, result: ToolResult) {
         self.send(Entry::Result(Box::new(result), unix_now_ms()));
     }
@@ -358,25 +397,11 @@ impl AuditLog {
         super::AuditAttempts::new(self.clone())
     }
 
-    /// Queues an event for `events.jsonl`; never waits.
+    /// Queues an event for `events.jsonl`; never waits, unless the handle is
+    /// [`lossless`](AuditLog::lossless). The log stamps the event's `timestamp` with the
+    /// time it was queued.
     pub fn record_event(&self, event: ExecutionEvent) {
         self.send(Entry::Event(Box::new(event), unix_now_ms()));
-    }
-
-    /// Queues the call envelope, waiting for room when the writer is behind: for records
-    /// that must not be lost.
-    pub(crate) fn record_call_waiting(&self, call: &ToolCall) {
-        self.send_waiting(Entry::Call(call.clone(), unix_now_ms()));
-    }
-
-    /// Queues the result envelope, waiting for room when the writer is behind.
-    pub(crate) fn record_result_waiting(&self, result: ToolResult) {
-        self.send_waiting(Entry::Result(Box::new(result), unix_now_ms()));
-    }
-
-    /// Queues an event, waiting for room when the writer is behind.
-    pub(crate) fn record_event_waiting(&self, event: ExecutionEvent) {
-        self.send_waiting(Entry::Event(Box::new(event), unix_now_ms()));
     }
 
     /// What has been written and dropped so far.
@@ -410,6 +435,10 @@ impl AuditLog {
     }
 
     fn send(&self, entry: Entry) {
+        if self.lossless {
+            self.send_waiting(entry);
+            return;
+        }
         let accepted = {
             let queue = self.shared.queue.read().unwrap_or_else(|p| p.into_inner());
             queue
@@ -509,26 +538,8 @@ fn render(entry: Entry, redactor: &Redactor) -> (AuditStream, Value) {
 }
 
 /// Unix milliseconds as RFC 3339 in UTC, e.g. `2025-12-16T18:12:00.000Z`.
-pub(crate) fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
 /// Builds an [`AuditLog`] that writes JSONL files.

@@ -53,7 +53,6 @@ mod service;
 mod traceparent;
 
 pub use attempts::AuditAttempts;
-pub(crate) use audit::rfc3339;
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
 pub use future::ResponseFuture;
 pub use layer::TraceLayer;

@@ -306,8 +306,11 @@ impl Redactor {
     }
 
     /// [`redact_value`](Redactor::redact_value) of a value that will sit `depth` levels deep
-    /// in another: the copy is cut where the whole would be.
-    pub(crate) fn redact_value_within(&self, value: &Value, depth: usize) -> Value {
+    /// in another: the copy is cut where the whole would be (`[TRUNCATED]` below the
+    /// redactor's depth limit), as the audit log cuts the params of `calls.jsonl`, three
+    /// levels down (`line.call.payload.params`). A reader that compares params with that
+    /// file redacts them the same way.
+    pub fn redact_value_within(&self, value: &Value, depth: usize) -> Value {
         self.redact_at(value, depth)
     }
 

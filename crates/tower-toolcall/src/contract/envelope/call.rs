@@ -121,8 +121,8 @@ pub struct CallEnvelope {
 
 /// `run`: links a call to the run, the plan step and the iteration that issued it.
 ///
-/// An [`executor`](crate::executor) puts it on every call it dispatches; the trace layer's
-/// audit events use its ids, so that they agree with the executor's.
+/// An executor of plans (`tower-toolcall-executor`'s) puts it on every call it dispatches;
+/// the trace layer's audit events use its ids, so that they agree with the executor's.
 ///
 /// ```
 /// use serde_json::json;

@@ -13,11 +13,11 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 use tools::{breaker_open, ok, ok_with, permanent, registry, transient, Answer, Toolbox};
-use tower_toolcall::executor::{
+use tower_toolcall::trace::ExecutionEvent;
+use tower_toolcall_executor::{
     ConfirmationPolicy, Executor, OnDeadline, Plan, Recovery, StepStatus, Turn, TurnResult,
     TurnStatus,
 };
-use tower_toolcall::trace::ExecutionEvent;
 
 fn executor() -> Executor {
     Executor::builder(registry()).build().unwrap()

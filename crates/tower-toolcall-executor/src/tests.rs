@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::{Executor, Plan, Turn, TurnStatus};
-use crate::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
-use crate::{tool_fn, ToolCall, ToolError, ToolOutput};
+use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput};
 
 /// The JSON lines of `file` in the run's directory.
 fn lines(dir: &Path, file: &str) -> Vec<Value> {

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tower_toolcall::executor::{
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolOutput};
+use tower_toolcall_executor::{
     reconstruct, replay, ConfirmationPolicy, Executor, Plan, Step, StepRetry, StepStatus, Turn,
     TurnStatus,
 };
-use tower_toolcall::registry::ToolRegistry;
-use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolOutput};
 
 use crate::audit::temp_dir;
 use crate::tools::{ok, registry, Answer, Toolbox};

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
-use tower_toolcall::executor::{
+use tower_toolcall::trace::ExecutionEvent;
+use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolError, ToolOutput};
+use tower_toolcall_executor::{
     reconstruct, replay, resolve, Executor, Plan, Scope, Step, StepRetry, StepStatus, Turn,
     TurnResult,
 };
-use tower_toolcall::trace::ExecutionEvent;
-use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolError, ToolOutput};
 
 use crate::audit::temp_dir;
 use crate::tools::registry;

@@ -9,7 +9,7 @@
 //! - Braces around anything else are kept as they are.
 //!
 //! What resolution builds is bounded as it is built: the args may not pass the params limit
-//! ([`DEFAULT_MAX_PARAMS_BYTES`](crate::validate::DEFAULT_MAX_PARAMS_BYTES) by default) nor
+//! ([`DEFAULT_MAX_PARAMS_BYTES`](tower_toolcall::validate::DEFAULT_MAX_PARAMS_BYTES) by default) nor
 //! nest deeper than the envelope's depth limit (64 by default). A value a reference points at
 //! is measured, within what is left of the limit, before it is copied, so that args that
 //! would multiply an output (the same large output referenced many times, or an output that
@@ -21,9 +21,9 @@ use std::fmt;
 
 use serde_json::{Map, Number, Value};
 
-use crate::canonical::CanonicalOptions;
-use crate::error::ErrorCode;
-use crate::validate::DEFAULT_MAX_PARAMS_BYTES;
+use tower_toolcall::canonical::CanonicalOptions;
+use tower_toolcall::validate::DEFAULT_MAX_PARAMS_BYTES;
+use tower_toolcall::ErrorCode;
 
 /// What a run knows when it resolves a step's args: the outputs of the finished steps, the
 /// variables, and in a `foreach`, the item and its index.
@@ -31,7 +31,7 @@ use crate::validate::DEFAULT_MAX_PARAMS_BYTES;
 /// ```
 /// use std::collections::HashMap;
 /// use serde_json::{json, Map};
-/// use tower_toolcall::executor::{resolve, Scope};
+/// use tower_toolcall_executor::{resolve, Scope};
 ///
 /// let mut steps = HashMap::new();
 /// steps.insert("flights".to_owned(), json!({"arrival": "LYS", "city": "Lyon"}));
@@ -48,7 +48,7 @@ use crate::validate::DEFAULT_MAX_PARAMS_BYTES;
 ///     resolve(&args, &scope)?,
 ///     json!({"airport": "LYS", "query": "Hotel Bellecour in Lyon", "rank": 2})
 /// );
-/// # Ok::<(), tower_toolcall::executor::ResolveError>(())
+/// # Ok::<(), tower_toolcall_executor::ResolveError>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Scope<'a> {
@@ -65,7 +65,7 @@ pub struct Scope<'a> {
 
 impl<'a> Scope<'a> {
     /// The outputs of the finished steps (by step id) and the variables, with the envelope's
-    /// default limits: [`DEFAULT_MAX_PARAMS_BYTES`](crate::validate::DEFAULT_MAX_PARAMS_BYTES)
+    /// default limits: [`DEFAULT_MAX_PARAMS_BYTES`](tower_toolcall::validate::DEFAULT_MAX_PARAMS_BYTES)
     /// and 64 levels.
     pub fn new(steps: &'a HashMap<String, Value>, vars: &'a Map<String, Value>) -> Self {
         Scope {
@@ -91,7 +91,7 @@ impl<'a> Scope<'a> {
     /// ```
     /// use std::collections::HashMap;
     /// use serde_json::{json, Map};
-    /// use tower_toolcall::executor::{resolve, Scope};
+    /// use tower_toolcall_executor::{resolve, Scope};
     ///
     /// let mut steps = HashMap::new();
     /// steps.insert("page".to_owned(), json!("x".repeat(600)));

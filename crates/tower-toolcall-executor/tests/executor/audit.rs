@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tower::{Layer, Service, ServiceExt};
 use tower_toolcall::envelope::RunLink;
-use tower_toolcall::executor::{reconstruct, replay, Executor, Plan, StepStatus, Turn, TurnStatus};
 use tower_toolcall::trace::{AuditLog, TraceLayer};
 use tower_toolcall::{tool_fn, HookLayer, ToolCall, ToolOutput};
+use tower_toolcall_executor::{reconstruct, replay, Executor, Plan, StepStatus, Turn, TurnStatus};
 
 use crate::tools::{ok, ok_with, permanent, registry, transient, Answer, Toolbox};
 
@@ -303,4 +303,41 @@ async fn the_trace_layer_writes_step_started_uses_the_run_ids_and_records_a_drop
     }
     assert_eq!(events[1]["attempt"], 1);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_json_that_cannot_be_written_is_an_event_of_the_run() {
+    use futures::StreamExt;
+    let root = temp_dir("unwritable");
+    let executor = Executor::builder(registry())
+        .audit_dir(&root)
+        .build()
+        .unwrap();
+    let tools = Toolbox::new().script("travel::flights", vec![ok(10)]);
+    let plan = Plan::from_value(json!({"steps": [
+        {"id": "flights", "tool": "travel::flights", "args": {"to": "Lyon"}}
+    ]}))
+    .unwrap();
+    let mut run = executor
+        .start(
+            tools.service(),
+            &plan,
+            Turn::new("s", "u").with_run_id("gone"),
+        )
+        .unwrap();
+    // The run's folder disappears before the run writes its record.
+    std::fs::remove_dir_all(root.join("gone")).unwrap();
+    let events = run.events().unwrap().collect::<Vec<_>>();
+    let (result, events) = futures::join!(run.finish(), events);
+    assert_eq!(result.status, TurnStatus::Completed);
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == "run.auditFailed")
+        .collect();
+    // Once when the run starts, once when it ends; both before `run.finished`.
+    assert_eq!(failed.len(), 2, "{events:?}");
+    assert!(failed.iter().all(|e| e.level == "error"));
+    assert_eq!(failed[0].payload.as_ref().unwrap()["file"], "run.json");
+    assert_eq!(events.last().unwrap().kind, "run.finished");
+    std::fs::remove_dir_all(&root).ok();
 }

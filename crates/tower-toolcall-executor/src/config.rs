@@ -11,23 +11,23 @@ use tower_service::Service;
 use super::plan::Plan;
 use super::run::Run;
 use super::validate::{self, CheckedPlan, PlanError};
-use crate::canonical::{CanonicalOptions, MAX_SUPPORTED_DEPTH};
-use crate::classify::SharedClassifier;
-use crate::envelope::ToolCall;
-use crate::error::{ConfigError, ToolError};
-use crate::outcome::ToolOutput;
-use crate::registry::ToolRegistry;
-use crate::trace::AuditLog;
-use crate::validate::DEFAULT_MAX_PARAMS_BYTES;
+use tower_toolcall::canonical::{CanonicalOptions, MAX_SUPPORTED_DEPTH};
+use tower_toolcall::classify::SharedClassifier;
+use tower_toolcall::envelope::ToolCall;
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::trace::AuditLog;
+use tower_toolcall::validate::DEFAULT_MAX_PARAMS_BYTES;
+use tower_toolcall::ToolOutput;
+use tower_toolcall::{ConfigError, ToolError};
 
-/// Runs the plans of agent turns over a `Service<ToolCall>`, normally the [`ToolStack`](crate::ToolStack).
+/// Runs the plans of agent turns over a `Service<ToolCall>`, normally the [`ToolStack`](tower_toolcall::ToolStack).
 ///
 /// Cheap to clone; build it once, start a [`Run`] per turn.
 ///
 /// ```
 /// use std::time::Duration;
 /// use serde_json::json;
-/// use tower_toolcall::executor::{Executor, Plan, Turn, TurnStatus};
+/// use tower_toolcall_executor::{Executor, Plan, Turn, TurnStatus};
 /// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
 ///
@@ -280,7 +280,7 @@ impl Executor {
         };
         let jitter_seed = jitter_seed
             .or(self.config.jitter_seed)
-            .unwrap_or_else(crate::retry::entropy_seed);
+            .unwrap_or_else(entropy_seed);
         Ok(Run::new(
             self.config.clone(),
             service,
@@ -309,7 +309,7 @@ impl ExecutorBuilder {
     /// [`RunPolicy::DEFAULT_TURN_TIMEOUT_MS`], 5 minutes). At the deadline, completed results
     /// are kept and the rest is skipped.
     pub fn turn_timeout(mut self, timeout: Duration) -> Self {
-        self.policy.turn_timeout_ms = Some(crate::time::millis(timeout));
+        self.policy.turn_timeout_ms = Some(millis(timeout));
         self
     }
 
@@ -335,7 +335,7 @@ impl ExecutorBuilder {
     /// [`RunPolicy::DEFAULT_MAX_BACKOFF_MS`], 1 minute); a plan asking for more is refused
     /// with the step's field named.
     pub fn max_backoff(mut self, backoff: Duration) -> Self {
-        self.policy.max_backoff_ms = crate::time::millis(backoff);
+        self.policy.max_backoff_ms = millis(backoff);
         self
     }
 
@@ -501,7 +501,7 @@ impl Turn {
     ///
     /// ```
     /// use serde_json::json;
-    /// use tower_toolcall::executor::{Executor, Plan, Turn};
+    /// use tower_toolcall_executor::{Executor, Plan, Turn};
     /// use tower_toolcall::registry::ToolRegistry;
     /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
     ///
@@ -594,8 +594,21 @@ fn open_audit(
         }
         Err(e) => return Err(unusable(&e)),
     }
+    // Lossless: a replay reads the record back, so no line of it may be dropped.
     AuditLog::builder(dir)
         .queue_capacity(capacity)
         .build()
+        .map(|audit| audit.lossless())
         .map_err(|e| unusable(&e))
+}
+
+/// A duration in whole milliseconds, saturating.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A seed for the jitter of a run whose seed nobody chose.
+fn entropy_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0u8)
 }

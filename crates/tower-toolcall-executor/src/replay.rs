@@ -18,11 +18,11 @@ use super::config::{check_run_id, Executor, RunPolicy, Turn};
 use super::outcome::{TurnResult, TurnStatus};
 use super::plan::Plan;
 use super::validate::PlanError;
-use crate::envelope::{ResultStatus, ToolCall, ToolResult};
-use crate::error::{ConfigError, ErrorClass, ErrorCode, ToolError};
-use crate::outcome::ToolOutput;
-use crate::registry::ToolRegistry;
-use crate::trace::{ExecutionEvent, Redactor};
+use tower_toolcall::envelope::{ResultStatus, ToolCall, ToolResult};
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::trace::{ExecutionEvent, Redactor};
+use tower_toolcall::ToolOutput;
+use tower_toolcall::{ConfigError, ErrorClass, ErrorCode, ToolError};
 
 /// A run as its audit directory recorded it: the plan, the policy, the confirmation, and the
 /// calls, results and events in the order they were written.
@@ -194,7 +194,7 @@ pub struct ReplayReport {
 ///
 /// ```
 /// use serde_json::json;
-/// use tower_toolcall::executor::{reconstruct, replay, Executor, Plan, Turn};
+/// use tower_toolcall_executor::{reconstruct, replay, Executor, Plan, Turn};
 /// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
 ///
@@ -238,7 +238,7 @@ pub struct ReplayReport {
 ///
 /// A recorded plan that the executor's checks refuse (its registry lacks a tool, say) is a
 /// [`PlanError`]. Params are compared as the audit wrote them: redacted by the default
-/// [`Redactor`](crate::trace::Redactor).
+/// [`Redactor`](tower_toolcall::trace::Redactor).
 pub async fn replay(
     recorded: &RecordedRun,
     executor: &Executor,

@@ -16,9 +16,9 @@ use criterion::{criterion_group, BatchSize, Criterion};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_toolcall::executor::{Executor, Plan, Step, Turn, TurnStatus};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
+use tower_toolcall_executor::{Executor, Plan, Step, Turn, TurnStatus};
 
 const STEPS: usize = 1_000;
 const CONCURRENCY: usize = 64;
@@ -148,7 +148,7 @@ fn foreach_memory(through_stack: bool) {
             "bench::echo",
             json!({"n": "{index}", "item": "{item}"}),
         )
-        .with_foreach(tower_toolcall::executor::Foreach::new(Value::from(
+        .with_foreach(tower_toolcall_executor::Foreach::new(Value::from(
             (0..ITEMS).map(|i| json!(i)).collect::<Vec<_>>(),
         ))),
     );

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 ///
 /// ```
 /// use serde_json::json;
-/// use tower_toolcall::executor::{Plan, Step};
+/// use tower_toolcall_executor::{Plan, Step};
 ///
 /// let plan = Plan::from_value(json!({
 ///     "steps": [
@@ -30,7 +30,7 @@ use serde_json::{Map, Value};
 ///             .with_optional(true),
 ///     );
 /// assert_eq!(same, plan);
-/// # Ok::<(), tower_toolcall::executor::PlanError>(())
+/// # Ok::<(), tower_toolcall_executor::PlanError>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -316,7 +316,7 @@ impl StepRetry {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_toolcall::executor::StepRetry;
+    /// use tower_toolcall_executor::StepRetry;
     ///
     /// let retry = StepRetry::new(3, Duration::from_millis(100)).with_jitter_percent(0);
     /// assert_eq!(retry.jitter(), 0);

@@ -22,22 +22,23 @@ use sha2::{Digest, Sha256};
 use tokio::time::{sleep_until, Duration, Instant, Sleep};
 use tower_service::Service;
 
-use super::config::{ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn};
-use super::events::{Emitter, EventStream};
+use super::config::{millis, ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn};
+use super::events::{Emitter, EventKind, EventStream, Level};
 use super::outcome::{
-    Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
+    Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
 };
 use super::plan::{Step, StepRetry};
 use super::reference::{resolve, Scope};
+use super::schedule::{self, after, Action, Failure, Retries};
 use super::validate::{CheckedPlan, Items};
-use crate::classify::{ToolProfile, Verdict};
-use crate::envelope::params::json_kind;
-use crate::envelope::{Iteration, RunLink, ToolCall, ToolResult};
-use crate::error::{ErrorCode, ToolError};
-use crate::outcome::ToolOutput;
-use crate::registry::JitterKind;
-use crate::retry::Backoff;
-use crate::trace::{AuditLog, ExecutionEvent};
+use crate::validate::json_kind;
+use tower_toolcall::classify::{ToolProfile, Verdict};
+use tower_toolcall::envelope::{Iteration, RunLink, ToolCall, ToolResult};
+use tower_toolcall::registry::JitterKind;
+use tower_toolcall::retry::Backoff;
+use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::ToolOutput;
+use tower_toolcall::{ErrorCode, ToolError};
 
 /// The version of the executor, as `run.json` records it.
 pub const EXECUTOR_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -72,7 +73,7 @@ where
 /// use std::time::Duration;
 /// use futures_util::StreamExt;
 /// use serde_json::json;
-/// use tower_toolcall::executor::{Executor, Plan, StepStatus, Turn, TurnStatus};
+/// use tower_toolcall_executor::{Executor, Plan, StepStatus, Turn, TurnStatus};
 /// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
 ///
@@ -227,6 +228,31 @@ struct CallMeta {
     dispatched: Option<Instant>,
 }
 
+/// The actions decided and not yet done.
+#[derive(Debug, Default)]
+struct Outbox {
+    actions: Vec<Action>,
+}
+
+impl Outbox {
+    fn push(&mut self, action: Action) {
+        self.actions.push(action);
+    }
+
+    /// Queues the event `make` builds, if anything listens: events are not even built
+    /// otherwise.
+    fn emit(&mut self, emitter: &Emitter, make: impl FnOnce(&str) -> ExecutionEvent) {
+        if emitter.listening() {
+            self.actions
+                .push(Action::Emit(Box::new(make(emitter.run_id()))));
+        }
+    }
+
+    fn take(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+}
+
 /// A call in flight.
 struct InFlight<F> {
     meta: Option<CallMeta>,
@@ -257,6 +283,8 @@ where
     controls: RunControls,
     confirmation_id: Option<String>,
     emitter: Emitter,
+    /// What was decided and is not yet done.
+    out: Outbox,
     phase: Phase,
     steps: Vec<StepState>,
     outputs: HashMap<String, Value>,
@@ -271,7 +299,8 @@ where
     running: FuturesUnordered<InFlight<S::Future>>,
     in_flight: usize,
     tool_in_flight: HashMap<String, usize>,
-    retries: Vec<(Instant, usize, Attempt)>,
+    /// Tries waiting for their pause to end: the step and the attempt.
+    retries: Retries<(usize, Attempt)>,
     retry_timer: Option<Pin<Box<Sleep>>>,
     deadline: Option<Pin<Box<Sleep>>>,
     stopping: Option<TurnStatus>,
@@ -329,6 +358,7 @@ where
             turn,
             controls: controls.clone(),
             emitter,
+            out: Outbox::default(),
             phase: Phase::Start,
             steps,
             outputs: HashMap::with_capacity(step_count),
@@ -339,7 +369,7 @@ where
             running: FuturesUnordered::new(),
             in_flight: 0,
             tool_in_flight,
-            retries: Vec::new(),
+            retries: Retries::default(),
             retry_timer: None,
             deadline: None,
             stopping: None,
@@ -419,6 +449,13 @@ where
     }
 
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let poll = self.schedule(cx);
+        self.perform();
+        poll
+    }
+
+    /// Takes the signals, the timers and the calls that ended, and decides what comes next.
+    fn schedule(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // Calls dispatched or ended in one poll before the run lets the other tasks of its
         // thread (the event stream's reader, say) have a turn.
         const BUDGET: usize = 32;
@@ -440,13 +477,10 @@ where
             let signals = self.controls.signals();
             if self.phase == Phase::AwaitConfirmation {
                 if signals.cancel {
-                    self.emitter.emit(|run| {
-                        ExecutionEvent::of_run(
-                            "run.cancelled",
-                            run,
-                            "run cancelled before it was confirmed",
-                        )
-                        .level("warn")
+                    self.out.emit(&self.emitter, |run| {
+                        EventKind::RunCancelled
+                            .of_run(run, "run cancelled before it was confirmed")
+                            .level(Level::Warn.as_str())
                     });
                     self.end_unstarted(
                         TurnStatus::Cancelled,
@@ -464,8 +498,9 @@ where
                     continue;
                 }
                 if let Some(id) = signals.confirmed {
-                    self.emitter.emit(|run| {
-                        ExecutionEvent::of_run("run.confirmed", run, "run confirmed")
+                    self.out.emit(&self.emitter, |run| {
+                        EventKind::RunConfirmed
+                            .of_run(run, "run confirmed")
                             .payload(json!({"confirmationId": id}))
                     });
                     self.confirmation_id = Some(id);
@@ -518,12 +553,16 @@ where
     fn begin(&mut self) {
         self.emitter.start_clock();
         let steps = self.plan.plan.steps.len();
-        self.emitter.emit(|run| {
-            ExecutionEvent::of_run("run.started", run, format!("run of {steps} steps started"))
+        self.out.emit(&self.emitter, |run| {
+            EventKind::RunStarted
+                .of_run(run, format!("run of {steps} steps started"))
                 .payload(json!({"steps": steps}))
         });
         if let Some(ms) = self.config.policy.turn_timeout_ms {
-            self.deadline = Some(Box::pin(sleep_until(after(Duration::from_millis(ms)))));
+            self.deadline = Some(Box::pin(sleep_until(after(
+                Instant::now(),
+                Duration::from_millis(ms),
+            ))));
         }
         if !self.plan.needs_confirmation() || self.confirmation_id.is_some() {
             self.start_running();
@@ -546,13 +585,13 @@ where
                     .filter(|(_, c)| c.mutating)
                     .map(|(s, _)| json!({"stepId": s.id, "tool": s.tool, "preview": s.preview}))
                     .collect();
-                self.emitter.emit(|run| {
-                    ExecutionEvent::of_run(
-                        "run.confirmationRequested",
-                        run,
-                        "the run has steps that change things; confirm it to go on",
-                    )
-                    .payload(json!({"steps": previews}))
+                self.out.emit(&self.emitter, |run| {
+                    EventKind::RunConfirmationRequested
+                        .of_run(
+                            run,
+                            "the run has steps that change things; confirm it to go on",
+                        )
+                        .payload(json!({"steps": previews}))
                 });
                 self.phase = Phase::AwaitConfirmation;
             }
@@ -561,7 +600,7 @@ where
 
     fn start_running(&mut self) {
         self.phase = Phase::Running;
-        self.write_run_json(None);
+        self.out.push(Action::WriteRecord(None));
         for (i, step) in self.steps.iter().enumerate() {
             if step.waiting_on == 0 {
                 self.ready.insert(i);
@@ -635,15 +674,16 @@ where
             let failed = run.failure.clone();
             self.steps[i].run = Some(run);
             let step = &self.plan.plan.steps[i];
-            self.emitter.emit(|r| {
-                ExecutionEvent::of_run("step.scheduled", r, format!("step {} scheduled", step.id))
+            self.out.emit(&self.emitter, |r| {
+                EventKind::StepScheduled
+                    .of_run(r, format!("step {} scheduled", step.id))
                     .step(step.id.clone())
                     .tool(step.tool.clone())
                     .payload(json!({"units": units}))
             });
             if let Some(error) = failed {
                 let recovery = self.fallback(i);
-                self.record_decision(i, None, &error, "permanent", 0, recovery);
+                self.record_decision(i, None, &error, Classification::Permanent, 0, recovery);
                 self.finish_step(i);
             } else if units == 0 {
                 self.finish_step(i);
@@ -658,13 +698,7 @@ where
     /// turn's failure.
     fn fallback(&self, i: usize) -> Recovery {
         let step = &self.plan.plan.steps[i];
-        if step.default.is_some() {
-            Recovery::Default
-        } else if step.is_required() {
-            Recovery::Escalate
-        } else {
-            Recovery::Skip
-        }
+        schedule::fallback(step.default.is_some(), step.is_required())
     }
 
     /// A step one of whose dependencies has no output.
@@ -676,7 +710,7 @@ where
             call_id: None,
             tool: step.tool.clone(),
             error_code: None,
-            classification: "dependency".to_owned(),
+            classification: Classification::Dependency,
             breaker_state: None,
             retry_count: 0,
             decision: recovery,
@@ -707,23 +741,16 @@ where
             self.retry_timer = None;
             return false;
         }
-        let now = Instant::now();
-        let mut progressed = false;
-        let mut k = 0;
-        while k < self.retries.len() {
-            if self.retries[k].0 <= now {
-                let (_, step, attempt) = self.retries.remove(k);
-                if let Some(run) = &mut self.steps[step].run {
-                    run.waiting_retries -= 1;
-                    run.redo.push_back(attempt);
-                    self.active.insert(step);
-                }
-                progressed = true;
-            } else {
-                k += 1;
+        let due = self.retries.take_due(Instant::now());
+        let mut progressed = !due.is_empty();
+        for (step, attempt) in due {
+            if let Some(run) = &mut self.steps[step].run {
+                run.waiting_retries -= 1;
+                run.redo.push_back(attempt);
+                self.active.insert(step);
             }
         }
-        if let Some(next) = self.retries.iter().map(|r| r.0).min() {
+        if let Some(next) = self.retries.next_due() {
             let mut timer = Box::pin(sleep_until(next));
             if timer.as_mut().poll(cx).is_ready() {
                 progressed = true;
@@ -905,10 +932,11 @@ where
         if let Some(n) = self.tool_in_flight.get_mut(tool) {
             *n += 1;
         }
-        self.emitter
-            .emit(|_| ExecutionEvent::new("step.started", &call, "call dispatched"));
-        if let Some(audit) = &self.emitter.audit {
-            audit.record_call_waiting(&call);
+        self.out.emit(&self.emitter, |_| {
+            EventKind::StepStarted.of_call(&call, "call dispatched")
+        });
+        if self.emitter.audit.is_some() {
+            self.out.push(Action::RecordCall(call.clone()));
         }
         if let Some(dispatched) = &mut self.dispatched {
             dispatched.push(call.clone());
@@ -933,16 +961,15 @@ where
     }
 
     fn record_result(
-        &self,
+        &mut self,
         call: &ToolCall,
         outcome: &Result<ToolOutput, ToolError>,
         dispatched: Option<Instant>,
     ) {
-        if let Some(audit) = &self.emitter.audit {
+        if self.emitter.audit.is_some() {
             let mut result = ToolResult::from_outcome(call, outcome.clone());
-            result.duration_ms =
-                crate::time::millis(dispatched.map_or(Duration::ZERO, |at| at.elapsed()));
-            audit.record_result_waiting(result);
+            result.duration_ms = millis(dispatched.map_or(Duration::ZERO, |at| at.elapsed()));
+            self.out.push(Action::RecordResult(Box::new(result)));
         }
     }
 
@@ -965,8 +992,9 @@ where
         let i = meta.step;
         match outcome {
             Ok(output) => {
-                self.emitter
-                    .emit(|_| ExecutionEvent::new("step.finished", &meta.call, "call succeeded"));
+                self.out.emit(&self.emitter, |_| {
+                    EventKind::StepFinished.of_call(&meta.call, "call succeeded")
+                });
                 let foreach = self.plan.plan.steps[i].foreach.is_some();
                 let run = self.steps[i].run.as_mut().expect("a step with calls runs");
                 run.answered_by = Some(meta.attempt.tool);
@@ -978,14 +1006,11 @@ where
                     run.outputs[unit] = output.content;
                     let (done, total) = (run.next_unit - run.in_flight, run.units);
                     let id = self.step_id(i).to_owned();
-                    self.emitter.emit(|r| {
-                        ExecutionEvent::of_run(
-                            "step.progress",
-                            r,
-                            format!("{done} of {total} items ended"),
-                        )
-                        .step(id)
-                        .payload(json!({"ended": done, "total": total}))
+                    self.out.emit(&self.emitter, |r| {
+                        EventKind::StepProgress
+                            .of_run(r, format!("{done} of {total} items ended"))
+                            .step(id)
+                            .payload(json!({"ended": done, "total": total}))
                     });
                 } else {
                     run.outputs.push(output.content);
@@ -1016,26 +1041,20 @@ where
             .classify(&outcome, &profile)
             .verdict();
         let Err(error) = outcome else { unreachable!() };
-        let breaker_open = error.code() == ErrorCode::CircuitOpen;
-        let classification = if breaker_open {
-            "breakerOpen"
-        } else if verdict == Verdict::Retriable {
-            "transient"
-        } else {
-            "permanent"
+        let classification = schedule::classify(
+            error.code() == ErrorCode::CircuitOpen,
+            verdict == Verdict::Retriable,
+        );
+        let failure = Failure {
+            classification,
+            tries: attempt.tries,
+            max_tries: step.retry.map_or(1, |r| {
+                r.max_attempts.min(self.config.policy.max_step_attempts)
+            }),
+            tool: attempt.tool,
+            tools: tool_count,
         };
-        let max_tries = step.retry.map_or(1, |r| {
-            r.max_attempts.min(self.config.policy.max_step_attempts)
-        });
-        let recovery = if self.stopping.is_some() {
-            None
-        } else if classification == "transient" && attempt.tries < max_tries {
-            Some(Recovery::Retry)
-        } else if attempt.tool + 1 < tool_count {
-            Some(Recovery::Alternative)
-        } else {
-            Some(self.fallback(i))
-        };
+        let recovery = schedule::recovery(failure, self.fallback(i), self.stopping.is_some());
         if let Some(call) = call {
             let payload = json!({
                 "errorCode": error.code(),
@@ -1045,9 +1064,10 @@ where
                 "decision": recovery.map(Recovery::as_str),
             });
             let message = error.message().to_owned();
-            self.emitter.emit(|_| {
-                ExecutionEvent::new("step.failed", call, message)
-                    .level("warn")
+            self.out.emit(&self.emitter, |_| {
+                EventKind::StepFailed
+                    .of_call(call, message)
+                    .level(Level::Warn.as_str())
                     .payload(payload)
             });
         }
@@ -1070,7 +1090,7 @@ where
                     self.active.insert(i);
                 } else {
                     run.waiting_retries += 1;
-                    self.retries.push((after(pause), i, next));
+                    self.retries.schedule(Instant::now(), pause, (i, next));
                 }
             }
             Recovery::Alternative => {
@@ -1096,7 +1116,7 @@ where
         i: usize,
         call: Option<&ToolCall>,
         error: &ToolError,
-        classification: &str,
+        classification: Classification,
         tries: u32,
         recovery: Recovery,
     ) {
@@ -1109,7 +1129,7 @@ where
                 |c| format!("{}::{}", c.tool_namespace(), c.tool_name()),
             ),
             error_code: Some(error.code()),
-            classification: classification.to_owned(),
+            classification,
             breaker_state: error.record().breaker_state,
             retry_count: tries,
             decision: recovery,
@@ -1141,17 +1161,12 @@ where
         let step = &self.plan.plan.steps[i];
         let tools = &self.plan.steps[i].tools;
         let (stopped, stop_code) = self.stop_status();
+        let fallback = self.fallback(i);
         let state = &mut self.steps[i];
         let run = state.run.take().unwrap_or_default();
         let mut recovery = None;
         if let Some(error) = run.failure {
-            let r = if step.default.is_some() {
-                Recovery::Default
-            } else if step.is_required() {
-                Recovery::Escalate
-            } else {
-                Recovery::Skip
-            };
+            let r = fallback;
             if r == Recovery::Default {
                 state.status = Some(StepStatus::Defaulted);
                 state.output = step.default.clone();
@@ -1207,22 +1222,22 @@ where
         let status = state.status.expect("an ended step has a status");
         let (id, tool, calls) = (&step.id, &step.tool, state.calls);
         let error = state.error.as_ref();
-        self.emitter.emit(|run| {
+        self.out.emit(&self.emitter, |run| {
             let (kind, level) = if status.has_output() {
-                ("step.finished", "info")
+                (EventKind::StepFinished, Level::Info)
             } else if status == StepStatus::Skipped && recovery == Some(Recovery::Skip) {
-                ("step.finished", "warn")
+                (EventKind::StepFinished, Level::Warn)
             } else {
-                ("step.failed", "error")
+                (EventKind::StepFailed, Level::Error)
             };
             let message = match error {
                 Some(e) => format!("step {id} {}: {}", status_word(status), e.message),
                 None => format!("step {id} {}", status_word(status)),
             };
-            ExecutionEvent::of_run(kind, run, message)
+            kind.of_run(run, message)
                 .step(id.clone())
                 .tool(tool.clone())
-                .level(level)
+                .level(level.as_str())
                 .payload(json!({
                     "status": status,
                     "calls": calls,
@@ -1267,9 +1282,9 @@ where
                 "the turn's deadline came before the call ended; the tool may still act",
             )
             .with_details(json!({"outcomeUnknown": true}));
-            self.emitter.emit(|_| {
-                ExecutionEvent::new("step.failed", &meta.call, error.message())
-                    .level("warn")
+            self.out.emit(&self.emitter, |_| {
+                EventKind::StepFailed.of_call(&meta.call, error.message())
+                    .level(Level::Warn.as_str())
                     .payload(json!({"errorCode": ErrorCode::Timeout, "decision": "skip", "outcomeUnknown": true}))
             });
             self.record_result(&meta.call, &Err(error), meta.dispatched);
@@ -1313,8 +1328,10 @@ where
     /// Cancellation: the running calls of cancellable steps are dropped; the others end.
     fn cancel(&mut self) {
         self.stopping = Some(TurnStatus::Cancelled);
-        self.emitter.emit(|run| {
-            ExecutionEvent::of_run("run.cancelled", run, "run cancelled").level("warn")
+        self.out.emit(&self.emitter, |run| {
+            EventKind::RunCancelled
+                .of_run(run, "run cancelled")
+                .level(Level::Warn.as_str())
         });
         let running = self.take_running();
         for mut in_flight in running {
@@ -1337,9 +1354,10 @@ where
                 "the run was cancelled while the call ran; the tool may have acted",
             )
             .with_details(json!({"outcomeUnknown": true}));
-            self.emitter.emit(|_| {
-                ExecutionEvent::new("step.failed", &meta.call, error.message())
-                    .level("warn")
+            self.out.emit(&self.emitter, |_| {
+                EventKind::StepFailed
+                    .of_call(&meta.call, error.message())
+                    .level(Level::Warn.as_str())
                     .payload(json!({"errorCode": ErrorCode::Cancelled, "outcomeUnknown": true}))
             });
             self.record_result(&meta.call, &Err(error), meta.dispatched);
@@ -1402,11 +1420,12 @@ where
                 "step {id}: {}",
                 state.error.as_ref().map_or("", |e| e.message.as_str())
             );
-            self.emitter.emit(|run| {
-                ExecutionEvent::of_run("step.failed", run, message)
+            self.out.emit(&self.emitter, |run| {
+                EventKind::StepFailed
+                    .of_run(run, message)
                     .step(id)
                     .tool(tool.clone())
-                    .level("warn")
+                    .level(Level::Warn.as_str())
                     .payload(json!({"status": status, "errorCode": code}))
             });
         }
@@ -1423,16 +1442,20 @@ where
         };
         let status = self.status;
         let message = self.message();
-        self.emitter.emit(|run| {
-            ExecutionEvent::of_run("run.finished", run, message)
+        // Before `run.finished`, so that a failure to write it is an event of the run.
+        self.out.push(Action::WriteRecord(Some(status)));
+        self.out.emit(&self.emitter, |run| {
+            EventKind::RunFinished
+                .of_run(run, message)
                 .level(if status == TurnStatus::Completed {
-                    "info"
+                    Level::Info.as_str()
                 } else {
-                    "warn"
+                    Level::Warn.as_str()
                 })
                 .payload(json!({"status": status}))
         });
-        self.write_run_json(Some(status));
+        // What is decided is done before the stream ends.
+        self.perform();
         self.emitter.close();
         self.phase = Phase::Done;
     }
@@ -1471,7 +1494,30 @@ where
         format!("{head}. {}.", body.join("; "))
     }
 
-    fn write_run_json(&self, status: Option<TurnStatus>) {
+    /// Does what the scheduling decided, in order: the events, the audit's lines and
+    /// `run.json`. A write that fails is reported, never dropped.
+    fn perform(&mut self) {
+        for action in self.out.take() {
+            match action {
+                Action::Emit(event) => self.emitter.emit(move |_| *event),
+                Action::RecordCall(call) => {
+                    if let Some(audit) = &self.emitter.audit {
+                        audit.record_call(&call);
+                    }
+                }
+                Action::RecordResult(result) => {
+                    if let Some(audit) = &self.emitter.audit {
+                        audit.record_result(*result);
+                    }
+                }
+                Action::WriteRecord(status) => self.write_run_json(status),
+            }
+        }
+    }
+
+    /// Writes `run.json`; a failure is reported as a `run.auditFailed` event, so that the
+    /// run's record is never silently incomplete.
+    fn write_run_json(&mut self, status: Option<TurnStatus>) {
         if self.emitter.audit.is_none() {
             return;
         }
@@ -1488,9 +1534,18 @@ where
                 "status": status,
             });
             // Redacted as the audit's lines are: the plan's args may hold secrets.
-            let record = crate::trace::Redactor::default().redact_value(&record);
+            let record = tower_toolcall::trace::Redactor::default().redact_value(&record);
             let text = serde_json::to_vec_pretty(&record).expect("a run record serializes");
-            let _ = std::fs::write(dir.join("run.json"), text);
+            if let Err(e) = std::fs::write(dir.join("run.json"), text) {
+                let message = format!("run.json could not be written: {e}");
+                let error = e.to_string();
+                self.emitter.emit(|run| {
+                    EventKind::RunAuditFailed
+                        .of_run(run, message)
+                        .level(Level::Error.as_str())
+                        .payload(json!({"file": "run.json", "error": error}))
+                });
+            }
         }
     }
 
@@ -1502,9 +1557,11 @@ where
     }
 
     fn into_result(mut self) -> (TurnResult, Vec<ExecutionEvent>, Vec<ToolCall>) {
-        if let Some(audit) = self.emitter.audit.take() {
-            audit.shutdown();
-        }
+        // Lines the writer could not write are counted, not dropped in silence.
+        let audit_lines_lost = self.emitter.audit.take().map_or(0, |audit| {
+            let stats = audit.shutdown();
+            stats.failed + stats.dropped
+        });
         let message = self.message();
         let steps = self
             .steps
@@ -1527,6 +1584,7 @@ where
             message,
             confirmation_id: self.confirmation_id.clone(),
             events_dropped: self.emitter.dropped(),
+            audit_lines_lost,
         };
         (
             result,
@@ -1534,13 +1592,6 @@ where
             self.dispatched.take().unwrap_or_default(),
         )
     }
-}
-
-/// The instant `wait` from now, or one far in the future when that cannot be told.
-fn after(wait: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(wait)
-        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
 }
 
 /// The id of the call of `attempt`: `<step>#<n>`, or `<step>[<item>]#<n>` in a `foreach`.

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{BreakerState, ErrorCode};
+use tower_toolcall::{BreakerState, ErrorCode};
 
 /// The result of one turn.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -26,6 +26,14 @@ pub struct TurnResult {
     pub confirmation_id: Option<String>,
     /// Events the event stream dropped because its reader was behind.
     pub events_dropped: u64,
+    /// Lines of the run's audit directory lost to write errors (0 without one). A
+    /// `run.json` that could not be written is a `run.auditFailed` event of the run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audit_lines_lost: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TurnResult {
@@ -133,8 +141,8 @@ pub struct Decision {
     /// The error code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_code: Option<ErrorCode>,
-    /// `transient`, `permanent`, `breakerOpen`, or `dependency` for a cascade.
-    pub classification: String,
+    /// How the failure was classified.
+    pub classification: Classification,
     /// The breaker's state as the call saw it, if a breaker was in the stack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker_state: Option<BreakerState>,
@@ -144,6 +152,39 @@ pub struct Decision {
     pub decision: Recovery,
     /// Why, in words.
     pub reason: String,
+}
+
+/// How a failure was classified, as the turn trace and the events name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub enum Classification {
+    /// `transient`: another try may succeed.
+    Transient,
+    /// `permanent`: another try would fail alike.
+    Permanent,
+    /// `breakerOpen`: the tool's circuit breaker refused the call.
+    BreakerOpen,
+    /// `dependency`: a step it depends on has no result (a cascade).
+    Dependency,
+}
+
+impl Classification {
+    /// The name, as in the event's payload.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Classification::Transient => "transient",
+            Classification::Permanent => "permanent",
+            Classification::BreakerOpen => "breakerOpen",
+            Classification::Dependency => "dependency",
+        }
+    }
+}
+
+impl std::fmt::Display for Classification {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What the executor did about a failure.

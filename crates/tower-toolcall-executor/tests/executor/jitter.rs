@@ -2,7 +2,7 @@
 //! in `run.json`, and waited again exactly by a replay.
 
 use serde_json::json;
-use tower_toolcall::executor::{reconstruct, replay, Executor, Plan, Turn, TurnStatus};
+use tower_toolcall_executor::{reconstruct, replay, Executor, Plan, Turn, TurnStatus};
 
 use crate::audit::temp_dir;
 use crate::tools::{ok, registry, transient, Toolbox};

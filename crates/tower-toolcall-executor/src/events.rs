@@ -4,13 +4,14 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use futures_util::Stream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::time::unix_now_ms;
-use crate::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::ToolCall;
 
 /// The events of one run, as a [`Stream`]; it ends when the run has finished.
 ///
@@ -99,12 +100,12 @@ impl Emitter {
         }
         let mut event = make(&self.run_id);
         event.elapsed_ms = Some(self.elapsed_ms());
-        event.timestamp = Some(crate::trace::rfc3339(unix_now_ms()));
+        event.timestamp = Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string());
         if let Some(kept) = &mut self.kept {
             kept.push(event.clone());
         }
         if let Some(audit) = &self.audit {
-            audit.record_event_waiting(event.clone());
+            audit.record_event(event.clone());
         }
         if let Some(stream) = &self.stream {
             match stream.try_send(event) {
@@ -120,5 +121,69 @@ impl Emitter {
     /// Ends the stream.
     pub(crate) fn close(&mut self) {
         self.stream = None;
+    }
+}
+
+/// The kinds of event a run emits, named in `ExecutionEvent::kind` as `events.jsonl` has
+/// them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EventKind {
+    RunStarted,
+    RunConfirmationRequested,
+    RunConfirmed,
+    RunCancelled,
+    RunFinished,
+    /// A file of the run's audit could not be written.
+    RunAuditFailed,
+    StepScheduled,
+    StepStarted,
+    StepProgress,
+    StepFinished,
+    StepFailed,
+}
+
+impl EventKind {
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            EventKind::RunStarted => "run.started",
+            EventKind::RunConfirmationRequested => "run.confirmationRequested",
+            EventKind::RunConfirmed => "run.confirmed",
+            EventKind::RunCancelled => "run.cancelled",
+            EventKind::RunFinished => "run.finished",
+            EventKind::RunAuditFailed => "run.auditFailed",
+            EventKind::StepScheduled => "step.scheduled",
+            EventKind::StepStarted => "step.started",
+            EventKind::StepProgress => "step.progress",
+            EventKind::StepFinished => "step.finished",
+            EventKind::StepFailed => "step.failed",
+        }
+    }
+
+    /// An event of this kind about the whole run (or one of its steps, with `.step`).
+    pub(crate) fn of_run(self, run_id: &str, message: impl Into<String>) -> ExecutionEvent {
+        ExecutionEvent::of_run(self.as_str(), run_id, message)
+    }
+
+    /// An event of this kind about one call.
+    pub(crate) fn of_call(self, call: &ToolCall, message: impl Into<String>) -> ExecutionEvent {
+        ExecutionEvent::new(self.as_str(), call, message)
+    }
+}
+
+/// The level of an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Level {
+    Info,
+    Warn,
+    Error,
+}
+
+impl Level {
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Level::Info => "info",
+            Level::Warn => "warn",
+            Level::Error => "error",
+        }
     }
 }

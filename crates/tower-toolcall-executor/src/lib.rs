@@ -1,5 +1,45 @@
-//! The executor of an agent turn: it takes the model's plan of tool calls and dispatches it
-//! over any `Service<ToolCall>`, normally the [`ToolStack`](crate::ToolStack).
+//! The executor of an agent turn for [`tower-toolcall`](tower_toolcall): it takes the
+//! model's plan of tool calls and dispatches it over any `Service<ToolCall>`, normally the
+//! [`ToolStack`](tower_toolcall::ToolStack).
+//!
+//! This crate holds plans ([`Plan`]), their checks and references, the scheduler of a run
+//! ([`Run`]), its events ([`EventStream`]), the audit directory of each run and its replay
+//! ([`reconstruct`], [`replay`]). It depends on the core alone: calls go through the
+//! service it is given, and events and audit lines are written through the core's
+//! [`AuditLog`](tower_toolcall::trace::AuditLog) as
+//! [`ExecutionEvent`](tower_toolcall::trace::ExecutionEvent)s.
+//!
+//! ```
+//! use serde_json::json;
+//! use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+//! use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+//! use tower_toolcall_executor::{Executor, Plan, StepStatus, Turn, TurnStatus};
+//!
+//! # tokio_test::block_on(async {
+//! let registry = ToolRegistry::builder()
+//!     .tool(ToolDescriptor::new("geo", "city", RiskLevel::ReadOnly))
+//!     .tool(ToolDescriptor::new("geo", "weather", RiskLevel::ReadOnly))
+//!     .build()?;
+//! // Any `Service<ToolCall>`: here a function; in production, the `ToolStack` around the tools.
+//! let tools = tool_fn(|call: ToolCall| async move {
+//!     Ok(ToolOutput::new(match call.tool_name() {
+//!         "city" => json!({"name": "Lyon"}),
+//!         _ => json!({"city": call.params().as_map()["city"], "sky": "clear"}),
+//!     }))
+//! });
+//! // The second step reads the first one's output.
+//! let plan = Plan::from_json(r#"{"steps": [
+//!     {"id": "where", "tool": "geo::city", "args": {}},
+//!     {"id": "sky", "tool": "geo::weather", "args": {"city": "$steps.where.name"}}
+//! ]}"#)?;
+//! let executor = Executor::builder(registry).build()?;
+//! let result = executor.start(tools, &plan, Turn::new("sess-1", "user-1"))?.finish().await;
+//! assert_eq!(result.status, TurnStatus::Completed);
+//! assert_eq!(result.step("sky").unwrap().status, StepStatus::Succeeded);
+//! assert_eq!(result.output("sky").unwrap()["city"], "Lyon");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
 //!
 //! - **Plan** ([`Plan`], [`Step`]): each step names a tool and its args; args reference
 //!   earlier outputs (`$steps.<id>.path`), variables (`$vars.<name>`) and, in a `foreach`,
@@ -17,7 +57,7 @@
 //! - **Scheduling**: independent steps run side by side and dependent ones after, up to a
 //!   run-wide and a per-tool limit; a `foreach` expands one call at a time, so that a
 //!   100,000-item array never becomes 100,000 calls in memory. Each call carries a
-//!   [`RunLink`](crate::envelope::RunLink): `runId`, `stepId`, `callId`, the attempt, the
+//!   [`RunLink`](tower_toolcall::envelope::RunLink): `runId`, `stepId`, `callId`, the attempt, the
 //!   iteration and the `loopId`.
 //! - **Failures** (seed 004): a transient failure is retried when the step's `retry` allows,
 //!   after its `backoffMs` with ±10 % jitter ([`StepRetry::jitter`]) drawn from a seed chosen
@@ -36,7 +76,7 @@
 //!   confirmation id goes into every call and into `run.json`.
 //! - **Cancellation**: [`RunControls::cancel`] stops scheduling and drops the running calls
 //!   of cancellable steps, marked `cancelled` (their tools may have acted).
-//! - **Events**: an [`EventStream`] of [`ExecutionEvent`](crate::trace::ExecutionEvent)s;
+//! - **Events**: an [`EventStream`] of [`ExecutionEvent`](tower_toolcall::trace::ExecutionEvent)s;
 //!   every call has `step.started` before dispatch and `step.finished` or `step.failed`
 //!   after. The stream is bounded: a slow reader loses events (counted), never slows a tool.
 //! - **Audit and replay**: with [`ExecutorBuilder::audit_dir`], each run leaves `run.json`,
@@ -46,8 +86,13 @@
 //!   reports the first divergence. The run id names the run's folder, so it is a safe name
 //!   ([`Turn::with_run_id`]), and a run id that already has a folder is refused: no run
 //!   (and no replay) appends to another's record.
+//!   A write that fails is reported, never dropped: a `run.json` that cannot be written is a
+//!   `run.auditFailed` event, and lines lost are counted in [`TurnResult::audit_lines_lost`].
 //!
-//! See [`Executor`] for an example.
+//! See [`Executor`] for another example.
+
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod events;
@@ -56,15 +101,23 @@ mod plan;
 mod reference;
 mod replay;
 mod run;
+mod schedule;
 #[cfg(test)]
 mod tests;
 mod validate;
 
 pub use config::{ConfirmationPolicy, Executor, ExecutorBuilder, OnDeadline, RunPolicy, Turn};
 pub use events::EventStream;
-pub use outcome::{Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus};
+pub use outcome::{
+    Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
+};
 pub use plan::{Foreach, OnError, Plan, Step, StepRetry};
 pub use reference::{resolve, ResolveError, Scope};
 pub use replay::{reconstruct, replay, Divergence, RecordedRun, ReplayReport};
 pub use run::{Run, RunControls, EXECUTOR_VERSION};
 pub use validate::{PlanError, PlanProblem};
+
+/// The examples of the crate's README, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -9,14 +9,13 @@ use serde_json::Value;
 use super::config::RunPolicy;
 use super::plan::Plan;
 use super::reference::{self, Source};
-use crate::envelope::params::json_kind;
-use crate::registry::ToolRegistry;
+use tower_toolcall::registry::ToolRegistry;
 
 /// A plan that cannot run, with every problem found in it; nothing was dispatched.
 ///
 /// ```
 /// use serde_json::json;
-/// use tower_toolcall::executor::{Executor, Plan};
+/// use tower_toolcall_executor::{Executor, Plan};
 /// use tower_toolcall::registry::ToolRegistry;
 ///
 /// let plan = Plan::from_value(json!({"steps": [
@@ -27,7 +26,7 @@ use crate::registry::ToolRegistry;
 /// assert_eq!(err.problems().len(), 2);
 /// assert!(err.to_string().contains("dependency cycle a -> b -> a"));
 /// assert!(err.to_string().contains("`steps[1].args.n`"));
-/// # Ok::<(), tower_toolcall::executor::PlanError>(())
+/// # Ok::<(), tower_toolcall_executor::PlanError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanError {
@@ -476,4 +475,16 @@ fn find_cycle(steps: &[CheckedStep]) -> Option<Vec<usize>> {
         }
     }
     None
+}
+
+/// What kind of JSON value `value` is, for messages: `an array`, `a string`, …
+pub(crate) fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
