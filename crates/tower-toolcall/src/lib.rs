@@ -249,9 +249,3 @@ pub use retry::RetryLayer;
 pub use stack::{StackLayer, ToolStack, ToolStackBuilder, ToolStackService};
 pub use timeout::TimeoutLayer;
 pub use trace::TraceLayer;
-
-/// The examples of the README, compiled and run as doctests (the README's test command,
-/// `cargo test --workspace --all-features`, runs them; its gRPC section needs `tonic`).
-#[cfg(all(doctest, feature = "toml", feature = "schema", feature = "tonic"))]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;

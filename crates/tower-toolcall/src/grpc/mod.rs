@@ -6,7 +6,7 @@
 //! `ToolError` with [`from_status`], so that retry, the breaker and the result envelope
 //! classify it like any other failure. tonic wants its service `Sync`: keep the stacked
 //! tool in a `tower::util::BoxCloneSyncService` and `clone().oneshot(call)` it per request,
-//! as `crates/examples/src/bin/grpc.rs` does.
+//! as `examples/src/bin/grpc.rs` does.
 //!
 //! | `ErrorCode` | gRPC code |
 //! |---|---|

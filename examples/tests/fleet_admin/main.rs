@@ -1,7 +1,7 @@
 //! The admin API of one replica of a fleet on a real `redis-server`: its operator actions
 //! reach the other replicas, and bad input reaches none.
 
-#[path = "../../../tower-toolcall/tests/support/mod.rs"]
+#[path = "../../../crates/tower-toolcall/tests/support/mod.rs"]
 mod support;
 
 use std::time::Duration;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-const README: &str = include_str!("../../../../README.md");
+const README: &str = include_str!("../../../README.md");
 
 /// The block that starts with the `call` helper.
 fn shell_block() -> &'static str {
@@ -125,7 +125,7 @@ fn a_bad_admin_token_stops_the_example_with_a_message() {
     assert!(!stderr.contains("ConfigError"), "no debug dump: {stderr}");
 }
 
-#[path = "../../../tower-toolcall/tests/support/mod.rs"]
+#[path = "../../../crates/tower-toolcall/tests/support/mod.rs"]
 mod support;
 
 /// A Redis URL's password never reaches the example's output, whether Redis answers or not.
