@@ -4,7 +4,7 @@
 //! process, are the examples package's.
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../../../examples/src/bin/mcp-example-server.rs"]
+#[path = "../../../../examples/src/bin/mcp-example-server.rs"]
 mod example;
 #[cfg(feature = "http")]
 mod http;
