@@ -187,6 +187,8 @@ pub mod idempotency;
 pub mod loop_detect;
 mod middleware;
 pub mod rate_limit;
+mod redact;
+mod resend;
 #[cfg(feature = "axum")]
 mod response;
 pub mod retry;

@@ -89,7 +89,7 @@ pub(crate) fn shadow_decision(
     verdict: ShadowVerdict,
 ) -> ShadowDecision {
     tracing::debug!(
-        request_id = &*crate::trace::identifier(call.request_id()),
+        request_id = &*crate::redact::identifier(call.request_id()),
         tool = call.tool_name(),
         layer = layer.as_str(),
         decision = verdict.as_str(),

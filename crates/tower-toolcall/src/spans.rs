@@ -7,8 +7,8 @@ use std::time::Duration;
 use tracing::Span;
 
 use crate::envelope::ToolCall;
+use crate::redact::identifier;
 use crate::time::millis;
-use crate::trace::identifier;
 
 /// The span of the attempt `call` makes ([`ToolCall::attempt`]).
 pub(crate) fn attempt(call: &ToolCall) -> Span {

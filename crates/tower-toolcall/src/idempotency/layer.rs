@@ -80,8 +80,8 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
     }
 
     /// The layer, as a loop layer in front of it asks which calls it answers from a record.
-    pub(crate) fn resends(&self) -> crate::loop_detect::Resends {
-        crate::loop_detect::Resends(self.shared.clone())
+    pub(crate) fn resends(&self) -> crate::resend::Resends {
+        crate::resend::Resends(self.shared.clone())
     }
 
     /// What the layer has done so far, over all its services.

@@ -381,15 +381,15 @@ where
     }
 }
 
-impl<St: DedupeStore> crate::loop_detect::ResendSource for Shared<St> {
+impl<St: DedupeStore> crate::resend::ResendSource for Shared<St> {
     /// The key a re-send of `call` finds its record under, by the precedence of
     /// [`key::idempotency_key`], and how long a finished call's record answers a re-send: a
     /// caller's or a hook's key as long as its record is kept, a derived key within its
     /// re-send window, while the first call runs otherwise. A read-only tool's read cache is
     /// no re-send window: a model that reads the same thing again and again is looping even
     /// when the cache answers it.
-    fn resend_key(&self, call: &ToolCall) -> Option<crate::loop_detect::ResendKey> {
-        use crate::loop_detect::ResendKey;
+    fn resend_key(&self, call: &ToolCall) -> Option<crate::resend::ResendKey> {
+        use crate::resend::ResendKey;
         let settings = self.tools.for_call(call).as_ref()?;
         if settings.mode_for(call.transport().dedupe_mode) == DedupeMode::Disabled {
             return None;

@@ -10,17 +10,17 @@ use super::config::{SessionTier, Tiers, MAX_REPEATS_LIMIT};
 use super::detector::{CycleLimits, PollLimits};
 use super::handle::LoopDetectHandle;
 use super::noise::{Noise, DEFAULT_IGNORED_MEMBERS};
-use super::resend::Resends;
 use super::service::{LoopDetect, Monitor, ToolLoop};
 use super::store::LoopStore;
 use super::tracker::Tracker;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
 use crate::idempotency::{DedupeStore, IdempotencyLayer};
+use crate::redact::Redactor;
 use crate::registry::{LayerSetting, RiskLevel, ToolPolicy, ToolRegistry};
+use crate::resend::Resends;
 use crate::shared_store::{FailurePolicy, Outages, StoreHealth, StoreListener, StoreListeners};
 use crate::tool_table::ToolTable;
-use crate::trace::Redactor;
 
 /// Default of [`LoopDetectLayerBuilder::max_sessions`].
 pub const DEFAULT_MAX_SESSIONS: usize = 100_000;

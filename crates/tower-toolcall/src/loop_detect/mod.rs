@@ -205,7 +205,6 @@ mod handle;
 mod layer;
 mod noise;
 mod report;
-mod resend;
 mod service;
 pub mod store;
 mod tracker;
@@ -224,6 +223,5 @@ pub use layer::{
     DEFAULT_MAX_SESSION_BYTES, DEFAULT_MIN_BACKOFF, DEFAULT_PATIENT_POLL_GAP, DEFAULT_POLL_BUDGET,
 };
 pub use noise::DEFAULT_IGNORED_MEMBERS;
-pub(crate) use resend::{ResendKey, ResendSource, Resends};
 pub use service::LoopDetect;
 pub use store::LoopStore;

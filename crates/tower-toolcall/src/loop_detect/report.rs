@@ -20,7 +20,7 @@ use crate::canonical::{canonical_json, CanonicalOptions};
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
 use crate::outcome::ShortCircuit;
-use crate::trace::{Redactor, REDACTED};
+use crate::redact::{Redactor, REDACTED};
 
 /// How many characters of the canonical params the WARN line shows.
 const SIGNATURE_PREFIX_CHARS: usize = 50;

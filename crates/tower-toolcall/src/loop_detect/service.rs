@@ -11,7 +11,6 @@ use super::detector::{CallFacts, Decision, Limits, Outcome, Resend, Signature};
 use super::future::{OutcomeReport, ResponseFuture};
 use super::noise::Noise;
 use super::report;
-use super::resend::{ResendKey, Resends};
 use super::store::{LoopCall, LoopStore};
 use super::tracker::{lock, Tracker};
 use crate::canonical::{canonical_json, CanonicalOptions};
@@ -20,10 +19,11 @@ use crate::envelope::ToolCall;
 use crate::error::ToolError;
 use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{ShadowDecision, ShadowVerdict, ToolOutput};
+use crate::redact::Redactor;
 use crate::registry::{LayerSetting, ToolRegistry};
+use crate::resend::{ResendKey, Resends};
 use crate::shared_store::Outages;
 use crate::tool_table::ToolTable;
-use crate::trace::Redactor;
 
 /// Stops calls that repeat in a loop; made by [`LoopDetectLayer`](super::LoopDetectLayer).
 #[derive(Clone, Debug)]

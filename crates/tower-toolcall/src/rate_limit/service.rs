@@ -14,11 +14,11 @@ use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
 use crate::middleware::shadow_decision;
 use crate::outcome::{ShadowVerdict, ToolOutput};
+use crate::redact::identifier;
 use crate::registry::RateLimitKey;
 use crate::shared_store::Outages;
 use crate::time::millis;
 use crate::tool_table::ToolTable;
-use crate::trace::identifier;
 
 /// Holds calls to their tool's quota; made by [`RateLimitLayer`](super::RateLimitLayer).
 #[derive(Clone, Debug)]

@@ -15,9 +15,9 @@ use crate::classify::Verdict;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
 use crate::outcome::{CallRecord, RetryRecord, ShadowDecision, ToolOutput};
+use crate::redact::identifier;
 use crate::spans;
 use crate::time::millis;
-use crate::trace::identifier;
 
 pin_project! {
     /// The response future of [`Retry`](super::Retry): attempts, backoff sleeps between them,

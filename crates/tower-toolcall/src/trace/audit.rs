@@ -33,9 +33,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::redact::{cut_too_deep, Redactor};
 use crate::envelope::{Params, ToolCall, ToolResult};
 use crate::error::ConfigError;
+use crate::redact::{cut_too_deep, Redactor};
 use crate::time::unix_now_ms;
 
 /// The stack of the writer thread: 64 MiB of address space, of which only the pages used are

@@ -15,11 +15,11 @@ use tracing::field::Empty;
 use tracing::Span;
 
 use super::audit::{AuditLog, ExecutionEvent};
-use super::redact::Redactor;
 use crate::envelope::{ResultStatus, ToolCall, ToolResult};
 use crate::error::ToolError;
 use crate::idempotency::key_fingerprint;
 use crate::outcome::{attempts_of, record_of, CallRecord, ShortCircuit, ToolOutput};
+use crate::redact::Redactor;
 use crate::time::millis;
 
 /// The identifiers of a call, as log lines show them.

@@ -3,9 +3,9 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::audit::AuditLog;
-use super::redact::Redactor;
 use super::service::Trace;
 use crate::hooks::{SharedHooks, ToolHooks};
+use crate::redact::Redactor;
 
 /// Applies [`Trace`] to a service: one `tracing` span per call, start and end events, and
 /// the audit log. See the [module docs](crate::trace).

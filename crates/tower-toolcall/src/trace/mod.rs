@@ -47,17 +47,15 @@ mod layer;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
-mod redact;
 mod service;
 #[cfg(feature = "opentelemetry")]
 mod traceparent;
 
+pub use crate::redact::{Redactor, RedactorBuilder, REDACTED};
 pub use attempts::AuditAttempts;
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
 pub use future::ResponseFuture;
 pub use layer::TraceLayer;
 #[cfg(feature = "metrics")]
 pub use metrics::{ToolMetrics, ToolMetricsBuilder, DURATION_BUCKETS};
-pub(crate) use redact::identifier;
-pub use redact::{Redactor, RedactorBuilder, REDACTED};
 pub use service::Trace;

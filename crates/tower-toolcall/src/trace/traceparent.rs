@@ -146,7 +146,7 @@ pub(super) fn adopt_remote_parent(span: &Span, call: &ToolCall) {
         }
         Err(why) => span.in_scope(|| {
             tracing::debug!(
-                requestId = &*super::redact::identifier(call.request_id()),
+                requestId = &*crate::redact::identifier(call.request_id()),
                 "trace.traceparent ignored: it {why}; the span keeps its local parent"
             );
         }),

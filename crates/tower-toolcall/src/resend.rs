@@ -1,5 +1,5 @@
-//! Which calls the idempotency layer behind the loop layer answers from its record: those
-//! re-send an earlier call, and are never counted as repeats.
+//! Which calls the idempotency layer answers from its record: those re-send an earlier call,
+//! and loop detection (in front of it) never counts them as repeats. Both layers meet here.
 
 use std::fmt;
 use std::sync::Arc;
