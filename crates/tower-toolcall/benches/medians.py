@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prints the medians criterion measured for one group, and each one's overhead over a
-baseline in the same group: python3 benches/medians.py <group> [baseline]"""
+baseline in the same group: python3 crates/tower-toolcall/benches/medians.py <group> (from the workspace root) [baseline]"""
 import json
 import pathlib
 import sys
