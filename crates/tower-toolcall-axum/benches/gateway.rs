@@ -1,6 +1,6 @@
 //! Run with: `cargo bench -p tower-toolcall-axum --bench gateway`, then
-//! `python3 benches/medians.py gateway bare_router` and
-//! `python3 benches/medians.py gateway_http bare_router`.
+//! `python3 crates/tower-toolcall/benches/medians.py gateway bare_router` and
+//! `python3 crates/tower-toolcall/benches/medians.py gateway_http bare_router`.
 //!
 //! What the whole [`ToolStack`] costs behind axum, against the bare router with the same
 //! handler (a [`ToolRouter`] over the bare tool: the same extractor, envelope and status),

@@ -1,5 +1,5 @@
 //! Run with: `cargo bench --bench executor -- --warm-up-time 1 --measurement-time 3 --noplot`
-//! (then `python3 benches/medians.py executor stack_alone`).
+//! (then `python3 crates/tower-toolcall/benches/medians.py executor stack_alone`).
 //!
 //! - `executor`: a plan of 1,000 independent steps run by the executor over the whole stack,
 //!   against the same 1,000 calls built and sent through the same stack by hand (64 at a

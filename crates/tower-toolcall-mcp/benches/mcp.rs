@@ -1,5 +1,5 @@
 //! Run with: `cargo bench -p tower-toolcall-mcp --bench mcp`, then
-//! `python3 benches/medians.py mcp bare_rmcp`.
+//! `python3 crates/tower-toolcall/benches/medians.py mcp bare_rmcp`.
 //!
 //! What the MCP adapter costs per `tools/call`, over rmcp's in-process transport (a duplex
 //! pipe, JSON-RPC lines, both ends on one current-thread runtime), measured in one run:

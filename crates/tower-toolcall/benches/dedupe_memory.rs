@@ -2,7 +2,7 @@
 //! then a minute of idle time: with the re-send window (30 s) their records expire, where a
 //! derived key used to keep its result for the done TTL (24 h).
 //!
-//! `cargo bench --bench dedupe_memory` prints the process's resident memory and the store's
+//! `cargo bench -p tower-toolcall --bench dedupe_memory` prints the process's resident memory and the store's
 //! records before, at the peak and after, for the window and, for comparison, for derived
 //! keys kept 24 h. The store is given room for every record, so that its capacity does not
 //! hide the difference. Time is tokio's paused clock: the minute passes at once.

@@ -1,5 +1,5 @@
-//! Run with: `cargo bench --all-features --bench idempotency`
-//! (then `python3 benches/medians.py idempotency_memory`; `idempotency_redis` is a bench of
+//! Run with: `cargo bench -p tower-toolcall --bench idempotency`
+//! (then `python3 crates/tower-toolcall/benches/medians.py idempotency_memory`; `idempotency_redis` is a bench of
 //! `tower-toolcall-redis`).
 //!
 //! The cost of `IdempotencyLayer` for a 200-byte params object and a derived key:

@@ -1,6 +1,6 @@
 //! Per-call overhead of `LoopDetectLayer` over the bare tool, with 200-byte params.
 //!
-//! Run with `cargo bench --bench loop_detect -- --warm-up-time 1 --measurement-time 3`.
+//! Run with `cargo bench -p tower-toolcall --bench loop_detect -- --warm-up-time 1 --measurement-time 3`.
 //!
 //! Each group measures the bare tool and the layered tool on the same calls, built outside
 //! the timed part:

@@ -14,7 +14,7 @@ for estimates in sorted(root.glob("*/new/estimates.json")):
     name = estimates.parent.parent.name
     medians[name] = json.loads(estimates.read_text())["median"]["point_estimate"]
 if not medians:
-    sys.exit(f"no measurements under {root}: run `cargo bench --bench ...` first")
+    sys.exit(f"no measurements under {root}: run `cargo bench -p <package> --bench ...` first")
 base = medians.get(baseline)
 print(f"| {group} | median | over {baseline} |")
 print("|---|---:|---:|")

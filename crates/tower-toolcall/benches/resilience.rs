@@ -1,4 +1,4 @@
-//! Run with: `cargo bench --bench resilience`, then `python3 benches/medians.py resilience`.
+//! Run with: `cargo bench -p tower-toolcall --bench resilience`, then `python3 crates/tower-toolcall/benches/medians.py resilience`.
 //!
 //! The cost of the resilience layers on the paths every call takes, against the bare tool call
 //! and against the same paths through other crates, all measured in one run:

@@ -1,4 +1,4 @@
-//! Run with: `cargo bench --features metrics --bench trace`
+//! Run with: `cargo bench -p tower-toolcall --features metrics --bench trace`
 //!
 //! The cost of `TraceLayer` over the bare tool: with no subscriber, with a JSON subscriber
 //! writing to a sink, with metrics recorded; and the whole stack of layers with tracing,
