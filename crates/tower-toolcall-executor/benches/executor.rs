@@ -1,4 +1,4 @@
-//! Run with: `cargo bench --bench executor -- --warm-up-time 1 --measurement-time 3 --noplot`
+//! Run with: `cargo bench -p tower-toolcall-executor --bench executor -- --warm-up-time 1 --measurement-time 3 --noplot`
 //! (then `python3 crates/tower-toolcall/benches/medians.py executor stack_alone`).
 //!
 //! - `executor`: a plan of 1,000 independent steps run by the executor over the whole stack,

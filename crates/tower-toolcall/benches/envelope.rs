@@ -1,4 +1,4 @@
-//! Run with: `cargo bench --bench envelope`
+//! Run with: `cargo bench -p tower-toolcall --bench envelope`
 //!
 //! The cost of the envelope layer over the bare tool call: validation without a schema, with
 //! a typical schema, and canonicalization plus key derivation for a 200-byte params object.
