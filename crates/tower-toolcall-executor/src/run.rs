@@ -6,7 +6,7 @@
 //! and the service allow. Steps are started and calls dispatched in plan order (and item
 //! order), so that the same completions give the same run.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -29,7 +29,7 @@ use super::outcome::{
 };
 use super::plan::{Step, StepRetry};
 use super::reference::{resolve, Scope};
-use super::schedule::{self, after, Action, Failure, Retries};
+use super::schedule::{self, after, Action, CallKey, Failure, Retries};
 use super::validate::{CheckedPlan, Items};
 use crate::validate::json_kind;
 use tower_toolcall::classify::{ToolProfile, Verdict};
@@ -253,9 +253,9 @@ impl Outbox {
     }
 }
 
-/// A call in flight.
+/// A call in flight: its future, named by its key.
 struct InFlight<F> {
-    meta: Option<CallMeta>,
+    key: CallKey,
     future: Pin<Box<F>>,
 }
 
@@ -263,12 +263,11 @@ impl<F> Future for InFlight<F>
 where
     F: Future<Output = Result<ToolOutput, ToolError>>,
 {
-    type Output = (CallMeta, Result<ToolOutput, ToolError>);
+    type Output = (CallKey, Result<ToolOutput, ToolError>);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let outcome = ready!(self.future.as_mut().poll(cx));
-        let meta = self.meta.take().expect("an ended call is not polled again");
-        Poll::Ready((meta, outcome))
+        Poll::Ready((self.key, outcome))
     }
 }
 
@@ -297,6 +296,10 @@ where
     /// does not look at every waiting step each time a call is dispatched.
     parked: HashMap<String, BTreeSet<usize>>,
     running: FuturesUnordered<InFlight<S::Future>>,
+    /// The record of each call in flight.
+    calls: BTreeMap<CallKey, CallMeta>,
+    /// The key of the next call dispatched.
+    next_key: u64,
     in_flight: usize,
     tool_in_flight: HashMap<String, usize>,
     /// Tries waiting for their pause to end: the step and the attempt.
@@ -367,6 +370,8 @@ where
             active: BTreeSet::new(),
             parked: HashMap::new(),
             running: FuturesUnordered::new(),
+            calls: BTreeMap::new(),
+            next_key: 0,
             in_flight: 0,
             tool_in_flight,
             retries: Retries::default(),
@@ -523,11 +528,11 @@ where
             }
             let mut progressed = false;
             while self.work < BUDGET {
-                let Poll::Ready(Some((meta, outcome))) = Pin::new(&mut self.running).poll_next(cx)
+                let Poll::Ready(Some((key, outcome))) = Pin::new(&mut self.running).poll_next(cx)
                 else {
                     break;
                 };
-                self.completed(meta, outcome);
+                self.completed(key, outcome);
                 progressed = true;
             }
             progressed |= self.due_retries(cx);
@@ -948,14 +953,20 @@ where
         state.calls += 1;
         let run = state.run.as_mut().expect("a dispatched step runs");
         run.in_flight += 1;
-        self.running.push(InFlight {
-            meta: Some(CallMeta {
+        let key = CallKey(self.next_key);
+        self.next_key += 1;
+        self.calls.insert(
+            key,
+            CallMeta {
                 step: i,
                 attempt,
                 cancellable: self.plan.plan.steps[i].cancellable,
                 call,
                 dispatched: self.emitter.audit.as_ref().map(|_| Instant::now()),
-            }),
+            },
+        );
+        self.running.push(InFlight {
+            key,
             future: Box::pin(future),
         });
     }
@@ -985,8 +996,9 @@ where
     }
 
     /// A call ended.
-    fn completed(&mut self, meta: CallMeta, outcome: Result<ToolOutput, ToolError>) {
+    fn completed(&mut self, key: CallKey, outcome: Result<ToolOutput, ToolError>) {
         self.work += 1;
+        let meta = self.calls.remove(&key).expect("a call in flight has its record");
         self.release(&meta);
         self.record_result(&meta.call, &outcome, meta.dispatched);
         let i = meta.step;
@@ -1271,10 +1283,10 @@ where
         self.stopping = Some(self.stopping.unwrap_or(TurnStatus::Partial));
         let running = self.take_running();
         let left = FuturesUnordered::new();
-        for mut in_flight in running {
-            let meta = in_flight
-                .meta
-                .take()
+        for in_flight in running {
+            let meta = self
+                .calls
+                .remove(&in_flight.key)
                 .expect("a running call has its record");
             self.release(&meta);
             let error = ToolError::new(
@@ -1291,7 +1303,6 @@ where
             let keep =
                 self.config.policy.on_deadline == OnDeadline::LeaveRunning || !meta.cancellable;
             if keep {
-                in_flight.meta = Some(meta);
                 left.push(in_flight);
             }
         }
@@ -1318,8 +1329,8 @@ where
     fn take_running(&mut self) -> Vec<InFlight<S::Future>> {
         let mut running: Vec<_> = std::mem::take(&mut self.running).into_iter().collect();
         running.sort_by_key(|f| {
-            f.meta
-                .as_ref()
+            self.calls
+                .get(&f.key)
                 .map(|m| (m.step, m.attempt.unit, m.attempt.dispatch))
         });
         running
@@ -1334,16 +1345,15 @@ where
                 .level(Level::Warn.as_str())
         });
         let running = self.take_running();
-        for mut in_flight in running {
-            let meta = in_flight
-                .meta
-                .take()
-                .expect("a running call has its record");
-            if !meta.cancellable {
-                in_flight.meta = Some(meta);
+        for in_flight in running {
+            if !self.calls[&in_flight.key].cancellable {
                 self.running.push(in_flight);
                 continue;
             }
+            let meta = self
+                .calls
+                .remove(&in_flight.key)
+                .expect("a running call has its record");
             drop(in_flight);
             self.release(&meta);
             if let Some(run) = &mut self.steps[meta.step].run {

@@ -10,6 +10,11 @@ use tower_toolcall::ToolCall;
 
 use crate::outcome::{Classification, Recovery, TurnStatus};
 
+/// A call in flight, as the run and its state both name it: keys are given in dispatch
+/// order and never reused within a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct CallKey(pub(crate) u64);
+
 /// What the run must do with the world outside its state, in the order it was decided.
 #[derive(Debug)]
 pub(crate) enum Action {
