@@ -29,7 +29,7 @@ use super::outcome::{
 };
 use super::plan::{Step, StepRetry};
 use super::reference::{resolve, Scope};
-use super::schedule::{self, after, Action, CallKey, Failure, Retries};
+use super::schedule::{self, after, Action, CallKey, Dispatch, Failure, Fate, Retries};
 use super::validate::{CheckedPlan, Items};
 use crate::validate::json_kind;
 use tower_toolcall::classify::{ToolProfile, Verdict};
@@ -51,7 +51,7 @@ pub struct Run<S>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
 {
-    state: RunState<S>,
+    shell: Shell<S>,
     events: Option<EventStream>,
     controls: RunControls,
 }
@@ -62,7 +62,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Run")
-            .field("run_id", &self.state.emitter.run_id())
+            .field("run_id", &self.shell.state.emitter.run_id())
             .finish_non_exhaustive()
     }
 }
@@ -271,15 +271,30 @@ where
     }
 }
 
-struct RunState<S>
+/// The async shell around a run's [`RunState`]: it owns the service, the calls' futures and
+/// the timers, feeds the state the controls' signals, the calls that ended and the clock, and
+/// does what the state decided.
+struct Shell<S>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
 {
-    config: Arc<ExecutorConfig>,
+    state: RunState,
     service: S,
+    controls: RunControls,
+    running: FuturesUnordered<InFlight<S::Future>>,
+    retry_timer: Option<Pin<Box<Sleep>>>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// Calls dispatched or ended in this poll.
+    work: usize,
+}
+
+/// A run's scheduling state: what each step and call is at, and what comes next. It does no
+/// I/O and reads no clock: it is told the time, and answers with the calls to make, the fate
+/// of the calls in flight, and the actions for the shell to do.
+struct RunState {
+    config: Arc<ExecutorConfig>,
     plan: CheckedPlan,
     turn: Turn,
-    controls: RunControls,
     confirmation_id: Option<String>,
     emitter: Emitter,
     /// What was decided and is not yet done.
@@ -295,7 +310,6 @@ where
     /// each slot that frees moves the first of them back to `active`, so that scheduling
     /// does not look at every waiting step each time a call is dispatched.
     parked: HashMap<String, BTreeSet<usize>>,
-    running: FuturesUnordered<InFlight<S::Future>>,
     /// The record of each call in flight.
     calls: BTreeMap<CallKey, CallMeta>,
     /// The key of the next call dispatched.
@@ -304,16 +318,14 @@ where
     tool_in_flight: HashMap<String, usize>,
     /// Tries waiting for their pause to end: the step and the attempt.
     retries: Retries<(usize, Attempt)>,
-    retry_timer: Option<Pin<Box<Sleep>>>,
-    deadline: Option<Pin<Box<Sleep>>>,
+    /// When the turn's deadline comes, once the run has begun.
+    deadline: Option<Instant>,
     stopping: Option<TurnStatus>,
     escalated: bool,
     trace: Vec<Decision>,
     status: TurnStatus,
     /// Every call dispatched, kept for a replay to compare.
     dispatched: Option<Vec<ToolCall>>,
-    /// Calls dispatched or ended in this poll.
-    work: usize,
     /// Where the jitter of the run's retry pauses comes from.
     jitter_seed: u64,
 }
@@ -356,10 +368,8 @@ where
         let state = RunState {
             confirmation_id: turn.confirmation_id.clone(),
             config,
-            service,
             plan,
             turn,
-            controls: controls.clone(),
             emitter,
             out: Outbox::default(),
             phase: Phase::Start,
@@ -369,24 +379,30 @@ where
             ready: BTreeSet::new(),
             active: BTreeSet::new(),
             parked: HashMap::new(),
-            running: FuturesUnordered::new(),
             calls: BTreeMap::new(),
             next_key: 0,
             in_flight: 0,
             tool_in_flight,
             retries: Retries::default(),
-            retry_timer: None,
             deadline: None,
             stopping: None,
             escalated: false,
             trace: Vec::new(),
             status: TurnStatus::Completed,
             dispatched: None,
-            work: 0,
             jitter_seed,
         };
-        Run {
+        let shell = Shell {
             state,
+            service,
+            controls: controls.clone(),
+            running: FuturesUnordered::new(),
+            retry_timer: None,
+            deadline: None,
+            work: 0,
+        };
+        Run {
+            shell,
             events: Some(events),
             controls,
         }
@@ -394,7 +410,7 @@ where
 
     /// The run's id.
     pub fn id(&self) -> &str {
-        self.state.emitter.run_id()
+        self.shell.state.emitter.run_id()
     }
 
     /// The run's events; `None` after the first call. Events are only sent to a stream
@@ -405,7 +421,7 @@ where
 
     /// The seed of the jitter of the run's retry pauses, as `run.json` records it.
     pub fn jitter_seed(&self) -> u64 {
-        self.state.jitter_seed
+        self.shell.state.jitter_seed
     }
 
     /// The run's controls.
@@ -421,26 +437,244 @@ where
 
     /// Keeps every event and dispatched call, for a replay to compare.
     pub(crate) fn keep_record(&mut self) {
-        self.state.emitter.kept = Some(Vec::new());
-        self.state.dispatched = Some(Vec::new());
+        self.shell.state.emitter.kept = Some(Vec::new());
+        self.shell.state.dispatched = Some(Vec::new());
     }
 
     pub(crate) async fn finish_kept(self) -> (TurnResult, Vec<ExecutionEvent>, Vec<ToolCall>) {
         let Run {
-            mut state, events, ..
+            mut shell, events, ..
         } = self;
         // Nobody holds the stream: no event is built for it.
         drop(events);
-        poll_fn(|cx| state.poll_run(cx)).await;
-        state.into_result()
+        poll_fn(|cx| shell.poll_run(cx)).await;
+        shell.state.into_result()
     }
 }
 
-impl<S> RunState<S>
+impl<S> Shell<S>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
     S::Future: Send + 'static,
 {
+    fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let poll = self.schedule(cx);
+        self.perform();
+        if self.state.phase == Phase::Done {
+            self.state.emitter.close();
+        }
+        poll
+    }
+
+    /// Takes the signals, the timers and the calls that ended to the state, and makes the
+    /// calls it decides.
+    fn schedule(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        // Calls dispatched or ended in one poll before the run lets the other tasks of its
+        // thread (the event stream's reader, say) have a turn.
+        const BUDGET: usize = 32;
+        self.work = 0;
+        loop {
+            if self.work >= BUDGET {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            match self.state.phase {
+                Phase::Done => return Poll::Ready(()),
+                Phase::Start => {
+                    self.state.begin(Instant::now());
+                    if let Some(at) = self.state.deadline {
+                        self.deadline = Some(Box::pin(sleep_until(at)));
+                    }
+                    continue;
+                }
+                Phase::AwaitConfirmation | Phase::Running => {}
+            }
+            self.controls.shared.waker.register(cx.waker());
+            let signals = self.controls.signals();
+            if let Some(fates) = self.state.on_signals(signals, Instant::now()) {
+                self.interrupt(fates);
+                continue;
+            }
+            if let Some(deadline) = &mut self.deadline {
+                if deadline.as_mut().poll(cx).is_ready() {
+                    self.deadline = None;
+                    let fates = self.state.on_deadline(Instant::now());
+                    self.interrupt(fates);
+                    continue;
+                }
+            }
+            if self.state.phase == Phase::AwaitConfirmation {
+                return Poll::Pending;
+            }
+            let mut progressed = false;
+            while self.work < BUDGET {
+                let Poll::Ready(Some((key, outcome))) = Pin::new(&mut self.running).poll_next(cx)
+                else {
+                    break;
+                };
+                self.work += 1;
+                self.state.on_finished(key, outcome, Instant::now());
+                progressed = true;
+            }
+            progressed |= self.due_retries(cx);
+            progressed |= self.state.start_ready();
+            progressed |= self.dispatch(cx, BUDGET);
+            if self.state.end_if_settled() {
+                continue;
+            }
+            if !progressed {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Moves the retries that are due to their steps; arms the timer for the next.
+    fn due_retries(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.state.retries.is_empty() {
+            self.retry_timer = None;
+            return false;
+        }
+        let mut progressed = self.state.retries_due(Instant::now());
+        if let Some(next) = self.state.retries.next_due() {
+            let mut timer = Box::pin(sleep_until(next));
+            if timer.as_mut().poll(cx).is_ready() {
+                progressed = true;
+            } else {
+                self.retry_timer = Some(timer);
+            }
+        } else {
+            self.retry_timer = None;
+        }
+        progressed
+    }
+
+    /// Makes the calls the state decides while the limits and the service allow.
+    fn dispatch(&mut self, cx: &mut Context<'_>, budget: usize) -> bool {
+        let mut progressed = false;
+        while self.work < budget {
+            let Some(next) = self.state.next_attempt() else {
+                break;
+            };
+            let Poll::Ready(ready) = self.service.poll_ready(cx) else {
+                break;
+            };
+            progressed = true;
+            if let Some(Dispatch { key, call }) = self.state.start(next, ready, Instant::now()) {
+                self.work += 1;
+                let future = Box::pin(self.service.call(call));
+                self.running.push(InFlight { key, future });
+            }
+        }
+        progressed
+    }
+
+    /// Does what the state decided for the calls in flight, in its order: keeps them, drops
+    /// them, or leaves them to finish in the background.
+    fn interrupt(&mut self, fates: Vec<(CallKey, Fate)>) {
+        if self.state.retries.is_empty() {
+            self.retry_timer = None;
+        }
+        if fates.is_empty() {
+            return;
+        }
+        let mut running: HashMap<CallKey, InFlight<S::Future>> = std::mem::take(&mut self.running)
+            .into_iter()
+            .map(|f| (f.key, f))
+            .collect();
+        let left = FuturesUnordered::new();
+        for (key, fate) in fates {
+            let Some(in_flight) = running.remove(&key) else {
+                continue;
+            };
+            match fate {
+                Fate::Keep => self.running.push(in_flight),
+                Fate::Drop => drop(in_flight),
+                Fate::Detach => left.push(in_flight),
+            }
+        }
+        self.running.extend(running.into_values());
+        if !left.is_empty() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let mut left = left;
+                    poll_fn(|cx| loop {
+                        match Pin::new(&mut left).poll_next(cx) {
+                            Poll::Ready(Some(_)) => continue,
+                            Poll::Ready(None) => return Poll::Ready(()),
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    })
+                    .await;
+                });
+            }
+        }
+    }
+
+    /// Does what the scheduling decided, in order: the events, the audit's lines and
+    /// `run.json`. A write that fails is reported, never dropped.
+    fn perform(&mut self) {
+        for action in self.state.out.take() {
+            match action {
+                Action::Emit(event) => self.state.emitter.emit(move |_| *event),
+                Action::RecordCall(call) => {
+                    if let Some(audit) = &self.state.emitter.audit {
+                        audit.record_call(&call);
+                    }
+                }
+                Action::RecordResult(result) => {
+                    if let Some(audit) = &self.state.emitter.audit {
+                        audit.record_result(*result);
+                    }
+                }
+                Action::WriteRecord(status) => self.write_run_json(status),
+            }
+        }
+    }
+
+    /// Writes `run.json`; a failure is reported as a `run.auditFailed` event, so that the
+    /// run's record is never silently incomplete.
+    fn write_run_json(&mut self, status: Option<TurnStatus>) {
+        if self.state.emitter.audit.is_none() {
+            return;
+        }
+        if let Some(dir) = self.run_dir() {
+            let record = json!({
+                "runId": self.state.emitter.run_id(),
+                "plan": self.state.plan.plan,
+                "policy": self.state.config.policy,
+                "turn": self.state.turn,
+                "confirmationId": self.state.confirmation_id,
+                "executorVersion": EXECUTOR_VERSION,
+                // A string: a reader that holds JSON numbers as doubles would round it.
+                "jitterSeed": self.state.jitter_seed.to_string(),
+                "status": status,
+            });
+            // Redacted as the audit's lines are: the plan's args may hold secrets.
+            let record = tower_toolcall::trace::Redactor::default().redact_value(&record);
+            let text = serde_json::to_vec_pretty(&record).expect("a run record serializes");
+            if let Err(e) = std::fs::write(dir.join("run.json"), text) {
+                let message = format!("run.json could not be written: {e}");
+                let error = e.to_string();
+                self.state.emitter.emit(|run| {
+                    EventKind::RunAuditFailed
+                        .of_run(run, message)
+                        .level(Level::Error.as_str())
+                        .payload(json!({"file": "run.json", "error": error}))
+                });
+            }
+        }
+    }
+
+    fn run_dir(&self) -> Option<std::path::PathBuf> {
+        self.state
+            .config
+            .audit_dir
+            .as_ref()
+            .map(|root| root.join(self.state.emitter.run_id()))
+    }
+}
+
+impl RunState {
     fn step_id(&self, i: usize) -> &str {
         &self.plan.plan.steps[i].id
     }
@@ -453,109 +687,65 @@ where
             .with_max_depth(self.config.policy.max_depth)
     }
 
-    fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let poll = self.schedule(cx);
-        self.perform();
-        poll
+    /// The controls' signals: a confirmation, refusal or cancellation while the run waits
+    /// for confirmation, a cancellation while it runs. `Some` when they changed the run, with
+    /// the fate of each call in flight.
+    fn on_signals(&mut self, signals: Signals, now: Instant) -> Option<Vec<(CallKey, Fate)>> {
+        if self.phase == Phase::AwaitConfirmation {
+            if signals.cancel {
+                self.out.emit(&self.emitter, |run| {
+                    EventKind::RunCancelled
+                        .of_run(run, "run cancelled before it was confirmed")
+                        .level(Level::Warn.as_str())
+                });
+                self.end_unstarted(
+                    TurnStatus::Cancelled,
+                    ErrorCode::Cancelled,
+                    "the run was cancelled",
+                );
+                return Some(Vec::new());
+            }
+            if signals.refused {
+                self.end_unstarted(
+                    TurnStatus::Refused,
+                    ErrorCode::PolicyDenied,
+                    "the run was not confirmed",
+                );
+                return Some(Vec::new());
+            }
+            if let Some(id) = signals.confirmed {
+                self.out.emit(&self.emitter, |run| {
+                    EventKind::RunConfirmed
+                        .of_run(run, "run confirmed")
+                        .payload(json!({"confirmationId": id}))
+                });
+                self.confirmation_id = Some(id);
+                self.start_running();
+                return Some(Vec::new());
+            }
+        } else if signals.cancel && self.stopping.is_none() {
+            return Some(self.cancel(now));
+        }
+        None
     }
 
-    /// Takes the signals, the timers and the calls that ended, and decides what comes next.
-    fn schedule(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        // Calls dispatched or ended in one poll before the run lets the other tasks of its
-        // thread (the event stream's reader, say) have a turn.
-        const BUDGET: usize = 32;
-        self.work = 0;
-        loop {
-            if self.work >= BUDGET {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            match self.phase {
-                Phase::Done => return Poll::Ready(()),
-                Phase::Start => {
-                    self.begin();
-                    continue;
-                }
-                Phase::AwaitConfirmation | Phase::Running => {}
-            }
-            self.controls.shared.waker.register(cx.waker());
-            let signals = self.controls.signals();
-            if self.phase == Phase::AwaitConfirmation {
-                if signals.cancel {
-                    self.out.emit(&self.emitter, |run| {
-                        EventKind::RunCancelled
-                            .of_run(run, "run cancelled before it was confirmed")
-                            .level(Level::Warn.as_str())
-                    });
-                    self.end_unstarted(
-                        TurnStatus::Cancelled,
-                        ErrorCode::Cancelled,
-                        "the run was cancelled",
-                    );
-                    continue;
-                }
-                if signals.refused {
-                    self.end_unstarted(
-                        TurnStatus::Refused,
-                        ErrorCode::PolicyDenied,
-                        "the run was not confirmed",
-                    );
-                    continue;
-                }
-                if let Some(id) = signals.confirmed {
-                    self.out.emit(&self.emitter, |run| {
-                        EventKind::RunConfirmed
-                            .of_run(run, "run confirmed")
-                            .payload(json!({"confirmationId": id}))
-                    });
-                    self.confirmation_id = Some(id);
-                    self.start_running();
-                    continue;
-                }
-            } else if signals.cancel && self.stopping.is_none() {
-                self.cancel();
-                continue;
-            }
-            if let Some(deadline) = &mut self.deadline {
-                if deadline.as_mut().poll(cx).is_ready() {
-                    self.deadline = None;
-                    self.on_deadline();
-                    continue;
-                }
-            }
-            if self.phase == Phase::AwaitConfirmation {
-                return Poll::Pending;
-            }
-            let mut progressed = false;
-            while self.work < BUDGET {
-                let Poll::Ready(Some((key, outcome))) = Pin::new(&mut self.running).poll_next(cx)
-                else {
-                    break;
-                };
-                self.completed(key, outcome);
-                progressed = true;
-            }
-            progressed |= self.due_retries(cx);
-            progressed |= self.start_ready();
-            progressed |= self.dispatch(cx, BUDGET);
-            if self.running.is_empty()
-                && (self.stopping.is_some()
-                    || (self.ready.is_empty()
-                        && self.active.is_empty()
-                        && self.parked.values().all(BTreeSet::is_empty)
-                        && self.retries.is_empty()))
-            {
-                self.end_run();
-                continue;
-            }
-            if !progressed {
-                return Poll::Pending;
-            }
+    /// Ends the run once nothing is in flight and nothing is left to start, or once it
+    /// stops and its last call has ended.
+    fn end_if_settled(&mut self) -> bool {
+        let settled = self.calls.is_empty()
+            && (self.stopping.is_some()
+                || (self.ready.is_empty()
+                    && self.active.is_empty()
+                    && self.parked.values().all(BTreeSet::is_empty)
+                    && self.retries.is_empty()));
+        if settled {
+            self.end_run();
         }
+        settled
     }
 
     /// `run.started`, the deadline, and the request for confirmation if one is needed.
-    fn begin(&mut self) {
+    fn begin(&mut self, now: Instant) {
         self.emitter.start_clock();
         let steps = self.plan.plan.steps.len();
         self.out.emit(&self.emitter, |run| {
@@ -564,10 +754,7 @@ where
                 .payload(json!({"steps": steps}))
         });
         if let Some(ms) = self.config.policy.turn_timeout_ms {
-            self.deadline = Some(Box::pin(sleep_until(after(
-                Instant::now(),
-                Duration::from_millis(ms),
-            ))));
+            self.deadline = Some(after(now, Duration::from_millis(ms)));
         }
         if !self.plan.needs_confirmation() || self.confirmation_id.is_some() {
             self.start_running();
@@ -740,14 +927,10 @@ where
         self.step_ended(i, Some(recovery));
     }
 
-    /// Moves the retries that are due to their steps; arms the timer for the next.
-    fn due_retries(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.retries.is_empty() {
-            self.retry_timer = None;
-            return false;
-        }
-        let due = self.retries.take_due(Instant::now());
-        let mut progressed = !due.is_empty();
+    /// Moves the retries due at `now` to their steps.
+    fn retries_due(&mut self, now: Instant) -> bool {
+        let due = self.retries.take_due(now);
+        let progressed = !due.is_empty();
         for (step, attempt) in due {
             if let Some(run) = &mut self.steps[step].run {
                 run.waiting_retries -= 1;
@@ -755,22 +938,15 @@ where
                 self.active.insert(step);
             }
         }
-        if let Some(next) = self.retries.next_due() {
-            let mut timer = Box::pin(sleep_until(next));
-            if timer.as_mut().poll(cx).is_ready() {
-                progressed = true;
-            } else {
-                self.retry_timer = Some(timer);
-            }
-        } else {
-            self.retry_timer = None;
-        }
         progressed
     }
 
     /// The next try the limits allow, in plan and item order. A step whose next try waits
     /// for its tool's limit is parked until a call of that tool ends.
     fn next_attempt(&mut self) -> Option<(usize, Attempt)> {
+        if self.stopping.is_some() {
+            return None;
+        }
         let policy = &self.config.policy;
         if self.in_flight >= policy.max_concurrency {
             return None;
@@ -826,41 +1002,31 @@ where
         None
     }
 
-    /// Dispatches calls while the limits and the service allow.
-    fn dispatch(&mut self, cx: &mut Context<'_>, budget: usize) -> bool {
-        if self.stopping.is_some() {
-            return false;
+    /// Starts the try `next` once the service answered `ready`: the call to make, or `None`
+    /// when the service or the making of the call failed.
+    fn start(
+        &mut self,
+        (i, attempt): (usize, Attempt),
+        ready: Result<(), ToolError>,
+        now: Instant,
+    ) -> Option<Dispatch> {
+        let run = self.steps[i].run.as_mut().expect("an active step runs");
+        if run.redo.front().is_some() {
+            run.redo.pop_front();
+        } else {
+            run.next_unit += 1;
         }
-        let mut progressed = false;
-        while self.work < budget {
-            let Some((i, attempt)) = self.next_attempt() else {
-                break;
-            };
-            match self.service.poll_ready(cx) {
-                Poll::Pending => break,
-                Poll::Ready(ready) => {
-                    progressed = true;
-                    let run = self.steps[i].run.as_mut().expect("an active step runs");
-                    if run.redo.front().is_some() {
-                        run.redo.pop_front();
-                    } else {
-                        run.next_unit += 1;
-                    }
-                    if run.redo.is_empty() && (run.failure.is_some() || run.next_unit >= run.units)
-                    {
-                        self.active.remove(&i);
-                    }
-                    match ready.and_then(|()| self.make_call(i, attempt)) {
-                        Ok(call) => self.send(i, attempt, call),
-                        Err(error) => {
-                            self.failed(i, attempt, None, error);
-                            self.maybe_finish_step(i);
-                        }
-                    }
-                }
+        if run.redo.is_empty() && (run.failure.is_some() || run.next_unit >= run.units) {
+            self.active.remove(&i);
+        }
+        match ready.and_then(|()| self.make_call(i, attempt)) {
+            Ok(call) => Some(self.send(i, attempt, call, now)),
+            Err(error) => {
+                self.failed(i, attempt, None, error, now);
+                self.maybe_finish_step(i);
+                None
             }
         }
-        progressed
     }
 
     /// The `foreach` items of step `i` that the plan itself holds.
@@ -932,7 +1098,7 @@ where
         builder.build()
     }
 
-    fn send(&mut self, i: usize, attempt: Attempt, call: ToolCall) {
+    fn send(&mut self, i: usize, attempt: Attempt, call: ToolCall, now: Instant) -> Dispatch {
         let tool = self.plan.steps[i].tools[attempt.tool].full();
         if let Some(n) = self.tool_in_flight.get_mut(tool) {
             *n += 1;
@@ -946,8 +1112,6 @@ where
         if let Some(dispatched) = &mut self.dispatched {
             dispatched.push(call.clone());
         }
-        self.work += 1;
-        let future = self.service.call(call.clone());
         self.in_flight += 1;
         let state = &mut self.steps[i];
         state.calls += 1;
@@ -961,14 +1125,11 @@ where
                 step: i,
                 attempt,
                 cancellable: self.plan.plan.steps[i].cancellable,
-                call,
-                dispatched: self.emitter.audit.as_ref().map(|_| Instant::now()),
+                call: call.clone(),
+                dispatched: self.emitter.audit.as_ref().map(|_| now),
             },
         );
-        self.running.push(InFlight {
-            key,
-            future: Box::pin(future),
-        });
+        Dispatch { key, call }
     }
 
     fn record_result(
@@ -976,10 +1137,12 @@ where
         call: &ToolCall,
         outcome: &Result<ToolOutput, ToolError>,
         dispatched: Option<Instant>,
+        now: Instant,
     ) {
         if self.emitter.audit.is_some() {
             let mut result = ToolResult::from_outcome(call, outcome.clone());
-            result.duration_ms = millis(dispatched.map_or(Duration::ZERO, |at| at.elapsed()));
+            result.duration_ms =
+                millis(dispatched.map_or(Duration::ZERO, |at| now.saturating_duration_since(at)));
             self.out.push(Action::RecordResult(Box::new(result)));
         }
     }
@@ -996,11 +1159,13 @@ where
     }
 
     /// A call ended.
-    fn completed(&mut self, key: CallKey, outcome: Result<ToolOutput, ToolError>) {
-        self.work += 1;
-        let meta = self.calls.remove(&key).expect("a call in flight has its record");
+    fn on_finished(&mut self, key: CallKey, outcome: Result<ToolOutput, ToolError>, now: Instant) {
+        let meta = self
+            .calls
+            .remove(&key)
+            .expect("a call in flight has its record");
         self.release(&meta);
-        self.record_result(&meta.call, &outcome, meta.dispatched);
+        self.record_result(&meta.call, &outcome, meta.dispatched, now);
         let i = meta.step;
         match outcome {
             Ok(output) => {
@@ -1028,14 +1193,21 @@ where
                     run.outputs.push(output.content);
                 }
             }
-            Err(error) => self.failed(i, meta.attempt, Some(&meta.call), error),
+            Err(error) => self.failed(i, meta.attempt, Some(&meta.call), error, now),
         }
         self.maybe_finish_step(i);
     }
 
     /// A try failed (a call, or the making of one): retry, alternative, or the step's
     /// fallback.
-    fn failed(&mut self, i: usize, attempt: Attempt, call: Option<&ToolCall>, error: ToolError) {
+    fn failed(
+        &mut self,
+        i: usize,
+        attempt: Attempt,
+        call: Option<&ToolCall>,
+        error: ToolError,
+        now: Instant,
+    ) {
         let step = &self.plan.plan.steps[i];
         let tool_count = self.plan.steps[i].tools.len();
         let tool = &self.plan.steps[i].tools[attempt.tool];
@@ -1102,7 +1274,7 @@ where
                     self.active.insert(i);
                 } else {
                     run.waiting_retries += 1;
-                    self.retries.schedule(Instant::now(), pause, (i, next));
+                    self.retries.schedule(now, pause, (i, next));
                 }
             }
             Recovery::Alternative => {
@@ -1268,9 +1440,9 @@ where
 
     /// The turn's deadline: completed results stay, running steps time out, the rest are
     /// skipped; running calls are left to finish (or dropped), not awaited.
-    fn on_deadline(&mut self) {
+    fn on_deadline(&mut self, now: Instant) -> Vec<(CallKey, Fate)> {
         if self.stopping == Some(TurnStatus::Partial) {
-            return;
+            return Vec::new();
         }
         if self.phase == Phase::AwaitConfirmation {
             self.end_unstarted(
@@ -1278,15 +1450,14 @@ where
                 ErrorCode::Timeout,
                 "the turn's deadline came before the run was confirmed",
             );
-            return;
+            return Vec::new();
         }
         self.stopping = Some(self.stopping.unwrap_or(TurnStatus::Partial));
-        let running = self.take_running();
-        let left = FuturesUnordered::new();
-        for in_flight in running {
+        let mut fates = Vec::with_capacity(self.calls.len());
+        for key in self.calls_in_order() {
             let meta = self
                 .calls
-                .remove(&in_flight.key)
+                .remove(&key)
                 .expect("a running call has its record");
             self.release(&meta);
             let error = ToolError::new(
@@ -1299,62 +1470,46 @@ where
                     .level(Level::Warn.as_str())
                     .payload(json!({"errorCode": ErrorCode::Timeout, "decision": "skip", "outcomeUnknown": true}))
             });
-            self.record_result(&meta.call, &Err(error), meta.dispatched);
+            self.record_result(&meta.call, &Err(error), meta.dispatched, now);
             let keep =
                 self.config.policy.on_deadline == OnDeadline::LeaveRunning || !meta.cancellable;
-            if keep {
-                left.push(in_flight);
-            }
-        }
-        if !left.is_empty() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let mut left = left;
-                    poll_fn(|cx| loop {
-                        match Pin::new(&mut left).poll_next(cx) {
-                            Poll::Ready(Some(_)) => continue,
-                            Poll::Ready(None) => return Poll::Ready(()),
-                            Poll::Pending => return Poll::Pending,
-                        }
-                    })
-                    .await;
-                });
-            }
+            fates.push((key, if keep { Fate::Detach } else { Fate::Drop }));
         }
         self.stop_remaining(ErrorCode::Timeout, "the turn's deadline came before it ran");
+        fates
     }
 
     /// The calls in flight, in plan, item and dispatch order (not the order they happen to
     /// sit in), so that what is done to them is the same in every run.
-    fn take_running(&mut self) -> Vec<InFlight<S::Future>> {
-        let mut running: Vec<_> = std::mem::take(&mut self.running).into_iter().collect();
-        running.sort_by_key(|f| {
-            self.calls
-                .get(&f.key)
-                .map(|m| (m.step, m.attempt.unit, m.attempt.dispatch))
-        });
-        running
+    fn calls_in_order(&self) -> Vec<CallKey> {
+        let mut keys: Vec<_> = self
+            .calls
+            .iter()
+            .map(|(&key, m)| ((m.step, m.attempt.unit, m.attempt.dispatch), key))
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter().map(|(_, key)| key).collect()
     }
 
     /// Cancellation: the running calls of cancellable steps are dropped; the others end.
-    fn cancel(&mut self) {
+    fn cancel(&mut self, now: Instant) -> Vec<(CallKey, Fate)> {
         self.stopping = Some(TurnStatus::Cancelled);
         self.out.emit(&self.emitter, |run| {
             EventKind::RunCancelled
                 .of_run(run, "run cancelled")
                 .level(Level::Warn.as_str())
         });
-        let running = self.take_running();
-        for in_flight in running {
-            if !self.calls[&in_flight.key].cancellable {
-                self.running.push(in_flight);
+        let mut fates = Vec::with_capacity(self.calls.len());
+        for key in self.calls_in_order() {
+            if !self.calls[&key].cancellable {
+                fates.push((key, Fate::Keep));
                 continue;
             }
             let meta = self
                 .calls
-                .remove(&in_flight.key)
+                .remove(&key)
                 .expect("a running call has its record");
-            drop(in_flight);
+            fates.push((key, Fate::Drop));
             self.release(&meta);
             if let Some(run) = &mut self.steps[meta.step].run {
                 run.interrupted = true;
@@ -1370,10 +1525,9 @@ where
                     .level(Level::Warn.as_str())
                     .payload(json!({"errorCode": ErrorCode::Cancelled, "outcomeUnknown": true}))
             });
-            self.record_result(&meta.call, &Err(error), meta.dispatched);
+            self.record_result(&meta.call, &Err(error), meta.dispatched, now);
         }
         self.retries.clear();
-        self.retry_timer = None;
         for step in self.steps.iter_mut().filter_map(|s| s.run.as_mut()) {
             step.redo.clear();
             step.waiting_retries = 0;
@@ -1390,12 +1544,12 @@ where
         self.active.clear();
         self.parked.clear();
         self.ready.clear();
+        fates
     }
 
     /// Every step without a status gets the status of the stop.
     fn stop_remaining(&mut self, code: ErrorCode, why: &str) {
         self.retries.clear();
-        self.retry_timer = None;
         self.active.clear();
         self.parked.clear();
         self.ready.clear();
@@ -1464,9 +1618,7 @@ where
                 })
                 .payload(json!({"status": status}))
         });
-        // What is decided is done before the stream ends.
-        self.perform();
-        self.emitter.close();
+        // The shell does what is decided, then ends the stream.
         self.phase = Phase::Done;
     }
 
@@ -1502,68 +1654,6 @@ where
             .map(|(label, ids)| format!("{label}: {}", ids.join(", ")))
             .collect();
         format!("{head}. {}.", body.join("; "))
-    }
-
-    /// Does what the scheduling decided, in order: the events, the audit's lines and
-    /// `run.json`. A write that fails is reported, never dropped.
-    fn perform(&mut self) {
-        for action in self.out.take() {
-            match action {
-                Action::Emit(event) => self.emitter.emit(move |_| *event),
-                Action::RecordCall(call) => {
-                    if let Some(audit) = &self.emitter.audit {
-                        audit.record_call(&call);
-                    }
-                }
-                Action::RecordResult(result) => {
-                    if let Some(audit) = &self.emitter.audit {
-                        audit.record_result(*result);
-                    }
-                }
-                Action::WriteRecord(status) => self.write_run_json(status),
-            }
-        }
-    }
-
-    /// Writes `run.json`; a failure is reported as a `run.auditFailed` event, so that the
-    /// run's record is never silently incomplete.
-    fn write_run_json(&mut self, status: Option<TurnStatus>) {
-        if self.emitter.audit.is_none() {
-            return;
-        }
-        if let Some(dir) = self.run_dir() {
-            let record = json!({
-                "runId": self.emitter.run_id(),
-                "plan": self.plan.plan,
-                "policy": self.config.policy,
-                "turn": self.turn,
-                "confirmationId": self.confirmation_id,
-                "executorVersion": EXECUTOR_VERSION,
-                // A string: a reader that holds JSON numbers as doubles would round it.
-                "jitterSeed": self.jitter_seed.to_string(),
-                "status": status,
-            });
-            // Redacted as the audit's lines are: the plan's args may hold secrets.
-            let record = tower_toolcall::trace::Redactor::default().redact_value(&record);
-            let text = serde_json::to_vec_pretty(&record).expect("a run record serializes");
-            if let Err(e) = std::fs::write(dir.join("run.json"), text) {
-                let message = format!("run.json could not be written: {e}");
-                let error = e.to_string();
-                self.emitter.emit(|run| {
-                    EventKind::RunAuditFailed
-                        .of_run(run, message)
-                        .level(Level::Error.as_str())
-                        .payload(json!({"file": "run.json", "error": error}))
-                });
-            }
-        }
-    }
-
-    fn run_dir(&self) -> Option<std::path::PathBuf> {
-        self.config
-            .audit_dir
-            .as_ref()
-            .map(|root| root.join(self.emitter.run_id()))
     }
 
     fn into_result(mut self) -> (TurnResult, Vec<ExecutionEvent>, Vec<ToolCall>) {

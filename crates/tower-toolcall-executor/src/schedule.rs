@@ -15,6 +15,25 @@ use crate::outcome::{Classification, Recovery, TurnStatus};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct CallKey(pub(crate) u64);
 
+/// A call the state decided to make: the shell hands `call` to the service and reports its
+/// end under `key`.
+#[derive(Debug)]
+pub(crate) struct Dispatch {
+    pub(crate) key: CallKey,
+    pub(crate) call: ToolCall,
+}
+
+/// What becomes of a call in flight when the run stops (a cancellation, the deadline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// It runs on, and its end is reported as usual.
+    Keep,
+    /// It is dropped: the tool may have acted.
+    Drop,
+    /// It is left to finish in the background, its end unread.
+    Detach,
+}
+
 /// What the run must do with the world outside its state, in the order it was decided.
 #[derive(Debug)]
 pub(crate) enum Action {
