@@ -4,6 +4,10 @@
 
 use tokio::time::{Duration, Instant};
 
+mod state;
+
+pub(crate) use state::{Phase, RunState, Signals};
+
 use tower_toolcall::envelope::ToolResult;
 use tower_toolcall::trace::ExecutionEvent;
 use tower_toolcall::ToolCall;
