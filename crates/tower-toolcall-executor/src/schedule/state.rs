@@ -1283,3 +1283,206 @@ fn status_word(status: StepStatus) -> &'static str {
         StepStatus::TimedOut => "did not finish before the turn's deadline",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ExecutorBuilder;
+    use crate::{Executor, Plan};
+    use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+
+    fn state(plan: Value, builder: impl FnOnce(ExecutorBuilder) -> ExecutorBuilder) -> RunState {
+        let registry = ToolRegistry::builder()
+            .tool(ToolDescriptor::new("web", "fetch", RiskLevel::ReadOnly))
+            .build()
+            .unwrap();
+        let executor = builder(Executor::builder(registry)).build().unwrap();
+        let plan = Plan::from_value(plan).unwrap();
+        let steps =
+            crate::validate::check(&plan, &executor.config.registry, &executor.config.policy)
+                .unwrap();
+        let plan = CheckedPlan {
+            plan: Arc::new(plan),
+            steps,
+        };
+        let (emitter, _events) = Emitter::new("run".to_owned(), 16);
+        RunState::new(
+            executor.config.clone(),
+            plan,
+            Turn::new("s", "u"),
+            emitter,
+            7,
+        )
+    }
+
+    /// What the shell does between two inputs: starts what is ready and makes every call
+    /// the limits allow, with a service that is always ready.
+    fn dispatch(state: &mut RunState, now: Instant) -> Vec<(CallKey, String)> {
+        state.start_ready();
+        let mut made = Vec::new();
+        while let Some(next) = state.next_attempt() {
+            if let Some(Dispatch { key, call }) = state.start(next, Ok(()), now) {
+                made.push((key, call.run_link().unwrap().call_id.clone()));
+            }
+        }
+        made
+    }
+
+    /// (ms, input, the calls made then by key and id, the fates returned, the next retry
+    /// in ms, whether the run ended)
+    type Row = (
+        u64,
+        Input,
+        Vec<(u64, &'static str)>,
+        Vec<(u64, Fate)>,
+        Option<u64>,
+        bool,
+    );
+
+    #[derive(Debug)]
+    enum Input {
+        Begin,
+        Finished(u64, Result<(), u16>),
+        RetriesDue,
+        Cancel,
+    }
+
+    #[test]
+    fn a_run_from_its_inputs() {
+        use Fate::{Drop, Keep};
+        use Input::{Begin, Cancel, Finished, RetriesDue};
+        let mut state = state(
+            json!({"steps": [
+                {"id": "a", "tool": "web::fetch", "args": {"n": "{item}"}, "foreach": {"items": [1, 2, 3]}},
+                {"id": "b", "tool": "web::fetch", "args": {}, "cancellable": false},
+                {"id": "c", "tool": "web::fetch", "args": {"a": "$steps.a"},
+                 "retry": {"maxAttempts": 2, "backoffMs": 100, "jitterPercent": 0}}
+            ]}),
+            |b| b.max_concurrency(2),
+        );
+        let start = Instant::now();
+        let table: Vec<Row> = vec![
+            (
+                0,
+                Begin,
+                vec![(0, "a[0]#1"), (1, "a[1]#1")],
+                vec![],
+                None,
+                false,
+            ),
+            (
+                10,
+                Finished(0, Ok(())),
+                vec![(2, "a[2]#1")],
+                vec![],
+                None,
+                false,
+            ),
+            (
+                20,
+                Finished(1, Ok(())),
+                vec![(3, "b#1")],
+                vec![],
+                None,
+                false,
+            ),
+            // `c` waits for all of `a`.
+            (
+                30,
+                Finished(2, Ok(())),
+                vec![(4, "c#1")],
+                vec![],
+                None,
+                false,
+            ),
+            // A transient failure: the retry waits its pause, and no call is made.
+            (40, Finished(4, Err(503)), vec![], vec![], Some(140), false),
+            (139, RetriesDue, vec![], vec![], Some(140), false),
+            (140, RetriesDue, vec![(5, "c#2")], vec![], None, false),
+            // The cancellation drops the cancellable call and keeps the other.
+            (150, Cancel, vec![], vec![(3, Keep), (5, Drop)], None, false),
+            (160, Finished(3, Ok(())), vec![], vec![], None, true),
+        ];
+        for (i, (ms, input, calls, fates, next_retry, ended)) in table.into_iter().enumerate() {
+            let now = start + Duration::from_millis(ms);
+            let mut got_fates = Vec::new();
+            match input {
+                Begin => state.begin(now),
+                Finished(key, outcome) => {
+                    let outcome = outcome
+                        .map(|()| ToolOutput::new(json!(key)))
+                        .map_err(|status| ToolError::from_http_status(status, "busy"));
+                    state.on_finished(CallKey(key), outcome, now);
+                }
+                RetriesDue => {
+                    state.retries_due(now);
+                }
+                Cancel => {
+                    let signals = Signals {
+                        cancel: true,
+                        ..Signals::default()
+                    };
+                    got_fates = state.on_signals(signals, now).expect("a cancellation acts");
+                }
+            }
+            let made = dispatch(&mut state, now);
+            let expected: Vec<(CallKey, String)> = calls
+                .into_iter()
+                .map(|(key, id)| (CallKey(key), id.to_owned()))
+                .collect();
+            assert_eq!(made, expected, "row {i}: calls");
+            let fates: Vec<_> = fates.into_iter().map(|(k, f)| (CallKey(k), f)).collect();
+            assert_eq!(got_fates, fates, "row {i}: fates");
+            let next = next_retry.map(|ms| start + Duration::from_millis(ms));
+            assert_eq!(state.next_retry(), next, "row {i}: next retry");
+            assert_eq!(state.end_if_settled(), ended, "row {i}: ended");
+        }
+        assert_eq!(state.status, TurnStatus::Cancelled);
+        let (result, _, _) = state.into_result();
+        let statuses: Vec<_> = result.steps.iter().map(|s| s.status).collect();
+        assert_eq!(
+            statuses,
+            [
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Cancelled
+            ]
+        );
+    }
+
+    #[test]
+    fn what_the_deadline_does_to_the_calls_in_flight() {
+        // (policy, the step is cancellable) → the call's fate
+        let table = [
+            (OnDeadline::LeaveRunning, true, Fate::Detach),
+            (OnDeadline::LeaveRunning, false, Fate::Detach),
+            (OnDeadline::Cancel, true, Fate::Drop),
+            (OnDeadline::Cancel, false, Fate::Detach),
+        ];
+        for (policy, cancellable, fate) in table {
+            let mut state = state(
+                json!({"steps": [
+                    {"id": "a", "tool": "web::fetch", "args": {}, "cancellable": cancellable},
+                    {"id": "b", "tool": "web::fetch", "args": {}, "dependsOn": ["a"]}
+                ]}),
+                |b| {
+                    b.turn_timeout(std::time::Duration::from_secs(1))
+                        .on_deadline(policy)
+                },
+            );
+            let now = Instant::now();
+            state.begin(now);
+            assert_eq!(state.deadline, Some(now + Duration::from_secs(1)));
+            assert_eq!(dispatch(&mut state, now).len(), 1);
+            let at = now + Duration::from_secs(1);
+            let fates = state.on_deadline(at);
+            assert_eq!(fates, [(CallKey(0), fate)], "{policy:?} {cancellable}");
+            // Nothing more is made, nothing is left in flight, and the run ends.
+            assert!(dispatch(&mut state, at).is_empty());
+            assert!(state.end_if_settled());
+            assert_eq!(state.status, TurnStatus::Partial);
+            // A second deadline changes nothing.
+            assert!(state.on_deadline(at).is_empty());
+        }
+    }
+}
