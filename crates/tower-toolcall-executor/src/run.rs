@@ -455,7 +455,7 @@ where
         if let Some(dir) = self.run_dir() {
             let record = json!({
                 "runId": self.state.emitter.run_id(),
-                "plan": self.state.plan.plan,
+                "plan": self.state.plan,
                 "policy": self.state.config.policy,
                 "turn": self.state.turn,
                 "confirmationId": self.state.confirmation_id,

@@ -17,10 +17,10 @@ use crate::events::{Emitter, EventKind, Level};
 use crate::outcome::{
     Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
 };
-use crate::plan::{Step, StepRetry};
+use crate::plan::{Plan, Step, StepRetry};
 use crate::reference::{resolve, Scope};
 use crate::schedule::{self, after, Action, CallKey, Dispatch, Failure, Fate, Retries};
-use crate::validate::{json_kind, CheckedPlan, Items};
+use crate::validate::{json_kind, CheckedPlan, CheckedStep, Items};
 use tower_toolcall::classify::{ToolProfile, Verdict};
 use tower_toolcall::envelope::{Iteration, RunLink, ToolCall, ToolResult};
 use tower_toolcall::registry::JitterKind;
@@ -73,8 +73,11 @@ struct StepRun {
     interrupted: bool,
 }
 
-#[derive(Debug, Default)]
+/// One step of the run: what the plan's checks found, and where it is.
+#[derive(Debug)]
 struct StepState {
+    /// Its tools, its dependencies and its dependents, as the checks resolved them.
+    checked: CheckedStep,
     waiting_on: usize,
     run: Option<StepRun>,
     status: Option<StepStatus>,
@@ -126,7 +129,8 @@ impl Outbox {
 #[derive(Debug)]
 pub(crate) struct RunState {
     pub(crate) config: Arc<ExecutorConfig>,
-    pub(crate) plan: CheckedPlan,
+    /// The plan as it was written, shared.
+    pub(crate) plan: Arc<Plan>,
     pub(crate) turn: Turn,
     pub(crate) confirmation_id: Option<String>,
     pub(crate) emitter: Emitter,
@@ -171,15 +175,21 @@ impl RunState {
         emitter: Emitter,
         jitter_seed: u64,
     ) -> Self {
-        let steps = plan
-            .steps
-            .iter()
-            .map(|s| StepState {
-                waiting_on: s.deps.len(),
-                ..StepState::default()
+        let CheckedPlan { plan, steps } = plan;
+        let step_count = steps.len();
+        let steps = steps
+            .into_iter()
+            .map(|checked| StepState {
+                waiting_on: checked.deps.len(),
+                checked,
+                run: None,
+                status: None,
+                output: None,
+                error: None,
+                calls: 0,
+                answered_by: None,
             })
             .collect();
-        let step_count = plan.steps.len();
         let tool_in_flight = config
             .policy
             .tool_concurrency
@@ -216,14 +226,14 @@ impl RunState {
     }
 
     fn step_id(&self, i: usize) -> &str {
-        &self.plan.plan.steps[i].id
+        &self.plan.steps[i].id
     }
 
     /// What references see: the outputs, the captured variables over the plan's, and the
     /// run's depth limit.
     fn scope(&self) -> Scope<'_> {
         Scope::new(&self.outputs, &self.captured)
-            .with_base_vars(&self.plan.plan.vars)
+            .with_base_vars(&self.plan.vars)
             .with_max_depth(self.config.policy.max_depth)
     }
 
@@ -291,7 +301,7 @@ impl RunState {
     /// `run.started`, the deadline, and the request for confirmation if one is needed.
     pub(crate) fn begin(&mut self, now: Instant) {
         self.emitter.start_clock();
-        let steps = self.plan.plan.steps.len();
+        let steps = self.plan.steps.len();
         self.out.emit(&self.emitter, |run| {
             EventKind::RunStarted
                 .of_run(run, format!("run of {steps} steps started"))
@@ -300,7 +310,7 @@ impl RunState {
         if let Some(ms) = self.config.policy.turn_timeout_ms {
             self.deadline = Some(after(now, Duration::from_millis(ms)));
         }
-        if !self.plan.needs_confirmation() || self.confirmation_id.is_some() {
+        if !self.steps.iter().any(|s| s.checked.mutating) || self.confirmation_id.is_some() {
             self.start_running();
             return;
         }
@@ -314,11 +324,10 @@ impl RunState {
             ConfirmationPolicy::Ask => {
                 let previews: Vec<Value> = self
                     .plan
-                    .plan
                     .steps
                     .iter()
-                    .zip(&self.plan.steps)
-                    .filter(|(_, c)| c.mutating)
+                    .zip(&self.steps)
+                    .filter(|(_, state)| state.checked.mutating)
                     .map(|(s, _)| json!({"stepId": s.id, "tool": s.tool, "preview": s.preview}))
                     .collect();
                 self.out.emit(&self.emitter, |run| {
@@ -366,7 +375,8 @@ impl RunState {
         let mut progressed = false;
         while let Some(i) = self.ready.pop_first() {
             progressed = true;
-            let missing = self.plan.steps[i]
+            let missing = self.steps[i]
+                .checked
                 .deps
                 .iter()
                 .copied()
@@ -377,7 +387,7 @@ impl RunState {
                 continue;
             }
             let mut run = StepRun::default();
-            if let Some(items) = &self.plan.steps[i].items {
+            if let Some(items) = &self.steps[i].checked.items {
                 let resolved = match items {
                     // Items the plan holds are read where they are, one at a time.
                     Items::Inline | Items::Var(_) => Ok(None),
@@ -409,7 +419,7 @@ impl RunState {
             let units = run.units;
             let failed = run.failure.clone();
             self.steps[i].run = Some(run);
-            let step = &self.plan.plan.steps[i];
+            let step = &self.plan.steps[i];
             self.out.emit(&self.emitter, |r| {
                 EventKind::StepScheduled
                     .of_run(r, format!("step {} scheduled", step.id))
@@ -433,14 +443,14 @@ impl RunState {
     /// What a step that cannot get an output of its own does: its default, a skip, or the
     /// turn's failure.
     fn fallback(&self, i: usize) -> Recovery {
-        let step = &self.plan.plan.steps[i];
+        let step = &self.plan.steps[i];
         schedule::fallback(step.default.is_some(), step.is_required())
     }
 
     /// A step one of whose dependencies has no output.
     fn cascade(&mut self, i: usize, why: &str) {
         let recovery = self.fallback(i);
-        let step = &self.plan.plan.steps[i];
+        let step = &self.plan.steps[i];
         let decision = Decision {
             step_id: step.id.clone(),
             call_id: None,
@@ -520,7 +530,7 @@ impl RunState {
         while let Some(&i) = self.active.range(from..).next() {
             from = i + 1;
             let run = self.steps[i].run.as_ref()?;
-            let limit = self.plan.plan.steps[i]
+            let limit = self.plan.steps[i]
                 .foreach
                 .as_ref()
                 .and_then(|f| f.max_concurrency)
@@ -538,7 +548,7 @@ impl RunState {
                 },
                 None => continue,
             };
-            let tool = self.plan.steps[i].tools[attempt.tool].full();
+            let tool = self.steps[i].checked.tools[attempt.tool].full();
             if let Some(&cap) = policy.tool_concurrency.get(tool) {
                 if self.tool_in_flight.get(tool).copied().unwrap_or(0) >= cap {
                     self.active.remove(&i);
@@ -580,9 +590,9 @@ impl RunState {
 
     /// The `foreach` items of step `i` that the plan itself holds.
     fn plan_items(&self, i: usize) -> Option<&[Value]> {
-        let value = match self.plan.steps[i].items.as_ref()? {
-            Items::Inline => &self.plan.plan.steps[i].foreach.as_ref()?.items,
-            Items::Var(name) => self.plan.plan.vars.get(name)?,
+        let value = match self.steps[i].checked.items.as_ref()? {
+            Items::Inline => &self.plan.steps[i].foreach.as_ref()?.items,
+            Items::Var(name) => self.plan.vars.get(name)?,
             Items::Reference(_) => return None,
         };
         value.as_array().map(Vec::as_slice)
@@ -590,8 +600,8 @@ impl RunState {
 
     /// The call of `attempt`: args resolved, checked, linked to the run.
     fn make_call(&self, i: usize, attempt: Attempt) -> Result<ToolCall, ToolError> {
-        let step = &self.plan.plan.steps[i];
-        let tool = &self.plan.steps[i].tools[attempt.tool];
+        let step = &self.plan.steps[i];
+        let tool = &self.steps[i].checked.tools[attempt.tool];
         let run = self.steps[i].run.as_ref().expect("a dispatched step runs");
         let max_bytes = self
             .config
@@ -648,7 +658,7 @@ impl RunState {
     }
 
     fn send(&mut self, i: usize, attempt: Attempt, call: ToolCall, now: Instant) -> Dispatch {
-        let tool = self.plan.steps[i].tools[attempt.tool].full();
+        let tool = self.steps[i].checked.tools[attempt.tool].full();
         if let Some(n) = self.tool_in_flight.get_mut(tool) {
             *n += 1;
         }
@@ -673,7 +683,7 @@ impl RunState {
             CallMeta {
                 step: i,
                 attempt,
-                cancellable: self.plan.plan.steps[i].cancellable,
+                cancellable: self.plan.steps[i].cancellable,
                 call: call.clone(),
                 dispatched: self.emitter.audit.as_ref().map(|_| now),
             },
@@ -698,7 +708,7 @@ impl RunState {
 
     fn release(&mut self, meta: &CallMeta) {
         self.in_flight -= 1;
-        let tool = self.plan.steps[meta.step].tools[meta.attempt.tool].full();
+        let tool = self.steps[meta.step].checked.tools[meta.attempt.tool].full();
         if let Some(n) = self.tool_in_flight.get_mut(tool) {
             *n -= 1;
         }
@@ -726,7 +736,7 @@ impl RunState {
                 self.out.emit(&self.emitter, |_| {
                     EventKind::StepFinished.of_call(&meta.call, "call succeeded")
                 });
-                let foreach = self.plan.plan.steps[i].foreach.is_some();
+                let foreach = self.plan.steps[i].foreach.is_some();
                 let run = self.steps[i].run.as_mut().expect("a step with calls runs");
                 run.answered_by = Some(meta.attempt.tool);
                 if foreach {
@@ -762,9 +772,9 @@ impl RunState {
         error: ToolError,
         now: Instant,
     ) {
-        let step = &self.plan.plan.steps[i];
-        let tool_count = self.plan.steps[i].tools.len();
-        let tool = &self.plan.steps[i].tools[attempt.tool];
+        let step = &self.plan.steps[i];
+        let tool_count = self.steps[i].checked.tools.len();
+        let tool = &self.steps[i].checked.tools[attempt.tool];
         let pause = step.retry.map_or(Duration::ZERO, |retry| {
             retry_pause(&retry, self.jitter_seed, &call_id(step, attempt))
         });
@@ -858,7 +868,7 @@ impl RunState {
         tries: u32,
         recovery: Recovery,
     ) {
-        let step = &self.plan.plan.steps[i];
+        let step = &self.plan.steps[i];
         self.trace.push(Decision {
             step_id: step.id.clone(),
             call_id: call.and_then(|c| c.run_link()).map(|l| l.call_id.clone()),
@@ -896,8 +906,7 @@ impl RunState {
         for waiting in self.parked.values_mut() {
             waiting.remove(&i);
         }
-        let step = &self.plan.plan.steps[i];
-        let tools = &self.plan.steps[i].tools;
+        let step = &self.plan.steps[i];
         let (stopped, stop_code) = self.stop_status();
         let fallback = self.fallback(i);
         let state = &mut self.steps[i];
@@ -933,7 +942,7 @@ impl RunState {
                 run.outputs.into_iter().next().unwrap_or(Value::Null)
             });
             if let Some(k) = run.answered_by.filter(|&k| k > 0) {
-                state.answered_by = Some(tools[k].full().to_owned());
+                state.answered_by = Some(state.checked.tools[k].full().to_owned());
             }
         }
         self.step_ended(i, recovery);
@@ -948,7 +957,7 @@ impl RunState {
 
     /// Publishes a step's end: its output, its event, and its dependents' readiness.
     fn step_ended(&mut self, i: usize, recovery: Option<Recovery>) {
-        let step = &self.plan.plan.steps[i];
+        let step = &self.plan.steps[i];
         // The output is kept once, where references find it.
         if let Some(output) = self.steps[i].output.take() {
             if let Some(name) = &step.capture_as {
@@ -983,7 +992,8 @@ impl RunState {
                     "errorCode": error.map(|e| e.code),
                 }))
         });
-        for &d in &self.plan.steps[i].dependents {
+        for k in 0..self.steps[i].checked.dependents.len() {
+            let d = self.steps[i].checked.dependents[k];
             let dependent = &mut self.steps[d];
             dependent.waiting_on -= 1;
             if dependent.waiting_on == 0 && dependent.status.is_none() {
@@ -1130,8 +1140,8 @@ impl RunState {
                 },
             });
             let (id, tool, status) = (
-                self.plan.plan.steps[i].id.clone(),
-                self.plan.plan.steps[i].tool.clone(),
+                self.plan.steps[i].id.clone(),
+                self.plan.steps[i].tool.clone(),
                 state.status,
             );
             let message = format!(
@@ -1222,9 +1232,9 @@ impl RunState {
             .iter_mut()
             .enumerate()
             .map(|(i, state)| StepOutcome {
-                id: self.plan.plan.steps[i].id.clone(),
+                id: self.plan.steps[i].id.clone(),
                 status: state.status.unwrap_or(StepStatus::Skipped),
-                output: self.outputs.remove(&self.plan.plan.steps[i].id),
+                output: self.outputs.remove(&self.plan.steps[i].id),
                 error: state.error.take(),
                 calls: state.calls,
                 answered_by: state.answered_by.take(),
@@ -1288,7 +1298,7 @@ fn status_word(status: StepStatus) -> &'static str {
 mod tests {
     use super::*;
     use crate::config::ExecutorBuilder;
-    use crate::{Executor, Plan};
+    use crate::Executor;
     use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 
     fn state(plan: Value, builder: impl FnOnce(ExecutorBuilder) -> ExecutorBuilder) -> RunState {
