@@ -293,10 +293,12 @@ where
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
+            // The clock is read once a pass, and the state is told it.
+            let now = Instant::now();
             match self.state.phase {
                 Phase::Done => return Poll::Ready(()),
                 Phase::Start => {
-                    self.state.begin(Instant::now());
+                    self.state.begin(now);
                     if let Some(at) = self.state.deadline {
                         self.deadline = Some(Box::pin(sleep_until(at)));
                     }
@@ -306,14 +308,14 @@ where
             }
             self.controls.shared.waker.register(cx.waker());
             let signals = self.controls.signals();
-            if let Some(fates) = self.state.on_signals(signals, Instant::now()) {
+            if let Some(fates) = self.state.on_signals(signals, now) {
                 self.interrupt(fates);
                 continue;
             }
             if let Some(deadline) = &mut self.deadline {
                 if deadline.as_mut().poll(cx).is_ready() {
                     self.deadline = None;
-                    let fates = self.state.on_deadline(Instant::now());
+                    let fates = self.state.on_deadline(now);
                     self.interrupt(fates);
                     continue;
                 }
@@ -328,12 +330,12 @@ where
                     break;
                 };
                 self.work += 1;
-                self.state.on_finished(key, outcome, Instant::now());
+                self.state.on_finished(key, outcome, now);
                 progressed = true;
             }
-            progressed |= self.due_retries(cx);
+            progressed |= self.due_retries(cx, now);
             progressed |= self.state.start_ready();
-            progressed |= self.dispatch(cx, BUDGET);
+            progressed |= self.dispatch(cx, BUDGET, now);
             if self.state.end_if_settled() {
                 continue;
             }
@@ -344,12 +346,12 @@ where
     }
 
     /// Moves the retries that are due to their steps; arms the timer for the next.
-    fn due_retries(&mut self, cx: &mut Context<'_>) -> bool {
+    fn due_retries(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
         if self.state.next_retry().is_none() {
             self.retry_timer = None;
             return false;
         }
-        let mut progressed = self.state.retries_due(Instant::now());
+        let mut progressed = self.state.retries_due(now);
         if let Some(next) = self.state.next_retry() {
             let mut timer = Box::pin(sleep_until(next));
             if timer.as_mut().poll(cx).is_ready() {
@@ -364,7 +366,7 @@ where
     }
 
     /// Makes the calls the state decides while the limits and the service allow.
-    fn dispatch(&mut self, cx: &mut Context<'_>, budget: usize) -> bool {
+    fn dispatch(&mut self, cx: &mut Context<'_>, budget: usize, now: Instant) -> bool {
         let mut progressed = false;
         while self.work < budget {
             let Some(next) = self.state.next_attempt() else {
@@ -374,7 +376,7 @@ where
                 break;
             };
             progressed = true;
-            if let Some(Dispatch { key, call }) = self.state.start(next, ready, Instant::now()) {
+            if let Some(Dispatch { key, call }) = self.state.start(next, ready, now) {
                 self.work += 1;
                 let future = Box::pin(self.service.call(call));
                 self.running.push(InFlight { key, future });

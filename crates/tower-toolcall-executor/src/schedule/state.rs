@@ -300,7 +300,7 @@ impl RunState {
 
     /// `run.started`, the deadline, and the request for confirmation if one is needed.
     pub(crate) fn begin(&mut self, now: Instant) {
-        self.emitter.start_clock();
+        self.emitter.start_clock(now);
         let steps = self.plan.steps.len();
         self.out.emit(&self.emitter, |run| {
             EventKind::RunStarted
