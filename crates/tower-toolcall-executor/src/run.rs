@@ -1,10 +1,13 @@
-//! One run of a plan: the scheduler, its controls, and its end.
+//! One run of a plan: its controls, and the async shell that drives its scheduling state.
 //!
-//! The scheduler is one future, driven by [`Run::finish`]: each time it is woken it takes the
-//! controls' signals, the turn's deadline, the calls that ended and the retries that are due,
-//! starts the steps whose dependencies have finished, and dispatches calls while the limits
-//! and the service allow. Steps are started and calls dispatched in plan order (and item
-//! order), so that the same completions give the same run.
+//! The state ([`crate::schedule`]) decides and does no I/O; the shell, one future driven by
+//! [`Run::finish`], owns the service, the calls' futures and the timers. Each pass it reads
+//! the clock once and tells the state the controls' signals, the turn's deadline, the calls
+//! that ended and the retries that are due; it makes the calls the state starts, drops or
+//! detaches the calls the state names when the run stops, and then does the state's actions
+//! (events, audit lines, `run.json`), reporting every write that fails. Steps are started
+//! and calls dispatched in plan order (and item order), so that the same completions give
+//! the same run.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -1,6 +1,7 @@
-//! The pure parts of a run's scheduling: how a failed try is classified, what it leads to,
-//! and the retries waiting for their time. The clock is passed in and nothing here does
-//! I/O, so the tables below test it without a runtime; the run ([`super::run`]) drives it.
+//! A run's scheduling, as pure state: how a failed try is classified, what it leads to, the
+//! retries waiting for their time, and the run's state ([`state`]: steps, calls in flight by
+//! key, limits). The clock is passed in and nothing here does I/O, so the tables below test
+//! it without a runtime; the run's shell ([`crate::run`]) drives it.
 
 use tokio::time::{Duration, Instant};
 
