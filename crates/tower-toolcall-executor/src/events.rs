@@ -73,8 +73,8 @@ impl Emitter {
     }
 
     /// Restarts the run's clock.
-    pub(crate) fn start_clock(&mut self) {
-        self.started = Instant::now();
+    pub(crate) fn start_clock(&mut self, now: Instant) {
+        self.started = now;
     }
 
     /// Milliseconds since the run started.

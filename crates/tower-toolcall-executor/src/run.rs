@@ -1,12 +1,15 @@
-//! One run of a plan: the scheduler, its controls, and its end.
+//! One run of a plan: its controls, and the async shell that drives its scheduling state.
 //!
-//! The scheduler is one future, driven by [`Run::finish`]: each time it is woken it takes the
-//! controls' signals, the turn's deadline, the calls that ended and the retries that are due,
-//! starts the steps whose dependencies have finished, and dispatches calls while the limits
-//! and the service allow. Steps are started and calls dispatched in plan order (and item
-//! order), so that the same completions give the same run.
+//! The state ([`crate::schedule`]) decides and does no I/O; the shell, one future driven by
+//! [`Run::finish`], owns the service, the calls' futures and the timers. Each pass it reads
+//! the clock once and tells the state the controls' signals, the turn's deadline, the calls
+//! that ended and the retries that are due; it makes the calls the state starts, drops or
+//! detaches the calls the state names when the run stops, and then does the state's actions
+//! (events, audit lines, `run.json`), reporting every write that fails. Steps are started
+//! and calls dispatched in plan order (and item order), so that the same completions give
+//! the same run.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -15,30 +18,18 @@ use std::task::{ready, Context, Poll};
 
 use futures_util::stream::{FuturesUnordered, Stream};
 use futures_util::task::AtomicWaker;
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
-use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
-use tokio::time::{sleep_until, Duration, Instant, Sleep};
+use serde_json::json;
+use tokio::time::{sleep_until, Instant, Sleep};
 use tower_service::Service;
 
-use super::config::{millis, ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn};
+use super::config::{ExecutorConfig, Turn};
 use super::events::{Emitter, EventKind, EventStream, Level};
-use super::outcome::{
-    Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
-};
-use super::plan::{Step, StepRetry};
-use super::reference::{resolve, Scope};
-use super::schedule::{self, after, Action, Failure, Retries};
-use super::validate::{CheckedPlan, Items};
-use crate::validate::json_kind;
-use tower_toolcall::classify::{ToolProfile, Verdict};
-use tower_toolcall::envelope::{Iteration, RunLink, ToolCall, ToolResult};
-use tower_toolcall::registry::JitterKind;
-use tower_toolcall::retry::Backoff;
+use super::outcome::{TurnResult, TurnStatus};
+use super::schedule::{Action, CallKey, Dispatch, Fate, Phase, RunState, Signals};
+use super::validate::CheckedPlan;
+use tower_toolcall::envelope::ToolCall;
 use tower_toolcall::trace::{AuditLog, ExecutionEvent};
-use tower_toolcall::ToolOutput;
-use tower_toolcall::{ErrorCode, ToolError};
+use tower_toolcall::{ToolError, ToolOutput};
 
 /// The version of the executor, as `run.json` records it.
 pub const EXECUTOR_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -51,7 +42,7 @@ pub struct Run<S>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
 {
-    state: RunState<S>,
+    shell: Shell<S>,
     events: Option<EventStream>,
     controls: RunControls,
 }
@@ -62,7 +53,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Run")
-            .field("run_id", &self.state.emitter.run_id())
+            .field("run_id", &self.shell.state.emitter.run_id())
             .finish_non_exhaustive()
     }
 }
@@ -120,13 +111,6 @@ struct ControlShared {
     waker: AtomicWaker,
 }
 
-#[derive(Clone, Debug, Default)]
-struct Signals {
-    cancel: bool,
-    confirmed: Option<String>,
-    refused: bool,
-}
-
 impl RunControls {
     /// Stops scheduling, drops the running calls of cancellable steps (marked `cancelled`:
     /// their tools may have acted) and lets the others finish.
@@ -170,92 +154,9 @@ impl RunControls {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Start,
-    AwaitConfirmation,
-    Running,
-    Done,
-}
-
-/// One try of one unit (the step itself, or one item of its `foreach`).
-#[derive(Clone, Copy, Debug)]
-struct Attempt {
-    unit: usize,
-    /// 0 for the step's tool, then its alternatives.
-    tool: usize,
-    /// Tries of this tool for this unit, 1-based.
-    tries: u32,
-    /// Calls of this unit so far, this one included.
-    dispatch: u32,
-}
-
-/// A step's state while it runs.
-#[derive(Debug, Default)]
-struct StepRun {
-    items: Option<Vec<Value>>,
-    units: usize,
-    next_unit: usize,
-    redo: VecDeque<Attempt>,
-    waiting_retries: usize,
-    in_flight: usize,
-    outputs: Vec<Value>,
-    failure: Option<ToolError>,
-    answered_by: Option<usize>,
-    /// A call of the step was dropped by a cancellation or the deadline.
-    interrupted: bool,
-}
-
-#[derive(Debug, Default)]
-struct StepState {
-    waiting_on: usize,
-    run: Option<StepRun>,
-    status: Option<StepStatus>,
-    output: Option<Value>,
-    error: Option<StepError>,
-    calls: u32,
-    answered_by: Option<String>,
-}
-
-/// What a call in flight remembers.
-#[derive(Debug)]
-struct CallMeta {
-    step: usize,
-    attempt: Attempt,
-    cancellable: bool,
-    call: ToolCall,
-    /// When the call was dispatched, for the audit's `durationMs`.
-    dispatched: Option<Instant>,
-}
-
-/// The actions decided and not yet done.
-#[derive(Debug, Default)]
-struct Outbox {
-    actions: Vec<Action>,
-}
-
-impl Outbox {
-    fn push(&mut self, action: Action) {
-        self.actions.push(action);
-    }
-
-    /// Queues the event `make` builds, if anything listens: events are not even built
-    /// otherwise.
-    fn emit(&mut self, emitter: &Emitter, make: impl FnOnce(&str) -> ExecutionEvent) {
-        if emitter.listening() {
-            self.actions
-                .push(Action::Emit(Box::new(make(emitter.run_id()))));
-        }
-    }
-
-    fn take(&mut self) -> Vec<Action> {
-        std::mem::take(&mut self.actions)
-    }
-}
-
-/// A call in flight.
+/// A call in flight: its future, named by its key.
 struct InFlight<F> {
-    meta: Option<CallMeta>,
+    key: CallKey,
     future: Pin<Box<F>>,
 }
 
@@ -263,56 +164,29 @@ impl<F> Future for InFlight<F>
 where
     F: Future<Output = Result<ToolOutput, ToolError>>,
 {
-    type Output = (CallMeta, Result<ToolOutput, ToolError>);
+    type Output = (CallKey, Result<ToolOutput, ToolError>);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let outcome = ready!(self.future.as_mut().poll(cx));
-        let meta = self.meta.take().expect("an ended call is not polled again");
-        Poll::Ready((meta, outcome))
+        Poll::Ready((self.key, outcome))
     }
 }
 
-struct RunState<S>
+/// The async shell around a run's [`RunState`]: it owns the service, the calls' futures and
+/// the timers, feeds the state the controls' signals, the calls that ended and the clock, and
+/// does what the state decided.
+struct Shell<S>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
 {
-    config: Arc<ExecutorConfig>,
+    state: RunState,
     service: S,
-    plan: CheckedPlan,
-    turn: Turn,
     controls: RunControls,
-    confirmation_id: Option<String>,
-    emitter: Emitter,
-    /// What was decided and is not yet done.
-    out: Outbox,
-    phase: Phase,
-    steps: Vec<StepState>,
-    outputs: HashMap<String, Value>,
-    /// The variables steps captured (`captureAs`); the plan's own are read from the plan.
-    captured: Map<String, Value>,
-    ready: BTreeSet<usize>,
-    active: BTreeSet<usize>,
-    /// Steps whose next call waits for a slot of its tool's concurrency limit, by tool:
-    /// each slot that frees moves the first of them back to `active`, so that scheduling
-    /// does not look at every waiting step each time a call is dispatched.
-    parked: HashMap<String, BTreeSet<usize>>,
     running: FuturesUnordered<InFlight<S::Future>>,
-    in_flight: usize,
-    tool_in_flight: HashMap<String, usize>,
-    /// Tries waiting for their pause to end: the step and the attempt.
-    retries: Retries<(usize, Attempt)>,
     retry_timer: Option<Pin<Box<Sleep>>>,
     deadline: Option<Pin<Box<Sleep>>>,
-    stopping: Option<TurnStatus>,
-    escalated: bool,
-    trace: Vec<Decision>,
-    status: TurnStatus,
-    /// Every call dispatched, kept for a replay to compare.
-    dispatched: Option<Vec<ToolCall>>,
     /// Calls dispatched or ended in this poll.
     work: usize,
-    /// Where the jitter of the run's retry pauses comes from.
-    jitter_seed: u64,
 }
 
 impl<S> Run<S>
@@ -335,53 +209,18 @@ where
         let (mut emitter, events) = Emitter::new(run_id, config.event_capacity);
         emitter.audit = audit;
         let controls = RunControls::default();
-        let steps = plan
-            .steps
-            .iter()
-            .map(|s| StepState {
-                waiting_on: s.deps.len(),
-                ..StepState::default()
-            })
-            .collect();
-        let step_count = plan.steps.len();
-        let tool_in_flight = config
-            .policy
-            .tool_concurrency
-            .keys()
-            .map(|tool| (tool.clone(), 0))
-            .collect();
-        let state = RunState {
-            confirmation_id: turn.confirmation_id.clone(),
-            config,
+        let state = RunState::new(config, plan, turn, emitter, jitter_seed);
+        let shell = Shell {
+            state,
             service,
-            plan,
-            turn,
             controls: controls.clone(),
-            emitter,
-            out: Outbox::default(),
-            phase: Phase::Start,
-            steps,
-            outputs: HashMap::with_capacity(step_count),
-            captured: Map::new(),
-            ready: BTreeSet::new(),
-            active: BTreeSet::new(),
-            parked: HashMap::new(),
             running: FuturesUnordered::new(),
-            in_flight: 0,
-            tool_in_flight,
-            retries: Retries::default(),
             retry_timer: None,
             deadline: None,
-            stopping: None,
-            escalated: false,
-            trace: Vec::new(),
-            status: TurnStatus::Completed,
-            dispatched: None,
             work: 0,
-            jitter_seed,
         };
         Run {
-            state,
+            shell,
             events: Some(events),
             controls,
         }
@@ -389,7 +228,7 @@ where
 
     /// The run's id.
     pub fn id(&self) -> &str {
-        self.state.emitter.run_id()
+        self.shell.state.emitter.run_id()
     }
 
     /// The run's events; `None` after the first call. Events are only sent to a stream
@@ -400,7 +239,7 @@ where
 
     /// The seed of the jitter of the run's retry pauses, as `run.json` records it.
     pub fn jitter_seed(&self) -> u64 {
-        self.state.jitter_seed
+        self.shell.state.jitter_seed
     }
 
     /// The run's controls.
@@ -416,45 +255,37 @@ where
 
     /// Keeps every event and dispatched call, for a replay to compare.
     pub(crate) fn keep_record(&mut self) {
-        self.state.emitter.kept = Some(Vec::new());
-        self.state.dispatched = Some(Vec::new());
+        self.shell.state.emitter.kept = Some(Vec::new());
+        self.shell.state.dispatched = Some(Vec::new());
     }
 
     pub(crate) async fn finish_kept(self) -> (TurnResult, Vec<ExecutionEvent>, Vec<ToolCall>) {
         let Run {
-            mut state, events, ..
+            mut shell, events, ..
         } = self;
         // Nobody holds the stream: no event is built for it.
         drop(events);
-        poll_fn(|cx| state.poll_run(cx)).await;
-        state.into_result()
+        poll_fn(|cx| shell.poll_run(cx)).await;
+        shell.state.into_result()
     }
 }
 
-impl<S> RunState<S>
+impl<S> Shell<S>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
     S::Future: Send + 'static,
 {
-    fn step_id(&self, i: usize) -> &str {
-        &self.plan.plan.steps[i].id
-    }
-
-    /// What references see: the outputs, the captured variables over the plan's, and the
-    /// run's depth limit.
-    fn scope(&self) -> Scope<'_> {
-        Scope::new(&self.outputs, &self.captured)
-            .with_base_vars(&self.plan.plan.vars)
-            .with_max_depth(self.config.policy.max_depth)
-    }
-
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let poll = self.schedule(cx);
         self.perform();
+        if self.state.phase == Phase::Done {
+            self.state.emitter.close();
+        }
         poll
     }
 
-    /// Takes the signals, the timers and the calls that ended, and decides what comes next.
+    /// Takes the signals, the timers and the calls that ended to the state, and makes the
+    /// calls it decides.
     fn schedule(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // Calls dispatched or ended in one poll before the run lets the other tasks of its
         // thread (the event stream's reader, say) have a turn.
@@ -465,82 +296,50 @@ where
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            match self.phase {
+            // The clock is read once a pass, and the state is told it.
+            let now = Instant::now();
+            match self.state.phase {
                 Phase::Done => return Poll::Ready(()),
                 Phase::Start => {
-                    self.begin();
+                    self.state.begin(now);
+                    if let Some(at) = self.state.deadline {
+                        self.deadline = Some(Box::pin(sleep_until(at)));
+                    }
                     continue;
                 }
                 Phase::AwaitConfirmation | Phase::Running => {}
             }
             self.controls.shared.waker.register(cx.waker());
             let signals = self.controls.signals();
-            if self.phase == Phase::AwaitConfirmation {
-                if signals.cancel {
-                    self.out.emit(&self.emitter, |run| {
-                        EventKind::RunCancelled
-                            .of_run(run, "run cancelled before it was confirmed")
-                            .level(Level::Warn.as_str())
-                    });
-                    self.end_unstarted(
-                        TurnStatus::Cancelled,
-                        ErrorCode::Cancelled,
-                        "the run was cancelled",
-                    );
-                    continue;
-                }
-                if signals.refused {
-                    self.end_unstarted(
-                        TurnStatus::Refused,
-                        ErrorCode::PolicyDenied,
-                        "the run was not confirmed",
-                    );
-                    continue;
-                }
-                if let Some(id) = signals.confirmed {
-                    self.out.emit(&self.emitter, |run| {
-                        EventKind::RunConfirmed
-                            .of_run(run, "run confirmed")
-                            .payload(json!({"confirmationId": id}))
-                    });
-                    self.confirmation_id = Some(id);
-                    self.start_running();
-                    continue;
-                }
-            } else if signals.cancel && self.stopping.is_none() {
-                self.cancel();
+            if let Some(fates) = self.state.on_signals(signals, now) {
+                self.interrupt(fates);
                 continue;
             }
             if let Some(deadline) = &mut self.deadline {
                 if deadline.as_mut().poll(cx).is_ready() {
                     self.deadline = None;
-                    self.on_deadline();
+                    let fates = self.state.on_deadline(now);
+                    self.interrupt(fates);
                     continue;
                 }
             }
-            if self.phase == Phase::AwaitConfirmation {
+            if self.state.phase == Phase::AwaitConfirmation {
                 return Poll::Pending;
             }
             let mut progressed = false;
             while self.work < BUDGET {
-                let Poll::Ready(Some((meta, outcome))) = Pin::new(&mut self.running).poll_next(cx)
+                let Poll::Ready(Some((key, outcome))) = Pin::new(&mut self.running).poll_next(cx)
                 else {
                     break;
                 };
-                self.completed(meta, outcome);
+                self.work += 1;
+                self.state.on_finished(key, outcome, now);
                 progressed = true;
             }
-            progressed |= self.due_retries(cx);
-            progressed |= self.start_ready();
-            progressed |= self.dispatch(cx, BUDGET);
-            if self.running.is_empty()
-                && (self.stopping.is_some()
-                    || (self.ready.is_empty()
-                        && self.active.is_empty()
-                        && self.parked.values().all(BTreeSet::is_empty)
-                        && self.retries.is_empty()))
-            {
-                self.end_run();
+            progressed |= self.due_retries(cx, now);
+            progressed |= self.state.start_ready();
+            progressed |= self.dispatch(cx, BUDGET, now);
+            if self.state.end_if_settled() {
                 continue;
             }
             if !progressed {
@@ -549,208 +348,14 @@ where
         }
     }
 
-    /// `run.started`, the deadline, and the request for confirmation if one is needed.
-    fn begin(&mut self) {
-        self.emitter.start_clock();
-        let steps = self.plan.plan.steps.len();
-        self.out.emit(&self.emitter, |run| {
-            EventKind::RunStarted
-                .of_run(run, format!("run of {steps} steps started"))
-                .payload(json!({"steps": steps}))
-        });
-        if let Some(ms) = self.config.policy.turn_timeout_ms {
-            self.deadline = Some(Box::pin(sleep_until(after(
-                Instant::now(),
-                Duration::from_millis(ms),
-            ))));
-        }
-        if !self.plan.needs_confirmation() || self.confirmation_id.is_some() {
-            self.start_running();
-            return;
-        }
-        match self.config.policy.confirmation {
-            ConfirmationPolicy::NotRequired => self.start_running(),
-            ConfirmationPolicy::Refuse => self.end_unstarted(
-                TurnStatus::Refused,
-                ErrorCode::PolicyDenied,
-                "the run has steps that change things and no confirmation",
-            ),
-            ConfirmationPolicy::Ask => {
-                let previews: Vec<Value> = self
-                    .plan
-                    .plan
-                    .steps
-                    .iter()
-                    .zip(&self.plan.steps)
-                    .filter(|(_, c)| c.mutating)
-                    .map(|(s, _)| json!({"stepId": s.id, "tool": s.tool, "preview": s.preview}))
-                    .collect();
-                self.out.emit(&self.emitter, |run| {
-                    EventKind::RunConfirmationRequested
-                        .of_run(
-                            run,
-                            "the run has steps that change things; confirm it to go on",
-                        )
-                        .payload(json!({"steps": previews}))
-                });
-                self.phase = Phase::AwaitConfirmation;
-            }
-        }
-    }
-
-    fn start_running(&mut self) {
-        self.phase = Phase::Running;
-        self.out.push(Action::WriteRecord(None));
-        for (i, step) in self.steps.iter().enumerate() {
-            if step.waiting_on == 0 {
-                self.ready.insert(i);
-            }
-        }
-    }
-
-    /// Ends a run that dispatched nothing: every step skipped.
-    fn end_unstarted(&mut self, status: TurnStatus, code: ErrorCode, why: &str) {
-        self.status = status;
-        for step in &mut self.steps {
-            step.status = Some(StepStatus::Skipped);
-            step.error = Some(StepError {
-                code,
-                message: why.to_owned(),
-            });
-        }
-        self.stopping = Some(status);
-        self.end_run();
-    }
-
-    /// Starts the steps whose dependencies have all finished, in plan order.
-    fn start_ready(&mut self) -> bool {
-        if self.stopping.is_some() {
-            return false;
-        }
-        let mut progressed = false;
-        while let Some(i) = self.ready.pop_first() {
-            progressed = true;
-            let missing = self.plan.steps[i]
-                .deps
-                .iter()
-                .copied()
-                .find(|&d| !self.steps[d].status.is_some_and(StepStatus::has_output));
-            if let Some(dep) = missing {
-                let why = format!("step `{}` it depends on has no result", self.step_id(dep));
-                self.cascade(i, &why);
-                continue;
-            }
-            let mut run = StepRun::default();
-            if let Some(items) = &self.plan.steps[i].items {
-                let resolved = match items {
-                    // Items the plan holds are read where they are, one at a time.
-                    Items::Inline | Items::Var(_) => Ok(None),
-                    Items::Reference(value) => {
-                        // The items are a copy of an output, not args: no size limit.
-                        resolve(value, &self.scope().with_max_bytes(usize::MAX))
-                            .map(Some)
-                            .map_err(|e| ToolError::invalid_field("foreach.items", e.to_string()))
-                    }
-                };
-                match resolved {
-                    Ok(None) => run.units = self.plan_items(i).map_or(0, <[Value]>::len),
-                    Ok(Some(Value::Array(items))) => {
-                        run.units = items.len();
-                        run.items = Some(items);
-                    }
-                    Ok(Some(other)) => {
-                        run.failure = Some(ToolError::invalid_field(
-                            "foreach.items",
-                            format_args!("must be an array, got {}", json_kind(&other)),
-                        ));
-                    }
-                    Err(e) => run.failure = Some(e),
-                }
-            } else {
-                run.units = 1;
-            }
-            run.outputs = Vec::with_capacity(run.units.min(1024));
-            let units = run.units;
-            let failed = run.failure.clone();
-            self.steps[i].run = Some(run);
-            let step = &self.plan.plan.steps[i];
-            self.out.emit(&self.emitter, |r| {
-                EventKind::StepScheduled
-                    .of_run(r, format!("step {} scheduled", step.id))
-                    .step(step.id.clone())
-                    .tool(step.tool.clone())
-                    .payload(json!({"units": units}))
-            });
-            if let Some(error) = failed {
-                let recovery = self.fallback(i);
-                self.record_decision(i, None, &error, Classification::Permanent, 0, recovery);
-                self.finish_step(i);
-            } else if units == 0 {
-                self.finish_step(i);
-            } else {
-                self.active.insert(i);
-            }
-        }
-        progressed
-    }
-
-    /// What a step that cannot get an output of its own does: its default, a skip, or the
-    /// turn's failure.
-    fn fallback(&self, i: usize) -> Recovery {
-        let step = &self.plan.plan.steps[i];
-        schedule::fallback(step.default.is_some(), step.is_required())
-    }
-
-    /// A step one of whose dependencies has no output.
-    fn cascade(&mut self, i: usize, why: &str) {
-        let recovery = self.fallback(i);
-        let step = &self.plan.plan.steps[i];
-        let decision = Decision {
-            step_id: step.id.clone(),
-            call_id: None,
-            tool: step.tool.clone(),
-            error_code: None,
-            classification: Classification::Dependency,
-            breaker_state: None,
-            retry_count: 0,
-            decision: recovery,
-            reason: why.to_owned(),
-        };
-        self.trace.push(decision);
-        let state = &mut self.steps[i];
-        match recovery {
-            Recovery::Default => {
-                state.status = Some(StepStatus::Defaulted);
-                state.output = step.default.clone();
-            }
-            _ => state.status = Some(StepStatus::Skipped),
-        }
-        state.error = Some(StepError {
-            code: ErrorCode::PreconditionFailed,
-            message: why.to_owned(),
-        });
-        if recovery == Recovery::Escalate {
-            self.escalated = true;
-        }
-        self.step_ended(i, Some(recovery));
-    }
-
     /// Moves the retries that are due to their steps; arms the timer for the next.
-    fn due_retries(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.retries.is_empty() {
+    fn due_retries(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
+        if self.state.next_retry().is_none() {
             self.retry_timer = None;
             return false;
         }
-        let due = self.retries.take_due(Instant::now());
-        let mut progressed = !due.is_empty();
-        for (step, attempt) in due {
-            if let Some(run) = &mut self.steps[step].run {
-                run.waiting_retries -= 1;
-                run.redo.push_back(attempt);
-                self.active.insert(step);
-            }
-        }
-        if let Some(next) = self.retries.next_due() {
+        let mut progressed = self.state.retries_due(now);
+        if let Some(next) = self.state.next_retry() {
             let mut timer = Box::pin(sleep_until(next));
             if timer.as_mut().poll(cx).is_ready() {
                 progressed = true;
@@ -763,538 +368,51 @@ where
         progressed
     }
 
-    /// The next try the limits allow, in plan and item order. A step whose next try waits
-    /// for its tool's limit is parked until a call of that tool ends.
-    fn next_attempt(&mut self) -> Option<(usize, Attempt)> {
-        let policy = &self.config.policy;
-        if self.in_flight >= policy.max_concurrency {
-            return None;
-        }
-        // Each free slot of a tool goes back to the first step waiting for it, as a scan in
-        // plan order would give it.
-        for (tool, waiting) in &mut self.parked {
-            let cap = policy
-                .tool_concurrency
-                .get(tool)
-                .copied()
-                .unwrap_or(usize::MAX);
-            let used = self.tool_in_flight.get(tool).copied().unwrap_or(0);
-            for _ in used..cap {
-                let Some(i) = waiting.pop_first() else {
-                    break;
-                };
-                self.active.insert(i);
-            }
-        }
-        let mut from = 0;
-        while let Some(&i) = self.active.range(from..).next() {
-            from = i + 1;
-            let run = self.steps[i].run.as_ref()?;
-            let limit = self.plan.plan.steps[i]
-                .foreach
-                .as_ref()
-                .and_then(|f| f.max_concurrency)
-                .unwrap_or(usize::MAX);
-            if run.in_flight >= limit {
-                continue;
-            }
-            let attempt = match run.redo.front() {
-                Some(a) => *a,
-                None if run.failure.is_none() && run.next_unit < run.units => Attempt {
-                    unit: run.next_unit,
-                    tool: 0,
-                    tries: 1,
-                    dispatch: 1,
-                },
-                None => continue,
-            };
-            let tool = self.plan.steps[i].tools[attempt.tool].full();
-            if let Some(&cap) = policy.tool_concurrency.get(tool) {
-                if self.tool_in_flight.get(tool).copied().unwrap_or(0) >= cap {
-                    self.active.remove(&i);
-                    self.parked.entry(tool.to_owned()).or_default().insert(i);
-                    continue;
-                }
-            }
-            return Some((i, attempt));
-        }
-        None
-    }
-
-    /// Dispatches calls while the limits and the service allow.
-    fn dispatch(&mut self, cx: &mut Context<'_>, budget: usize) -> bool {
-        if self.stopping.is_some() {
-            return false;
-        }
+    /// Makes the calls the state decides while the limits and the service allow.
+    fn dispatch(&mut self, cx: &mut Context<'_>, budget: usize, now: Instant) -> bool {
         let mut progressed = false;
         while self.work < budget {
-            let Some((i, attempt)) = self.next_attempt() else {
+            let Some(next) = self.state.next_attempt() else {
                 break;
             };
-            match self.service.poll_ready(cx) {
-                Poll::Pending => break,
-                Poll::Ready(ready) => {
-                    progressed = true;
-                    let run = self.steps[i].run.as_mut().expect("an active step runs");
-                    if run.redo.front().is_some() {
-                        run.redo.pop_front();
-                    } else {
-                        run.next_unit += 1;
-                    }
-                    if run.redo.is_empty() && (run.failure.is_some() || run.next_unit >= run.units)
-                    {
-                        self.active.remove(&i);
-                    }
-                    match ready.and_then(|()| self.make_call(i, attempt)) {
-                        Ok(call) => self.send(i, attempt, call),
-                        Err(error) => {
-                            self.failed(i, attempt, None, error);
-                            self.maybe_finish_step(i);
-                        }
-                    }
-                }
+            let Poll::Ready(ready) = self.service.poll_ready(cx) else {
+                break;
+            };
+            progressed = true;
+            if let Some(Dispatch { key, call }) = self.state.start(next, ready, now) {
+                self.work += 1;
+                let future = Box::pin(self.service.call(call));
+                self.running.push(InFlight { key, future });
             }
         }
         progressed
     }
 
-    /// The `foreach` items of step `i` that the plan itself holds.
-    fn plan_items(&self, i: usize) -> Option<&[Value]> {
-        let value = match self.plan.steps[i].items.as_ref()? {
-            Items::Inline => &self.plan.plan.steps[i].foreach.as_ref()?.items,
-            Items::Var(name) => self.plan.plan.vars.get(name)?,
-            Items::Reference(_) => return None,
-        };
-        value.as_array().map(Vec::as_slice)
-    }
-
-    /// The call of `attempt`: args resolved, checked, linked to the run.
-    fn make_call(&self, i: usize, attempt: Attempt) -> Result<ToolCall, ToolError> {
-        let step = &self.plan.plan.steps[i];
-        let tool = &self.plan.steps[i].tools[attempt.tool];
-        let run = self.steps[i].run.as_ref().expect("a dispatched step runs");
-        let max_bytes = self
-            .config
-            .registry
-            .get(&tool.namespace, &tool.name)
-            .and_then(|t| t.descriptor().policy.validate.overrides())
-            .and_then(|o| o.max_params_bytes)
-            .unwrap_or(self.config.policy.max_params_bytes);
-        let mut scope = self.scope().with_max_bytes(max_bytes);
-        let mut link;
-        let item = match &run.items {
-            Some(items) => items.get(attempt.unit),
-            None => self.plan_items(i).and_then(|items| items.get(attempt.unit)),
-        };
-        if let (Some(foreach), Some(item)) = (&step.foreach, item) {
-            scope = scope
-                .with_item(&foreach.item_name, item)
-                .with_index(&foreach.index_name, attempt.unit as u64);
-            link = RunLink::new(self.emitter.run_id(), &step.id, call_id(step, attempt))
-                .with_iteration(Iteration::new(
-                    attempt.unit as u64,
-                    &foreach.item_name,
-                    item.clone(),
-                ))
-                .with_loop_id(format!("{}/{}", self.emitter.run_id(), step.id));
-        } else {
-            link = RunLink::new(self.emitter.run_id(), &step.id, call_id(step, attempt));
+    /// Does what the state decided for the calls in flight, in its order: keeps them, drops
+    /// them, or leaves them to finish in the background.
+    fn interrupt(&mut self, fates: Vec<(CallKey, Fate)>) {
+        if self.state.next_retry().is_none() {
+            self.retry_timer = None;
         }
-        link = link.with_attempt(attempt.dispatch);
-        let args = resolve(&step.args, &scope).map_err(|e| {
-            ToolError::rejected(
-                e.code(),
-                format!(
-                    "step `{}`: {e}; the plan must reference an existing value",
-                    step.id
-                ),
-            )
-        })?;
-        if let Some(registered) = self.config.registry.get(&tool.namespace, &tool.name) {
-            registered.check_params(&args)?;
-        }
-        let mut builder = ToolCall::builder(&tool.namespace, &tool.name)
-            .session(&self.turn.session_key)
-            .actor(&self.turn.actor_id)
-            .params(args)
-            .run_link(link);
-        if let Some(tenant) = &self.turn.tenant_id {
-            builder = builder.tenant(tenant);
-        }
-        if let Some(id) = &self.confirmation_id {
-            builder = builder.confirmation_id(id);
-        }
-        builder.build()
-    }
-
-    fn send(&mut self, i: usize, attempt: Attempt, call: ToolCall) {
-        let tool = self.plan.steps[i].tools[attempt.tool].full();
-        if let Some(n) = self.tool_in_flight.get_mut(tool) {
-            *n += 1;
-        }
-        self.out.emit(&self.emitter, |_| {
-            EventKind::StepStarted.of_call(&call, "call dispatched")
-        });
-        if self.emitter.audit.is_some() {
-            self.out.push(Action::RecordCall(call.clone()));
-        }
-        if let Some(dispatched) = &mut self.dispatched {
-            dispatched.push(call.clone());
-        }
-        self.work += 1;
-        let future = self.service.call(call.clone());
-        self.in_flight += 1;
-        let state = &mut self.steps[i];
-        state.calls += 1;
-        let run = state.run.as_mut().expect("a dispatched step runs");
-        run.in_flight += 1;
-        self.running.push(InFlight {
-            meta: Some(CallMeta {
-                step: i,
-                attempt,
-                cancellable: self.plan.plan.steps[i].cancellable,
-                call,
-                dispatched: self.emitter.audit.as_ref().map(|_| Instant::now()),
-            }),
-            future: Box::pin(future),
-        });
-    }
-
-    fn record_result(
-        &mut self,
-        call: &ToolCall,
-        outcome: &Result<ToolOutput, ToolError>,
-        dispatched: Option<Instant>,
-    ) {
-        if self.emitter.audit.is_some() {
-            let mut result = ToolResult::from_outcome(call, outcome.clone());
-            result.duration_ms = millis(dispatched.map_or(Duration::ZERO, |at| at.elapsed()));
-            self.out.push(Action::RecordResult(Box::new(result)));
-        }
-    }
-
-    fn release(&mut self, meta: &CallMeta) {
-        self.in_flight -= 1;
-        let tool = self.plan.steps[meta.step].tools[meta.attempt.tool].full();
-        if let Some(n) = self.tool_in_flight.get_mut(tool) {
-            *n -= 1;
-        }
-        if let Some(run) = &mut self.steps[meta.step].run {
-            run.in_flight -= 1;
-        }
-    }
-
-    /// A call ended.
-    fn completed(&mut self, meta: CallMeta, outcome: Result<ToolOutput, ToolError>) {
-        self.work += 1;
-        self.release(&meta);
-        self.record_result(&meta.call, &outcome, meta.dispatched);
-        let i = meta.step;
-        match outcome {
-            Ok(output) => {
-                self.out.emit(&self.emitter, |_| {
-                    EventKind::StepFinished.of_call(&meta.call, "call succeeded")
-                });
-                let foreach = self.plan.plan.steps[i].foreach.is_some();
-                let run = self.steps[i].run.as_mut().expect("a step with calls runs");
-                run.answered_by = Some(meta.attempt.tool);
-                if foreach {
-                    let unit = meta.attempt.unit;
-                    if run.outputs.len() <= unit {
-                        run.outputs.resize(unit + 1, Value::Null);
-                    }
-                    run.outputs[unit] = output.content;
-                    let (done, total) = (run.next_unit - run.in_flight, run.units);
-                    let id = self.step_id(i).to_owned();
-                    self.out.emit(&self.emitter, |r| {
-                        EventKind::StepProgress
-                            .of_run(r, format!("{done} of {total} items ended"))
-                            .step(id)
-                            .payload(json!({"ended": done, "total": total}))
-                    });
-                } else {
-                    run.outputs.push(output.content);
-                }
-            }
-            Err(error) => self.failed(i, meta.attempt, Some(&meta.call), error),
-        }
-        self.maybe_finish_step(i);
-    }
-
-    /// A try failed (a call, or the making of one): retry, alternative, or the step's
-    /// fallback.
-    fn failed(&mut self, i: usize, attempt: Attempt, call: Option<&ToolCall>, error: ToolError) {
-        let step = &self.plan.plan.steps[i];
-        let tool_count = self.plan.steps[i].tools.len();
-        let tool = &self.plan.steps[i].tools[attempt.tool];
-        let pause = step.retry.map_or(Duration::ZERO, |retry| {
-            retry_pause(&retry, self.jitter_seed, &call_id(step, attempt))
-        });
-        let profile = match self.config.registry.get(&tool.namespace, &tool.name) {
-            Some(t) => ToolProfile::new(Some(t.descriptor()), &t.descriptor().policy),
-            None => ToolProfile::new(None, self.config.registry.unregistered_policy()),
-        };
-        let outcome = Err(error);
-        let verdict = self
-            .config
-            .classifier
-            .classify(&outcome, &profile)
-            .verdict();
-        let Err(error) = outcome else { unreachable!() };
-        let classification = schedule::classify(
-            error.code() == ErrorCode::CircuitOpen,
-            verdict == Verdict::Retriable,
-        );
-        let failure = Failure {
-            classification,
-            tries: attempt.tries,
-            max_tries: step.retry.map_or(1, |r| {
-                r.max_attempts.min(self.config.policy.max_step_attempts)
-            }),
-            tool: attempt.tool,
-            tools: tool_count,
-        };
-        let recovery = schedule::recovery(failure, self.fallback(i), self.stopping.is_some());
-        if let Some(call) = call {
-            let payload = json!({
-                "errorCode": error.code(),
-                "classification": classification,
-                "breakerState": error.record().breaker_state,
-                "retryCount": attempt.tries,
-                "decision": recovery.map(Recovery::as_str),
-            });
-            let message = error.message().to_owned();
-            self.out.emit(&self.emitter, |_| {
-                EventKind::StepFailed
-                    .of_call(call, message)
-                    .level(Level::Warn.as_str())
-                    .payload(payload)
-            });
-        }
-        let Some(recovery) = recovery else {
-            let run = self.steps[i].run.as_mut().expect("a step with calls runs");
-            run.failure.get_or_insert(error);
-            return;
-        };
-        self.record_decision(i, call, &error, classification, attempt.tries, recovery);
-        let run = self.steps[i].run.as_mut().expect("a step with calls runs");
-        match recovery {
-            Recovery::Retry => {
-                let next = Attempt {
-                    tries: attempt.tries + 1,
-                    dispatch: attempt.dispatch + 1,
-                    ..attempt
-                };
-                if pause.is_zero() {
-                    run.redo.push_back(next);
-                    self.active.insert(i);
-                } else {
-                    run.waiting_retries += 1;
-                    self.retries.schedule(Instant::now(), pause, (i, next));
-                }
-            }
-            Recovery::Alternative => {
-                run.redo.push_back(Attempt {
-                    tool: attempt.tool + 1,
-                    tries: 1,
-                    dispatch: attempt.dispatch + 1,
-                    ..attempt
-                });
-                self.active.insert(i);
-            }
-            Recovery::Default | Recovery::Skip | Recovery::Escalate => {
-                run.failure.get_or_insert(error);
-                if run.redo.is_empty() {
-                    self.active.remove(&i);
-                }
-            }
-        }
-    }
-
-    fn record_decision(
-        &mut self,
-        i: usize,
-        call: Option<&ToolCall>,
-        error: &ToolError,
-        classification: Classification,
-        tries: u32,
-        recovery: Recovery,
-    ) {
-        let step = &self.plan.plan.steps[i];
-        self.trace.push(Decision {
-            step_id: step.id.clone(),
-            call_id: call.and_then(|c| c.run_link()).map(|l| l.call_id.clone()),
-            tool: call.map_or_else(
-                || step.tool.clone(),
-                |c| format!("{}::{}", c.tool_namespace(), c.tool_name()),
-            ),
-            error_code: Some(error.code()),
-            classification,
-            breaker_state: error.record().breaker_state,
-            retry_count: tries,
-            decision: recovery,
-            reason: error.message().to_owned(),
-        });
-    }
-
-    fn maybe_finish_step(&mut self, i: usize) {
-        let Some(run) = &self.steps[i].run else {
-            return;
-        };
-        if self.steps[i].status.is_some() || run.in_flight > 0 {
+        if fates.is_empty() {
             return;
         }
-        let settled = run.redo.is_empty()
-            && run.waiting_retries == 0
-            && (run.failure.is_some() || run.next_unit >= run.units);
-        if settled || self.stopping.is_some() {
-            self.finish_step(i);
-        }
-    }
-
-    /// A step whose calls have all ended.
-    fn finish_step(&mut self, i: usize) {
-        self.active.remove(&i);
-        for waiting in self.parked.values_mut() {
-            waiting.remove(&i);
-        }
-        let step = &self.plan.plan.steps[i];
-        let tools = &self.plan.steps[i].tools;
-        let (stopped, stop_code) = self.stop_status();
-        let fallback = self.fallback(i);
-        let state = &mut self.steps[i];
-        let run = state.run.take().unwrap_or_default();
-        let mut recovery = None;
-        if let Some(error) = run.failure {
-            let r = fallback;
-            if r == Recovery::Default {
-                state.status = Some(StepStatus::Defaulted);
-                state.output = step.default.clone();
-            } else {
-                state.status = Some(StepStatus::Failed);
-            }
-            state.error = Some(StepError {
-                code: error.code(),
-                message: error.message().to_owned(),
-            });
-            self.escalated |= r == Recovery::Escalate;
-            recovery = Some(r);
-        } else if self.stopping.is_some() && (run.interrupted || run.next_unit < run.units.max(1)) {
-            state.status = Some(stopped);
-            state.error = Some(StepError {
-                code: stop_code,
-                message: "stopped before all its calls were made".to_owned(),
-            });
-        } else {
-            state.status = Some(StepStatus::Succeeded);
-            state.output = Some(if step.foreach.is_some() {
-                let mut outputs = run.outputs;
-                outputs.resize(run.units, Value::Null);
-                Value::Array(outputs)
-            } else {
-                run.outputs.into_iter().next().unwrap_or(Value::Null)
-            });
-            if let Some(k) = run.answered_by.filter(|&k| k > 0) {
-                state.answered_by = Some(tools[k].full().to_owned());
-            }
-        }
-        self.step_ended(i, recovery);
-    }
-
-    fn stop_status(&self) -> (StepStatus, ErrorCode) {
-        match self.stopping {
-            Some(TurnStatus::Cancelled) => (StepStatus::Cancelled, ErrorCode::Cancelled),
-            _ => (StepStatus::TimedOut, ErrorCode::Timeout),
-        }
-    }
-
-    /// Publishes a step's end: its output, its event, and its dependents' readiness.
-    fn step_ended(&mut self, i: usize, recovery: Option<Recovery>) {
-        let step = &self.plan.plan.steps[i];
-        // The output is kept once, where references find it.
-        if let Some(output) = self.steps[i].output.take() {
-            if let Some(name) = &step.capture_as {
-                self.captured.insert(name.clone(), output.clone());
-            }
-            self.outputs.insert(step.id.clone(), output);
-        }
-        let state = &self.steps[i];
-        let status = state.status.expect("an ended step has a status");
-        let (id, tool, calls) = (&step.id, &step.tool, state.calls);
-        let error = state.error.as_ref();
-        self.out.emit(&self.emitter, |run| {
-            let (kind, level) = if status.has_output() {
-                (EventKind::StepFinished, Level::Info)
-            } else if status == StepStatus::Skipped && recovery == Some(Recovery::Skip) {
-                (EventKind::StepFinished, Level::Warn)
-            } else {
-                (EventKind::StepFailed, Level::Error)
-            };
-            let message = match error {
-                Some(e) => format!("step {id} {}: {}", status_word(status), e.message),
-                None => format!("step {id} {}", status_word(status)),
-            };
-            kind.of_run(run, message)
-                .step(id.clone())
-                .tool(tool.clone())
-                .level(level.as_str())
-                .payload(json!({
-                    "status": status,
-                    "calls": calls,
-                    "decision": recovery.map(Recovery::as_str),
-                    "errorCode": error.map(|e| e.code),
-                }))
-        });
-        for &d in &self.plan.steps[i].dependents {
-            let dependent = &mut self.steps[d];
-            dependent.waiting_on -= 1;
-            if dependent.waiting_on == 0 && dependent.status.is_none() {
-                self.ready.insert(d);
-            }
-        }
-    }
-
-    /// The turn's deadline: completed results stay, running steps time out, the rest are
-    /// skipped; running calls are left to finish (or dropped), not awaited.
-    fn on_deadline(&mut self) {
-        if self.stopping == Some(TurnStatus::Partial) {
-            return;
-        }
-        if self.phase == Phase::AwaitConfirmation {
-            self.end_unstarted(
-                TurnStatus::Partial,
-                ErrorCode::Timeout,
-                "the turn's deadline came before the run was confirmed",
-            );
-            return;
-        }
-        self.stopping = Some(self.stopping.unwrap_or(TurnStatus::Partial));
-        let running = self.take_running();
+        let mut running: HashMap<CallKey, InFlight<S::Future>> = std::mem::take(&mut self.running)
+            .into_iter()
+            .map(|f| (f.key, f))
+            .collect();
         let left = FuturesUnordered::new();
-        for mut in_flight in running {
-            let meta = in_flight
-                .meta
-                .take()
-                .expect("a running call has its record");
-            self.release(&meta);
-            let error = ToolError::new(
-                ErrorCode::Timeout,
-                "the turn's deadline came before the call ended; the tool may still act",
-            )
-            .with_details(json!({"outcomeUnknown": true}));
-            self.out.emit(&self.emitter, |_| {
-                EventKind::StepFailed.of_call(&meta.call, error.message())
-                    .level(Level::Warn.as_str())
-                    .payload(json!({"errorCode": ErrorCode::Timeout, "decision": "skip", "outcomeUnknown": true}))
-            });
-            self.record_result(&meta.call, &Err(error), meta.dispatched);
-            let keep =
-                self.config.policy.on_deadline == OnDeadline::LeaveRunning || !meta.cancellable;
-            if keep {
-                in_flight.meta = Some(meta);
-                left.push(in_flight);
+        for (key, fate) in fates {
+            let Some(in_flight) = running.remove(&key) else {
+                continue;
+            };
+            match fate {
+                Fate::Keep => self.running.push(in_flight),
+                Fate::Drop => drop(in_flight),
+                Fate::Detach => left.push(in_flight),
             }
         }
+        self.running.extend(running.into_values());
         if !left.is_empty() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
@@ -1310,203 +428,21 @@ where
                 });
             }
         }
-        self.stop_remaining(ErrorCode::Timeout, "the turn's deadline came before it ran");
-    }
-
-    /// The calls in flight, in plan, item and dispatch order (not the order they happen to
-    /// sit in), so that what is done to them is the same in every run.
-    fn take_running(&mut self) -> Vec<InFlight<S::Future>> {
-        let mut running: Vec<_> = std::mem::take(&mut self.running).into_iter().collect();
-        running.sort_by_key(|f| {
-            f.meta
-                .as_ref()
-                .map(|m| (m.step, m.attempt.unit, m.attempt.dispatch))
-        });
-        running
-    }
-
-    /// Cancellation: the running calls of cancellable steps are dropped; the others end.
-    fn cancel(&mut self) {
-        self.stopping = Some(TurnStatus::Cancelled);
-        self.out.emit(&self.emitter, |run| {
-            EventKind::RunCancelled
-                .of_run(run, "run cancelled")
-                .level(Level::Warn.as_str())
-        });
-        let running = self.take_running();
-        for mut in_flight in running {
-            let meta = in_flight
-                .meta
-                .take()
-                .expect("a running call has its record");
-            if !meta.cancellable {
-                in_flight.meta = Some(meta);
-                self.running.push(in_flight);
-                continue;
-            }
-            drop(in_flight);
-            self.release(&meta);
-            if let Some(run) = &mut self.steps[meta.step].run {
-                run.interrupted = true;
-            }
-            let error = ToolError::new(
-                ErrorCode::Cancelled,
-                "the run was cancelled while the call ran; the tool may have acted",
-            )
-            .with_details(json!({"outcomeUnknown": true}));
-            self.out.emit(&self.emitter, |_| {
-                EventKind::StepFailed
-                    .of_call(&meta.call, error.message())
-                    .level(Level::Warn.as_str())
-                    .payload(json!({"errorCode": ErrorCode::Cancelled, "outcomeUnknown": true}))
-            });
-            self.record_result(&meta.call, &Err(error), meta.dispatched);
-        }
-        self.retries.clear();
-        self.retry_timer = None;
-        for step in self.steps.iter_mut().filter_map(|s| s.run.as_mut()) {
-            step.redo.clear();
-            step.waiting_retries = 0;
-        }
-        let idle: Vec<usize> = (0..self.steps.len())
-            .filter(|&i| {
-                self.steps[i].status.is_none()
-                    && self.steps[i].run.as_ref().is_some_and(|r| r.in_flight == 0)
-            })
-            .collect();
-        for i in idle {
-            self.finish_step(i);
-        }
-        self.active.clear();
-        self.parked.clear();
-        self.ready.clear();
-    }
-
-    /// Every step without a status gets the status of the stop.
-    fn stop_remaining(&mut self, code: ErrorCode, why: &str) {
-        self.retries.clear();
-        self.retry_timer = None;
-        self.active.clear();
-        self.parked.clear();
-        self.ready.clear();
-        let (stopped, _) = self.stop_status();
-        for i in 0..self.steps.len() {
-            if self.steps[i].status.is_some() {
-                continue;
-            }
-            let ran = self.steps[i].run.take().is_some();
-            let state = &mut self.steps[i];
-            state.status = Some(if ran {
-                stopped
-            } else if code == ErrorCode::Cancelled {
-                StepStatus::Cancelled
-            } else {
-                StepStatus::Skipped
-            });
-            state.error = Some(StepError {
-                code,
-                message: if ran {
-                    "its calls had not all ended when the run stopped".to_owned()
-                } else {
-                    why.to_owned()
-                },
-            });
-            let (id, tool, status) = (
-                self.plan.plan.steps[i].id.clone(),
-                self.plan.plan.steps[i].tool.clone(),
-                state.status,
-            );
-            let message = format!(
-                "step {id}: {}",
-                state.error.as_ref().map_or("", |e| e.message.as_str())
-            );
-            self.out.emit(&self.emitter, |run| {
-                EventKind::StepFailed
-                    .of_run(run, message)
-                    .step(id)
-                    .tool(tool.clone())
-                    .level(Level::Warn.as_str())
-                    .payload(json!({"status": status, "errorCode": code}))
-            });
-        }
-    }
-
-    fn end_run(&mut self) {
-        if let Some(TurnStatus::Cancelled) = self.stopping {
-            self.stop_remaining(ErrorCode::Cancelled, "the run was cancelled before it ran");
-        }
-        self.status = match self.stopping {
-            Some(status) => status,
-            None if self.escalated => TurnStatus::Failed,
-            None => TurnStatus::Completed,
-        };
-        let status = self.status;
-        let message = self.message();
-        // Before `run.finished`, so that a failure to write it is an event of the run.
-        self.out.push(Action::WriteRecord(Some(status)));
-        self.out.emit(&self.emitter, |run| {
-            EventKind::RunFinished
-                .of_run(run, message)
-                .level(if status == TurnStatus::Completed {
-                    Level::Info.as_str()
-                } else {
-                    Level::Warn.as_str()
-                })
-                .payload(json!({"status": status}))
-        });
-        // What is decided is done before the stream ends.
-        self.perform();
-        self.emitter.close();
-        self.phase = Phase::Done;
-    }
-
-    /// What happened, for the user.
-    fn message(&self) -> String {
-        let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
-        for (i, state) in self.steps.iter().enumerate() {
-            let id = self.step_id(i);
-            let label = match (state.status, state.error.as_ref().map(|e| e.code)) {
-                (Some(StepStatus::Succeeded), _) => "completed",
-                (Some(StepStatus::Defaulted), _) => "used a default for",
-                (Some(StepStatus::TimedOut), _) | (_, Some(ErrorCode::Timeout)) => {
-                    "did not finish before the turn's deadline"
-                }
-                (Some(StepStatus::Failed), _) => "failed",
-                (Some(StepStatus::Cancelled), _) => "cancelled",
-                _ => "skipped",
-            };
-            match groups.iter_mut().find(|(l, _)| *l == label) {
-                Some((_, ids)) => ids.push(id),
-                None => groups.push((label, vec![id])),
-            }
-        }
-        let head = match self.status {
-            TurnStatus::Completed => "The turn completed",
-            TurnStatus::Partial => "The turn ran out of time",
-            TurnStatus::Failed => "The turn failed: a required step has no result",
-            TurnStatus::Cancelled => "The run was cancelled",
-            TurnStatus::Refused => "The run was not confirmed, so nothing ran",
-        };
-        let body: Vec<String> = groups
-            .iter()
-            .map(|(label, ids)| format!("{label}: {}", ids.join(", ")))
-            .collect();
-        format!("{head}. {}.", body.join("; "))
     }
 
     /// Does what the scheduling decided, in order: the events, the audit's lines and
     /// `run.json`. A write that fails is reported, never dropped.
     fn perform(&mut self) {
-        for action in self.out.take() {
+        for action in self.state.out.take() {
             match action {
-                Action::Emit(event) => self.emitter.emit(move |_| *event),
+                Action::Emit(event) => self.state.emitter.emit(move |_| *event),
                 Action::RecordCall(call) => {
-                    if let Some(audit) = &self.emitter.audit {
+                    if let Some(audit) = &self.state.emitter.audit {
                         audit.record_call(&call);
                     }
                 }
                 Action::RecordResult(result) => {
-                    if let Some(audit) = &self.emitter.audit {
+                    if let Some(audit) = &self.state.emitter.audit {
                         audit.record_result(*result);
                     }
                 }
@@ -1518,19 +454,19 @@ where
     /// Writes `run.json`; a failure is reported as a `run.auditFailed` event, so that the
     /// run's record is never silently incomplete.
     fn write_run_json(&mut self, status: Option<TurnStatus>) {
-        if self.emitter.audit.is_none() {
+        if self.state.emitter.audit.is_none() {
             return;
         }
         if let Some(dir) = self.run_dir() {
             let record = json!({
-                "runId": self.emitter.run_id(),
-                "plan": self.plan.plan,
-                "policy": self.config.policy,
-                "turn": self.turn,
-                "confirmationId": self.confirmation_id,
+                "runId": self.state.emitter.run_id(),
+                "plan": self.state.plan,
+                "policy": self.state.config.policy,
+                "turn": self.state.turn,
+                "confirmationId": self.state.confirmation_id,
                 "executorVersion": EXECUTOR_VERSION,
                 // A string: a reader that holds JSON numbers as doubles would round it.
-                "jitterSeed": self.jitter_seed.to_string(),
+                "jitterSeed": self.state.jitter_seed.to_string(),
                 "status": status,
             });
             // Redacted as the audit's lines are: the plan's args may hold secrets.
@@ -1539,7 +475,7 @@ where
             if let Err(e) = std::fs::write(dir.join("run.json"), text) {
                 let message = format!("run.json could not be written: {e}");
                 let error = e.to_string();
-                self.emitter.emit(|run| {
+                self.state.emitter.emit(|run| {
                     EventKind::RunAuditFailed
                         .of_run(run, message)
                         .level(Level::Error.as_str())
@@ -1550,82 +486,10 @@ where
     }
 
     fn run_dir(&self) -> Option<std::path::PathBuf> {
-        self.config
+        self.state
+            .config
             .audit_dir
             .as_ref()
-            .map(|root| root.join(self.emitter.run_id()))
-    }
-
-    fn into_result(mut self) -> (TurnResult, Vec<ExecutionEvent>, Vec<ToolCall>) {
-        // Lines the writer could not write are counted, not dropped in silence.
-        let audit_lines_lost = self.emitter.audit.take().map_or(0, |audit| {
-            let stats = audit.shutdown();
-            stats.failed + stats.dropped
-        });
-        let message = self.message();
-        let steps = self
-            .steps
-            .iter_mut()
-            .enumerate()
-            .map(|(i, state)| StepOutcome {
-                id: self.plan.plan.steps[i].id.clone(),
-                status: state.status.unwrap_or(StepStatus::Skipped),
-                output: self.outputs.remove(&self.plan.plan.steps[i].id),
-                error: state.error.take(),
-                calls: state.calls,
-                answered_by: state.answered_by.take(),
-            })
-            .collect();
-        let result = TurnResult {
-            run_id: self.emitter.run_id().to_owned(),
-            status: self.status,
-            steps,
-            trace: std::mem::take(&mut self.trace),
-            message,
-            confirmation_id: self.confirmation_id.clone(),
-            events_dropped: self.emitter.dropped(),
-            audit_lines_lost,
-        };
-        (
-            result,
-            self.emitter.kept.take().unwrap_or_default(),
-            self.dispatched.take().unwrap_or_default(),
-        )
-    }
-}
-
-/// The id of the call of `attempt`: `<step>#<n>`, or `<step>[<item>]#<n>` in a `foreach`.
-fn call_id(step: &Step, attempt: Attempt) -> String {
-    if step.foreach.is_some() {
-        format!("{}[{}]#{}", step.id, attempt.unit, attempt.dispatch)
-    } else {
-        format!("{}#{}", step.id, attempt.dispatch)
-    }
-}
-
-/// The pause before the try after the failed call `call_id`: the step's backoff with its
-/// jitter, drawn from the run's seed and the call's id. The same seed gives the same pauses
-/// whatever order the calls end in, so a replay with the recorded seed waits what the run
-/// waited.
-fn retry_pause(retry: &StepRetry, seed: u64, call_id: &str) -> Duration {
-    let backoff = Duration::from_millis(retry.backoff_ms);
-    let digest = Sha256::new()
-        .chain_update(seed.to_le_bytes())
-        .chain_update(call_id.as_bytes())
-        .finalize();
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(&digest[..8]);
-    let mut rng = SmallRng::seed_from_u64(u64::from_le_bytes(bytes));
-    Backoff::new(backoff, backoff, JitterKind::Percent, retry.jitter()).delay(1, None, &mut rng)
-}
-
-fn status_word(status: StepStatus) -> &'static str {
-    match status {
-        StepStatus::Succeeded => "succeeded",
-        StepStatus::Defaulted => "used its default",
-        StepStatus::Failed => "failed",
-        StepStatus::Skipped => "skipped",
-        StepStatus::Cancelled => "cancelled",
-        StepStatus::TimedOut => "did not finish before the turn's deadline",
+            .map(|root| root.join(self.state.emitter.run_id()))
     }
 }

@@ -133,12 +133,6 @@ pub(crate) struct CheckedPlan {
     pub(crate) steps: Vec<CheckedStep>,
 }
 
-impl CheckedPlan {
-    pub(crate) fn needs_confirmation(&self) -> bool {
-        self.steps.iter().any(|s| s.mutating)
-    }
-}
-
 /// Checks `plan` against `registry` and the limits of `policy`: nesting, ids, tools, static
 /// args against the tools' schemas, references, dependencies and cycles, `foreach` items and
 /// retry pauses. No walk of the plan recurses deeper than the depth limit, and the

@@ -1,14 +1,43 @@
-//! The pure parts of a run's scheduling: how a failed try is classified, what it leads to,
-//! and the retries waiting for their time. The clock is passed in and nothing here does
-//! I/O, so the tables below test it without a runtime; the run ([`super::run`]) drives it.
+//! A run's scheduling, as pure state: how a failed try is classified, what it leads to, the
+//! retries waiting for their time, and the run's state ([`state`]: steps, calls in flight by
+//! key, limits). The clock is passed in and nothing here does I/O, so the tables below test
+//! it without a runtime; the run's shell ([`crate::run`]) drives it.
 
 use tokio::time::{Duration, Instant};
+
+mod state;
+
+pub(crate) use state::{Phase, RunState, Signals};
 
 use tower_toolcall::envelope::ToolResult;
 use tower_toolcall::trace::ExecutionEvent;
 use tower_toolcall::ToolCall;
 
 use crate::outcome::{Classification, Recovery, TurnStatus};
+
+/// A call in flight, as the run and its state both name it: keys are given in dispatch
+/// order and never reused within a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct CallKey(pub(crate) u64);
+
+/// A call the state decided to make: the shell hands `call` to the service and reports its
+/// end under `key`.
+#[derive(Debug)]
+pub(crate) struct Dispatch {
+    pub(crate) key: CallKey,
+    pub(crate) call: ToolCall,
+}
+
+/// What becomes of a call in flight when the run stops (a cancellation, the deadline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// It runs on, and its end is reported as usual.
+    Keep,
+    /// It is dropped: the tool may have acted.
+    Drop,
+    /// It is left to finish in the background, its end unread.
+    Detach,
+}
 
 /// What the run must do with the world outside its state, in the order it was decided.
 #[derive(Debug)]
