@@ -22,14 +22,7 @@ enum Store {
 /// Runs each case in the process, without a store and with `InMemoryLoopStore`.
 macro_rules! store_suite {
     (#[$memory:meta] $($case:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[$memory]
-                async fn $case() {
-                    super::$case(super::Store::Memory).await;
-                }
-            )*
-        }
+        support::store_suite!(#[$memory] $($case),*);
 
         mod memory_store {
             $(
