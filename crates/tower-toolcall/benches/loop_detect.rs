@@ -9,6 +9,9 @@
 //! - `pass/cached`: the params' canonical form was computed before (as when validation or
 //!   an earlier layer asked for it);
 //! - `block/fresh` and `block/cached`: the session is looping and every call is refused;
+//! - `memory_store` beside `loop_detect` in each group: the same layer with
+//!   `InMemoryLoopStore`, which judges through the `LoopStore` trait as a shared store does
+//!   (what the layer's default would cost on that path);
 //! - `with_idempotency`: `IdempotencyLayer` (in-memory store, derived keys) alone, and with
 //!   `LoopDetectLayer` in front of it as in the full stack: the idempotency key is derived
 //!   from the canonical form loop detection computed, so the pair canonicalizes once and the
@@ -24,7 +27,7 @@ use serde_json::{json, Value};
 use tower::{Layer, Service, ServiceExt};
 use tower_toolcall::canonical::{canonical_json, CanonicalOptions};
 use tower_toolcall::idempotency::IdempotencyLayer;
-use tower_toolcall::loop_detect::LoopDetectLayer;
+use tower_toolcall::loop_detect::{InMemoryLoopStore, LoopDetectLayer};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{tool_fn, Params, ToolCall, ToolError, ToolOutput};
 
@@ -115,6 +118,12 @@ fn pass(c: &mut Criterion) {
     let mut group = c.benchmark_group("pass/fresh");
     bench(&mut group, "bare", bare_tool(), fresh);
     bench(&mut group, "loop_detect", layer().layer(bare_tool()), fresh);
+    bench(
+        &mut group,
+        "memory_store",
+        stored().layer(bare_tool()),
+        fresh,
+    );
     group.finish();
 
     let mut group = c.benchmark_group("pass/cached");
@@ -123,6 +132,12 @@ fn pass(c: &mut Criterion) {
         &mut group,
         "loop_detect",
         layer().layer(bare_tool()),
+        warmed,
+    );
+    bench(
+        &mut group,
+        "memory_store",
+        stored().layer(bare_tool()),
         warmed,
     );
     group.finish();
@@ -144,10 +159,19 @@ fn pass(c: &mut Criterion) {
     group.finish();
 }
 
+/// The layer with `InMemoryLoopStore`.
+fn stored() -> LoopDetectLayer {
+    LoopDetectLayer::builder(ToolRegistry::open())
+        .store(InMemoryLoopStore::new())
+        .build()
+        .expect("a valid configuration")
+}
+
 fn block(c: &mut Criterion) {
+    let layer = || LoopDetectLayer::new(ToolRegistry::open());
     // A session that is looping: every further identical call is refused.
-    let looping = || {
-        let mut svc = LoopDetectLayer::new(ToolRegistry::open()).layer(bare_tool());
+    let looping = |layer: LoopDetectLayer| {
+        let mut svc = layer.layer(bare_tool());
         for _ in 0..3 {
             run(&mut svc, call(0)).expect("below the threshold");
         }
@@ -160,12 +184,14 @@ fn block(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("block/fresh");
     bench(&mut group, "bare", bare_tool(), fresh);
-    bench(&mut group, "loop_detect", looping(), fresh);
+    bench(&mut group, "loop_detect", looping(layer()), fresh);
+    bench(&mut group, "memory_store", looping(stored()), fresh);
     group.finish();
 
     let mut group = c.benchmark_group("block/cached");
     bench(&mut group, "bare", bare_tool(), warmed);
-    bench(&mut group, "loop_detect", looping(), warmed);
+    bench(&mut group, "loop_detect", looping(layer()), warmed);
+    bench(&mut group, "memory_store", looping(stored()), warmed);
     group.finish();
 }
 

@@ -4,6 +4,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+use support::store_suite;
+
 /// Where the sessions' histories are kept: the core's cases run here on Redis.
 enum Store {
     Redis(support::redis_server::RedisServer),

@@ -555,6 +555,18 @@ impl SessionTier {
         self.len.store(map.len(), Ordering::Release);
     }
 
+    /// Sets `set` and removes `unset` in the session's settings.
+    pub(super) fn change(&self, session: &str, set: LoopSettings, unset: &[LoopSettingKey]) {
+        self.update(session, |current| {
+            unset.iter().fold(current.merged(set), |s, k| s.without(*k))
+        });
+    }
+
+    /// Drops the session's settings.
+    pub(super) fn clear(&self, session: &str) {
+        self.update(session, |_| LoopSettings::default());
+    }
+
     pub(super) fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }

@@ -374,6 +374,17 @@ impl SessionHistory {
         self.chance
     }
 
+    /// The sequence number of the next call.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Forgets every call and the chance; the numbering goes on.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.chance = None;
+    }
+
     /// How many calls are remembered.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

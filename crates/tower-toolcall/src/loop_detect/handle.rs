@@ -88,9 +88,7 @@ impl LoopDetectHandle {
 
     /// Sets `set` and removes `unset` in `session`'s settings.
     fn change(&self, session: &str, set: LoopSettings, unset: &[LoopSettingKey]) -> StoreWrite {
-        self.monitor.tiers.sessions.update(session, |current| {
-            unset.iter().fold(current.merged(set), |s, k| s.without(*k))
-        });
+        self.monitor.tiers.sessions.change(session, set, unset);
         if let Some(store) = &self.monitor.store {
             // The store drops the history itself when detection is switched off.
             self.monitor.tracker.remove(session);
@@ -130,10 +128,7 @@ impl LoopDetectHandle {
     /// Forgets `session` entirely: its history and its settings, here and in the shared
     /// store, as [`reset_session`](Self::reset_session) does.
     pub fn forget_session(&self, session: &str) -> StoreWrite {
-        self.monitor
-            .tiers
-            .sessions
-            .update(session, |_| LoopSettings::default());
+        self.monitor.tiers.sessions.clear(session);
         self.monitor.tracker.remove(session);
         if let Some(store) = &self.monitor.store {
             return StoreWrite::spawn(store.forget(session));

@@ -390,10 +390,7 @@ impl LoopDetectLayerBuilder {
         })?;
         let seed = match &self.store {
             Some(store) => store.signature_seed(),
-            None => {
-                use std::hash::BuildHasher;
-                std::hash::RandomState::new().hash_one(0u8)
-            }
+            None => random_seed(),
         };
         let hasher = foldhash::quality::FixedState::with_seed(seed);
         let monitor = Monitor {
@@ -488,4 +485,10 @@ fn check_registry(registry: &ToolRegistry) -> Result<(), ConfigError> {
         )?;
     }
     Ok(())
+}
+
+/// A random seed for the keyed hash of calls, for a layer or store of one process.
+pub(super) fn random_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::hash::RandomState::new().hash_one(0u8)
 }

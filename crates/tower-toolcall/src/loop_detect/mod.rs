@@ -203,6 +203,7 @@ mod detector;
 mod future;
 mod handle;
 mod layer;
+mod memory;
 mod noise;
 mod report;
 mod service;
@@ -222,6 +223,7 @@ pub use layer::{
     DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_FAILURES, DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_SESSION_BYTES, DEFAULT_MIN_BACKOFF, DEFAULT_PATIENT_POLL_GAP, DEFAULT_POLL_BUDGET,
 };
+pub use memory::InMemoryLoopStore;
 pub use noise::DEFAULT_IGNORED_MEMBERS;
 pub use service::LoopDetect;
 pub use store::LoopStore;

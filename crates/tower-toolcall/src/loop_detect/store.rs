@@ -9,7 +9,9 @@
 //! restores from what it kept. How an admitted call ended, when the rules need it, is then
 //! written with [`finish`](LoopStore::finish).
 //!
-//! `RedisLoopStore`, of the crate `tower-toolcall-redis`, is the store of a fleet.
+//! [`InMemoryLoopStore`](super::InMemoryLoopStore) is the store of one process, on the
+//! tracker and rules the layer uses without a store; `RedisLoopStore`, of the crate
+//! `tower-toolcall-redis`, is the store of a fleet. Both run the same loop-detection cases.
 
 use std::fmt;
 use std::future::Future;

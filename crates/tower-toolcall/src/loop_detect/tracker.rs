@@ -123,6 +123,15 @@ impl Tracker {
         history
     }
 
+    /// The history of `session`, if it is tracked; it is not seen by this.
+    pub(super) fn get(&self, session: &str) -> Option<SharedHistory> {
+        let sessions = lock(&self.sessions);
+        sessions
+            .map
+            .peek(session)
+            .map(|tracked| tracked.history.clone())
+    }
+
     /// Forgets `session`.
     pub(super) fn remove(&self, session: &str) -> bool {
         lock(&self.sessions).remove(session).is_some()

@@ -1,5 +1,6 @@
-// The loop-detection cases every store runs: included by `main.rs` here (in memory) and by
-// the tests of `tower-toolcall-redis` (on Redis), each beside its own `Store`.
+// The loop-detection cases every store runs: included by `main.rs` here (in the process, with
+// and without `InMemoryLoopStore`) and by the tests of `tower-toolcall-redis` (on Redis), each
+// beside its own `Store` and `store_suite!`.
 
 use std::collections::BTreeMap;
 
@@ -80,7 +81,7 @@ where
     panic!("100 identical calls ran and none was refused");
 }
 
-support::store_suite!(
+store_suite!(
     #[tokio::test]
     breaks_at_max_repeats_without_calling_the_tool,
     chance_then_break_lets_a_different_call_run,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_toolcall::loop_detect::LoopDetectLayer;
+use tower_toolcall::loop_detect::{InMemoryLoopStore, LoopDetectLayer};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{tool_fn, ErrorCode, ToolCall, ToolError, ToolOutput};
 
@@ -117,8 +117,9 @@ fn registry(trace: &Trace) -> ToolRegistry {
     builder.build().expect("a valid registry")
 }
 
-/// Replays `trace`: the index of the first refused call and the rule that refused it.
-async fn replay(trace: &Trace) -> Option<(usize, String)> {
+/// Replays `trace` through `layer`: the index of the first refused call and the rule that
+/// refused it.
+async fn replay(trace: &Trace, layer: LoopDetectLayer) -> Option<(usize, String)> {
     let answers: Arc<Mutex<Vec<Call>>> = Arc::new(Mutex::new(Vec::new()));
     let tool = {
         let answers = answers.clone();
@@ -137,9 +138,7 @@ async fn replay(trace: &Trace) -> Option<(usize, String)> {
             }
         })
     };
-    let mut svc = ServiceBuilder::new()
-        .layer(LoopDetectLayer::new(registry(trace)))
-        .service(tool);
+    let mut svc = ServiceBuilder::new().layer(layer).service(tool);
     let start = tokio::time::Instant::now();
     for (index, call) in trace.calls.iter().enumerate() {
         let at = start + Duration::from_millis(call.at_ms);
@@ -272,7 +271,7 @@ async fn the_labelled_corpus_meets_the_promised_figures() {
     let mut total = Tally::default();
     let mut families: BTreeMap<String, Tally> = BTreeMap::new();
     for trace in &traces {
-        let refusal = replay(trace).await;
+        let refusal = replay(trace, LoopDetectLayer::new(registry(trace))).await;
         let refused = refusal.as_ref().map(|(at, _)| *at);
         let verdict = verdict(trace, refused);
         total.add(trace, verdict, refused);
@@ -334,4 +333,16 @@ async fn the_labelled_corpus_meets_the_promised_figures() {
         median <= MAX_MEDIAN_PAST_EARLIEST,
         "median past the earliest stop: {median}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn through_the_memory_store_every_trace_stops_where_it_stops_without() {
+    for trace in &load() {
+        let alone = replay(trace, LoopDetectLayer::new(registry(trace))).await;
+        let stored = LoopDetectLayer::builder(registry(trace))
+            .store(InMemoryLoopStore::new())
+            .build()
+            .expect("a valid configuration");
+        assert_eq!(replay(trace, stored).await, alone, "{}", trace.id);
+    }
 }

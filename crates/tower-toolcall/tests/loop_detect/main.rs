@@ -13,7 +13,26 @@ fn layer_with(config: LoopDetectConfig) -> LoopDetectLayer {
 /// Where the sessions' histories are kept: every case of `cases.rs` runs against every
 /// store (the crate `tower-toolcall-redis` runs them on Redis).
 enum Store {
+    /// The layer's own tracker, judging each call synchronously.
     Memory,
+    /// `InMemoryLoopStore`, through the `LoopStore` trait as a shared store is.
+    MemoryStore,
+}
+
+/// Runs each case in the process, without a store and with `InMemoryLoopStore`.
+macro_rules! store_suite {
+    (#[$memory:meta] $($case:ident),* $(,)?) => {
+        support::store_suite!(#[$memory] $($case),*);
+
+        mod memory_store {
+            $(
+                #[$memory]
+                async fn $case() {
+                    super::$case(super::Store::MemoryStore).await;
+                }
+            )*
+        }
+    };
 }
 
 impl Store {
@@ -25,6 +44,9 @@ impl Store {
             .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);
         match self {
             Store::Memory => builder,
+            Store::MemoryStore => {
+                builder.store(tower_toolcall::loop_detect::InMemoryLoopStore::new())
+            }
         }
     }
 }
