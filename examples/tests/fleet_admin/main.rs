@@ -6,8 +6,8 @@ mod support;
 
 use std::time::Duration;
 
+use support::eventually;
 use support::redis_server::RedisServer;
-use tokio::time::Instant;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{BreakerState, StackLayer, ToolStack};
 use tower_toolcall_redis::FleetControl;
@@ -40,18 +40,6 @@ async fn member(server: &RedisServer) -> Member {
     Member {
         replica: Replica { stack },
         fleet,
-    }
-}
-
-/// Waits (real time, at most 5 s) until `done` holds.
-async fn eventually(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

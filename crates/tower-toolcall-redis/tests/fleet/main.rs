@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use support::eventually;
 use support::redis_server::RedisServer;
 use support::{call_once, stacked, Counter};
 use tokio::time::Instant;
@@ -448,18 +449,6 @@ async fn member_with(server: &RedisServer, stack: ToolStack) -> Member {
     Member {
         replica: Replica::over(stack),
         fleet,
-    }
-}
-
-/// Waits (real time, at most 5 s) until `done` holds.
-async fn eventually(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

@@ -246,6 +246,18 @@ pub mod capture;
 pub mod metrics_series;
 pub mod redis_server;
 
+/// Waits (real time, at most 5 s) until `done` holds.
+pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} did not happen within 5 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// `tool` behind the whole stack as the crate's builder assembles it: the stack the test
 /// suites exercise, answering with the crate's `ToolOutput` / `ToolError`.
 pub fn stacked<S, St>(
