@@ -57,8 +57,6 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-use std::time::Duration;
-
 mod admin;
 mod auth;
 mod extract;
@@ -75,7 +73,4 @@ pub use router::{
 pub use serve::{serve, ServeConfig, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use tools::tool_listing;
 
-/// A duration in whole milliseconds, saturating.
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
+use tower_toolcall::time::millis;

@@ -602,10 +602,7 @@ fn open_audit(
         .map_err(|e| unusable(&e))
 }
 
-/// A duration in whole milliseconds, saturating.
-pub(crate) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
+pub(crate) use tower_toolcall::time::millis;
 
 /// A seed for the jitter of a run whose seed nobody chose.
 fn entropy_seed() -> u64 {

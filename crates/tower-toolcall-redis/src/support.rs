@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Waker};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, ScriptInvocation};
@@ -21,30 +21,7 @@ mod coalesce;
 use circuit::Server;
 pub(crate) use coalesce::{check as coalesced, Batch, Coalescer};
 
-/// A duration in whole milliseconds, saturating (as the core's records count).
-pub(crate) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The wall clock, in Unix milliseconds.
-pub(crate) fn unix_now_ms() -> u64 {
-    millis(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
-}
-
-/// Refuses a configured duration under one millisecond, the resolution of records.
-pub(crate) fn at_least_a_millisecond(field: &str, value: Duration) -> Result<(), ConfigError> {
-    if value < Duration::from_millis(1) {
-        return Err(ConfigError::new(
-            field,
-            format!("must be at least 1 ms, got {} µs", value.as_micros()),
-        ));
-    }
-    Ok(())
-}
+pub(crate) use tower_toolcall::time::{at_least_a_millisecond, millis, unix_now_ms};
 
 /// Runs `work`, which its caller leaves behind, to its end: polled once here, so that a
 /// command is on its way before any the caller's task sends next, then on the Tokio runtime.

@@ -201,8 +201,9 @@ mod tool_table;
 pub mod trace;
 pub mod validate;
 
+pub use contract::time;
 pub use contract::{canonical, classify, control, registry};
-pub(crate) use contract::{error, outcome, time};
+pub(crate) use contract::{error, outcome};
 
 // The public `envelope` joins the call envelope and the result envelope, which stand at two
 // levels of the contract: the result is made with the classifier, which reads the registry,

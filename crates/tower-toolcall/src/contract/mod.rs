@@ -43,4 +43,4 @@ mod record;
 pub mod registry;
 pub(crate) mod result;
 mod serde_message;
-pub(crate) mod time;
+pub mod time;
