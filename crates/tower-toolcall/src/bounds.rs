@@ -1,5 +1,6 @@
 //! What the crate's bounded maps share: the hasher of keys that callers choose, and the
-//! approximate size of JSON values they keep.
+//! approximate size of JSON values they keep; and the random seed of keyed hashes and
+//! jitter.
 
 use serde_json::Value;
 
@@ -10,6 +11,12 @@ use serde_json::Value;
 /// and logs name keys by SHA-256 fingerprints or not at all), so inputs that collide cannot be
 /// chosen. It hashes a 150-byte key several times faster than SipHash.
 pub(crate) type CallerKeyHasher = foldhash::quality::RandomState;
+
+/// A fresh random seed from the process's random hash keys (each call gets other keys).
+pub(crate) fn entropy_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::hash::RandomState::new().hash_one(0u8)
+}
 
 /// The approximate heap size of `value`: each value's own size, and the bytes of its strings
 /// and member names. It walks the value without recursion, whatever its depth.

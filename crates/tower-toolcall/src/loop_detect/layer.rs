@@ -13,6 +13,7 @@ use super::noise::{Noise, DEFAULT_IGNORED_MEMBERS};
 use super::service::{LoopDetect, Monitor, ToolLoop};
 use super::store::LoopStore;
 use super::tracker::Tracker;
+use crate::bounds::entropy_seed;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
 use crate::idempotency::{DedupeStore, IdempotencyLayer};
@@ -390,7 +391,7 @@ impl LoopDetectLayerBuilder {
         })?;
         let seed = match &self.store {
             Some(store) => store.signature_seed(),
-            None => random_seed(),
+            None => entropy_seed(),
         };
         let hasher = foldhash::quality::FixedState::with_seed(seed);
         let monitor = Monitor {
@@ -485,10 +486,4 @@ fn check_registry(registry: &ToolRegistry) -> Result<(), ConfigError> {
         )?;
     }
     Ok(())
-}
-
-/// A random seed for the keyed hash of calls, for a layer or store of one process.
-pub(super) fn random_seed() -> u64 {
-    use std::hash::BuildHasher;
-    std::hash::RandomState::new().hash_one(0u8)
 }

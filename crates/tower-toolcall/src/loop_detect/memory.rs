@@ -7,10 +7,11 @@ use tokio::time::Instant;
 
 use super::config::SessionTier;
 use super::detector::Decision;
-use super::layer::{random_seed, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES};
+use super::layer::{DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES};
 use super::store::{LoopCall, LoopStore, LoopStoreFuture, Observed, Settled, Signature, Tracked};
 use super::tracker::{lock, Tracker};
 use super::{LoopSettingKey, LoopSettings};
+use crate::bounds::entropy_seed;
 use crate::contract::time::unix_now_ms;
 
 /// Keeps the sessions' histories and own settings in this process, with the tracker and the
@@ -69,7 +70,7 @@ impl InMemoryLoopStore {
             sessions: Arc::new(Sessions {
                 calls: Tracker::new(DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES),
                 settings: SessionTier::new(DEFAULT_MAX_SESSIONS),
-                seed: random_seed(),
+                seed: entropy_seed(),
             }),
         }
     }

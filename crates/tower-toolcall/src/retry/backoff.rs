@@ -2,13 +2,13 @@
 //! kinds of jitter drawn from an injectable random number generator.
 
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, RngExt, SeedableRng};
 
+use crate::bounds::entropy_seed;
 use crate::registry::JitterKind;
 use crate::time::millis;
 
@@ -111,11 +111,6 @@ impl Backoff {
         };
         Duration::from_millis(ms)
     }
-}
-
-/// A fresh seed from the process's random hash keys (each call gets other keys).
-pub(crate) fn entropy_seed() -> u64 {
-    RandomState::new().hash_one(0u8)
 }
 
 /// The random number generator of a layer's jitter, shared by its clones.
