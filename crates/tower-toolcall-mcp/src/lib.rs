@@ -84,17 +84,27 @@
 
 mod client;
 mod convert;
+mod identity;
 mod in_flight;
 mod lines;
+mod meta;
 mod policy;
 mod progress;
 mod server;
+mod wording;
 
-pub use client::{McpClient, ProgressEvents};
-pub use convert::{CONFIRMATION_ID_META, IDEMPOTENCY_KEY_META};
+pub use client::{
+    McpClient, ProgressEvents, UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF,
+};
+pub use convert::IsError;
+pub use identity::Principal;
 pub use lines::{line_transport, stdio_transport, DEFAULT_MAX_LINE_BYTES};
+pub use meta::{
+    CONFIRMATION_ID_META, DEFAULT_IDEMPOTENCY_KEY_MEMBERS, ERROR_META, FROM_CACHE_META,
+    IDEMPOTENCY_KEY_META, RESULT_META_PREFIX,
+};
 pub use policy::{descriptor_for, registry_for, Trust};
-pub use server::{HandlerTool, McpServer};
+pub use server::{HandlerTool, McpServer, ToolList};
 
 /// The examples of the README, compiled and run as doctests.
 #[cfg(doctest)]

@@ -118,9 +118,12 @@ impl Notes {
             "search" => {
                 let query = text("query");
                 if query == "flaky" && !self.state.flaky_failed.swap(true, Ordering::SeqCst) {
-                    return Ok(CallToolResult::error(vec![ContentBlock::text(
+                    // A failure of the server, not an answer of the tool: a JSON-RPC error
+                    // (an `isError` result would be the tool telling the model something).
+                    return Err(ErrorData::internal_error(
                         "the search backend timed out",
-                    )]));
+                        None,
+                    ));
                 }
                 let hits: Vec<&String> = notes.values().filter(|n| n.contains(&query)).collect();
                 json!({ "hits": hits })

@@ -59,7 +59,11 @@ fn with_meta(mut params: CallToolRequestParams, meta: Value) -> CallToolRequestP
 
 fn error_of(result: &CallToolResult) -> (&str, &str) {
     assert_eq!(result.is_error, Some(true), "an error result: {result:?}");
-    let error = &result.structured_content.as_ref().unwrap()["error"];
+    assert_eq!(
+        result.structured_content, None,
+        "no structured content on errors"
+    );
+    let error = &result.meta.as_ref().unwrap()[tower_toolcall_mcp::ERROR_META];
     (
         error["code"].as_str().unwrap(),
         error["message"].as_str().unwrap(),

@@ -38,7 +38,9 @@
 //! codes in [`CALLER_FAULT_CODES`] and upstream 4xx answers other than 408 and 429. A
 //! throttle ([`is_throttle`]: HTTP 429, or `RATE_LIMITED` from the tool) is retriable, its
 //! `Retry-After` honoured, but says nothing about the dependency's health: a tool that is
-//! merely rate limited is not reported as down.
+//! merely rate limited is not reported as down. An error that says itself whether it
+//! speaks of the dependency's health ([`ToolError::with_health_failure`]: an MCP result
+//! with `isError`, a failure an adapter counted on its own breaker) is taken at its word.
 //!
 //! A custom classifier is any [`Classify`] implementation, closures included; it may fall
 //! back on [`DefaultClassifier`]:
@@ -404,7 +406,11 @@ fn classify_error(error: &ToolError, tool: &ToolProfile) -> Classification {
         _ => Classification::terminal(reason),
     };
     classification
-        .with_health_failure(!is_caller_fault(error) && !is_throttle(error))
+        .with_health_failure(
+            error
+                .health_failure()
+                .unwrap_or_else(|| !is_caller_fault(error) && !is_throttle(error)),
+        )
         .by(basis)
 }
 

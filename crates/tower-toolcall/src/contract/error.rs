@@ -294,6 +294,7 @@ struct Inner {
     class: ErrorClass,
     not_processed: bool,
     rejected: bool,
+    health_failure: Option<bool>,
     http_status: Option<u16>,
     retry_after: Option<Duration>,
     details: Details,
@@ -323,6 +324,7 @@ impl ToolError {
                 class: code.default_class(),
                 not_processed: false,
                 rejected: false,
+                health_failure: None,
                 http_status: None,
                 retry_after: None,
                 details: Details::None,
@@ -496,6 +498,13 @@ impl ToolError {
         self.inner.rejected
     }
 
+    /// Whether the failure speaks of the dependency's health, when whoever made the error
+    /// knows ([`with_health_failure`](ToolError::with_health_failure)); `None`: the
+    /// [classifier](crate::classify) decides from the code.
+    pub fn health_failure(&self) -> Option<bool> {
+        self.inner.health_failure
+    }
+
     /// How many times the tool ran for the call that ended with this error: the count the
     /// retry layer wrote, else none for a rejected call, else one.
     pub(crate) fn attempts(&self) -> u32 {
@@ -543,6 +552,27 @@ impl ToolError {
     pub fn not_processed(mut self, not_processed: bool) -> Self {
         self.inner.not_processed = not_processed;
         self.inner.rejected &= not_processed;
+        self
+    }
+
+    /// Says whether the failure speaks of the dependency's health, overriding what the
+    /// [classifier](crate::classify) would read from the code: an MCP result with `isError`
+    /// is the tool speaking to the model (`false`), and a failure an adapter already counted
+    /// on a breaker of its own need not be counted again per tool.
+    ///
+    /// ```
+    /// use tower_toolcall::classify::{Classify, DefaultClassifier, ToolProfile};
+    /// use tower_toolcall::registry::ToolPolicy;
+    /// use tower_toolcall::{ErrorClass, ErrorCode, ToolError};
+    ///
+    /// let tool = ToolProfile::new(None, &ToolPolicy::default());
+    /// let said = ToolError::new(ErrorCode::UpstreamError, "no such timezone: Mars/Olympus")
+    ///     .with_class(ErrorClass::Terminal)
+    ///     .with_health_failure(false);
+    /// assert!(!DefaultClassifier.classify(&Err(said), &tool).is_health_failure());
+    /// ```
+    pub fn with_health_failure(mut self, counts: bool) -> Self {
+        self.inner.health_failure = Some(counts);
         self
     }
 
@@ -606,6 +636,9 @@ impl fmt::Debug for ToolError {
             .field("not_processed", &self.inner.not_processed);
         if self.inner.rejected {
             d.field("rejected", &true);
+        }
+        if let Some(counts) = self.inner.health_failure {
+            d.field("health_failure", &counts);
         }
         if let Some(status) = self.inner.http_status {
             d.field("http_status", &status);

@@ -6,8 +6,13 @@
 //!
 //! ```text
 //! <tenant>/<namespace>::<name>/s/<sessionKey>/<actorId>/<idempotencyKey>   session scope
+//! <tenant>/<namespace>::<name>/a/<actorId>/<idempotencyKey>                 actor scope
 //! <tenant>/<namespace>::<name>/g/<idempotencyKey>                           global scope
 //! ```
+//!
+//! A caller's key is kept in the tool's scope, or in a wider one when the edge that read it
+//! says so ([`ToolCall::set_caller_key_scope`]): an MCP client's key is scoped by its actor,
+//! as its session is only as long as its connection.
 //!
 //! with `/<paramsDigest>` appended when a reused key with other params counts as another key.
 //! Each part has `%`, `/`, `{` and `}` percent-encoded (`%25`, `%2F`, `%7B`, `%7D`), and the
@@ -72,6 +77,7 @@ pub(crate) fn idempotency_key(
     let canonical = call.params().canonical(options)?;
     let (session_key, actor_id) = match scope {
         KeyScope::Session => (call.session_key(), call.actor_id()),
+        KeyScope::Actor => ("", call.actor_id()),
         KeyScope::Global => ("", ""),
     };
     let key = canonical::derived_key_hex(
@@ -82,6 +88,20 @@ pub(crate) fn idempotency_key(
         actor_id,
     );
     Ok(Some((Arc::from(key.as_str()), KeySource::Derived)))
+}
+
+/// The scope a key from `source` is kept in, for a tool whose keys are in `scope`: a
+/// caller's key in the wider of the tool's scope and the one its edge set on the call.
+pub(crate) fn scope_of(call: &ToolCall, source: KeySource, scope: KeyScope) -> KeyScope {
+    let width = |scope: KeyScope| match scope {
+        KeyScope::Session => 0,
+        KeyScope::Actor => 1,
+        KeyScope::Global => 2,
+    };
+    match call.caller_key_scope() {
+        Some(edge) if source == KeySource::Caller && width(edge) > width(scope) => edge,
+        _ => scope,
+    }
 }
 
 /// The store key of `idempotency_key` for `call` in `scope`; `distinct_by` (the params digest)
@@ -120,6 +140,10 @@ fn write_store_key(
             out.push_str("/s/");
             push_part(out, call.session_key());
             out.push('/');
+            push_part(out, call.actor_id());
+        }
+        KeyScope::Actor => {
+            out.push_str("/a/");
             push_part(out, call.actor_id());
         }
         KeyScope::Global => out.push_str("/g"),
@@ -245,6 +269,37 @@ mod tests {
         assert_eq!(
             &*store_key(&call(None, "s"), "k1", KeyScope::Global, None),
             "/vault::createFile/g/k1"
+        );
+    }
+
+    #[test]
+    fn an_actor_scoped_key_leaves_the_session_out() {
+        let one = store_key(&call(Some("acme"), "conn-1"), "k1", KeyScope::Actor, None);
+        let other = store_key(&call(Some("acme"), "conn-2"), "k1", KeyScope::Actor, None);
+        assert_eq!(&*one, "acme/vault::createFile/a/user-7/k1");
+        assert_eq!(one, other);
+    }
+
+    #[test]
+    fn the_edge_widens_the_scope_of_caller_keys_only() {
+        let mut c = call(None, "conn-1");
+        assert_eq!(
+            scope_of(&c, KeySource::Caller, KeyScope::Session),
+            KeyScope::Session
+        );
+        c.set_caller_key_scope(KeyScope::Actor);
+        assert_eq!(
+            scope_of(&c, KeySource::Caller, KeyScope::Session),
+            KeyScope::Actor
+        );
+        // A derived key stays in the tool's scope; a wider tool scope stays wider.
+        assert_eq!(
+            scope_of(&c, KeySource::Derived, KeyScope::Session),
+            KeyScope::Session
+        );
+        assert_eq!(
+            scope_of(&c, KeySource::Caller, KeyScope::Global),
+            KeyScope::Global
         );
     }
 
@@ -395,6 +450,7 @@ mod tests {
         let (tenant, ns, name, rest) = (&parts[0], &parts[1], &parts[2], &parts[3..]);
         let (session, actor, rest) = match scope {
             KeyScope::Session => (rest[0].as_str(), rest[1].as_str(), &rest[2..]),
+            KeyScope::Actor => ("s", rest[0].as_str(), &rest[1..]),
             KeyScope::Global => ("s", "u", rest),
         };
         let mut builder = ToolCall::builder(ns.as_str(), name.as_str())
@@ -420,10 +476,14 @@ mod tests {
             let texts = [
                 format!("{tenant}/{ns}::{name}/s/{session}/{actor}/{key}"),
                 format!("{tenant}/{ns}::{name}/s/{session}/{actor}/{key}/{digest}"),
+                format!("{tenant}/{ns}::{name}/a/{actor}/{key}"),
+                format!("{tenant}/{ns}::{name}/a/{actor}/{key}/{digest}"),
                 format!("{tenant}/{ns}::{name}/g/{key}"),
                 format!("{tenant}/{ns}::{name}/g/{key}/{digest}"),
             ];
-            let layouts: [(KeyScope, bool, &[&str]); 4] = [
+            let layouts: [(KeyScope, bool, &[&str]); 6] = [
+                (KeyScope::Actor, false, &["/", "::", "/a/", "/"]),
+                (KeyScope::Actor, true, &["/", "::", "/a/", "/", "/"]),
                 (KeyScope::Session, false, &["/", "::", "/s/", "/", "/"]),
                 (KeyScope::Session, true, &["/", "::", "/s/", "/", "/", "/"]),
                 (KeyScope::Global, false, &["/", "::", "/g/"]),

@@ -167,6 +167,7 @@ impl<St: DedupeStore> Shared<St> {
         else {
             return Ok(None);
         };
+        let scope = key::scope_of(call, key_source, settings.scope);
         let canonical_params = call.params().canonical(&self.canonical)?;
         let digest: Arc<str> = canonical::params_digest_hex(&canonical_params)
             .as_str()
@@ -175,7 +176,7 @@ impl<St: DedupeStore> Shared<St> {
         let store_key = key::store_key(
             call,
             &idempotency_key,
-            settings.scope,
+            scope,
             independent.then_some(&*digest),
         );
         let mut claim = ClaimRequest::new(
@@ -406,7 +407,7 @@ impl<St: DedupeStore> crate::resend::ResendSource for Shared<St> {
         }
         let derive = settings.derive_keys && self.tools.control().derives_idempotency_keys();
         derive.then(|| ResendKey::Derived {
-            with_actor: settings.scope == KeyScope::Session,
+            with_actor: settings.scope != KeyScope::Global,
             settled_for: if settings.read_only {
                 None
             } else {

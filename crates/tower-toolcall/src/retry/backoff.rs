@@ -114,6 +114,29 @@ impl Backoff {
 }
 
 /// The random number generator of a layer's jitter, shared by its clones.
+impl Backoff {
+    /// [`delay`](Backoff::delay) with randomness of the thread's own (seeded from the
+    /// system's entropy), for a caller without a generator of its own: an adapter that waits
+    /// before reconnecting to a server.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_toolcall::registry::JitterKind;
+    /// use tower_toolcall::retry::Backoff;
+    ///
+    /// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5), JitterKind::Equal, 0);
+    /// let third = backoff.random_delay(3, None);
+    /// assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
+    /// ```
+    pub fn random_delay(&self, retry: u32, previous: Option<Duration>) -> Duration {
+        thread_local! {
+            static RNG: std::cell::RefCell<SmallRng> =
+                std::cell::RefCell::new(SmallRng::seed_from_u64(entropy_seed()));
+        }
+        RNG.with_borrow_mut(|rng| self.delay(retry, previous, rng))
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct SharedRng(Arc<Mutex<Box<dyn Rng + Send>>>);
 

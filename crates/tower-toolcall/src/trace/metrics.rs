@@ -295,6 +295,7 @@ impl ToolMetrics {
             };
             let scope = match ttls.scope {
                 KeyScope::Global => "global",
+                KeyScope::Actor => "actor",
                 _ => "session",
             };
             for (state, ttl) in [

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::ijson::{object, optional_name, optional_object};
 use super::params::Params;
 use super::resolution::ToolResolution;
+use crate::contract::registry::KeyScope;
 use crate::contract::time::unix_now_ms;
 
 /// The only contract version this crate speaks.
@@ -70,6 +71,9 @@ struct SharedCall {
     /// An idempotency key that a hook put on the call; not on the wire and not part of the
     /// call's identity.
     hook_idempotency_key: Option<Box<str>>,
+    /// How far the caller's idempotency key reaches, as the edge that read it says; not on
+    /// the wire.
+    caller_key_scope: Option<KeyScope>,
     /// The envelope holds its invariants: it was checked when the call was made and has not
     /// been lent mutably since, so [`ToolCall::check`] need not read it again.
     checked: bool,
@@ -585,6 +589,7 @@ impl ToolCall {
                 envelope,
                 tool: ToolResolution::default(),
                 hook_idempotency_key: None,
+                caller_key_scope: None,
                 checked: true,
             }),
             attempt: 1,
@@ -661,6 +666,35 @@ impl ToolCall {
     /// The idempotency key a hook put on the call, if any.
     pub(crate) fn hook_idempotency_key(&self) -> Option<&str> {
         self.inner.hook_idempotency_key.as_deref()
+    }
+
+    /// Widens the scope of the caller's `payload.idempotencyKey` to at least `scope`, for an
+    /// edge whose sessions do not outlive a connection: an MCP server scopes a client's key
+    /// by its actor, so that a re-send over a new connection finds the first call. The
+    /// tool's own scope applies when it is wider; keys from hooks and derived keys keep it.
+    /// Not on the wire.
+    ///
+    /// ```
+    /// use tower_toolcall::registry::KeyScope;
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let mut call = ToolCall::builder("vault", "createFile")
+    ///     .session("connection-1")
+    ///     .actor("u")
+    ///     .idempotency_key("order-1234")
+    ///     .build()?;
+    /// let wire = call.to_json();
+    /// call.set_caller_key_scope(KeyScope::Actor);
+    /// assert_eq!(call.to_json(), wire, "not on the wire");
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn set_caller_key_scope(&mut self, scope: KeyScope) {
+        Arc::make_mut(&mut self.inner).caller_key_scope = Some(scope);
+    }
+
+    /// The scope the edge set for the caller's key, if any.
+    pub(crate) fn caller_key_scope(&self) -> Option<KeyScope> {
+        self.inner.caller_key_scope
     }
 
     /// The instant of the call's `control.deadlineAtMs` (Unix milliseconds) on the tokio

@@ -501,6 +501,10 @@ impl RateLimitOverrides {
 pub enum KeyScope {
     /// Keys are scoped to the session and actor (the default).
     Session,
+    /// Keys are shared by every session of the same actor (and tenant): a caller that sends
+    /// a key again from another session (a new connection, a restarted client) finds the
+    /// first call.
+    Actor,
     /// Keys are shared by every session; only for tools that are safe for it.
     Global,
 }

@@ -1,0 +1,419 @@
+//! The client side: a remote MCP server's tools as a `Service<ToolCall>`.
+
+mod upstream;
+
+pub use upstream::{UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF};
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rmcp::model::{
+    CallToolRequest, CallToolResult, CancelledNotificationParam, ClientConfig, ClientRequest,
+    ProgressNotificationParam, RequestId, ServerResult, Tool,
+};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceError};
+use tower::Service;
+
+use super::convert::{error_from_service, outcome_of, request_params, IsError};
+use super::policy::{registry_for, Trust};
+use super::progress::{log_progress, ProgressCalls};
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::retry::Backoff;
+use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
+use upstream::{Connection, Connector, Upstream};
+
+/// The request ids of the calls in flight, by the progress token rmcp gave their request.
+type Calls = ProgressCalls;
+
+/// The server a client calls: one connection as it was given, or a connection kept up.
+#[derive(Clone, Debug)]
+enum Link {
+    Fixed(Peer<RoleClient>),
+    Kept(Upstream),
+}
+
+/// The tools of a remote MCP server as a `Service<ToolCall>`, over any rmcp client
+/// transport (stdio of a child process, streamable HTTP, an in-process pipe).
+///
+/// This crate enables rmcp's stdio and child-process transports; its `http` feature adds
+/// rmcp's streamable-HTTP client transport (`rmcp::transport::StreamableHttpClientTransport`,
+/// on `reqwest` without TLS: enable one of `reqwest`'s TLS features for `https`).
+///
+/// Each call is a `tools/call` of the call's tool name with its params as arguments and its
+/// idempotency key, confirmation and `traceparent` in `_meta`. A result is the output. An
+/// `isError` result is a `ToolError`: with the code, class and retry-after a stacked server
+/// wrote, else by default the tool's answer to the model, a terminal `UPSTREAM_ERROR` that is
+/// neither retried nor counted by a breaker ([`IsError`]; configurable per server and per
+/// tool). A JSON-RPC error is a `VALIDATION_ERROR` (invalid params), `NOT_FOUND` (unknown
+/// method or tool) or `INTERNAL_ERROR`. A request the transport could not send is a retriable
+/// `UPSTREAM_UNAVAILABLE` that did not run; one whose connection closed after it was sent is
+/// an `UPSTREAM_UNAVAILABLE` whose outcome is unknown (retried only where the tool's policy
+/// makes that safe). A call dropped before its answer (a timeout, a caller that went away)
+/// cancels its request on the server.
+///
+/// **A server kept up.** A client made with [`spawn`](McpClient::spawn),
+/// [`connect`](McpClient::connect) (or `http`, feature `http`) keeps its connection: when it
+/// ends (the server process exits, the stream closes, a call finds the transport closed), it
+/// is made again at once, then with [`DEFAULT_RECONNECT_BACKOFF`] between failed attempts,
+/// without end and without rebuilding the stack; each loss and each reconnection is logged
+/// (`mcp_upstream_down`, `mcp_upstream_reconnected`, `mcp_upstream_reconnect_failed`) and
+/// counted ([`stats`](McpClient::stats)). Meanwhile the server's every tool fails at once
+/// with a retriable `UPSTREAM_UNAVAILABLE` that did not run and a retry-after until the next
+/// attempt: one breaker for the whole server, which every tool consults. Those failures, and
+/// the transport's, are counted there and not by the stack's breakers per tool, which would
+/// otherwise stay open after the server came back.
+///
+/// Put a [`ToolStack`](tower_toolcall::ToolStack) built from [`McpClient::registry`] around it, and the
+/// agent's outgoing calls get dedupe, retries of what MCP marks safe, a breaker per tool
+/// and loop detection.
+///
+/// ```no_run
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_toolcall_mcp::{McpClient, Trust};
+/// use tower_toolcall::{ToolCall, ToolStack};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = McpClient::spawn("notes", || tokio::process::Command::new("my-mcp-server")).await?;
+/// let registry = client.registry("notes", Trust::Trusted, None).await?;
+/// let tools = ServiceBuilder::new()
+///     .layer(ToolStack::builder(registry).build()?)
+///     .service(client);
+/// let call = ToolCall::builder("notes", "search").session("s").actor("agent").build()?;
+/// let output = tools.oneshot(call).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct McpClient {
+    link: Link,
+    in_flight: Option<Calls>,
+    is_error: IsError,
+    is_error_by_tool: Arc<HashMap<String, IsError>>,
+}
+
+impl McpClient {
+    /// Calls the server behind `peer` (from a running rmcp client: `running.peer().clone()`),
+    /// as long as that connection lasts.
+    pub fn new(peer: Peer<RoleClient>) -> Self {
+        McpClient::over(Link::Fixed(peer))
+    }
+
+    fn over(link: Link) -> Self {
+        McpClient {
+            link,
+            in_flight: None,
+            is_error: IsError::default(),
+            is_error_by_tool: Arc::default(),
+        }
+    }
+
+    /// Connects with `connect` (an rmcp client served over a fresh transport, each time it
+    /// is called), and keeps the connection up: see [a server kept up](McpClient#a-server-kept-up).
+    /// `name` names the server in logs and messages. `Err` when the first connection fails.
+    ///
+    /// ```no_run
+    /// use rmcp::ServiceExt;
+    /// use tower_toolcall_mcp::McpClient;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = McpClient::connect("time", || async {
+    ///     let command = tokio::process::Command::new("mcp-server-time");
+    ///     ().serve(rmcp::transport::TokioChildProcess::new(command)?).await
+    /// })
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect<F, Fut, H, E>(
+        name: impl Into<Arc<str>>,
+        connect: F,
+    ) -> Result<Self, ToolError>
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<RunningService<RoleClient, H>, E>> + Send + 'static,
+        H: ClientHandler,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        McpClient::connect_with_backoff(name, connect, DEFAULT_RECONNECT_BACKOFF).await
+    }
+
+    /// [`connect`](McpClient::connect), with `backoff` between failed reconnection attempts.
+    pub async fn connect_with_backoff<F, Fut, H, E>(
+        name: impl Into<Arc<str>>,
+        connect: F,
+        backoff: Backoff,
+    ) -> Result<Self, ToolError>
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<RunningService<RoleClient, H>, E>> + Send + 'static,
+        H: ClientHandler,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let connector: Connector = Arc::new(move || {
+            let connecting = connect();
+            Box::pin(async move { connecting.await.map(Connection::of).map_err(Into::into) })
+        });
+        let upstream = Upstream::start(name.into(), connector, backoff).await?;
+        Ok(McpClient::over(Link::Kept(upstream)))
+    }
+
+    /// Starts the stdio server that `command` makes (called again for each restart), and
+    /// keeps it running: see [a server kept up](McpClient#a-server-kept-up). The server's
+    /// progress notifications are logged as events of the calls they report on
+    /// ([`ProgressEvents`]).
+    pub async fn spawn<F>(name: impl Into<Arc<str>>, command: F) -> Result<Self, ToolError>
+    where
+        F: Fn() -> tokio::process::Command + Send + Sync + 'static,
+    {
+        let events = ProgressEvents::default();
+        let handler = events.clone();
+        let client = McpClient::connect(name, move || {
+            let (handler, command) = (handler.clone(), command());
+            async move {
+                let transport = rmcp::transport::TokioChildProcess::new(command)?;
+                rmcp::ServiceExt::serve(handler, transport)
+                    .await
+                    .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+            }
+        })
+        .await?;
+        Ok(client.with_progress_events(&events))
+    }
+
+    /// Connects to the streamable-HTTP server at `url` and keeps the connection up (a lost
+    /// session is initialized again): see [a server kept up](McpClient#a-server-kept-up).
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+    pub async fn http(
+        name: impl Into<Arc<str>>,
+        url: impl Into<Arc<str>>,
+    ) -> Result<Self, ToolError> {
+        let url: Arc<str> = url.into();
+        let events = ProgressEvents::default();
+        let handler = events.clone();
+        let client = McpClient::connect(name, move || {
+            let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.clone());
+            rmcp::ServiceExt::serve(handler.clone(), transport)
+        })
+        .await?;
+        Ok(client.with_progress_events(&events))
+    }
+
+    /// Tells `events`, the handler the rmcp client was served with, which call each progress
+    /// notification belongs to, so that its events carry the call's request id.
+    pub fn with_progress_events(mut self, events: &ProgressEvents) -> Self {
+        self.in_flight = Some(events.in_flight.clone());
+        self
+    }
+
+    /// What an `isError` result of the server's tools means (by default
+    /// [`IsError::Answer`]: the tool's answer to the model).
+    pub fn with_is_error(mut self, is_error: IsError) -> Self {
+        self.is_error = is_error;
+        self
+    }
+
+    /// What an `isError` result of the tool `name` means, over the server's setting.
+    pub fn with_is_error_for(mut self, name: impl Into<String>, is_error: IsError) -> Self {
+        Arc::make_mut(&mut self.is_error_by_tool).insert(name.into(), is_error);
+        self
+    }
+
+    /// The peer of the current connection; `None` while a kept connection is being made
+    /// again.
+    pub fn peer(&self) -> Option<Peer<RoleClient>> {
+        match &self.link {
+            Link::Fixed(peer) => Some(peer.clone()),
+            Link::Kept(upstream) => upstream.current().ok().map(|(peer, _)| peer),
+        }
+    }
+
+    /// Where the connection stands: always [`UpstreamState::Connected`] for a client made
+    /// with [`new`](McpClient::new), which does not watch its connection.
+    pub fn state(&self) -> UpstreamState {
+        match &self.link {
+            Link::Fixed(_) => UpstreamState::Connected,
+            Link::Kept(upstream) => upstream.state(),
+        }
+    }
+
+    /// What keeping the connection up has done so far (zeros for [`new`](McpClient::new)).
+    pub fn stats(&self) -> UpstreamStats {
+        match &self.link {
+            Link::Fixed(_) => UpstreamStats::default(),
+            Link::Kept(upstream) => upstream.stats(),
+        }
+    }
+
+    /// The server's tools, as its `tools/list` gives them (every page).
+    pub async fn tools(&self) -> Result<Vec<Tool>, ToolError> {
+        let (peer, _) = self.current()?;
+        peer.list_all_tools().await.map_err(error_from_service)
+    }
+
+    /// Lists the server's tools and registers them in `namespace` with policy from their
+    /// annotations, under the operator's registry (see [`registry_for`]).
+    pub async fn registry(
+        &self,
+        namespace: &str,
+        trust: Trust,
+        operator: Option<&ToolRegistry>,
+    ) -> Result<ToolRegistry, ToolError> {
+        let tools = self.tools().await?;
+        registry_for(namespace, &tools, trust, operator).map_err(|err| {
+            ToolError::new(
+                ErrorCode::ValidationError,
+                format!("the tools of the MCP server give no valid registry: {err}"),
+            )
+        })
+    }
+
+    /// The peer to call and its connection's generation.
+    fn current(&self) -> Result<(Peer<RoleClient>, u64), ToolError> {
+        match &self.link {
+            Link::Fixed(peer) => Ok((peer.clone(), 0)),
+            Link::Kept(upstream) => upstream.current(),
+        }
+    }
+}
+
+/// How a call's request failed: the error, said in the words of a kept connection when the
+/// whole server failed (its transport), which is then made again.
+fn failed(link: &Link, generation: u64, error: ServiceError) -> ToolError {
+    let server_wide = matches!(
+        error,
+        ServiceError::TransportSend(_) | ServiceError::TransportClosed
+    );
+    let err = error_from_service(error);
+    match link {
+        Link::Kept(upstream) if server_wide => {
+            upstream.lost(generation);
+            // Counted once, on the server's own breaker: the connection.
+            err.with_health_failure(false)
+        }
+        _ => err,
+    }
+}
+
+impl Service<ToolCall> for McpClient {
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let (peer, generation) = match self.current() {
+            Ok(current) => current,
+            Err(err) => return Box::pin(std::future::ready(Err(err))),
+        };
+        let link = self.link.clone();
+        let is_error = self
+            .is_error_by_tool
+            .get(call.tool_name())
+            .copied()
+            .unwrap_or(self.is_error);
+        let params = request_params(&call);
+        let in_flight = self.in_flight.clone();
+        let request_id: Arc<str> = call.request_id().into();
+        Box::pin(async move {
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+            let handle = peer
+                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .await
+                .map_err(|error| failed(&link, generation, error))?;
+            let _tracked =
+                in_flight.map(|calls| calls.insert(handle.progress_token.clone(), request_id));
+            let mut cancel = CancelOnDrop {
+                peer: peer.clone(),
+                id: Some(handle.id.clone()),
+            };
+            let answer = handle.await_response().await;
+            cancel.id = None;
+            match answer.map_err(|error| failed(&link, generation, error))? {
+                ServerResult::CallToolResult(result) => outcome_of(result, is_error),
+                ServerResult::EmptyResult(_) => {
+                    outcome_of(CallToolResult::success(Vec::new()), is_error)
+                }
+                _ => Err(ToolError::new(
+                    ErrorCode::UpstreamError,
+                    "the MCP server answered tools/call with something other than a result",
+                )),
+            }
+        })
+    }
+}
+
+/// Cancels a request on the server when its caller drops the call before the answer.
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<RequestId>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let peer = self.peer.clone();
+        let cancelled = CancelledNotificationParam::new(
+            Some(id),
+            Some("the caller dropped the tool call".to_owned()),
+        );
+        runtime.spawn(async move {
+            let _ = peer.notify_cancelled(cancelled).await;
+        });
+    }
+}
+
+/// An rmcp client handler that logs a server's progress notifications as
+/// `tool_call_progress` events: `requestId` (the call's, when the [`McpClient`] was given
+/// these events with [`McpClient::with_progress_events`]; else the progress token),
+/// `progress`, `total` and `message`.
+///
+/// Serve the client with it instead of `()` or a bare `ClientConfig`:
+///
+/// ```no_run
+/// use tower_toolcall_mcp::{McpClient, ProgressEvents};
+///
+/// # async fn run(transport: tokio::io::DuplexStream) -> Result<(), Box<dyn std::error::Error>> {
+/// let events = ProgressEvents::default();
+/// let running = rmcp::ServiceExt::serve(events.clone(), transport).await?;
+/// let client = McpClient::new(running.peer().clone()).with_progress_events(&events);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ProgressEvents {
+    info: ClientConfig,
+    in_flight: Calls,
+}
+
+impl ProgressEvents {
+    /// Sends `info` (the client's name, version and capabilities) when connecting.
+    pub fn with_info(mut self, info: ClientConfig) -> Self {
+        self.info = info;
+        self
+    }
+}
+
+impl ClientHandler for ProgressEvents {
+    fn get_info(&self) -> ClientConfig {
+        self.info.clone()
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let call = self.in_flight.get(&params.progress_token);
+        log_progress(call.as_deref(), &params);
+    }
+}

@@ -1,0 +1,495 @@
+//! The server side: an `rmcp` server whose every `tools/call` goes through a stack.
+
+mod handler;
+mod tool_list;
+
+pub use tool_list::ToolList;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
+
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::Value;
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, Service, ServiceExt};
+
+use super::convert::{error_from_mcp, outcome_and_blocks, result_of, result_with_blocks, IsError};
+use super::identity::Identity;
+use super::in_flight::InFlight;
+use super::meta::RequestMeta;
+use super::progress::{ProgressCalls, ProgressTransport};
+use super::wording::in_mcp_words;
+use tower_toolcall::envelope::MAX_IDENTIFIER_BYTES;
+use tower_toolcall::registry::KeyScope;
+use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
+
+/// The `tools/call` requests being served, by the request id of their `ToolCall`.
+type Pending = InFlight<String, Served>;
+
+/// The stack of a server, as every connection shares it.
+type ToolService = BoxCloneSyncService<ToolCall, ToolOutput, ToolError>;
+
+/// A `tools/call` being served: what the handler needs for each attempt, and the content
+/// blocks of the handler's last successful answer.
+#[derive(Clone)]
+struct Served {
+    request: CallToolRequestParams,
+    context: RequestContext<RoleServer>,
+    blocks: Arc<Mutex<Option<Vec<ContentBlock>>>>,
+}
+
+/// An `rmcp` [`ServerHandler`] whose every `tools/call` runs through a tower stack; served
+/// by rmcp over stdio (or any stream) and over streamable HTTP.
+///
+/// Each `tools/call` becomes a [`ToolCall`] in the server's namespace (MCP names are flat).
+/// Its request id is the connection's followed by the JSON-RPC request's id; its arguments
+/// are the params; `_meta.confirmationId` and `_meta.traceparent` fill the envelope.
+///
+/// **Who calls.** The session, which loop detection and session-scoped keys need, is, in
+/// this order:
+/// 1. the `_meta` member the operator named ([`session_from_meta`](McpServer::session_from_meta)),
+///    when the request carries it;
+/// 2. the transport's session: the connection, over stdio or any stream transport (one
+///    `McpServer` per connection: see [`connection`](McpServer::connection)); the legacy
+///    `Mcp-Session-Id` over streamable HTTP. Under protocol 2026-07-28 an HTTP request has
+///    no session of its own;
+/// 3. the authenticated [`Principal`](crate::Principal) an HTTP server's authentication put
+///    in the request's extensions;
+/// 4. the client's name (`clientInfo.name`, from the request's `_meta` under 2026-07-28 or
+///    from the handshake before it).
+///
+/// The actor is the operator's `_meta` member ([`actor_from_meta`](McpServer::actor_from_meta)),
+/// else the principal, else the client's name; the tenant is the principal's.
+///
+/// **Keys.** The idempotency key is the first of the `_meta` members
+/// [`DEFAULT_IDEMPOTENCY_KEY_MEMBERS`](crate::DEFAULT_IDEMPOTENCY_KEY_MEMBERS) (or the
+/// operator's list: [`idempotency_key_members`](McpServer::idempotency_key_members)) the
+/// request carries; a key that is not a string is a `VALIDATION_ERROR`. A caller's key is
+/// scoped by its actor and tenant, never by the connection: a re-send over a new connection,
+/// or after a reconnect, joins the first call or gets its result
+/// ([`ToolCall::set_caller_key_scope`]). An answer from the idempotency cache says so in its
+/// `_meta` ([`FROM_CACHE_META`](crate::FROM_CACHE_META)).
+///
+/// **Answers.** A success is the tool's `CallToolResult` (its content blocks as the tool
+/// wrote them; an answer from the cache rebuilds them from the stored output). An error is
+/// an `isError` result whose text is the error's code and a message in MCP's words (the
+/// fields it names are `arguments.<path>` and `_meta.<member>`; a stopped loop tells the
+/// model to change its approach), with no structured content, which could not match the
+/// tool's output schema, and the code, retriable flag and retry-after in its `_meta`
+/// ([`ERROR_META`](crate::ERROR_META)). The handler's own `isError` results are its answers to
+/// the model: terminal, neither retried nor counted by a breaker.
+///
+/// A call once dispatched is detached from its request: it runs on a task of its own, to its
+/// end or its timeout, whether the client cancels the request or the connection ends. So
+/// its idempotency record stays in flight, and a re-send of the call with the same
+/// idempotency key joins it or gets its result instead of running the tool again. For the
+/// same reason, the cancellation token of the context the handler gets is not the request's:
+/// it is cancelled when the stack gives the attempt up (a timeout) or the attempt ends.
+///
+/// Every other request and notification goes to the handler untouched.
+///
+/// ```
+/// use std::sync::Arc;
+/// use rmcp::model::Tool;
+/// use rmcp::ServerHandler;
+/// use tower_toolcall_mcp::{registry_for, McpServer, Trust};
+/// use tower_toolcall::ToolStack;
+///
+/// fn stacked<H: ServerHandler>(handler: H, tools: &[Tool]) -> Result<McpServer<H>, tower_toolcall::ConfigError> {
+///     let registry = registry_for("notes", tools, Trust::Trusted, None)?;
+///     let stack = ToolStack::builder(registry).build()?;
+///     Ok(McpServer::new(handler, "notes", stack).session_from_meta("agentSession"))
+/// }
+/// ```
+pub struct McpServer<H> {
+    handler: Arc<H>,
+    service: ToolService,
+    namespace: Arc<str>,
+    identity: Identity,
+    /// This connection's id: the prefix of its calls' request ids, and the session of a
+    /// stream transport.
+    connection: String,
+    pending: Pending,
+    /// The calls by progress token, once the server is served over
+    /// [`progress_events`](McpServer::progress_events).
+    progress: OnceLock<ProgressCalls>,
+}
+
+impl<H: ServerHandler> McpServer<H> {
+    /// Serves `handler`'s tools, in `namespace`, through `layer` (a [`ToolStack`](tower_toolcall::ToolStack)
+    /// or any layer of `Service<ToolCall>`) around the handler's own `tools/call`, whose
+    /// original request (its arguments the call's params, as the layers leave them) and
+    /// context it gets, so that its progress notifications reach the client as before.
+    pub fn new<L>(handler: H, namespace: impl Into<Arc<str>>, layer: L) -> Self
+    where
+        L: Layer<HandlerTool<H>>,
+        L::Service: Service<ToolCall, Response = ToolOutput, Error = ToolError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as Service<ToolCall>>::Future: Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let pending = Pending::default();
+        let tool = HandlerTool {
+            handler: handler.clone(),
+            pending: pending.clone(),
+        };
+        let service = BoxCloneSyncService::new(layer.layer(tool));
+        McpServer::from_parts(handler, namespace.into(), service, pending)
+    }
+}
+
+impl McpServer<ToolList> {
+    /// Serves `tools`, in `namespace`, with every call going to `service`: a stack around
+    /// anything that runs the tools. Over an [`McpClient`](crate::McpClient) it is a proxy
+    /// that puts the stack between clients and another MCP server:
+    ///
+    /// ```no_run
+    /// use tower::Layer;
+    /// use tower_toolcall_mcp::{McpClient, McpServer, Trust};
+    /// use tower_toolcall::ToolStack;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let upstream = McpClient::spawn(tokio::process::Command::new("mcp-server-time")).await?;
+    /// let tools = upstream.tools().await?;
+    /// let registry = upstream.registry("time", Trust::Trusted, None).await?;
+    /// let stack = ToolStack::builder(registry).build()?;
+    /// let server = McpServer::over("time", stack.layer(upstream), tools);
+    /// let running = rmcp::ServiceExt::serve(server, tower_toolcall_mcp::stdio_transport(4 << 20)?).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// `tools/list` is answered from `tools` in the shape of the protocol version each
+    /// client negotiated, whatever version the upstream speaks.
+    pub fn over<S>(namespace: impl Into<Arc<str>>, service: S, tools: impl Into<ToolList>) -> Self
+    where
+        S: Service<ToolCall, Response = ToolOutput, Error = ToolError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        McpServer::from_parts(
+            Arc::new(tools.into()),
+            namespace.into(),
+            BoxCloneSyncService::new(service),
+            Pending::default(),
+        )
+    }
+}
+
+impl<H> McpServer<H> {
+    fn from_parts(
+        handler: Arc<H>,
+        namespace: Arc<str>,
+        service: ToolService,
+        pending: Pending,
+    ) -> Self {
+        McpServer {
+            handler,
+            service,
+            namespace,
+            identity: Identity::default(),
+            connection: ulid::Ulid::generate().to_string(),
+            pending,
+            progress: OnceLock::new(),
+        }
+    }
+
+    /// The server for another connection: the same handler, stack and settings, with a
+    /// connection (and so a stream transport's session) of its own. Serve each connection,
+    /// and give rmcp's streamable-HTTP service its handlers, this way:
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # use tower_toolcall_mcp::{McpServer, ToolList};
+    /// # fn run(server: McpServer<ToolList>) {
+    /// use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    /// use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+    ///
+    /// let service = StreamableHttpService::new(
+    ///     move || Ok(server.connection()),
+    ///     Arc::new(LocalSessionManager::default()),
+    ///     StreamableHttpServerConfig::default(),
+    /// );
+    /// # }
+    /// ```
+    pub fn connection(&self) -> Self {
+        McpServer {
+            handler: self.handler.clone(),
+            service: self.service.clone(),
+            namespace: self.namespace.clone(),
+            identity: self.identity.clone(),
+            connection: ulid::Ulid::generate().to_string(),
+            pending: self.pending.clone(),
+            progress: OnceLock::new(),
+        }
+    }
+
+    /// Takes the session of each call from the string `_meta` member `member` when the
+    /// request carries it, before any other source (a client that keeps one agent session
+    /// over many connections or stateless requests sends it).
+    pub fn session_from_meta(mut self, member: impl Into<Arc<str>>) -> Self {
+        self.identity.session_member = Some(member.into());
+        self
+    }
+
+    /// Takes the actor of each call from the string `_meta` member `member` when the request
+    /// carries it, before the principal and the client's name. Only for clients the operator
+    /// trusts to say who they act for: the actor scopes idempotency keys.
+    pub fn actor_from_meta(mut self, member: impl Into<Arc<str>>) -> Self {
+        self.identity.actor_member = Some(member.into());
+        self
+    }
+
+    /// Reads the idempotency key from the first of `members` a request carries, instead of
+    /// [`DEFAULT_IDEMPOTENCY_KEY_MEMBERS`](crate::DEFAULT_IDEMPOTENCY_KEY_MEMBERS).
+    pub fn idempotency_key_members<I, S>(mut self, members: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.identity.key_members = members.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// `transport`, whose progress notifications for the calls of this server (a handler's
+    /// `notify_progress` with the request's `_meta.progressToken`) are logged as
+    /// `tool_call_progress` events of the call (`requestId`, `progress`, `total`, `message`)
+    /// on their way to the client. Serve the server over it:
+    ///
+    /// ```no_run
+    /// # use tower_toolcall_mcp::McpServer;
+    /// # async fn run<H: rmcp::ServerHandler>(server: McpServer<H>, pipe: tokio::io::DuplexStream) -> Result<(), Box<dyn std::error::Error>> {
+    /// let transport = server.progress_events(pipe);
+    /// let running = rmcp::ServiceExt::serve(server, transport).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The handler sends its notifications through the request context's `Peer`, which rmcp
+    /// does not let a wrapper replace (its constructor is private to rmcp), so they are
+    /// observed where they leave: in the transport.
+    pub fn progress_events<T, E, A>(
+        &self,
+        transport: T,
+    ) -> impl rmcp::transport::Transport<RoleServer, Error = E> + 'static
+    where
+        T: rmcp::transport::IntoTransport<RoleServer, E, A>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        ProgressTransport {
+            inner: transport.into_transport(),
+            calls: self.progress.get_or_init(ProgressCalls::default).clone(),
+        }
+    }
+
+    /// The session of this connection's calls over a stream transport, unless the request
+    /// names another (see [who calls](McpServer#who-calls)).
+    pub fn session_key(&self) -> &str {
+        &self.connection
+    }
+
+    /// The handler.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// Answers a `tools/call` through the stack.
+    async fn serve_call(
+        &self,
+        mut request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        // The arguments move into the call; each attempt sends the call's params.
+        let arguments = request.arguments.take().unwrap_or_default();
+        let call = self.tool_call(&request, arguments, &context);
+        let mut call = match call {
+            Ok(call) => call,
+            Err(err) => return result_of(Err(in_mcp_words(err))),
+        };
+        let progress_token = self
+            .progress
+            .get()
+            .and_then(|calls| Some((calls, context.meta.get_progress_token()?)));
+        let blocks = Arc::<Mutex<_>>::default();
+        let served = Served {
+            request,
+            context,
+            blocks: blocks.clone(),
+        };
+        // A request id the client reuses while its first request runs gets a fresh one.
+        let served = match self
+            .pending
+            .insert_new(call.request_id().to_owned(), served)
+        {
+            Ok(entry) => entry,
+            Err(served) => {
+                call.envelope_mut().request_id = ulid::Ulid::generate().to_string();
+                self.pending.insert(call.request_id().to_owned(), served)
+            }
+        };
+        let progress =
+            progress_token.map(|(calls, token)| calls.insert(token, call.request_id().into()));
+        // Once dispatched, the call runs on a task of its own, to its end
+        // (bounded by the stack's timeouts), whatever becomes of this request: a client that
+        // cancels it or drops the connection leaves the idempotency record in flight, so a
+        // re-send joins the call or gets its result. The request's entries leave with the
+        // call.
+        let service = self.service.clone();
+        let outcome = tower_toolcall::detach::detach(async move {
+            let _entries = (served, progress);
+            service.oneshot(call).await
+        })
+        .await;
+        match outcome {
+            // The tool's own answer keeps its content blocks as they were.
+            Ok(output) if !output.record().from_cache => {
+                let kept = blocks.lock().unwrap_or_else(PoisonError::into_inner).take();
+                match kept {
+                    Some(blocks) => result_with_blocks(output, blocks),
+                    None => result_of(Ok(output)),
+                }
+            }
+            Ok(output) => result_of(Ok(output)),
+            Err(err) => result_of(Err(in_mcp_words(err))),
+        }
+    }
+
+    /// The request id of the call for the JSON-RPC request `id`: unique, as the connection's
+    /// id is, and a client never reuses the id of a request in flight.
+    fn request_id(&self, id: &rmcp::model::RequestId) -> String {
+        let id = format!("{}-{id}", self.connection);
+        if id.len() <= MAX_IDENTIFIER_BYTES {
+            id
+        } else {
+            ulid::Ulid::generate().to_string()
+        }
+    }
+
+    fn tool_call(
+        &self,
+        request: &CallToolRequestParams,
+        arguments: serde_json::Map<String, Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ToolCall, ToolError> {
+        let meta = RequestMeta::new(request.meta.as_ref(), &context.meta);
+        let caller = self.identity.caller(&meta, context, &self.connection)?;
+        let mut builder = ToolCall::builder(&*self.namespace, request.name.as_ref())
+            .session(caller.session)
+            .request_id(self.request_id(&context.id))
+            .actor(caller.actor)
+            .params(Value::Object(arguments));
+        if let Some(tenant) = caller.tenant {
+            builder = builder.tenant(tenant);
+        }
+        if let Some(key) = meta.idempotency_key(&self.identity.key_members)? {
+            builder = builder.idempotency_key(key);
+        }
+        if let Some(traceparent) = meta.traceparent() {
+            builder = builder.traceparent(traceparent);
+        }
+        if let Some(confirmation) = meta.confirmation_id()? {
+            builder = builder.confirmation_id(confirmation);
+        }
+        let mut call = builder.build()?;
+        // A connection is no longer than a session here: a caller's key reaches every
+        // session of its actor, so that a re-send over a new connection finds the first call.
+        call.set_caller_key_scope(KeyScope::Actor);
+        Ok(call)
+    }
+}
+
+impl<H> fmt::Debug for McpServer<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpServer")
+            .field("namespace", &self.namespace)
+            .field("connection", &self.connection)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The handler's own `tools/call` as the innermost `Service<ToolCall>` of an
+/// [`McpServer`]'s stack; made by [`McpServer::new`].
+pub struct HandlerTool<H> {
+    handler: Arc<H>,
+    pending: Pending,
+}
+
+impl<H> Clone for HandlerTool<H> {
+    fn clone(&self) -> Self {
+        HandlerTool {
+            handler: self.handler.clone(),
+            pending: self.pending.clone(),
+        }
+    }
+}
+
+impl<H> fmt::Debug for HandlerTool<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerTool").finish_non_exhaustive()
+    }
+}
+
+impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let served = self.pending.get(call.request_id());
+        let handler = self.handler.clone();
+        Box::pin(async move {
+            let Served {
+                mut request,
+                mut context,
+                blocks,
+            } = served.ok_or_else(|| {
+                ToolError::new(
+                    ErrorCode::InternalError,
+                    format!(
+                        "no tools/call request is being served for call {}; send calls through \
+                         the McpServer that made this tool",
+                        call.request_id()
+                    ),
+                )
+            })?;
+            // The attempt is the stack's, not the request's: the client's cancellation of the
+            // request (or the connection's end) does not stop it. The handler's token is
+            // cancelled when the stack gives the attempt up (its timeout), or when it ends.
+            context.ct = Default::default();
+            let _cancel_when_given_up = context.ct.clone().drop_guard();
+            // The params move to the handler unless a layer keeps the call for another attempt.
+            let params = call.params().clone();
+            drop(call);
+            request.arguments = Some(params.into_map());
+            let answer = ServerHandler::call_tool(&*handler, request, context).await;
+            let mut last_blocks = blocks.lock().unwrap_or_else(PoisonError::into_inner);
+            *last_blocks = None;
+            match answer {
+                Ok(CallToolResponse::Complete(result)) => {
+                    let (outcome, blocks) = outcome_and_blocks(result, IsError::Answer);
+                    *last_blocks = blocks;
+                    outcome
+                }
+                Ok(_) => Err(ToolError::new(
+                    ErrorCode::UpstreamError,
+                    "the tool answered with input requests or a task, which a call through the \
+                     stack cannot carry; answer with a complete result",
+                )),
+                Err(error) => Err(error_from_mcp(&error)),
+            }
+        })
+    }
+}
