@@ -1,0 +1,244 @@
+"""Interop driver on the official MCP Python SDK (`mcp`).
+
+Reads one JSON plan on stdin, connects to the server it names with `mcp.Client`, runs the
+plan's steps in order and writes one JSON report on stdout. Logs go to stderr. The plan
+format and the report are described in ../README.md; client.mjs implements the same
+protocol on the official TypeScript SDK.
+
+Exit status: 0 whenever the plan was read (steps may have failed), 2 for an unreadable plan.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import sys
+from typing import Any
+
+import anyio
+from pydantic import ValidationError
+
+from mcp import Client, StdioServerParameters
+from mcp.shared.exceptions import MCPError
+from mcp_types import Implementation
+
+SDK = "python"
+HANDSHAKE_VERSION = "2025-11-25"
+STATELESS_VERSION = "2026-07-28"
+OPS = ("listTools", "call", "reconnect", "sleepMs")
+
+
+class PlanError(Exception):
+    """The plan on stdin is not a valid plan."""
+
+
+def read_plan(text: str) -> dict[str, Any]:
+    """Parse and check the plan; raise PlanError naming the first problem."""
+    try:
+        plan = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanError(f"plan is not JSON: {e}") from e
+    if not isinstance(plan, dict):
+        raise PlanError("plan must be a JSON object")
+    transport = plan.get("transport")
+    if not isinstance(transport, dict):
+        raise PlanError("plan.transport must be an object")
+    kind = transport.get("kind")
+    if kind == "stdio":
+        if not isinstance(transport.get("command"), str):
+            raise PlanError("plan.transport.command must be a string")
+        args = transport.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise PlanError("plan.transport.args must be an array of strings")
+        env = transport.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise PlanError("plan.transport.env must be an object of strings")
+        if "cwd" in transport and not isinstance(transport["cwd"], str):
+            raise PlanError("plan.transport.cwd must be a string")
+    elif kind == "http":
+        if not isinstance(transport.get("url"), str):
+            raise PlanError("plan.transport.url must be a string")
+    else:
+        raise PlanError('plan.transport.kind must be "stdio" or "http"')
+    if not isinstance(plan.get("protocolVersion"), str):
+        raise PlanError("plan.protocolVersion must be a string")
+    if "clientName" in plan and not isinstance(plan["clientName"], str):
+        raise PlanError("plan.clientName must be a string")
+    steps = plan.get("steps")
+    if not isinstance(steps, list):
+        raise PlanError("plan.steps must be an array")
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or step.get("op") not in OPS:
+            raise PlanError(f"plan.steps[{i}].op must be one of {', '.join(OPS)}")
+        op = step["op"]
+        if op == "call":
+            if not isinstance(step.get("name"), str):
+                raise PlanError(f"plan.steps[{i}].name must be a string")
+            if "arguments" in step and not isinstance(step["arguments"], dict | None):
+                raise PlanError(f"plan.steps[{i}].arguments must be an object")
+            if "meta" in step and not isinstance(step["meta"], dict | None):
+                raise PlanError(f"plan.steps[{i}].meta must be an object")
+        elif op == "sleepMs":
+            ms = step.get("ms")
+            if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
+                raise PlanError(f"plan.steps[{i}].ms must be a non-negative number")
+    return plan
+
+
+def sdk_version() -> str:
+    return importlib.metadata.version("mcp")
+
+
+def wire(model: Any) -> Any:
+    """A parsed result as wire JSON: camelCase names, only the members the server sent."""
+    return model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """The report's error object for an exception raised by the SDK."""
+    # anyio task groups wrap a single failure in an exception group: report the failure.
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, MCPError):
+        error: dict[str, Any] = {"code": exc.code, "message": exc.message, "kind": type(exc).__name__}
+        if exc.data is not None:
+            error["data"] = exc.data
+        return error
+    if isinstance(exc, ValidationError):
+        return {"code": None, "message": str(exc), "kind": type(exc).__name__}
+    return {"code": None, "message": str(exc) or repr(exc), "kind": type(exc).__name__}
+
+
+class Driver:
+    def __init__(self, plan: dict[str, Any]) -> None:
+        self.plan = plan
+        self.client: Client | None = None
+        self.connect_error: dict[str, Any] | None = None
+        self.negotiated: str | None = None
+
+    def make_client(self) -> Client:
+        transport = self.plan["transport"]
+        if transport["kind"] == "stdio":
+            server: StdioServerParameters | str = StdioServerParameters(
+                command=transport["command"],
+                args=transport.get("args", []),
+                env=transport.get("env") or None,
+                cwd=transport.get("cwd"),
+            )
+        else:
+            server = transport["url"]
+        # "legacy" sends initialize offering 2025-11-25; a modern version string adopts that
+        # version without any negotiation request (no initialize, no server/discover).
+        mode = "legacy" if self.plan["protocolVersion"] == HANDSHAKE_VERSION else STATELESS_VERSION
+        return Client(
+            server,
+            mode=mode,
+            client_info=Implementation(name=self.plan.get("clientName", "interop-python"), version=sdk_version()),
+            # Every listTools step reaches the server: no client-side response cache.
+            cache=None,
+        )
+
+    async def connect(self) -> dict[str, Any]:
+        client = self.make_client()
+        try:
+            await client.__aenter__()
+        except BaseException as e:  # noqa: BLE001 - any connect failure is reported
+            if isinstance(e, anyio.get_cancelled_exc_class()):
+                raise
+            self.connect_error = describe(e)
+            logging.warning("connect failed: %s", self.connect_error)
+            return {"error": self.connect_error}
+        self.client = client
+        self.connect_error = None
+        self.negotiated = client.protocol_version
+        return {"ok": {"negotiatedProtocolVersion": self.negotiated}}
+
+    async def disconnect(self) -> None:
+        client, self.client = self.client, None
+        if client is None:
+            return
+        try:
+            await client.__aexit__(None, None, None)
+        except Exception as e:  # noqa: BLE001 - a failed close does not stop the plan
+            logging.warning("close failed: %s", describe(e))
+
+    async def lose_connection(self) -> dict[str, Any]:
+        """Close a connection whose transport failed; return the failure as an error object.
+
+        A transport failure (e.g. a refused HTTP connection) ends the task group that the
+        client's transport runs in, which cancels the step that was waiting on it. Leaving
+        the client's context raises the failure itself.
+        """
+        client, self.client = self.client, None
+        error: dict[str, Any] = {"code": None, "message": "the connection was closed", "kind": "ConnectionLost"}
+        if client is not None:
+            try:
+                await client.__aexit__(None, None, None)
+            except Exception as e:  # noqa: BLE001 - the failure is the report
+                error = describe(e)
+        self.connect_error = error
+        logging.warning("connection lost: %s", error)
+        return error
+
+    async def step(self, step: dict[str, Any]) -> dict[str, Any]:
+        op = step["op"]
+        if op == "reconnect":
+            await self.disconnect()
+            return await self.connect()
+        cancelled = anyio.get_cancelled_exc_class()
+        if op == "sleepMs":
+            deadline = anyio.current_time() + step["ms"] / 1000
+            if self.client is not None:
+                try:
+                    await anyio.sleep_until(deadline)
+                except cancelled:
+                    await self.lose_connection()
+            await anyio.sleep_until(deadline)
+            return {"ok": {}}
+        if self.client is None:
+            return {"error": self.connect_error}
+        try:
+            if op == "listTools":
+                return {"ok": wire(await self.client.list_tools())}
+            result = await self.client.call_tool(step["name"], step.get("arguments"), meta=step.get("meta"))
+            return {"ok": wire(result)}
+        except cancelled:
+            return {"error": await self.lose_connection()}
+        except Exception as e:  # noqa: BLE001 - every step failure is reported
+            return {"error": describe(e)}
+
+    async def run(self) -> dict[str, Any]:
+        steps: list[dict[str, Any]] = []
+        await self.connect()
+        try:
+            for step in self.plan["steps"]:
+                steps.append(await self.step(step))
+        finally:
+            await self.disconnect()
+        return {"sdk": SDK, "sdkVersion": sdk_version(), "negotiatedProtocolVersion": self.negotiated, "steps": steps}
+
+
+def main() -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="client.py: %(levelname)s %(message)s")
+    try:
+        plan = read_plan(sys.stdin.read())
+    except PlanError as e:
+        print(f"client.py: {e}", file=sys.stderr)
+        return 2
+    version = plan["protocolVersion"]
+    if version not in (HANDSHAKE_VERSION, STATELESS_VERSION):
+        reason = (
+            f"the Python SDK {sdk_version()} offers only {HANDSHAKE_VERSION} in initialize "
+            f"and speaks {STATELESS_VERSION} without a handshake; it cannot select {version}"
+        )
+        report: dict[str, Any] = {"unsupported": reason}
+    else:
+        report = anyio.run(Driver(plan).run)
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
