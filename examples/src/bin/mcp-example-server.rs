@@ -1,6 +1,9 @@
-//! Run with: `cargo run -p tower-toolcall-examples --features mcp --bin mcp-example-server [-- --registry registry.toml] [--max-line-bytes 4194304]`
+//! Run with: `cargo run -p tower-toolcall-examples --features mcp --bin mcp-example-server [-- --registry registry.toml] [--max-line-bytes 4194304]`,
+//! or over streamable HTTP with `-- --http 127.0.0.1:8931`.
 //!
-//! An MCP server over stdio whose every `tools/call` goes through the whole stack. Its tools
+//! An MCP server over stdio (or streamable HTTP at `/mcp`) whose every `tools/call` goes
+//! through the whole stack, under the operator's `TOOL_RELIABILITY_*` switches from the
+//! environment. Its tools
 //! keep notes: `search` (read-only; its backend times out on the first search for `flaky`),
 //! `put` (writes a note by id; idempotent) and `delete` (destructive); each reports its end
 //! as a progress notification when the request asks for progress. Their annotations
@@ -16,13 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
+use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{ConfigError, ToolStack};
 use tower_toolcall_mcp::{registry_for, stdio_transport, McpServer, Trust, DEFAULT_MAX_LINE_BYTES};
@@ -180,7 +184,18 @@ pub fn stacked(
     notes: Notes,
     operator: Option<&ToolRegistry>,
 ) -> Result<McpServer<Notes>, ConfigError> {
-    let registry = registry_for("notes", &Notes::tools(), Trust::Trusted, operator)?;
+    stacked_under(notes, operator, ReliabilityControl::default())
+}
+
+/// [`stacked`], under the operator's switches `control` (`TOOL_RELIABILITY_*` from the
+/// environment, when the server runs as a program).
+pub fn stacked_under(
+    notes: Notes,
+    operator: Option<&ToolRegistry>,
+    control: ReliabilityControl,
+) -> Result<McpServer<Notes>, ConfigError> {
+    let registry =
+        registry_for("notes", &Notes::tools(), Trust::Trusted, operator)?.with_control(control);
     let stack = ToolStack::builder(registry)
         .retry(|retry| {
             retry
@@ -196,13 +211,14 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(serve_stdio())
+        .block_on(serve())
 }
 
-async fn serve_stdio() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    const USAGE: &str =
-        "usage: mcp-example-server [--registry <registry.toml|json>] [--max-line-bytes <bytes>]";
-    let (mut operator, mut max_line_bytes) = (None, DEFAULT_MAX_LINE_BYTES);
+#[allow(dead_code)]
+async fn serve() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    const USAGE: &str = "usage: mcp-example-server [--registry <registry.toml|json>] \
+                         [--max-line-bytes <bytes>] [--http <address:port>]";
+    let (mut operator, mut max_line_bytes, mut http) = (None, DEFAULT_MAX_LINE_BYTES, None);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         match (flag.as_str(), args.next()) {
@@ -210,11 +226,41 @@ async fn serve_stdio() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             ("--max-line-bytes", Some(bytes)) => {
                 max_line_bytes = bytes.parse().map_err(|_| USAGE)?;
             }
+            ("--http", Some(address)) => http = Some(address),
             _ => return Err(USAGE.into()),
         }
     }
-    let server = stacked(Notes::default(), operator.as_ref())?;
-    let running = rmcp::ServiceExt::serve(server, stdio_transport(max_line_bytes)?).await?;
-    running.waiting().await?;
+    let control = ReliabilityControl::from_env()?;
+    let server = stacked_under(Notes::default(), operator.as_ref(), control)?;
+    match http {
+        Some(address) => serve_http(server, &address).await,
+        None => {
+            let running = rmcp::ServiceExt::serve(server, stdio_transport(max_line_bytes)?).await?;
+            running.waiting().await?;
+            Ok(())
+        }
+    }
+}
+
+/// Serves `server` over streamable HTTP at `http://<address>/mcp`: sessions for clients of
+/// protocol versions before 2026-07-28, stateless requests for the others. Prints the bound
+/// address (`listening on <address>`) on stdout once it accepts connections.
+#[allow(dead_code)]
+async fn serve_http(
+    server: McpServer<Notes>,
+    address: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+
+    let service = StreamableHttpService::new(
+        move || Ok(server.connection()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let router = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    println!("listening on {}", listener.local_addr()?);
+    axum::serve(listener, router).await?;
     Ok(())
 }
