@@ -270,3 +270,62 @@ async fn recovery_wait(client: &McpClient) -> Duration {
     }
     started.elapsed()
 }
+
+/// A proxy, `McpServer::over` a stack around `McpClient`, serves a server that speaks only
+/// the handshake protocol (server-everything) to a client of the stateless 2026-07-28
+/// protocol: the tool list is re-issued in the client's shape.
+#[tokio::test]
+async fn a_proxy_serves_a_legacy_upstream_to_a_stateless_client() {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+    use tower_toolcall_mcp::McpServer;
+
+    use super::kit::Sdk;
+
+    let upstream = McpClient::spawn("everything", everything_server)
+        .await
+        .unwrap();
+    let listed = upstream.tools().await.unwrap();
+    let registry = upstream
+        .registry("everything", Trust::Trusted, None)
+        .await
+        .unwrap();
+    let stack = ToolStack::builder(registry).build().unwrap();
+    let proxy = McpServer::over("everything", stack.layer(upstream), listed.clone());
+    let service = StreamableHttpService::new(
+        move || Ok(proxy.connection()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await
+    });
+
+    for version in ["2025-11-25", "2026-07-28"] {
+        let report = Sdk::Python
+            .run(&json!({
+                "transport": {"kind": "http", "url": url},
+                "protocolVersion": version,
+                "clientName": format!("proxy-{version}"),
+                "steps": [
+                    {"op": "listTools"},
+                    {"op": "call", "name": "echo", "arguments": {"message": "through"}},
+                ]
+            }))
+            .await;
+        assert_eq!(report["negotiatedProtocolVersion"], version, "{report}");
+        let tools = &report["steps"][0]["ok"]["tools"];
+        assert_eq!(
+            tools.as_array().map(Vec::len),
+            Some(listed.len()),
+            "{report}"
+        );
+        let echoed = &report["steps"][1]["ok"];
+        assert!(
+            echoed["content"].to_string().contains("through"),
+            "{report}"
+        );
+    }
+}

@@ -3,6 +3,7 @@
 //! feature `http`). The example server's tests over stdio, with its binary as a child
 //! process, are the examples package's.
 
+mod edge;
 #[allow(dead_code, unreachable_pub)]
 #[path = "../../../../examples/src/bin/mcp-example-server.rs"]
 mod example;
