@@ -13,13 +13,13 @@ use tokio::process::{Child, Command};
 const DRIVER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The directory of the kit.
-pub fn dir() -> PathBuf {
+pub(crate) fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop")
 }
 
 /// `path` inside the kit, which must exist: else the test fails with the command that
 /// installs the kit.
-pub fn installed(path: &str) -> PathBuf {
+pub(crate) fn installed(path: &str) -> PathBuf {
     let full = dir().join(path);
     assert!(
         full.exists(),
@@ -32,13 +32,13 @@ pub fn installed(path: &str) -> PathBuf {
 
 /// An official SDK's client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sdk {
+pub(crate) enum Sdk {
     Python,
     TypeScript,
 }
 
 impl Sdk {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Sdk::Python => "python",
             Sdk::TypeScript => "typescript",
@@ -62,7 +62,7 @@ impl Sdk {
     }
 
     /// Runs `plan` with this SDK's driver; its report.
-    pub async fn run(self, plan: &Value) -> Value {
+    pub(crate) async fn run(self, plan: &Value) -> Value {
         let mut child = self
             .command()
             .stdin(Stdio::piped())
@@ -96,13 +96,13 @@ impl Sdk {
 
 /// The example server (the notes tools behind the whole stack) over streamable HTTP on a
 /// free loopback port; stopped when dropped.
-pub struct HttpServer {
+pub(crate) struct HttpServer {
     _child: Child,
-    pub url: String,
+    pub(crate) url: String,
 }
 
 impl HttpServer {
-    pub async fn start() -> HttpServer {
+    pub(crate) async fn start() -> HttpServer {
         let binary = env!("CARGO_BIN_EXE_mcp-example-server");
         let mut child = Command::new(binary)
             .args(["--http", "127.0.0.1:0"])
@@ -127,17 +127,17 @@ impl HttpServer {
 }
 
 /// The example server over stdio, for a driver to start.
-pub fn stdio_transport() -> Value {
+pub(crate) fn stdio_transport() -> Value {
     serde_json::json!({"kind": "stdio", "command": env!("CARGO_BIN_EXE_mcp-example-server")})
 }
 
 /// The `mcp-server-time` command of the kit.
-pub fn time_server() -> Command {
+pub(crate) fn time_server() -> Command {
     Command::new(installed(".venv/bin/mcp-server-time"))
 }
 
 /// The `server-everything` command of the kit, over stdio.
-pub fn everything_server() -> Command {
+pub(crate) fn everything_server() -> Command {
     let script = installed("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     let mut command = Command::new("node");
     command.arg(script).arg("stdio");

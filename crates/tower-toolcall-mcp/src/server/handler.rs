@@ -135,12 +135,12 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
         self.handler.unsubscribe(request, context)
     }
 
-    fn call_tool(
+    async fn call_tool(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<CallToolResponse, McpError>> + MaybeSendFuture + '_ {
-        async move { Ok(self.serve_call(request, context).await.into()) }
+    ) -> Result<CallToolResponse, McpError> {
+        Ok(self.serve_call(request, context).await.into())
     }
 
     fn list_tools(
