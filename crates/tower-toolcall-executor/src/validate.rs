@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use serde_json::Value;
+pub(crate) use tower_toolcall::envelope::json_kind;
 
 use super::config::RunPolicy;
 use super::plan::Plan;
@@ -469,16 +470,4 @@ fn find_cycle(steps: &[CheckedStep]) -> Option<Vec<usize>> {
         }
     }
     None
-}
-
-/// What kind of JSON value `value` is, for messages: `an array`, `a string`, …
-pub(crate) fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }

@@ -4,7 +4,7 @@
 use rmcp::model::{MetaObject, RequestMetaObject};
 use serde_json::Value;
 
-use tower_toolcall::envelope::{MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES};
+use tower_toolcall::envelope::{json_kind, MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES};
 use tower_toolcall::{ErrorCode, ToolError};
 
 /// The `_meta` member of a `tools/call` that carries the call's idempotency key.
@@ -81,7 +81,7 @@ impl<'a> RequestMeta<'a> {
                 member,
                 format!(
                     "must be a string, not {}; send it as a JSON string",
-                    json_type(other)
+                    json_kind(other)
                 ),
             )),
         }
@@ -118,17 +118,6 @@ fn invalid_member(member: &str, problem: String) -> ToolError {
         format!("invalid tool call: `_meta.{member}` {problem}"),
     )
     .with_details(serde_json::json!({ "field": format!("_meta.{member}") }))
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// `meta` with `member` set to `value`.

@@ -12,7 +12,7 @@ mod http;
 #[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use example::Notes;
 use rmcp::model::{
@@ -21,7 +21,7 @@ use rmcp::model::{
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::ServiceExt as _;
 use serde_json::{json, Value};
-use tower::{Layer, ServiceBuilder, ServiceExt};
+use tower::{Layer, ServiceExt};
 use tower_toolcall::registry::{RiskLevel, ToolRegistry};
 use tower_toolcall::{ErrorCode, ToolCall, ToolStack};
 use tower_toolcall_mcp::{
@@ -199,17 +199,7 @@ async fn a_loop_is_stopped_and_the_model_reads_why() {
 
 #[tokio::test(start_paused = true)]
 async fn the_envelope_carries_session_actor_key_and_traceparent() {
-    let notes = Notes::default();
-    let seen: Arc<Mutex<Vec<ToolCall>>> = Arc::default();
-    let record = seen.clone();
-    let registry = registry_for("notes", &Notes::tools(), Trust::Trusted, None).unwrap();
-    let layer = ServiceBuilder::new()
-        .layer(ToolStack::builder(registry).build().unwrap())
-        .map_request(move |call: ToolCall| {
-            record.lock().unwrap().push(call.clone());
-            call
-        });
-    let server = McpServer::new(notes.clone(), "notes", layer);
+    let (server, seen) = edge::recorded(|server| server);
     let session = server.session_key().to_owned();
     let client = connect(server, "claude-desktop").await;
     let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

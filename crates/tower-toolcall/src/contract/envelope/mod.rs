@@ -14,5 +14,5 @@ pub use call::{
     RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
 };
-pub use params::Params;
+pub use params::{json_kind, Params};
 pub(crate) use resolution::next_registry_id;

@@ -191,7 +191,15 @@ impl TryFrom<Value> for Params {
     }
 }
 
-pub(crate) fn json_kind(value: &Value) -> &'static str {
+/// What kind of JSON value `value` is, as a message names it (`a string`, `an array`, …),
+/// for the errors of every edge that reads JSON from a caller.
+///
+/// ```
+/// use tower_toolcall::envelope::json_kind;
+///
+/// assert_eq!(json_kind(&serde_json::json!(42)), "a number");
+/// ```
+pub fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
