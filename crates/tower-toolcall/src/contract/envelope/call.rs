@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use super::ijson::{object, optional_name, optional_object};
 use super::params::Params;
 use super::resolution::ToolResolution;
-use crate::contract::registry::KeyScope;
 use crate::contract::time::unix_now_ms;
 
 /// The only contract version this crate speaks.
@@ -857,4 +856,19 @@ fn required_millis<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D:
     }
 
     deserializer.deserialize_any(Millis)
+}
+
+/// Whose calls share an idempotency key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KeyScope {
+    /// Keys are scoped to the session and actor (the default).
+    Session,
+    /// Keys are shared by every session of the same actor (and tenant): a caller that sends
+    /// a key again from another session (a new connection, a restarted client) finds the
+    /// first call.
+    Actor,
+    /// Keys are shared by every session; only for tools that are safe for it.
+    Global,
 }

@@ -8,6 +8,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde::{Serialize, Serializer};
 
 use crate::contract::envelope::DedupeMode;
+pub use crate::contract::envelope::KeyScope;
 use crate::contract::error::{ConfigError, ErrorCode};
 
 /// One layer's setting for one tool.
@@ -492,21 +493,6 @@ impl RateLimitOverrides {
         at_least("burst", self.burst, 1)?;
         at_least("max_wait_ms", self.max_wait_ms, 1)
     }
-}
-
-/// Whose calls share an idempotency key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum KeyScope {
-    /// Keys are scoped to the session and actor (the default).
-    Session,
-    /// Keys are shared by every session of the same actor (and tenant): a caller that sends
-    /// a key again from another session (a new connection, a restarted client) finds the
-    /// first call.
-    Actor,
-    /// Keys are shared by every session; only for tools that are safe for it.
-    Global,
 }
 
 /// What a reused idempotency key with other params means.
