@@ -121,7 +121,10 @@ impl McpClient {
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let client = McpClient::connect("time", || async {
     ///     let command = tokio::process::Command::new("mcp-server-time");
-    ///     ().serve(rmcp::transport::TokioChildProcess::new(command)?).await
+    ///     let transport = rmcp::transport::TokioChildProcess::new(command)?;
+    ///     ().serve(transport)
+    ///         .await
+    ///         .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
     /// })
     /// .await?;
     /// # Ok(()) }

@@ -157,7 +157,7 @@ impl McpServer<ToolList> {
     /// use tower_toolcall::ToolStack;
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let upstream = McpClient::spawn(tokio::process::Command::new("mcp-server-time")).await?;
+    /// let upstream = McpClient::spawn("time", || tokio::process::Command::new("mcp-server-time")).await?;
     /// let tools = upstream.tools().await?;
     /// let registry = upstream.registry("time", Trust::Trusted, None).await?;
     /// let stack = ToolStack::builder(registry).build()?;
