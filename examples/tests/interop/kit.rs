@@ -97,15 +97,20 @@ impl Sdk {
 /// The example server (the notes tools behind the whole stack) over streamable HTTP on a
 /// free loopback port; stopped when dropped.
 pub(crate) struct HttpServer {
-    _child: Child,
+    child: Child,
     pub(crate) url: String,
 }
 
 impl HttpServer {
     pub(crate) async fn start() -> HttpServer {
+        HttpServer::start_on("127.0.0.1:0").await
+    }
+
+    /// The server on `address` (a port of `0`: a free one).
+    pub(crate) async fn start_on(address: &str) -> HttpServer {
         let binary = env!("CARGO_BIN_EXE_mcp-example-server");
         let mut child = Command::new(binary)
-            .args(["--http", "127.0.0.1:0"])
+            .args(["--http", address])
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -120,9 +125,15 @@ impl HttpServer {
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("unexpected first line: {line}"));
         HttpServer {
-            _child: child,
+            child,
             url: format!("http://{address}/mcp"),
         }
+    }
+
+    /// Kills the server and waits until it is gone.
+    #[cfg_attr(not(feature = "mcp-http"), allow(dead_code))]
+    pub(crate) async fn kill(mut self) {
+        self.child.kill().await.unwrap();
     }
 }
 

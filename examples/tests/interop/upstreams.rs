@@ -329,3 +329,56 @@ async fn a_proxy_serves_a_legacy_upstream_to_a_stateless_client() {
         );
     }
 }
+
+/// An HTTP upstream that restarts (its sessions lost with it) is connected to again, its
+/// session initialized anew, without rebuilding the stack.
+#[cfg(feature = "mcp-http")]
+#[tokio::test]
+async fn an_http_upstream_that_restarts_is_connected_to_again() {
+    use super::kit::HttpServer;
+
+    let server = HttpServer::start().await;
+    let url = server.url.clone();
+    let address = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let client = McpClient::http("notes", url).await.unwrap();
+    let registry = client
+        .registry("notes", Trust::Trusted, None)
+        .await
+        .unwrap();
+    let tools = ToolStack::builder(registry)
+        .build()
+        .unwrap()
+        .layer(client.clone());
+    let search = || call("notes", "search", json!({"query": "x"}));
+    tools.clone().oneshot(search()).await.unwrap();
+
+    server.kill().await;
+    let killed = Instant::now();
+    let failed = client.clone().oneshot(search()).await.unwrap_err();
+    assert_eq!(failed.code(), ErrorCode::UpstreamUnavailable, "{failed:?}");
+    assert!(killed.elapsed() < Duration::from_secs(2), "fails fast");
+
+    let _restarted = HttpServer::start_on(&address).await;
+    let started = Instant::now();
+    loop {
+        match tools.clone().oneshot(search()).await {
+            Ok(_) => break,
+            Err(err) => {
+                assert_eq!(err.code(), ErrorCode::UpstreamUnavailable, "{err:?}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(15),
+                    "never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    eprintln!(
+        "the HTTP upstream answered again {} ms after its restart",
+        started.elapsed().as_millis()
+    );
+    assert!(client.stats().reconnects >= 1, "{:?}", client.stats());
+}

@@ -171,3 +171,36 @@ async fn an_over_long_line_is_dropped_unread_and_the_stdio_server_serves_the_nex
     drop(stdin);
     assert!(child.wait().await.unwrap().success());
 }
+
+#[tokio::test]
+async fn the_example_server_obeys_the_operators_switches_from_the_environment() {
+    let binary = env!("CARGO_BIN_EXE_mcp-example-server");
+    // The same write sent twice without a key: a re-send under the key derived from its
+    // params, answered from the record, unless derivation is switched off.
+    for (derive, answered_from_cache) in [(None, true), (Some("off"), false)] {
+        let mut command = tokio::process::Command::new(binary);
+        if let Some(value) = derive {
+            command.env("TOOL_RELIABILITY_DERIVE_IDEMPOTENCY", value);
+        }
+        let transport = rmcp::transport::TokioChildProcess::new(command).unwrap();
+        let running = ().serve(transport).await.expect("the MCP handshake over stdio");
+        let put = || {
+            rmcp::model::CallToolRequestParams::new("put").with_arguments(
+                json!({"id": "n1", "text": "once"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            )
+        };
+        running.call_tool(put()).await.unwrap();
+        let again = running.call_tool(put()).await.unwrap();
+        let cached = again.meta.as_ref().is_some_and(|meta| {
+            meta.get(tower_toolcall_mcp::FROM_CACHE_META) == Some(&json!(true))
+        });
+        assert_eq!(
+            cached, answered_from_cache,
+            "derivation {derive:?}: {again:?}"
+        );
+        running.cancel().await.unwrap();
+    }
+}

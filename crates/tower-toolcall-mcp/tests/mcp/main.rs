@@ -11,6 +11,7 @@ mod example;
 mod http;
 #[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
+mod upstream;
 
 use std::sync::Arc;
 
