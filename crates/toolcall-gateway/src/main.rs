@@ -1,8 +1,188 @@
-//! `toolcall-gateway`: the stack of tower-toolcall in front of MCP servers.
+//! `toolcall-gateway`: tower-toolcall's stack in front of the MCP servers you already have.
+//!
+//! ```text
+//! toolcall-gateway --config gateway.toml              # the HTTP fronts on 127.0.0.1:8080
+//! toolcall-gateway --config gateway.toml --stdio      # what a host launches: MCP on stdio
+//! toolcall-gateway --mcp-json ~/.cursor/mcp.json      # in front of a host's servers
+//! toolcall-gateway --config gateway.toml --check      # every problem of the file, by field
+//! ```
+//!
+//! Every upstream's tools are listed under one list, as `<upstream>__<tool>`; each call goes
+//! through the whole stack (validation, loop detection, quotas, idempotency keys, safe
+//! retries, a breaker per tool and one per upstream, timeouts, audit) to its upstream.
 
 #![forbid(unsafe_code)]
 
 mod config;
+mod demo;
+mod fronts;
+mod gateway;
 mod mcp_json;
+mod naming;
+mod upstreams;
 
-fn main() {}
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::config::{GatewayConfig, LogFormat};
+use crate::gateway::Gateway;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The stack of tower-toolcall in front of MCP servers: idempotency keys, loop detection,
+/// quotas, safe retries and breakers, over MCP (stdio and streamable HTTP) and the ToolCall
+/// envelope.
+#[derive(Debug, Parser)]
+#[command(name = "toolcall-gateway", version)]
+struct Args {
+    /// The gateway's configuration (TOML).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// A host's MCP servers file (Claude Desktop, Cursor, VS Code) whose servers the gateway
+    /// fronts, untrusted unless the configuration says otherwise.
+    #[arg(long, value_name = "PATH")]
+    mcp_json: Option<PathBuf>,
+    /// Serve MCP on stdin and stdout (for a host to launch the gateway).
+    #[arg(long)]
+    stdio: bool,
+    /// The address of the HTTP fronts (default 127.0.0.1:8080; `PORT` changes the port).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Check the configuration, print every problem by its field, and exit.
+    #[arg(long)]
+    check: bool,
+    /// The log lines' format: text or json.
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match load(&args) {
+        Ok(config) => config,
+        Err(problems) => {
+            eprintln!("{problems}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.check {
+        println!(
+            "the configuration is valid: {} upstream(s)",
+            config.upstreams.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let json = match args.log_format.as_deref() {
+        Some("json") => true,
+        Some("text") => false,
+        Some(other) => {
+            eprintln!("--log-format: {other} is not a format; use text or json");
+            return ExitCode::FAILURE;
+        }
+        None => config.log_format == LogFormat::Json,
+    };
+    logging(json);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // The error's message, naming what to fix; never a debug dump.
+            tracing::error!("{err}");
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The configuration of `args`: the file, with the host's servers added.
+fn load(args: &Args) -> Result<GatewayConfig, BoxError> {
+    let mut config = match &args.config {
+        Some(path) => GatewayConfig::from_path(path)?,
+        None => GatewayConfig::empty(),
+    };
+    if let Some(path) = &args.mcp_json {
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| format!("--mcp-json {}: {err}", path.display()))?;
+        config = config.with_imported(mcp_json::import(&text, path)?)?;
+    }
+    // The environment overrides the file for the switches the crate reads.
+    if let Ok(url) = std::env::var("TOOLCALL_REDIS_URL") {
+        config.redis = Some(config::Secret::url(url));
+    }
+    Ok(config)
+}
+
+/// Logs to stderr (stdout is the MCP stream under `--stdio`), filtered by `RUST_LOG`.
+fn logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
+    let admin_token = match &config.admin_token_env {
+        Some(var) => std::env::var(var).ok(),
+        None => std::env::var("TOOLCALL_ADMIN_TOKEN").ok(),
+    };
+    let gateway = Gateway::start(&config, admin_token.as_deref()).await?;
+    let listen = match (args.listen, config.listen, std::env::var("PORT")) {
+        (Some(listen), _, _) | (None, Some(listen), _) => listen,
+        (None, None, Ok(port)) => format!("127.0.0.1:{port}")
+            .parse()
+            .map_err(|_| format!("PORT: {port} is not a port number"))?,
+        (None, None, Err(_)) => SocketAddr::from(([127, 0, 0, 1], 8080)),
+    };
+    if args.stdio {
+        // The host owns the process: serve until it closes stdin.
+        let served = fronts::serve_stdio(&gateway).await;
+        gateway.stop();
+        return served;
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|err| format!("cannot listen on {listen}: {err}"))?;
+    tracing::info!(event = "gateway_listening", address = %listener.local_addr()?);
+    // The address, for whoever started the gateway on port 0.
+    println!("listening on {}", listener.local_addr()?);
+    let router = fronts::http_router(&gateway, listen);
+    let served = fronts::serve_http(listener, router, shutdown()).await;
+    gateway.stop();
+    tracing::info!(event = "gateway_stopped");
+    served
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!(event = "gateway_stopping", "finishing the calls in flight");
+}

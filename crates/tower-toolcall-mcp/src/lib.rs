@@ -103,7 +103,7 @@ pub use meta::{
     CONFIRMATION_ID_META, DEFAULT_IDEMPOTENCY_KEY_MEMBERS, ERROR_META, FROM_CACHE_META,
     IDEMPOTENCY_KEY_META, RESULT_META_PREFIX,
 };
-pub use policy::{descriptor_for, registry_for, Trust};
+pub use policy::{descriptor_for, registry_for, registry_for_servers, Trust};
 pub use server::{HandlerTool, McpServer, ToolList};
 
 /// The examples of the README, compiled and run as doctests.

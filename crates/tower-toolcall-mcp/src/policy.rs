@@ -128,45 +128,70 @@ pub fn registry_for(
     trust: Trust,
     operator: Option<&ToolRegistry>,
 ) -> Result<ToolRegistry, ConfigError> {
-    let Some(operator) = operator else {
-        return tools
-            .iter()
-            .fold(ToolRegistry::builder(), |builder, tool| {
-                builder.tool(descriptor_for(namespace, tool, trust))
-            })
-            .build()
-            .map_err(|e| e.within("mcp"));
+    registry_for_servers([(namespace, tools, trust)], operator)
+}
+
+/// [`registry_for`] of several servers at once, each `(namespace, tools, trust)`: one
+/// registry for a gateway in front of many servers, under one operator's registry.
+///
+/// ```
+/// use std::sync::Arc;
+/// use rmcp::model::{Tool, ToolAnnotations};
+/// use tower_toolcall_mcp::{registry_for_servers, Trust};
+///
+/// let now = [Tool::new("now", "The time", Arc::new(serde_json::Map::new()))
+///     .annotate(ToolAnnotations::new().read_only(true))];
+/// let send = [Tool::new("send", "Sends a mail", Arc::new(serde_json::Map::new()))];
+/// let registry = registry_for_servers(
+///     [("time", &now[..], Trust::Trusted), ("mail", &send[..], Trust::Untrusted)],
+///     None,
+/// )?;
+/// assert_eq!(registry.len(), 2);
+/// assert!(registry.get("mail", "send").unwrap().descriptor().confirmation_required);
+/// # Ok::<(), tower_toolcall::ConfigError>(())
+/// ```
+pub fn registry_for_servers<'a, I>(
+    servers: I,
+    operator: Option<&ToolRegistry>,
+) -> Result<ToolRegistry, ConfigError>
+where
+    I: IntoIterator<Item = (&'a str, &'a [Tool], Trust)>,
+{
+    let mut builder = match operator {
+        Some(operator) => ToolRegistry::builder()
+            .open(operator.is_open())
+            .unregistered_policy(operator.unregistered_policy().clone())
+            .control(operator.control().clone()),
+        None => ToolRegistry::builder(),
     };
-    let mut builder = ToolRegistry::builder()
-        .open(operator.is_open())
-        .unregistered_policy(operator.unregistered_policy().clone())
-        .control(operator.control().clone());
-    let mut served = std::collections::HashSet::with_capacity(tools.len());
-    for tool in tools {
-        let name = tool.name.as_ref();
-        served.insert(name);
-        let from_mcp = descriptor_for(namespace, tool, trust);
-        let descriptor = match operator.get(namespace, name) {
-            Some(registered) => {
-                let mut descriptor = registered.descriptor().clone();
-                if descriptor.input_schema.is_none() {
-                    descriptor.input_schema = from_mcp.input_schema;
+    let mut served = std::collections::HashSet::new();
+    for (namespace, tools, trust) in servers {
+        for tool in tools {
+            let name = tool.name.as_ref();
+            served.insert((namespace, name));
+            let from_mcp = descriptor_for(namespace, tool, trust);
+            let descriptor = match operator.and_then(|operator| operator.get(namespace, name)) {
+                Some(registered) => {
+                    let mut descriptor = registered.descriptor().clone();
+                    if descriptor.input_schema.is_none() {
+                        descriptor.input_schema = from_mcp.input_schema;
+                    }
+                    if descriptor.output_schema.is_none() {
+                        descriptor.output_schema = from_mcp.output_schema;
+                    }
+                    descriptor
                 }
-                if descriptor.output_schema.is_none() {
-                    descriptor.output_schema = from_mcp.output_schema;
-                }
-                descriptor
+                None => from_mcp,
+            };
+            if operator.is_some_and(|operator| operator.is_denied(namespace, name)) {
+                builder = builder.deny(format!("{namespace}::{name}"));
             }
-            None => from_mcp,
-        };
-        if operator.is_denied(namespace, name) {
-            builder = builder.deny(format!("{namespace}::{name}"));
+            builder = builder.tool(descriptor);
         }
-        builder = builder.tool(descriptor);
     }
-    for registered in operator.tools() {
+    for registered in operator.iter().flat_map(|operator| operator.tools()) {
         let descriptor = registered.descriptor();
-        if descriptor.namespace != namespace || !served.contains(descriptor.name.as_str()) {
+        if !served.contains(&(descriptor.namespace.as_str(), descriptor.name.as_str())) {
             builder = builder.tool(descriptor.clone());
         }
     }

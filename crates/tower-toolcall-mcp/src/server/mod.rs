@@ -110,6 +110,8 @@ pub struct McpServer<H> {
     handler: Arc<H>,
     service: ToolService,
     namespace: Arc<str>,
+    /// Where each listed tool is called, for a server over a routed [`ToolList`].
+    routes: Option<ToolList>,
     identity: Identity,
     /// This connection's id: the prefix of its calls' request ids, and the session of a
     /// stream transport.
@@ -167,7 +169,9 @@ impl McpServer<ToolList> {
     /// ```
     ///
     /// `tools/list` is answered from `tools` in the shape of the protocol version each
-    /// client negotiated, whatever version the upstream speaks.
+    /// client negotiated, whatever version the upstream speaks. A [routed](ToolList::routed)
+    /// list calls each tool in its own namespace (`namespace` is then only for names it does
+    /// not list, which the stack refuses as unknown).
     pub fn over<S>(namespace: impl Into<Arc<str>>, service: S, tools: impl Into<ToolList>) -> Self
     where
         S: Service<ToolCall, Response = ToolOutput, Error = ToolError>
@@ -177,12 +181,15 @@ impl McpServer<ToolList> {
             + 'static,
         S::Future: Send + 'static,
     {
-        McpServer::from_parts(
-            Arc::new(tools.into()),
+        let tools = tools.into();
+        let mut server = McpServer::from_parts(
+            Arc::new(tools.clone()),
             namespace.into(),
             BoxCloneSyncService::new(service),
             Pending::default(),
-        )
+        );
+        server.routes = Some(tools);
+        server
     }
 }
 
@@ -197,6 +204,7 @@ impl<H> McpServer<H> {
             handler,
             service,
             namespace,
+            routes: None,
             identity: Identity::default(),
             connection: ulid::Ulid::generate().to_string(),
             pending,
@@ -227,6 +235,7 @@ impl<H> McpServer<H> {
             handler: self.handler.clone(),
             service: self.service.clone(),
             namespace: self.namespace.clone(),
+            routes: self.routes.clone(),
             identity: self.identity.clone(),
             connection: ulid::Ulid::generate().to_string(),
             pending: self.pending.clone(),
@@ -382,7 +391,11 @@ impl<H> McpServer<H> {
     ) -> Result<ToolCall, ToolError> {
         let meta = RequestMeta::new(request.meta.as_ref(), &context.meta);
         let caller = self.identity.caller(&meta, context, &self.connection)?;
-        let mut builder = ToolCall::builder(&*self.namespace, request.name.as_ref())
+        let (namespace, name) = match self.routes.as_ref().and_then(|r| r.route(&request.name)) {
+            Some(route) => (&*route.namespace, route.name.as_str()),
+            None => (&*self.namespace, request.name.as_ref()),
+        };
+        let mut builder = ToolCall::builder(namespace, name)
             .session(caller.session)
             .request_id(self.request_id(&context.id))
             .actor(caller.actor)

@@ -1,6 +1,7 @@
 //! The handler of a server made over a `Service<ToolCall>`: it lists the tools; their calls
 //! go to the service.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rmcp::model::{
@@ -17,15 +18,69 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 pub struct ToolList {
     tools: Arc<[Tool]>,
     info: ServerConfig,
+    routes: Arc<HashMap<String, Route>>,
+}
+
+/// Where a listed tool is called: its namespace and its name there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) namespace: Arc<str>,
+    pub(crate) name: String,
 }
 
 impl ToolList {
-    /// `tools`, served with tools as the one capability.
+    /// `tools`, served with tools as the one capability, each called by its name in the
+    /// server's namespace.
     pub fn new(tools: impl Into<Arc<[Tool]>>) -> Self {
         ToolList {
             tools: tools.into(),
             info: ServerConfig::new(ServerCapabilities::builder().enable_tools().build()),
+            routes: Arc::default(),
         }
+    }
+
+    /// The tools of several servers under one list: each `(tool, namespace, name)` is listed
+    /// as `tool` (whose name is the one clients see) and called as the tool `name` of
+    /// `namespace`, so that a gateway can give the tools of many servers names that do not
+    /// collide. `Err` names a listed name given twice.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rmcp::model::Tool;
+    /// use tower_toolcall_mcp::ToolList;
+    ///
+    /// let now = Tool::new("get_current_time", "The time", Arc::new(serde_json::Map::new()));
+    /// let mut listed = now.clone();
+    /// listed.name = "time__get_current_time".into();
+    /// let list = ToolList::routed([(listed, "time", "get_current_time")]).unwrap();
+    /// assert_eq!(list.tools()[0].name, "time__get_current_time");
+    /// ```
+    pub fn routed<I, N>(tools: I) -> Result<Self, String>
+    where
+        I: IntoIterator<Item = (Tool, N, N)>,
+        N: AsRef<str>,
+    {
+        let mut listed = Vec::new();
+        let mut routes = HashMap::new();
+        for (tool, namespace, name) in tools {
+            let route = Route {
+                namespace: Arc::from(namespace.as_ref()),
+                name: name.as_ref().to_owned(),
+            };
+            if routes.insert(tool.name.to_string(), route).is_some() {
+                return Err(format!("the tool name {} is listed twice", tool.name));
+            }
+            listed.push(tool);
+        }
+        Ok(ToolList {
+            routes: Arc::new(routes),
+            ..ToolList::new(listed)
+        })
+    }
+
+    /// Where the listed tool `name` is called, when the list was made [routed](ToolList::routed).
+    pub(crate) fn route(&self, name: &str) -> Option<&Route> {
+        self.routes.get(name)
     }
 
     /// Answers `initialize` (and discovery) with `info`: the server's name, version and

@@ -1,4 +1,4 @@
-//! The README's first-screen shell block, run as written against the gateway example: every
+//! The README's first-screen shell block, run as written against the gateway's demo: every
 //! status and code it claims.
 
 use std::net::TcpListener;
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-const README: &str = include_str!("../../../README.md");
+const README: &str = include_str!("../../../../README.md");
 
 /// The block that starts with the `call` helper.
 fn shell_block() -> &'static str {
@@ -20,9 +20,9 @@ fn shell_block() -> &'static str {
     &README[start..start + len]
 }
 
-/// The gateway example, built by `cargo test` beside this test.
+/// The gateway, built by `cargo test` beside this test.
 fn example_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gateway"))
+    PathBuf::from(env!("CARGO_BIN_EXE_toolcall-gateway"))
 }
 
 struct Gateway(Child);
@@ -47,7 +47,7 @@ fn start_gateway() -> (Gateway, u16) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("the gateway example starts");
+        .expect("the gateway starts");
     let gateway = Gateway(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -125,11 +125,10 @@ fn a_bad_admin_token_stops_the_example_with_a_message() {
     assert!(!stderr.contains("ConfigError"), "no debug dump: {stderr}");
 }
 
-#[path = "../../../crates/tower-toolcall/tests/support/mod.rs"]
+#[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
 
 /// A Redis URL's password never reaches the example's output, whether Redis answers or not.
-#[cfg(feature = "redis")]
 #[test]
 fn the_redis_password_never_reaches_a_log_line() {
     use std::io::{Read, Write};
@@ -170,7 +169,7 @@ fn the_redis_password_never_reaches_a_log_line() {
     let output = child.wait_with_output().unwrap();
     let logs = String::from_utf8_lossy(&output.stdout).into_owned()
         + &String::from_utf8_lossy(&output.stderr);
-    assert!(logs.contains("dedupe records in Redis at"), "{logs}");
+    assert!(logs.contains("in Redis at redis://"), "{logs}");
     assert!(!logs.contains("s3cret"), "{logs}");
 
     // Redis refuses the password: the error names the problem, not the password.

@@ -1,0 +1,113 @@
+//! What clients reach: MCP over stdio, and over HTTP streamable MCP at `/mcp`, the
+//! `ToolCall` envelope at `/v1/tools/call`, `/metrics`, `/admin`, `/healthz` and `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+use tower_toolcall_axum::{ServeConfig, ToolRouter, ADMIN_PATH};
+use tower_toolcall_mcp::{stdio_transport, DEFAULT_MAX_LINE_BYTES};
+
+use crate::gateway::Gateway;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Serves MCP over the process's stdin and stdout until the host closes stdin.
+pub(crate) async fn serve_stdio(gateway: &Gateway) -> Result<(), BoxError> {
+    let running = rmcp::ServiceExt::serve(
+        gateway.server.connection(),
+        stdio_transport(DEFAULT_MAX_LINE_BYTES)?,
+    )
+    .await?;
+    running.waiting().await?;
+    Ok(())
+}
+
+/// The HTTP fronts. The admin API is there when `admin_token` is.
+pub(crate) fn http_router(gateway: &Gateway, listen: SocketAddr) -> Router {
+    let server = gateway.server.connection();
+    let mut mcp = StreamableHttpServerConfig::default();
+    if !listen.ip().is_loopback() {
+        // The Host check guards a server on a loopback address against DNS rebinding; a
+        // gateway listening beyond the machine is reached by other names.
+        mcp = mcp.disable_allowed_hosts();
+    }
+    let mcp = StreamableHttpService::new(
+        move || Ok(server.connection()),
+        Arc::new(LocalSessionManager::default()),
+        mcp,
+    );
+    let envelope = ToolRouter::new(gateway.registry.clone(), gateway.tools.clone())
+        .body_timeout(Duration::from_secs(15))
+        .max_calls_in_flight(256);
+    let probes = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(scrape))
+        .with_state(Probes {
+            upstreams: gateway.upstreams.clone(),
+            prometheus: gateway.prometheus.clone(),
+        });
+    let mut router = envelope
+        .into_router()
+        .nest_service("/mcp", mcp)
+        .merge(probes);
+    match &gateway.admin {
+        Some(admin) => router = router.nest(ADMIN_PATH, admin.clone()),
+        None => tracing::info!("no admin token: no admin API"),
+    }
+    router
+}
+
+#[derive(Clone)]
+struct Probes {
+    upstreams: Arc<Vec<crate::upstreams::Upstream>>,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+/// `GET /readyz`: 200 once every required upstream is connected; else 503 naming those
+/// the gateway waits for.
+async fn ready(State(probes): State<Probes>) -> Response {
+    let waiting: Vec<&str> = probes
+        .upstreams
+        .iter()
+        .filter(|u| u.config.required && !u.is_up())
+        .map(|u| u.config.name.as_str())
+        .collect();
+    if waiting.is_empty() {
+        (StatusCode::OK, Json(json!({"ready": true}))).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"ready": false, "waitingFor": waiting})),
+        )
+            .into_response()
+    }
+}
+
+/// `GET /metrics`: every series in the Prometheus text format.
+async fn scrape(State(probes): State<Probes>) -> String {
+    probes.prometheus.run_upkeep();
+    probes.prometheus.render()
+}
+
+/// Serves `router` on `listener` until `shutdown`, then lets the calls in flight finish.
+pub(crate) async fn serve_http(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), BoxError> {
+    let limits = ServeConfig::default()
+        .header_read_timeout(Duration::from_secs(10))
+        .max_connections(1024);
+    tower_toolcall_axum::serve(listener, router, limits, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! The gateway assembled: its upstreams started, their tools under one list, one stack
+//! in front of them all.
+
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use rmcp::model::Tool;
+use tower::util::BoxCloneSyncService;
+use tower::Layer;
+use tower_toolcall::control::ReliabilityControl;
+use tower_toolcall::idempotency::DedupeStore;
+use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
+use tower_toolcall::{ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall_axum::AdminRouter;
+use tower_toolcall_mcp::{registry_for_servers, McpServer, ToolList};
+use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore};
+
+use crate::config::GatewayConfig;
+use crate::demo;
+use crate::naming::listed_names;
+use crate::upstreams::{Router, Upstream};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The stack around every upstream's tools.
+pub(crate) type Tools = BoxCloneSyncService<ToolCall, ToolOutput, ToolError>;
+
+/// The per-call timeout of the demo tools.
+const DEMO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The namespace of names the gateway does not list (the stack refuses them as unknown).
+const GATEWAY_NAMESPACE: &str = "gateway";
+
+/// A running gateway.
+pub(crate) struct Gateway {
+    pub(crate) upstreams: Arc<Vec<Upstream>>,
+    pub(crate) registry: ToolRegistry,
+    pub(crate) tools: Tools,
+    pub(crate) server: McpServer<ToolList>,
+    /// The admin API, when there is a token.
+    pub(crate) admin: Option<axum::Router>,
+    /// The audit log, when there is one: its lines are written out before the gateway
+    /// exits.
+    pub(crate) audit: Option<AuditLog>,
+    pub(crate) prometheus: PrometheusHandle,
+}
+
+impl Gateway {
+    /// Starts every upstream of `config` (all at once), lists their tools under one list
+    /// and builds the stack, under the operator's switches from the environment; with
+    /// `[store] redis`, its dedupe records, quotas and loop sessions in Redis.
+    pub(crate) async fn start(
+        config: &GatewayConfig,
+        admin_token: Option<&str>,
+    ) -> Result<Gateway, BoxError> {
+        let starting: Vec<_> = config
+            .upstreams
+            .iter()
+            .cloned()
+            .map(|upstream| tokio::spawn(Upstream::start(upstream)))
+            .collect();
+        let mut upstreams = Vec::with_capacity(starting.len());
+        for started in starting {
+            upstreams.push(started.await??);
+        }
+        let (registry, router, listed) = if upstreams.is_empty() {
+            tracing::info!(event = "demo", "no upstream: serving the demo tools");
+            let registry = demo::registry()?;
+            let routes = registry
+                .tools()
+                .map(|t| {
+                    (
+                        t.descriptor().namespace.clone(),
+                        (demo::service(), DEMO_TIMEOUT),
+                    )
+                })
+                .collect();
+            let listed = demo::mcp_tools(&registry);
+            (registry, Router::new(routes), listed)
+        } else {
+            let registry = registry(&upstreams, config.policy.as_ref())?;
+            let listed = upstreams
+                .iter()
+                .flat_map(|u| {
+                    u.tools
+                        .iter()
+                        .map(|tool| (u.config.name.clone(), tool.clone()))
+                })
+                .collect();
+            (registry, Router::of(&upstreams), listed)
+        };
+        let registry = registry.with_control(ReliabilityControl::from_env()?);
+        let metrics = ToolMetrics::new(&registry);
+        metrics.describe();
+        let mut builder = ToolStack::builder(registry.clone()).metrics(metrics);
+        let audit = match &config.audit_path {
+            Some(dir) => {
+                let log = AuditLog::builder(dir)
+                    .build()
+                    .map_err(|e| e.within("audit.path"))?;
+                let kept = log.clone();
+                builder = builder.trace(move |trace| trace.audit(kept));
+                tracing::info!(event = "audit", dir = %dir.display());
+                Some(log)
+            }
+            None => None,
+        };
+        let (tools, admin) = match &config.redis {
+            Some(url) => {
+                let store = RedisDedupeStore::open(url.expose())?;
+                store
+                    .ping()
+                    .await
+                    .map_err(|err| format!("store.redis ({url}) cannot be reached: {err}"))?;
+                tracing::info!("dedupe records, quotas and loop sessions in Redis at {url}");
+                let stack = builder
+                    .store(store)
+                    .rate_limit_store(RedisRateLimitStore::open(url.expose())?)
+                    .loop_store(RedisLoopStore::open(url.expose())?)
+                    .build()?;
+                assemble(stack, router, admin_token, audit.clone())?
+            }
+            None => assemble(builder.build()?, router, admin_token, audit.clone())?,
+        };
+        let server = McpServer::over(GATEWAY_NAMESPACE, tools.clone(), tool_list(listed)?);
+        Ok(Gateway {
+            upstreams: Arc::new(upstreams),
+            registry,
+            tools,
+            server,
+            admin,
+            audit,
+            prometheus: prometheus()?,
+        })
+    }
+}
+
+impl Gateway {
+    /// Writes out the audit log; the upstreams' processes stop when the gateway is dropped.
+    pub(crate) fn stop(&self) {
+        if let Some(audit) = &self.audit {
+            let stats = audit.shutdown();
+            tracing::info!(
+                event = "audit_closed",
+                written = stats.written,
+                dropped = stats.dropped
+            );
+        }
+    }
+}
+
+/// The stack around the upstreams, and its admin API when there is a token.
+fn assemble<St: DedupeStore>(
+    stack: ToolStack<St>,
+    router: Router,
+    admin_token: Option<&str>,
+    audit: Option<AuditLog>,
+) -> Result<(Tools, Option<axum::Router>), BoxError> {
+    let admin = match admin_token {
+        Some(token) => {
+            let mut admin = AdminRouter::new(&stack, token)?;
+            if let Some(audit) = audit {
+                admin = admin.audit(audit);
+            }
+            Some(admin.into_router())
+        }
+        None => None,
+    };
+    Ok((BoxCloneSyncService::new(stack.layer(router)), admin))
+}
+
+/// The policy of every upstream's tools from their annotations (believed from trusted
+/// upstreams only), under the operator's `[policy]`.
+fn registry(
+    upstreams: &[Upstream],
+    policy: Option<&ToolRegistry>,
+) -> Result<ToolRegistry, BoxError> {
+    let servers = upstreams
+        .iter()
+        .map(|u| (u.config.name.as_str(), u.tools.as_slice(), u.config.trust));
+    Ok(registry_for_servers(servers, policy)?)
+}
+
+/// The tools, each `(namespace, tool)`, under their listed names (see [`crate::naming`]).
+fn tool_list(tools: Vec<(String, Tool)>) -> Result<ToolList, BoxError> {
+    let names = listed_names(
+        tools
+            .iter()
+            .map(|(namespace, tool)| (namespace.as_str(), tool.name.as_ref())),
+    );
+    let routed = tools
+        .into_iter()
+        .zip(names)
+        .map(|((namespace, tool), listed)| {
+            let name = tool.name.to_string();
+            let mut shown = tool;
+            shown.name = listed.into();
+            (shown, namespace, name)
+        });
+    Ok(ToolList::routed(routed)?)
+}
+
+/// The Prometheus recorder of the stack's metrics.
+fn prometheus() -> Result<PrometheusHandle, BoxError> {
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_duration_seconds".into()),
+            &DURATION_BUCKETS,
+        )?
+        .install_recorder()?)
+}

@@ -1,0 +1,174 @@
+//! The MCP servers behind the gateway: started (or connected to), kept up, and called by
+//! the namespace of each call.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rmcp::model::Tool;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::ServiceExt as _;
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceExt as _};
+use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
+use tower_toolcall_mcp::{McpClient, ProgressEvents, UpstreamState};
+
+use crate::config::{UpstreamConfig, UpstreamTransport};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A running upstream: its client (kept connected) and the tools it listed.
+pub(crate) struct Upstream {
+    pub(crate) config: UpstreamConfig,
+    pub(crate) client: McpClient,
+    pub(crate) tools: Vec<Tool>,
+}
+
+impl Upstream {
+    /// Starts (or connects to) the upstream, and lists its tools, within its start-up
+    /// timeout.
+    pub(crate) async fn start(config: UpstreamConfig) -> Result<Upstream, BoxError> {
+        let name = config.name.clone();
+        let started = async {
+            let client = connect(&config).await?;
+            let tools = client.tools().await?;
+            Ok::<_, BoxError>((client, tools))
+        };
+        let (client, tools) = tokio::time::timeout(config.startup_timeout, started)
+            .await
+            .map_err(|_| {
+                format!(
+                    "upstream {name} did not list its tools within {} ms (upstreams[].startup_timeout_ms)",
+                    config.startup_timeout.as_millis()
+                )
+            })?
+            .map_err(|err| format!("upstream {name}: {err}"))?;
+        tracing::info!(event = "upstream_started", upstream = %name, tools = tools.len());
+        Ok(Upstream {
+            config,
+            client,
+            tools,
+        })
+    }
+
+    /// Whether the upstream is connected now.
+    pub(crate) fn is_up(&self) -> bool {
+        self.client.state() == UpstreamState::Connected
+    }
+}
+
+/// A client of the upstream, kept connected: its process started again when it exits, its
+/// HTTP session made again when it is lost.
+async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
+    let events = ProgressEvents::default();
+    let handler = events.clone();
+    let client = match &config.transport {
+        UpstreamTransport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => {
+            let (command, args, env, cwd) =
+                (command.clone(), args.clone(), env.clone(), cwd.clone());
+            McpClient::connect(config.name.clone(), move || {
+                let mut process = tokio::process::Command::new(&command);
+                process.args(&args).envs(&env);
+                if let Some(cwd) = &cwd {
+                    process.current_dir(cwd);
+                }
+                let handler = handler.clone();
+                async move {
+                    let transport = TokioChildProcess::new(process)?;
+                    handler.serve(transport).await.map_err(BoxError::from)
+                }
+            })
+            .await?
+        }
+        UpstreamTransport::Http { url, headers } => {
+            let mut custom = HashMap::new();
+            for (name, value) in headers {
+                let header = http::HeaderName::try_from(name.as_str()).map_err(|_| {
+                    format!("upstream {}: header name {name} is not valid", config.name)
+                })?;
+                let mut value = http::HeaderValue::try_from(value.expose()).map_err(|_| {
+                    format!(
+                        "upstream {}: the value of header {name} is not valid",
+                        config.name
+                    )
+                })?;
+                value.set_sensitive(true);
+                custom.insert(header, value);
+            }
+            let transport =
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
+            McpClient::connect(config.name.clone(), move || {
+                let transport = StreamableHttpClientTransport::from_config(transport.clone());
+                handler.clone().serve(transport)
+            })
+            .await?
+        }
+    };
+    Ok(client.with_progress_events(&events))
+}
+
+/// A service of tools and its per-call timeout.
+pub(crate) type Route = (
+    BoxCloneSyncService<ToolCall, ToolOutput, ToolError>,
+    Duration,
+);
+
+/// The calls of every upstream's tools, each to the service of its namespace, bounded by
+/// that service's per-call timeout.
+#[derive(Clone)]
+pub(crate) struct Router {
+    routes: Arc<HashMap<String, Route>>,
+}
+
+impl Router {
+    pub(crate) fn new(routes: HashMap<String, Route>) -> Self {
+        Router {
+            routes: Arc::new(routes),
+        }
+    }
+
+    /// The routes of `upstreams`: each its namespace to its client.
+    pub(crate) fn of(upstreams: &[Upstream]) -> Self {
+        Router::new(
+            upstreams
+                .iter()
+                .map(|u| {
+                    let client = BoxCloneSyncService::new(u.client.clone());
+                    (u.config.name.clone(), (client, u.config.timeout))
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Service<ToolCall> for Router {
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let Some((service, timeout)) = self.routes.get(call.tool_namespace()).cloned() else {
+            let message = format!("no upstream serves the tool {}", call.tool_name());
+            return Box::pin(async move { Err(ToolError::new(ErrorCode::NotFound, message)) });
+        };
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, service.oneshot(call)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(ToolError::timeout(timeout)),
+            }
+        })
+    }
+}

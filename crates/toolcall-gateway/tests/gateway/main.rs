@@ -1,0 +1,424 @@
+//! The gateway as a child process, in front of `mcp-server-time` (Python) and
+//! `server-everything` (TypeScript), driven by the official Python SDK client over stdio
+//! and streamable HTTP. The SDKs come from the interop kit
+//! (`examples/tests/interop/setup.sh`); a test that finds them missing fails with that
+//! command.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+const GATEWAY: &str = env!("CARGO_BIN_EXE_toolcall-gateway");
+
+/// The interop kit's `path`, which must be installed.
+fn kit(path: &str) -> PathBuf {
+    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/tests/interop")
+        .join(path);
+    assert!(
+        full.exists(),
+        "{} is missing: install the MCP SDKs with `examples/tests/interop/setup.sh`",
+        full.display()
+    );
+    full
+}
+
+/// A configuration file fronting both reference servers, written to a directory of its own.
+fn config_file(name: &str, extra: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("toolcall-gateway-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gateway.toml");
+    let everything = kit("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let text = format!(
+        r#"
+[[upstreams]]
+name = "time"
+command = "{time}"
+trust = "trusted"
+
+[[upstreams]]
+name = "everything"
+command = "node"
+args = ["{everything}", "stdio"]
+trust = "trusted"
+{extra}
+"#,
+        time = kit(".venv/bin/mcp-server-time").display(),
+        everything = everything.display(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs `plan` with the Python SDK's driver; its report.
+async fn python(plan: Value) -> Value {
+    let mut command = Command::new(kit(".venv/bin/python"));
+    command.arg(kit("clients/client.py"));
+    drive(command, plan).await
+}
+
+/// Runs `plan` with the TypeScript SDK's driver; its report.
+async fn typescript(plan: Value) -> Value {
+    kit("node_modules/@modelcontextprotocol/sdk/package.json");
+    let mut command = Command::new("node");
+    command.arg(kit("clients/client.mjs"));
+    drive(command, plan).await
+}
+
+async fn drive(mut command: Command, plan: Value) -> Value {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .expect("the driver finishes")
+        .unwrap();
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not a report ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+/// The gateway over HTTP on a free port; killed when dropped.
+struct HttpGateway {
+    child: Child,
+    address: String,
+}
+
+impl HttpGateway {
+    async fn start(config: &PathBuf) -> HttpGateway {
+        let mut child = Command::new(GATEWAY)
+            .arg("--config")
+            .arg(config)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("the gateway starts its upstreams and listens")
+            .unwrap()
+            .expect("a line on stdout");
+        let address = line.strip_prefix("listening on ").expect(&line).to_owned();
+        HttpGateway { child, address }
+    }
+
+    /// `POST /v1/tools/call` of `envelope`: the status and the body.
+    async fn call(&self, envelope: &Value) -> (u16, String) {
+        let body = envelope.to_string();
+        let request = format!(
+            "POST /v1/tools/call HTTP/1.1\r\nHost: {}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.address,
+            body.len()
+        );
+        self.exchange(&request).await
+    }
+
+    /// `GET path`: the status and the body.
+    async fn get(&self, path: &str) -> (u16, String) {
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.address
+        );
+        self.exchange(&request).await
+    }
+
+    /// Sends `request` on a connection of its own: the status and the body.
+    async fn exchange(&self, request: &str) -> (u16, String) {
+        let mut stream = tokio::net::TcpStream::connect(&self.address).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let status = response[9..12].parse().unwrap();
+        let body = response
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        (status, body)
+    }
+}
+
+fn call(name: &str, arguments: Value, meta: Value) -> Value {
+    json!({"op": "call", "name": name, "arguments": arguments, "meta": meta})
+}
+
+fn error_code(step: &Value) -> Option<&str> {
+    step["ok"]["_meta"]["rs.tower-toolcall/error"]["code"].as_str()
+}
+
+/// What the steps of `plan_steps` give, checked: the tools of both upstreams under one
+/// list, a duplicate key answered once, the 4th identical call stopped, an `isError`
+/// answer passed on.
+fn check_the_stack_at_work(report: &Value) {
+    let steps = report["steps"].as_array().expect("steps");
+    let names: Vec<&str> = steps[0]["ok"]["tools"]
+        .as_array()
+        .expect("a tool list")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"time__get_current_time"), "{names:?}");
+    assert!(names.contains(&"everything__echo"), "{names:?}");
+    // A duplicate key: answered from the record.
+    assert_eq!(steps[1]["ok"]["isError"], false, "{}", steps[1]);
+    assert_eq!(
+        steps[2]["ok"]["_meta"]["rs.tower-toolcall/fromCache"], true,
+        "{}",
+        steps[2]
+    );
+    // The 4th identical call is a loop.
+    for step in &steps[3..6] {
+        assert_eq!(step["ok"]["isError"], false, "{step}");
+    }
+    assert_eq!(error_code(&steps[6]), Some("LOOP_DETECTED"), "{}", steps[6]);
+    // The tool's isError answer reaches the model as it is.
+    let mars = &steps[7]["ok"];
+    assert_eq!(mars["isError"], true, "{mars}");
+    assert_eq!(error_code(&steps[7]), Some("UPSTREAM_ERROR"), "{mars}");
+    assert!(
+        mars["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Mars/Olympus"),
+        "{mars}"
+    );
+}
+
+fn plan_steps(client: &str) -> Vec<Value> {
+    let paris = json!({"timezone": "Europe/Paris"});
+    let echo = call(
+        "everything__echo",
+        json!({"message": format!("hi {client}")}),
+        json!({}),
+    );
+    vec![
+        json!({"op": "listTools"}),
+        call(
+            "time__get_current_time",
+            paris.clone(),
+            json!({"idempotencyKey": format!("k-{client}")}),
+        ),
+        call(
+            "time__get_current_time",
+            paris,
+            json!({"idempotencyKey": format!("k-{client}")}),
+        ),
+        echo.clone(),
+        echo.clone(),
+        echo.clone(),
+        echo,
+        call(
+            "time__get_current_time",
+            json!({"timezone": "Mars/Olympus"}),
+            json!({}),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn over_http_in_both_protocol_versions() {
+    let config = config_file("http", "");
+    let gateway = HttpGateway::start(&config).await;
+    assert_eq!(gateway.get("/healthz").await.0, 200);
+    let (status, body) = gateway.get("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    for version in ["2025-11-25", "2026-07-28"] {
+        let client = format!("gateway-http-{version}");
+        let report = python(json!({
+            "transport": {"kind": "http", "url": format!("http://{}/mcp", gateway.address)},
+            "protocolVersion": version,
+            "clientName": client,
+            "steps": plan_steps(&client),
+        }))
+        .await;
+        check_the_stack_at_work(&report);
+    }
+    // The TypeScript SDK speaks the 2025-11-25 handshake only.
+    let client = "gateway-http-typescript";
+    let report = typescript(json!({
+        "transport": {"kind": "http", "url": format!("http://{}/mcp", gateway.address)},
+        "protocolVersion": "2025-11-25",
+        "clientName": client,
+        "steps": plan_steps(client),
+    }))
+    .await;
+    check_the_stack_at_work(&report);
+    let (status, metrics) = gateway.get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("time::get_current_time") || metrics.contains("get_current_time"),
+        "{metrics}"
+    );
+    drop(gateway);
+}
+
+#[tokio::test]
+async fn over_stdio_as_a_host_launches_it() {
+    let config = config_file("stdio", "");
+    let report = python(json!({
+        "transport": {
+            "kind": "stdio", "command": GATEWAY, "args": ["--stdio", "--config", config],
+            "env": {"RUST_LOG": "warn"}
+        },
+        "protocolVersion": "2025-11-25",
+        "clientName": "gateway-stdio",
+        "steps": plan_steps("gateway-stdio"),
+    }))
+    .await;
+    check_the_stack_at_work(&report);
+}
+
+#[tokio::test]
+async fn a_bad_configuration_is_refused_with_every_field_named() {
+    let dir = std::env::temp_dir().join(format!("toolcall-gateway-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        r#"
+listen = "not an address"
+[[upstreams]]
+name = "Time!"
+comand = "mcp-server-time"
+"#,
+    )
+    .unwrap();
+    let output = Command::new(GATEWAY)
+        .arg("--config")
+        .arg(&path)
+        .arg("--check")
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    for field in ["listen", "upstreams[0].name", "upstreams[0].comand"] {
+        assert!(said.contains(field), "{field} not named in: {said}");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_call_in_flight_finish() {
+    let config = config_file("sigterm", "");
+    let mut gateway = HttpGateway::start(&config).await;
+    // A call that takes 3 s (server-everything's long-running operation), as an envelope.
+    let envelope = json!({
+        "contractVersion": "1.1", "requestId": "r-long", "toolNamespace": "everything",
+        "toolName": "trigger-long-running-operation",
+        "target": {"sessionKey": "s", "actorId": "a"},
+        "payload": {"version": "1.0", "params": {"duration": 3, "steps": 3}}
+    })
+    .to_string();
+    let mut stream = tokio::net::TcpStream::connect(&gateway.address)
+        .await
+        .unwrap();
+    let request = format!(
+        "POST /v1/tools/call HTTP/1.1\r\nHost: {}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nConnection: close\r\n\r\n{envelope}",
+        gateway.address,
+        envelope.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = gateway.child.id().unwrap();
+    let signalled = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("\"status\":\"success\""), "{response}");
+    let status = tokio::time::timeout(Duration::from_secs(20), gateway.child.wait())
+        .await
+        .expect("the gateway exits once the call is done")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[path = "../../../tower-toolcall/tests/support/mod.rs"]
+mod support;
+
+/// Two gateways on one redis-server behave as one: a quota and a loop session shared.
+#[tokio::test]
+async fn two_gateways_on_one_redis_share_a_quota_and_a_loop() {
+    let redis = support::redis_server::RedisServer::start();
+    let extra = format!(
+        r#"
+[store]
+redis = "{url}"
+
+[policy]
+[[policy.tools]]
+namespace = "time"
+name = "get_current_time"
+risk = "read-only"
+idempotent = true
+[policy.tools.policy]
+rate_limit = {{ per_second = 1, burst = 2, key = "tool" }}
+"#,
+        url = redis.url()
+    );
+    let config = config_file("fleet", &extra);
+    let (one, two) = (
+        HttpGateway::start(&config).await,
+        HttpGateway::start(&config).await,
+    );
+    let plan = |gateway: &HttpGateway, steps: Vec<Value>| {
+        json!({
+            "transport": {"kind": "http", "url": format!("http://{}/mcp", gateway.address)},
+            "protocolVersion": "2026-07-28",
+            "clientName": "fleet-agent",
+            "steps": steps,
+        })
+    };
+    // The quota: 2 calls at once, then 1 a second, over both gateways (as envelopes: three
+    // calls within milliseconds).
+    let now = |zone: &str| {
+        json!({
+            "contractVersion": "1.1", "requestId": format!("r-{zone}"), "toolNamespace": "time",
+            "toolName": "get_current_time", "target": {"sessionKey": zone, "actorId": "a"},
+            "payload": {"version": "1.0", "params": {"timezone": zone}}
+        })
+    };
+    assert_eq!(one.call(&now("Europe/Paris")).await.0, 200);
+    assert_eq!(two.call(&now("Europe/Rome")).await.0, 200);
+    let (status, body) = one.call(&now("Europe/Berlin")).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("RATE_LIMITED"), "{body}");
+
+    // The loop: two identical calls through each gateway, in one session.
+    let echo = call("everything__echo", json!({"message": "again"}), json!({}));
+    let through_one = python(plan(&one, vec![echo.clone(), echo.clone()])).await;
+    let through_two = python(plan(&two, vec![echo.clone(), echo])).await;
+    for step in through_one["steps"].as_array().unwrap() {
+        assert_eq!(step["ok"]["isError"], false, "{step}");
+    }
+    assert_eq!(
+        through_two["steps"][0]["ok"]["isError"], false,
+        "{through_two}"
+    );
+    assert_eq!(
+        error_code(&through_two["steps"][1]),
+        Some("LOOP_DETECTED"),
+        "{through_two}"
+    );
+}
