@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
+use tower_toolcall::envelope::json_kind;
 use tower_toolcall::ConfigError;
 use tower_toolcall_mcp::Trust;
 
@@ -394,7 +395,10 @@ impl Importer<'_> {
         match entry.get(key)? {
             Value::String(s) => self.expand(s, &field),
             other => {
-                self.add(field, format_args!("must be a string, got {}", kind(other)));
+                self.add(
+                    field,
+                    format_args!("must be a string, got {}", json_kind(other)),
+                );
                 None
             }
         }
@@ -430,7 +434,7 @@ impl Importer<'_> {
                         Value::String(s) => out.extend(self.expand(s, &item_field)),
                         other => self.add(
                             item_field,
-                            format_args!("must be a string, got {}", kind(other)),
+                            format_args!("must be a string, got {}", json_kind(other)),
                         ),
                     }
                 }
@@ -439,7 +443,7 @@ impl Importer<'_> {
             Some(other) => {
                 self.add(
                     field,
-                    format_args!("must be an array of strings, got {}", kind(other)),
+                    format_args!("must be an array of strings, got {}", json_kind(other)),
                 );
                 Vec::new()
             }
@@ -476,14 +480,14 @@ impl Importer<'_> {
                         // The value is not quoted: it is often a credential.
                         other => self.add(
                             var_field,
-                            format_args!("must be a string, got {}", kind(other)),
+                            format_args!("must be a string, got {}", json_kind(other)),
                         ),
                     }
                 }
             }
             Some(other) => self.add(
                 field,
-                format_args!("must be an object of strings, got {}", kind(other)),
+                format_args!("must be an object of strings, got {}", json_kind(other)),
             ),
         }
         out
@@ -509,18 +513,6 @@ impl Importer<'_> {
             }
         }
         out
-    }
-}
-
-/// What a JSON value is, for problems.
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
