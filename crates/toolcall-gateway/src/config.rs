@@ -69,7 +69,7 @@ pub(crate) struct GatewayConfig {
     pub(crate) admin_token_env: Option<String>,
     /// The Redis store; the memory store when `None`.
     pub(crate) redis: Option<Secret>,
-    /// Where the JSONL audit log is written.
+    /// The directory of the JSONL audit log (`calls.jsonl`, `results.jsonl`, `events.jsonl`).
     pub(crate) audit_path: Option<PathBuf>,
     /// The MCP servers behind the gateway, in the order of the file.
     pub(crate) upstreams: Vec<UpstreamConfig>,
@@ -88,7 +88,7 @@ pub(crate) enum LogFormat {
 }
 
 /// One MCP server behind the gateway.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct UpstreamConfig {
     /// Its name: the namespace of its tools and their name prefix.
     pub(crate) name: String,
@@ -1037,7 +1037,7 @@ mod tests {
             config.redis.as_ref().map(Secret::expose),
             Some("redis://:secret@127.0.0.1:6379/0")
         );
-        assert_eq!(config.audit_path, Some(PathBuf::from("audit.jsonl")));
+        assert_eq!(config.audit_path, Some(PathBuf::from("audit")));
         assert_eq!(config.upstreams.len(), 3);
 
         let time = &config.upstreams[0];

@@ -8,7 +8,8 @@ use rmcp::model::Tool;
 use tower::util::BoxCloneSyncService;
 use tower::Layer;
 use tower_toolcall::control::ReliabilityControl;
-use tower_toolcall::idempotency::DedupeStore;
+use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
+use tower_toolcall::loop_detect::InMemoryLoopStore;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{ToolCall, ToolError, ToolOutput, ToolStack};
@@ -16,7 +17,7 @@ use tower_toolcall_axum::AdminRouter;
 use tower_toolcall_mcp::{registry_for_servers, McpServer, ToolList};
 use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore};
 
-use crate::config::GatewayConfig;
+use crate::config::{GatewayConfig, UpstreamConfig};
 use crate::demo;
 use crate::naming::listed_names;
 use crate::upstreams::{Router, Upstream};
@@ -32,6 +33,51 @@ const DEMO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The namespace of names the gateway does not list (the stack refuses them as unknown).
 const GATEWAY_NAMESPACE: &str = "gateway";
 
+/// What outlives a reload of the configuration: the metrics recorder (one per process), the
+/// audit log (one writer for its files), and the in-memory stores, so that a call sent
+/// again after a reload still finds its record and a loop its session.
+#[derive(Clone)]
+pub(crate) struct Lasting {
+    pub(crate) prometheus: PrometheusHandle,
+    pub(crate) audit: Option<AuditLog>,
+    dedupe: InMemoryDedupeStore,
+    loops: InMemoryLoopStore,
+}
+
+impl Lasting {
+    /// The recorder, the audit log of `config` (its `audit.path`), and empty stores.
+    pub(crate) fn new(config: &GatewayConfig) -> Result<Lasting, BoxError> {
+        let audit = match &config.audit_path {
+            Some(dir) => {
+                let log = AuditLog::builder(dir)
+                    .build()
+                    .map_err(|e| e.within("audit.path"))?;
+                tracing::info!(event = "audit", dir = %dir.display());
+                Some(log)
+            }
+            None => None,
+        };
+        Ok(Lasting {
+            prometheus: prometheus()?,
+            audit,
+            dedupe: InMemoryDedupeStore::default(),
+            loops: InMemoryLoopStore::default(),
+        })
+    }
+
+    /// Writes out the audit log.
+    pub(crate) fn stop(&self) {
+        if let Some(audit) = &self.audit {
+            let stats = audit.shutdown();
+            tracing::info!(
+                event = "audit_closed",
+                written = stats.written,
+                dropped = stats.dropped
+            );
+        }
+    }
+}
+
 /// A running gateway.
 pub(crate) struct Gateway {
     pub(crate) upstreams: Arc<Vec<Upstream>>,
@@ -40,9 +86,6 @@ pub(crate) struct Gateway {
     pub(crate) server: McpServer<ToolList>,
     /// The admin API, when there is a token.
     pub(crate) admin: Option<axum::Router>,
-    /// The audit log, when there is one: its lines are written out before the gateway
-    /// exits.
-    pub(crate) audit: Option<AuditLog>,
     pub(crate) prometheus: PrometheusHandle,
 }
 
@@ -50,15 +93,29 @@ impl Gateway {
     /// Starts every upstream of `config` (all at once), lists their tools under one list
     /// and builds the stack, under the operator's switches from the environment; with
     /// `[store] redis`, its dedupe records, quotas and loop sessions in Redis.
+    ///
+    /// An upstream of `previous` (the gateway this one replaces) whose configuration has not
+    /// changed is kept as it is, its connection and process with it.
     pub(crate) async fn start(
         config: &GatewayConfig,
         admin_token: Option<&str>,
+        lasting: &Lasting,
+        previous: Option<&Gateway>,
     ) -> Result<Gateway, BoxError> {
+        let kept = |wanted: &UpstreamConfig| {
+            previous?
+                .upstreams
+                .iter()
+                .find(|running| running.config == *wanted)
+                .cloned()
+        };
         let starting: Vec<_> = config
             .upstreams
             .iter()
-            .cloned()
-            .map(|upstream| tokio::spawn(Upstream::start(upstream)))
+            .map(|wanted| match kept(wanted) {
+                Some(running) => tokio::spawn(async move { Ok(running) }),
+                None => tokio::spawn(Upstream::start(wanted.clone())),
+            })
             .collect();
         let mut upstreams = Vec::with_capacity(starting.len());
         for started in starting {
@@ -94,18 +151,11 @@ impl Gateway {
         let metrics = ToolMetrics::new(&registry);
         metrics.describe();
         let mut builder = ToolStack::builder(registry.clone()).metrics(metrics);
-        let audit = match &config.audit_path {
-            Some(dir) => {
-                let log = AuditLog::builder(dir)
-                    .build()
-                    .map_err(|e| e.within("audit.path"))?;
-                let kept = log.clone();
-                builder = builder.trace(move |trace| trace.audit(kept));
-                tracing::info!(event = "audit", dir = %dir.display());
-                Some(log)
-            }
-            None => None,
-        };
+        if let Some(audit) = &lasting.audit {
+            let audit = audit.clone();
+            builder = builder.trace(move |trace| trace.audit(audit));
+        }
+        let audit = lasting.audit.clone();
         let (tools, admin) = match &config.redis {
             Some(url) => {
                 let store = RedisDedupeStore::open(url.expose())?;
@@ -119,9 +169,15 @@ impl Gateway {
                     .rate_limit_store(RedisRateLimitStore::open(url.expose())?)
                     .loop_store(RedisLoopStore::open(url.expose())?)
                     .build()?;
-                assemble(stack, router, admin_token, audit.clone())?
+                assemble(stack, router, admin_token, audit)?
             }
-            None => assemble(builder.build()?, router, admin_token, audit.clone())?,
+            None => {
+                let stack = builder
+                    .store(lasting.dedupe.clone())
+                    .loop_store(lasting.loops.clone())
+                    .build()?;
+                assemble(stack, router, admin_token, audit)?
+            }
         };
         let server = McpServer::over(GATEWAY_NAMESPACE, tools.clone(), tool_list(listed)?);
         Ok(Gateway {
@@ -130,23 +186,8 @@ impl Gateway {
             tools,
             server,
             admin,
-            audit,
-            prometheus: prometheus()?,
+            prometheus: lasting.prometheus.clone(),
         })
-    }
-}
-
-impl Gateway {
-    /// Writes out the audit log; the upstreams' processes stop when the gateway is dropped.
-    pub(crate) fn stop(&self) {
-        if let Some(audit) = &self.audit {
-            let stats = audit.shutdown();
-            tracing::info!(
-                event = "audit_closed",
-                written = stats.written,
-                dropped = stats.dropped
-            );
-        }
     }
 }
 

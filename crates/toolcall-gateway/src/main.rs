@@ -28,14 +28,14 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::config::{GatewayConfig, LogFormat};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Lasting};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The stack of tower-toolcall in front of MCP servers: idempotency keys, loop detection,
 /// quotas, safe retries and breakers, over MCP (stdio and streamable HTTP) and the ToolCall
 /// envelope.
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(name = "toolcall-gateway", version)]
 struct Args {
     /// The gateway's configuration (TOML).
@@ -140,7 +140,8 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         Some(var) => std::env::var(var).ok(),
         None => std::env::var("TOOLCALL_ADMIN_TOKEN").ok(),
     };
-    let gateway = Gateway::start(&config, admin_token.as_deref()).await?;
+    let lasting = Lasting::new(&config)?;
+    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, None).await?;
     let listen = match (args.listen, config.listen, std::env::var("PORT")) {
         (Some(listen), _, _) | (None, Some(listen), _) => listen,
         (None, None, Ok(port)) => format!("127.0.0.1:{port}")
@@ -151,7 +152,7 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
     if args.stdio {
         // The host owns the process: serve until it closes stdin.
         let served = fronts::serve_stdio(&gateway).await;
-        gateway.stop();
+        lasting.stop();
         return served;
     }
     let listener = tokio::net::TcpListener::bind(listen)
@@ -160,11 +161,64 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
     tracing::info!(event = "gateway_listening", address = %listener.local_addr()?);
     // The address, for whoever started the gateway on port 0.
     println!("listening on {}", listener.local_addr()?);
-    let router = fronts::http_router(&gateway, listen);
-    let served = fronts::serve_http(listener, router, shutdown()).await;
-    gateway.stop();
+    let swap = fronts::Swap::new(fronts::http_router(&gateway, listen));
+    let reloads = tokio::spawn(reload_on_hangup(
+        args,
+        admin_token,
+        lasting.clone(),
+        gateway,
+        swap.clone(),
+        listen,
+    ));
+    let served = fronts::serve_http(listener, swap.router(), shutdown()).await;
+    reloads.abort();
+    lasting.stop();
     tracing::info!(event = "gateway_stopped");
     served
+}
+
+/// On each SIGHUP, reads the configuration again and puts a gateway made from it in service:
+/// its upstreams added, removed or changed (the unchanged ones kept running), the calls in
+/// flight finishing on the old one. A configuration with problems is refused, each named
+/// by its field, and the gateway in service goes on.
+async fn reload_on_hangup(
+    args: Args,
+    admin_token: Option<String>,
+    lasting: Lasting,
+    mut current: Gateway,
+    swap: fronts::Swap,
+    listen: SocketAddr,
+) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            let config = match load(&args) {
+                Ok(config) => config,
+                Err(problems) => {
+                    tracing::error!(event = "reload_refused", "{problems}");
+                    continue;
+                }
+            };
+            match Gateway::start(&config, admin_token.as_deref(), &lasting, Some(&current)).await {
+                Ok(next) => {
+                    swap.replace(fronts::http_router(&next, listen));
+                    tracing::info!(
+                        event = "reloaded",
+                        upstreams = next.upstreams.len(),
+                        "the new configuration is in service"
+                    );
+                    current = next;
+                }
+                Err(err) => tracing::error!(event = "reload_refused", "{err}"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (args, admin_token, lasting, current, swap, listen);
 }
 
 /// Ctrl-C or SIGTERM.

@@ -21,7 +21,9 @@ use crate::config::{UpstreamConfig, UpstreamTransport};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A running upstream: its client (kept connected) and the tools it listed.
+/// A running upstream: its client (kept connected) and the tools it listed. Clones share
+/// the connection.
+#[derive(Clone)]
 pub(crate) struct Upstream {
     pub(crate) config: UpstreamConfig,
     pub(crate) client: McpClient,

@@ -27,31 +27,38 @@ fn kit(path: &str) -> PathBuf {
     full
 }
 
-/// A configuration file fronting both reference servers, written to a directory of its own.
-fn config_file(name: &str, extra: &str) -> PathBuf {
+/// The `[[upstreams]]` entry of `mcp-server-time`.
+fn time_upstream() -> String {
+    format!(
+        "[[upstreams]]\nname = \"time\"\ncommand = \"{}\"\ntrust = \"trusted\"\n",
+        kit(".venv/bin/mcp-server-time").display()
+    )
+}
+
+/// The `[[upstreams]]` entry of `server-everything`.
+fn everything_upstream() -> String {
+    let everything = kit("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    format!(
+        "[[upstreams]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\ntrust = \"trusted\"\n",
+        everything.display()
+    )
+}
+
+/// A configuration file of `text`, written to a directory of its own for `name`.
+fn written(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("toolcall-gateway-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("gateway.toml");
-    let everything = kit("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    let text = format!(
-        r#"
-[[upstreams]]
-name = "time"
-command = "{time}"
-trust = "trusted"
-
-[[upstreams]]
-name = "everything"
-command = "node"
-args = ["{everything}", "stdio"]
-trust = "trusted"
-{extra}
-"#,
-        time = kit(".venv/bin/mcp-server-time").display(),
-        everything = everything.display(),
-    );
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// A configuration file fronting both reference servers, and `extra`.
+fn config_file(name: &str, extra: &str) -> PathBuf {
+    written(
+        name,
+        &format!("{}\n{}\n{extra}", time_upstream(), everything_upstream()),
+    )
 }
 
 /// Runs `plan` with the Python SDK's driver; its report.
@@ -97,7 +104,17 @@ struct HttpGateway {
     address: String,
 }
 
+/// A client of a gateway's HTTP fronts.
+struct Probe {
+    address: String,
+}
+
 impl HttpGateway {
+    /// A client of the gateway at `address`, for another task.
+    fn probe(address: String) -> Probe {
+        Probe { address }
+    }
+
     async fn start(config: &PathBuf) -> HttpGateway {
         let mut child = Command::new(GATEWAY)
             .arg("--config")
@@ -118,6 +135,16 @@ impl HttpGateway {
         HttpGateway { child, address }
     }
 
+    async fn call(&self, envelope: &Value) -> (u16, String) {
+        Self::probe(self.address.clone()).call(envelope).await
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        Self::probe(self.address.clone()).get(path).await
+    }
+}
+
+impl Probe {
     /// `POST /v1/tools/call` of `envelope`: the status and the body.
     async fn call(&self, envelope: &Value) -> (u16, String) {
         let body = envelope.to_string();
@@ -352,6 +379,129 @@ async fn sigterm_lets_the_call_in_flight_finish() {
         .expect("the gateway exits once the call is done")
         .unwrap();
     assert!(status.success(), "{status}");
+}
+
+#[tokio::test]
+async fn a_killed_upstream_is_started_again_behind_the_gateway() {
+    let config = config_file("respawn", "");
+    let gateway = HttpGateway::start(&config).await;
+    let now = json!({
+        "contractVersion": "1.1", "requestId": "r-now", "toolNamespace": "time",
+        "toolName": "get_current_time", "target": {"sessionKey": "s", "actorId": "a"},
+        "payload": {"version": "1.0", "params": {"timezone": "Europe/Paris"}}
+    });
+    assert_eq!(gateway.call(&now).await.0, 200);
+    // The gateway's own mcp-server-time process.
+    let pid = gateway.child.id().unwrap().to_string();
+    let found = std::process::Command::new("pgrep")
+        .args(["-P", &pid, "-f", "mcp-server-time"])
+        .output()
+        .unwrap();
+    let child = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+    assert!(!child.is_empty(), "the gateway runs mcp-server-time");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &child])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let started = std::time::Instant::now();
+    loop {
+        let (status, body) = gateway.call(&now).await;
+        if status == 200 {
+            break;
+        }
+        assert!(body.contains("UPSTREAM_UNAVAILABLE"), "{body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never came back: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "mcp-server-time answered through the gateway {} ms after kill -9",
+        started.elapsed().as_millis()
+    );
+}
+
+/// Sends SIGHUP to the gateway.
+fn hang_up(gateway: &HttpGateway) {
+    let pid = gateway.child.id().unwrap();
+    let signalled = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_upstreams_and_refuses_a_bad_file() {
+    let config = written("reload", &time_upstream());
+    let gateway = HttpGateway::start(&config).await;
+    let listed = |body: &str, tool: &str| body.contains(&format!("\"{tool}\""));
+    let (_, tools) = gateway.get("/v1/tools").await;
+    assert!(
+        listed(&tools, "get_current_time") && !listed(&tools, "echo"),
+        "{tools}"
+    );
+
+    // An upstream added.
+    std::fs::write(
+        &config,
+        format!("{}\n{}", time_upstream(), everything_upstream()),
+    )
+    .unwrap();
+    hang_up(&gateway);
+    let started = std::time::Instant::now();
+    loop {
+        let (_, tools) = gateway.get("/v1/tools").await;
+        if listed(&tools, "echo") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never reloaded: {tools}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A call in flight while an upstream is removed finishes on the gateway it started on.
+    let envelope = json!({
+        "contractVersion": "1.1", "requestId": "r-long", "toolNamespace": "everything",
+        "toolName": "trigger-long-running-operation",
+        "target": {"sessionKey": "s", "actorId": "a"},
+        "payload": {"version": "1.0", "params": {"duration": 2, "steps": 2}}
+    });
+    let address = gateway.address.clone();
+    let in_flight = tokio::spawn(async move {
+        let probe = HttpGateway::probe(address);
+        probe.call(&envelope).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&config, time_upstream()).unwrap();
+    hang_up(&gateway);
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"status\":\"success\""), "{body}");
+    let started = std::time::Instant::now();
+    loop {
+        let (_, tools) = gateway.get("/v1/tools").await;
+        if !listed(&tools, "echo") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never reloaded: {tools}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A bad file is refused; the gateway in service goes on.
+    std::fs::write(&config, "[[upstreams]]\nname = \"time\"\ncomand = \"x\"\n").unwrap();
+    hang_up(&gateway);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, tools) = gateway.get("/v1/tools").await;
+    assert_eq!(status, 200);
+    assert!(listed(&tools, "get_current_time"), "{tools}");
 }
 
 #[path = "../../../tower-toolcall/tests/support/mod.rs"]
