@@ -289,10 +289,15 @@ async fn over_http_in_both_protocol_versions() {
     check_the_stack_at_work(&report);
     let (status, metrics) = gateway.get("/metrics").await;
     assert_eq!(status, 200);
-    assert!(
-        metrics.contains("time::get_current_time") || metrics.contains("get_current_time"),
-        "{metrics}"
-    );
+    assert!(metrics.contains("toolcall_tool_calls_total"), "{metrics}");
+    // The isError answers (three clients asked about Mars) were never retried.
+    let retried: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("toolcall_tool_retry_attempts_total") && l.contains("get_current_time")
+        })
+        .collect();
+    assert!(retried.is_empty(), "{retried:?}");
     drop(gateway);
 }
 
@@ -420,6 +425,82 @@ async fn a_killed_upstream_is_started_again_behind_the_gateway() {
     eprintln!(
         "mcp-server-time answered through the gateway {} ms after kill -9",
         started.elapsed().as_millis()
+    );
+}
+
+#[tokio::test]
+async fn a_hosts_servers_file_is_fronted_untrusted_and_every_call_audited() {
+    let dir = std::env::temp_dir().join(format!("toolcall-gateway-host-{}", std::process::id()));
+    let audit = dir.join("audit");
+    std::fs::create_dir_all(&audit).unwrap();
+    // Claude Desktop's shape.
+    let host = dir.join("claude_desktop_config.json");
+    std::fs::write(
+        &host,
+        json!({"mcpServers": {"Time": {"command": kit(".venv/bin/mcp-server-time")}}}).to_string(),
+    )
+    .unwrap();
+    let config = written(
+        "host",
+        &format!("[audit]\npath = \"{}\"\n", audit.display()),
+    );
+    let mut child = Command::new(GATEWAY)
+        .arg("--config")
+        .arg(&config)
+        .arg("--mcp-json")
+        .arg(&host)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let gateway = HttpGateway {
+        address: line.strip_prefix("listening on ").unwrap().to_owned(),
+        child,
+    };
+    let now = |confirmation: Option<&str>| {
+        let mut envelope = json!({
+            "contractVersion": "1.1", "requestId": "r-host", "toolNamespace": "time",
+            "toolName": "get_current_time", "target": {"sessionKey": "s", "actorId": "a"},
+            "payload": {"version": "1.0", "params": {"timezone": "Europe/Paris"}}
+        });
+        if let Some(id) = confirmation {
+            envelope["control"] = json!({"confirmationId": id});
+        }
+        envelope
+    };
+    // Untrusted: its annotations say read-only, but only the user's confirmation lets it run.
+    let (status, body) = gateway.call(&now(None)).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("POLICY_DENIED"), "{body}");
+    let (status, body) = gateway.call(&now(Some("approved-1"))).await;
+    assert_eq!(status, 200, "{body}");
+
+    // SIGTERM writes the audit out.
+    let mut gateway = gateway;
+    let pid = gateway.child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), gateway.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut audited = String::new();
+    for entry in std::fs::read_dir(&audit).unwrap() {
+        audited += &std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+    }
+    assert!(
+        audited.contains("r-host"),
+        "the calls are in the audit: {audited}"
     );
 }
 
