@@ -653,3 +653,70 @@ rate_limit = {{ per_second = 1, burst = 2, key = "tool" }}
         "{through_two}"
     );
 }
+
+#[path = "../support/flaky.rs"]
+mod flaky;
+
+/// In front of a flaky server of the tests' own: a payment whose answer was lost is not made
+/// twice when the agent sends it again, and a read that failed is retried by the gateway.
+#[tokio::test]
+async fn in_front_of_a_flaky_server_a_lost_answer_is_not_a_second_payment() {
+    use rmcp::ServiceExt as _;
+
+    let (upstream, url) = flaky::upstream().await;
+    let config = written(
+        "flaky",
+        &format!("[[upstreams]]\nname = \"bank\"\nurl = \"{url}\"\ntrust = \"trusted\"\ntimeout_ms = 5000\n"),
+    );
+    let gateway = HttpGateway::start(&config).await;
+    let agent = ()
+        .serve(rmcp::transport::StreamableHttpClientTransport::from_uri(
+            format!("http://{}/mcp", gateway.address),
+        ))
+        .await
+        .unwrap();
+    let call = |name: &str, args: Value, key: Option<&str>| {
+        let mut params = rmcp::model::CallToolRequestParams::new(name.to_owned())
+            .with_arguments(args.as_object().cloned().unwrap_or_default());
+        if let Some(key) = key {
+            let mut meta = rmcp::model::RequestMetaObject::new();
+            meta.insert("idempotencyKey".to_owned(), Value::from(key));
+            params.meta = Some(meta);
+        }
+        params
+    };
+    // The first payment's answer is lost: the agent gives up after 600 ms and sends it again.
+    let pay = || call("bank__pay", json!({"id": "p-1"}), Some("pay-p-1"));
+    let first = tokio::time::timeout(Duration::from_millis(600), agent.call_tool(pay())).await;
+    assert!(first.is_err(), "the answer is lost");
+    let mut answer = None;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let again = agent.call_tool(pay()).await.unwrap();
+        if again.is_error != Some(true) {
+            answer = Some(again);
+            break;
+        }
+        // Still in flight: the re-send joins it, or is told to come back.
+        let text = again.content[0].as_text().unwrap().text.clone();
+        assert!(text.starts_with("IDEMPOTENCY_IN_FLIGHT"), "{text}");
+    }
+    let answer = answer.expect("the payment's own result, once it ended");
+    assert_eq!(answer.structured_content, Some(json!({"paid": true})));
+    assert_eq!(upstream.payments.lock().unwrap()["p-1"], 1, "paid once");
+
+    // The first two reads fail at the upstream (its draws 0 and 1 are unlucky); the gateway
+    // retries, the agent sees one answer.
+    let calls_before = upstream.calls.load(std::sync::atomic::Ordering::SeqCst);
+    let read = agent
+        .call_tool(call("bank__balance", json!({"account": "a-1"}), None))
+        .await
+        .unwrap();
+    assert_ne!(read.is_error, Some(true), "{read:?}");
+    assert_eq!(
+        upstream.calls.load(std::sync::atomic::Ordering::SeqCst) - calls_before,
+        3,
+        "two failures, then the retry that is answered"
+    );
+    agent.cancel().await.unwrap();
+}
