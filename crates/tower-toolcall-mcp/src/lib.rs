@@ -2,15 +2,22 @@
 //! call, in both directions. The core speaks `ToolCall`, `ToolOutput` and `ToolError`; this
 //! crate converts at the edge.
 //!
-//! - **Server side.** [`McpServer`] wraps an rmcp [`ServerHandler`](rmcp::ServerHandler) so
-//!   that every `tools/call` goes through a stack: one session per connection with the
-//!   client's identity as actor, `_meta.idempotencyKey`, `_meta.traceparent` and
-//!   `_meta.confirmationId` in the envelope, and an `isError` result with the error's code
-//!   and a message the model can act on. Served over [`McpServer::progress_events`], the
-//!   tools' progress notifications are logged as `tool_call_progress` events of the call.
+//! - **Server side.** [`McpServer`] is an rmcp [`ServerHandler`](rmcp::ServerHandler) (over
+//!   stdio and streamable HTTP, in both protocol versions) that puts every `tools/call` of a
+//!   wrapped handler, or of any `Service<ToolCall>` ([`McpServer::over`]), through a stack.
+//!   The session and actor come from a documented order of sources that works over the
+//!   stateless protocol too ([`Principal`], the operator's `_meta` members, the transport,
+//!   the client's name); the idempotency key from `_meta` ([`DEFAULT_IDEMPOTENCY_KEY_MEMBERS`]),
+//!   scoped by the caller rather than the connection. An error is an `isError` result in
+//!   MCP's words, its code in `_meta` ([`ERROR_META`]) and no structured content. Served over
+//!   [`McpServer::progress_events`], the tools' progress notifications are logged as
+//!   `tool_call_progress` events of the call.
 //! - **Client side.** [`McpClient`] is a `Service<ToolCall>` over a remote MCP server, so an
-//!   agent's outgoing calls get the same stack; a client served with [`ProgressEvents`] logs
-//!   the server's progress notifications as `tool_call_progress` events of the call.
+//!   agent's outgoing calls get the same stack: an `isError` answer is terminal and not a
+//!   health failure ([`IsError`]), a server that exits or loses its session is connected to
+//!   again ([`McpClient::spawn`], [`McpClient::connect`]) while its tools fail fast; a client
+//!   served with [`ProgressEvents`] logs the server's progress notifications as
+//!   `tool_call_progress` events of the call.
 //! - **Policy.** [`descriptor_for`] and [`registry_for`] turn the tools' annotations into
 //!   descriptors (`readOnlyHint` → read-only, `idempotentHint` → idempotent,
 //!   `destructiveHint` → confirmation required), believed only from a [`Trust::Trusted`]
