@@ -10,12 +10,10 @@ use std::time::Duration;
 
 use rmcp::model::Tool;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::ServiceExt as _;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt as _};
 use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
-use tower_toolcall_mcp::{McpClient, ProgressEvents, UpstreamState};
+use tower_toolcall_mcp::{McpClient, UpstreamState};
 
 use crate::config::{UpstreamConfig, UpstreamTransport};
 
@@ -66,9 +64,8 @@ impl Upstream {
 /// A client of the upstream, kept connected: its process started again when it exits, its
 /// HTTP session made again when it is lost.
 async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
-    let events = ProgressEvents::default();
-    let handler = events.clone();
-    let client = match &config.transport {
+    let name = config.name.clone();
+    match &config.transport {
         UpstreamTransport::Stdio {
             command,
             args,
@@ -77,45 +74,34 @@ async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
         } => {
             let (command, args, env, cwd) =
                 (command.clone(), args.clone(), env.clone(), cwd.clone());
-            McpClient::connect(config.name.clone(), move || {
+            let client = McpClient::spawn(name, move || {
                 let mut process = tokio::process::Command::new(&command);
                 process.args(&args).envs(&env);
                 if let Some(cwd) = &cwd {
                     process.current_dir(cwd);
                 }
-                let handler = handler.clone();
-                async move {
-                    let transport = TokioChildProcess::new(process)?;
-                    handler.serve(transport).await.map_err(BoxError::from)
-                }
+                process
             })
-            .await?
+            .await?;
+            Ok(client)
         }
         UpstreamTransport::Http { url, headers } => {
             let mut custom = HashMap::new();
-            for (name, value) in headers {
-                let header = http::HeaderName::try_from(name.as_str()).map_err(|_| {
-                    format!("upstream {}: header name {name} is not valid", config.name)
-                })?;
-                let mut value = http::HeaderValue::try_from(value.expose()).map_err(|_| {
-                    format!(
-                        "upstream {}: the value of header {name} is not valid",
-                        config.name
-                    )
-                })?;
+            for (header, value) in headers {
+                let invalid =
+                    |what: &str| format!("upstream {name}: {what} of header {header} is not valid");
+                let header =
+                    http::HeaderName::try_from(header.as_str()).map_err(|_| invalid("the name"))?;
+                let mut value = http::HeaderValue::try_from(value.expose())
+                    .map_err(|_| invalid("the value"))?;
                 value.set_sensitive(true);
                 custom.insert(header, value);
             }
             let transport =
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
-            McpClient::connect(config.name.clone(), move || {
-                let transport = StreamableHttpClientTransport::from_config(transport.clone());
-                handler.clone().serve(transport)
-            })
-            .await?
+            Ok(McpClient::http_with(name, transport).await?)
         }
-    };
-    Ok(client.with_progress_events(&events))
+    }
 }
 
 /// A service of tools and its per-call timeout.

@@ -31,16 +31,18 @@ fn reworded_value(value: &Value) -> Option<Value> {
     match value {
         Value::String(text) => reworded(text).map(Value::String),
         Value::Array(items) => {
-            let items: Vec<_> = items.iter().map(reworded_value).collect();
-            items.iter().any(Option::is_some).then(|| {
-                Value::Array(
-                    items
-                        .into_iter()
-                        .zip(value.as_array().into_iter().flatten())
-                        .map(|(new, old)| new.unwrap_or_else(|| old.clone()))
-                        .collect(),
-                )
-            })
+            let mut changed = false;
+            let items = items
+                .iter()
+                .map(|item| match reworded_value(item) {
+                    Some(new) => {
+                        changed = true;
+                        new
+                    }
+                    None => item.clone(),
+                })
+                .collect();
+            changed.then_some(Value::Array(items))
         }
         Value::Object(members) => {
             let mut changed = false;

@@ -115,10 +115,17 @@ impl HttpGateway {
         Probe { address }
     }
 
-    async fn start(config: &PathBuf) -> HttpGateway {
+    async fn start(config: &std::path::Path) -> HttpGateway {
+        HttpGateway::start_with(&[config.as_os_str()]).await
+    }
+
+    /// The gateway with `--config` and `more` arguments after it.
+    async fn start_with(config_and_more: &[&std::ffi::OsStr]) -> HttpGateway {
+        let (config, more) = config_and_more.split_first().expect("a configuration");
         let mut child = Command::new(GATEWAY)
             .arg("--config")
             .arg(config)
+            .args(more)
             .args(["--listen", "127.0.0.1:0"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -444,27 +451,9 @@ async fn a_hosts_servers_file_is_fronted_untrusted_and_every_call_audited() {
         "host",
         &format!("[audit]\npath = \"{}\"\n", audit.display()),
     );
-    let mut child = Command::new(GATEWAY)
-        .arg("--config")
-        .arg(&config)
-        .arg("--mcp-json")
-        .arg(&host)
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let gateway = HttpGateway {
-        address: line.strip_prefix("listening on ").unwrap().to_owned(),
-        child,
-    };
+    let gateway =
+        HttpGateway::start_with(&[config.as_os_str(), "--mcp-json".as_ref(), host.as_os_str()])
+            .await;
     let now = |confirmation: Option<&str>| {
         let mut envelope = json!({
             "contractVersion": "1.1", "requestId": "r-host", "toolNamespace": "time",

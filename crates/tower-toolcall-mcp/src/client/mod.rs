@@ -193,11 +193,26 @@ impl McpClient {
         name: impl Into<Arc<str>>,
         url: impl Into<Arc<str>>,
     ) -> Result<Self, ToolError> {
-        let url: Arc<str> = url.into();
+        let config =
+            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                url,
+            );
+        McpClient::http_with(name, config).await
+    }
+
+    /// [`http`](McpClient::http) with rmcp's whole transport configuration: headers sent on
+    /// every request (an API key), timeouts, limits.
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+    pub async fn http_with(
+        name: impl Into<Arc<str>>,
+        config: rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig,
+    ) -> Result<Self, ToolError> {
         let events = ProgressEvents::default();
         let handler = events.clone();
         let client = McpClient::connect(name, move || {
-            let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.clone());
+            let transport =
+                rmcp::transport::StreamableHttpClientTransport::from_config(config.clone());
             rmcp::ServiceExt::serve(handler.clone(), transport)
         })
         .await?;
