@@ -14,16 +14,16 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tower_toolcall_axum::{ServeConfig, ToolRouter, ADMIN_PATH};
-use tower_toolcall_mcp::{stdio_transport, DEFAULT_MAX_LINE_BYTES};
+use tower_toolcall_mcp::{stdio_transport, McpServer, ToolList, DEFAULT_MAX_LINE_BYTES};
 
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Lasting};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Serves MCP over the process's stdin and stdout until the host closes stdin.
-pub(crate) async fn serve_stdio(gateway: &Gateway) -> Result<(), BoxError> {
+pub(crate) async fn serve_stdio(lasting: &Lasting) -> Result<(), BoxError> {
     let running = rmcp::ServiceExt::serve(
-        gateway.server.connection(),
+        lasting.mcp.connection(),
         stdio_transport(DEFAULT_MAX_LINE_BYTES)?,
     )
     .await?;
@@ -31,20 +31,28 @@ pub(crate) async fn serve_stdio(gateway: &Gateway) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The HTTP fronts. The admin API is there when `admin_token` is.
-pub(crate) fn http_router(gateway: &Gateway, listen: SocketAddr) -> Router {
-    let server = gateway.server.connection();
+/// MCP over streamable HTTP, for `/mcp`. It outlives reloads: its sessions go on over the
+/// gateway in service.
+pub(crate) fn mcp_service(
+    lasting: &Lasting,
+    listen: SocketAddr,
+) -> StreamableHttpService<McpServer<ToolList>, LocalSessionManager> {
+    let server = lasting.mcp.connection();
     let mut mcp = StreamableHttpServerConfig::default();
     if !listen.ip().is_loopback() {
         // The Host check guards a server on a loopback address against DNS rebinding; a
         // gateway listening beyond the machine is reached by other names.
         mcp = mcp.disable_allowed_hosts();
     }
-    let mcp = StreamableHttpService::new(
+    StreamableHttpService::new(
         move || Ok(server.connection()),
         Arc::new(LocalSessionManager::default()),
         mcp,
-    );
+    )
+}
+
+/// The HTTP fronts of `gateway` but MCP's. The admin API is there when `admin_token` is.
+pub(crate) fn http_router(gateway: &Gateway) -> Router {
     let envelope = ToolRouter::new(gateway.registry.clone(), gateway.tools.clone())
         .body_timeout(Duration::from_secs(15))
         .max_calls_in_flight(256);
@@ -56,10 +64,7 @@ pub(crate) fn http_router(gateway: &Gateway, listen: SocketAddr) -> Router {
             upstreams: gateway.upstreams.clone(),
             prometheus: gateway.prometheus.clone(),
         });
-    let mut router = envelope
-        .into_router()
-        .nest_service("/mcp", mcp)
-        .merge(probes);
+    let mut router = envelope.into_router().merge(probes);
     match &gateway.admin {
         Some(admin) => router = router.nest(ADMIN_PATH, admin.clone()),
         None => tracing::info!("no admin token: no admin API"),
@@ -99,8 +104,9 @@ async fn scrape(State(probes): State<Probes>) -> String {
     probes.prometheus.render()
 }
 
-/// The HTTP fronts of the gateway in service now: a reload puts the new gateway's in place
-/// while the requests already in flight finish on the old one. Clones share it.
+/// The HTTP fronts of the gateway in service now (all but MCP's, which outlives reloads): a
+/// reload puts the new gateway's in place while the requests already in flight finish on the
+/// old one. Clones share it.
 #[derive(Clone)]
 pub(crate) struct Swap(Arc<RwLock<Router>>);
 

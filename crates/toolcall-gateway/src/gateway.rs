@@ -1,20 +1,24 @@
 //! The gateway assembled: its upstreams started, their tools under one list, one stack
 //! in front of them all.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::task::{Context, Poll};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use rmcp::model::Tool;
+use rmcp::model::{Implementation, ServerCapabilities, ServerConfig, Tool};
+use tokio::sync::mpsc;
 use tower::util::BoxCloneSyncService;
-use tower::Layer;
+use tower::{Layer, Service, ServiceExt as _};
 use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
 use tower_toolcall::loop_detect::InMemoryLoopStore;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
-use tower_toolcall::{ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_axum::AdminRouter;
-use tower_toolcall_mcp::{registry_for_servers, McpServer, ToolList};
+use tower_toolcall_mcp::{registry_for_servers, McpServer, ProgressRelay, ToolList};
 use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore};
 
 use crate::config::{GatewayConfig, UpstreamConfig};
@@ -34,19 +38,34 @@ const DEMO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 const GATEWAY_NAMESPACE: &str = "gateway";
 
 /// What outlives a reload of the configuration: the metrics recorder (one per process), the
-/// audit log (one writer for its files), and the in-memory stores, so that a call sent
-/// again after a reload still finds its record and a loop its session.
+/// audit log (one writer for its files), the in-memory stores, so that a call sent again
+/// after a reload still finds its record and a loop its session, and the MCP front with its
+/// clients' sessions, told when the tools change.
 #[derive(Clone)]
 pub(crate) struct Lasting {
     pub(crate) prometheus: PrometheusHandle,
     pub(crate) audit: Option<AuditLog>,
     dedupe: InMemoryDedupeStore,
     loops: InMemoryLoopStore,
+    /// The MCP server every connection is made from.
+    pub(crate) mcp: Arc<McpServer<ToolList>>,
+    /// The tools it lists: replaced on each reload, its clients told.
+    listed: ToolList,
+    /// The stack its calls go through.
+    in_service: InService,
+    /// The upstreams' progress on its clients' calls.
+    relay: ProgressRelay,
+    /// The names of the upstreams whose tools may have changed.
+    changes: mpsc::UnboundedSender<String>,
 }
 
 impl Lasting {
-    /// The recorder, the audit log of `config` (its `audit.path`), and empty stores.
-    pub(crate) fn new(config: &GatewayConfig) -> Result<Lasting, BoxError> {
+    /// The recorder, the audit log of `config` (its `audit.path`), empty stores, and the MCP
+    /// front, with no tools until a gateway is [installed](Lasting::install); and where the
+    /// names of the upstreams whose tools may have changed arrive.
+    pub(crate) fn new(
+        config: &GatewayConfig,
+    ) -> Result<(Lasting, mpsc::UnboundedReceiver<String>), BoxError> {
         let audit = match &config.audit_path {
             Some(dir) => {
                 let log = AuditLog::builder(dir)
@@ -57,12 +76,32 @@ impl Lasting {
             }
             None => None,
         };
-        Ok(Lasting {
+        let listed = ToolList::new(Vec::new()).with_info(server_info());
+        let in_service = InService::default();
+        let relay = ProgressRelay::default();
+        let mcp = McpServer::over(GATEWAY_NAMESPACE, in_service.clone(), listed.clone())
+            .relay_progress(&relay);
+        let mcp = Arc::new(mcp);
+        let (changes, changed) = mpsc::unbounded_channel();
+        let lasting = Lasting {
             prometheus: prometheus()?,
             audit,
             dedupe: InMemoryDedupeStore::default(),
             loops: InMemoryLoopStore::default(),
-        })
+            mcp,
+            listed,
+            in_service,
+            relay,
+            changes,
+        };
+        Ok((lasting, changed))
+    }
+
+    /// Puts `gateway` in service behind the MCP front: its stack for the calls to come, its
+    /// tools listed, and every connected client told that the list changed.
+    pub(crate) async fn install(&self, gateway: &Gateway) {
+        self.in_service.replace(gateway.tools.clone());
+        self.listed.replace(gateway.listed.clone()).await;
     }
 
     /// Writes out the audit log.
@@ -83,7 +122,9 @@ pub(crate) struct Gateway {
     pub(crate) upstreams: Arc<Vec<Upstream>>,
     pub(crate) registry: ToolRegistry,
     pub(crate) tools: Tools,
-    pub(crate) server: McpServer<ToolList>,
+    /// The tools under their listed names; the calls of those safe to repeat stop when
+    /// their client cancels them.
+    listed: ToolList,
     /// The admin API, when there is a token.
     pub(crate) admin: Option<axum::Router>,
     pub(crate) prometheus: PrometheusHandle,
@@ -94,17 +135,17 @@ impl Gateway {
     /// and builds the stack, under the operator's switches from the environment; with
     /// `[store] redis`, its dedupe records, quotas and loop sessions in Redis.
     ///
-    /// An upstream of `previous` (the gateway this one replaces) whose configuration has not
-    /// changed is kept as it is, its connection and process with it.
+    /// An upstream of `running` (those of the gateway this one replaces) whose configuration
+    /// has not changed is kept as it is, its connection, process and listed tools with it.
+    /// Nothing is in service until [installed](Lasting::install).
     pub(crate) async fn start(
         config: &GatewayConfig,
         admin_token: Option<&str>,
         lasting: &Lasting,
-        previous: Option<&Gateway>,
+        running: &[Upstream],
     ) -> Result<Gateway, BoxError> {
         let kept = |wanted: &UpstreamConfig| {
-            previous?
-                .upstreams
+            running
                 .iter()
                 .find(|running| running.config == *wanted)
                 .cloned()
@@ -114,7 +155,11 @@ impl Gateway {
             .iter()
             .map(|wanted| match kept(wanted) {
                 Some(running) => tokio::spawn(async move { Ok(running) }),
-                None => tokio::spawn(Upstream::start(wanted.clone())),
+                None => tokio::spawn(Upstream::start(
+                    wanted.clone(),
+                    lasting.relay.clone(),
+                    lasting.changes.clone(),
+                )),
             })
             .collect();
         let mut upstreams = Vec::with_capacity(starting.len());
@@ -179,12 +224,12 @@ impl Gateway {
                 assemble(stack, router, admin_token, audit)?
             }
         };
-        let server = McpServer::over(GATEWAY_NAMESPACE, tools.clone(), tool_list(listed)?);
+        let listed = tool_list(listed)?.stop_repeatable_when_cancelled(&registry);
         Ok(Gateway {
             upstreams: Arc::new(upstreams),
             registry,
             tools,
-            server,
+            listed,
             admin,
             prometheus: lasting.prometheus.clone(),
         })
@@ -240,6 +285,63 @@ fn tool_list(tools: Vec<(String, Tool)>) -> Result<ToolList, BoxError> {
             (shown, namespace, name)
         });
     Ok(ToolList::routed(routed)?)
+}
+
+/// The gateway's name and version, and its capabilities: tools, whose list changes.
+fn server_info() -> ServerConfig {
+    ServerConfig::new(
+        ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build(),
+    )
+    .with_server_info(Implementation::new(
+        env!("CARGO_PKG_NAME"),
+        env!("CARGO_PKG_VERSION"),
+    ))
+}
+
+/// The stack in service now: a reload (or a change of an upstream's tools) puts another in
+/// place, and the calls under way finish on the one they started on. Clones share it.
+#[derive(Clone)]
+struct InService(Arc<RwLock<Tools>>);
+
+impl Default for InService {
+    /// No tools yet: the gateway is starting.
+    fn default() -> Self {
+        let starting = tower::service_fn(|_call: ToolCall| async {
+            Err::<ToolOutput, _>(ToolError::new(
+                ErrorCode::UpstreamUnavailable,
+                "the gateway is starting; send the call again",
+            ))
+        });
+        InService(Arc::new(RwLock::new(BoxCloneSyncService::new(starting))))
+    }
+}
+
+impl InService {
+    fn replace(&self, tools: Tools) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = tools;
+    }
+}
+
+impl Service<ToolCall> for InService {
+    type Response = ToolOutput;
+    type Error = ToolError;
+    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall) -> Self::Future {
+        let tools = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Box::pin(tools.oneshot(call))
+    }
 }
 
 /// The Prometheus recorder of the stack's metrics.

@@ -140,8 +140,9 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         Some(var) => std::env::var(var).ok(),
         None => std::env::var("TOOLCALL_ADMIN_TOKEN").ok(),
     };
-    let lasting = Lasting::new(&config)?;
-    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, None).await?;
+    let (lasting, changed) = Lasting::new(&config)?;
+    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[]).await?;
+    lasting.install(&gateway).await;
     let listen = match (args.listen, config.listen, std::env::var("PORT")) {
         (Some(listen), _, _) | (None, Some(listen), _) => listen,
         (None, None, Ok(port)) => format!("127.0.0.1:{port}")
@@ -149,79 +150,163 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
             .map_err(|_| format!("PORT: {port} is not a port number"))?,
         (None, None, Err(_)) => SocketAddr::from(([127, 0, 0, 1], 8080)),
     };
-    if args.stdio {
-        // The host owns the process: serve until it closes stdin.
-        let served = fronts::serve_stdio(&gateway).await;
-        lasting.stop();
-        return served;
-    }
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|err| format!("cannot listen on {listen}: {err}"))?;
-    tracing::info!(event = "gateway_listening", address = %listener.local_addr()?);
-    // The address, for whoever started the gateway on port 0.
-    println!("listening on {}", listener.local_addr()?);
-    let swap = fronts::Swap::new(fronts::http_router(&gateway, listen));
-    let reloads = tokio::spawn(reload_on_hangup(
-        args,
+    let swap = (!args.stdio).then(|| fronts::Swap::new(fronts::http_router(&gateway)));
+    let following = Following {
+        args: args.clone(),
         admin_token,
-        lasting.clone(),
-        gateway,
-        swap.clone(),
-        listen,
-    ));
-    let served = fronts::serve_http(listener, swap.router(), shutdown()).await;
-    reloads.abort();
+        lasting: lasting.clone(),
+        config,
+        current: gateway,
+        swap: swap.clone(),
+    };
+    let follow = tokio::spawn(following.run(changed));
+    let served = match swap {
+        // The host owns the process: serve until it closes stdin.
+        None => fronts::serve_stdio(&lasting).await,
+        Some(swap) => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|err| format!("cannot listen on {listen}: {err}"))?;
+            tracing::info!(event = "gateway_listening", address = %listener.local_addr()?);
+            // The address, for whoever started the gateway on port 0.
+            println!("listening on {}", listener.local_addr()?);
+            let router = swap
+                .router()
+                .nest_service("/mcp", fronts::mcp_service(&lasting, listen));
+            fronts::serve_http(listener, router, shutdown()).await
+        }
+    };
+    follow.abort();
     lasting.stop();
     tracing::info!(event = "gateway_stopped");
     served
 }
 
-/// On each SIGHUP, reads the configuration again and puts a gateway made from it in service:
-/// its upstreams added, removed or changed (the unchanged ones kept running), the calls in
-/// flight finishing on the old one. A configuration with problems is refused, each named
-/// by its field, and the gateway in service goes on.
-async fn reload_on_hangup(
+/// The gateway in service, and what it needs to put another in its place.
+struct Following {
     args: Args,
     admin_token: Option<String>,
     lasting: Lasting,
-    mut current: Gateway,
-    swap: fronts::Swap,
-    listen: SocketAddr,
-) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            return;
-        };
-        while hangups.recv().await.is_some() {
-            let config = match load(&args) {
-                Ok(config) => config,
-                Err(problems) => {
-                    tracing::error!(event = "reload_refused", "{problems}");
-                    continue;
+    /// The configuration in service.
+    config: GatewayConfig,
+    current: Gateway,
+    /// The HTTP fronts, when the gateway serves them.
+    swap: Option<fronts::Swap>,
+}
+
+/// Why the gateway in service is replaced.
+enum Change {
+    /// SIGHUP: the configuration is read again.
+    Configuration,
+    /// These upstreams' tools may have changed (they said so, or were connected to again).
+    Tools(Vec<String>),
+}
+
+impl Following {
+    /// Puts a new gateway in service on each SIGHUP (the configuration read again; a bad one
+    /// is refused, its problems named, and the old one keeps serving) and each time an
+    /// upstream's tools change; the clients are told when the tools they see change.
+    async fn run(mut self, mut changed: tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let mut hangups = hangups();
+        loop {
+            let change = tokio::select! {
+                Some(()) = hangups.recv() => Change::Configuration,
+                Some(first) = changed.recv() => {
+                    // A burst of changes is one change.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    let mut names = vec![first];
+                    while let Ok(name) = changed.try_recv() {
+                        names.push(name);
+                    }
+                    Change::Tools(names)
                 }
+                else => return,
             };
-            match Gateway::start(&config, admin_token.as_deref(), &lasting, Some(&current)).await {
+            let (config, upstreams) = match change {
+                Change::Configuration => match load(&self.args) {
+                    Ok(config) => (config, self.current.upstreams.to_vec()),
+                    Err(problems) => {
+                        tracing::error!(event = "reload_refused", "{problems}");
+                        continue;
+                    }
+                },
+                Change::Tools(names) => match self.relisted(&names).await {
+                    Some(upstreams) => (self.config.clone(), upstreams),
+                    None => continue,
+                },
+            };
+            let admin_token = self.admin_token.as_deref();
+            match Gateway::start(&config, admin_token, &self.lasting, &upstreams).await {
                 Ok(next) => {
-                    swap.replace(fronts::http_router(&next, listen));
+                    self.lasting.install(&next).await;
+                    if let Some(swap) = &self.swap {
+                        swap.replace(fronts::http_router(&next));
+                    }
                     tracing::info!(
                         event = "reloaded",
                         upstreams = next.upstreams.len(),
+                        tools = next.registry.tools().count(),
                         "the new configuration is in service"
                     );
-                    current = next;
+                    self.current = next;
+                    self.config = config;
                 }
                 Err(err) => tracing::error!(event = "reload_refused", "{err}"),
             }
         }
     }
-    #[cfg(not(unix))]
-    let _ = (args, admin_token, lasting, current, swap, listen);
+
+    /// The upstreams in service, those of `names` with the tools they list now; `None` when
+    /// no list changed.
+    async fn relisted(&self, names: &[String]) -> Option<Vec<upstreams::Upstream>> {
+        let mut changed = false;
+        let mut upstreams = Vec::with_capacity(self.current.upstreams.len());
+        for upstream in self.current.upstreams.iter() {
+            if !names.contains(&upstream.config.name) {
+                upstreams.push(upstream.clone());
+                continue;
+            }
+            match upstream.relisted().await {
+                Ok(relisted) if relisted.tools != upstream.tools => {
+                    tracing::info!(
+                        event = "upstream_tools_changed",
+                        upstream = %upstream.config.name,
+                        tools = relisted.tools.len()
+                    );
+                    changed = true;
+                    upstreams.push(relisted);
+                }
+                Ok(_) => upstreams.push(upstream.clone()),
+                Err(err) => {
+                    tracing::warn!(event = "upstream_tools_unlisted", "{err}");
+                    upstreams.push(upstream.clone());
+                }
+            }
+        }
+        changed.then_some(upstreams)
+    }
 }
 
-/// Ctrl-C or SIGTERM.
+/// SIGHUP, each time it comes; closed at once on a platform without it.
+fn hangups() -> tokio::sync::mpsc::Receiver<()> {
+    let (tell, told) = tokio::sync::mpsc::channel(1);
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            if tell.send(()).await.is_err() {
+                return;
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    drop(tell);
+    told
+}
+
 async fn shutdown() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]

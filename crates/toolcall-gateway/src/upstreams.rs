@@ -13,7 +13,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt as _};
 use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
-use tower_toolcall_mcp::{McpClient, UpstreamState};
+use tower_toolcall_mcp::{McpClient, ProgressRelay, UpstreamState};
 
 use crate::config::{UpstreamConfig, UpstreamTransport};
 
@@ -30,11 +30,17 @@ pub(crate) struct Upstream {
 
 impl Upstream {
     /// Starts (or connects to) the upstream, and lists its tools, within its start-up
-    /// timeout.
-    pub(crate) async fn start(config: UpstreamConfig) -> Result<Upstream, BoxError> {
+    /// timeout. The progress it reports on calls goes through `relay`; its name is sent on
+    /// `changes` each time its tools may have changed (it said so, or it was connected to
+    /// again), for as long as it runs.
+    pub(crate) async fn start(
+        config: UpstreamConfig,
+        relay: ProgressRelay,
+        changes: tokio::sync::mpsc::UnboundedSender<String>,
+    ) -> Result<Upstream, BoxError> {
         let name = config.name.clone();
         let started = async {
-            let client = connect(&config).await?;
+            let client = connect(&config).await?.relay_progress(&relay);
             let tools = client.tools().await?;
             Ok::<_, BoxError>((client, tools))
         };
@@ -48,10 +54,32 @@ impl Upstream {
             })?
             .map_err(|err| format!("upstream {name}: {err}"))?;
         tracing::info!(event = "upstream_started", upstream = %name, tools = tools.len());
+        // The watch holds no client: it ends with the upstream's last clone.
+        let mut changed = client.tool_list_changes();
+        tokio::spawn(async move {
+            while changed.changed().await.is_ok() {
+                if changes.send(name.clone()).is_err() {
+                    return;
+                }
+            }
+        });
         Ok(Upstream {
             config,
             client,
             tools,
+        })
+    }
+
+    /// The upstream with the tools it lists now, within its start-up timeout.
+    pub(crate) async fn relisted(&self) -> Result<Upstream, BoxError> {
+        let name = &self.config.name;
+        let tools = tokio::time::timeout(self.config.startup_timeout, self.client.tools())
+            .await
+            .map_err(|_| format!("upstream {name} did not list its tools in time"))?
+            .map_err(|err| format!("upstream {name}: {err}"))?;
+        Ok(Upstream {
+            tools,
+            ..self.clone()
         })
     }
 

@@ -11,13 +11,21 @@
 //!   scoped by the caller rather than the connection. An error is an `isError` result in
 //!   MCP's words, its code in `_meta` ([`ERROR_META`]) and no structured content. Served over
 //!   [`McpServer::progress_events`], the tools' progress notifications are logged as
-//!   `tool_call_progress` events of the call.
+//!   `tool_call_progress` events of the call. A [`ToolList`] can be
+//!   [replaced](ToolList::replace) under a running server, which tells its clients (a
+//!   `notifications/tools/list_changed` per 2025-11-25 session, per 2026-07-28
+//!   `subscriptions/listen` stream).
+//! - **Proxies.** Over an [`McpClient`], [`McpServer::over`] is a proxy: a [`ProgressRelay`]
+//!   sends the upstream's progress on to the client that asked for it; a client's
+//!   cancellation stops the calls of tools that are safe to repeat
+//!   ([`ToolList::stop_repeatable_when_cancelled`]) and reaches the upstream; the upstream's
+//!   tool list changes are seen by [`McpClient::tool_list_changes`].
 //! - **Client side.** [`McpClient`] is a `Service<ToolCall>` over a remote MCP server, so an
 //!   agent's outgoing calls get the same stack: an `isError` answer is terminal and not a
 //!   health failure ([`IsError`]), a server that exits or loses its session is connected to
 //!   again ([`McpClient::spawn`], [`McpClient::connect`]) while its tools fail fast; a client
-//!   served with [`ProgressEvents`] logs the server's progress notifications as
-//!   `tool_call_progress` events of the call.
+//!   served with [`ClientEvents`] logs the server's progress notifications as
+//!   `tool_call_progress` events of the call, and sees its tool list changes.
 //! - **Policy.** [`descriptor_for`] and [`registry_for`] turn the tools' annotations into
 //!   descriptors (`readOnlyHint` → read-only, `idempotentHint` → idempotent,
 //!   `destructiveHint` → confirmation required), believed only from a [`Trust::Trusted`]
@@ -101,7 +109,7 @@ mod server;
 mod wording;
 
 pub use client::{
-    McpClient, ProgressEvents, UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF,
+    ClientEvents, McpClient, UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF,
 };
 pub use convert::IsError;
 pub use identity::Principal;
@@ -111,6 +119,7 @@ pub use meta::{
     IDEMPOTENCY_KEY_META, RESULT_META_PREFIX,
 };
 pub use policy::{descriptor_for, registry_for, registry_for_servers, Trust};
+pub use progress::ProgressRelay;
 pub use server::{HandlerTool, McpServer, ToolList};
 
 /// The examples of the README, compiled and run as doctests.

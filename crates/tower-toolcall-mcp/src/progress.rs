@@ -1,5 +1,6 @@
 //! Progress notifications as `tool_call_progress` events of the calls they report on, on
-//! both sides: what a server's tools send, and what a client receives.
+//! both sides: what a server's tools send, and what a client receives; and, in a proxy, the
+//! progress of a call relayed from the server behind it to the client in front.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -7,14 +8,79 @@ use std::sync::Arc;
 use rmcp::model::{
     JsonRpcMessage, NumberOrString, ProgressNotificationParam, ProgressToken, ServerNotification,
 };
-use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::service::{Peer, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::RoleServer;
 
-use super::in_flight::InFlight;
+use super::in_flight::{Entry, InFlight};
 
 /// The request ids of the calls in flight, by the progress token of their request.
 pub(crate) type ProgressCalls = InFlight<ProgressToken, Arc<str>>;
+
+/// Where the progress of a proxy's calls goes on: from the MCP server behind it
+/// ([`McpClient::relay_progress`](crate::McpClient::relay_progress)) to the client in front
+/// ([`McpServer::relay_progress`](crate::McpServer::relay_progress)), under the progress
+/// token of the client's request. Clones share it; give the same relay to both ends.
+///
+/// A call is relayed while it runs, by its request id, which the stack keeps from the
+/// server's `tools/call` to the client's: a client whose request carries
+/// `_meta.progressToken` gets every `notifications/progress` the upstream server sends for
+/// that call, retries included. A duplicate that joins another call's run gets none.
+///
+/// ```no_run
+/// use tower::Layer;
+/// use tower_toolcall::ToolStack;
+/// use tower_toolcall_mcp::{McpClient, McpServer, ProgressRelay, Trust};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let relay = ProgressRelay::default();
+/// let upstream = McpClient::spawn("files", || tokio::process::Command::new("files-mcp"))
+///     .await?
+///     .relay_progress(&relay);
+/// let stack = ToolStack::builder(upstream.registry("files", Trust::Trusted, None).await?).build()?;
+/// let tools = upstream.tools().await?;
+/// let server = McpServer::over("files", stack.layer(upstream), tools).relay_progress(&relay);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ProgressRelay(InFlight<Arc<str>, Relayed>);
+
+/// The client a call's progress goes to, and the token it asked for.
+#[derive(Clone, Debug)]
+pub(crate) struct Relayed {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+}
+
+impl ProgressRelay {
+    /// Relays the progress of the call `request_id` to `peer` under `token`, until the entry
+    /// is dropped.
+    pub(crate) fn insert(
+        &self,
+        request_id: Arc<str>,
+        peer: Peer<RoleServer>,
+        token: ProgressToken,
+    ) -> Entry<Arc<str>, Relayed> {
+        self.0.insert(request_id, Relayed { peer, token })
+    }
+
+    /// Where the progress of the call `request_id` goes, while it runs.
+    pub(crate) fn get(&self, request_id: &str) -> Option<Relayed> {
+        self.0.get(request_id)
+    }
+}
+
+impl Relayed {
+    /// Sends `params` on to the client, under its own token. A client that went away is
+    /// let be: progress is advice.
+    pub(crate) async fn send(&self, params: &ProgressNotificationParam) {
+        let mut relayed = params.clone();
+        relayed.progress_token = self.token.clone();
+        if let Err(error) = self.peer.notify_progress(relayed).await {
+            tracing::debug!(%error, "a progress notification could not be relayed");
+        }
+    }
+}
 
 /// Logs `params` as a `tool_call_progress` event: `requestId` (the call's, when known; else
 /// the progress token), `progress`, `total` and `message`.

@@ -417,7 +417,11 @@ async fn a_killed_upstream_is_started_again_behind_the_gateway() {
         .unwrap();
     assert!(killed.success());
     let started = std::time::Instant::now();
-    loop {
+    for attempt in 0.. {
+        // Each poll in a session of its own: identical failing calls in one session are a
+        // loop, which the gateway would stop.
+        let mut now = now.clone();
+        now["target"]["sessionKey"] = json!(format!("s-{attempt}"));
         let (status, body) = gateway.call(&now).await;
         if status == 200 {
             break;
@@ -513,6 +517,20 @@ async fn sighup_reloads_the_upstreams_and_refuses_a_bad_file() {
         listed(&tools, "get_current_time") && !listed(&tools, "echo"),
         "{tools}"
     );
+    // An MCP session open across the reloads.
+    let events = tower_toolcall_mcp::ClientEvents::default();
+    let session = rmcp::ServiceExt::serve(
+        events.clone(),
+        rmcp::transport::StreamableHttpClientTransport::from_uri(format!(
+            "http://{}/mcp",
+            gateway.address
+        )),
+    )
+    .await
+    .unwrap();
+    let mut changes = tower_toolcall_mcp::McpClient::new(session.peer().clone())
+        .with_events(&events)
+        .tool_list_changes();
 
     // An upstream added.
     std::fs::write(
@@ -533,6 +551,17 @@ async fn sighup_reloads_the_upstreams_and_refuses_a_bad_file() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // The session goes on, told that the tools changed.
+    tokio::time::timeout(Duration::from_secs(10), changes.changed())
+        .await
+        .expect("the session is told of the new tools")
+        .unwrap();
+    let seen = session.peer().list_all_tools().await.unwrap();
+    assert!(
+        seen.iter().any(|t| t.name == "everything__echo"),
+        "the session lists the new upstream's tools"
+    );
 
     // A call in flight while an upstream is removed finishes on the gateway it started on.
     let envelope = json!({
@@ -708,4 +737,173 @@ async fn in_front_of_a_flaky_server_a_lost_answer_is_not_a_second_payment() {
         "two failures, then the retry that is answered"
     );
     agent.cancel().await.unwrap();
+}
+
+#[path = "../support/http.rs"]
+mod http;
+#[path = "../support/lively.rs"]
+mod lively;
+
+/// A gateway in front of a [`lively::Lively`] upstream; the upstream's state.
+async fn lively_gateway(name: &str) -> (lively::Lively, HttpGateway) {
+    let upstream = lively::Lively::default();
+    let url = http::serve(upstream.clone()).await;
+    let config = written(
+        name,
+        &format!("[[upstreams]]\nname = \"lively\"\nurl = \"{url}\"\ntrust = \"trusted\"\ntimeout_ms = 30000\n"),
+    );
+    (upstream, HttpGateway::start(&config).await)
+}
+
+/// Waits up to 5 s for `ends` to count `(started, finished, stopped)`.
+async fn ends_at(ends: &lively::Ends, wanted: (u64, u64, u64), what: &str) {
+    for _ in 0..100 {
+        if ends.counts() == wanted {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        ends.counts(),
+        wanted,
+        "{what}: (started, finished, stopped)"
+    );
+}
+
+/// The progress a driver reported for a call: `(progress, total, message)` in order.
+fn progress_of(step: &Value) -> Vec<(f64, f64, String)> {
+    step["progress"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no progress in {step}"))
+        .iter()
+        .map(|p| {
+            (
+                p["progress"].as_f64().unwrap(),
+                p["total"].as_f64().unwrap(),
+                p["message"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The progress `scan` reports, as a client sees it.
+fn scan_progress() -> Vec<(f64, f64, String)> {
+    (1..=lively::SCAN_STEPS)
+        .map(|step| {
+            (
+                step as f64,
+                lively::SCAN_STEPS as f64,
+                format!("scanned {step} of {}", lively::SCAN_STEPS),
+            )
+        })
+        .collect()
+}
+
+/// The upstream's progress reaches the client that asked for it, through the whole stack;
+/// a client's cancellation stops a read at the upstream, and leaves a write to run to its
+/// end (its outcome recorded for a re-send).
+#[tokio::test]
+async fn progress_reaches_the_client_and_a_cancelled_read_stops_upstream() {
+    let (upstream, gateway) = lively_gateway("lively-progress").await;
+    let mcp = json!({"kind": "http", "url": format!("http://{}/mcp", gateway.address)});
+    let report = typescript(json!({
+        "transport": mcp, "protocolVersion": "2025-11-25", "clientName": "progress-ts",
+        "steps": [
+            {"op": "call", "name": "lively__scan", "arguments": {}, "progress": true},
+            {"op": "call", "name": "lively__scan", "arguments": {"holdMs": 20000}, "cancelAfterMs": 300},
+            {"op": "call", "name": "lively__send", "arguments": {"holdMs": 1500}, "cancelAfterMs": 300},
+        ],
+    }))
+    .await;
+    let steps = &report["steps"];
+    assert_eq!(progress_of(&steps[0]), scan_progress(), "{report}");
+    assert_eq!(
+        steps[0]["ok"]["structuredContent"],
+        json!({"scanned": true}),
+        "{report}"
+    );
+    assert!(
+        steps[1].get("error").is_some(),
+        "the client gave up: {report}"
+    );
+    assert!(
+        steps[2].get("error").is_some(),
+        "the client gave up: {report}"
+    );
+    ends_at(
+        &upstream.scan,
+        (2, 1, 1),
+        "the cancelled scan stopped upstream",
+    )
+    .await;
+    ends_at(
+        &upstream.send,
+        (1, 1, 0),
+        "the cancelled send ran to its end",
+    )
+    .await;
+
+    // The Python SDK's progress, in both protocol versions.
+    for version in ["2025-11-25", "2026-07-28"] {
+        let report = python(json!({
+            "transport": mcp, "protocolVersion": version, "clientName": "progress-py",
+            "steps": [{"op": "call", "name": "lively__scan", "arguments": {}, "progress": true}],
+        }))
+        .await;
+        assert_eq!(
+            progress_of(&report["steps"][0]),
+            scan_progress(),
+            "{version}: {report}"
+        );
+    }
+}
+
+/// An upstream that changes its tools: the gateway lists them again, puts them behind the
+/// stack, and tells its clients (a 2025-11-25 session, a 2026-07-28 listen stream).
+#[tokio::test]
+async fn an_upstream_tool_list_change_reaches_every_client() {
+    let (_upstream, gateway) = lively_gateway("lively-list").await;
+    let mcp = json!({"kind": "http", "url": format!("http://{}/mcp", gateway.address)});
+    let names = |step: &Value| -> Vec<String> {
+        step["ok"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no tools in {step}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    for (driver, version, grown) in [
+        ("typescript", "2025-11-25", "lively__extra_1"),
+        ("python", "2026-07-28", "lively__extra_2"),
+    ] {
+        let plan = json!({
+            "transport": mcp, "protocolVersion": version, "clientName": "list-changed",
+            "steps": [
+                {"op": "listTools"},
+                {"op": "listenToolListChanged"},
+                {"op": "call", "name": "lively__grow", "arguments": {}},
+                {"op": "awaitToolListChanged", "timeoutMs": 10000},
+                {"op": "listTools"},
+                {"op": "call", "name": grown, "arguments": {}},
+            ],
+        });
+        let report = match driver {
+            "typescript" => typescript(plan).await,
+            _ => python(plan).await,
+        };
+        let steps = &report["steps"];
+        assert!(!names(&steps[0]).contains(&grown.to_owned()), "{report}");
+        assert!(steps[1].get("ok").is_some(), "{driver}: {report}");
+        assert!(
+            steps[3].get("ok").is_some(),
+            "{driver}: told of the change: {report}"
+        );
+        assert!(names(&steps[4]).contains(&grown.to_owned()), "{report}");
+        let grown_name = grown.trim_start_matches("lively__");
+        assert_eq!(
+            steps[5]["ok"]["structuredContent"],
+            json!({"ran": grown_name}),
+            "{driver}: the new tool is called through the stack: {report}"
+        );
+    }
 }

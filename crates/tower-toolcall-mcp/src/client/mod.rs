@@ -12,22 +12,30 @@ use std::task::{Context, Poll};
 
 use rmcp::model::{
     CallToolRequest, CallToolResult, CancelledNotificationParam, ClientConfig, ClientRequest,
-    ProgressNotificationParam, RequestId, ServerResult, Tool,
+    ProgressNotificationParam, ProgressToken, RequestId, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceError};
 use tower::Service;
 
 use super::convert::{error_from_service, outcome_of, request_params, IsError};
+use super::in_flight::InFlight;
 use super::policy::{registry_for, Trust};
-use super::progress::{log_progress, ProgressCalls};
+use super::progress::{log_progress, ProgressRelay, Relayed};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::retry::Backoff;
 use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
 use upstream::{Connection, Connector, Upstream};
 
-/// The request ids of the calls in flight, by the progress token rmcp gave their request.
-type Calls = ProgressCalls;
+/// The calls in flight, by the progress token rmcp gave their request.
+type Calls = InFlight<ProgressToken, InFlightCall>;
+
+/// A call in flight: its request id, and the client its progress is relayed to.
+#[derive(Clone, Debug)]
+struct InFlightCall {
+    request_id: Arc<str>,
+    relayed: Option<Relayed>,
+}
 
 /// The server a client calls: one connection as it was given, or a connection kept up.
 #[derive(Clone, Debug)]
@@ -90,6 +98,8 @@ enum Link {
 pub struct McpClient {
     link: Link,
     in_flight: Option<Calls>,
+    relay: Option<ProgressRelay>,
+    tool_list: Option<tokio::sync::watch::Receiver<u64>>,
     is_error: IsError,
     is_error_by_tool: Arc<HashMap<String, IsError>>,
 }
@@ -105,6 +115,8 @@ impl McpClient {
         McpClient {
             link,
             in_flight: None,
+            relay: None,
+            tool_list: None,
             is_error: IsError::default(),
             is_error_by_tool: Arc::default(),
         }
@@ -164,29 +176,30 @@ impl McpClient {
 
     /// Starts the stdio server that `command` makes (called again for each restart), and
     /// keeps it running: see [a server kept up](McpClient#a-server-kept-up). The server's
-    /// progress notifications are logged as events of the calls they report on
-    /// ([`ProgressEvents`]).
+    /// notifications are followed ([`ClientEvents`]): its progress, logged as events of the
+    /// calls they report on, and its tool list changes
+    /// ([`tool_list_changes`](McpClient::tool_list_changes)).
     pub async fn spawn<F>(name: impl Into<Arc<str>>, command: F) -> Result<Self, ToolError>
     where
         F: Fn() -> tokio::process::Command + Send + Sync + 'static,
     {
-        let events = ProgressEvents::default();
+        let events = ClientEvents::default();
         let handler = events.clone();
         let client = McpClient::connect(name, move || {
             let (handler, command) = (handler.clone(), command());
             async move {
                 let transport = rmcp::transport::TokioChildProcess::new(command)?;
-                rmcp::ServiceExt::serve(handler, transport)
-                    .await
-                    .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+                let serving = rmcp::ServiceExt::serve(handler.clone(), transport);
+                handler.connected(serving).await
             }
         })
         .await?;
-        Ok(client.with_progress_events(&events))
+        Ok(client.with_events(&events))
     }
 
     /// Connects to the streamable-HTTP server at `url` and keeps the connection up (a lost
     /// session is initialized again): see [a server kept up](McpClient#a-server-kept-up).
+    /// Its notifications are followed as [`spawn`](McpClient::spawn)'s are.
     #[cfg(feature = "http")]
     #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
     pub async fn http(
@@ -208,22 +221,60 @@ impl McpClient {
         name: impl Into<Arc<str>>,
         config: rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig,
     ) -> Result<Self, ToolError> {
-        let events = ProgressEvents::default();
+        let events = ClientEvents::default();
         let handler = events.clone();
         let client = McpClient::connect(name, move || {
             let transport =
                 rmcp::transport::StreamableHttpClientTransport::from_config(config.clone());
-            rmcp::ServiceExt::serve(handler.clone(), transport)
+            let serving = rmcp::ServiceExt::serve(handler.clone(), transport);
+            handler.clone().connected(serving)
         })
         .await?;
-        Ok(client.with_progress_events(&events))
+        Ok(client.with_events(&events))
     }
 
-    /// Tells `events`, the handler the rmcp client was served with, which call each progress
-    /// notification belongs to, so that its events carry the call's request id.
-    pub fn with_progress_events(mut self, events: &ProgressEvents) -> Self {
+    /// Follows the notifications that `events`, the handler the rmcp client was served with,
+    /// receives: it learns which call each progress notification belongs to (so that its
+    /// events carry the call's request id, and a [relay](McpClient::relay_progress) knows
+    /// where it goes), and [`tool_list_changes`](McpClient::tool_list_changes) sees the
+    /// server's tool list changes.
+    pub fn with_events(mut self, events: &ClientEvents) -> Self {
         self.in_flight = Some(events.in_flight.clone());
+        self.tool_list = Some(events.tool_list.subscribe());
         self
+    }
+
+    /// Relays the progress the server reports on each call to the client of the
+    /// [`McpServer`](crate::McpServer) that `relay` was given to, when that client asked for it
+    /// (see [`ProgressRelay`]). Needs the server's notifications followed: a client made with
+    /// [`spawn`](McpClient::spawn), [`connect`](McpClient::connect) over [`ClientEvents`], or
+    /// `http`, or given [`with_events`](McpClient::with_events).
+    pub fn relay_progress(mut self, relay: &ProgressRelay) -> Self {
+        self.relay = Some(relay.clone());
+        self
+    }
+
+    /// A receiver that sees a new value each time the server says its tools changed
+    /// (`notifications/tools/list_changed`) or its connection is made again (a server that
+    /// restarted may list other tools): list them again with [`tools`](McpClient::tools).
+    /// For a client whose notifications are not followed (see
+    /// [`with_events`](McpClient::with_events)), the receiver's sender is gone: `changed()`
+    /// returns `Err` at once.
+    ///
+    /// ```no_run
+    /// # async fn run(client: tower_toolcall_mcp::McpClient) -> Result<(), tower_toolcall::ToolError> {
+    /// let mut changes = client.tool_list_changes();
+    /// while changes.changed().await.is_ok() {
+    ///     let tools = client.tools().await?;
+    ///     println!("the server lists {} tools now", tools.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn tool_list_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        match &self.tool_list {
+            Some(changes) => changes.clone(),
+            None => tokio::sync::watch::channel(0).1,
+        }
     }
 
     /// What an `isError` result of the server's tools means (by default
@@ -337,7 +388,10 @@ impl Service<ToolCall> for McpClient {
             .unwrap_or(self.is_error);
         let params = request_params(&call);
         let in_flight = self.in_flight.clone();
-        let request_id: Arc<str> = call.request_id().into();
+        let tracked = InFlightCall {
+            request_id: call.request_id().into(),
+            relayed: self.relay.as_ref().and_then(|r| r.get(call.request_id())),
+        };
         Box::pin(async move {
             let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
             let handle = peer
@@ -345,7 +399,7 @@ impl Service<ToolCall> for McpClient {
                 .await
                 .map_err(|error| failed(&link, generation, error))?;
             let _tracked =
-                in_flight.map(|calls| calls.insert(handle.progress_token.clone(), request_id));
+                in_flight.map(|calls| calls.insert(handle.progress_token.clone(), tracked));
             let mut cancel = CancelOnDrop {
                 peer: peer.clone(),
                 id: Some(handle.id.clone()),
@@ -391,37 +445,74 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// An rmcp client handler that logs a server's progress notifications as
-/// `tool_call_progress` events: `requestId` (the call's, when the [`McpClient`] was given
-/// these events with [`McpClient::with_progress_events`]; else the progress token),
-/// `progress`, `total` and `message`.
+/// An rmcp client handler that follows a server's notifications for an [`McpClient`]:
+/// - progress, logged as `tool_call_progress` events (`requestId`: the call's, when the
+///   client was given these events with [`McpClient::with_events`], else the progress token;
+///   `progress`, `total`, `message`), and relayed when the client
+///   [relays progress](McpClient::relay_progress);
+/// - tool list changes, seen by [`McpClient::tool_list_changes`].
 ///
-/// Serve the client with it instead of `()` or a bare `ClientConfig`:
+/// [`McpClient::spawn`] and `http` serve their connections with it. Serve a client of your
+/// own with it instead of `()` or a bare `ClientConfig`:
 ///
 /// ```no_run
-/// use tower_toolcall_mcp::{McpClient, ProgressEvents};
+/// use tower_toolcall_mcp::{ClientEvents, McpClient};
 ///
 /// # async fn run(transport: tokio::io::DuplexStream) -> Result<(), Box<dyn std::error::Error>> {
-/// let events = ProgressEvents::default();
+/// let events = ClientEvents::default();
 /// let running = rmcp::ServiceExt::serve(events.clone(), transport).await?;
-/// let client = McpClient::new(running.peer().clone()).with_progress_events(&events);
+/// let client = McpClient::new(running.peer().clone()).with_events(&events);
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Debug, Default)]
-pub struct ProgressEvents {
+#[derive(Clone, Debug)]
+pub struct ClientEvents {
     info: ClientConfig,
     in_flight: Calls,
+    /// Bumped on each `notifications/tools/list_changed`, and each connection after the
+    /// first.
+    tool_list: Arc<tokio::sync::watch::Sender<u64>>,
+    connections: Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl ProgressEvents {
+impl Default for ClientEvents {
+    fn default() -> Self {
+        ClientEvents {
+            info: ClientConfig::default(),
+            in_flight: Calls::default(),
+            tool_list: Arc::new(tokio::sync::watch::Sender::new(0)),
+            connections: Arc::default(),
+        }
+    }
+}
+
+impl ClientEvents {
     /// Sends `info` (the client's name, version and capabilities) when connecting.
     pub fn with_info(mut self, info: ClientConfig) -> Self {
         self.info = info;
         self
     }
+
+    /// The connection `serving` makes with this handler; once made, when it is not the
+    /// first, the server's tools may have changed.
+    async fn connected<E>(
+        self,
+        serving: impl Future<Output = Result<RunningService<RoleClient, ClientEvents>, E>>,
+    ) -> Result<RunningService<RoleClient, ClientEvents>, Box<dyn std::error::Error + Send + Sync>>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let running = serving.await.map_err(Into::into)?;
+        let before = self
+            .connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if before > 0 {
+            self.tool_list.send_modify(|changes| *changes += 1);
+        }
+        Ok(running)
+    }
 }
 
-impl ClientHandler for ProgressEvents {
+impl ClientHandler for ClientEvents {
     fn get_info(&self) -> ClientConfig {
         self.info.clone()
     }
@@ -432,6 +523,17 @@ impl ClientHandler for ProgressEvents {
         _context: NotificationContext<RoleClient>,
     ) {
         let call = self.in_flight.get(&params.progress_token);
-        log_progress(call.as_deref(), &params);
+        log_progress(call.as_ref().map(|c| &*c.request_id), &params);
+        if let Some(relayed) = call.and_then(|c| c.relayed) {
+            relayed.send(&params).await;
+        }
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::info!(
+            event = "mcp_tool_list_changed",
+            "the MCP server's tools changed"
+        );
+        self.tool_list.send_modify(|changes| *changes += 1);
     }
 }

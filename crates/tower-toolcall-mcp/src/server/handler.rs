@@ -168,6 +168,7 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
         notification: CancelledNotificationParam,
         context: NotificationContext<RoleServer>,
     ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
+        self.stop(&notification);
         self.handler.on_cancelled(notification, context)
     }
 

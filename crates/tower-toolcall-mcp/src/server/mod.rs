@@ -22,7 +22,7 @@ use super::convert::{error_from_mcp, outcome_and_blocks, result_of, result_with_
 use super::identity::Identity;
 use super::in_flight::InFlight;
 use super::meta::RequestMeta;
-use super::progress::{ProgressCalls, ProgressTransport};
+use super::progress::{ProgressCalls, ProgressRelay, ProgressTransport};
 use super::wording::in_mcp_words;
 use tower_toolcall::envelope::MAX_IDENTIFIER_BYTES;
 use tower_toolcall::registry::KeyScope;
@@ -30,6 +30,9 @@ use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
 
 /// The `tools/call` requests being served, by the request id of their `ToolCall`.
 type Pending = InFlight<String, Served>;
+
+/// The calls that a client's cancellation stops, by the request id of their `ToolCall`.
+type Stoppable = InFlight<String, Arc<tokio::sync::Notify>>;
 
 /// The stack of a server, as every connection shares it.
 type ToolService = BoxCloneSyncService<ToolCall, ToolOutput, ToolError>;
@@ -91,6 +94,17 @@ struct Served {
 /// same reason, the cancellation token of the context the handler gets is not the request's:
 /// it is cancelled when the stack gives the attempt up (a timeout) or the attempt ends.
 ///
+/// **Cancellation.** A client's `notifications/cancelled` stops a call only of a tool that
+/// its [`ToolList`] says to stop ([`ToolList::stop_repeatable_when_cancelled`]: tools that
+/// are safe to repeat): the call is dropped, which frees its idempotency key (SPEC §5) and
+/// makes an [`McpClient`](crate::McpClient) beneath cancel its request on the server behind.
+/// A call of any other tool runs on, as above: stopped half-way, a write's outcome would be
+/// known to no one, and its re-send would run it again.
+///
+/// **Progress.** Over an `McpClient` that [relays progress](crate::McpClient::relay_progress),
+/// [`relay_progress`](McpServer::relay_progress) sends each call's progress on to the client
+/// that asked for it with `_meta.progressToken`.
+///
 /// Every other request and notification goes to the handler untouched.
 ///
 /// ```
@@ -120,6 +134,9 @@ pub struct McpServer<H> {
     /// The calls by progress token, once the server is served over
     /// [`progress_events`](McpServer::progress_events).
     progress: OnceLock<ProgressCalls>,
+    /// Where the calls' progress is relayed to.
+    relay: Option<ProgressRelay>,
+    stoppable: Stoppable,
 }
 
 impl<H: ServerHandler> McpServer<H> {
@@ -209,6 +226,8 @@ impl<H> McpServer<H> {
             connection: ulid::Ulid::generate().to_string(),
             pending,
             progress: OnceLock::new(),
+            relay: None,
+            stoppable: Stoppable::default(),
         }
     }
 
@@ -240,6 +259,34 @@ impl<H> McpServer<H> {
             connection: ulid::Ulid::generate().to_string(),
             pending: self.pending.clone(),
             progress: OnceLock::new(),
+            relay: self.relay.clone(),
+            stoppable: self.stoppable.clone(),
+        }
+    }
+
+    /// Sends the progress that the service's [`McpClient`](crate::McpClient) relays (see
+    /// [`ProgressRelay`]) on to each client that asked for it, under the progress token of
+    /// its request.
+    pub fn relay_progress(mut self, relay: &ProgressRelay) -> Self {
+        self.relay = Some(relay.clone());
+        self
+    }
+
+    /// Stops the call the client cancelled, if it is in flight and its tool is one to stop
+    /// (see [cancellation](McpServer#cancellation)).
+    fn stop(&self, cancelled: &rmcp::model::CancelledNotificationParam) {
+        let Some(id) = &cancelled.request_id else {
+            return;
+        };
+        let request_id = self.request_id(id);
+        if let Some(stop) = self.stoppable.get(&request_id) {
+            tracing::info!(
+                event = "tool_call_stopped",
+                requestId = %request_id,
+                reason = cancelled.reason.as_deref(),
+                "the client cancelled the call"
+            );
+            stop.notify_one();
         }
     }
 
@@ -328,6 +375,25 @@ impl<H> McpServer<H> {
             .progress
             .get()
             .and_then(|calls| Some((calls, context.meta.get_progress_token()?)));
+        let relay_to = self.relay.as_ref().and_then(|relay| {
+            Some((
+                relay,
+                context.peer.clone(),
+                context.meta.get_progress_token()?,
+            ))
+        });
+        let stops_when_cancelled = self
+            .routes
+            .as_ref()
+            .and_then(|routes| routes.route(&request.name))
+            .is_some_and(|route| route.stops_when_cancelled);
+        let stop = stops_when_cancelled.then(|| {
+            let stop = Arc::new(tokio::sync::Notify::new());
+            let entry = self
+                .stoppable
+                .insert_new(call.request_id().to_owned(), stop.clone());
+            (stop, entry.ok())
+        });
         let blocks = Arc::<Mutex<_>>::default();
         let served = Served {
             request,
@@ -347,15 +413,26 @@ impl<H> McpServer<H> {
         };
         let progress =
             progress_token.map(|(calls, token)| calls.insert(token, call.request_id().into()));
+        let relayed = relay_to
+            .map(|(relay, client, token)| relay.insert(call.request_id().into(), client, token));
         // Once dispatched, the call runs on a task of its own, to its end
         // (bounded by the stack's timeouts), whatever becomes of this request: a client that
         // cancels it or drops the connection leaves the idempotency record in flight, so a
-        // re-send joins the call or gets its result. The request's entries leave with the
-        // call.
+        // re-send joins the call or gets its result. Only a tool safe to repeat stops when
+        // the client cancels. The request's entries leave with the call.
         let service = self.service.clone();
         let outcome = tower_toolcall::detach::detach(async move {
-            let _entries = (served, progress);
-            service.oneshot(call).await
+            let _entries = (served, progress, relayed);
+            match stop {
+                Some((stop, _entry)) => tokio::select! {
+                    outcome = service.oneshot(call) => outcome,
+                    () = stop.notified() => Err(ToolError::new(
+                        ErrorCode::Cancelled,
+                        "the client cancelled the call",
+                    )),
+                },
+                None => service.oneshot(call).await,
+            }
         })
         .await;
         match outcome {
@@ -391,7 +468,8 @@ impl<H> McpServer<H> {
     ) -> Result<ToolCall, ToolError> {
         let meta = RequestMeta::new(request.meta.as_ref(), &context.meta);
         let caller = self.identity.caller(&meta, context, &self.connection)?;
-        let (namespace, name) = match self.routes.as_ref().and_then(|r| r.route(&request.name)) {
+        let route = self.routes.as_ref().and_then(|r| r.route(&request.name));
+        let (namespace, name) = match &route {
             Some(route) => (&*route.namespace, route.name.as_str()),
             None => (&*self.namespace, request.name.as_ref()),
         };

@@ -1,41 +1,80 @@
-//! The handler of a server made over a `Service<ToolCall>`: it lists the tools; their calls
-//! go to the service.
+//! The handler of a server made over a `Service<ToolCall>`: it lists the tools, and tells
+//! its clients when the list changes; their calls go to the service.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
+use tower_toolcall::registry::ToolRegistry;
 
 /// The tools of an [`McpServer::over`](crate::McpServer::over) a `Service<ToolCall>`, and the
 /// server's info: answers `tools/list` (in the shape of the protocol version each client
 /// negotiated) and `initialize`; the calls go through the server's stack to the service.
+///
+/// **A list that changes.** Clones share the list: [`replace`](ToolList::replace) puts other
+/// tools in every clone's place, for every connection of the server, and tells every
+/// connected client, as MCP does (the server announces `tools.listChanged`): a
+/// `notifications/tools/list_changed` on each 2025-11-25 session, and on each 2026-07-28
+/// `subscriptions/listen` stream that asked for tool list changes.
 #[derive(Clone, Debug)]
 pub struct ToolList {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    current: RwLock<Listed>,
+    /// Bumped on each replacement, for the subscription streams.
+    changes: tokio::sync::watch::Sender<u64>,
+    /// The sessions of the clients that initialized under 2025-11-25.
+    sessions: Mutex<Vec<Peer<RoleServer>>>,
+}
+
+/// What the list holds at one time.
+#[derive(Clone, Debug)]
+struct Listed {
     tools: Arc<[Tool]>,
     info: ServerConfig,
     routes: Arc<HashMap<String, Route>>,
 }
 
-/// Where a listed tool is called: its namespace and its name there.
+/// Where a listed tool is called: its namespace and its name there, and whether a client's
+/// cancellation stops its call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Route {
     pub(crate) namespace: Arc<str>,
     pub(crate) name: String,
+    pub(crate) stops_when_cancelled: bool,
 }
 
 impl ToolList {
     /// `tools`, served with tools as the one capability, each called by its name in the
     /// server's namespace.
     pub fn new(tools: impl Into<Arc<[Tool]>>) -> Self {
-        ToolList {
+        ToolList::of(Listed {
             tools: tools.into(),
-            info: ServerConfig::new(ServerCapabilities::builder().enable_tools().build()),
+            info: ServerConfig::new(
+                ServerCapabilities::builder()
+                    .enable_tools()
+                    .enable_tool_list_changed()
+                    .build(),
+            ),
             routes: Arc::default(),
+        })
+    }
+
+    fn of(listed: Listed) -> Self {
+        ToolList {
+            shared: Arc::new(Shared {
+                current: RwLock::new(listed),
+                changes: tokio::sync::watch::Sender::new(0),
+                sessions: Mutex::default(),
+            }),
         }
     }
 
@@ -66,33 +105,113 @@ impl ToolList {
             let route = Route {
                 namespace: Arc::from(namespace.as_ref()),
                 name: name.as_ref().to_owned(),
+                stops_when_cancelled: false,
             };
             if routes.insert(tool.name.to_string(), route).is_some() {
                 return Err(format!("the tool name {} is listed twice", tool.name));
             }
             listed.push(tool);
         }
-        Ok(ToolList {
-            routes: Arc::new(routes),
-            ..ToolList::new(listed)
-        })
+        let list = ToolList::new(listed);
+        list.write().routes = Arc::new(routes);
+        Ok(list)
     }
 
-    /// Where the listed tool `name` is called, when the list was made [routed](ToolList::routed).
-    pub(crate) fn route(&self, name: &str) -> Option<&Route> {
-        self.routes.get(name)
-    }
-
-    /// Answers `initialize` (and discovery) with `info`: the server's name, version and
-    /// instructions. Keep tools in its capabilities.
-    pub fn with_info(mut self, info: ServerConfig) -> Self {
-        self.info = info;
+    /// Stops the call of a [routed](ToolList::routed) tool that `registry` holds safe to
+    /// repeat (read-only or idempotent, as its policy says after trust) when the client
+    /// cancels its request (`notifications/cancelled`): the call is dropped, its idempotency
+    /// key freed, and an [`McpClient`](crate::McpClient) beneath cancels its request on the
+    /// server behind. A call of any other tool runs to its end whatever the client does, so
+    /// that a re-send gets its result rather than a second run (see
+    /// [`McpServer`](crate::McpServer#cancellation)).
+    pub fn stop_repeatable_when_cancelled(self, registry: &ToolRegistry) -> Self {
+        {
+            let mut listed = self.write();
+            let mut routes = (*listed.routes).clone();
+            for route in routes.values_mut() {
+                route.stops_when_cancelled = registry
+                    .get(&route.namespace, &route.name)
+                    .is_some_and(|tool| tool.descriptor().repeat_is_safe());
+            }
+            listed.routes = Arc::new(routes);
+        }
         self
     }
 
-    /// The tools.
-    pub fn tools(&self) -> &[Tool] {
-        &self.tools
+    /// Where the listed tool `name` is called, when the list was made [routed](ToolList::routed).
+    pub(crate) fn route(&self, name: &str) -> Option<Route> {
+        self.read().routes.get(name).cloned()
+    }
+
+    /// Answers `initialize` (and discovery) with `info`: the server's name, version and
+    /// instructions. Keep tools in its capabilities (with `listChanged` if the list is to
+    /// be [replaced](ToolList::replace)).
+    pub fn with_info(self, info: ServerConfig) -> Self {
+        self.write().info = info;
+        self
+    }
+
+    /// The tools listed now.
+    pub fn tools(&self) -> Arc<[Tool]> {
+        self.read().tools.clone()
+    }
+
+    /// Lists `next`'s tools (and calls them where `next` routes them) from now on, in every
+    /// clone of this list, and tells every connected client that the list changed. The
+    /// server's info stays this list's. Calls already under way finish where they were sent.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rmcp::model::Tool;
+    /// use tower_toolcall_mcp::ToolList;
+    ///
+    /// # tokio_test::block_on(async {
+    /// let tool = |name: &'static str| Tool::new(name, "a tool", Arc::new(serde_json::Map::new()));
+    /// let served = ToolList::new(vec![tool("search")]);
+    /// let shared = served.clone();
+    /// served.replace(ToolList::new(vec![tool("search"), tool("fetch")])).await;
+    /// assert_eq!(shared.tools().len(), 2);
+    /// # });
+    /// ```
+    pub async fn replace(&self, next: ToolList) {
+        let next = next.read().clone();
+        {
+            let mut listed = self.write();
+            listed.tools = next.tools;
+            listed.routes = next.routes;
+        }
+        self.shared.changes.send_modify(|changes| *changes += 1);
+        let sessions = self.open_sessions().clone();
+        for session in sessions {
+            if let Err(error) = session.notify_tool_list_changed().await {
+                tracing::debug!(%error, "a client could not be told that the tools changed");
+            }
+        }
+    }
+
+    /// The 2025-11-25 sessions still open, locked; the others leave the list.
+    fn open_sessions(&self) -> std::sync::MutexGuard<'_, Vec<Peer<RoleServer>>> {
+        let mut sessions = self
+            .shared
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        sessions.retain(|session| !session.is_transport_closed());
+        sessions
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Listed> {
+        self.shared
+            .current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Listed> {
+        self.shared
+            .current
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -104,7 +223,7 @@ impl From<Vec<Tool>> for ToolList {
 
 impl ServerHandler for ToolList {
     fn get_info(&self) -> ServerConfig {
-        self.info.clone()
+        self.read().info.clone()
     }
 
     async fn list_tools(
@@ -112,11 +231,42 @@ impl ServerHandler for ToolList {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
+        Ok(ListToolsResult::with_all_items(self.tools().to_vec()))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.tools.iter().find(|tool| tool.name == name).cloned()
+        self.tools().iter().find(|tool| tool.name == name).cloned()
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        // A 2025-11-25 session: told of list changes on the session itself.
+        self.open_sessions().push(context.peer);
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let _ = requested;
+        Some(SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        // A 2026-07-28 stream: told of each replacement until the client ends it.
+        let mut changes = self.shared.changes.subscribe();
+        loop {
+            tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    if subscription.sink().notify_tool_list_changed().await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
     }
 
     async fn call_tool(

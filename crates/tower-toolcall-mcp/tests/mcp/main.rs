@@ -25,9 +25,7 @@ use serde_json::{json, Value};
 use tower::{Layer, ServiceExt};
 use tower_toolcall::registry::{RiskLevel, ToolRegistry};
 use tower_toolcall::{ErrorCode, ToolCall, ToolStack};
-use tower_toolcall_mcp::{
-    descriptor_for, registry_for, McpClient, McpServer, ProgressEvents, Trust,
-};
+use tower_toolcall_mcp::{descriptor_for, registry_for, ClientEvents, McpClient, McpServer, Trust};
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
@@ -491,9 +489,9 @@ async fn the_servers_progress_notifications_become_events_of_the_call() {
             let _ = running.waiting().await;
         }
     });
-    let events = ProgressEvents::default();
+    let events = ClientEvents::default();
     let running = events.clone().serve(client_end).await.unwrap();
-    let client = McpClient::new(running.peer().clone()).with_progress_events(&events);
+    let client = McpClient::new(running.peer().clone()).with_events(&events);
     let put = call("put", json!({"id": "n1", "text": "t"}))
         .build()
         .unwrap();
@@ -589,11 +587,11 @@ async fn a_dropped_call_cancels_its_request_on_the_server() {
                 let _ = running.waiting().await;
             }
         });
-        let events = ProgressEvents::default();
+        let events = ClientEvents::default();
         let running = events.clone().serve(client_end).await.unwrap();
         let mut client = McpClient::new(running.peer().clone());
         if with_progress {
-            client = client.with_progress_events(&events);
+            client = client.with_events(&events);
         }
         let slow = call("wait", json!({})).build().unwrap();
         let timed_out =
@@ -781,4 +779,58 @@ async fn a_cancelled_or_disconnected_call_runs_once_and_its_resend_gets_the_resu
         assert_eq!(Slow::count(&tool.finished), 1, "{case}: to its end");
         assert_eq!(Slow::count(&tool.stopped), 0, "{case}");
     }
+}
+
+/// A list replaced under a running server is what every session lists from then on, and
+/// each connected client is told (`notifications/tools/list_changed`), which an `McpClient`
+/// over [`ClientEvents`] sees.
+#[tokio::test]
+async fn a_replaced_tool_list_is_told_to_every_connected_client() {
+    use rmcp::model::Tool;
+    use tower_toolcall_mcp::ToolList;
+
+    let tool = |name: &'static str| Tool::new(name, "a tool", Arc::new(serde_json::Map::new()));
+    let names = |tools: Vec<Tool>| {
+        tools
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect::<Vec<_>>()
+    };
+    let list = ToolList::new(vec![tool("search")]);
+    let unused = tower::service_fn(|_call: ToolCall| async {
+        Err::<tower_toolcall::ToolOutput, _>(tower_toolcall::ToolError::new(
+            ErrorCode::InternalError,
+            "no call in this test",
+        ))
+    });
+    let server = McpServer::over("notes", unused, list.clone());
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+        let connection = server.connection();
+        tokio::spawn(async move {
+            if let Ok(running) = connection.serve(server_end).await {
+                let _ = running.waiting().await;
+            }
+        });
+        let events = ClientEvents::default();
+        let running = events.clone().serve(client_end).await.unwrap();
+        let client = McpClient::new(running.peer().clone()).with_events(&events);
+        assert_eq!(names(client.tools().await.unwrap()), ["search"]);
+        clients.push((running, client.tool_list_changes(), client));
+    }
+
+    list.replace(ToolList::new(vec![tool("search"), tool("fetch")]))
+        .await;
+    for (_running, changes, client) in &mut clients {
+        tokio::time::timeout(std::time::Duration::from_secs(5), changes.changed())
+            .await
+            .expect("the client is told")
+            .unwrap();
+        assert_eq!(*changes.borrow(), 1);
+        assert_eq!(names(client.tools().await.unwrap()), ["search", "fetch"]);
+    }
+    // A client made without events never sees a change.
+    let bare = McpClient::new(clients[0].0.peer().clone());
+    assert!(bare.tool_list_changes().changed().await.is_err());
 }

@@ -13,12 +13,16 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
+import {
+    LATEST_PROTOCOL_VERSION,
+    McpError,
+    ToolListChangedNotificationSchema
+} from '@modelcontextprotocol/sdk/types.js';
 
 const SDK = 'typescript';
 const HANDSHAKE_VERSION = '2025-11-25';
 const STATELESS_VERSION = '2026-07-28';
-const OPS = ['listTools', 'call', 'reconnect', 'sleepMs'];
+const OPS = ['listTools', 'call', 'reconnect', 'sleepMs', 'listenToolListChanged', 'awaitToolListChanged'];
 
 // Node resolves the SDK imported above from ../node_modules, where setup.sh installs it.
 const SDK_VERSION = JSON.parse(
@@ -69,6 +73,16 @@ function readPlan(text) {
                 throw new PlanError(`plan.steps[${i}].arguments must be an object`);
             }
             if (step.meta != null && !isObject(step.meta)) throw new PlanError(`plan.steps[${i}].meta must be an object`);
+            if (step.progress !== undefined && typeof step.progress !== 'boolean') {
+                throw new PlanError(`plan.steps[${i}].progress must be a boolean`);
+            }
+            if (step.cancelAfterMs !== undefined && !(typeof step.cancelAfterMs === 'number' && step.cancelAfterMs >= 0)) {
+                throw new PlanError(`plan.steps[${i}].cancelAfterMs must be a non-negative number`);
+            }
+        } else if (step.op === 'awaitToolListChanged') {
+            if (typeof step.timeoutMs !== 'number' || !(step.timeoutMs >= 0)) {
+                throw new PlanError(`plan.steps[${i}].timeoutMs must be a non-negative number`);
+            }
         } else if (step.op === 'sleepMs') {
             if (typeof step.ms !== 'number' || !(step.ms >= 0)) {
                 throw new PlanError(`plan.steps[${i}].ms must be a non-negative number`);
@@ -102,6 +116,9 @@ class Driver {
         this.transport = null;
         this.connectError = null;
         this.negotiated = null;
+        // notifications/tools/list_changed received on this connection, and who waits for one.
+        this.listChanged = 0;
+        this.listChangedWaiters = [];
     }
 
     makeTransport() {
@@ -128,6 +145,11 @@ class Driver {
             { name: this.plan.clientName ?? 'interop-typescript', version: SDK_VERSION },
             { capabilities: {} }
         );
+        client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
+            this.listChanged += 1;
+            for (const wake of this.listChangedWaiters.splice(0)) wake();
+        });
+        this.listChanged = 0;
         try {
             await client.connect(transport);
         } catch (e) {
@@ -181,15 +203,50 @@ class Driver {
                 return await this.connect();
         }
         if (!this.client) return { error: this.connectError };
+        if (step.op === 'listenToolListChanged') {
+            // Under 2025-11-25 the session itself carries the notifications.
+            return { ok: {} };
+        }
+        if (step.op === 'awaitToolListChanged') return await this.awaitToolListChanged(step.timeoutMs);
+        const progress = [];
         try {
             if (step.op === 'listTools') return { ok: await this.client.listTools() };
             const params = { name: step.name };
             if (step.arguments != null) params.arguments = step.arguments;
             if (step.meta != null) params._meta = step.meta;
-            return { ok: await this.client.callTool(params) };
+            const options = {};
+            if (step.progress) {
+                // The SDK puts a progressToken in _meta and calls back on each notification.
+                options.onprogress = p => progress.push(p);
+            }
+            if (step.cancelAfterMs !== undefined) {
+                // Aborting sends notifications/cancelled for the request.
+                const abort = new AbortController();
+                setTimeout(() => abort.abort('the plan cancels the call'), step.cancelAfterMs);
+                options.signal = abort.signal;
+            }
+            const result = await this.client.callTool(params, undefined, options);
+            return step.progress ? { ok: result, progress } : { ok: result };
         } catch (e) {
-            return { error: describe(e) };
+            return step.progress ? { error: describe(e), progress } : { error: describe(e) };
         }
+    }
+
+    /** Waits until a notifications/tools/list_changed has arrived on this connection. */
+    async awaitToolListChanged(timeoutMs) {
+        if (this.listChanged === 0) {
+            let wake;
+            const changed = new Promise(resolve => {
+                wake = resolve;
+                this.listChangedWaiters.push(resolve);
+            });
+            const timedOut = await Promise.race([changed.then(() => false), sleep(timeoutMs).then(() => true)]);
+            this.listChangedWaiters = this.listChangedWaiters.filter(w => w !== wake);
+            if (timedOut) {
+                return { error: { code: null, message: `no tools/list_changed within ${timeoutMs} ms`, kind: 'Timeout' } };
+            }
+        }
+        return { ok: { count: this.listChanged } };
     }
 
     async run() {

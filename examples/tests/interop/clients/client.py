@@ -17,16 +17,18 @@ import sys
 from typing import Any
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
 from pydantic import ValidationError
 
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_types import Implementation
+from mcp_types import Implementation, ToolListChangedNotification
 
 SDK = "python"
 HANDSHAKE_VERSION = "2025-11-25"
 STATELESS_VERSION = "2026-07-28"
-OPS = ("listTools", "call", "reconnect", "sleepMs")
+OPS = ("listTools", "call", "reconnect", "sleepMs", "listenToolListChanged", "awaitToolListChanged")
 
 
 class PlanError(Exception):
@@ -79,6 +81,15 @@ def read_plan(text: str) -> dict[str, Any]:
                 raise PlanError(f"plan.steps[{i}].arguments must be an object")
             if "meta" in step and not isinstance(step["meta"], dict | None):
                 raise PlanError(f"plan.steps[{i}].meta must be an object")
+            if "progress" in step and not isinstance(step["progress"], bool):
+                raise PlanError(f"plan.steps[{i}].progress must be a boolean")
+            ms = step.get("cancelAfterMs", 0)
+            if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
+                raise PlanError(f"plan.steps[{i}].cancelAfterMs must be a non-negative number")
+        elif op == "awaitToolListChanged":
+            ms = step.get("timeoutMs")
+            if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
+                raise PlanError(f"plan.steps[{i}].timeoutMs must be a non-negative number")
         elif op == "sleepMs":
             ms = step.get("ms")
             if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
@@ -116,6 +127,21 @@ class Driver:
         self.client: Client | None = None
         self.connect_error: dict[str, Any] | None = None
         self.negotiated: str | None = None
+        # notifications/tools/list_changed (2025-11-25) or listen events (2026-07-28) so far.
+        self.list_changed = 0
+        self.list_changed_event = anyio.Event()
+        # The task group of the run, and the scope of an open subscriptions/listen stream.
+        self.tasks: anyio.abc.TaskGroup | None = None
+        self.listening: anyio.CancelScope | None = None
+
+    def note_list_changed(self) -> None:
+        self.list_changed += 1
+        self.list_changed_event.set()
+
+    async def on_message(self, message: Any) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            self.note_list_changed()
+        await anyio.lowlevel.checkpoint()
 
     def make_client(self) -> Client:
         transport = self.plan["transport"]
@@ -137,6 +163,7 @@ class Driver:
             client_info=Implementation(name=self.plan.get("clientName", "interop-python"), version=sdk_version()),
             # Every listTools step reaches the server: no client-side response cache.
             cache=None,
+            message_handler=self.on_message,
         )
 
     async def connect(self) -> dict[str, Any]:
@@ -152,9 +179,14 @@ class Driver:
         self.client = client
         self.connect_error = None
         self.negotiated = client.protocol_version
+        self.list_changed = 0
+        self.list_changed_event = anyio.Event()
         return {"ok": {"negotiatedProtocolVersion": self.negotiated}}
 
     async def disconnect(self) -> None:
+        if self.listening is not None:
+            self.listening.cancel()
+            self.listening = None
         client, self.client = self.client, None
         if client is None:
             return
@@ -198,24 +230,75 @@ class Driver:
             return {"ok": {}}
         if self.client is None:
             return {"error": self.connect_error}
+        if op == "listenToolListChanged":
+            return await self.listen_tool_list_changed()
+        if op == "awaitToolListChanged":
+            with anyio.move_on_after(step["timeoutMs"] / 1000):
+                await self.list_changed_event.wait()
+            if self.list_changed == 0:
+                message = f"no tools/list_changed within {step['timeoutMs']} ms"
+                return {"error": {"code": None, "message": message, "kind": "Timeout"}}
+            return {"ok": {"count": self.list_changed}}
+        progress: list[dict[str, Any]] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append({"progress": value, "total": total, "message": message})
+
+        def report(outcome: dict[str, Any]) -> dict[str, Any]:
+            if step.get("progress"):
+                outcome["progress"] = progress
+            return outcome
+
         try:
             if op == "listTools":
                 return {"ok": wire(await self.client.list_tools())}
-            result = await self.client.call_tool(step["name"], step.get("arguments"), meta=step.get("meta"))
-            return {"ok": wire(result)}
+            with anyio.move_on_after(step.get("cancelAfterMs", float("inf")) / 1000) as scope:
+                result = await self.client.call_tool(
+                    step["name"],
+                    step.get("arguments"),
+                    progress_callback=on_progress if step.get("progress") else None,
+                    meta=step.get("meta"),
+                )
+            if scope.cancelled_caught:
+                message = f"the plan cancelled the call after {step['cancelAfterMs']} ms"
+                return report({"error": {"code": None, "message": message, "kind": "Cancelled"}})
+            return report({"ok": wire(result)})
         except cancelled:
-            return {"error": await self.lose_connection()}
+            return report({"error": await self.lose_connection()})
         except Exception as e:  # noqa: BLE001 - every step failure is reported
+            return report({"error": describe(e)})
+
+    async def listen_tool_list_changed(self) -> dict[str, Any]:
+        """Under 2026-07-28, opens a subscriptions/listen stream for tool list changes and
+        returns once the server acknowledged it; under 2025-11-25 the session carries them."""
+        if self.negotiated != STATELESS_VERSION:
+            return {"ok": {}}
+        assert self.client is not None and self.tasks is not None
+        client = self.client
+
+        async def listen(*, task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
+            with anyio.CancelScope() as scope:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    task_status.started(scope)
+                    async for _event in subscription:
+                        self.note_list_changed()
+
+        try:
+            self.listening = await self.tasks.start(listen)
+        except Exception as e:  # noqa: BLE001 - a refused stream is the step's report
             return {"error": describe(e)}
+        return {"ok": {}}
 
     async def run(self) -> dict[str, Any]:
         steps: list[dict[str, Any]] = []
-        await self.connect()
-        try:
-            for step in self.plan["steps"]:
-                steps.append(await self.step(step))
-        finally:
-            await self.disconnect()
+        async with anyio.create_task_group() as tasks:
+            self.tasks = tasks
+            await self.connect()
+            try:
+                for step in self.plan["steps"]:
+                    steps.append(await self.step(step))
+            finally:
+                await self.disconnect()
         return {"sdk": SDK, "sdkVersion": sdk_version(), "negotiatedProtocolVersion": self.negotiated, "steps": steps}
 
 

@@ -100,6 +100,20 @@ impl ToolDescriptor {
         }
     }
 
+    /// Whether running the tool again does no harm: it is read-only or idempotent (SPEC §6).
+    /// Such a tool's call may be stopped, or repeated, without a reason from the call.
+    ///
+    /// ```
+    /// use tower_toolcall::registry::{RiskLevel, ToolDescriptor};
+    ///
+    /// assert!(ToolDescriptor::new("web", "search", RiskLevel::ReadOnly).repeat_is_safe());
+    /// assert!(ToolDescriptor::new("kv", "put", RiskLevel::Writes).with_idempotent(true).repeat_is_safe());
+    /// assert!(!ToolDescriptor::new("pay", "charge", RiskLevel::Writes).repeat_is_safe());
+    /// ```
+    pub fn repeat_is_safe(&self) -> bool {
+        !self.risk.is_mutating() || self.idempotent
+    }
+
     /// Marks the tool idempotent.
     pub fn with_idempotent(mut self, idempotent: bool) -> Self {
         self.idempotent = idempotent;
