@@ -40,7 +40,7 @@ const TOP_KEYS: &[&str] = &[
     "policy",
 ];
 const ADMIN_KEYS: &[&str] = &["token_env"];
-const STORE_KEYS: &[&str] = &["redis"];
+const STORE_KEYS: &[&str] = &["redis", "cluster"];
 const AUDIT_KEYS: &[&str] = &["path"];
 const UPSTREAM_KEYS: &[&str] = &[
     "name",
@@ -63,12 +63,60 @@ const HTTP_ONLY_KEYS: &[&str] = &["headers"];
 pub(crate) struct GatewayConfig {
     /// The address of the HTTP fronts.
     pub(crate) listen: Option<SocketAddr>,
-    /// How log lines are written.
+    /// Where the shared stores are: one Redis node, or a Redis Cluster by some of its nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RedisStore {
+    /// `[store] redis`: one node's URL.
+    Node(Secret),
+    /// `[store] cluster`: the URLs of some of the cluster's nodes (seeds).
+    Cluster(Vec<Secret>),
+}
+
+impl RedisStore {
+    /// One node at `url`.
+    pub(crate) fn node(url: impl Into<String>) -> RedisStore {
+        RedisStore::Node(Secret::url(url))
+    }
+
+    /// The field of the file it is set by.
+    pub(crate) fn field(&self) -> &'static str {
+        match self {
+            RedisStore::Node(_) => "store.redis",
+            RedisStore::Cluster(_) => "store.cluster",
+        }
+    }
+
+    /// A cluster from a comma-separated list of seed URLs (`TOOLCALL_REDIS_CLUSTER`).
+    pub(crate) fn cluster_of_list(urls: &str) -> RedisStore {
+        RedisStore::Cluster(
+            urls.split(',')
+                .map(str::trim)
+                .filter(|url| !url.is_empty())
+                .map(Secret::url)
+                .collect(),
+        )
+    }
+}
+
+impl fmt::Display for RedisStore {
+    /// The URLs, their passwords redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisStore::Node(url) => write!(f, "{url}"),
+            RedisStore::Cluster(seeds) => {
+                let seeds: Vec<String> = seeds.iter().map(ToString::to_string).collect();
+                write!(f, "{}", seeds.join(", "))
+            }
+        }
+    }
+}
+
+/// How log lines are written.
     pub(crate) log_format: LogFormat,
     /// The environment variable that holds the admin bearer token.
     pub(crate) admin_token_env: Option<String>,
     /// The Redis store; the memory store when `None`.
-    pub(crate) redis: Option<Secret>,
+    pub(crate) redis: Option<RedisStore>,
     /// The directory of the JSONL audit log (`calls.jsonl`, `results.jsonl`, `events.jsonl`).
     pub(crate) audit_path: Option<PathBuf>,
     /// The MCP servers behind the gateway, in the order of the file.
@@ -679,8 +727,33 @@ impl Checker {
             self.known_keys(store, "store", STORE_KEYS);
             if let Some(url) = self.string(store, "store", "redis") {
                 match check_redis_url(url) {
-                    Ok(()) => redis = Some(Secret::url(url)),
+                    Ok(()) => redis = Some(RedisStore::node(url)),
                     Err(problem) => self.add("store.redis", problem),
+                }
+            }
+            if store.contains_key("cluster") {
+                let seeds = self.string_list(store, "store", "cluster");
+                let mut good = Vec::new();
+                for (i, seed) in seeds.iter().enumerate() {
+                    match check_redis_url(seed) {
+                        Ok(()) => good.push(Secret::url(seed)),
+                        Err(problem) => self.add(format!("store.cluster[{i}]"), problem),
+                    }
+                }
+                if redis.is_some() {
+                    self.add(
+                        "store.cluster",
+                        "is given with store.redis; keep one: redis for one node, cluster for \
+                         the URLs of some nodes of a Redis Cluster",
+                    );
+                } else if seeds.is_empty() && store.get("cluster").is_some_and(Value::is_array) {
+                    self.add(
+                        "store.cluster",
+                        "is empty; list the URLs of some nodes of the cluster, such as \
+                         [\"redis://10.0.0.1:6379\", \"redis://10.0.0.2:6379\"]",
+                    );
+                } else if good.len() == seeds.len() && !seeds.is_empty() {
+                    redis = Some(RedisStore::Cluster(good));
                 }
             }
         }
@@ -1034,7 +1107,10 @@ mod tests {
             Some("TOOLCALL_ADMIN_TOKEN")
         );
         assert_eq!(
-            config.redis.as_ref().map(Secret::expose),
+            config.redis.as_ref().and_then(|store| match store {
+                RedisStore::Node(url) => Some(url.expose()),
+                RedisStore::Cluster(_) => None,
+            }),
             Some("redis://:secret@127.0.0.1:6379/0")
         );
         assert_eq!(config.audit_path, Some(PathBuf::from("audit")));
@@ -1461,5 +1537,47 @@ mod tests {
         assert!(is_upstream_name("a_b-9") && !is_upstream_name("") && !is_upstream_name("a.b"));
         assert_eq!(key_path("", "a"), "a");
         assert_eq!(key_path("env", "a.b"), "env.\"a.b\"");
+    }
+
+    #[test]
+    fn a_cluster_is_named_by_some_of_its_nodes() {
+        let config = GatewayConfig::from_toml_str(
+            "[store]\ncluster = [\"redis://:pw@10.0.0.1:6379\", \"redis://10.0.0.2:6379\"]\n",
+        )
+        .unwrap();
+        let store = config.redis.expect("a store");
+        assert_eq!(store.field(), "store.cluster");
+        assert_eq!(
+            store.to_string(),
+            "redis://***@10.0.0.1:6379, redis://10.0.0.2:6379"
+        );
+        for (text, problem) in [
+            (
+                "[store]\ncluster = []\n",
+                "store.cluster: is empty; list the URLs of some nodes of the cluster, such as \
+                 [\"redis://10.0.0.1:6379\", \"redis://10.0.0.2:6379\"]",
+            ),
+            (
+                "[store]\ncluster = [\"redis://a:1\", \"http://b:2\"]\n",
+                "store.cluster[1]: has a scheme other than redis or rediss; write it as \
+                 redis://[:password@]host[:port][/db] (or rediss://, redis+unix://, unix://)",
+            ),
+            (
+                "[store]\nredis = \"redis://a:1\"\ncluster = [\"redis://b:2\"]\n",
+                "store.cluster: is given with store.redis; keep one: redis for one node, \
+                 cluster for the URLs of some nodes of a Redis Cluster",
+            ),
+            (
+                "[store]\ncluster = \"redis://a:1\"\n",
+                "store.cluster: must be an array of strings, got a string",
+            ),
+        ] {
+            let problems = GatewayConfig::from_toml_str(text).unwrap_err();
+            assert_eq!(lines(&problems), [problem], "{text}");
+        }
+        assert_eq!(
+            RedisStore::cluster_of_list(" redis://a:1, redis://b:2 ,"),
+            RedisStore::Cluster(vec![Secret::url("redis://a:1"), Secret::url("redis://b:2")])
+        );
     }
 }

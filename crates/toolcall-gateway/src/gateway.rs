@@ -19,9 +19,9 @@ use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_axum::AdminRouter;
 use tower_toolcall_mcp::{registry_for_servers, McpServer, ProgressRelay, ToolList};
-use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore};
+use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore, RedisTarget};
 
-use crate::config::{GatewayConfig, UpstreamConfig};
+use crate::config::{GatewayConfig, RedisStore, UpstreamConfig};
 use crate::demo;
 use crate::naming::listed_names;
 use crate::upstreams::{Router, Upstream};
@@ -202,17 +202,20 @@ impl Gateway {
         }
         let audit = lasting.audit.clone();
         let (tools, admin) = match &config.redis {
-            Some(url) => {
-                let store = RedisDedupeStore::open(url.expose())?;
-                store
+            Some(store) => {
+                let target = redis_target(store);
+                let dedupe = RedisDedupeStore::open(target.clone())?;
+                dedupe
                     .ping()
                     .await
-                    .map_err(|err| format!("store.redis ({url}) cannot be reached: {err}"))?;
-                tracing::info!("dedupe records, quotas and loop sessions in Redis at {url}");
+                    .map_err(|err| {
+                        format!("{} ({store}) cannot be reached: {err}", store.field())
+                    })?;
+                tracing::info!("dedupe records, quotas and loop sessions in Redis at {store}");
                 let stack = builder
-                    .store(store)
-                    .rate_limit_store(RedisRateLimitStore::open(url.expose())?)
-                    .loop_store(RedisLoopStore::open(url.expose())?)
+                    .store(dedupe)
+                    .rate_limit_store(RedisRateLimitStore::open(target.clone())?)
+                    .loop_store(RedisLoopStore::open(target)?)
                     .build()?;
                 assemble(stack, router, admin_token, audit)?
             }
@@ -285,6 +288,14 @@ fn tool_list(tools: Vec<(String, Tool)>) -> Result<ToolList, BoxError> {
             (shown, namespace, name)
         });
     Ok(ToolList::routed(routed)?)
+}
+
+/// The stores' Redis: one node, or a cluster by its seeds.
+fn redis_target(store: &RedisStore) -> RedisTarget {
+    match store {
+        RedisStore::Node(url) => RedisTarget::node(url.expose()),
+        RedisStore::Cluster(seeds) => RedisTarget::cluster(seeds.iter().map(|s| s.expose())),
+    }
 }
 
 /// The gateway's name and version, and its capabilities: tools, whose list changes.

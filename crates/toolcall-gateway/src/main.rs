@@ -116,7 +116,10 @@ fn load(args: &Args) -> Result<GatewayConfig, BoxError> {
     }
     // The environment overrides the file for the switches the crate reads.
     if let Ok(url) = std::env::var("TOOLCALL_REDIS_URL") {
-        config.redis = Some(config::Secret::url(url));
+        config.redis = Some(config::RedisStore::node(url));
+    }
+    if let Ok(seeds) = std::env::var("TOOLCALL_REDIS_CLUSTER") {
+        config.redis = Some(config::RedisStore::cluster_of_list(&seeds));
     }
     Ok(config)
 }
