@@ -21,7 +21,7 @@ use tower_toolcall::ConfigError;
 
 use crate::support::{
     self, at_least_a_millisecond, finish_detached, hash_tagged, millis, unix_now_ms, Connection,
-    StoreSettings,
+    Shard, StoreSettings,
 };
 
 /// The default prefix of every key the store writes.
@@ -118,6 +118,8 @@ struct Shared {
 
 struct Scripts {
     replace: Script,
+    /// The release of a claim whose answer never came, sent as a plain `EVAL`.
+    release: String,
     take_over: Script,
     read: Script,
 }
@@ -136,15 +138,17 @@ pub struct RedisStoreStats {
 }
 
 impl RedisDedupeStore {
-    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
-    pub fn open(url: &str) -> Result<RedisDedupeStore, ConfigError> {
-        RedisDedupeStore::builder(url).build()
+    /// A store at `target` (a node's URL, e.g. `redis://127.0.0.1:6379/`, or a
+    /// [`RedisTarget`](crate::RedisTarget)) with the defaults.
+    pub fn open(target: impl Into<crate::RedisTarget>) -> Result<RedisDedupeStore, ConfigError> {
+        RedisDedupeStore::builder(target).build()
     }
 
-    /// A builder for a store at `url`.
-    pub fn builder(url: impl Into<String>) -> RedisDedupeStoreBuilder {
+    /// A builder for a store at `target`: a node's URL, or a cluster's seeds (see
+    /// [`RedisTarget`](crate::RedisTarget)).
+    pub fn builder(target: impl Into<crate::RedisTarget>) -> RedisDedupeStoreBuilder {
         RedisDedupeStoreBuilder {
-            settings: StoreSettings::new(url.into(), DEFAULT_REDIS_KEY_PREFIX),
+            settings: StoreSettings::new(target.into(), DEFAULT_REDIS_KEY_PREFIX),
             fallback_poll_interval: DEFAULT_FALLBACK_POLL_INTERVAL,
         }
     }
@@ -251,17 +255,25 @@ impl Shared {
         }
     }
 
-    /// One `SCAN` step over the keys that match `pattern`.
-    async fn scan(&self, cursor: u64, pattern: &str) -> Result<(u64, Vec<String>), StoreError> {
-        self.command(
-            redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT),
-        )
-        .await
+    /// One `SCAN` step of `shard` over the keys that match `pattern`.
+    async fn scan(
+        &self,
+        shard: &Shard,
+        cursor: u64,
+        pattern: &str,
+    ) -> Result<(u64, Vec<String>), StoreError> {
+        Ok(self
+            .commands
+            .command_on(
+                shard,
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT),
+            )
+            .await?)
     }
 }
 
@@ -336,7 +348,7 @@ async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: Dedup
             .commands
             .command_behind::<u64>(
                 redis::cmd("EVAL")
-                    .arg(value::RELEASE)
+                    .arg(&shared.scripts.release)
                     .arg(2)
                     .arg(&record_key)
                     .arg(Shared::channel(&record_key))
@@ -552,18 +564,22 @@ impl DedupeStore for RedisDedupeStore {
             glob_escape(prefix)
         );
         let mut deleted = 0;
-        let mut cursor = 0;
-        loop {
-            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
-            if !keys.is_empty() {
-                let n: u64 = self.shared.command(redis::cmd("UNLINK").arg(keys)).await?;
-                deleted += n;
+        for shard in self.shared.commands.shards().await? {
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.shared.scan(&shard, cursor, &pattern).await?;
+                // On a cluster, the client splits the keys by slot.
+                if !keys.is_empty() {
+                    let n: u64 = self.shared.command(redis::cmd("UNLINK").arg(keys)).await?;
+                    deleted += n;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            if next == 0 {
-                return Ok(deleted);
-            }
-            cursor = next;
         }
+        Ok(deleted)
     }
 
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
@@ -572,28 +588,44 @@ impl DedupeStore for RedisDedupeStore {
     }
 
     async fn size(&self) -> Result<u64, StoreError> {
+        // On a cluster, the client sums every master's DBSIZE; each master is sampled alike.
         let total: u64 = self.shared.command(&redis::cmd("DBSIZE")).await?;
         let prefix = format!("{}{{", self.shared.key_prefix);
-        let (mut seen, mut records, mut cursor) = (0u64, 0u64, 0u64);
-        loop {
-            let (next, keys): (u64, Vec<Vec<u8>>) = self
-                .shared
-                .command(redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT))
-                .await?;
-            seen += keys.len() as u64;
-            records += keys
-                .iter()
-                .filter(|key| key.starts_with(prefix.as_bytes()))
-                .count() as u64;
-            if next == 0 {
-                return Ok(records);
+        let shards = self.shared.commands.shards().await?;
+        let sample = SIZE_SAMPLE / shards.len().max(1) as u64;
+        let (mut seen, mut records, mut complete) = (0u64, 0u64, true);
+        for shard in &shards {
+            let (mut seen_here, mut cursor) = (0u64, 0u64);
+            loop {
+                let (next, keys): (u64, Vec<Vec<u8>>) = self
+                    .shared
+                    .commands
+                    .command_on(
+                        shard,
+                        redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT),
+                    )
+                    .await?;
+                seen_here += keys.len() as u64;
+                records += keys
+                    .iter()
+                    .filter(|key| key.starts_with(prefix.as_bytes()))
+                    .count() as u64;
+                if next == 0 {
+                    break;
+                }
+                if seen_here >= sample {
+                    complete = false;
+                    break;
+                }
+                cursor = next;
             }
-            if seen >= SIZE_SAMPLE {
-                // The keys a scan meets first are spread over the key space by its hash.
-                return Ok(records.saturating_mul(total.max(seen)) / seen);
-            }
-            cursor = next;
+            seen += seen_here;
         }
+        if complete || seen == 0 {
+            return Ok(records);
+        }
+        // The keys a scan meets first are spread over the key space by its hash.
+        Ok(records.saturating_mul(total.max(seen)) / seen)
     }
 
     async fn find_by_fingerprint(
@@ -602,21 +634,24 @@ impl DedupeStore for RedisDedupeStore {
     ) -> Result<Option<DedupeRecord>, StoreError> {
         let prefix = format!("{}{{", self.shared.key_prefix);
         let pattern = format!("{}{{*", glob_escape(&self.shared.key_prefix));
-        let mut cursor = 0;
-        loop {
-            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
-            let found = keys.iter().find_map(|record_key| {
-                let store_key = record_key.strip_prefix(&prefix)?.strip_suffix('}')?;
-                fingerprint_matches(store_key, fingerprint).then_some(store_key)
-            });
-            if let Some(store_key) = found {
-                return self.get(store_key).await;
+        for shard in self.shared.commands.shards().await? {
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.shared.scan(&shard, cursor, &pattern).await?;
+                let found = keys.iter().find_map(|record_key| {
+                    let store_key = record_key.strip_prefix(&prefix)?.strip_suffix('}')?;
+                    fingerprint_matches(store_key, fingerprint).then_some(store_key)
+                });
+                if let Some(store_key) = found {
+                    return self.get(store_key).await;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            if next == 0 {
-                return Ok(None);
-            }
-            cursor = next;
         }
+        Ok(None)
     }
 }
 
@@ -657,19 +692,22 @@ impl RedisDedupeStoreBuilder {
             "idempotency.redis.fallback_poll_interval",
             self.fallback_poll_interval,
         )?;
-        let subscriber_client = support::resp3_client("idempotency.redis.url", commands.client())?;
+        let publish = value::publish_command(commands.is_cluster());
+        let subscriber = Subscriber::new(
+            "idempotency.redis.url",
+            commands.endpoint(),
+            commands.config().clone(),
+            self.settings.operation_timeout,
+        )?;
         Ok(RedisDedupeStore {
             shared: Arc::new(Shared {
-                subscriber: Arc::new(Subscriber::new(
-                    subscriber_client,
-                    commands.config().clone(),
-                    self.settings.operation_timeout,
-                )),
+                subscriber: Arc::new(subscriber),
                 commands,
                 key_prefix: self.settings.key_prefix,
                 fallback_poll_interval: self.fallback_poll_interval,
                 scripts: Scripts {
-                    replace: Script::new(value::REPLACE),
+                    replace: Script::new(&value::replace(publish)),
+                    release: value::release(publish),
                     take_over: Script::new(value::TAKE_OVER),
                     read: Script::new(value::READ),
                 },

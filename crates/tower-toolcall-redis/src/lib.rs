@@ -48,6 +48,7 @@ pub mod fleet;
 mod loop_store;
 mod rate_limit;
 mod support;
+mod target;
 
 pub use dedupe::{
     RedisDedupeStore, RedisDedupeStoreBuilder, RedisStoreStats, DEFAULT_FALLBACK_POLL_INTERVAL,
@@ -58,3 +59,4 @@ pub use loop_store::{RedisLoopStore, RedisLoopStoreBuilder, DEFAULT_LOOP_KEY_PRE
 pub use rate_limit::{
     RedisRateLimitStore, RedisRateLimitStoreBuilder, DEFAULT_RATE_LIMIT_KEY_PREFIX,
 };
+pub use target::RedisTarget;

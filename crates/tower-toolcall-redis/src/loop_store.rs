@@ -344,15 +344,17 @@ impl Batch for Shared {
 }
 
 impl RedisLoopStore {
-    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
-    pub fn open(url: &str) -> Result<RedisLoopStore, ConfigError> {
-        RedisLoopStore::builder(url).build()
+    /// A store at `target` (a node's URL, e.g. `redis://127.0.0.1:6379/`, or a
+    /// [`RedisTarget`](crate::RedisTarget)) with the defaults.
+    pub fn open(target: impl Into<crate::RedisTarget>) -> Result<RedisLoopStore, ConfigError> {
+        RedisLoopStore::builder(target).build()
     }
 
-    /// A builder for a store at `url`.
-    pub fn builder(url: impl Into<String>) -> RedisLoopStoreBuilder {
+    /// A builder for a store at `target`: a node's URL, or a cluster's seeds (see
+    /// [`RedisTarget`](crate::RedisTarget)).
+    pub fn builder(target: impl Into<crate::RedisTarget>) -> RedisLoopStoreBuilder {
         RedisLoopStoreBuilder {
-            settings: StoreSettings::new(url.into(), DEFAULT_LOOP_KEY_PREFIX),
+            settings: StoreSettings::new(target.into(), DEFAULT_LOOP_KEY_PREFIX),
             signature_seed: DEFAULT_SIGNATURE_SEED,
         }
     }

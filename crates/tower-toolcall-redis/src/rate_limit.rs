@@ -137,15 +137,17 @@ impl Batch for Shared {
 }
 
 impl RedisRateLimitStore {
-    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
-    pub fn open(url: &str) -> Result<RedisRateLimitStore, ConfigError> {
-        RedisRateLimitStore::builder(url).build()
+    /// A store at `target` (a node's URL, e.g. `redis://127.0.0.1:6379/`, or a
+    /// [`RedisTarget`](crate::RedisTarget)) with the defaults.
+    pub fn open(target: impl Into<crate::RedisTarget>) -> Result<RedisRateLimitStore, ConfigError> {
+        RedisRateLimitStore::builder(target).build()
     }
 
-    /// A builder for a store at `url`.
-    pub fn builder(url: impl Into<String>) -> RedisRateLimitStoreBuilder {
+    /// A builder for a store at `target`: a node's URL, or a cluster's seeds (see
+    /// [`RedisTarget`](crate::RedisTarget)).
+    pub fn builder(target: impl Into<crate::RedisTarget>) -> RedisRateLimitStoreBuilder {
         RedisRateLimitStoreBuilder {
-            settings: StoreSettings::new(url.into(), DEFAULT_RATE_LIMIT_KEY_PREFIX),
+            settings: StoreSettings::new(target.into(), DEFAULT_RATE_LIMIT_KEY_PREFIX),
         }
     }
 

@@ -9,6 +9,8 @@ use support::store_suite;
 /// Where the sessions' histories are kept: the core's cases run here on Redis.
 enum Store {
     Redis(support::redis_server::RedisServer),
+    #[cfg(feature = "cluster")]
+    Cluster(support::cluster::RedisCluster),
 }
 
 impl Store {
@@ -21,6 +23,11 @@ impl Store {
         match self {
             Store::Redis(server) => builder.store(
                 tower_toolcall_redis::RedisLoopStore::open(&server.url())
+                    .expect("a valid store configuration"),
+            ),
+            #[cfg(feature = "cluster")]
+            Store::Cluster(cluster) => builder.store(
+                tower_toolcall_redis::RedisLoopStore::open(cluster.seeds())
                     .expect("a valid store configuration"),
             ),
         }
