@@ -513,16 +513,36 @@ impl DedupeStore for RedisDedupeStore {
                 None
             }
         };
+        // Until when the record's lease holds, as last read: while it holds, a read that
+        // fails (its master fails over, a connection is lost) is tried again, since the
+        // record may finish meanwhile; past it, the failure is the answer.
+        let mut lease_end = seen.lock_until_ms.map(|until_ms| {
+            tokio::time::Instant::now()
+                + Duration::from_millis(until_ms.saturating_sub(unix_now_ms()))
+        });
         loop {
-            let lease_left = match shared.read(&record_key).await? {
-                None => return Ok(None),
-                Some((record, _))
+            let lease_left = match shared.read(&record_key).await {
+                Ok(None) => return Ok(None),
+                Ok(Some((record, _)))
                     if record.state != RecordState::Inflight || record.version != seen.version =>
                 {
                     return Ok(Some(record));
                 }
-                Some((_, left)) if left.is_zero() => return Ok(None),
-                Some((_, left)) => left,
+                Ok(Some((_, left))) if left.is_zero() => return Ok(None),
+                Ok(Some((_, left))) => {
+                    lease_end = Some(tokio::time::Instant::now() + left);
+                    left
+                }
+                Err(error) => {
+                    let left = lease_end.map_or(Duration::ZERO, |end| {
+                        end.saturating_duration_since(tokio::time::Instant::now())
+                    });
+                    if left.is_zero() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "a waited-on record could not be read; reading it again");
+                    left
+                }
             };
             let next_read = shared
                 .fallback_poll_interval

@@ -31,6 +31,9 @@ const RETRIES: u32 = 24;
 /// The shortest and longest waits between two of those tries, in ms.
 const RETRY_WAIT_MS: (u64, u64) = (10, 250);
 
+/// The shortest time one attempt may take.
+const ATTEMPT_FLOOR: Duration = Duration::from_millis(50);
+
 /// The seeds of a cluster, checked.
 #[derive(Clone)]
 pub(crate) struct Seeds {
@@ -104,10 +107,14 @@ impl Seeds {
         self.infos.len()
     }
 
+    /// A client whose every attempt (a connection, a command) is bounded by a quarter of
+    /// the operation `timeout`: an attempt stuck on a master that died fails in time for the
+    /// client to read the slot map again and try the new master within the operation.
     fn builder(&self, timeout: Duration) -> ClusterClientBuilder {
+        let attempt = (timeout / 4).max(ATTEMPT_FLOOR);
         ClusterClientBuilder::new(self.infos.clone())
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
+            .connection_timeout(attempt)
+            .response_timeout(attempt)
             .overall_response_timeout(None)
             .retries(RETRIES)
             .min_retry_wait(RETRY_WAIT_MS.0)

@@ -63,7 +63,7 @@ mod cluster_backend {
     use tower_toolcall_redis::RedisDedupeStore;
 
     pub(crate) struct Cluster {
-        pub(crate) cluster: Mutex<RedisCluster>,
+        pub(crate) cluster: Arc<Mutex<RedisCluster>>,
         seeds: Vec<String>,
     }
 
@@ -72,7 +72,7 @@ mod cluster_backend {
             let cluster = RedisCluster::start();
             let seeds = cluster.seeds();
             Cluster {
-                cluster: Mutex::new(cluster),
+                cluster: Arc::new(Mutex::new(cluster)),
                 seeds,
             }
         }
@@ -490,6 +490,9 @@ mod redis_unanswered_claims_and_round_trips {
 }
 
 include!("../../../tower-toolcall/tests/idempotency/cases.rs");
+
+#[cfg(feature = "cluster")]
+mod on_cluster;
 
 #[path = "../../../tower-toolcall/tests/idempotency/derived.rs"]
 mod derived;

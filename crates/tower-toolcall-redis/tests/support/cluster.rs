@@ -118,12 +118,16 @@ impl RedisCluster {
         let _ = child.wait();
     }
 
-    /// Waits (at most `within`) until a replica took over every slot of the masters that
-    /// died, and answers how long that took.
-    pub fn wait_for_failover(&self, within: Duration) -> Duration {
+    /// Waits (at most `within`) until a replica took over every slot of the master on
+    /// `dead`, and answers how long that took.
+    pub fn wait_for_failover(&self, dead: u16, within: Duration) -> Duration {
         let start = Instant::now();
         loop {
-            if self.live_port().is_some_and(|port| cluster_ok(port)) && self.masters().len() == 3 {
+            let masters = self.masters();
+            if self.live_port().is_some_and(cluster_ok)
+                && masters.len() == 3
+                && !masters.contains(&dead)
+            {
                 return start.elapsed();
             }
             assert!(start.elapsed() < within, "no failover within {within:?}");
