@@ -6,6 +6,8 @@
 mod support;
 
 mod dedupe_size;
+#[cfg(feature = "cluster")]
+mod on_cluster;
 mod outages;
 
 use std::sync::atomic::{AtomicU64, Ordering};
