@@ -43,7 +43,8 @@ const SCAN_COUNT: u64 = 1_000;
 const TAKE_OVER_ATTEMPTS: usize = 4;
 
 /// A dedupe store in Redis (7.0 or later), shared by every replica that points at the same
-/// server.
+/// server, or at the same Redis Cluster (feature `cluster`; see the
+/// [crate docs](crate#on-a-redis-cluster)).
 ///
 /// - A record is one string at `<prefix>{<store key>}`: a header line with its state and
 ///   version, then its JSON. Its completion channel is the same name followed by `:done`. The
@@ -69,20 +70,25 @@ const TAKE_OVER_ATTEMPTS: usize = 4;
 ///   version is no longer the record's is refused.
 /// - A duplicate in another process waits on the per-key channel: it subscribes first, then
 ///   reads the record again, so no completion is missed; should a message be lost (a
-///   reconnect), it reads the record again after at most the fallback poll interval (2 s by
-///   default), and when the lease ends. [`stats`](RedisDedupeStore::stats) counts those
-///   fallback polls.
-/// - [`size`](DedupeStore::size) costs at most five round trips, however large the
-///   database: it counts the records among the first 4 000 keys a `SCAN` meets, exactly when
-///   the database holds no more, and otherwise scales the share of records among them by
-///   `DBSIZE` (an estimate, for metrics: a scrape never walks a large key space).
+///   reconnect, a failover), it reads the record again after at most the fallback poll
+///   interval (2 s by default), and when the lease ends; a read that fails meanwhile (the
+///   record's master fails over) is tried again until the lease it last saw ends.
+///   [`stats`](RedisDedupeStore::stats) counts those fallback polls. On a cluster, the
+///   channel is a sharded one (`SSUBSCRIBE` / `SPUBLISH`) in the record's slot.
+/// - [`size`](DedupeStore::size) costs at most five round trips on a node, however large
+///   the database: it counts the records among the first 4 000 keys a `SCAN` meets, exactly
+///   when the database holds no more, and otherwise scales the share of records among them
+///   by `DBSIZE` (an estimate, for metrics: a scrape never walks a large key space). On a
+///   cluster, each master is scanned alike for its share of the sample, and `DBSIZE` is
+///   their sum. [`flush_prefix`](DedupeStore::flush_prefix) and
+///   [`find_by_fingerprint`](DedupeStore::find_by_fingerprint) walk every master.
 /// - Every operation is bounded by the operation timeout (1 s by default); an unreachable
 ///   server is a [`StoreError`], never a hang. The connection manager reconnects by itself
 ///   and subscriptions are restored after a reconnect.
 ///
 /// Connections are made on first use, inside the Tokio runtime: one multiplexed connection
-/// for commands and, once a call waits, one RESP3 connection for subscriptions. Clones share
-/// them.
+/// for commands and, once a call waits, one RESP3 connection for subscriptions (on a
+/// cluster, one of each per node). Clones share them.
 ///
 /// ```no_run
 /// use std::time::Duration;

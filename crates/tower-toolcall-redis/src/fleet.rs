@@ -52,6 +52,17 @@
 //! [`FleetControl`] are recorded and published in one step, and are the ones whose order is
 //! exact.
 //!
+//! # On a Redis Cluster
+//!
+//! With the feature `cluster` and a [`RedisTarget`](crate::RedisTarget) of seeds, the
+//! switches and the script that records an action live in the slot of the tag `{fleet}`.
+//! The channel is a classic one: a cluster sends a `PUBLISH` to every node over its bus, so
+//! a replica hears the actions whatever node it subscribes through. It subscribes through
+//! its first seed; when that node dies, it subscribes through the next seed or a node the
+//! cluster names (masters and replicas), and reads the switches again. An action sent while
+//! the master of `{fleet}` fails over fails with `STORE_UNAVAILABLE`, as while a node is
+//! down, and changes nothing.
+//!
 //! # Breaker counting stays local
 //!
 //! Only the operator's actions are shared, not the breakers' counts. A breaker measures how
@@ -59,7 +70,9 @@
 //! fail while others' work, and each replica should stop only what fails for it. Sharing the
 //! counts would cost a round trip per call on the hottest path, and a Redis outage would
 //! then blind every breaker at once, when they are most needed. A fleet-wide decision to
-//! stop a tool is the operator's force-open, which this module shares.
+//! stop a tool is the operator's force-open, which this module shares. This holds on a
+//! cluster too: a shared count would also cost a cross-node round trip per call, and a
+//! failover would blind every breaker of every replica at once.
 //!
 //! ```no_run
 //! use tower_toolcall::breaker::BreakerKey;

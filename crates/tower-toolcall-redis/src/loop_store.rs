@@ -162,8 +162,9 @@ fn session_script(body: &str) -> Script {
 const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 
 /// Loop detection's per-session state in Redis (7.0 or later), shared by every replica that
-/// points at the same server: a model whose calls are spread over replicas is stopped at the
-/// same call as on one.
+/// points at the same server or Redis Cluster (feature `cluster`): a model whose calls are
+/// spread over replicas is stopped at the same call as on one. A batch is the calls of one
+/// session, one key: on a cluster it never spans slots.
 ///
 /// - A session is one key, `<prefix>{<session>}`: one string of fixed-width fields, its
 ///   sequence, the call last given a chance, its own settings (`!/set` overrides) and its

@@ -1,8 +1,10 @@
-//! What every Redis store of the crate shares: a lazily made multiplexed connection that
-//! reconnects by itself, every operation bounded by a timeout, an operation sent again once
-//! when it found its connection broken, a short circuit that skips a server known to be down
-//! (see [`circuit`]), hash-tagged key names, the checks of a store's settings, and the
-//! coalescing of concurrent checks of one key into one script.
+//! What every Redis store of the crate shares: where Redis is (a node or a cluster, see
+//! [`RedisTarget`]), a lazily made connection that reconnects by itself (one multiplexed
+//! connection to a node, or the cluster client of the module `cluster`), every operation
+//! bounded by a timeout, an operation sent again once when it found its connection broken, a
+//! short circuit that skips a node known to be down (see [`circuit`]), hash-tagged key names,
+//! the checks of a store's settings, and the coalescing of concurrent checks of one key into
+//! one script.
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};

@@ -135,4 +135,29 @@ mod tests {
         let node = RedisTarget::from("rediss://user:pw@host:6380/2?protocol=3");
         assert_eq!(format!("{node:?}"), r#"Node("host:6380")"#);
     }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn a_cluster_needs_seeds_that_are_urls() {
+        use crate::{FleetControl, RedisDedupeStore, RedisLoopStore, RedisRateLimitStore};
+
+        let err = RedisDedupeStore::open(RedisTarget::cluster(Vec::<String>::new())).unwrap_err();
+        assert_eq!(err.field(), "idempotency.redis.url");
+        let err = RedisRateLimitStore::open(["redis://127.0.0.1:7000/", "nope"]).unwrap_err();
+        assert_eq!(err.field(), "rate_limit.redis.url[1]");
+        assert!(RedisLoopStore::open(["redis://127.0.0.1:7000/"]).is_ok());
+        let store = RedisDedupeStore::open(["redis://:pw@127.0.0.1:7000/"]).unwrap();
+        let shown = format!("{store:?}");
+        assert!(shown.contains(r#"cluster: ["127.0.0.1:7000"]"#), "{shown}");
+        assert!(!shown.contains("pw"), "{shown}");
+        let _ = FleetControl::builder(["redis://127.0.0.1:7000/"]);
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    #[test]
+    fn a_cluster_needs_the_cluster_feature() {
+        let err = crate::RedisDedupeStore::open(["redis://127.0.0.1:7000/"]).unwrap_err();
+        assert_eq!(err.field(), "idempotency.redis.url");
+        assert!(err.to_string().contains("`cluster` feature"), "{err}");
+    }
 }

@@ -27,7 +27,9 @@ pub(super) struct Subscriber {
     timeout: Duration,
 }
 
-/// Where the subscriptions are made, and their connection once made.
+/// Where the subscriptions are made, and their connection once made. One per store, made
+/// once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum SubscriberEndpoint {
     Node {
         client: Client,

@@ -32,12 +32,13 @@ fn make(path: &str) -> ToolCall {
 fn paths_in_every_slot_range(
     idem: &IdempotencyLayer<RedisDedupeStore>,
     store: &RedisDedupeStore,
+    prefix: &str,
     count: usize,
 ) -> Vec<String> {
     let per_range = count / 3;
     let mut ranges = [Vec::new(), Vec::new(), Vec::new()];
     for n in 0.. {
-        let path = format!("file-{n}.md");
+        let path = format!("{prefix}-{n}.md");
         let key = idem.store_key(&make(&path)).unwrap().unwrap();
         let range = usize::from(key_slot(&store.record_key(&key))) * 3 / 16384;
         if ranges[range].len() < per_range {
@@ -59,7 +60,7 @@ async fn hundred_duplicates_from_three_replicas_run_each_key_once_on_every_maste
         .clone()
         .map(|store| layer(store, ToolPolicy::default()));
     let services = layers.clone().map(|l| over(&l, &tool));
-    let paths = paths_in_every_slot_range(&layers[0], &replicas[0], 12);
+    let paths = paths_in_every_slot_range(&layers[0], &replicas[0], "file", 12);
     let masters: BTreeSet<u16> = {
         let nodes = cluster.cluster.lock().unwrap();
         paths
@@ -108,22 +109,20 @@ async fn fresh_key_costs_two_commands_and_a_hit_one_on_the_owning_master() {
     let idem = layer(store.clone(), ToolPolicy::default());
     let svc = over(&idem, &tool);
     // Connects, and loads the scripts on every master: a fresh key and a hit on each.
-    for path in paths_in_every_slot_range(&idem, &store, 3) {
+    for path in paths_in_every_slot_range(&idem, &store, "warm-up", 3) {
         for _ in 0..2 {
             run(&svc, make(&path)).await.unwrap();
         }
     }
-    let paths = paths_in_every_slot_range(&idem, &store, 15)
-        .into_iter()
-        .map(|path| format!("fresh-{path}"))
-        .collect::<Vec<_>>();
-    let nodes = cluster.cluster.lock().unwrap();
-    let mut monitors: Vec<_> = nodes
-        .masters()
-        .into_iter()
-        .map(|port| (port, nodes.monitor(port)))
-        .collect();
-    drop(nodes);
+    let paths = paths_in_every_slot_range(&idem, &store, "fresh", 15);
+    let mut monitors: Vec<_> = {
+        let nodes = cluster.cluster.lock().unwrap();
+        nodes
+            .masters()
+            .into_iter()
+            .map(|port| (port, nodes.monitor(port)))
+            .collect()
+    };
     for (_, monitor) in &mut monitors {
         monitor.take_commands();
     }

@@ -22,7 +22,7 @@ impl Store {
             .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);
         match self {
             Store::Redis(server) => builder.store(
-                tower_toolcall_redis::RedisLoopStore::open(&server.url())
+                tower_toolcall_redis::RedisLoopStore::open(server.url())
                     .expect("a valid store configuration"),
             ),
             #[cfg(feature = "cluster")]
