@@ -1,4 +1,5 @@
 //! Run with: `cargo bench -p tower-toolcall-redis --features cluster --bench cluster`
+//! (`REPLICAS=6 cargo bench …` for six replicas instead of two).
 //!
 //! The throughput of `IdempotencyLayer` on `RedisDedupeStore` over a 3-master, 3-replica
 //! Redis Cluster against one `redis-server`, in the same run: 10 000 calls with distinct
@@ -49,9 +50,14 @@ fn call(round: &str, n: usize) -> ToolCall {
         .unwrap()
 }
 
-/// Calls per second of `CALLS` fresh keys through two replicas of `target`.
+/// Calls per second of `CALLS` fresh keys through the replicas of `target` (`REPLICAS`, 2
+/// by default).
 async fn round(target: &RedisTarget, name: &str) -> f64 {
-    let replicas: Vec<_> = (0..2)
+    let count: usize = std::env::var("REPLICAS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2);
+    let replicas: Vec<_> = (0..count)
         .map(|_| {
             let store = RedisDedupeStore::builder(target.clone())
                 .operation_timeout(Duration::from_secs(10))
@@ -64,7 +70,7 @@ async fn round(target: &RedisTarget, name: &str) -> f64 {
         .collect();
     // Connections made and scripts loaded on every master.
     for n in 0..64 {
-        replicas[n % 2]
+        replicas[n % count]
             .clone()
             .oneshot(call(&format!("warm-{name}"), n))
             .await
@@ -72,7 +78,7 @@ async fn round(target: &RedisTarget, name: &str) -> f64 {
     }
     let start = Instant::now();
     let calls: Vec<_> = (0..CALLS)
-        .map(|n| tokio::spawn(replicas[n % 2].clone().oneshot(call(name, n))))
+        .map(|n| tokio::spawn(replicas[n % count].clone().oneshot(call(name, n))))
         .collect();
     for call in calls {
         let out = call.await.unwrap().expect("every call is answered");
@@ -112,7 +118,7 @@ fn main() {
     }
     let (on_node, on_cluster) = (median(rates[0].clone()), median(rates[1].clone()));
     println!(
-        "median of {ROUNDS} rounds of {CALLS} concurrent fresh keys from 2 replicas: node \
+        "median of {ROUNDS} rounds of {CALLS} concurrent fresh keys: node \
          {on_node:.0} calls/s, cluster {on_cluster:.0} calls/s, cluster/node {:.2}",
         on_cluster / on_node
     );
