@@ -102,6 +102,60 @@ async fn hundred_duplicates_from_three_replicas_run_each_key_once_on_every_maste
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_moved_while_duplicates_run_cost_no_call_and_no_second_execution() {
+    let cluster = Cluster::start();
+    let (tool, per_path) = counting_tool(Duration::from_millis(50));
+    let replicas = [cluster.store(), cluster.store(), cluster.store()];
+    let layers = replicas
+        .clone()
+        .map(|store| layer(store, ToolPolicy::default()));
+    let services = layers.clone().map(|l| over(&l, &tool));
+    let masters = cluster.cluster.lock().unwrap().masters();
+    let (from, to) = (masters[0], masters[1]);
+    let before = cluster.cluster.lock().unwrap().slot_count(from);
+
+    // 2 000 slots move from one master to another while 3 replicas send each of 600 keys
+    // three times over 6 s.
+    let moving = tokio::task::spawn_blocking({
+        let cluster = cluster.cluster.clone();
+        move || cluster.lock().unwrap().reshard(from, to, 2000)
+    });
+    let start = tokio::time::Instant::now();
+    let mut calls = Vec::new();
+    let mut ticks = tokio::time::interval(Duration::from_millis(10));
+    for n in 0..600usize {
+        ticks.tick().await;
+        for copy in 0..3 {
+            let svc = services[(n + copy) % 3].clone();
+            let path = format!("moving-{n}.md");
+            calls.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20 * copy as u64)).await;
+                run_owned(svc, make(&path)).await
+            }));
+        }
+    }
+    for call in calls {
+        call.await
+            .unwrap()
+            .expect("MOVED and ASK are absorbed: no call fails");
+    }
+    moving.await.unwrap();
+    let after = cluster.cluster.lock().unwrap().slot_count(from);
+    println!(
+        "{} slots moved in {:?} while 1 800 calls ran",
+        before - after,
+        start.elapsed()
+    );
+    assert_eq!(before - after, 2000, "the slots moved");
+    let per_path = per_path.lock().unwrap().clone();
+    assert_eq!(per_path.len(), 600);
+    assert!(
+        per_path.values().all(|&runs| runs == 1),
+        "one execution per key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_key_costs_two_commands_and_a_hit_one_on_the_owning_master() {
     let cluster = Cluster::start();
     let store = cluster.store();

@@ -135,6 +135,35 @@ impl RedisCluster {
         }
     }
 
+    /// Moves `slots` slots from the master on `from` to the master on `to`, key by key
+    /// (`redis-cli --cluster reshard`: clients meanwhile get `ASK`, then `MOVED`).
+    pub fn reshard(&self, from: u16, to: u16, slots: u32) {
+        let id = |port: u16| redis_cli(port, &["CLUSTER", "MYID"]).trim().to_owned();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
+            .args(["--cluster-from", &id(from), "--cluster-to", &id(to)])
+            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+            .args(["--cluster-pipeline", "10"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); {INSTALL_HINT}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster reshard failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+
+    /// How many slots the master on `port` serves.
+    pub fn slot_count(&self, port: u16) -> usize {
+        self.nodes()
+            .into_iter()
+            .filter(|node| node.port == port)
+            .flat_map(|node| node.slots)
+            .map(|range| range.count())
+            .sum()
+    }
+
     /// Watches the commands clients send the node on `port`.
     pub fn monitor(&self, port: u16) -> Monitor {
         Monitor::start(port)
