@@ -34,7 +34,7 @@ fn redis(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let store = RedisDedupeStore::open(&server.url()).unwrap();
+    let store = RedisDedupeStore::open(server.url()).unwrap();
     runtime.block_on(store.ping()).unwrap();
     let raw = runtime
         .block_on(

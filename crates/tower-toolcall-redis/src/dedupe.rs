@@ -21,7 +21,7 @@ use tower_toolcall::ConfigError;
 
 use crate::support::{
     self, at_least_a_millisecond, finish_detached, hash_tagged, millis, unix_now_ms, Connection,
-    StoreSettings,
+    Shard, StoreSettings,
 };
 
 /// The default prefix of every key the store writes.
@@ -43,7 +43,8 @@ const SCAN_COUNT: u64 = 1_000;
 const TAKE_OVER_ATTEMPTS: usize = 4;
 
 /// A dedupe store in Redis (7.0 or later), shared by every replica that points at the same
-/// server.
+/// server, or at the same Redis Cluster (feature `cluster`; see the
+/// [crate docs](crate#on-a-redis-cluster)).
 ///
 /// - A record is one string at `<prefix>{<store key>}`: a header line with its state and
 ///   version, then its JSON. Its completion channel is the same name followed by `:done`. The
@@ -69,20 +70,25 @@ const TAKE_OVER_ATTEMPTS: usize = 4;
 ///   version is no longer the record's is refused.
 /// - A duplicate in another process waits on the per-key channel: it subscribes first, then
 ///   reads the record again, so no completion is missed; should a message be lost (a
-///   reconnect), it reads the record again after at most the fallback poll interval (2 s by
-///   default), and when the lease ends. [`stats`](RedisDedupeStore::stats) counts those
-///   fallback polls.
-/// - [`size`](DedupeStore::size) costs at most five round trips, however large the
-///   database: it counts the records among the first 4 000 keys a `SCAN` meets, exactly when
-///   the database holds no more, and otherwise scales the share of records among them by
-///   `DBSIZE` (an estimate, for metrics: a scrape never walks a large key space).
+///   reconnect, a failover), it reads the record again after at most the fallback poll
+///   interval (2 s by default), and when the lease ends; a read that fails meanwhile (the
+///   record's master fails over) is tried again until the lease it last saw ends.
+///   [`stats`](RedisDedupeStore::stats) counts those fallback polls. On a cluster, the
+///   channel is a sharded one (`SSUBSCRIBE` / `SPUBLISH`) in the record's slot.
+/// - [`size`](DedupeStore::size) costs at most five round trips on a node, however large
+///   the database: it counts the records among the first 4 000 keys a `SCAN` meets, exactly
+///   when the database holds no more, and otherwise scales the share of records among them
+///   by `DBSIZE` (an estimate, for metrics: a scrape never walks a large key space). On a
+///   cluster, each master is scanned alike for its share of the sample, and `DBSIZE` is
+///   their sum. [`flush_prefix`](DedupeStore::flush_prefix) and
+///   [`find_by_fingerprint`](DedupeStore::find_by_fingerprint) walk every master.
 /// - Every operation is bounded by the operation timeout (1 s by default); an unreachable
 ///   server is a [`StoreError`], never a hang. The connection manager reconnects by itself
 ///   and subscriptions are restored after a reconnect.
 ///
 /// Connections are made on first use, inside the Tokio runtime: one multiplexed connection
-/// for commands and, once a call waits, one RESP3 connection for subscriptions. Clones share
-/// them.
+/// for commands and, once a call waits, one RESP3 connection for subscriptions (on a
+/// cluster, one of each per node). Clones share them.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -118,6 +124,8 @@ struct Shared {
 
 struct Scripts {
     replace: Script,
+    /// The release of a claim whose answer never came, sent as a plain `EVAL`.
+    release: String,
     take_over: Script,
     read: Script,
 }
@@ -136,15 +144,17 @@ pub struct RedisStoreStats {
 }
 
 impl RedisDedupeStore {
-    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
-    pub fn open(url: &str) -> Result<RedisDedupeStore, ConfigError> {
-        RedisDedupeStore::builder(url).build()
+    /// A store at `target` (a node's URL, e.g. `redis://127.0.0.1:6379/`, or a
+    /// [`RedisTarget`](crate::RedisTarget)) with the defaults.
+    pub fn open(target: impl Into<crate::RedisTarget>) -> Result<RedisDedupeStore, ConfigError> {
+        RedisDedupeStore::builder(target).build()
     }
 
-    /// A builder for a store at `url`.
-    pub fn builder(url: impl Into<String>) -> RedisDedupeStoreBuilder {
+    /// A builder for a store at `target`: a node's URL, or a cluster's seeds (see
+    /// [`RedisTarget`](crate::RedisTarget)).
+    pub fn builder(target: impl Into<crate::RedisTarget>) -> RedisDedupeStoreBuilder {
         RedisDedupeStoreBuilder {
-            settings: StoreSettings::new(url.into(), DEFAULT_REDIS_KEY_PREFIX),
+            settings: StoreSettings::new(target.into(), DEFAULT_REDIS_KEY_PREFIX),
             fallback_poll_interval: DEFAULT_FALLBACK_POLL_INTERVAL,
         }
     }
@@ -251,17 +261,25 @@ impl Shared {
         }
     }
 
-    /// One `SCAN` step over the keys that match `pattern`.
-    async fn scan(&self, cursor: u64, pattern: &str) -> Result<(u64, Vec<String>), StoreError> {
-        self.command(
-            redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT),
-        )
-        .await
+    /// One `SCAN` step of `shard` over the keys that match `pattern`.
+    async fn scan(
+        &self,
+        shard: &Shard,
+        cursor: u64,
+        pattern: &str,
+    ) -> Result<(u64, Vec<String>), StoreError> {
+        Ok(self
+            .commands
+            .command_on(
+                shard,
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT),
+            )
+            .await?)
     }
 }
 
@@ -336,7 +354,7 @@ async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: Dedup
             .commands
             .command_behind::<u64>(
                 redis::cmd("EVAL")
-                    .arg(value::RELEASE)
+                    .arg(&shared.scripts.release)
                     .arg(2)
                     .arg(&record_key)
                     .arg(Shared::channel(&record_key))
@@ -501,16 +519,36 @@ impl DedupeStore for RedisDedupeStore {
                 None
             }
         };
+        // Until when the record's lease holds, as last read: while it holds, a read that
+        // fails (its master fails over, a connection is lost) is tried again, since the
+        // record may finish meanwhile; past it, the failure is the answer.
+        let mut lease_end = seen.lock_until_ms.map(|until_ms| {
+            tokio::time::Instant::now()
+                + Duration::from_millis(until_ms.saturating_sub(unix_now_ms()))
+        });
         loop {
-            let lease_left = match shared.read(&record_key).await? {
-                None => return Ok(None),
-                Some((record, _))
+            let lease_left = match shared.read(&record_key).await {
+                Ok(None) => return Ok(None),
+                Ok(Some((record, _)))
                     if record.state != RecordState::Inflight || record.version != seen.version =>
                 {
                     return Ok(Some(record));
                 }
-                Some((_, left)) if left.is_zero() => return Ok(None),
-                Some((_, left)) => left,
+                Ok(Some((_, left))) if left.is_zero() => return Ok(None),
+                Ok(Some((_, left))) => {
+                    lease_end = Some(tokio::time::Instant::now() + left);
+                    left
+                }
+                Err(error) => {
+                    let left = lease_end.map_or(Duration::ZERO, |end| {
+                        end.saturating_duration_since(tokio::time::Instant::now())
+                    });
+                    if left.is_zero() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "a waited-on record could not be read; reading it again");
+                    left
+                }
             };
             let next_read = shared
                 .fallback_poll_interval
@@ -552,18 +590,22 @@ impl DedupeStore for RedisDedupeStore {
             glob_escape(prefix)
         );
         let mut deleted = 0;
-        let mut cursor = 0;
-        loop {
-            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
-            if !keys.is_empty() {
-                let n: u64 = self.shared.command(redis::cmd("UNLINK").arg(keys)).await?;
-                deleted += n;
+        for shard in self.shared.commands.shards().await? {
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.shared.scan(&shard, cursor, &pattern).await?;
+                // On a cluster, the client splits the keys by slot.
+                if !keys.is_empty() {
+                    let n: u64 = self.shared.command(redis::cmd("UNLINK").arg(keys)).await?;
+                    deleted += n;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            if next == 0 {
-                return Ok(deleted);
-            }
-            cursor = next;
         }
+        Ok(deleted)
     }
 
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
@@ -572,28 +614,44 @@ impl DedupeStore for RedisDedupeStore {
     }
 
     async fn size(&self) -> Result<u64, StoreError> {
+        // On a cluster, the client sums every master's DBSIZE; each master is sampled alike.
         let total: u64 = self.shared.command(&redis::cmd("DBSIZE")).await?;
         let prefix = format!("{}{{", self.shared.key_prefix);
-        let (mut seen, mut records, mut cursor) = (0u64, 0u64, 0u64);
-        loop {
-            let (next, keys): (u64, Vec<Vec<u8>>) = self
-                .shared
-                .command(redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT))
-                .await?;
-            seen += keys.len() as u64;
-            records += keys
-                .iter()
-                .filter(|key| key.starts_with(prefix.as_bytes()))
-                .count() as u64;
-            if next == 0 {
-                return Ok(records);
+        let shards = self.shared.commands.shards().await?;
+        let sample = SIZE_SAMPLE / shards.len().max(1) as u64;
+        let (mut seen, mut records, mut complete) = (0u64, 0u64, true);
+        for shard in &shards {
+            let (mut seen_here, mut cursor) = (0u64, 0u64);
+            loop {
+                let (next, keys): (u64, Vec<Vec<u8>>) = self
+                    .shared
+                    .commands
+                    .command_on(
+                        shard,
+                        redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT),
+                    )
+                    .await?;
+                seen_here += keys.len() as u64;
+                records += keys
+                    .iter()
+                    .filter(|key| key.starts_with(prefix.as_bytes()))
+                    .count() as u64;
+                if next == 0 {
+                    break;
+                }
+                if seen_here >= sample {
+                    complete = false;
+                    break;
+                }
+                cursor = next;
             }
-            if seen >= SIZE_SAMPLE {
-                // The keys a scan meets first are spread over the key space by its hash.
-                return Ok(records.saturating_mul(total.max(seen)) / seen);
-            }
-            cursor = next;
+            seen += seen_here;
         }
+        if complete || seen == 0 {
+            return Ok(records);
+        }
+        // The keys a scan meets first are spread over the key space by its hash.
+        Ok(records.saturating_mul(total.max(seen)) / seen)
     }
 
     async fn find_by_fingerprint(
@@ -602,21 +660,24 @@ impl DedupeStore for RedisDedupeStore {
     ) -> Result<Option<DedupeRecord>, StoreError> {
         let prefix = format!("{}{{", self.shared.key_prefix);
         let pattern = format!("{}{{*", glob_escape(&self.shared.key_prefix));
-        let mut cursor = 0;
-        loop {
-            let (next, keys) = self.shared.scan(cursor, &pattern).await?;
-            let found = keys.iter().find_map(|record_key| {
-                let store_key = record_key.strip_prefix(&prefix)?.strip_suffix('}')?;
-                fingerprint_matches(store_key, fingerprint).then_some(store_key)
-            });
-            if let Some(store_key) = found {
-                return self.get(store_key).await;
+        for shard in self.shared.commands.shards().await? {
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.shared.scan(&shard, cursor, &pattern).await?;
+                let found = keys.iter().find_map(|record_key| {
+                    let store_key = record_key.strip_prefix(&prefix)?.strip_suffix('}')?;
+                    fingerprint_matches(store_key, fingerprint).then_some(store_key)
+                });
+                if let Some(store_key) = found {
+                    return self.get(store_key).await;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            if next == 0 {
-                return Ok(None);
-            }
-            cursor = next;
         }
+        Ok(None)
     }
 }
 
@@ -657,19 +718,22 @@ impl RedisDedupeStoreBuilder {
             "idempotency.redis.fallback_poll_interval",
             self.fallback_poll_interval,
         )?;
-        let subscriber_client = support::resp3_client("idempotency.redis.url", commands.client())?;
+        let publish = value::publish_command(commands.is_cluster());
+        let subscriber = Subscriber::new(
+            "idempotency.redis.url",
+            commands.endpoint(),
+            commands.config().clone(),
+            self.settings.operation_timeout,
+        )?;
         Ok(RedisDedupeStore {
             shared: Arc::new(Shared {
-                subscriber: Arc::new(Subscriber::new(
-                    subscriber_client,
-                    commands.config().clone(),
-                    self.settings.operation_timeout,
-                )),
+                subscriber: Arc::new(subscriber),
                 commands,
                 key_prefix: self.settings.key_prefix,
                 fallback_poll_interval: self.fallback_poll_interval,
                 scripts: Scripts {
-                    replace: Script::new(value::REPLACE),
+                    replace: Script::new(&value::replace(publish)),
+                    release: value::release(publish),
                     take_over: Script::new(value::TAKE_OVER),
                     read: Script::new(value::READ),
                 },

@@ -52,6 +52,17 @@
 //! [`FleetControl`] are recorded and published in one step, and are the ones whose order is
 //! exact.
 //!
+//! # On a Redis Cluster
+//!
+//! With the feature `cluster` and a [`RedisTarget`](crate::RedisTarget) of seeds, the
+//! switches and the script that records an action live in the slot of the tag `{fleet}`.
+//! The channel is a classic one: a cluster sends a `PUBLISH` to every node over its bus, so
+//! a replica hears the actions whatever node it subscribes through. It subscribes through
+//! its first seed; when that node dies, it subscribes through the next seed or a node the
+//! cluster names (masters and replicas), and reads the switches again. An action sent while
+//! the master of `{fleet}` fails over fails with `STORE_UNAVAILABLE`, as while a node is
+//! down, and changes nothing.
+//!
 //! # Breaker counting stays local
 //!
 //! Only the operator's actions are shared, not the breakers' counts. A breaker measures how
@@ -59,7 +70,9 @@
 //! fail while others' work, and each replica should stop only what fails for it. Sharing the
 //! counts would cost a round trip per call on the hottest path, and a Redis outage would
 //! then blind every breaker at once, when they are most needed. A fleet-wide decision to
-//! stop a tool is the operator's force-open, which this module shares.
+//! stop a tool is the operator's force-open, which this module shares. This holds on a
+//! cluster too: a shared count would also cost a cross-node round trip per call, and a
+//! failover would blind every breaker of every replica at once.
 //!
 //! ```no_run
 //! use tower_toolcall::breaker::BreakerKey;
@@ -217,10 +230,11 @@ struct Replica {
 }
 
 impl FleetControl {
-    /// A builder for the fleet whose Redis is at `url` (e.g. `redis://127.0.0.1:6379/`).
-    pub fn builder(url: impl Into<String>) -> FleetControlBuilder {
+    /// A builder for the fleet whose Redis is at `target`: a node's URL (e.g.
+    /// `redis://127.0.0.1:6379/`), or a cluster's seeds (see [`RedisTarget`](crate::RedisTarget)).
+    pub fn builder(target: impl Into<crate::RedisTarget>) -> FleetControlBuilder {
         FleetControlBuilder {
-            settings: StoreSettings::new(url.into(), DEFAULT_FLEET_KEY_PREFIX),
+            settings: StoreSettings::new(target.into(), DEFAULT_FLEET_KEY_PREFIX),
         }
     }
 
@@ -636,13 +650,14 @@ fn switch_value(field: &str, value: &str) -> Option<bool> {
 /// Keeps this replica subscribed to the channel for as long as the fleet lives: connects,
 /// subscribes, syncs, applies the messages, and starts again whenever the connection is
 /// lost or stops answering.
-async fn listen(inner: Weak<Inner>, client: Client) {
+async fn listen(inner: Weak<Inner>, mut nodes: Listening) {
     let mut delay = RESUBSCRIBE_DELAY;
     let mut failures = 0u32;
     loop {
         let Some(fleet) = inner.upgrade() else { return };
         let (push, pushes) = mpsc::unbounded_channel();
         let subscribed = async {
+            let client = nodes.next(&fleet).await?;
             let connection = subscribe(&fleet, &client, push).await?;
             fleet.subscribed.send_replace(true);
             fleet.sync().await?;
@@ -657,6 +672,7 @@ async fn listen(inner: Weak<Inner>, client: Client) {
                 (delay, failures) = (RESUBSCRIBE_DELAY, 0);
                 drop(fleet);
                 follow(&inner, connection, pushes).await;
+                nodes.lost();
                 let Some(fleet) = inner.upgrade() else { return };
                 fleet.subscribed.send_replace(false);
                 tracing::warn!("the fleet's subscription was lost: subscribing again");
@@ -670,9 +686,74 @@ async fn listen(inner: Weak<Inner>, client: Client) {
                     tracing::debug!(%error, "cannot subscribe to the fleet's actions yet");
                 }
                 drop(fleet);
+                nodes.lost();
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(RESUBSCRIBE_MAX_DELAY);
             }
+        }
+    }
+}
+
+/// Where the listener subscribes. On a node, the node. On a cluster, any node: a cluster
+/// sends a classic `PUBLISH` to every node over its bus, so a replica hears the fleet's
+/// actions whatever node it subscribes through. It starts with the first seed; when that node
+/// is lost (or refuses), it moves on to the next of the seeds and of the nodes the cluster
+/// names at that moment (masters and replicas), so that a subscription outlives the failure
+/// of any one node.
+enum Listening {
+    Node(Client),
+    #[cfg(feature = "cluster")]
+    Cluster {
+        seeds: crate::support::cluster::Seeds,
+        turn: usize,
+    },
+}
+
+impl Listening {
+    fn new(endpoint: &support::Endpoint) -> Result<Listening, ConfigError> {
+        match endpoint {
+            support::Endpoint::Node(client) => Ok(Listening::Node(support::resp3_client(
+                "fleet.redis.url",
+                client,
+            )?)),
+            #[cfg(feature = "cluster")]
+            support::Endpoint::Cluster(seeds) => Ok(Listening::Cluster {
+                seeds: seeds.clone(),
+                turn: 0,
+            }),
+        }
+    }
+
+    /// The client of the node to subscribe through now.
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    async fn next(&mut self, fleet: &Inner) -> Result<Client, SharedStoreError> {
+        let client = match self {
+            Listening::Node(client) => Ok(client.clone()),
+            #[cfg(feature = "cluster")]
+            Listening::Cluster { seeds, turn } => {
+                use crate::support::cluster::Either;
+                let named = if *turn < seeds.len() {
+                    Vec::new()
+                } else {
+                    fleet.commands.cluster_nodes().await.unwrap_or_default()
+                };
+                let candidates = seeds.len() + named.len();
+                let pick = *turn % candidates;
+                if pick < seeds.len() {
+                    seeds.node_client(Either::Seed(pick))
+                } else {
+                    seeds.node_client(Either::Node(&named[pick - seeds.len()]))
+                }
+            }
+        };
+        client.map_err(|e: redis::RedisError| SharedStoreError::Unavailable(e.to_string()))
+    }
+
+    /// The node subscribed through was lost, or refused: the next try goes to another.
+    fn lost(&mut self) {
+        #[cfg(feature = "cluster")]
+        if let Listening::Cluster { turn, .. } = self {
+            *turn = turn.wrapping_add(1);
         }
     }
 }
@@ -778,7 +859,7 @@ impl FleetControlBuilder {
                 "must be joined inside the Tokio runtime, which runs its subscription",
             )
         })?;
-        let client = support::resp3_client("fleet.redis.url", commands.client())?;
+        let nodes = Listening::new(commands.endpoint())?;
         let prefix = &self.settings.key_prefix;
         let inner = Arc::new(Inner {
             channel: hash_tagged(prefix, "fleet", ":actions"),
@@ -799,7 +880,7 @@ impl FleetControlBuilder {
             serial: tokio::sync::Mutex::new(()),
             listener: OnceLock::new(),
         });
-        let listener = runtime.spawn(listen(Arc::downgrade(&inner), client));
+        let listener = runtime.spawn(listen(Arc::downgrade(&inner), nodes));
         let _ = inner.listener.set(listener.abort_handle());
         Ok(FleetControl { inner })
     }

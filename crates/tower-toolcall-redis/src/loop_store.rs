@@ -162,8 +162,9 @@ fn session_script(body: &str) -> Script {
 const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 
 /// Loop detection's per-session state in Redis (7.0 or later), shared by every replica that
-/// points at the same server: a model whose calls are spread over replicas is stopped at the
-/// same call as on one.
+/// points at the same server or Redis Cluster (feature `cluster`): a model whose calls are
+/// spread over replicas is stopped at the same call as on one. A batch is the calls of one
+/// session, one key: on a cluster it never spans slots.
 ///
 /// - A session is one key, `<prefix>{<session>}`: one string of fixed-width fields, its
 ///   sequence, the call last given a chance, its own settings (`!/set` overrides) and its
@@ -344,15 +345,17 @@ impl Batch for Shared {
 }
 
 impl RedisLoopStore {
-    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
-    pub fn open(url: &str) -> Result<RedisLoopStore, ConfigError> {
-        RedisLoopStore::builder(url).build()
+    /// A store at `target` (a node's URL, e.g. `redis://127.0.0.1:6379/`, or a
+    /// [`RedisTarget`](crate::RedisTarget)) with the defaults.
+    pub fn open(target: impl Into<crate::RedisTarget>) -> Result<RedisLoopStore, ConfigError> {
+        RedisLoopStore::builder(target).build()
     }
 
-    /// A builder for a store at `url`.
-    pub fn builder(url: impl Into<String>) -> RedisLoopStoreBuilder {
+    /// A builder for a store at `target`: a node's URL, or a cluster's seeds (see
+    /// [`RedisTarget`](crate::RedisTarget)).
+    pub fn builder(target: impl Into<crate::RedisTarget>) -> RedisLoopStoreBuilder {
         RedisLoopStoreBuilder {
-            settings: StoreSettings::new(url.into(), DEFAULT_LOOP_KEY_PREFIX),
+            settings: StoreSettings::new(target.into(), DEFAULT_LOOP_KEY_PREFIX),
             signature_seed: DEFAULT_SIGNATURE_SEED,
         }
     }

@@ -38,7 +38,8 @@ return {allowed, math.ceil(tat + interval - limit)}
 ";
 
 /// Rate-limit quotas in Redis (7.0 or later), shared by every replica that points at the
-/// same server: a quota of 10 calls a second is 10 for the fleet, not 10 per replica.
+/// same server or Redis Cluster (feature `cluster`): a quota of 10 calls a second is 10 for
+/// the fleet, not 10 per replica.
 ///
 /// - Each quota is one key, `<prefix>{<tool>\x1f<tenant or session>}`, holding the
 ///   quota's theoretical arrival time (GCRA). The braces are a Redis Cluster hash tag.
@@ -53,7 +54,9 @@ return {allowed, math.ceil(tat + interval - limit)}
 ///   100 lets exactly 100 of any number of concurrent calls through, and the rest hear the
 ///   same retry-after). A lone check goes at once, in one round trip; under load, one round
 ///   trip serves many. Each check waits at most the operation timeout and follows the
-///   failure policy on its own; a caller that gives up before its turn takes no unit.
+///   failure policy on its own; a caller that gives up before its turn takes no unit. A
+///   batch is the checks of one quota, one key: on a cluster it never spans slots, and it
+///   runs on the clock of its key's master.
 /// - Every check is bounded by the operation timeout (1 s by default); a failed check follows
 ///   the layer's [`FailurePolicy`](tower_toolcall::shared_store::FailurePolicy). The connection
 ///   reconnects by itself.
@@ -137,15 +140,17 @@ impl Batch for Shared {
 }
 
 impl RedisRateLimitStore {
-    /// A store at `url` (e.g. `redis://127.0.0.1:6379/`) with the defaults.
-    pub fn open(url: &str) -> Result<RedisRateLimitStore, ConfigError> {
-        RedisRateLimitStore::builder(url).build()
+    /// A store at `target` (a node's URL, e.g. `redis://127.0.0.1:6379/`, or a
+    /// [`RedisTarget`](crate::RedisTarget)) with the defaults.
+    pub fn open(target: impl Into<crate::RedisTarget>) -> Result<RedisRateLimitStore, ConfigError> {
+        RedisRateLimitStore::builder(target).build()
     }
 
-    /// A builder for a store at `url`.
-    pub fn builder(url: impl Into<String>) -> RedisRateLimitStoreBuilder {
+    /// A builder for a store at `target`: a node's URL, or a cluster's seeds (see
+    /// [`RedisTarget`](crate::RedisTarget)).
+    pub fn builder(target: impl Into<crate::RedisTarget>) -> RedisRateLimitStoreBuilder {
         RedisRateLimitStoreBuilder {
-            settings: StoreSettings::new(url.into(), DEFAULT_RATE_LIMIT_KEY_PREFIX),
+            settings: StoreSettings::new(target.into(), DEFAULT_RATE_LIMIT_KEY_PREFIX),
         }
     }
 

@@ -1,23 +1,33 @@
-//! What every Redis store of the crate shares: a lazily made multiplexed connection that
-//! reconnects by itself, every operation bounded by a timeout, an operation sent again once
-//! when it found its connection broken, a short circuit that skips a server known to be down
-//! (see [`circuit`]), hash-tagged key names, the checks of a store's settings, and the
-//! coalescing of concurrent checks of one key into one script.
+//! What every Redis store of the crate shares: where Redis is (a node or a cluster, see
+//! [`RedisTarget`]), a lazily made connection that reconnects by itself (one multiplexed
+//! connection to a node, or the cluster client of the module `cluster`), every operation
+//! bounded by a timeout, an operation sent again once when it found its connection broken, a
+//! short circuit that skips a node known to be down (see [`circuit`]), hash-tagged key names,
+//! the checks of a store's settings, and the coalescing of concurrent checks of one key into
+//! one script.
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, FromRedisValue, ProtocolVersion, RedisResult, ScriptInvocation};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{
+    Client, Cmd, FromRedisValue, Pipeline, ProtocolVersion, RedisFuture, RedisResult,
+    ScriptInvocation, Value,
+};
 
 use tower_toolcall::shared_store::SharedStoreError;
 use tower_toolcall::ConfigError;
 
 mod circuit;
+#[cfg(feature = "cluster")]
+pub(crate) mod cluster;
 mod coalesce;
 
+#[cfg(feature = "cluster")]
+use crate::target::host_of;
+use crate::target::RedisTarget;
 use circuit::Server;
 pub(crate) use coalesce::{check as coalesced, Batch, Coalescer};
 
@@ -104,15 +114,15 @@ pub(crate) fn connection_config(timeout: Duration) -> ConnectionManagerConfig {
 /// keys, and the time one operation may take.
 #[derive(Debug)]
 pub(crate) struct StoreSettings {
-    pub(crate) url: String,
+    pub(crate) target: RedisTarget,
     pub(crate) key_prefix: String,
     pub(crate) operation_timeout: Duration,
 }
 
 impl StoreSettings {
-    pub(crate) fn new(url: String, key_prefix: &str) -> Self {
+    pub(crate) fn new(target: RedisTarget, key_prefix: &str) -> Self {
         StoreSettings {
-            url,
+            target,
             key_prefix: key_prefix.to_owned(),
             operation_timeout: DEFAULT_OPERATION_TIMEOUT,
         }
@@ -121,12 +131,6 @@ impl StoreSettings {
     /// Checks the settings of the store configured under `section` (`rate_limit.redis`, …)
     /// and makes its connection, which connects on first use.
     pub(crate) fn connect(&self, section: &str) -> Result<Connection, ConfigError> {
-        let client = Client::open(self.url.as_str()).map_err(|e| {
-            ConfigError::new(
-                format!("{section}.url"),
-                format!("is not a usable Redis URL: {e}; write it as redis://host:port/db"),
-            )
-        })?;
         if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
             return Err(ConfigError::new(
                 format!("{section}.key_prefix"),
@@ -140,8 +144,36 @@ impl StoreSettings {
             &format!("{section}.operation_timeout"),
             self.operation_timeout,
         )?;
-        Ok(Connection::new(client, self.operation_timeout))
+        let endpoint = match &self.target {
+            RedisTarget::Node(url) => Endpoint::Node(node_client(section, url)?),
+            RedisTarget::Cluster(seeds) => cluster_endpoint(section, seeds)?,
+        };
+        Ok(Connection::new(endpoint, self.operation_timeout))
     }
+}
+
+/// The client of the node at `url`, configured under `section`.
+pub(crate) fn node_client(section: &str, url: &str) -> Result<Client, ConfigError> {
+    Client::open(url).map_err(|e| {
+        ConfigError::new(
+            format!("{section}.url"),
+            format!("is not a usable Redis URL: {e}; write it as redis://host:port/db"),
+        )
+    })
+}
+
+#[cfg(feature = "cluster")]
+fn cluster_endpoint(section: &str, seeds: &[String]) -> Result<Endpoint, ConfigError> {
+    Ok(Endpoint::Cluster(cluster::Seeds::new(section, seeds)?))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn cluster_endpoint(section: &str, _seeds: &[String]) -> Result<Endpoint, ConfigError> {
+    Err(ConfigError::new(
+        format!("{section}.url"),
+        "is a list of Redis Cluster seeds: build tower-toolcall-redis with its `cluster` \
+         feature, or give the URL of one node",
+    ))
 }
 
 /// The `key_prefix` and `operation_timeout` setters of a Redis store's builder, whose
@@ -192,31 +224,99 @@ pub(crate) fn hash_tagged(prefix: &str, tagged: &str, suffix: &str) -> String {
     key
 }
 
-/// One multiplexed connection to a server, made on first use inside the Tokio runtime, that
-/// reconnects by itself; every operation on it is bounded by the operation timeout, and
-/// fails at once while the server is known to be down (see [`circuit`]).
+/// One shard of the store's keys: the node, or one master of the cluster.
+#[derive(Clone, Debug)]
+pub(crate) enum Shard {
+    Node,
+    #[cfg(feature = "cluster")]
+    Master(cluster::Node),
+}
+
+/// Where a store's commands go: one node, or a cluster.
+pub(crate) enum Endpoint {
+    Node(Client),
+    #[cfg(feature = "cluster")]
+    Cluster(cluster::Seeds),
+}
+
+/// A connection to a node or a cluster: what the `redis` crate's commands and scripts run on.
+#[derive(Clone)]
+pub(crate) enum Link {
+    Node(ConnectionManager),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Node(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Link::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Link::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Node(conn) => conn.get_db(),
+            #[cfg(feature = "cluster")]
+            Link::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// The connection of a store, made on first use inside the Tokio runtime, that reconnects by
+/// itself: one multiplexed connection to a node, or the `redis` crate's cluster connection
+/// (one multiplexed connection per node, `MOVED` / `ASK` followed, the slots read again
+/// after a failover). Every operation on it is bounded by the operation timeout; on a node,
+/// it fails at once while the server is known to be down (see [`circuit`]).
 pub(crate) struct Connection {
-    client: Client,
+    endpoint: Endpoint,
     config: ConnectionManagerConfig,
-    cell: OnceLock<Result<ConnectionManager, String>>,
+    node: OnceLock<Result<ConnectionManager, String>>,
+    #[cfg(feature = "cluster")]
+    cluster: tokio::sync::OnceCell<redis::cluster_async::ClusterConnection>,
     timeout: Duration,
-    server: Arc<Server>,
+    /// What the process knows of the node's outages; none on a cluster, whose nodes fail
+    /// one shard at a time (see [`cluster`](self::cluster)).
+    server: Option<Arc<Server>>,
 }
 
 impl Connection {
-    pub(crate) fn new(client: Client, timeout: Duration) -> Self {
-        let server = Server::named(client.get_connection_info().addr().to_string());
+    pub(crate) fn new(endpoint: Endpoint, timeout: Duration) -> Self {
+        let server = match &endpoint {
+            Endpoint::Node(client) => Some(Server::named(
+                client.get_connection_info().addr().to_string(),
+            )),
+            #[cfg(feature = "cluster")]
+            Endpoint::Cluster(_) => None,
+        };
         Connection {
-            client,
+            endpoint,
             config: connection_config(timeout),
-            cell: OnceLock::new(),
+            node: OnceLock::new(),
+            #[cfg(feature = "cluster")]
+            cluster: tokio::sync::OnceCell::new(),
             timeout,
             server,
         }
     }
 
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     pub(crate) fn config(&self) -> &ConnectionManagerConfig {
@@ -227,8 +327,13 @@ impl Connection {
         self.timeout
     }
 
-    /// A store's `Debug` output, begun with what every Redis store shows: its server, key
-    /// prefix and operation timeout; the store adds its own fields.
+    /// Whether the store speaks to a cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        !matches!(self.endpoint, Endpoint::Node(_))
+    }
+
+    /// A store's `Debug` output, begun with what every Redis store shows: its server (or the
+    /// cluster's seeds), key prefix and operation timeout; the store adds its own fields.
     pub(crate) fn debug_store<'a, 'b>(
         &self,
         f: &'a mut std::fmt::Formatter<'b>,
@@ -236,11 +341,85 @@ impl Connection {
         key_prefix: &str,
     ) -> std::fmt::DebugStruct<'a, 'b> {
         let mut debug = f.debug_struct(store);
+        match &self.endpoint {
+            Endpoint::Node(client) => debug.field("server", &client.get_connection_info().addr()),
+            #[cfg(feature = "cluster")]
+            Endpoint::Cluster(seeds) => debug.field("cluster", &seeds.hosts()),
+        };
         debug
-            .field("server", &self.client.get_connection_info().addr())
             .field("key_prefix", &key_prefix)
             .field("operation_timeout", &self.timeout);
         debug
+    }
+
+    /// The connection, made on first use.
+    async fn link(&self) -> RedisResult<Link> {
+        match &self.endpoint {
+            Endpoint::Node(client) => connection(&self.node, client, &self.config)
+                .map(Link::Node)
+                .map_err(|e| {
+                    redis::RedisError::from((redis::ErrorKind::Io, "connect", e.to_string()))
+                }),
+            #[cfg(feature = "cluster")]
+            Endpoint::Cluster(seeds) => self
+                .cluster
+                .get_or_try_init(|| seeds.connect(self.timeout, None))
+                .await
+                .cloned()
+                .map(Link::Cluster),
+        }
+    }
+
+    /// The shards a walk of every key must visit (a `SCAN`): the node, or every master.
+    pub(crate) async fn shards(&self) -> Result<Vec<Shard>, SharedStoreError> {
+        match &self.endpoint {
+            Endpoint::Node(_) => Ok(vec![Shard::Node]),
+            #[cfg(feature = "cluster")]
+            Endpoint::Cluster(_) => {
+                let Link::Cluster(mut conn) = bounded(self.timeout, self.link()).await? else {
+                    unreachable!("a cluster's link is a cluster connection");
+                };
+                let (masters, _) = tokio::time::timeout(self.timeout, cluster::nodes(&mut conn))
+                    .await
+                    .map_err(|_| SharedStoreError::Timeout(self.timeout))??;
+                Ok(masters.into_iter().map(Shard::Master).collect())
+            }
+        }
+    }
+
+    /// Every node of the cluster, masters first, as the cluster sees itself now.
+    #[cfg(feature = "cluster")]
+    pub(crate) async fn cluster_nodes(&self) -> Result<Vec<cluster::Node>, SharedStoreError> {
+        let Link::Cluster(mut conn) = bounded(self.timeout, self.link()).await? else {
+            return Ok(Vec::new());
+        };
+        let (mut masters, replicas) = tokio::time::timeout(self.timeout, cluster::nodes(&mut conn))
+            .await
+            .map_err(|_| SharedStoreError::Timeout(self.timeout))??;
+        masters.extend(replicas);
+        Ok(masters)
+    }
+
+    /// Runs one command on `shard` within the operation timeout.
+    pub(crate) async fn command_on<T: FromRedisValue>(
+        &self,
+        shard: &Shard,
+        command: &Cmd,
+    ) -> Result<T, SharedStoreError> {
+        match shard {
+            Shard::Node => self.command(command).await,
+            #[cfg(feature = "cluster")]
+            Shard::Master(node) => {
+                self.run(|conn| async move {
+                    let Link::Cluster(mut conn) = conn else {
+                        unreachable!("a master is a cluster's");
+                    };
+                    let value = conn.route_command(command.clone(), node.routing()).await?;
+                    T::from_redis_value(value).map_err(redis::RedisError::from)
+                })
+                .await
+            }
+        }
     }
 
     /// Runs one command within the operation timeout.
@@ -259,12 +438,15 @@ impl Connection {
         &self,
         command: &Cmd,
     ) -> Result<T, SharedStoreError> {
-        let mut conn = connection(&self.cell, &self.client, &self.config)?;
-        bounded(self.timeout, command.query_async(&mut conn)).await
+        bounded(self.timeout, async {
+            let mut conn = self.link().await?;
+            command.query_async(&mut conn).await
+        })
+        .await
     }
 
     /// Runs one script (`EVALSHA`, loading it once should the server not know it) within the
-    /// operation timeout.
+    /// operation timeout. On a cluster, the script runs on the master of its keys' slot.
     pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
@@ -280,25 +462,33 @@ impl Connection {
     /// server cannot be reached marks it down for every store.
     async fn run<T, F, Fut>(&self, op: F) -> Result<T, SharedStoreError>
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(Link) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        self.server.check()?;
-        let conn = connection(&self.cell, &self.client, &self.config)?;
+        if let Some(server) = &self.server {
+            server.check()?;
+        }
+        let mut link = None;
         let attempts = async {
+            let conn = self.link().await?;
+            link = Some(conn.clone());
             match op(conn.clone()).await {
-                Err(error) if error.is_connection_dropped() => op(conn.clone()).await,
+                Err(error) if error.is_connection_dropped() => op(conn).await,
                 answered => answered,
             }
         };
-        match bounded_telling(self.timeout, attempts).await {
+        let outcome = bounded_telling(self.timeout, attempts).await;
+        let Some(server) = &self.server else {
+            return outcome.map_err(|(error, _)| error);
+        };
+        match outcome {
             Ok(value) => {
-                self.server.answered();
+                server.answered();
                 Ok(value)
             }
             Err((error, unreachable)) => {
-                if unreachable {
-                    self.server.unreachable(&error, &conn, self.timeout);
+                if let (true, Some(Link::Node(conn))) = (unreachable, &link) {
+                    server.unreachable(&error, conn, self.timeout);
                 }
                 Err(error)
             }

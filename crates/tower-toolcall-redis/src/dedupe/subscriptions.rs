@@ -1,24 +1,72 @@
 //! Waiting on completion channels: one `SUBSCRIBE` per channel and process, however many
 //! calls wait on it, over one RESP3 connection that resubscribes after a reconnect.
+//!
+//! On a cluster, a channel is a sharded one (`SSUBSCRIBE`, Redis 7): the cluster client
+//! subscribes on the master of the channel's slot, the record's own, where `SPUBLISH` of the
+//! finalize script delivers, so a completion never crosses the cluster bus. When that master
+//! fails over, the client subscribes again on the node that takes the slot over; a message
+//! published in between is lost, and the waiter learns of the record by its next read (at
+//! most the fallback poll interval later, and at the end of the lease).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, PushInfo, PushKind, Value};
+use redis::{Client, PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::watch;
 
-use crate::support::{bounded, connection};
+use crate::support::{bounded, connection, resp3_client, Endpoint};
 use tower_toolcall::idempotency::StoreError;
+use tower_toolcall::ConfigError;
 
 /// The subscriptions of one store: its connection and the waiters of each channel.
 pub(super) struct Subscriber {
-    client: Client,
-    config: ConnectionManagerConfig,
-    connection: OnceLock<Result<ConnectionManager, String>>,
+    endpoint: SubscriberEndpoint,
     channels: Arc<Channels>,
     timeout: Duration,
+}
+
+/// Where the subscriptions are made, and their connection once made. One per store, made
+/// once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum SubscriberEndpoint {
+    Node {
+        client: Client,
+        config: ConnectionManagerConfig,
+        connection: OnceLock<Result<ConnectionManager, String>>,
+    },
+    #[cfg(feature = "cluster")]
+    Cluster {
+        seeds: crate::support::cluster::Seeds,
+        connection: tokio::sync::OnceCell<redis::cluster_async::ClusterConnection>,
+    },
+}
+
+/// The subscriptions' connection.
+#[derive(Clone)]
+enum SubscriberLink {
+    Node(ConnectionManager),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl SubscriberLink {
+    async fn subscribe(mut self, channel: &str) -> RedisResult<()> {
+        match &mut self {
+            SubscriberLink::Node(conn) => conn.subscribe(channel).await,
+            #[cfg(feature = "cluster")]
+            SubscriberLink::Cluster(conn) => conn.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(mut self, channel: &str) -> RedisResult<()> {
+        match &mut self {
+            SubscriberLink::Node(conn) => conn.unsubscribe(channel).await,
+            #[cfg(feature = "cluster")]
+            SubscriberLink::Cluster(conn) => conn.sunsubscribe(channel).await,
+        }
+    }
 }
 
 /// The channels this process is subscribed to. The connection hands messages to it.
@@ -50,27 +98,41 @@ pub(super) struct Subscription {
 }
 
 impl Subscriber {
-    /// Subscriptions over a RESP3 connection made from `client` on first use.
+    /// Subscriptions over a RESP3 connection to `endpoint` made on first use; `field` names
+    /// the URL's setting in the error.
     pub(super) fn new(
-        client: Client,
+        field: &str,
+        endpoint: &Endpoint,
         config: ConnectionManagerConfig,
         timeout: Duration,
-    ) -> Subscriber {
+    ) -> Result<Subscriber, ConfigError> {
         let channels = Arc::new(Channels::default());
-        let dispatch_to = channels.clone();
-        let config = config
-            .set_push_sender(move |info: PushInfo| {
-                dispatch_to.dispatch(info);
-                Ok::<(), std::convert::Infallible>(())
-            })
-            .set_automatic_resubscription();
-        Subscriber {
-            client,
-            config,
-            connection: OnceLock::new(),
+        let endpoint = match endpoint {
+            Endpoint::Node(client) => {
+                let dispatch_to = channels.clone();
+                let config = config
+                    .set_push_sender(move |info: PushInfo| {
+                        dispatch_to.dispatch(info);
+                        Ok::<(), std::convert::Infallible>(())
+                    })
+                    .set_automatic_resubscription();
+                SubscriberEndpoint::Node {
+                    client: resp3_client(field, client)?,
+                    config,
+                    connection: OnceLock::new(),
+                }
+            }
+            #[cfg(feature = "cluster")]
+            Endpoint::Cluster(seeds) => SubscriberEndpoint::Cluster {
+                seeds: seeds.clone(),
+                connection: tokio::sync::OnceCell::new(),
+            },
+        };
+        Ok(Subscriber {
+            endpoint,
             channels,
             timeout,
-        }
+        })
     }
 
     /// How many channels this process is subscribed to.
@@ -78,8 +140,29 @@ impl Subscriber {
         self.channels.lock().len()
     }
 
-    fn connection(&self) -> Result<ConnectionManager, StoreError> {
-        Ok(connection(&self.connection, &self.client, &self.config)?)
+    async fn connection(&self) -> Result<SubscriberLink, StoreError> {
+        match &self.endpoint {
+            SubscriberEndpoint::Node {
+                client,
+                config,
+                connection: cell,
+            } => Ok(SubscriberLink::Node(connection(cell, client, config)?)),
+            #[cfg(feature = "cluster")]
+            SubscriberEndpoint::Cluster {
+                seeds,
+                connection: cell,
+            } => {
+                let dispatch_to = self.channels.clone();
+                let pushes: crate::support::cluster::Pushes =
+                    Arc::new(move |info| dispatch_to.dispatch(info));
+                let conn = bounded(
+                    self.timeout,
+                    cell.get_or_try_init(|| seeds.connect(self.timeout, Some(pushes))),
+                )
+                .await?;
+                Ok(SubscriberLink::Cluster(conn.clone()))
+            }
+        }
     }
 
     /// Subscribes to `channel`; the subscription holds every message that comes after the
@@ -88,7 +171,7 @@ impl Subscriber {
         self: &Arc<Self>,
         channel: &str,
     ) -> Result<Subscription, StoreError> {
-        let conn = self.connection()?;
+        let conn = self.connection().await?;
         loop {
             let slot = self.channels.slot(channel);
             let messages = slot.messages.subscribe();
@@ -97,9 +180,7 @@ impl Subscriber {
                 continue;
             }
             if state.subscribers == 0 {
-                let mut conn = conn.clone();
-                let subscribed =
-                    bounded(self.timeout, async move { conn.subscribe(channel).await }).await;
+                let subscribed = bounded(self.timeout, conn.clone().subscribe(channel)).await;
                 if let Err(error) = subscribed {
                     state.retired = true;
                     self.channels.remove(channel, &slot);
@@ -141,13 +222,8 @@ impl Drop for Subscription {
             }
             // Unsubscribe before the slot leaves the map, so that a new waiter's SUBSCRIBE
             // comes after this UNSUBSCRIBE.
-            if let Ok(mut conn) = subscriber.connection() {
-                let name = channel.clone();
-                let left = bounded(
-                    subscriber.timeout,
-                    async move { conn.unsubscribe(name).await },
-                )
-                .await;
+            if let Ok(conn) = subscriber.connection().await {
+                let left = bounded(subscriber.timeout, conn.unsubscribe(&channel)).await;
                 if let Err(error) = left {
                     tracing::debug!(%error, "cannot unsubscribe from a completion channel");
                 }
@@ -188,7 +264,7 @@ impl Channels {
     /// Hands a message to the waiters of its channel. Runs on the connection's task: it never
     /// blocks.
     fn dispatch(&self, info: PushInfo) {
-        if info.kind != PushKind::Message {
+        if !matches!(info.kind, PushKind::Message | PushKind::SMessage) {
             return;
         }
         let mut data = info.data.into_iter();

@@ -8,22 +8,41 @@
 use tower_toolcall::idempotency::StoreError;
 use tower_toolcall::idempotency::{DedupeRecord, RecordState};
 
+/// How a record's completion is published: `PUBLISH` on a node; on a cluster, `SPUBLISH`
+/// (Redis 7), which stays on the shard of the channel's slot, the record's own.
+pub(super) fn publish_command(cluster: bool) -> &'static str {
+    if cluster {
+        "SPUBLISH"
+    } else {
+        "PUBLISH"
+    }
+}
+
 /// KEYS: record, channel. ARGV: version, new value, TTL in ms, publish (1/0).
 ///
 /// Replaces the in-flight record of that version (finalize, cancel, renew) and, when asked,
-/// publishes the new value. Returns `{1}`, or `{0, version that holds the key}`.
-pub(super) const REPLACE: &str = "\
+/// publishes the new value with `publish` (see [`publish_command`]). The same replacement
+/// sent again (the client sent it once more after a lost connection) finds its own value and
+/// answers as the first did. Returns `{1}`, or `{0, version that holds the key}`.
+pub(super) fn replace(publish: &str) -> String {
+    format!(
+        "\
 local head = redis.call('GETRANGE', KEYS[1], 0, 40)
 local state, version = string.match(head, '^(%a+) (%d+)\\n')
 if state ~= 'inflight' or version ~= ARGV[1] then
-  return {0, version}
+  if version == ARGV[1] and redis.call('GET', KEYS[1]) == ARGV[2] then
+    return {{1}}
+  end
+  return {{0, version}}
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 if ARGV[4] == '1' then
-  redis.call('PUBLISH', KEYS[2], ARGV[2])
+  redis.call('{publish}', KEYS[2], ARGV[2])
 end
-return {1}
-";
+return {{1}}
+"
+    )
+}
 
 /// KEYS: record. ARGV: version seen, new value, lease in ms.
 ///
@@ -41,16 +60,21 @@ return {1}
 /// KEYS: record, channel. ARGV: version, message.
 ///
 /// Deletes the in-flight record of that version (a claim whose answer nobody read) and
-/// publishes the message, so that its waiters claim the key. Returns 1 when it did, else 0.
-pub(super) const RELEASE: &str = "\
+/// publishes the message with `publish`, so that its waiters claim the key. Returns 1 when
+/// it did, else 0.
+pub(super) fn release(publish: &str) -> String {
+    format!(
+        "\
 local head = redis.call('GETRANGE', KEYS[1], 0, 40)
 if string.match(head, '^inflight (%d+)\\n') ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[2], ARGV[2])
+redis.call('{publish}', KEYS[2], ARGV[2])
 return 1
-";
+"
+    )
+}
 
 /// KEYS: record. Returns `{value or nil, PTTL}`.
 pub(super) const READ: &str = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}\n";

@@ -27,7 +27,7 @@ async fn fill(server: &RedisServer, prefix: &str, count: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_size_of_a_large_database_is_sampled_in_a_few_round_trips() {
     let server = RedisServer::start();
-    let store = RedisDedupeStore::open(&server.url()).unwrap();
+    let store = RedisDedupeStore::open(server.url()).unwrap();
     fill(&server, "toolcall:idem:{", 3).await;
     fill(&server, "unrelated:", 10).await;
     assert_eq!(store.size().await.unwrap(), 3, "exact in a small database");

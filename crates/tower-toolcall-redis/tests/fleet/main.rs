@@ -6,6 +6,8 @@
 mod support;
 
 mod dedupe_size;
+#[cfg(feature = "cluster")]
+mod on_cluster;
 mod outages;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -934,7 +936,7 @@ fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
                 ToolStack::builder(registry)
                     .metrics(metrics)
                     .loop_detect(|l| l.on_store_failure(FailurePolicy::Closed))
-                    .loop_store(RedisLoopStore::open(&server.url()).unwrap())
+                    .loop_store(RedisLoopStore::open(server.url()).unwrap())
                     .without(StackLayer::Idempotency)
                     .build()
                     .unwrap(),

@@ -55,14 +55,75 @@ mod redis_backend {
     }
 }
 
-/// Runs each case of the core's suite on Redis.
+/// The same cases on a Redis Cluster of the test's own.
+#[cfg(feature = "cluster")]
+mod cluster_backend {
+    use super::*;
+    use support::cluster::RedisCluster;
+    use tower_toolcall_redis::RedisDedupeStore;
+
+    pub(crate) struct Cluster {
+        pub(crate) cluster: Arc<Mutex<RedisCluster>>,
+        seeds: Vec<String>,
+    }
+
+    impl Cluster {
+        pub(crate) fn start() -> Cluster {
+            let cluster = RedisCluster::start();
+            let seeds = cluster.seeds();
+            Cluster {
+                cluster: Arc::new(Mutex::new(cluster)),
+                seeds,
+            }
+        }
+
+        pub(crate) fn replica(&self, operation_timeout: Duration) -> RedisDedupeStore {
+            RedisDedupeStore::builder(self.seeds.clone())
+                .operation_timeout(operation_timeout)
+                .build()
+                .expect("a valid store configuration")
+        }
+    }
+
+    impl Backend for Cluster {
+        type Store = RedisDedupeStore;
+
+        fn store(&self) -> RedisDedupeStore {
+            self.replica(Duration::from_secs(2))
+        }
+
+        fn elapse(&self, by: Duration) -> impl Future<Output = ()> + Send {
+            tokio::time::sleep(by)
+        }
+
+        fn time(&self, nominal: Duration) -> Duration {
+            nominal.min(Duration::from_millis(400))
+        }
+
+        fn exact_time(&self) -> bool {
+            false
+        }
+    }
+}
+
+/// Runs each case of the core's suite on Redis, and on a Redis Cluster.
 macro_rules! store_suite {
     ($($case:ident),* $(,)?) => {
-                mod redis {
+        mod redis {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case(super::redis_backend::Redis::start()).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "cluster")]
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::cluster_backend::Cluster::start()).await;
                 }
             )*
         }
@@ -429,6 +490,9 @@ mod redis_unanswered_claims_and_round_trips {
 }
 
 include!("../../../tower-toolcall/tests/idempotency/cases.rs");
+
+#[cfg(feature = "cluster")]
+mod on_cluster;
 
 #[path = "../../../tower-toolcall/tests/idempotency/derived.rs"]
 mod derived;

@@ -6,6 +6,9 @@ mod core;
 
 pub use self::core::*;
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
+
 /// Runs each case of a table (shared with the core's tests, which run it in memory) on a
 /// `redis-server` of its own; the test attribute given first is the memory suite's.
 #[allow(unused_macros)]
@@ -17,6 +20,17 @@ macro_rules! store_suite {
                 async fn $case() {
                     let server = super::support::redis_server::RedisServer::start();
                     super::$case(super::Store::Redis(server)).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "cluster")]
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let cluster = super::support::cluster::RedisCluster::start();
+                    super::$case(super::Store::Cluster(cluster)).await;
                 }
             )*
         }
