@@ -63,7 +63,21 @@ const HTTP_ONLY_KEYS: &[&str] = &["headers"];
 pub(crate) struct GatewayConfig {
     /// The address of the HTTP fronts.
     pub(crate) listen: Option<SocketAddr>,
-    /// Where the shared stores are: one Redis node, or a Redis Cluster by some of its nodes.
+    /// How log lines are written.
+    pub(crate) log_format: LogFormat,
+    /// The environment variable that holds the admin bearer token.
+    pub(crate) admin_token_env: Option<String>,
+    /// The Redis store; the memory store when `None`.
+    pub(crate) redis: Option<RedisStore>,
+    /// The directory of the JSONL audit log (`calls.jsonl`, `results.jsonl`, `events.jsonl`).
+    pub(crate) audit_path: Option<PathBuf>,
+    /// The MCP servers behind the gateway, in the order of the file.
+    pub(crate) upstreams: Vec<UpstreamConfig>,
+    /// The operator's per-tool policy (namespace = upstream name).
+    pub(crate) policy: Option<ToolRegistry>,
+}
+
+/// Where the shared stores are: one Redis node, or a Redis Cluster by some of its nodes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum RedisStore {
     /// `[store] redis`: one node's URL.
@@ -109,20 +123,6 @@ impl fmt::Display for RedisStore {
             }
         }
     }
-}
-
-/// How log lines are written.
-    pub(crate) log_format: LogFormat,
-    /// The environment variable that holds the admin bearer token.
-    pub(crate) admin_token_env: Option<String>,
-    /// The Redis store; the memory store when `None`.
-    pub(crate) redis: Option<RedisStore>,
-    /// The directory of the JSONL audit log (`calls.jsonl`, `results.jsonl`, `events.jsonl`).
-    pub(crate) audit_path: Option<PathBuf>,
-    /// The MCP servers behind the gateway, in the order of the file.
-    pub(crate) upstreams: Vec<UpstreamConfig>,
-    /// The operator's per-tool policy (namespace = upstream name).
-    pub(crate) policy: Option<ToolRegistry>,
 }
 
 /// How log lines are written.

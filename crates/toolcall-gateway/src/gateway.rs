@@ -205,12 +205,9 @@ impl Gateway {
             Some(store) => {
                 let target = redis_target(store);
                 let dedupe = RedisDedupeStore::open(target.clone())?;
-                dedupe
-                    .ping()
-                    .await
-                    .map_err(|err| {
-                        format!("{} ({store}) cannot be reached: {err}", store.field())
-                    })?;
+                dedupe.ping().await.map_err(|err| {
+                    format!("{} ({store}) cannot be reached: {err}", store.field())
+                })?;
                 tracing::info!("dedupe records, quotas and loop sessions in Redis at {store}");
                 let stack = builder
                     .store(dedupe)

@@ -606,14 +606,35 @@ async fn sighup_reloads_the_upstreams_and_refuses_a_bad_file() {
 #[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
 
+#[allow(dead_code)]
+#[path = "../../../tower-toolcall-redis/tests/support/cluster.rs"]
+mod cluster;
+
 /// Two gateways on one redis-server behave as one: a quota and a loop session shared.
 #[tokio::test]
 async fn two_gateways_on_one_redis_share_a_quota_and_a_loop() {
     let redis = support::redis_server::RedisServer::start();
+    two_gateways_as_one("fleet", &format!("redis = \"{}\"", redis.url())).await;
+}
+
+/// Two gateways on a 3-master Redis Cluster behave as one, as on one node.
+#[tokio::test]
+async fn two_gateways_on_a_redis_cluster_share_a_quota_and_a_loop() {
+    let cluster = cluster::RedisCluster::start();
+    let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("\"{s}\"")).collect();
+    two_gateways_as_one(
+        "fleet-cluster",
+        &format!("cluster = [{}]", seeds.join(", ")),
+    )
+    .await;
+}
+
+/// Two gateways with `store` in their `[store]` share a quota and a loop session.
+async fn two_gateways_as_one(name: &str, store: &str) {
     let extra = format!(
         r#"
 [store]
-redis = "{url}"
+{store}
 
 [policy]
 [[policy.tools]]
@@ -623,10 +644,9 @@ risk = "read-only"
 idempotent = true
 [policy.tools.policy]
 rate_limit = {{ per_second = 1, burst = 2, key = "tool" }}
-"#,
-        url = redis.url()
+"#
     );
-    let config = config_file("fleet", &extra);
+    let config = config_file(name, &extra);
     let (one, two) = (
         HttpGateway::start(&config).await,
         HttpGateway::start(&config).await,
