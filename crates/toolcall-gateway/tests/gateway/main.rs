@@ -606,7 +606,7 @@ async fn sighup_reloads_the_upstreams_and_refuses_a_bad_file() {
 #[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
 
-#[allow(dead_code)]
+#[allow(dead_code, unreachable_pub)]
 #[path = "../../../tower-toolcall-redis/tests/support/cluster.rs"]
 mod cluster;
 
