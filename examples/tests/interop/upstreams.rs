@@ -165,8 +165,10 @@ async fn a_killed_mcp_server_time_is_started_again() {
     assert_eq!(client.state(), UpstreamState::Connected);
     assert_eq!(client.stats().disconnects, 5);
     assert_eq!(client.stats().reconnects, 5);
+    // A recovery is the reconnection (at once) plus the start of a Python interpreter and
+    // its imports: about 1 s on an idle machine, several under a loaded test run.
     assert!(
-        times.iter().all(|t| *t < Duration::from_secs(5)),
+        times.iter().all(|t| *t < Duration::from_secs(15)),
         "recoveries {millis:?} ms"
     );
     // The tool's own breaker saw the outage as nothing: the server's breaker took it.
