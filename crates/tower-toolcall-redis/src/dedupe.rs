@@ -38,6 +38,14 @@ const SIZE_SAMPLE: u64 = 4_000;
 /// The keys one `SCAN` step asks for.
 const SCAN_COUNT: u64 = 1_000;
 
+/// How long, on a cluster, a result that cannot be written is written again (at least; four
+/// operation timeouts when longer): a master's failover takes about its
+/// `cluster-node-timeout` and an election.
+const FINALIZE_PATIENCE: Duration = Duration::from_secs(3);
+
+/// The wait between two tries to write a result on a cluster.
+const FINALIZE_RETRY_DELAY: Duration = Duration::from_millis(50);
+
 /// How many times a claim tries to take over a record that keeps changing hands before it
 /// answers with the record that holds the key.
 const TAKE_OVER_ATTEMPTS: usize = 4;
@@ -481,7 +489,26 @@ impl DedupeStore for RedisDedupeStore {
     ) -> Result<Finalized, StoreError> {
         let ttl = completion.ttl;
         let settled = completion.settle(claimed, unix_now_ms());
-        self.shared.replace(claimed, &settled, ttl, true).await
+        // On a cluster, a result that cannot be written while its master fails over is
+        // written again until a replica takes over (the write finds its own value should an
+        // earlier try have landed): a result given up is a key released, and a duplicate
+        // then runs the tool again.
+        let patience = if self.shared.commands.is_cluster() {
+            FINALIZE_PATIENCE.max(self.shared.commands.timeout() * 4)
+        } else {
+            Duration::ZERO
+        };
+        let give_up = tokio::time::Instant::now() + patience;
+        loop {
+            match self.shared.replace(claimed, &settled, ttl, true).await {
+                Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+                    if tokio::time::Instant::now() < give_up =>
+                {
+                    tokio::time::sleep(FINALIZE_RETRY_DELAY).await;
+                }
+                finalized => return finalized,
+            }
+        }
     }
 
     async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {

@@ -288,7 +288,7 @@ pub(crate) struct Connection {
     config: ConnectionManagerConfig,
     node: OnceLock<Result<ConnectionManager, String>>,
     #[cfg(feature = "cluster")]
-    cluster: tokio::sync::OnceCell<redis::cluster_async::ClusterConnection>,
+    cluster: cluster::Current,
     timeout: Duration,
     /// What the process knows of the node's outages; none on a cluster, whose nodes fail
     /// one shard at a time (see [`cluster`](self::cluster)).
@@ -309,7 +309,7 @@ impl Connection {
             config: connection_config(timeout),
             node: OnceLock::new(),
             #[cfg(feature = "cluster")]
-            cluster: tokio::sync::OnceCell::new(),
+            cluster: cluster::Current::default(),
             timeout,
             server,
         }
@@ -363,9 +363,8 @@ impl Connection {
             #[cfg(feature = "cluster")]
             Endpoint::Cluster(seeds) => self
                 .cluster
-                .get_or_try_init(|| seeds.connect(self.timeout, None))
+                .get(|| seeds.connect(self.timeout, None))
                 .await
-                .cloned()
                 .map(Link::Cluster),
         }
     }
@@ -479,6 +478,10 @@ impl Connection {
         };
         let outcome = bounded_telling(self.timeout, attempts).await;
         let Some(server) = &self.server else {
+            #[cfg(feature = "cluster")]
+            if let Endpoint::Cluster(_) = &self.endpoint {
+                self.cluster.outcome(outcome.is_ok(), self.timeout);
+            }
             return outcome.map_err(|(error, _)| error);
         };
         match outcome {

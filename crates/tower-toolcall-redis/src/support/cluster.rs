@@ -13,7 +13,9 @@
 
 use std::time::Duration;
 
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
@@ -30,6 +32,83 @@ use super::host_of;
 const RETRIES: u32 = 24;
 /// The shortest and longest waits between two of those tries, in ms.
 const RETRY_WAIT_MS: (u64, u64) = (10, 250);
+
+/// How long a store's cluster connection may go without answering any operation, while
+/// operations fail, before the store makes a new one (at least this, and four operation
+/// timeouts).
+const WEDGED_AFTER: Duration = Duration::from_secs(2);
+
+/// A store's cluster connection, made on first use, and made anew when it has answered no
+/// operation for a while as operations kept failing.
+///
+/// The `redis` crate's cluster client (1.8) pauses every request while it reads the slot map
+/// again, and reads it again after each request that failed on a master that died: under
+/// load, or on a busy machine, it can stay in that loop long after a replica took the dead
+/// master's slots over, every shard failing meanwhile. A new connection reads the slot map
+/// from the seeds once and serves again: the store makes one when nothing has succeeded for
+/// [`WEDGED_AFTER`] (or four operation timeouts, if longer) while operations failed. During
+/// an ordinary failover, the other shards keep answering, and nothing is replaced.
+#[derive(Default)]
+pub(crate) struct Current {
+    connection: Mutex<Option<(ClusterConnection, tokio::time::Instant)>>,
+    connecting: tokio::sync::Mutex<()>,
+    /// When an operation last succeeded, or the connection was made.
+    last_answer: Mutex<Option<tokio::time::Instant>>,
+    replacing: AtomicBool,
+}
+
+impl Current {
+    /// The connection, made by `connect` when there is none.
+    pub(crate) async fn get<F, Fut>(&self, connect: F) -> RedisResult<ClusterConnection>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = RedisResult<ClusterConnection>>,
+    {
+        if let Some((conn, _)) = &*lock(&self.connection) {
+            return Ok(conn.clone());
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some((conn, _)) = &*lock(&self.connection) {
+            return Ok(conn.clone());
+        }
+        let conn = connect().await?;
+        let now = tokio::time::Instant::now();
+        *lock(&self.connection) = Some((conn.clone(), now));
+        *lock(&self.last_answer) = Some(now);
+        Ok(conn)
+    }
+
+    /// An operation on the connection ended: answered (`ok`), or failed. After a failure,
+    /// a connection that has answered nothing for long enough is dropped: the next
+    /// operation makes a new one.
+    pub(crate) fn outcome(&self, ok: bool, timeout: Duration) {
+        let now = tokio::time::Instant::now();
+        if ok {
+            *lock(&self.last_answer) = Some(now);
+            return;
+        }
+        let wedged_after = WEDGED_AFTER.max(timeout * 4);
+        let silent = lock(&self.last_answer)
+            .is_some_and(|at| now.saturating_duration_since(at) >= wedged_after);
+        if !silent || self.replacing.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let dropped = lock(&self.connection).take();
+        if dropped.is_some() {
+            tracing::warn!(
+                silent_ms = wedged_after.as_millis() as u64,
+                "the Redis Cluster connection answered nothing while operations failed: \
+                 making a new one from the seeds"
+            );
+        }
+        *lock(&self.last_answer) = Some(now);
+        self.replacing.store(false, Ordering::Relaxed);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The shortest time one attempt may take.
 const ATTEMPT_FLOOR: Duration = Duration::from_millis(50);
@@ -107,13 +186,14 @@ impl Seeds {
         self.infos.len()
     }
 
-    /// A client whose every attempt (a connection, a command) is bounded by a quarter of
-    /// the operation `timeout`: an attempt stuck on a master that died fails in time for the
-    /// client to read the slot map again and try the new master within the operation.
+    /// A client whose every command is bounded by a quarter of the operation `timeout`, so
+    /// that one stuck on a master that died fails in time for the client to read the slot
+    /// map again and try the new master within the operation; a connection may take the
+    /// whole operation timeout, so that a busy machine still connects to the new master.
     fn builder(&self, timeout: Duration) -> ClusterClientBuilder {
         let attempt = (timeout / 4).max(ATTEMPT_FLOOR);
         ClusterClientBuilder::new(self.infos.clone())
-            .connection_timeout(attempt)
+            .connection_timeout(timeout)
             .response_timeout(attempt)
             .overall_response_timeout(None)
             .retries(RETRIES)

@@ -17,8 +17,11 @@ const INSTALL_HINT: &str = "these tests run a real Redis Cluster (redis-server 7
 /// How long a node may go silent before its replica takes over (`cluster-node-timeout`).
 pub const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 
-/// A 3-master, 3-replica cluster that belongs to one test.
+/// A 3-master, 3-replica cluster that belongs to one test. One runs at a time in a test
+/// process: six servers, their replication and a failover share the machine's cores with
+/// the test, whose timings they would otherwise distort.
 pub struct RedisCluster {
+    _turn: Turn,
     ports: Vec<u16>,
     children: HashMap<u16, Child>,
     dir: PathBuf,
@@ -36,7 +39,9 @@ impl RedisCluster {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the cluster's directory");
+        let turn = Turn::take();
         let mut cluster = RedisCluster {
+            _turn: turn,
             ports: Vec::new(),
             children: HashMap::new(),
             dir,
@@ -258,6 +263,29 @@ impl Drop for RedisCluster {
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The turn of the one cluster of the process.
+struct Turn;
+
+static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Turn {
+    fn take() -> Turn {
+        while TAKEN
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        TAKEN.store(false, Ordering::Release);
     }
 }
 
