@@ -21,7 +21,8 @@
 //! `mcp-proxy` runs with one part of its README's per-backend middleware block at a time:
 //! `[backends.retry]` (`max_retries = 3`, `initial_backoff_ms = 100`, `budget_percent = 20.0`),
 //! `[backends.hedging]` (`delay_ms = 200`, `max_hedges = 1`) or `[backends.cache]`
-//! (`tool_ttl_seconds = 60`), always with `[backends.timeout] seconds = 5`. The gateway
+//! (`tool_ttl_seconds = 60`), or with `[performance] coalesce_requests = true`, always with
+//! `[backends.timeout] seconds = 5`. The gateway
 //! fronts the upstream as `trusted` (its annotations are the policy), with its defaults.
 
 mod peers;
@@ -168,6 +169,8 @@ fn mcp_proxy_middleware(part: &str) -> &'static str {
         }
         "hedging" => "[backends.hedging]\ndelay_ms = 200\nmax_hedges = 1\n",
         "cache" => "[backends.cache]\ntool_ttl_seconds = 60\n",
+        // A switch of the whole proxy (`[performance]`), not of the backend.
+        "coalescing" => "",
         other => panic!("no such part of mcp-proxy's middleware: {other}"),
     }
 }
@@ -219,7 +222,12 @@ async fn cell(front: Front, scenario: Scenario) -> String {
     let (_process, url, prefix) = match front {
         Front::Direct => (None, url.clone(), String::new()),
         Front::McpProxy(part) => {
-            let proxy = peers::mcp_proxy(&backend(part), "").await;
+            let performance = if part == "coalescing" {
+                "[performance]\ncoalesce_requests = true\n"
+            } else {
+                ""
+            };
+            let proxy = peers::mcp_proxy(&backend(part), performance).await;
             let url = proxy.url.clone();
             (Some(proxy), url, "u/".to_owned())
         }
@@ -252,6 +260,7 @@ async fn main() {
     let retry = Front::McpProxy("retry");
     let hedging = Front::McpProxy("hedging");
     let cache = Front::McpProxy("cache");
+    let coalescing = Front::McpProxy("coalescing");
     let rows: Vec<(&str, Vec<Front>, Scenario)> = vec![
         (
             "a payment that fails (JSON-RPC internal error) after acting, sent once",
@@ -303,6 +312,29 @@ async fn main() {
                         call(&peer, &format!("{prefix}pay"), "p-1", Some("key-1")).await;
                     }
                     times(upstream.executions("pay"))
+                })
+            },
+        ),
+        (
+            "a 500 ms payment whose client gives up after 100 ms, sent again 1 s later",
+            vec![Front::Direct, coalescing, Front::Gateway],
+            |peer, prefix, upstream| {
+                Box::pin(async move {
+                    let tool = format!("{prefix}slow_pay");
+                    let wait = Duration::from_millis(100);
+                    let _ = tokio::time::timeout(wait, call(&peer, &tool, "s-1", None)).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let again = tokio::time::timeout(
+                        Duration::from_secs(3),
+                        call(&peer, &tool, "s-1", None),
+                    )
+                    .await;
+                    let answered = match again {
+                        Ok(got) if got == "paid" => "answered",
+                        Ok(_) => "failed",
+                        Err(_) => "no answer in 3 s",
+                    };
+                    format!("{}, {answered}", times(upstream.executions("slow_pay")))
                 })
             },
         ),

@@ -165,7 +165,9 @@ async fn main() {
     let config: String = echoes
         .iter()
         .enumerate()
-        .map(|(i, url)| format!("[[upstreams]]\nname = \"up{i}\"\nurl = \"{url}\"\n\n"))
+        .map(|(i, url)| {
+            format!("[[upstreams]]\nname = \"up{i}\"\nurl = \"{url}\"\ntrust = \"trusted\"\n\n")
+        })
         .collect();
     let gateway = peers::gateway(&config).await;
     let ours = steps(

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! crates/toolcall-gateway/benches/mcp-proxy.sh              # mcp-proxy 0.6.0 into .tools/
-//! cargo bench -p toolcall-gateway --bench overhead          # CALLS=4000 ROUNDS=2 by default
+//! cargo bench -p toolcall-gateway --bench overhead          # CALLS=1000 ROUNDS=2 by default
 //! ```
 //!
 //! The echo server (`echo`, which answers its arguments) runs in this process over
@@ -16,9 +16,10 @@
 //!   `[backends.cache] tool_ttl_seconds = 60`, `[performance] coalesce_requests = true`;
 //! - `toolcall-gateway`: the binary of this package (built in the bench profile, that is
 //!   `--release`) as a child process, one `[[upstreams]]` entry with the echo server's URL
-//!   and nothing else: the whole stack with its defaults (an untrusted upstream, a tool
-//!   without annotations: validation, loop detection, quotas, idempotency under a key derived
-//!   from the arguments, breakers per tool and per server, the per-call timeout, metrics).
+//!   and `trust = "trusted"` (so that `echo`'s `readOnlyHint` is its policy), everything else
+//!   by default: the whole stack runs on every call (validation, loop detection, quotas, the
+//!   dedupe layer under a key derived from the arguments, retries, the breakers per tool and
+//!   per server, the per-call timeout, metrics).
 //!
 //! Every call carries distinct arguments, so that no cache, coalescing or dedupe record
 //! answers in the upstream's place. Sessions are opened and warmed up (20 calls each)
@@ -151,7 +152,7 @@ async fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
-    let calls = env("CALLS", 4000);
+    let calls = env("CALLS", 1000);
     let rounds = env("ROUNDS", 2);
     // Before anything runs: the peer must be there.
     peers::mcp_proxy_binary();
@@ -163,7 +164,7 @@ async fn main() {
     )
     .await;
     let gateway = peers::gateway(&format!(
-        "[[upstreams]]\nname = \"echo\"\nurl = \"{echo}\"\n"
+        "[[upstreams]]\nname = \"echo\"\nurl = \"{echo}\"\ntrust = \"trusted\"\n"
     ))
     .await;
     let targets = [

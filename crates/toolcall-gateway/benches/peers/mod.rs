@@ -13,6 +13,7 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::{RequestContext, RunningService};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -231,7 +232,8 @@ pub(crate) async fn call(
     }
 }
 
-/// An MCP server with one tool, `echo`, which answers its arguments as text.
+/// An MCP server with one tool, `echo` (`readOnlyHint: true`), which answers its arguments
+/// as text.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Echo;
 
@@ -246,11 +248,13 @@ impl ServerHandler for Echo {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let schema = json!({"type": "object", "properties": {"text": {"type": "string"}}});
-        Ok(ListToolsResult::with_all_items(vec![Tool::new(
+        let echo = Tool::new(
             "echo",
             "Answers its arguments",
             Arc::new(schema.as_object().cloned().unwrap_or_default()),
-        )]))
+        )
+        .annotate(ToolAnnotations::new().read_only(true));
+        Ok(ListToolsResult::with_all_items(vec![echo]))
     }
 
     async fn call_tool(
