@@ -5,7 +5,7 @@
 #   crates/toolcall-gateway/benches/mcp-proxy.sh            # install only
 #   crates/toolcall-gateway/benches/mcp-proxy.sh --bench    # install, then safety, overhead, memory
 #
-# It builds from source (about 450 crates; 15-25 minutes on 2 cores), once.
+# It builds from source, once (334 crates; 33 minutes on 2 cores shared with other builds).
 set -eu
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
 version=0.6.0
