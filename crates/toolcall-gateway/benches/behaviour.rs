@@ -25,6 +25,8 @@
 //! `[backends.timeout] seconds = 5`. The gateway
 //! fronts the upstream as `trusted` (its annotations are the policy), with its defaults.
 
+#[path = "../tests/support/http.rs"]
+mod http;
 mod peers;
 
 use std::collections::HashMap;
@@ -40,8 +42,6 @@ use rmcp::model::{
     Tool, ToolAnnotations,
 };
 use rmcp::service::{Peer, RequestContext};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{RoleClient, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
@@ -128,17 +128,7 @@ impl ServerHandler for Counting {
 /// Serves a fresh [`Counting`] upstream; its state and URL.
 async fn upstream() -> (Counting, String) {
     let state = Counting::default();
-    let served = state.clone();
-    let service = StreamableHttpService::new(
-        move || Ok(served.clone()),
-        Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await
-    });
+    let url = crate::http::serve(state.clone()).await;
     (state, url)
 }
 

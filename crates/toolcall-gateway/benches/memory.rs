@@ -19,6 +19,8 @@
 //! distinct arguments (so that every call leaves its dedupe record, or cache entry). After
 //! each step, the front's peak and current resident set.
 
+#[path = "../tests/support/http.rs"]
+mod http;
 mod peers;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -28,6 +28,8 @@
 //! percentiles are over all rounds. Added latency is the target's percentile less the
 //! direct one at the same concurrency.
 
+#[path = "../tests/support/http.rs"]
+mod http;
 mod peers;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

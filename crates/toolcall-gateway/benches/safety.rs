@@ -39,6 +39,8 @@
 
 #[path = "../tests/support/flaky.rs"]
 mod flaky;
+#[path = "../tests/support/http.rs"]
+mod http;
 mod peers;
 
 use std::sync::atomic::Ordering;

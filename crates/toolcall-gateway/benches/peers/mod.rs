@@ -16,10 +16,7 @@ use rmcp::model::{
     ToolAnnotations,
 };
 use rmcp::service::{RequestContext, RunningService};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::{
-    StreamableHttpClientTransport, StreamableHttpServerConfig, StreamableHttpService,
-};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -269,17 +266,7 @@ impl ServerHandler for Echo {
 
 /// Serves [`Echo`] over streamable HTTP on a free loopback port; its URL (`/mcp`).
 pub(crate) async fn echo_server() -> String {
-    let service = StreamableHttpService::new(
-        || Ok(Echo),
-        Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await
-    });
-    url
+    crate::http::serve(Echo).await
 }
 
 /// A process's memory, from `/proc/<pid>/status`, in kB.

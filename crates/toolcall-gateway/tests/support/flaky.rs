@@ -15,8 +15,6 @@ use rmcp::model::{
     ToolAnnotations,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
@@ -125,16 +123,6 @@ impl ServerHandler for Upstream {
 /// Serves a fresh upstream on a free loopback port; its state and URL.
 pub(crate) async fn upstream() -> (Upstream, String) {
     let state = Upstream::default();
-    let served = state.clone();
-    let service = StreamableHttpService::new(
-        move || Ok(served.clone()),
-        Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await
-    });
+    let url = crate::http::serve(state.clone()).await;
     (state, url)
 }
