@@ -331,7 +331,8 @@ where
         }
     }
     let finished_at_ms = started_at_ms.saturating_add(millis(started.elapsed()));
-    let completion = Completion {
+    // Made again only if the first write fails.
+    let completion = || Completion {
         result: match &outcome {
             Ok(output) => {
                 let mut stored = ToolOutput::new(output.content.clone());
@@ -352,11 +353,11 @@ where
     let finalized = match &guard.shared.memory {
         Some(memory) => {
             let claimed = guard.claimed.take().expect("the claim is held");
-            Ok(memory.finalize_now(claimed, completion))
+            Ok(memory.finalize_now(claimed, completion()))
         }
         None => {
             let store = &guard.shared.store;
-            let finalized = store.finalize(guard.claimed(), completion).await;
+            let finalized = store.finalize(guard.claimed(), completion()).await;
             if finalized.is_ok() {
                 guard.claimed = None;
             }
@@ -378,19 +379,76 @@ where
                  its result was not stored"
             );
         }
-        Err(error) => {
-            // The guard releases the key, so that waiters do not wait for the lease to end.
+        Err(error) if plan.repeat_is_safe => {
+            // Running the tool again is harmless: the guard releases the key, so that waiters
+            // do not wait for the lease to end.
             Counters::bump(&counters.store_errors);
             tracing::warn!(
                 request_id = call.request_id(),
                 tool = call.tool_name(),
                 idempotency_key_hash = %plan.key_fingerprint(),
                 error = %error,
-                "the result of the tool call could not be stored"
+                "the result of the tool call could not be stored; its key is free"
             );
+        }
+        Err(error) => {
+            // The tool may have acted: freeing the key would let a waiting duplicate run it a
+            // second time. The key stays held, and the result is written again until the
+            // lease ends; after that, the lease's rule applies (SPEC §5).
+            Counters::bump(&counters.store_errors);
+            tracing::warn!(
+                request_id = call.request_id(),
+                tool = call.tool_name(),
+                idempotency_key_hash = %plan.key_fingerprint(),
+                error = %error,
+                "the result of the tool call could not be stored; its key stays held while \
+                 the result is written again"
+            );
+            if let Some(claimed) = guard.claimed.take() {
+                let store = guard.shared.store.clone();
+                let retry = finalize_until(store, claimed, completion(), plan.claim.lease);
+                if !finish_detached(retry) {
+                    tracing::warn!("no Tokio runtime: the key stays held until its lease ends");
+                }
+            }
         }
     }
     outcome
+}
+
+/// Writes `completion` for `claimed` again, with growing pauses, until it is written, the
+/// claim no longer holds, or `lease` has passed.
+async fn finalize_until<St: DedupeStore>(
+    store: St,
+    claimed: Arc<DedupeRecord>,
+    completion: Completion,
+    lease: Duration,
+) {
+    let deadline = Instant::now() + lease;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            tracing::warn!(
+                idempotency_key_hash = %record_fingerprint(&claimed),
+                "the result could not be stored within the lease; the key is free once it ends"
+            );
+            return;
+        }
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+        match store.finalize(&claimed, completion.clone()).await {
+            Ok(Finalized::Written) => {
+                tracing::info!(
+                    idempotency_key_hash = %record_fingerprint(&claimed),
+                    "the result of the tool call is stored after all"
+                );
+                return;
+            }
+            Ok(Finalized::Stale { .. }) => return,
+            Err(_) => {}
+        }
+    }
 }
 
 /// Polls `tool` to completion and, every half lease while it runs, renews the lease.

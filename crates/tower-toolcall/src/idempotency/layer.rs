@@ -55,6 +55,7 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
                 resend_window: DEFAULT_RESEND_WINDOW,
                 read_cache_ttl: None,
                 read_only: false,
+                repeat_is_safe: false,
                 callers_may_loosen: false,
             },
         }

@@ -63,6 +63,8 @@ pub(super) struct Settings {
     pub(super) read_cache_ttl: Option<Duration>,
     /// The tool is registered as read-only.
     pub(super) read_only: bool,
+    /// Running the tool again does no harm (read-only or idempotent).
+    pub(super) repeat_is_safe: bool,
     /// Whether a call may ask for a looser dedupe mode than `mode`.
     pub(super) callers_may_loosen: bool,
 }
@@ -96,11 +98,13 @@ impl Settings {
         setting: &LayerSetting<IdempotencyOverrides>,
     ) -> Option<Self> {
         let read_only = descriptor.is_some_and(|d| d.risk == RiskLevel::ReadOnly);
+        let repeat_is_safe = descriptor.is_some_and(ToolDescriptor::repeat_is_safe);
         let overrides = match setting {
             LayerSetting::Off => return None,
             LayerSetting::Default => {
                 return Some(Settings {
                     read_only,
+                    repeat_is_safe,
                     ..self.clone()
                 })
             }
@@ -109,6 +113,7 @@ impl Settings {
         let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
         Some(Settings {
             read_only,
+            repeat_is_safe,
             resend_window: ms(overrides.resend_window_ms, self.resend_window),
             read_cache_ttl: overrides
                 .read_cache_ttl_ms
@@ -144,6 +149,8 @@ pub(super) struct Plan {
     /// Whether the layer is in shadow mode for the call: it notes what the record would have
     /// answered and runs the call.
     pub(super) shadow: bool,
+    /// Running the tool again does no harm: a result that cannot be stored frees the key.
+    pub(super) repeat_is_safe: bool,
 }
 
 impl<St: DedupeStore> Shared<St> {
@@ -210,6 +217,7 @@ impl<St: DedupeStore> Shared<St> {
             failed_ttl,
             fail_open: settings.on_store_error == OnStoreError::FailOpen,
             shadow,
+            repeat_is_safe: settings.repeat_is_safe,
         }))
     }
 }

@@ -598,3 +598,162 @@ async fn snowflake_ids_beyond_two_to_the_53_are_neither_a_cache_hit_nor_a_confli
 }
 
 mod derived;
+
+/// A memory store whose first `failures` writes of a result fail, as a store that cannot be
+/// reached for a moment does.
+#[derive(Clone, Debug)]
+struct FailingFinalize {
+    inner: InMemoryDedupeStore,
+    failures: Arc<AtomicUsize>,
+}
+
+impl DedupeStore for FailingFinalize {
+    fn claim(
+        &self,
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimOutcome, tower_toolcall::idempotency::StoreError>> + Send
+    {
+        self.inner.claim(request)
+    }
+
+    fn get(
+        &self,
+        key: &str,
+    ) -> impl Future<
+        Output = Result<
+            Option<tower_toolcall::idempotency::DedupeRecord>,
+            tower_toolcall::idempotency::StoreError,
+        >,
+    > + Send {
+        self.inner.get(key)
+    }
+
+    async fn finalize(
+        &self,
+        claimed: &tower_toolcall::idempotency::DedupeRecord,
+        completion: Completion,
+    ) -> Result<Finalized, tower_toolcall::idempotency::StoreError> {
+        let failed = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failed {
+            return Err(tower_toolcall::idempotency::StoreError::Unavailable(
+                "the store is down for a moment".into(),
+            ));
+        }
+        self.inner.finalize(claimed, completion).await
+    }
+
+    fn cancel(
+        &self,
+        claimed: &tower_toolcall::idempotency::DedupeRecord,
+        keep_for: Duration,
+    ) -> impl Future<Output = Result<bool, tower_toolcall::idempotency::StoreError>> + Send {
+        self.inner.cancel(claimed, keep_for)
+    }
+
+    fn renew(
+        &self,
+        claimed: &tower_toolcall::idempotency::DedupeRecord,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, tower_toolcall::idempotency::StoreError>> + Send {
+        self.inner.renew(claimed, lease)
+    }
+
+    fn wait(
+        &self,
+        seen: &tower_toolcall::idempotency::DedupeRecord,
+    ) -> impl Future<
+        Output = Result<
+            Option<tower_toolcall::idempotency::DedupeRecord>,
+            tower_toolcall::idempotency::StoreError,
+        >,
+    > + Send {
+        self.inner.wait(seen)
+    }
+
+    fn delete(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, tower_toolcall::idempotency::StoreError>> + Send {
+        self.inner.delete(key)
+    }
+
+    fn flush_prefix(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<u64, tower_toolcall::idempotency::StoreError>> + Send {
+        self.inner.flush_prefix(prefix)
+    }
+
+    fn sweep_expired(
+        &self,
+    ) -> impl Future<Output = Result<u64, tower_toolcall::idempotency::StoreError>> + Send {
+        self.inner.sweep_expired()
+    }
+
+    fn size(
+        &self,
+    ) -> impl Future<Output = Result<u64, tower_toolcall::idempotency::StoreError>> + Send {
+        self.inner.size()
+    }
+
+    fn find_by_fingerprint(
+        &self,
+        fingerprint: &str,
+    ) -> impl Future<
+        Output = Result<
+            Option<tower_toolcall::idempotency::DedupeRecord>,
+            tower_toolcall::idempotency::StoreError,
+        >,
+    > + Send {
+        self.inner.find_by_fingerprint(fingerprint)
+    }
+}
+
+/// A result the store could not take at first: for a write, the key stays held and the
+/// result is written again, so that the duplicate waiting on the call gets it and the tool
+/// runs once; for a read, the key is freed, and the duplicate runs the read again.
+#[tokio::test(start_paused = true)]
+async fn a_result_the_store_could_not_take_keeps_a_writes_key_and_frees_a_reads() {
+    // The write's result fails twice: its first write and the first write again.
+    for (risk, failures, runs) in [(RiskLevel::Writes, 2, 1), (RiskLevel::ReadOnly, 1, 2)] {
+        let store = FailingFinalize {
+            inner: InMemoryDedupeStore::new(),
+            failures: Arc::new(AtomicUsize::new(failures)),
+        };
+        let registry = ToolRegistry::builder()
+            .tool(ToolDescriptor::new(NS, TOOL, risk))
+            .build()
+            .unwrap();
+        let idem = IdempotencyLayer::new(registry, store);
+        let tool = MockTool::echo(Duration::from_millis(200));
+        let svc = over(&idem, &tool);
+        let keyed = || {
+            call("s", json!({"path": "a.md"}))
+                .idempotency_key("k-1")
+                .build()
+                .unwrap()
+        };
+        let first = tokio::spawn(run_owned(svc.clone(), keyed()));
+        tool.started.notified().await;
+        let duplicate = tokio::spawn(run_owned(svc.clone(), keyed()));
+        let first = first.await.unwrap().unwrap();
+        assert_eq!(first.content["run"], 1, "{risk:?}");
+        let duplicate = tokio::time::timeout(Duration::from_secs(10), duplicate)
+            .await
+            .expect("the duplicate is answered")
+            .unwrap()
+            .unwrap();
+        assert_eq!(tool.runs(), runs, "{risk:?}: the tool's runs");
+        if runs == 1 {
+            assert!(
+                duplicate.record().from_cache,
+                "the stored result answers it"
+            );
+            assert_eq!(duplicate.content["run"], 1);
+        }
+        assert_eq!(idem.stats().store_errors, 1, "{risk:?}");
+    }
+}
