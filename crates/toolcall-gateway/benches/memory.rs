@@ -36,30 +36,6 @@ const BATCH: usize = 50;
 /// The sessions that send the calls.
 const WORKERS: usize = 32;
 
-/// `mcp-proxy`'s backend entry for one echo server.
-const MCP_PROXY_BACKEND: &str = "[[backends]]
-name = \"{name}\"
-transport = \"http\"
-url = \"{url}\"
-
-[backends.timeout]
-seconds = 5
-
-[backends.retry]
-max_retries = 2
-initial_backoff_ms = 10
-max_backoff_ms = 100
-
-[backends.circuit_breaker]
-failure_rate_threshold = 0.5
-minimum_calls = 100
-wait_duration_seconds = 5
-
-[backends.cache]
-tool_ttl_seconds = 60
-max_entries = 10000
-";
-
 fn mib(kb: u64) -> f64 {
     kb as f64 / 1024.0
 }
@@ -186,7 +162,7 @@ async fn main() {
         .iter()
         .enumerate()
         .map(|(i, url)| {
-            MCP_PROXY_BACKEND
+            peers::MCP_PROXY_LOADED
                 .replace("{name}", &format!("up{i}"))
                 .replace("{url}", url)
         })

@@ -45,31 +45,6 @@ const LEVELS: [usize; 3] = [1, 8, 32];
 /// Calls of each session before the measure.
 const WARM_UP: usize = 20;
 
-/// `mcp-proxy`'s resilience for the echo server: the loaded configuration of its own
-/// `examples/overhead.rs`.
-const MCP_PROXY_LOADED: &str = "[[backends]]
-name = \"b\"
-transport = \"http\"
-url = \"{url}\"
-
-[backends.timeout]
-seconds = 5
-
-[backends.retry]
-max_retries = 2
-initial_backoff_ms = 10
-max_backoff_ms = 100
-
-[backends.circuit_breaker]
-failure_rate_threshold = 0.5
-minimum_calls = 100
-wait_duration_seconds = 5
-
-[backends.cache]
-tool_ttl_seconds = 60
-max_entries = 10000
-";
-
 /// What one target answered in one cell, over its rounds.
 #[derive(Debug, Default)]
 struct Cell {
@@ -161,7 +136,9 @@ async fn main() {
 
     let echo = peers::echo_server().await;
     let proxy = peers::mcp_proxy(
-        &MCP_PROXY_LOADED.replace("{url}", &echo),
+        &peers::MCP_PROXY_LOADED
+            .replace("{name}", "b")
+            .replace("{url}", &echo),
         "[performance]\ncoalesce_requests = true\n",
     )
     .await;

@@ -29,6 +29,31 @@ pub(crate) const MCP_PROXY_VERSION: &str = "0.6.0";
 pub(crate) const MCP_PROXY_INSTALL: &str = "crates/toolcall-gateway/benches/mcp-proxy.sh \
      (cargo install mcp-proxy --version 0.6.0 --locked --root .tools)";
 
+/// `mcp-proxy`'s backend entry (`{name}`, `{url}`) with the resilience of the loaded
+/// configuration of its own `examples/overhead.rs`.
+pub(crate) const MCP_PROXY_LOADED: &str = "[[backends]]
+name = \"{name}\"
+transport = \"http\"
+url = \"{url}\"
+
+[backends.timeout]
+seconds = 5
+
+[backends.retry]
+max_retries = 2
+initial_backoff_ms = 10
+max_backoff_ms = 100
+
+[backends.circuit_breaker]
+failure_rate_threshold = 0.5
+minimum_calls = 100
+wait_duration_seconds = 5
+
+[backends.cache]
+tool_ttl_seconds = 60
+max_entries = 10000
+";
+
 /// A process the benchmark started, with the URL of its MCP endpoint; killed when dropped.
 #[derive(Debug)]
 pub(crate) struct Front {

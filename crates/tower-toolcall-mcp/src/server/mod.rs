@@ -3,6 +3,7 @@
 mod handler;
 mod tool_list;
 
+use tool_list::Route;
 pub use tool_list::ToolList;
 
 use std::fmt;
@@ -366,7 +367,9 @@ impl<H> McpServer<H> {
     ) -> CallToolResult {
         // The arguments move into the call; each attempt sends the call's params.
         let arguments = request.arguments.take().unwrap_or_default();
-        let call = self.tool_call(&request, arguments, &context);
+        // Where the listed tool is called: looked up once per call.
+        let route = self.routes.as_ref().and_then(|r| r.route(&request.name));
+        let call = self.tool_call(&request, route.as_ref(), arguments, &context);
         let mut call = match call {
             Ok(call) => call,
             Err(err) => return result_of(Err(in_mcp_words(err))),
@@ -382,11 +385,7 @@ impl<H> McpServer<H> {
                 context.meta.get_progress_token()?,
             ))
         });
-        let stops_when_cancelled = self
-            .routes
-            .as_ref()
-            .and_then(|routes| routes.route(&request.name))
-            .is_some_and(|route| route.stops_when_cancelled);
+        let stops_when_cancelled = route.is_some_and(|route| route.stops_when_cancelled);
         let stop = stops_when_cancelled.then(|| {
             let stop = Arc::new(tokio::sync::Notify::new());
             let entry = self
@@ -463,13 +462,13 @@ impl<H> McpServer<H> {
     fn tool_call(
         &self,
         request: &CallToolRequestParams,
+        route: Option<&Route>,
         arguments: serde_json::Map<String, Value>,
         context: &RequestContext<RoleServer>,
     ) -> Result<ToolCall, ToolError> {
         let meta = RequestMeta::new(request.meta.as_ref(), &context.meta);
         let caller = self.identity.caller(&meta, context, &self.connection)?;
-        let route = self.routes.as_ref().and_then(|r| r.route(&request.name));
-        let (namespace, name) = match &route {
+        let (namespace, name) = match route {
             Some(route) => (&*route.namespace, route.name.as_str()),
             None => (&*self.namespace, request.name.as_ref()),
         };
