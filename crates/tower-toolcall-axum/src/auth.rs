@@ -48,7 +48,7 @@ impl BearerToken {
 /// Samples the log of refused requests: a flood of them writes one line a second, which
 /// counts the refusals not logged since the previous line.
 #[derive(Clone, Default)]
-struct RefusalLog(Arc<Mutex<RefusalWindow>>);
+pub(crate) struct RefusalLog(Arc<Mutex<RefusalWindow>>);
 
 #[derive(Default)]
 struct RefusalWindow {
@@ -58,7 +58,7 @@ struct RefusalWindow {
 
 impl RefusalLog {
     /// `Some(refusals not logged since the last line)` when this refusal is to be logged.
-    fn sample(&self, now: Instant) -> Option<u64> {
+    pub(crate) fn sample(&self, now: Instant) -> Option<u64> {
         let mut window = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match window.logged_at {
             Some(at) if now.saturating_duration_since(at) < REFUSAL_LOG_INTERVAL => {
@@ -73,7 +73,7 @@ impl RefusalLog {
     }
 }
 
-fn strip_bearer(value: &[u8]) -> Option<&[u8]> {
+pub(crate) fn strip_bearer(value: &[u8]) -> Option<&[u8]> {
     let (scheme, token) = value.split_at_checked(7)?;
     scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
 }

@@ -11,6 +11,10 @@
 //! - [`ToolRouter`]: `POST /v1/tools/call` through any tool service and `GET /v1/tools`.
 //! - [`AdminRouter`]: breakers, loop sessions, dedupe records and switches, behind a bearer
 //!   token.
+//! - [`authn`]: who calls: bearer API keys or JWTs (feature `jwt`), the caller's
+//!   [`Principal`](tower_toolcall::Principal) in the request's extensions, and the OAuth
+//!   protected-resource metadata an MCP client looks for; [`HostGuard`]: the `Host` and
+//!   `Origin` checks every route of a server reachable from a browser needs.
 //! - [`serve`]: the router on a TCP listener with a header-read timeout (which also closes
 //!   idle connections) and a cap on connections ([`ServeConfig`]).
 //!
@@ -53,19 +57,23 @@
 //! | feature | default | what it brings |
 //! |---|---|---|
 //! | `fleet` | no | `AdminRouter::fleet`: operator actions sent to every replica through Redis (`tower-toolcall`'s `redis` feature) |
+//! | `jwt` | no | [`authn::JwtVerifier`]: bearer JWTs checked against a JWKS (`jsonwebtoken` with RustCrypto, `reqwest` to fetch the keys) |
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
 mod auth;
+pub mod authn;
 mod extract;
+mod guard;
 mod router;
 mod serve;
 mod tools;
 
 pub use admin::{AdminRouter, MIN_TOKEN_BYTES};
 pub use extract::{JsonToolCall, IDEMPOTENCY_KEY, TRACEPARENT};
+pub use guard::{Guarded, HostGuard, LOOPBACK_HOSTS};
 pub use router::{
     ToolRouter, ADMIN_PATH, CALL_PATH, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_CALLS_IN_FLIGHT, DEFAULT_UNAVAILABLE_RETRY_AFTER, TOOLS_PATH,

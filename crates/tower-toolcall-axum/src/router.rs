@@ -26,7 +26,7 @@ use tower_toolcall::envelope::{ResultEnvelopeLayer, ToolCall, ToolResult};
 use tower_toolcall::idempotency::DedupeStore;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::ToolOutput;
-use tower_toolcall::{ErrorCode, ToolError};
+use tower_toolcall::{ErrorCode, Principal, ToolError};
 
 /// The largest request body [`ToolRouter`] reads by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
@@ -125,6 +125,7 @@ pub struct ToolRouter {
     max_calls_in_flight: usize,
     unavailable_retry_after: Option<Duration>,
     admin: Option<Router>,
+    visible: Option<Arc<VisibleFn>>,
 }
 
 impl fmt::Debug for ToolRouter {
@@ -136,6 +137,7 @@ impl fmt::Debug for ToolRouter {
             .field("max_calls_in_flight", &self.max_calls_in_flight)
             .field("unavailable_retry_after", &self.unavailable_retry_after)
             .field("admin", &self.admin.is_some())
+            .field("filtered", &self.visible.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -146,7 +148,11 @@ struct ToolsState {
     service: CallService,
     body_timeout: Duration,
     unavailable_retry_after: Option<Duration>,
+    visible: Option<Arc<VisibleFn>>,
 }
+
+/// Whether the caller (its principal, if any) sees the tool of this namespace and name.
+type VisibleFn = dyn Fn(Option<&Principal>, &str, &str) -> bool + Send + Sync;
 
 impl ToolRouter {
     /// A router that lists the tools of `registry` and calls `service`.
@@ -167,6 +173,7 @@ impl ToolRouter {
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             unavailable_retry_after: Some(DEFAULT_UNAVAILABLE_RETRY_AFTER),
             admin: None,
+            visible: None,
         }
     }
 
@@ -205,6 +212,32 @@ impl ToolRouter {
         self
     }
 
+    /// Shows each caller only the tools `visible` says it may call: `GET /v1/tools` lists
+    /// the others to no one, and their calls are refused `POLICY_DENIED` (403) before the
+    /// stack, in the same words as a call of a tool that does not exist. `visible` gets the
+    /// caller's [`Principal`] (none without authentication), the tool's namespace and name.
+    ///
+    /// ```
+    /// use tower_toolcall_axum::ToolRouter;
+    /// use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::{tool_fn, Principal, ToolCall, ToolOutput};
+    ///
+    /// let tools = tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(serde_json::json!({}))) });
+    /// let router = ToolRouter::new(ToolRegistry::open(), tools).visible_to(
+    ///     |principal: Option<&Principal>, namespace: &str, _name: &str| {
+    ///         namespace == "web" || principal.is_some_and(|p| p.has_role("admin"))
+    ///     },
+    /// );
+    /// # let _ = router;
+    /// ```
+    pub fn visible_to<F>(mut self, visible: F) -> Self
+    where
+        F: Fn(Option<&Principal>, &str, &str) -> bool + Send + Sync + 'static,
+    {
+        self.visible = Some(Arc::new(visible));
+        self
+    }
+
     /// Nests `admin` under [`ADMIN_PATH`]. Without it, the router has no admin routes.
     pub fn admin<St: DedupeStore>(mut self, admin: AdminRouter<St>) -> Self {
         self.admin = Some(admin.into_router());
@@ -223,6 +256,7 @@ impl ToolRouter {
             service: BoxCloneSyncService::new(ResultEnvelopeLayer::new().layer(limited)),
             body_timeout: self.body_timeout,
             unavailable_retry_after: self.unavailable_retry_after,
+            visible: self.visible,
         };
         let router = Router::new()
             .route(
@@ -243,12 +277,28 @@ async fn call_tool(State(state): State<ToolsState>, request: Request) -> Respons
         let result = ToolResult::rejected(error);
         return (StatusCode::UNSUPPORTED_MEDIA_TYPE, Json(result)).into_response();
     }
+    let principal = request.extensions().get::<Principal>().cloned();
     let read = tokio::time::timeout(state.body_timeout, JsonToolCall::from_request(request, &()));
-    let call = match read.await {
+    let mut call = match read.await {
         Ok(Ok(JsonToolCall(call))) => call,
         Ok(Err(rejected)) => return rejected.into_response(),
         Err(_) => return body_too_slow(state.body_timeout),
     };
+    if !state.sees(principal.as_ref(), call.tool_namespace(), call.tool_name()) {
+        let denied = ToolError::rejected(
+            ErrorCode::PolicyDenied,
+            format!(
+                "you may not call the tool {}: call one of the tools that GET {TOOLS_PATH} \
+                 lists for you",
+                call.tool_name()
+            ),
+        );
+        return ToolResult::from_outcome(&call, Err(denied)).into_response();
+    }
+    // The caller is who its authentication says, whatever the body says.
+    if let Some(principal) = principal {
+        call.bind_principal(principal);
+    }
     // Detached: a client that disconnects does not cancel the call.
     let mut result = match detached(state.service.clone(), call.clone()).await {
         Ok(result) => result,
@@ -279,8 +329,29 @@ fn body_too_slow(timeout: Duration) -> Response {
         .into_response()
 }
 
-async fn list_tools(State(state): State<ToolsState>) -> Json<Value> {
-    Json(tool_listing(&state.registry))
+async fn list_tools(
+    State(state): State<ToolsState>,
+    principal: Option<axum::Extension<Principal>>,
+) -> Json<Value> {
+    let mut listing = tool_listing(&state.registry);
+    if state.visible.is_some() {
+        let principal = principal.map(|axum::Extension(p)| p);
+        if let Some(Value::Array(tools)) = listing.get_mut("tools") {
+            tools.retain(|tool| {
+                let part = |member: &str| tool[member].as_str().unwrap_or_default().to_owned();
+                state.sees(principal.as_ref(), &part("namespace"), &part("name"))
+            });
+        }
+    }
+    Json(listing)
+}
+
+impl ToolsState {
+    fn sees(&self, principal: Option<&Principal>, namespace: &str, name: &str) -> bool {
+        self.visible
+            .as_ref()
+            .is_none_or(|visible| visible(principal, namespace, name))
+    }
 }
 
 /// Runs a call when fewer than `limit` are running; refuses it at once otherwise. The slot

@@ -1,8 +1,6 @@
-//! Whose a `tools/call` is: its session, actor and tenant, from what the request carries.
-//!
-//! A stdio connection is a session, but a streamable-HTTP request under protocol 2026-07-28
-//! has none (the protocol is stateless), so the session that loop detection and
-//! session-scoped keys need is looked for in a documented order.
+//! Whose a `tools/call` is: its principal, session and actor, from what the server itself
+//! knows (its authentication, the transport sessions it issued), never from what a client
+//! says about itself.
 
 use std::sync::Arc;
 
@@ -11,68 +9,23 @@ use rmcp::RoleServer;
 
 use super::meta::{RequestMeta, DEFAULT_IDEMPOTENCY_KEY_MEMBERS};
 use tower_toolcall::envelope::MAX_IDENTIFIER_BYTES;
-use tower_toolcall::ToolError;
+use tower_toolcall::{Principal, ToolError};
 
-/// The actor (and session) of calls whose client is known by nothing at all.
-const UNKNOWN_CLIENT: &str = "unknown-mcp-client";
-
-/// The header of a legacy streamable-HTTP session.
-const SESSION_HEADER: &str = "mcp-session-id";
-
-/// The authenticated caller of a streamable-HTTP request, as the server's authentication put
-/// it in the request's extensions (an axum or tower middleware in front of rmcp's
-/// `StreamableHttpService`, after it checked the credentials). An [`McpServer`](crate::McpServer)
-/// takes the call's actor, its session when the transport has none, and its tenant from it.
-///
-/// ```
-/// use tower_toolcall_mcp::Principal;
-///
-/// // In an authentication middleware, once the token is checked:
-/// let mut request = http::Request::new(());
-/// request.extensions_mut().insert(Principal::new("user-7").with_tenant("acme"));
-/// assert_eq!(request.extensions().get::<Principal>().unwrap().id(), "user-7");
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Principal {
-    id: String,
-    tenant: Option<String>,
-}
-
-impl Principal {
-    /// The caller `id` (a user or service account).
-    pub fn new(id: impl Into<String>) -> Self {
-        Principal {
-            id: id.into(),
-            tenant: None,
-        }
-    }
-
-    /// The caller's tenant.
-    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
-        self.tenant = Some(tenant.into());
-        self
-    }
-
-    /// The caller's id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The caller's tenant, if any.
-    pub fn tenant(&self) -> Option<&str> {
-        self.tenant.as_deref()
-    }
-}
+/// The actor, and the session of requests that have none, of a server without
+/// authentication: one user, whatever its clients call themselves.
+pub(crate) const SINGLE_USER: &str = "local";
 
 /// Where an [`McpServer`](crate::McpServer) looks for a call's session, actor and key.
 #[derive(Clone, Debug)]
 pub(crate) struct Identity {
     /// The `_meta` member the operator named for the session.
     pub(crate) session_member: Option<Arc<str>>,
-    /// The `_meta` member the operator named for the actor.
+    /// The `_meta` member the operator named for the actor (only without a principal).
     pub(crate) actor_member: Option<Arc<str>>,
     /// The `_meta` members read as the idempotency key, in order.
     pub(crate) key_members: Arc<[String]>,
+    /// The principal of the requests that carry none (a stdio front's configured user).
+    pub(crate) principal: Option<Principal>,
 }
 
 impl Default for Identity {
@@ -81,32 +34,52 @@ impl Default for Identity {
             session_member: None,
             actor_member: None,
             key_members: DEFAULT_IDEMPOTENCY_KEY_MEMBERS.map(String::from).into(),
+            principal: None,
         }
     }
 }
 
-/// A call's session, actor and tenant.
+/// A call's caller: the session and actor to build the call with, the principal to bind it
+/// to, and the client's own name (kept as the call's agent, for the audit only).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Caller {
     pub(crate) session: String,
     pub(crate) actor: String,
-    pub(crate) tenant: Option<String>,
+    pub(crate) principal: Option<Principal>,
+    pub(crate) client: Option<String>,
 }
 
 impl Identity {
-    /// The caller of a request served over the connection `connection` (a stream transport's
-    /// one session; not used for HTTP requests).
+    /// The principal of a request: the one an HTTP server's authentication put in the
+    /// request's extensions, else the server's own.
+    pub(crate) fn principal(&self, context: &RequestContext<RoleServer>) -> Option<Principal> {
+        context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Principal>())
+            .or(self.principal.as_ref())
+            .cloned()
+    }
+
+    /// The caller of a request served by the connection `connection`; `session_issued`
+    /// says whether the connection is a session the server issued (a stream transport, or a
+    /// streamable-HTTP session that began with `initialize`), not one request of the
+    /// stateless protocol.
     ///
-    /// Session: the operator's `_meta` member, else the transport's session (the
-    /// connection of a stream transport, the legacy `Mcp-Session-Id` header over HTTP), else
-    /// the authenticated [`Principal`], else the client's `clientInfo.name`. Actor: the
-    /// operator's `_meta` member, else the principal, else the client's name. Tenant: the
-    /// principal's.
+    /// Principal: the one an HTTP server's authentication put in the request's extensions,
+    /// else the server's own ([`McpServer::principal`](crate::McpServer::principal)).
+    /// Session: the operator's `_meta` member, else the issued session, else none (the
+    /// principal's one session, or the single user's); with a principal it is scoped under
+    /// the principal. Actor: the principal's id; without one, the operator's `_meta` member,
+    /// else the single user. An `Mcp-Session-Id` header is never read: a session the server
+    /// issued is its connection, and a stateless request's header is whatever the client
+    /// wrote. Nor is the client's name: it is kept as the call's agent, for the audit.
     pub(crate) fn caller(
         &self,
         meta: &RequestMeta<'_>,
         context: &RequestContext<RoleServer>,
         connection: &str,
+        session_issued: bool,
     ) -> Result<Caller, ToolError> {
         let named = |member: &Option<Arc<str>>| -> Result<Option<String>, ToolError> {
             match member {
@@ -118,36 +91,28 @@ impl Identity {
             }
         };
         let http = context.extensions.get::<http::request::Parts>();
-        let principal = http.and_then(|parts| parts.extensions.get::<Principal>());
-        let transport_session = match http {
-            Some(parts) => parts
-                .headers
-                .get(SESSION_HEADER)
-                .and_then(|value| value.to_str().ok())
-                .filter(|id| !id.is_empty() && id.len() <= MAX_IDENTIFIER_BYTES)
-                .map(str::to_owned),
-            None => Some(connection.to_owned()),
-        };
+        let principal = self.principal(context);
+        let transport_session = (http.is_none() || session_issued).then(|| connection.to_owned());
         let client = context
             .client_info()
             .map(|client| client.name)
             .filter(|name| !name.is_empty() && name.len() <= MAX_IDENTIFIER_BYTES);
-        let principal_id = principal
-            .map(|p| p.id.clone())
-            .filter(|id| !id.is_empty() && id.len() <= MAX_IDENTIFIER_BYTES);
-        let actor = named(&self.actor_member)?
-            .or_else(|| principal_id.clone())
-            .or_else(|| client.clone())
-            .unwrap_or_else(|| UNKNOWN_CLIENT.to_owned());
-        let session = named(&self.session_member)?
-            .or(transport_session)
-            .or(principal_id)
-            .or(client)
-            .unwrap_or_else(|| UNKNOWN_CLIENT.to_owned());
+        let session = named(&self.session_member)?.or(transport_session);
+        let (session, actor) = match &principal {
+            Some(principal) => (
+                principal.session_key(session.as_deref().unwrap_or_default()),
+                principal.id().to_owned(),
+            ),
+            None => (
+                session.unwrap_or_else(|| SINGLE_USER.to_owned()),
+                named(&self.actor_member)?.unwrap_or_else(|| SINGLE_USER.to_owned()),
+            ),
+        };
         Ok(Caller {
             session,
             actor,
-            tenant: principal.and_then(|p| p.tenant.clone()),
+            principal,
+            client,
         })
     }
 }

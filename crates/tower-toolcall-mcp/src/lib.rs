@@ -5,9 +5,10 @@
 //! - **Server side.** [`McpServer`] is an rmcp [`ServerHandler`](rmcp::ServerHandler) (over
 //!   stdio and streamable HTTP, in both protocol versions) that puts every `tools/call` of a
 //!   wrapped handler, or of any `Service<ToolCall>` ([`McpServer::over`]), through a stack.
-//!   The session and actor come from a documented order of sources that works over the
-//!   stateless protocol too ([`Principal`], the operator's `_meta` members, the transport,
-//!   the client's name); the idempotency key from `_meta` ([`DEFAULT_IDEMPOTENCY_KEY_MEMBERS`]),
+//!   The principal comes from the server's authentication ([`Principal`]), never from what
+//!   a client says about itself; the session from the operator's `_meta` member or the
+//!   transport session the server issued, scoped by the principal; the idempotency key from
+//!   `_meta` ([`DEFAULT_IDEMPOTENCY_KEY_MEMBERS`]),
 //!   scoped by the caller rather than the connection. An error is an `isError` result in
 //!   MCP's words, its code in `_meta` ([`ERROR_META`]) and no structured content. Served over
 //!   [`McpServer::progress_events`], the tools' progress notifications are logged as
@@ -112,7 +113,6 @@ pub use client::{
     ClientEvents, McpClient, UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF,
 };
 pub use convert::IsError;
-pub use identity::Principal;
 pub use lines::{line_transport, stdio_transport, DEFAULT_MAX_LINE_BYTES};
 pub use meta::{
     CONFIRMATION_ID_META, DEFAULT_IDEMPOTENCY_KEY_MEMBERS, ERROR_META, FROM_CACHE_META,
@@ -121,6 +121,8 @@ pub use meta::{
 pub use policy::{descriptor_for, registry_for, registry_for_servers, Trust};
 pub use progress::ProgressRelay;
 pub use server::{HandlerTool, McpServer, ToolList};
+/// The authenticated caller of a request (see [`McpServer`]'s who calls).
+pub use tower_toolcall::Principal;
 
 /// The examples of the README, compiled and run as doctests.
 #[cfg(doctest)]

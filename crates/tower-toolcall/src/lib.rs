@@ -232,8 +232,8 @@ pub mod envelope {
 }
 
 pub use envelope::{
-    BreakerScope, CallEnvelope, DedupeMode, Params, ResultEnvelopeLayer, ResultStatus, ToolCall,
-    ToolResult,
+    BreakerScope, CallEnvelope, DedupeMode, Params, Principal, ResultEnvelopeLayer, ResultStatus,
+    ToolCall, ToolResult,
 };
 pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError, UnknownErrorCode};
 pub use hooks::{HookLayer, ToolHooks};

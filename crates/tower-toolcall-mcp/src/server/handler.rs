@@ -27,6 +27,8 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<InitializeResult, McpError>> + MaybeSendFuture + '_ {
+        self.initialized
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.handler.initialize(request, context)
     }
 
@@ -146,8 +148,12 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
     fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
+        mut context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListToolsResult, McpError>> + MaybeSendFuture + '_ {
+        // The caller, for a list that shows each caller its own tools.
+        if let Some(principal) = self.identity.principal(&context) {
+            context.extensions.insert(principal);
+        }
         self.handler.list_tools(request, context)
     }
 

@@ -9,6 +9,7 @@ pub use tool_list::ToolList;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
@@ -27,7 +28,7 @@ use super::progress::{ProgressCalls, ProgressRelay, ProgressTransport};
 use super::wording::in_mcp_words;
 use tower_toolcall::envelope::MAX_IDENTIFIER_BYTES;
 use tower_toolcall::registry::KeyScope;
-use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
+use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput};
 
 /// The `tools/call` requests being served, by the request id of their `ToolCall`.
 type Pending = InFlight<String, Served>;
@@ -54,21 +55,24 @@ struct Served {
 /// Its request id is the connection's followed by the JSON-RPC request's id; its arguments
 /// are the params; `_meta.confirmationId` and `_meta.traceparent` fill the envelope.
 ///
-/// **Who calls.** The session, which loop detection and session-scoped keys need, is, in
-/// this order:
+/// **Who calls.** Nothing a client says about itself decides whose data a call reaches.
+/// The principal is the one an HTTP server's authentication put in the request's
+/// extensions (a middleware in front of rmcp's `StreamableHttpService`, after it checked
+/// the credentials), else the server's own ([`principal`](McpServer::principal): a stdio
+/// front's configured user). A call is [bound](ToolCall::bind_principal) to it: its actor
+/// and tenant are the principal's, and its session, keys and quotas reach no other
+/// principal's. The session is, in this order:
 /// 1. the `_meta` member the operator named ([`session_from_meta`](McpServer::session_from_meta)),
 ///    when the request carries it;
-/// 2. the transport's session: the connection, over stdio or any stream transport (one
-///    `McpServer` per connection: see [`connection`](McpServer::connection)); the legacy
-///    `Mcp-Session-Id` over streamable HTTP. Under protocol 2026-07-28 an HTTP request has
-///    no session of its own;
-/// 3. the authenticated [`Principal`](crate::Principal) an HTTP server's authentication put
-///    in the request's extensions;
-/// 4. the client's name (`clientInfo.name`, from the request's `_meta` under 2026-07-28 or
-///    from the handshake before it).
+/// 2. the transport session the server issued: the connection, over stdio or any stream
+///    transport (one `McpServer` per connection: see [`connection`](McpServer::connection)),
+///    or a streamable-HTTP session that began with `initialize` (2025-11-25). A stateless
+///    request (2026-07-28) has none, and its `Mcp-Session-Id` header is never read;
+/// 3. none: the principal's one session, or without a principal the single user's.
 ///
-/// The actor is the operator's `_meta` member ([`actor_from_meta`](McpServer::actor_from_meta)),
-/// else the principal, else the client's name; the tenant is the principal's.
+/// Without a principal the server is single-user: the actor is the operator's `_meta`
+/// member ([`actor_from_meta`](McpServer::actor_from_meta)) or `local`. The client's name
+/// (`clientInfo.name`) is only the call's `target.agentId`, for the audit.
 ///
 /// **Keys.** The idempotency key is the first of the `_meta` members
 /// [`DEFAULT_IDEMPOTENCY_KEY_MEMBERS`](crate::DEFAULT_IDEMPOTENCY_KEY_MEMBERS) (or the
@@ -138,6 +142,9 @@ pub struct McpServer<H> {
     /// Where the calls' progress is relayed to.
     relay: Option<ProgressRelay>,
     stoppable: Stoppable,
+    /// Whether this connection began with `initialize`: a session the server issued (over
+    /// streamable HTTP, a 2025-11-25 session; a stateless request never initializes).
+    initialized: Arc<AtomicBool>,
 }
 
 impl<H: ServerHandler> McpServer<H> {
@@ -229,6 +236,7 @@ impl<H> McpServer<H> {
             progress: OnceLock::new(),
             relay: None,
             stoppable: Stoppable::default(),
+            initialized: Arc::default(),
         }
     }
 
@@ -262,6 +270,7 @@ impl<H> McpServer<H> {
             progress: OnceLock::new(),
             relay: self.relay.clone(),
             stoppable: self.stoppable.clone(),
+            initialized: Arc::default(),
         }
     }
 
@@ -299,11 +308,29 @@ impl<H> McpServer<H> {
         self
     }
 
-    /// Takes the actor of each call from the string `_meta` member `member` when the request
-    /// carries it, before the principal and the client's name. Only for clients the operator
-    /// trusts to say who they act for: the actor scopes idempotency keys.
+    /// Takes the actor of each call without a principal from the string `_meta` member
+    /// `member` when the request carries it. Only for clients the operator trusts to say who
+    /// they act for: the actor scopes idempotency keys. A call with a principal is the
+    /// principal's, whatever the member says.
     pub fn actor_from_meta(mut self, member: impl Into<Arc<str>>) -> Self {
         self.identity.actor_member = Some(member.into());
+        self
+    }
+
+    /// The principal of the requests whose transport authenticated none: the user a stdio
+    /// front is configured for. An HTTP request's own principal (from the server's
+    /// authentication) comes first.
+    ///
+    /// ```
+    /// # use tower_toolcall_mcp::{McpServer, Principal, ToolList};
+    /// # use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+    /// let tools = tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(serde_json::json!({}))) });
+    /// let server = McpServer::over("ns", tools, ToolList::new(Vec::new()))
+    ///     .principal(Principal::new("alice").with_tenant("acme"));
+    /// # let _ = server;
+    /// ```
+    pub fn principal(mut self, principal: Principal) -> Self {
+        self.identity.principal = Some(principal);
         self
     }
 
@@ -367,6 +394,13 @@ impl<H> McpServer<H> {
     ) -> CallToolResult {
         // The arguments move into the call; each attempt sends the call's params.
         let arguments = request.arguments.take().unwrap_or_default();
+        // A tool the caller may not see is refused as one that is not there.
+        if let Some(routes) = &self.routes {
+            let principal = self.identity.principal(&context);
+            if !routes.shows(principal.as_ref(), &request.name) {
+                return result_of(Err(in_mcp_words(not_yours(&request.name))));
+            }
+        }
         // Where the listed tool is called: looked up once per call.
         let route = self.routes.as_ref().and_then(|r| r.route(&request.name));
         let call = self.tool_call(&request, route.as_ref(), arguments, &context);
@@ -467,7 +501,10 @@ impl<H> McpServer<H> {
         context: &RequestContext<RoleServer>,
     ) -> Result<ToolCall, ToolError> {
         let meta = RequestMeta::new(request.meta.as_ref(), &context.meta);
-        let caller = self.identity.caller(&meta, context, &self.connection)?;
+        let issued = self.initialized.load(std::sync::atomic::Ordering::Relaxed);
+        let caller = self
+            .identity
+            .caller(&meta, context, &self.connection, issued)?;
         let (namespace, name) = match route {
             Some(route) => (&*route.namespace, route.name.as_str()),
             None => (&*self.namespace, request.name.as_ref()),
@@ -477,8 +514,8 @@ impl<H> McpServer<H> {
             .request_id(self.request_id(&context.id))
             .actor(caller.actor)
             .params(Value::Object(arguments));
-        if let Some(tenant) = caller.tenant {
-            builder = builder.tenant(tenant);
+        if let Some(client) = caller.client {
+            builder = builder.agent(client);
         }
         if let Some(key) = meta.idempotency_key(&self.identity.key_members)? {
             builder = builder.idempotency_key(key);
@@ -490,11 +527,25 @@ impl<H> McpServer<H> {
             builder = builder.confirmation_id(confirmation);
         }
         let mut call = builder.build()?;
+        if let Some(principal) = caller.principal {
+            call.bind_principal(principal);
+        }
         // A connection is no longer than a session here: a caller's key reaches every
         // session of its actor, so that a re-send over a new connection finds the first call.
         call.set_caller_key_scope(KeyScope::Actor);
         Ok(call)
     }
+}
+
+/// The refusal of a call of a tool the caller may not see: the same for a tool that is
+/// there and one that is not.
+fn not_yours(name: &str) -> ToolError {
+    ToolError::rejected(
+        ErrorCode::PolicyDenied,
+        format!(
+            "you may not call the tool {name}: call one of the tools that tools/list shows you"
+        ),
+    )
 }
 
 impl<H> fmt::Debug for McpServer<H> {

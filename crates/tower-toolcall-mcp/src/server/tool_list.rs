@@ -2,6 +2,7 @@
 //! its clients when the list changes; their calls go to the service.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use rmcp::model::{
@@ -11,6 +12,7 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::Principal;
 
 /// The tools of an [`McpServer::over`](crate::McpServer::over) a `Service<ToolCall>`, and the
 /// server's info: answers `tools/list` (in the shape of the protocol version each client
@@ -41,6 +43,26 @@ struct Listed {
     tools: Arc<[Tool]>,
     info: ServerConfig,
     routes: Arc<HashMap<String, Route>>,
+    visible: Visibility,
+}
+
+/// Which listed tools a caller sees and may call.
+#[derive(Clone, Default)]
+struct Visibility(Option<Arc<VisibleFn>>);
+
+/// Whether the caller (its principal, if any) sees the listed tool of this name.
+type VisibleFn = dyn Fn(Option<&Principal>, &str) -> bool + Send + Sync;
+
+impl Visibility {
+    fn shows(&self, principal: Option<&Principal>, name: &str) -> bool {
+        self.0.as_ref().is_none_or(|visible| visible(principal, name))
+    }
+}
+
+impl fmt::Debug for Visibility {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "Visibility(filtered)" } else { "Visibility(all)" })
+    }
 }
 
 /// Where a listed tool is called: its namespace and its name there, and whether a client's
@@ -65,6 +87,7 @@ impl ToolList {
                     .build(),
             ),
             routes: Arc::default(),
+            visible: Visibility::default(),
         })
     }
 
@@ -138,6 +161,51 @@ impl ToolList {
         self
     }
 
+    /// Shows each caller only the tools `visible` says it may call: `tools/list` lists the
+    /// others to no one, and an [`McpServer`](crate::McpServer) refuses their calls as
+    /// `POLICY_DENIED`, in the same words as a call of a tool that does not exist, so that
+    /// a refusal never tells a caller that the tool is there. `visible` gets the caller's
+    /// principal (none for a server without authentication) and the listed name. Replacing
+    /// the list replaces the rule with the new list's.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rmcp::model::Tool;
+    /// use tower_toolcall_mcp::{Principal, ToolList};
+    ///
+    /// let tool = |name: &'static str| Tool::new(name, "a tool", Arc::new(serde_json::Map::new()));
+    /// let list = ToolList::new(vec![tool("search"), tool("delete")]).visible_to(
+    ///     |principal: Option<&Principal>, name: &str| {
+    ///         name == "search" || principal.is_some_and(|p| p.has_role("admin"))
+    ///     },
+    /// );
+    /// let reader = Principal::new("bob").with_roles(["reader"]);
+    /// assert_eq!(list.tools_for(Some(&reader)).len(), 1);
+    /// ```
+    pub fn visible_to<F>(self, visible: F) -> Self
+    where
+        F: Fn(Option<&Principal>, &str) -> bool + Send + Sync + 'static,
+    {
+        self.write().visible = Visibility(Some(Arc::new(visible)));
+        self
+    }
+
+    /// The tools `principal` sees (see [`visible_to`](ToolList::visible_to)).
+    pub fn tools_for(&self, principal: Option<&Principal>) -> Vec<Tool> {
+        let listed = self.read();
+        listed
+            .tools
+            .iter()
+            .filter(|tool| listed.visible.shows(principal, &tool.name))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether `principal` may call the listed tool `name`.
+    pub(crate) fn shows(&self, principal: Option<&Principal>, name: &str) -> bool {
+        self.read().visible.shows(principal, name)
+    }
+
     /// Where the listed tool `name` is called, when the list was made [routed](ToolList::routed).
     pub(crate) fn route(&self, name: &str) -> Option<Route> {
         self.read().routes.get(name).cloned()
@@ -179,6 +247,7 @@ impl ToolList {
             let mut listed = self.write();
             listed.tools = next.tools;
             listed.routes = next.routes;
+            listed.visible = next.visible;
         }
         self.shared.changes.send_modify(|changes| *changes += 1);
         let sessions = self.open_sessions().clone();
@@ -229,9 +298,11 @@ impl ServerHandler for ToolList {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools().to_vec()))
+        // The caller as its McpServer found it.
+        let principal = context.extensions.get::<Principal>();
+        Ok(ListToolsResult::with_all_items(self.tools_for(principal)))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

@@ -104,6 +104,15 @@ pub(crate) fn scope_of(call: &ToolCall, source: KeySource, scope: KeyScope) -> K
     }
 }
 
+/// `scope`, narrowed to the actor for a call bound to a principal
+/// ([`ToolCall::bind_principal`]): an authenticated caller's keys never reach another's.
+pub(crate) fn within_principal(call: &ToolCall, scope: KeyScope) -> KeyScope {
+    match scope {
+        KeyScope::Global if call.principal().is_some() => KeyScope::Actor,
+        scope => scope,
+    }
+}
+
 /// The store key of `idempotency_key` for `call` in `scope`; `distinct_by` (the params digest)
 /// is appended when a reused key with other params counts as another key.
 pub(crate) fn store_key(

@@ -169,12 +169,13 @@ impl<St: DedupeStore> Shared<St> {
             return Ok(None);
         }
         let derive = settings.derive_keys && self.tools.control().derives_idempotency_keys();
+        let tool_scope = key::within_principal(call, settings.scope);
         let Some((idempotency_key, key_source)) =
-            key::idempotency_key(call, derive, settings.scope, &self.canonical)?
+            key::idempotency_key(call, derive, tool_scope, &self.canonical)?
         else {
             return Ok(None);
         };
-        let scope = key::scope_of(call, key_source, settings.scope);
+        let scope = key::within_principal(call, key::scope_of(call, key_source, tool_scope));
         let canonical_params = call.params().canonical(&self.canonical)?;
         let digest: Arc<str> = canonical::params_digest_hex(&canonical_params)
             .as_str()

@@ -164,6 +164,11 @@ impl ToolLimit {
             RateLimitKey::Tool => {}
             RateLimitKey::ToolTenant => key.push_str(call.tenant_id().unwrap_or_default()),
             RateLimitKey::ToolSession => key.push_str(call.session_key()),
+            RateLimitKey::ToolActor => {
+                key.push_str(call.tenant_id().unwrap_or_default());
+                key.push('\u{1f}');
+                key.push_str(call.actor_id());
+            }
         }
         key
     }

@@ -123,6 +123,7 @@ pub(super) fn over_limit(call: &ToolCall, limit: &ToolLimit, wait: Duration) -> 
         RateLimitKey::Tool => ("tool", ""),
         RateLimitKey::ToolTenant => ("tool_tenant", " for this tenant"),
         RateLimitKey::ToolSession => ("tool_session", " for this session"),
+        RateLimitKey::ToolActor => ("tool_actor", " for this caller"),
     };
     let wait_ms = millis(wait).max(1);
     ToolError::rejected(

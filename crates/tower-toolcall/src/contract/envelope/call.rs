@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::ijson::{object, optional_name, optional_object};
 use super::params::Params;
+use super::principal::Principal;
 use super::resolution::ToolResolution;
 use crate::contract::time::unix_now_ms;
 
@@ -73,6 +74,8 @@ struct SharedCall {
     /// How far the caller's idempotency key reaches, as the edge that read it says; not on
     /// the wire.
     caller_key_scope: Option<KeyScope>,
+    /// The authenticated caller the edge bound the call to; not on the wire.
+    principal: Option<Principal>,
     /// The envelope holds its invariants: it was checked when the call was made and has not
     /// been lent mutably since, so [`ToolCall::check`] need not read it again.
     checked: bool,
@@ -589,6 +592,7 @@ impl ToolCall {
                 tool: ToolResolution::default(),
                 hook_idempotency_key: None,
                 caller_key_scope: None,
+                principal: None,
                 checked: true,
             }),
             attempt: 1,
@@ -694,6 +698,48 @@ impl ToolCall {
     /// The scope the edge set for the caller's key, if any.
     pub(crate) fn caller_key_scope(&self) -> Option<KeyScope> {
         self.inner.caller_key_scope
+    }
+
+    /// Binds the call to the authenticated `principal`, for an edge that authenticated its
+    /// caller: the call's `target.actorId` and `target.tenantId` become the principal's,
+    /// whatever the request said; its `target.sessionKey` is scoped under the principal
+    /// ([`Principal::session_key`]), so that no two principals share a loop session or a
+    /// session's quota; and none of its idempotency keys reaches past the principal: a tool
+    /// whose keys are global keeps them per actor for a bound call, so that no principal
+    /// reads, probes or pre-claims another's. Binding the call to the principal it is bound
+    /// to already changes nothing. The principal is not on the wire.
+    ///
+    /// ```
+    /// use tower_toolcall::{Principal, ToolCall};
+    ///
+    /// let mut call = ToolCall::builder("vault", "read")
+    ///     .session("s-1")
+    ///     .actor("whoever-the-client-says")
+    ///     .build()?;
+    /// let alice = Principal::new("alice").with_tenant("acme");
+    /// call.bind_principal(alice.clone());
+    /// assert_eq!(call.actor_id(), "alice");
+    /// assert_eq!(call.tenant_id(), Some("acme"));
+    /// assert_eq!(call.session_key(), alice.session_key("s-1"));
+    /// assert_eq!(call.principal(), Some(&alice));
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn bind_principal(&mut self, principal: Principal) {
+        if self.inner.principal.as_ref() == Some(&principal) {
+            return;
+        }
+        let session = principal.session_key(self.session_key());
+        let target = &mut self.envelope_mut().target;
+        target.session_key = session;
+        target.actor_id = principal.id().to_owned();
+        target.tenant_id = principal.tenant().map(str::to_owned);
+        Arc::make_mut(&mut self.inner).principal = Some(principal);
+    }
+
+    /// The authenticated caller the call is bound to, if an edge bound it
+    /// ([`bind_principal`](ToolCall::bind_principal)).
+    pub fn principal(&self) -> Option<&Principal> {
+        self.inner.principal.as_ref()
     }
 
     /// The instant of the call's `control.deadlineAtMs` (Unix milliseconds) on the tokio

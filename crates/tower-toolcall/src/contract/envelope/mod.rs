@@ -6,6 +6,7 @@ mod call;
 mod ijson;
 pub(crate) mod params;
 mod parse;
+mod principal;
 mod resolution;
 
 pub use builder::ToolCallBuilder;
@@ -15,4 +16,5 @@ pub use call::{
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
 };
 pub use params::{json_kind, Params};
+pub use principal::Principal;
 pub(crate) use resolution::next_registry_id;

@@ -438,6 +438,9 @@ pub enum RateLimitKey {
     ToolTenant,
     /// One quota per tool and session.
     ToolSession,
+    /// One quota per tool and actor (within its tenant): with an edge that authenticates
+    /// its callers, one quota per tool and principal.
+    ToolActor,
 }
 
 /// What happens to a call over the quota.
