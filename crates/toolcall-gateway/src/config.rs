@@ -20,6 +20,8 @@ use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::ConfigError;
 use tower_toolcall_mcp::Trust;
 
+use crate::auth::{AuthConfig, HttpConfig};
+
 /// The per-call timeout of an upstream unless its entry says otherwise.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(30_000);
 /// How long an upstream may take to answer `initialize` and `tools/list` unless its entry
@@ -38,6 +40,8 @@ const TOP_KEYS: &[&str] = &[
     "audit",
     "upstreams",
     "policy",
+    "auth",
+    "http",
 ];
 const ADMIN_KEYS: &[&str] = &["token_env"];
 const STORE_KEYS: &[&str] = &["redis", "cluster"];
@@ -75,6 +79,10 @@ pub(crate) struct GatewayConfig {
     pub(crate) upstreams: Vec<UpstreamConfig>,
     /// The operator's per-tool policy (namespace = upstream name).
     pub(crate) policy: Option<ToolRegistry>,
+    /// Who may call: `[auth]`; `None` for a single-user gateway.
+    pub(crate) auth: Option<AuthConfig>,
+    /// The HTTP fronts' names, origins and metrics address: `[http]`.
+    pub(crate) http: HttpConfig,
 }
 
 /// Where the shared stores are: one Redis node, or a Redis Cluster by some of its nodes.
@@ -383,6 +391,8 @@ impl GatewayConfig {
             audit_path: None,
             upstreams: Vec::new(),
             policy: None,
+            auth: None,
+            http: HttpConfig::default(),
         }
     }
 
@@ -511,7 +521,7 @@ fn check_redis_url(url: &str) -> Result<(), String> {
 }
 
 /// `true` for a name a program can read from its environment: `[A-Za-z_][A-Za-z0-9_]*`.
-fn is_env_name(name: &str) -> bool {
+pub(crate) fn is_env_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars
         .next()
@@ -553,7 +563,7 @@ pub(crate) fn key_path(prefix: &str, key: &str) -> String {
 }
 
 /// What a TOML value is, for problems.
-fn kind(value: &Value) -> &'static str {
+pub(crate) fn kind(value: &Value) -> &'static str {
     match value {
         Value::String(_) => "a string",
         Value::Integer(_) => "an integer",
@@ -567,17 +577,17 @@ fn kind(value: &Value) -> &'static str {
 
 /// Walks the loose TOML and collects every problem.
 #[derive(Default)]
-struct Checker {
+pub(crate) struct Checker {
     problems: Vec<ConfigError>,
 }
 
 impl Checker {
-    fn add(&mut self, field: impl Into<String>, problem: impl Into<String>) {
+    pub(crate) fn add(&mut self, field: impl Into<String>, problem: impl Into<String>) {
         self.problems.push(ConfigError::new(field, problem));
     }
 
     /// Every key of `table` that is not in `allowed` is a problem.
-    fn known_keys(&mut self, table: &Table, prefix: &str, allowed: &[&str]) {
+    pub(crate) fn known_keys(&mut self, table: &Table, prefix: &str, allowed: &[&str]) {
         for key in table.keys() {
             if allowed.contains(&key.as_str()) {
                 continue;
@@ -598,7 +608,12 @@ impl Checker {
         }
     }
 
-    fn table<'a>(&mut self, parent: &'a Table, prefix: &str, key: &str) -> Option<&'a Table> {
+    pub(crate) fn table<'a>(
+        &mut self,
+        parent: &'a Table,
+        prefix: &str,
+        key: &str,
+    ) -> Option<&'a Table> {
         match parent.get(key)? {
             Value::Table(t) => Some(t),
             other => {
@@ -611,7 +626,12 @@ impl Checker {
         }
     }
 
-    fn string<'a>(&mut self, parent: &'a Table, prefix: &str, key: &str) -> Option<&'a str> {
+    pub(crate) fn string<'a>(
+        &mut self,
+        parent: &'a Table,
+        prefix: &str,
+        key: &str,
+    ) -> Option<&'a str> {
         match parent.get(key)? {
             Value::String(s) => Some(s),
             other => {
@@ -625,7 +645,12 @@ impl Checker {
     }
 
     /// A string that must not be empty.
-    fn text<'a>(&mut self, parent: &'a Table, prefix: &str, key: &str) -> Option<&'a str> {
+    pub(crate) fn text<'a>(
+        &mut self,
+        parent: &'a Table,
+        prefix: &str,
+        key: &str,
+    ) -> Option<&'a str> {
         let s = self.string(parent, prefix, key)?;
         if s.is_empty() {
             self.add(key_path(prefix, key), "must not be empty");
@@ -634,7 +659,7 @@ impl Checker {
         Some(s)
     }
 
-    fn boolean(&mut self, parent: &Table, prefix: &str, key: &str) -> Option<bool> {
+    pub(crate) fn boolean(&mut self, parent: &Table, prefix: &str, key: &str) -> Option<bool> {
         match parent.get(key)? {
             Value::Boolean(b) => Some(*b),
             other => {
@@ -648,7 +673,7 @@ impl Checker {
     }
 
     /// A timeout in milliseconds, from 1 ms to one hour.
-    fn millis(&mut self, parent: &Table, prefix: &str, key: &str) -> Option<Duration> {
+    pub(crate) fn millis(&mut self, parent: &Table, prefix: &str, key: &str) -> Option<Duration> {
         let field = key_path(prefix, key);
         match parent.get(key)? {
             Value::Integer(ms) if (1..=MAX_TIMEOUT_MS).contains(ms) => {
@@ -765,6 +790,8 @@ impl Checker {
         }
 
         let upstreams = self.upstreams(root);
+        let auth = self.auth(root);
+        let http = self.http(root);
 
         let policy = match root.get("policy") {
             None => None,
@@ -789,6 +816,8 @@ impl Checker {
             audit_path,
             upstreams,
             policy,
+            auth,
+            http,
         }
     }
 
@@ -959,7 +988,7 @@ impl Checker {
         })
     }
 
-    fn string_list(&mut self, table: &Table, prefix: &str, key: &str) -> Vec<String> {
+    pub(crate) fn string_list(&mut self, table: &Table, prefix: &str, key: &str) -> Vec<String> {
         let field = key_path(prefix, key);
         match table.get(key) {
             None => Vec::new(),

@@ -1,7 +1,6 @@
 //! What clients reach: MCP over stdio, and over HTTP streamable MCP at `/mcp`, the
 //! `ToolCall` envelope at `/v1/tools/call`, `/metrics`, `/admin`, `/healthz` and `/readyz`.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -10,11 +9,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
+use tower_toolcall_axum::authn::Authentication;
 use tower_toolcall_axum::{ServeConfig, ToolRouter, ADMIN_PATH};
-use tower_toolcall_mcp::{stdio_transport, McpServer, ToolList, DEFAULT_MAX_LINE_BYTES};
+use tower_toolcall_mcp::{stdio_transport, DEFAULT_MAX_LINE_BYTES};
 
 use crate::gateway::{Gateway, Lasting};
 
@@ -31,40 +32,62 @@ pub(crate) async fn serve_stdio(lasting: &Lasting) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// MCP over streamable HTTP, for `/mcp`. It outlives reloads: its sessions go on over the
-/// gateway in service.
-pub(crate) fn mcp_service(
-    lasting: &Lasting,
-    listen: SocketAddr,
-) -> StreamableHttpService<McpServer<ToolList>, LocalSessionManager> {
+/// MCP over streamable HTTP at `/mcp`, behind `auth` when there is one. It outlives
+/// reloads: its sessions go on over the gateway in service. Its Host and Origin are checked
+/// with every other route's ([`HostGuard`](tower_toolcall_axum::HostGuard)), not by rmcp.
+pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Router {
     let server = lasting.mcp.connection();
-    let mut mcp = StreamableHttpServerConfig::default();
-    if !listen.ip().is_loopback() {
-        // The Host check guards a server on a loopback address against DNS rebinding; a
-        // gateway listening beyond the machine is reached by other names.
-        mcp = mcp.disable_allowed_hosts();
-    }
-    StreamableHttpService::new(
+    let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
+    let service = StreamableHttpService::new(
         move || Ok(server.connection()),
         Arc::new(LocalSessionManager::default()),
-        mcp,
-    )
+        config,
+    );
+    let router = Router::new().nest_service("/mcp", service);
+    match auth {
+        Some(auth) => router.route_layer(auth.layer()),
+        None => router,
+    }
 }
 
-/// The HTTP fronts of `gateway` but MCP's. The admin API is there when `admin_token` is.
-pub(crate) fn http_router(gateway: &Gateway) -> Router {
-    let envelope = ToolRouter::new(gateway.registry.clone(), gateway.tools.clone())
+/// The HTTP fronts of `gateway` but MCP's: `/v1` behind `auth` when there is one, the
+/// probes, `/metrics` unless it has an address of its own, and the admin API when there is
+/// a token.
+pub(crate) fn http_router(
+    gateway: &Gateway,
+    auth: Option<&Authentication>,
+    metrics_here: bool,
+) -> Router {
+    let mut envelope = ToolRouter::new(gateway.registry.clone(), gateway.tools.clone())
         .body_timeout(Duration::from_secs(15))
         .max_calls_in_flight(256);
-    let probes = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
-        .route("/metrics", get(scrape))
-        .with_state(Probes {
-            upstreams: gateway.upstreams.clone(),
-            prometheus: gateway.prometheus.clone(),
+    if let Some(access) = gateway.access.clone() {
+        let names = gateway.clone_names();
+        envelope = envelope.visible_to(move |principal, namespace, name| {
+            access.allows(principal, &names.listed_name(namespace, name))
         });
-    let mut router = envelope.into_router().merge(probes);
+        if let Some(denials) = gateway.denials.clone() {
+            let names = gateway.clone_names();
+            envelope = envelope.on_denied(move |principal, namespace, name| {
+                denials.denied(principal, &names.listed_name(namespace, name))
+            });
+        }
+    }
+    let mut envelope = envelope.into_router();
+    if let Some(auth) = auth {
+        envelope = envelope.route_layer(auth.layer());
+    }
+    let mut probes = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready));
+    if metrics_here {
+        probes = probes.route("/metrics", get(scrape));
+    }
+    let probes = probes.with_state(Probes {
+        upstreams: gateway.upstreams.clone(),
+        prometheus: gateway.prometheus.clone(),
+    });
+    let mut router = envelope.merge(probes);
     match &gateway.admin {
         Some(admin) => router = router.nest(ADMIN_PATH, admin.clone()),
         None => tracing::info!("no admin token: no admin API"),
@@ -72,10 +95,20 @@ pub(crate) fn http_router(gateway: &Gateway) -> Router {
     router
 }
 
+/// `/metrics` alone, for an address of its own.
+pub(crate) fn metrics_router(prometheus: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(Probes {
+            upstreams: Arc::default(),
+            prometheus,
+        })
+}
+
 #[derive(Clone)]
 struct Probes {
     upstreams: Arc<Vec<crate::upstreams::Upstream>>,
-    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    prometheus: PrometheusHandle,
 }
 
 /// `GET /readyz`: 200 once every required upstream is connected; else 503 naming those

@@ -1,6 +1,7 @@
 //! The gateway assembled: its upstreams started, their tools under one list, one stack
 //! in front of them all.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -16,11 +17,12 @@ use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
 use tower_toolcall::loop_detect::InMemoryLoopStore;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
-use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_axum::AdminRouter;
 use tower_toolcall_mcp::{registry_for_servers, McpServer, ProgressRelay, ToolList};
 use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore, RedisTarget};
 
+use crate::auth::{Access, AuthConfig, DenialAudit};
 use crate::config::{GatewayConfig, RedisStore, UpstreamConfig};
 use crate::demo;
 use crate::naming::listed_names;
@@ -65,6 +67,7 @@ impl Lasting {
     /// names of the upstreams whose tools may have changed arrive.
     pub(crate) fn new(
         config: &GatewayConfig,
+        principal: Option<Principal>,
     ) -> Result<(Lasting, mpsc::UnboundedReceiver<String>), BoxError> {
         let audit = match &config.audit_path {
             Some(dir) => {
@@ -79,8 +82,11 @@ impl Lasting {
         let listed = ToolList::new(Vec::new()).with_info(server_info());
         let in_service = InService::default();
         let relay = ProgressRelay::default();
-        let mcp = McpServer::over(GATEWAY_NAMESPACE, in_service.clone(), listed.clone())
+        let mut mcp = McpServer::over(GATEWAY_NAMESPACE, in_service.clone(), listed.clone())
             .relay_progress(&relay);
+        if let Some(principal) = principal {
+            mcp = mcp.principal(principal);
+        }
         let mcp = Arc::new(mcp);
         let (changes, changed) = mpsc::unbounded_channel();
         let lasting = Lasting {
@@ -128,6 +134,34 @@ pub(crate) struct Gateway {
     /// The admin API, when there is a token.
     pub(crate) admin: Option<axum::Router>,
     pub(crate) prometheus: PrometheusHandle,
+    /// The tools each principal may call, with `[auth]`.
+    pub(crate) access: Option<Access>,
+    /// The listed name of each tool, by its namespace and name.
+    names: Names,
+    /// Where calls refused to their caller are audited.
+    pub(crate) denials: Option<DenialAudit>,
+}
+
+/// The listed name of each tool, by its namespace and name.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Names(Arc<HashMap<(String, String), String>>);
+
+impl Names {
+    /// The listed name of the tool `name` of `namespace` (for a tool the gateway does not
+    /// list, the name it would have).
+    pub(crate) fn listed_name(&self, namespace: &str, name: &str) -> String {
+        self.0
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+            .unwrap_or_else(|| format!("{namespace}__{name}"))
+    }
+}
+
+impl Gateway {
+    /// The listed names of its tools.
+    pub(crate) fn clone_names(&self) -> Names {
+        self.names.clone()
+    }
 }
 
 impl Gateway {
@@ -224,7 +258,16 @@ impl Gateway {
                 assemble(stack, router, admin_token, audit)?
             }
         };
-        let listed = tool_list(listed)?.stop_repeatable_when_cancelled(&registry);
+        let (listed, names) = tool_list(listed)?;
+        let mut listed = listed.stop_repeatable_when_cancelled(&registry);
+        let access = config.auth.as_ref().map(AuthConfig::access);
+        let denials = lasting.audit.clone().map(DenialAudit::new);
+        if let Some(access) = access.clone() {
+            listed = listed.visible_to(move |principal, name| access.allows(principal, name));
+            if let Some(denials) = denials.clone() {
+                listed = listed.on_denied(move |principal, name| denials.denied(principal, name));
+            }
+        }
         Ok(Gateway {
             upstreams: Arc::new(upstreams),
             registry,
@@ -232,6 +275,9 @@ impl Gateway {
             listed,
             admin,
             prometheus: lasting.prometheus.clone(),
+            access,
+            names: Names(Arc::new(names)),
+            denials,
         })
     }
 }
@@ -268,23 +314,29 @@ fn registry(
     Ok(registry_for_servers(servers, policy)?)
 }
 
-/// The tools, each `(namespace, tool)`, under their listed names (see [`crate::naming`]).
-fn tool_list(tools: Vec<(String, Tool)>) -> Result<ToolList, BoxError> {
+/// The tools, each `(namespace, tool)`, under their listed names (see [`crate::naming`]),
+/// and the listed name of each by its namespace and name.
+type ListedNames = HashMap<(String, String), String>;
+
+fn tool_list(tools: Vec<(String, Tool)>) -> Result<(ToolList, ListedNames), BoxError> {
     let names = listed_names(
         tools
             .iter()
             .map(|(namespace, tool)| (namespace.as_str(), tool.name.as_ref())),
     );
-    let routed = tools
+    let mut by_tool = HashMap::with_capacity(names.len());
+    let routed: Vec<_> = tools
         .into_iter()
         .zip(names)
         .map(|((namespace, tool), listed)| {
             let name = tool.name.to_string();
+            by_tool.insert((namespace.clone(), name.clone()), listed.clone());
             let mut shown = tool;
             shown.name = listed.into();
             (shown, namespace, name)
-        });
-    Ok(ToolList::routed(routed)?)
+        })
+        .collect();
+    Ok((ToolList::routed(routed)?, by_tool))
 }
 
 /// The stores' Redis: one node, or a cluster by its seeds.

@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+mod auth;
 mod config;
 mod demo;
 mod fronts;
@@ -57,6 +58,10 @@ struct Args {
     /// The log lines' format: text or json.
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<String>,
+    /// Listen beyond this machine without `[auth]`: anyone who reaches the port may call
+    /// every tool. Refused without this flag.
+    #[arg(long)]
+    allow_unauthenticated: bool,
 }
 
 fn main() -> ExitCode {
@@ -143,9 +148,6 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         Some(var) => std::env::var(var).ok(),
         None => std::env::var("TOOLCALL_ADMIN_TOKEN").ok(),
     };
-    let (lasting, changed) = Lasting::new(&config)?;
-    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[]).await?;
-    lasting.install(&gateway).await;
     let listen = match (args.listen, config.listen, std::env::var("PORT")) {
         (Some(listen), _, _) | (None, Some(listen), _) => listen,
         (None, None, Ok(port)) => format!("127.0.0.1:{port}")
@@ -153,14 +155,37 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
             .map_err(|_| format!("PORT: {port} is not a port number"))?,
         (None, None, Err(_)) => SocketAddr::from(([127, 0, 0, 1], 8080)),
     };
-    let swap = (!args.stdio).then(|| fronts::Swap::new(fronts::http_router(&gateway)));
+    let (lasting, changed) = Lasting::new(&config, stdio_principal(&config))?;
+    let guard = if args.stdio {
+        None
+    } else {
+        exposure(&args, &config, listen)?;
+        config.http.guard(listen)?
+    };
+    let auth = match (&config.auth, args.stdio) {
+        (Some(auth), false) => Some(auth.authentication(listen, lasting.audit.clone()).await?),
+        _ => None,
+    };
+    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[]).await?;
+    lasting.install(&gateway).await;
+    let metrics_here = config.http.metrics_listen.is_none();
+    let authentication = auth.as_ref().map(|(auth, _)| auth.clone());
+    let swap = (!args.stdio).then(|| {
+        fronts::Swap::new(fronts::http_router(
+            &gateway,
+            authentication.as_ref(),
+            metrics_here,
+        ))
+    });
     let following = Following {
         args: args.clone(),
         admin_token,
         lasting: lasting.clone(),
-        config,
+        config: config.clone(),
         current: gateway,
         swap: swap.clone(),
+        auth: authentication.clone(),
+        metrics_here,
     };
     let follow = tokio::spawn(following.run(changed));
     let served = match swap {
@@ -173,9 +198,29 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
             tracing::info!(event = "gateway_listening", address = %listener.local_addr()?);
             // The address, for whoever started the gateway on port 0.
             println!("listening on {}", listener.local_addr()?);
-            let router = swap
+            let mut router = swap
                 .router()
-                .nest_service("/mcp", fronts::mcp_service(&lasting, listen));
+                .merge(fronts::mcp_router(&lasting, authentication.as_ref()));
+            if let Some((_, Some(metadata))) = &auth {
+                router = router.merge(metadata.router());
+            }
+            if let Some(guard) = &guard {
+                router = router.layer(guard.clone());
+            }
+            if let Some(address) = config.http.metrics_listen {
+                let metrics = tokio::net::TcpListener::bind(address)
+                    .await
+                    .map_err(|err| {
+                        format!("cannot listen on {address} (http.metrics_listen): {err}")
+                    })?;
+                tracing::info!(event = "metrics_listening", address = %metrics.local_addr()?);
+                println!("metrics on {}", metrics.local_addr()?);
+                let mut metrics_router = fronts::metrics_router(lasting.prometheus.clone());
+                if let Some(guard) = config.http.guard(address)? {
+                    metrics_router = metrics_router.layer(guard);
+                }
+                tokio::spawn(fronts::serve_http(metrics, metrics_router, shutdown()));
+            }
             fronts::serve_http(listener, router, shutdown()).await
         }
     };
@@ -183,6 +228,45 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
     lasting.stop();
     tracing::info!(event = "gateway_stopped");
     served
+}
+
+/// The principal of the stdio front: `[auth.stdio]`, else `TOOLCALL_PRINCIPAL`; none for a
+/// single-user gateway.
+fn stdio_principal(config: &GatewayConfig) -> Option<tower_toolcall::Principal> {
+    config
+        .auth
+        .as_ref()
+        .and_then(|auth| auth.stdio.clone())
+        .or_else(|| {
+            std::env::var(auth::PRINCIPAL_ENV)
+                .ok()
+                .filter(|id| !id.is_empty())
+                .map(tower_toolcall::Principal::new)
+        })
+}
+
+/// Refuses to listen beyond this machine without authentication, unless told to; then warns
+/// of what is exposed.
+fn exposure(args: &Args, config: &GatewayConfig, listen: SocketAddr) -> Result<(), BoxError> {
+    if listen.ip().is_loopback() || config.auth.is_some() {
+        return Ok(());
+    }
+    if !args.allow_unauthenticated {
+        return Err(format!(
+            "listening on {listen}, beyond this machine, without [auth] would let anyone who \
+             reaches the port call every tool; configure [auth] (the README's Authentication), \
+             listen on 127.0.0.1, or pass --allow-unauthenticated to accept it"
+        )
+        .into());
+    }
+    tracing::warn!(
+        event = "unauthenticated_exposure",
+        address = %listen,
+        upstreams = config.upstreams.len(),
+        "listening beyond this machine without authentication: anyone who reaches {listen} may \
+         call every tool of every upstream and read /metrics"
+    );
+    Ok(())
 }
 
 /// The gateway in service, and what it needs to put another in its place.
@@ -195,6 +279,11 @@ struct Following {
     current: Gateway,
     /// The HTTP fronts, when the gateway serves them.
     swap: Option<fronts::Swap>,
+    /// Their authentication (kept across reloads: a change of `[auth]`'s mode or keys takes
+    /// a restart; its roles are read again).
+    auth: Option<tower_toolcall_axum::authn::Authentication>,
+    /// Whether `/metrics` is served beside the other routes.
+    metrics_here: bool,
 }
 
 /// Why the gateway in service is replaced.
@@ -243,7 +332,11 @@ impl Following {
                 Ok(next) => {
                     self.lasting.install(&next).await;
                     if let Some(swap) = &self.swap {
-                        swap.replace(fronts::http_router(&next));
+                        swap.replace(fronts::http_router(
+                            &next,
+                            self.auth.as_ref(),
+                            self.metrics_here,
+                        ));
                     }
                     tracing::info!(
                         event = "reloaded",

@@ -104,7 +104,13 @@ async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
                 (command.clone(), args.clone(), env.clone(), cwd.clone());
             let client = McpClient::spawn(name, move || {
                 let mut process = tokio::process::Command::new(&command);
-                process.args(&args).envs(&env);
+                // Only the allow-listed variables of the gateway's environment, and the
+                // entry's own: never the gateway's secrets.
+                process
+                    .args(&args)
+                    .env_clear()
+                    .envs(inherited_env())
+                    .envs(&env);
                 if let Some(cwd) = &cwd {
                     process.current_dir(cwd);
                 }
@@ -130,6 +136,38 @@ async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
             Ok(McpClient::http_with(name, transport).await?)
         }
     }
+}
+
+/// The variables of the gateway's environment a stdio upstream inherits, as the official
+/// MCP SDKs' clients pass them: what a program needs to run (its `PATH`, the user, the
+/// home directory, the terminal), never a credential or a `TOOLCALL_*` setting. Anything
+/// else an upstream needs goes in its entry's `env`.
+const INHERITED_ENV: &[&str] = if cfg!(windows) {
+    &[
+        "APPDATA",
+        "HOMEDRIVE",
+        "HOMEPATH",
+        "LOCALAPPDATA",
+        "PATH",
+        "PROCESSOR_ARCHITECTURE",
+        "SYSTEMDRIVE",
+        "SYSTEMROOT",
+        "TEMP",
+        "USERNAME",
+        "USERPROFILE",
+        "PROGRAMFILES",
+    ]
+} else {
+    &["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"]
+};
+
+/// The allow-listed variables that are set (a value that is a shell function, `()…`, is
+/// left out, as the SDKs do).
+fn inherited_env() -> impl Iterator<Item = (&'static str, String)> {
+    INHERITED_ENV.iter().filter_map(|name| {
+        let value = std::env::var(name).ok()?;
+        (!value.starts_with("()")).then_some((*name, value))
+    })
 }
 
 /// A service of tools and its per-call timeout.

@@ -154,7 +154,9 @@ impl HostGuard {
         match (origins.next(), origins.next()) {
             (None, _) => Ok(()),
             (Some(origin), None)
-                if origin.to_str().is_ok_and(|origin| self.allows_origin(origin)) =>
+                if origin
+                    .to_str()
+                    .is_ok_and(|origin| self.allows_origin(origin)) =>
             {
                 Ok(())
             }
@@ -245,16 +247,36 @@ mod tests {
     #[test]
     fn hosts_and_origins_by_default_are_the_loopback_names() {
         let guard = HostGuard::loopback();
-        for host in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:80", "::1"] {
+        for host in [
+            "127.0.0.1:8080",
+            "localhost",
+            "LOCALHOST:1",
+            "[::1]:80",
+            "::1",
+        ] {
             assert!(guard.allows_host(host), "{host}");
         }
-        for host in ["evil.example", "127.0.0.1.evil.example", "evil.example:8080", ""] {
+        for host in [
+            "evil.example",
+            "127.0.0.1.evil.example",
+            "evil.example:8080",
+            "",
+        ] {
             assert!(!guard.allows_host(host), "{host}");
         }
-        for origin in ["http://127.0.0.1:5173", "http://localhost", "https://[::1]:8443"] {
+        for origin in [
+            "http://127.0.0.1:5173",
+            "http://localhost",
+            "https://[::1]:8443",
+        ] {
             assert!(guard.allows_origin(origin), "{origin}");
         }
-        for origin in ["http://evil.example", "null", "http://localhost.evil", "localhost"] {
+        for origin in [
+            "http://evil.example",
+            "null",
+            "http://localhost.evil",
+            "localhost",
+        ] {
             assert!(!guard.allows_origin(origin), "{origin}");
         }
     }

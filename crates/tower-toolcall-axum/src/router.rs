@@ -126,6 +126,7 @@ pub struct ToolRouter {
     unavailable_retry_after: Option<Duration>,
     admin: Option<Router>,
     visible: Option<Arc<VisibleFn>>,
+    denied: Option<Arc<DeniedFn>>,
 }
 
 impl fmt::Debug for ToolRouter {
@@ -149,10 +150,14 @@ struct ToolsState {
     body_timeout: Duration,
     unavailable_retry_after: Option<Duration>,
     visible: Option<Arc<VisibleFn>>,
+    denied: Option<Arc<DeniedFn>>,
 }
 
 /// Whether the caller (its principal, if any) sees the tool of this namespace and name.
 type VisibleFn = dyn Fn(Option<&Principal>, &str, &str) -> bool + Send + Sync;
+
+/// Told of each call refused because its caller may not see the tool.
+type DeniedFn = dyn Fn(Option<&Principal>, &str, &str) + Send + Sync;
 
 impl ToolRouter {
     /// A router that lists the tools of `registry` and calls `service`.
@@ -174,6 +179,7 @@ impl ToolRouter {
             unavailable_retry_after: Some(DEFAULT_UNAVAILABLE_RETRY_AFTER),
             admin: None,
             visible: None,
+            denied: None,
         }
     }
 
@@ -238,6 +244,17 @@ impl ToolRouter {
         self
     }
 
+    /// Calls `denied` with the caller, the namespace and the name of each call refused
+    /// because the caller may not see the tool (see [`visible_to`](ToolRouter::visible_to)):
+    /// for an audit of refusals.
+    pub fn on_denied<F>(mut self, denied: F) -> Self
+    where
+        F: Fn(Option<&Principal>, &str, &str) + Send + Sync + 'static,
+    {
+        self.denied = Some(Arc::new(denied));
+        self
+    }
+
     /// Nests `admin` under [`ADMIN_PATH`]. Without it, the router has no admin routes.
     pub fn admin<St: DedupeStore>(mut self, admin: AdminRouter<St>) -> Self {
         self.admin = Some(admin.into_router());
@@ -257,6 +274,7 @@ impl ToolRouter {
             body_timeout: self.body_timeout,
             unavailable_retry_after: self.unavailable_retry_after,
             visible: self.visible,
+            denied: self.denied,
         };
         let router = Router::new()
             .route(
@@ -285,6 +303,9 @@ async fn call_tool(State(state): State<ToolsState>, request: Request) -> Respons
         Err(_) => return body_too_slow(state.body_timeout),
     };
     if !state.sees(principal.as_ref(), call.tool_namespace(), call.tool_name()) {
+        if let Some(denied) = &state.denied {
+            denied(principal.as_ref(), call.tool_namespace(), call.tool_name());
+        }
         let denied = ToolError::rejected(
             ErrorCode::PolicyDenied,
             format!(

@@ -62,7 +62,10 @@ impl Default for ClaimNames {
 /// Where the signing keys come from.
 #[derive(Clone, Debug)]
 enum Source {
-    Url { url: String, client: reqwest::Client },
+    Url {
+        url: String,
+        client: reqwest::Client,
+    },
     File(PathBuf),
 }
 
@@ -220,9 +223,9 @@ impl JwtVerifier {
                 }
             }
         }
-        inner
-            .find(kid, alg)?
-            .ok_or_else(|| Invalid::token("the token's signing key is not one of the issuer's keys"))
+        inner.find(kid, alg)?.ok_or_else(|| {
+            Invalid::token("the token's signing key is not one of the issuer's keys")
+        })
     }
 }
 
@@ -267,10 +270,7 @@ impl Source {
                     .await
                     .map_err(|err| format!("the JWKS at {url} cannot be fetched: {err}"))?;
                 if !response.status().is_success() {
-                    return Err(format!(
-                        "the JWKS at {url} answered {}",
-                        response.status()
-                    ));
+                    return Err(format!("the JWKS at {url} answered {}", response.status()));
                 }
                 let body = response
                     .bytes()
@@ -372,7 +372,10 @@ impl JwtVerifierBuilder {
     /// algorithm, keys that cannot be read).
     pub async fn build(self) -> Result<JwtVerifier, ConfigError> {
         let source = self.source.ok_or_else(|| {
-            ConfigError::new("jwks", "the JWT verifier needs its keys: give a JWKS URL or file")
+            ConfigError::new(
+                "jwks",
+                "the JWT verifier needs its keys: give a JWKS URL or file",
+            )
         })?;
         if self.algorithms.is_empty() {
             return Err(ConfigError::new(
@@ -388,9 +391,9 @@ impl JwtVerifierBuilder {
             return Err(ConfigError::new(
                 "algorithms",
                 format!(
-                "{hmac:?} is an HMAC algorithm, which a verifier of public keys must \
+                    "{hmac:?} is an HMAC algorithm, which a verifier of public keys must \
                  never take; use RS256, ES256 or another asymmetric algorithm"
-            ),
+                ),
             ));
         }
         let by_kid = source

@@ -38,6 +38,9 @@ mod jwt;
 mod resource;
 
 pub use api_keys::ApiKeys;
+/// The signature algorithms of JWTs (`jsonwebtoken`'s), for [`JwtVerifierBuilder::algorithms`].
+#[cfg(feature = "jwt")]
+pub use jsonwebtoken::Algorithm as JwtAlgorithm;
 #[cfg(feature = "jwt")]
 pub use jwt::{
     ClaimNames, JwtVerifier, JwtVerifierBuilder, DEFAULT_JWKS_MIN_REFRESH, DEFAULT_JWKS_TTL,
@@ -111,6 +114,9 @@ impl Invalid {
     }
 }
 
+/// Told of each refusal logged.
+type ReportFn = dyn Fn(&AuthRefusal) + Send + Sync;
+
 /// How tokens are checked.
 #[derive(Clone, Debug)]
 enum Verifier {
@@ -145,7 +151,7 @@ struct Inner {
     required_scopes: Vec<String>,
     verified: quick_cache::sync::Cache<[u8; 32], (Principal, u64)>,
     refusals: RefusalLog,
-    on_refusal: Option<Box<dyn Fn(&AuthRefusal) + Send + Sync>>,
+    on_refusal: Option<Box<ReportFn>>,
 }
 
 impl fmt::Debug for Authentication {
@@ -165,7 +171,7 @@ pub struct AuthenticationBuilder {
     metadata_url: Option<String>,
     required_scopes: Vec<String>,
     capacity: usize,
-    on_refusal: Option<Box<dyn Fn(&AuthRefusal) + Send + Sync>>,
+    on_refusal: Option<Box<ReportFn>>,
 }
 
 impl fmt::Debug for AuthenticationBuilder {

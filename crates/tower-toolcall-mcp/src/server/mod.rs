@@ -397,7 +397,7 @@ impl<H> McpServer<H> {
         // A tool the caller may not see is refused as one that is not there.
         if let Some(routes) = &self.routes {
             let principal = self.identity.principal(&context);
-            if !routes.shows(principal.as_ref(), &request.name) {
+            if !routes.admits(principal.as_ref(), &request.name) {
                 return result_of(Err(in_mcp_words(not_yours(&request.name))));
             }
         }

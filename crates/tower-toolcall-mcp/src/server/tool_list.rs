@@ -46,22 +46,31 @@ struct Listed {
     visible: Visibility,
 }
 
-/// Which listed tools a caller sees and may call.
+/// Which listed tools a caller sees and may call, and who is told of a call refused.
 #[derive(Clone, Default)]
-struct Visibility(Option<Arc<VisibleFn>>);
+struct Visibility(Option<Arc<VisibleFn>>, Option<Arc<DeniedFn>>);
+
+/// Told of each call refused because its caller may not see the tool.
+type DeniedFn = dyn Fn(Option<&Principal>, &str) + Send + Sync;
 
 /// Whether the caller (its principal, if any) sees the listed tool of this name.
 type VisibleFn = dyn Fn(Option<&Principal>, &str) -> bool + Send + Sync;
 
 impl Visibility {
     fn shows(&self, principal: Option<&Principal>, name: &str) -> bool {
-        self.0.as_ref().is_none_or(|visible| visible(principal, name))
+        self.0
+            .as_ref()
+            .is_none_or(|visible| visible(principal, name))
     }
 }
 
 impl fmt::Debug for Visibility {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() { "Visibility(filtered)" } else { "Visibility(all)" })
+        f.write_str(if self.0.is_some() {
+            "Visibility(filtered)"
+        } else {
+            "Visibility(all)"
+        })
     }
 }
 
@@ -186,7 +195,18 @@ impl ToolList {
     where
         F: Fn(Option<&Principal>, &str) -> bool + Send + Sync + 'static,
     {
-        self.write().visible = Visibility(Some(Arc::new(visible)));
+        self.write().visible.0 = Some(Arc::new(visible));
+        self
+    }
+
+    /// Calls `denied` with the caller and the listed name of each call refused because the
+    /// caller may not see the tool (see [`visible_to`](ToolList::visible_to)): for an audit
+    /// of refusals.
+    pub fn on_denied<F>(self, denied: F) -> Self
+    where
+        F: Fn(Option<&Principal>, &str) + Send + Sync + 'static,
+    {
+        self.write().visible.1 = Some(Arc::new(denied));
         self
     }
 
@@ -201,9 +221,16 @@ impl ToolList {
             .collect()
     }
 
-    /// Whether `principal` may call the listed tool `name`.
-    pub(crate) fn shows(&self, principal: Option<&Principal>, name: &str) -> bool {
-        self.read().visible.shows(principal, name)
+    /// Whether `principal` may call the listed tool `name`; the refusal is reported.
+    pub(crate) fn admits(&self, principal: Option<&Principal>, name: &str) -> bool {
+        let visible = self.read().visible.clone();
+        let shown = visible.shows(principal, name);
+        if !shown {
+            if let Some(denied) = &visible.1 {
+                denied(principal, name);
+            }
+        }
+        shown
     }
 
     /// Where the listed tool `name` is called, when the list was made [routed](ToolList::routed).

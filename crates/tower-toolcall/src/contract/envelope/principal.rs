@@ -189,7 +189,10 @@ mod tests {
         let a = Principal::new("b-c").with_tenant("a");
         let b = Principal::new("c").with_tenant("a-b");
         assert_ne!(a.session_key("s"), b.session_key("s"));
-        assert_eq!(alice.session_key("s-1"), Principal::new("alice").session_key("s-1"));
+        assert_eq!(
+            alice.session_key("s-1"),
+            Principal::new("alice").session_key("s-1")
+        );
     }
 
     #[test]
@@ -200,10 +203,17 @@ mod tests {
         assert!(key.len() <= MAX_IDENTIFIER_BYTES, "{key}");
         assert_ne!(key, alice.session_key(&format!("{long}y")));
         let short = alice.session_key("s-1");
-        assert!(short.ends_with("/s-1") && short.starts_with("p-"), "{short}");
+        assert!(
+            short.ends_with("/s-1") && short.starts_with("p-"),
+            "{short}"
+        );
         assert_eq!(alice.session_key(&short), short, "scoped once");
         let bob = Principal::new("bob");
-        assert_ne!(bob.session_key(&short), short, "another's session is scoped again");
+        assert_ne!(
+            bob.session_key(&short),
+            short,
+            "another's session is scoped again"
+        );
     }
 
     #[test]
