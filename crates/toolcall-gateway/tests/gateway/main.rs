@@ -12,6 +12,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
+mod auth;
+
 const GATEWAY: &str = env!("CARGO_BIN_EXE_toolcall-gateway");
 
 /// The interop kit's `path`, which must be installed.
@@ -121,12 +123,19 @@ impl HttpGateway {
 
     /// The gateway with `--config` and `more` arguments after it.
     async fn start_with(config_and_more: &[&std::ffi::OsStr]) -> HttpGateway {
+        HttpGateway::start_in(config_and_more, &[]).await
+    }
+
+    /// The gateway with `--config` and `more` arguments after it, and `env` in its
+    /// environment.
+    async fn start_in(config_and_more: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> HttpGateway {
         let (config, more) = config_and_more.split_first().expect("a configuration");
         let mut child = Command::new(GATEWAY)
             .arg("--config")
             .arg(config)
             .args(more)
             .args(["--listen", "127.0.0.1:0"])
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .kill_on_drop(true)

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 use tower::{Layer, ServiceBuilder};
-use tower_toolcall::{ToolCall, ToolStack};
+use tower_toolcall::{Principal, ToolCall, ToolStack};
 use tower_toolcall_mcp::{registry_for, McpClient, McpServer, Trust, ERROR_META, FROM_CACHE_META};
 
 use super::example::{self, Notes};
@@ -32,8 +32,15 @@ async fn a_key_sent_again_over_a_new_connection_gets_the_first_result() {
     assert_eq!(cached.structured_content, done.structured_content);
     assert_eq!(notes.calls("put"), 1, "ran once over two connections");
 
-    // Another actor's key is its own.
-    let other = connect(server.connection(), "another-agent").await;
+    // Another client program of the single user is that user: its name is no scope.
+    let renamed = connect(server.connection(), "another-agent").await;
+    let cached = renamed.call_tool(put()).await.unwrap();
+    assert_eq!(cached.meta.as_ref().unwrap()[FROM_CACHE_META], true);
+    assert_eq!(notes.calls("put"), 1);
+
+    // Another principal's key is its own.
+    let bob = server.connection().principal(Principal::new("bob"));
+    let other = connect(bob, "agent").await;
     let ran = other.call_tool(put()).await.unwrap();
     assert_eq!(ran.meta, None);
     assert_eq!(notes.calls("put"), 2);
@@ -90,10 +97,50 @@ async fn the_operators_meta_members_come_first_for_session_and_actor() {
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2, "the refused call never reached the stack");
     assert_eq!((seen[0].session_key(), seen[0].actor_id()), ("s-9", "u-1"));
-    // Without them: the connection, and the client's name.
+    // Without them: the connection, and the single user; the client's name is only the
+    // call's agent.
     assert_eq!(
         (seen[1].session_key(), seen[1].actor_id()),
-        (&*connection, "claude-code")
+        (&*connection, "local")
+    );
+    assert_eq!(
+        seen[1].envelope().target.agent_id.as_deref(),
+        Some("claude-code")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_principal_the_meta_members_scope_nothing_beyond_it() {
+    let alice = Principal::new("alice").with_tenant("acme");
+    let (server, seen) = recorded(|server| {
+        server
+            .session_from_meta("agentSession")
+            .actor_from_meta("userId")
+            .principal(alice.clone())
+    });
+    let connection = server.session_key().to_owned();
+    let client = connect(server, "claude-code").await;
+    let search = || params("search", json!({"query": "x"}));
+    client
+        .call_tool(with_meta(
+            search(),
+            json!({"agentSession": "s-9", "userId": "bob"}),
+        ))
+        .await
+        .unwrap();
+    client.call_tool(search()).await.unwrap();
+    let seen = seen.lock().unwrap();
+    let who: Vec<_> = seen
+        .iter()
+        .map(|c| (c.session_key().to_owned(), c.actor_id(), c.tenant_id()))
+        .collect();
+    assert_eq!(
+        who,
+        [
+            (alice.session_key("s-9"), "alice", Some("acme")),
+            (alice.session_key(&connection), "alice", Some("acme")),
+        ],
+        "the actor is the principal's, whatever _meta says; sessions are under it"
     );
 }
 

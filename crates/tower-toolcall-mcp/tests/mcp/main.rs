@@ -225,7 +225,12 @@ async fn the_envelope_carries_session_actor_key_and_traceparent() {
     let call = &seen[0];
     assert_eq!((call.tool_namespace(), call.tool_name()), ("notes", "put"));
     assert_eq!(call.session_key(), session);
-    assert_eq!(call.actor_id(), "claude-desktop");
+    // One user without authentication; the client's name is the call's agent.
+    assert_eq!(call.actor_id(), "local");
+    assert_eq!(
+        call.envelope().target.agent_id.as_deref(),
+        Some("claude-desktop")
+    );
     assert_eq!(call.idempotency_key(), Some("k-42"));
     assert_eq!(call.trace().traceparent.as_deref(), Some(traceparent));
     assert_eq!(call.params().as_map()["text"], "t");

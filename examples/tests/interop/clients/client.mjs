@@ -55,6 +55,9 @@ function readPlan(text) {
         if (t.cwd !== undefined && typeof t.cwd !== 'string') throw new PlanError('plan.transport.cwd must be a string');
     } else if (t.kind === 'http') {
         if (typeof t.url !== 'string') throw new PlanError('plan.transport.url must be a string');
+        if (t.headers !== undefined && !(isObject(t.headers) && Object.values(t.headers).every(v => typeof v === 'string'))) {
+            throw new PlanError('plan.transport.headers must be an object of strings');
+        }
     } else {
         throw new PlanError('plan.transport.kind must be "stdio" or "http"');
     }
@@ -128,7 +131,9 @@ class Driver {
             // is inherited, so server logs land on this process's stderr.
             return new StdioClientTransport({ command: t.command, args: t.args ?? [], env: t.env, cwd: t.cwd, stderr: 'inherit' });
         }
-        return new StreamableHTTPClientTransport(new URL(t.url));
+        // Headers (a bearer token) go on every request the SDK's transport sends.
+        const requestInit = t.headers ? { headers: t.headers } : undefined;
+        return new StreamableHTTPClientTransport(new URL(t.url), { requestInit });
     }
 
     async connect() {

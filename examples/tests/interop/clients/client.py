@@ -22,6 +22,8 @@ import anyio.lowlevel
 from pydantic import ValidationError
 
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import Implementation, ToolListChangedNotification
 
@@ -61,6 +63,9 @@ def read_plan(text: str) -> dict[str, Any]:
     elif kind == "http":
         if not isinstance(transport.get("url"), str):
             raise PlanError("plan.transport.url must be a string")
+        headers = transport.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise PlanError("plan.transport.headers must be an object of strings")
     else:
         raise PlanError('plan.transport.kind must be "stdio" or "http"')
     if not isinstance(plan.get("protocolVersion"), str):
@@ -151,6 +156,12 @@ class Driver:
                 args=transport.get("args", []),
                 env=transport.get("env") or None,
                 cwd=transport.get("cwd"),
+            )
+        elif transport.get("headers"):
+            # Headers (a bearer token) go on every request of the SDK's own transport.
+            server = streamable_http_client(
+                transport["url"],
+                http_client=create_mcp_http_client(headers=transport["headers"]),
             )
         else:
             server = transport["url"]

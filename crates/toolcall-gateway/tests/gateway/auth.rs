@@ -1,0 +1,377 @@
+//! Who calls the gateway, as an outsider would find it: two users of one client program who
+//! share nothing, the official SDK clients with a bearer token and without one, a role that
+//! sees and calls only its tools, DNS-rebinding requests, a gateway told to listen beyond the
+//! machine without authentication, and an untrusted upstream looking for the gateway's
+//! secrets.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use super::{
+    call, error_code, everything_upstream, kit, python, time_upstream, typescript, written,
+    HttpGateway, GATEWAY,
+};
+
+const ALICE: &str = "k-alice-0123456789abcdef";
+const BOB: &str = "k-bob-0123456789abcdef00";
+const CAROL: &str = "k-carol-0123456789abcdef";
+
+/// The keys of alice (every tool), bob (the same client program, the time tools and echo)
+/// and carol (the time tools), in the gateway's environment.
+const KEYS: [(&str, &str); 3] = [
+    ("TEST_ALICE_KEY", ALICE),
+    ("TEST_BOB_KEY", BOB),
+    ("TEST_CAROL_KEY", CAROL),
+];
+
+/// `[auth]` with the three keys and their roles, and a quota of `everything__echo` per
+/// principal.
+const AUTH: &str = r#"
+[auth]
+mode = "api-keys"
+[[auth.keys]]
+id = "alice"
+tenant = "acme"
+roles = ["all"]
+key_env = "TEST_ALICE_KEY"
+[[auth.keys]]
+id = "bob"
+tenant = "acme"
+roles = ["echo", "time"]
+key_env = "TEST_BOB_KEY"
+[[auth.keys]]
+id = "carol"
+roles = ["time"]
+key_env = "TEST_CAROL_KEY"
+[[auth.roles]]
+name = "all"
+allow = ["*"]
+[[auth.roles]]
+name = "echo"
+allow = ["everything__echo"]
+[[auth.roles]]
+name = "time"
+allow = ["time__*"]
+
+[policy]
+[[policy.tools]]
+namespace = "everything"
+name = "echo"
+risk = "read-only"
+idempotent = true
+[policy.tools.policy]
+rate_limit = { per_second = 1, burst = 3, key = "tool_actor" }
+"#;
+
+async fn gateway(name: &str) -> HttpGateway {
+    let config = written(
+        name,
+        &format!("{}\n{}\n{AUTH}", time_upstream(), everything_upstream()),
+    );
+    HttpGateway::start_in(&[config.as_os_str()], &KEYS).await
+}
+
+/// Sends `request` (its head without the final blank line) with `body`: the status, the
+/// headers and the body.
+async fn exchange(address: &str, head: &str, body: &str) -> (u16, String, String) {
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "{head}\r\ncontent-length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// `POST /v1/tools/call` of `envelope` with `key`'s bearer token: the status and the result.
+async fn call_as(gateway: &HttpGateway, key: &str, envelope: &Value) -> (u16, Value) {
+    let head = format!(
+        "POST /v1/tools/call HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\n\
+         content-type: application/json",
+        gateway.address
+    );
+    let (status, _, body) = exchange(&gateway.address, &head, &envelope.to_string()).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// An envelope of `everything__echo` saying it comes from `actor` in `session`.
+fn echo(message: &str, actor: &str, session: &str, key: Option<&str>) -> Value {
+    let mut envelope = json!({
+        "contractVersion": "1.1", "requestId": ulid(), "toolNamespace": "everything",
+        "toolName": "echo", "target": {"sessionKey": session, "actorId": actor, "tenantId": "acme"},
+        "payload": {"version": "1.0", "params": {"message": message}}
+    });
+    if let Some(key) = key {
+        envelope["payload"]["idempotencyKey"] = json!(key);
+    }
+    envelope
+}
+
+fn ulid() -> String {
+    format!(
+        "r-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+#[tokio::test]
+async fn two_users_of_one_client_share_no_key_loop_or_quota() {
+    let gateway = gateway("isolation").await;
+    // The quota is per principal: bob's three calls at once use his burst, not alice's.
+    for i in 0..3 {
+        let (status, body) = call_as(&gateway, BOB, &echo(&format!("b{i}"), "x", "s", None)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, limited) = call_as(&gateway, BOB, &echo("b3", "x", "s", None)).await;
+    assert_eq!(status, 429, "{limited}");
+    let (status, body) = call_as(&gateway, ALICE, &echo("a0", "x", "s", None)).await;
+    assert_eq!(status, 200, "bob's quota is not alice's: {body}");
+
+    // Alice's key, then bob with her key and her arguments: his own run, not her result.
+    let paris = |key: &str| {
+        json!({
+            "contractVersion": "1.1", "requestId": ulid(), "toolNamespace": "time",
+            "toolName": "get_current_time",
+            "target": {"sessionKey": "s", "actorId": "claude-code", "tenantId": "acme"},
+            "payload": {"version": "1.0", "params": {"timezone": "Europe/Paris"}, "idempotencyKey": key}
+        })
+    };
+    let (status, first) = call_as(&gateway, ALICE, &paris("k-1")).await;
+    assert_eq!(
+        (status, &first["fromCache"]),
+        (200, &json!(false)),
+        "{first}"
+    );
+    let (status, probe) = call_as(&gateway, BOB, &paris("k-1")).await;
+    assert_eq!(status, 200, "{probe}");
+    assert_eq!(probe["fromCache"], false, "not alice's result: {probe}");
+    // With other arguments the key is not "reused": it is bob's own.
+    let mut rome = paris("k-1");
+    rome["payload"]["params"]["timezone"] = json!("Europe/Rome");
+    let (_, other) = call_as(&gateway, CAROL, &rome).await;
+    assert_eq!(other["status"], "success", "{other}");
+    // Alice's own key is still hers: her first result.
+    let (_, again) = call_as(&gateway, ALICE, &paris("k-1")).await;
+    assert_eq!(again["fromCache"], true, "{again}");
+    assert_eq!(again["output"], first["output"], "{again}");
+
+    // A loop is per principal and session, whatever the session is called: carol's three
+    // identical reads leave alice's session alone.
+    let tokyo = || {
+        json!({
+            "contractVersion": "1.1", "requestId": ulid(), "toolNamespace": "time",
+            "toolName": "get_current_time", "target": {"sessionKey": "shared-name", "actorId": "alice"},
+            "payload": {"version": "1.0", "params": {"timezone": "Asia/Tokyo"}}
+        })
+    };
+    for _ in 0..3 {
+        let (status, body) = call_as(&gateway, CAROL, &tokyo()).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = call_as(&gateway, ALICE, &tokyo()).await;
+    assert_eq!(status, 200, "carol's calls are not alice's: {body}");
+    let (status, body) = call_as(&gateway, CAROL, &tokyo()).await;
+    assert_eq!(status, 409, "carol's own 4th is her loop: {body}");
+}
+
+#[tokio::test]
+async fn the_sdk_clients_call_with_a_bearer_token_and_are_refused_without() {
+    let gateway = gateway("sdk-bearer").await;
+    let url = format!("http://{}/mcp", gateway.address);
+    let plan = |version: &str, headers: Value| {
+        json!({
+            "transport": {"kind": "http", "url": url, "headers": headers},
+            "protocolVersion": version,
+            "clientName": "claude-code",
+            "steps": [
+                {"op": "listTools"},
+                call("time__get_current_time", json!({"timezone": "Europe/Paris"}), json!({})),
+                call("everything__echo", json!({"message": "hi"}), json!({})),
+            ],
+        })
+    };
+    let bearer = |key: &str| json!({"Authorization": format!("Bearer {key}")});
+    for version in ["2025-11-25", "2026-07-28"] {
+        let report = python(plan(version, bearer(CAROL))).await;
+        let steps = report["steps"].as_array().expect("steps");
+        let names: Vec<&str> = steps[0]["ok"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{report}"))
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert!(!names.is_empty(), "{report}");
+        assert!(names.iter().all(|n| n.starts_with("time__")), "{names:?}");
+        assert_eq!(steps[1]["ok"]["isError"], false, "{}", steps[1]);
+        // A tool carol may not see: refused in the words of one that is not there.
+        assert_eq!(error_code(&steps[2]), Some("POLICY_DENIED"), "{}", steps[2]);
+    }
+    let report = typescript(plan("2025-11-25", bearer(BOB))).await;
+    let steps = report["steps"].as_array().expect("steps");
+    assert_eq!(steps[2]["ok"]["isError"], false, "{report}");
+
+    // Without a token, or with a wrong one: the SDKs' connection is refused.
+    for headers in [json!({}), bearer("k-nobody-0123456789abcd")] {
+        let report = python(plan("2025-11-25", headers.clone())).await;
+        let text = report.to_string();
+        assert!(text.contains("401"), "{text}");
+        assert!(!text.contains("SECRET"), "{text}");
+    }
+    let report = typescript(plan("2025-11-25", json!({}))).await;
+    assert!(report.to_string().contains("401"), "{report}");
+    // The raw answer names the scheme.
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream",
+        gateway.address
+    );
+    let (status, head, _) = exchange(&gateway.address, &head, "{}").await;
+    assert_eq!(status, 401);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{head}"
+    );
+}
+
+#[tokio::test]
+async fn a_rebinding_host_or_origin_is_refused_on_every_route() {
+    let config = written("rebinding", &time_upstream());
+    let gateway = HttpGateway::start(&config).await;
+    let envelope = json!({
+        "contractVersion": "1.1", "requestId": "r-rebind", "toolNamespace": "time",
+        "toolName": "get_current_time", "target": {"sessionKey": "s", "actorId": "a"},
+        "payload": {"version": "1.0", "params": {"timezone": "Europe/Paris"}},
+        "control": {"confirmationId": "made-up"}
+    })
+    .to_string();
+    for (method, path, body) in [
+        ("POST", "/v1/tools/call", envelope.as_str()),
+        ("GET", "/v1/tools", ""),
+        ("GET", "/metrics", ""),
+        ("POST", "/mcp", "{}"),
+    ] {
+        for (host, origin) in [
+            ("evil.example:8080", None),
+            ("127.0.0.1", Some("http://evil.example")),
+        ] {
+            let mut head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {host}\r\ncontent-type: application/json\r\n\
+                 accept: application/json, text/event-stream"
+            );
+            if let Some(origin) = origin {
+                head.push_str(&format!("\r\nOrigin: {origin}"));
+            }
+            let (status, _, body) = exchange(&gateway.address, &head, body).await;
+            assert_eq!(
+                status, 403,
+                "{method} {path} from {host} {origin:?}: {body}"
+            );
+        }
+    }
+    let (status, _) = gateway.get("/metrics").await;
+    assert_eq!(status, 200, "the gateway's own name passes");
+}
+
+#[tokio::test]
+async fn listening_beyond_loopback_without_auth_is_refused_unless_told() {
+    let config = written("exposed", &time_upstream());
+    let run = |more: &[&str]| {
+        let mut command = Command::new(GATEWAY);
+        command
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", "0.0.0.0:0"])
+            .args(more)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true);
+        command
+    };
+    let refused = tokio::time::timeout(Duration::from_secs(60), run(&[]).output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("--allow-unauthenticated"), "{said}");
+    assert!(said.contains("[auth]"), "{said}");
+
+    // Told: it starts, and warns of what is exposed (it still needs the names it answers to).
+    let names = written(
+        "exposed-named",
+        &format!("{}\n[http]\nallowed_hosts = [\"*\"]\n", time_upstream()),
+    );
+    let mut child = Command::new(GATEWAY)
+        .arg("--config")
+        .arg(&names)
+        .args(["--listen", "0.0.0.0:0", "--allow-unauthenticated"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(line.starts_with("listening on 0.0.0.0:"), "{line}");
+    child.kill().await.unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    assert!(stderr.contains("without authentication"), "{stderr}");
+}
+
+#[tokio::test]
+async fn an_untrusted_stdio_upstream_sees_none_of_the_gateways_secrets() {
+    let dir = std::env::temp_dir().join(format!("toolcall-gateway-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let seen = dir.join("env.txt");
+    let config = written(
+        "env",
+        &format!(
+            "[[upstreams]]\nname = \"nosy\"\ncommand = \"sh\"\nargs = [\"-c\", \"env > {} && exec {}\"]\nenv = {{ NOSY_SETTING = \"given\" }}\n",
+            seen.display(),
+            kit(".venv/bin/mcp-server-time").display()
+        ),
+    );
+    let gateway = HttpGateway::start_in(
+        &[config.as_os_str()],
+        &[
+            ("TOOLCALL_ADMIN_TOKEN", "admin-token-SECRET-0123456789"),
+            ("AWS_SECRET_ACCESS_KEY", "aws-SECRET"),
+            ("TEST_ALICE_KEY", ALICE),
+        ],
+    )
+    .await;
+    let env = std::fs::read_to_string(&seen).unwrap();
+    assert!(!env.contains("SECRET"), "{env}");
+    assert!(!env.contains("TOOLCALL_"), "{env}");
+    assert!(
+        env.contains("NOSY_SETTING=given"),
+        "its own env is given: {env}"
+    );
+    assert!(env.lines().any(|l| l.starts_with("PATH=")), "{env}");
+    drop(gateway);
+}
