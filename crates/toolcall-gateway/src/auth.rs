@@ -695,6 +695,108 @@ impl Checker {
 mod tests {
     use super::*;
 
+    fn problems(text: &str) -> Vec<String> {
+        let problems = crate::config::GatewayConfig::from_toml_str(text)
+            .expect_err("the configuration is invalid");
+        let mut lines: Vec<String> = problems
+            .0
+            .iter()
+            .map(|p| format!("{}: {}", p.field(), p.problem()))
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn every_broken_auth_rule_is_named_by_its_field() {
+        let lines = problems(
+            r#"
+            [auth]
+            mode = "jwt"
+            issuer = "https://auth.example.com/"
+            jwks_url = "https://auth.example.com/jwks.json"
+            algorithms = ["RS256", "HS256", "none"]
+            leeway_s = -1
+            [[auth.roles]]
+            name = "reader"
+            [http]
+            allowed_origins = ["evil.example"]
+            metrics_listen = "localhost"
+            "#,
+        );
+        let expected = [
+            "auth.algorithms[1]: \"HS256\" is not an accepted algorithm",
+            "auth.algorithms[2]: \"none\" is not an accepted algorithm",
+            "auth.jwks_url: must be an http:// URL",
+            "auth.leeway_s: must be a whole number of seconds from 0 to 3600, got an integer",
+            "auth.roles[0]: allows and denies nothing",
+            "http.allowed_origins[0]: \"evil.example\" is not an origin",
+            "http.metrics_listen: \"localhost\" is not a socket address",
+        ];
+        assert_eq!(lines.len(), expected.len(), "{lines:#?}");
+        for (line, expected) in lines.iter().zip(expected) {
+            assert!(line.starts_with(expected), "{line} / {expected}");
+        }
+
+        let lines = problems(
+            r#"
+            [auth]
+            mode = "api-keys"
+            [[auth.keys]]
+            id = "alice"
+            key_env = "TOOLCALL_TEST_UNSET_KEY_VARIABLE"
+            [[auth.keys]]
+            key_sha256 = "abc"
+            [[auth.keys]]
+            id = "carol"
+            key_file = "/nonexistent/carol"
+            key_env = "X"
+            "#,
+        );
+        let expected = [
+            "auth.keys[0].key_env: the variable TOOLCALL_TEST_UNSET_KEY_VARIABLE is not set",
+            "auth.keys[1].id: is required",
+            "auth.keys[2]: needs exactly one of key_env",
+        ];
+        assert_eq!(lines.len(), expected.len(), "{lines:#?}");
+        for (line, expected) in lines.iter().zip(expected) {
+            assert!(line.starts_with(expected), "{line} / {expected}");
+        }
+
+        let lines = problems("[auth]\nmode = \"oauth\"\nissuer = \"i\"\njwks_file = \"/j\"\n");
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(lines[0].starts_with("auth.authorization_servers: is required in mode \"oauth\""));
+        let lines = problems("[auth]\nmode = \"magic\"\n");
+        assert_eq!(
+            lines,
+            ["auth.mode: \"magic\" is not a mode; choose \"api-keys\", \"jwt\" or \"oauth\""]
+        );
+        let lines = problems(
+            "[auth]\nmode = \"api-keys\"\n[[auth.keys]]\nid = \"a\"\nkey_sha256 = \"abc\"\n",
+        );
+        assert_eq!(
+            lines,
+            ["auth.keys[0].key_sha256: is not a SHA-256 digest; write the 64 hexadecimal digits sha256sum prints"]
+        );
+    }
+
+    #[test]
+    fn a_gateway_on_every_address_needs_the_names_it_answers_to() {
+        let none = HttpConfig::default();
+        let every: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let err = none.guard(every).unwrap_err().to_string();
+        assert!(err.contains("allowed_hosts"), "{err}");
+        let one: SocketAddr = "10.1.2.3:8080".parse().unwrap();
+        let guard = none.guard(one).unwrap().unwrap();
+        assert!(guard.allows_host("10.1.2.3:8080") && guard.allows_host("localhost"));
+        assert!(!guard.allows_host("evil.example"));
+        let any = HttpConfig {
+            allowed_hosts: vec!["*".into()],
+            ..HttpConfig::default()
+        };
+        assert!(any.guard(every).unwrap().is_none());
+    }
+
     #[test]
     fn patterns_match_with_stars_only() {
         assert!(matches("*", "anything"));

@@ -268,10 +268,11 @@ impl fmt::Display for Secret {
     }
 }
 
-/// `url` with its user information replaced by `***`. Text that is not a `scheme://` URL
-/// but holds an `@` is replaced whole, since where a password would end cannot be told.
+/// `url` with its user information replaced by `***`, and the value of each query
+/// parameter too (`?key=***`: API keys often travel there). Text that is not a `scheme://`
+/// URL but holds an `@` is replaced whole, since where a password would end cannot be told.
 pub(crate) fn redact_url(url: &str) -> Cow<'_, str> {
-    match url.find("://") {
+    let without_user = match url.find("://") {
         Some(i) => {
             let rest = &url[i + 3..];
             // A password may hold `/` or `@` unescaped: everything up to the last `@` goes.
@@ -280,8 +281,31 @@ pub(crate) fn redact_url(url: &str) -> Cow<'_, str> {
                 None => Cow::Borrowed(url),
             }
         }
-        None if url.contains('@') => Cow::Borrowed("***"),
+        None if url.contains('@') => return Cow::Borrowed("***"),
         None => Cow::Borrowed(url),
+    };
+    match without_user.split_once('?') {
+        None => without_user,
+        Some((base, query)) => {
+            let (query, fragment) = match query.split_once('#') {
+                Some((query, fragment)) => (query, Some(fragment)),
+                None => (query, None),
+            };
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((name, _)) => format!("{name}=***"),
+                    None if param.is_empty() => String::new(),
+                    None => "***".to_owned(),
+                })
+                .collect();
+            let mut redacted = format!("{base}?{}", params.join("&"));
+            if let Some(fragment) = fragment {
+                redacted.push('#');
+                redacted.push_str(fragment);
+            }
+            Cow::Owned(redacted)
+        }
     }
 }
 
@@ -1274,7 +1298,7 @@ mod tests {
              never in the file)",
             "audit.path: must not be empty",
             "colour: unknown field; expected one of listen, log_format, admin, store, audit, \
-             upstreams, policy",
+             upstreams, policy, auth, http",
             "listen: \"localhost:8080\" is not a socket address; write an IP address and a \
              port, such as \"127.0.0.1:8080\" or \"[::1]:8080\"",
             "log_format: must be \"text\" or \"json\", got \"yaml\"",
@@ -1369,6 +1393,18 @@ mod tests {
             "redis://127.0.0.1:6379/"
         );
         assert_eq!(Secret::url("user:hunter2@host").to_string(), "***");
+        assert_eq!(
+            redact_url("https://mcp.example.com/sse?api_key=hunter2&region=eu#top"),
+            "https://mcp.example.com/sse?api_key=***&region=***#top"
+        );
+        assert_eq!(
+            redact_url("http://me:hunter2@h/mcp?hunter2"),
+            "http://***@h/mcp?***"
+        );
+        let bad_port = check_http_url("http://h:x/mcp?key=hunter2").unwrap_err();
+        assert!(!bad_port.contains("hunter2"), "{bad_port}");
+        let not_http = check_http_url("ftp://h/mcp?key=hunter2").unwrap_err();
+        assert!(!not_http.contains("hunter2"), "{not_http}");
         let header = Secret::opaque("Bearer hunter2");
         assert_eq!(
             (header.to_string(), format!("{header:?}")),

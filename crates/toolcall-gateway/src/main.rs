@@ -162,8 +162,20 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         exposure(&args, &config, listen)?;
         config.http.guard(listen)?
     };
-    let auth = match (&config.auth, args.stdio) {
-        (Some(auth), false) => Some(auth.authentication(listen, lasting.audit.clone()).await?),
+    // Bound before the upstreams start: the resource URL of the tokens names the port.
+    let listener = match args.stdio {
+        true => None,
+        false => Some(
+            tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|err| format!("cannot listen on {listen}: {err}"))?,
+        ),
+    };
+    let auth = match (&config.auth, &listener) {
+        (Some(auth), Some(listener)) => Some(
+            auth.authentication(listener.local_addr()?, lasting.audit.clone())
+                .await?,
+        ),
         _ => None,
     };
     let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[]).await?;
@@ -188,13 +200,10 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         metrics_here,
     };
     let follow = tokio::spawn(following.run(changed));
-    let served = match swap {
+    let served = match (swap, listener) {
         // The host owns the process: serve until it closes stdin.
-        None => fronts::serve_stdio(&lasting).await,
-        Some(swap) => {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|err| format!("cannot listen on {listen}: {err}"))?;
+        (None, _) | (_, None) => fronts::serve_stdio(&lasting).await,
+        (Some(swap), Some(listener)) => {
             tracing::info!(event = "gateway_listening", address = %listener.local_addr()?);
             // The address, for whoever started the gateway on port 0.
             println!("listening on {}", listener.local_addr()?);

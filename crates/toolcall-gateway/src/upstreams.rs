@@ -15,7 +15,7 @@ use tower::{Service, ServiceExt as _};
 use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
 use tower_toolcall_mcp::{McpClient, ProgressRelay, UpstreamState};
 
-use crate::config::{UpstreamConfig, UpstreamTransport};
+use crate::config::{redact_url, UpstreamConfig, UpstreamTransport};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -52,7 +52,7 @@ impl Upstream {
                     config.startup_timeout.as_millis()
                 )
             })?
-            .map_err(|err| format!("upstream {name}: {err}"))?;
+            .map_err(|err| format!("upstream {name}: {}", scrubbed(&config, &err.to_string())))?;
         tracing::info!(event = "upstream_started", upstream = %name, tools = tools.len());
         // The watch holds no client: it ends with the upstream's last clone.
         let mut changed = client.tool_list_changes();
@@ -86,6 +86,28 @@ impl Upstream {
     /// Whether the upstream is connected now.
     pub(crate) fn is_up(&self) -> bool {
         self.client.state() == UpstreamState::Connected
+    }
+}
+
+/// `text` (an error of the upstream's client, which may quote its URL) with the URL's
+/// secrets redacted.
+fn scrubbed(config: &UpstreamConfig, text: &str) -> String {
+    match &config.transport {
+        UpstreamTransport::Http { url, .. } => {
+            let mut text = text.replace(url.as_str(), &redact_url(url));
+            // The client may quote the URL as it parsed it (a `/` added after the host).
+            if let Some((base, _)) = url.split_once('?') {
+                if let Some(at) = text.find(base) {
+                    let end = text[at..]
+                        .find(|c: char| c.is_whitespace() || c == ')' || c == '"')
+                        .map_or(text.len(), |e| at + e);
+                    let quoted = text[at..end].to_owned();
+                    text = text.replace(&quoted, &redact_url(&quoted));
+                }
+            }
+            text
+        }
+        UpstreamTransport::Stdio { .. } => text.to_owned(),
     }
 }
 

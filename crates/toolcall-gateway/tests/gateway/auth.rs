@@ -375,3 +375,179 @@ async fn an_untrusted_stdio_upstream_sees_none_of_the_gateways_secrets() {
     assert!(env.lines().any(|l| l.starts_with("PATH=")), "{env}");
     drop(gateway);
 }
+
+/// The public key of RFC 7517's appendix A.1, as the JWKS of a gateway whose tokens are not
+/// the test's business.
+const JWKS: &str = r#"{"keys": [{"kty": "EC", "crv": "P-256", "kid": "1", "use": "sig",
+  "x": "MKBCTNIcKUSDii11ySs3526iDZ8AiTo7Tu6KPAqv7D4",
+  "y": "4Etl6SRW2YiLUrN5vfvVHuhp7x8PxltmWWlbbM4IFyM"}]}"#;
+
+/// SIGTERM, and the audit log's lines once the gateway wrote them out.
+async fn audited(mut gateway: HttpGateway, dir: &std::path::Path) -> String {
+    let pid = gateway.child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), gateway.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut lines = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        lines += &std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+    }
+    lines
+}
+
+#[tokio::test]
+async fn as_a_resource_server_it_serves_its_metadata_and_audits_refusals() {
+    let dir = std::env::temp_dir().join(format!("toolcall-gateway-oauth-{}", std::process::id()));
+    let audit = dir.join("audit");
+    std::fs::create_dir_all(&audit).unwrap();
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, JWKS).unwrap();
+    let config = written(
+        "oauth",
+        &format!(
+            "{}\n[audit]\npath = \"{}\"\n[auth]\nmode = \"oauth\"\nissuer = \"https://auth.example.com/\"\n\
+             jwks_file = \"{}\"\nauthorization_servers = [\"https://auth.example.com/\"]\n\
+             scopes_supported = [\"mcp:tools\"]\n",
+            time_upstream(),
+            audit.display(),
+            jwks.display()
+        ),
+    );
+    let gateway = HttpGateway::start(&config).await;
+    let address = gateway.address.clone();
+    let (status, document) = gateway
+        .get("/.well-known/oauth-protected-resource/mcp")
+        .await;
+    assert_eq!(status, 200, "{document}");
+    let document: Value = serde_json::from_str(&document).unwrap();
+    // RFC 9728 §2: `resource` is required; MCP asks for the authorization servers.
+    assert_eq!(document["resource"], format!("http://{address}/mcp"));
+    assert_eq!(
+        document["authorization_servers"],
+        json!(["https://auth.example.com/"])
+    );
+    assert_eq!(document["bearer_methods_supported"], json!(["header"]));
+    assert_eq!(document["scopes_supported"], json!(["mcp:tools"]));
+    assert_eq!(
+        gateway.get("/.well-known/oauth-protected-resource").await.0,
+        200
+    );
+
+    // Each SDK client without a token is refused; the answer names the metadata.
+    let plan = json!({
+        "transport": {"kind": "http", "url": format!("http://{address}/mcp")},
+        "protocolVersion": "2025-11-25",
+        "clientName": "claude-code",
+        "steps": [{"op": "listTools"}],
+    });
+    assert!(python(plan.clone()).await.to_string().contains("401"));
+    let head = format!(
+        "POST /v1/tools/call HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer not.a.jwt\r\n\
+         content-type: application/json"
+    );
+    let (status, head, body) = exchange(&address, &head, "{}").await;
+    assert_eq!(status, 401, "{body}");
+    let challenge = head
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("www-authenticate:"))
+        .expect("WWW-Authenticate");
+    assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
+    assert!(
+        challenge.contains(&format!(
+            "resource_metadata=\"http://{address}/.well-known/oauth-protected-resource/mcp\""
+        )),
+        "{challenge}"
+    );
+    let lines = audited(gateway, &audit).await;
+    assert!(lines.contains("auth.refused"), "{lines}");
+    assert!(
+        !lines.contains("not.a.jwt"),
+        "the token is never written: {lines}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_of_a_tool_its_caller_may_not_see_is_audited() {
+    let dir = std::env::temp_dir().join(format!("toolcall-gateway-denied-{}", std::process::id()));
+    let audit = dir.join("audit");
+    std::fs::create_dir_all(&audit).unwrap();
+    let config = written(
+        "denied",
+        &format!(
+            "{}\n{}\n[audit]\npath = \"{}\"\n{AUTH}",
+            time_upstream(),
+            everything_upstream(),
+            audit.display()
+        ),
+    );
+    let gateway = HttpGateway::start_in(&[config.as_os_str()], &KEYS).await;
+    let (status, body) = call_as(&gateway, CAROL, &echo("hi", "carol", "s", None)).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "POLICY_DENIED");
+    let (status, _) = call_as(&gateway, ALICE, &echo("hi", "alice", "s", None)).await;
+    assert_eq!(status, 200);
+    let lines = audited(gateway, &audit).await;
+    let denied: Vec<Value> = lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["kind"] == "auth.denied")
+        .collect();
+    assert_eq!(denied.len(), 1, "{lines}");
+    assert_eq!(denied[0]["tool"], "everything__echo", "{}", denied[0]);
+    assert_eq!(denied[0]["payload"]["actorId"], "carol", "{}", denied[0]);
+    // The call that ran names its principal and tenant.
+    assert!(
+        lines.contains("\"actorId\":\"alice\"") && lines.contains("\"tenantId\":\"acme\""),
+        "{lines}"
+    );
+}
+
+#[tokio::test]
+async fn metrics_can_have_an_address_of_their_own() {
+    let config = written(
+        "metrics-apart",
+        &format!(
+            "{}\n[http]\nmetrics_listen = \"127.0.0.1:0\"\n",
+            time_upstream()
+        ),
+    );
+    let mut child = Command::new(GATEWAY)
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut printed = Vec::new();
+    for _ in 0..2 {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        printed.push(line);
+    }
+    let main = printed[0].strip_prefix("listening on ").unwrap().to_owned();
+    let metrics = printed[1].strip_prefix("metrics on ").unwrap().to_owned();
+    let get = |address: String, path: &'static str| async move {
+        let head = format!("GET {path} HTTP/1.1\r\nHost: {address}");
+        exchange(&address, &head, "").await
+    };
+    assert_eq!(get(metrics.clone(), "/metrics").await.0, 200);
+    assert_eq!(
+        get(main.clone(), "/metrics").await.0,
+        404,
+        "not beside the calls"
+    );
+    assert_eq!(get(main, "/healthz").await.0, 200);
+    let _ = child.kill().await;
+}
