@@ -54,13 +54,14 @@ const UPSTREAM_KEYS: &[&str] = &[
     "cwd",
     "url",
     "headers",
+    "headers_env",
     "trust",
     "timeout_ms",
     "startup_timeout_ms",
     "required",
 ];
 const STDIO_ONLY_KEYS: &[&str] = &["args", "env", "cwd"];
-const HTTP_ONLY_KEYS: &[&str] = &["headers"];
+const HTTP_ONLY_KEYS: &[&str] = &["headers", "headers_env"];
 
 /// The gateway's configuration.
 #[derive(Clone, Debug)]
@@ -968,7 +969,8 @@ impl Checker {
                     None
                 }
             });
-        let headers = self.headers(table, field);
+        let mut headers = self.headers(table, field);
+        headers.extend(self.headers_env(table, field));
 
         let trust = match self.string(table, field, "trust") {
             None | Some("untrusted") => Trust::Untrusted,
@@ -1103,6 +1105,54 @@ impl Checker {
                 other => self.add(
                     header_field,
                     format!("must be a string, got {}", kind(other)),
+                ),
+            }
+        }
+        headers
+    }
+
+    /// `headers_env`: header values read from the gateway's environment, by the variable
+    /// each names (a credential stays out of the file); a variable that is not set is a
+    /// problem naming it.
+    fn headers_env(&mut self, table: &Table, prefix: &str) -> BTreeMap<String, Secret> {
+        let mut headers = BTreeMap::new();
+        let Some(values) = self.table(table, prefix, "headers_env") else {
+            return headers;
+        };
+        let field = key_path(prefix, "headers_env");
+        for (name, value) in values {
+            let header_field = key_path(&field, name);
+            if !is_header_name(name) {
+                self.add(
+                    header_field.clone(),
+                    "is not an HTTP header name; use letters, digits and -",
+                );
+                continue;
+            }
+            let Value::String(var) = value else {
+                self.add(
+                    header_field,
+                    format!(
+                        "must be the name of an environment variable, got {}",
+                        kind(value)
+                    ),
+                );
+                continue;
+            };
+            match std::env::var(var) {
+                Ok(value) if is_header_value(&value) => {
+                    headers.insert(name.clone(), Secret::opaque(value));
+                }
+                Ok(_) => self.add(
+                    header_field,
+                    format!(
+                        "the variable {var} holds a value an HTTP header cannot carry; use \
+                         visible ASCII characters and spaces only"
+                    ),
+                ),
+                Err(_) => self.add(
+                    header_field,
+                    format!("the variable {var} is not set (or not UTF-8); set it to the value"),
                 ),
             }
         }
@@ -1428,6 +1478,26 @@ mod tests {
         .unwrap();
         let debug = format!("{config:?}");
         assert!(!debug.contains("hunter2"), "{debug}");
+        // A header from the environment is a secret too, and a missing variable a problem.
+        std::env::set_var("TOOLCALL_TEST_UPSTREAM_TOKEN", "Bearer hunter3");
+        let from_env = GatewayConfig::from_toml_str(
+            "[[upstreams]]\nname = \"a\"\nurl = \"http://h/mcp\"\n\
+             headers_env = { Authorization = \"TOOLCALL_TEST_UPSTREAM_TOKEN\" }\n",
+        )
+        .unwrap();
+        let UpstreamTransport::Http { headers, .. } = &from_env.upstreams[0].transport else {
+            panic!("an http upstream");
+        };
+        assert_eq!(headers["Authorization"].expose(), "Bearer hunter3");
+        assert!(!format!("{from_env:?}").contains("hunter3"));
+        let missing = rejected(
+            "[[upstreams]]\nname = \"a\"\nurl = \"http://h/mcp\"\n\
+             headers_env = { X-Key = \"TOOLCALL_TEST_UNSET_VARIABLE\" }\n",
+        );
+        assert_eq!(
+            lines(&missing),
+            ["upstreams[0].headers_env.X-Key: the variable TOOLCALL_TEST_UNSET_VARIABLE is not set (or not UTF-8); set it to the value"]
+        );
         assert!(debug.contains("redis://***@127.0.0.1:6379/0"), "{debug}");
         assert!(debug.contains("https://***@example.com/mcp"), "{debug}");
         assert!(debug.contains("\"API_KEY\": ***"), "{debug}");

@@ -558,3 +558,33 @@ async fn metrics_can_have_an_address_of_their_own() {
     assert_eq!(get(main, "/healthz").await.0, 200);
     let _ = child.kill().await;
 }
+
+#[tokio::test]
+async fn a_fresh_session_id_per_request_escapes_no_loop() {
+    // Single-user: every stateless request of the user counts in one session, whatever
+    // Mcp-Session-Id it names.
+    let config = written(
+        "fresh-session",
+        &format!("{}\n{}", time_upstream(), everything_upstream()),
+    );
+    let gateway = HttpGateway::start(&config).await;
+    let mut codes = Vec::new();
+    for i in 0..4 {
+        let report = python(json!({
+            "transport": {
+                "kind": "http", "url": format!("http://{}/mcp", gateway.address),
+                "headers": {"Mcp-Session-Id": format!("made-up-{i}")}
+            },
+            "protocolVersion": "2026-07-28",
+            "clientName": format!("client-{i}"),
+            "steps": [call("everything__echo", json!({"message": "again"}), json!({}))],
+        }))
+        .await;
+        codes.push(error_code(&report["steps"][0]).map(str::to_owned));
+    }
+    assert_eq!(
+        codes,
+        [None, None, None, Some("LOOP_DETECTED".to_owned())],
+        "the 4th identical call is a loop"
+    );
+}

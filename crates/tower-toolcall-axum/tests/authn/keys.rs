@@ -10,12 +10,12 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
 /// The issuer of the test's tokens.
-pub const ISSUER: &str = "https://auth.example.com/";
+pub(crate) const ISSUER: &str = "https://auth.example.com/";
 /// Their audience: the resource of a gateway on 127.0.0.1:8080.
-pub const AUDIENCE: &str = "http://127.0.0.1:8080/mcp";
+pub(crate) const AUDIENCE: &str = "http://127.0.0.1:8080/mcp";
 
 /// A private key made by `openssl genpkey` (`RSA` 2048 or `EC` P-256), as PEM.
-pub fn openssl_key(kind: &str) -> Vec<u8> {
+pub(crate) fn openssl_key(kind: &str) -> Vec<u8> {
     let dir = std::env::temp_dir().join(format!("authn-keys-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{kind}-{}.pem", ulid::Ulid::generate()));
@@ -36,15 +36,15 @@ pub fn openssl_key(kind: &str) -> Vec<u8> {
 }
 
 /// A signing key of the test, with its `kid`.
-pub struct SigningKey {
-    pub kid: String,
-    pub alg: Algorithm,
-    pub encoding: EncodingKey,
-    pub pem: Vec<u8>,
+pub(crate) struct SigningKey {
+    pub(crate) kid: String,
+    pub(crate) alg: Algorithm,
+    pub(crate) encoding: EncodingKey,
+    pub(crate) pem: Vec<u8>,
 }
 
 impl SigningKey {
-    pub fn rsa(kid: &str) -> Self {
+    pub(crate) fn rsa(kid: &str) -> Self {
         let pem = openssl_key("rsa");
         SigningKey {
             kid: kid.into(),
@@ -54,7 +54,7 @@ impl SigningKey {
         }
     }
 
-    pub fn ec(kid: &str) -> Self {
+    pub(crate) fn ec(kid: &str) -> Self {
         let pem = openssl_key("ec");
         SigningKey {
             kid: kid.into(),
@@ -65,21 +65,21 @@ impl SigningKey {
     }
 
     /// Its public half, as a JWK.
-    pub fn jwk(&self) -> Jwk {
+    pub(crate) fn jwk(&self) -> Jwk {
         let mut jwk = Jwk::from_encoding_key(&self.encoding, self.alg).unwrap();
         jwk.common.key_id = Some(self.kid.clone());
         jwk
     }
 
     /// A token of `claims`, signed by this key and naming it.
-    pub fn token(&self, claims: Value) -> String {
+    pub(crate) fn token(&self, claims: Value) -> String {
         let mut header = Header::new(self.alg);
         header.kid = Some(self.kid.clone());
         jsonwebtoken::encode(&header, &claims, &self.encoding).unwrap()
     }
 }
 
-pub fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -87,7 +87,7 @@ pub fn now() -> u64 {
 }
 
 /// Claims that pass: this issuer, this audience, an hour to live.
-pub fn claims(sub: &str) -> Value {
+pub(crate) fn claims(sub: &str) -> Value {
     json!({"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": now() + 3600, "iat": now(),
            "roles": ["reader"], "scope": "mcp:tools"})
 }

@@ -348,7 +348,8 @@ async fn api_keys_admit_their_principal_and_nothing_else() {
 fn envelope_app() -> (Router, Arc<Mutex<Vec<ToolCall>>>) {
     let registry = ToolRegistry::from_json_str(
         r#"{"tools": [
-            {"namespace": "notes", "name": "read", "risk": "read-only", "idempotent": true},
+            {"namespace": "notes", "name": "read", "risk": "read-only", "idempotent": true,
+             "policy": {"idempotency": {"scope": "global", "derive_key": true, "read_cache_ttl_ms": 30000}}},
             {"namespace": "notes", "name": "write", "risk": "writes"},
             {"namespace": "admin", "name": "wipe", "risk": "commands"}
         ]}"#,
@@ -458,6 +459,27 @@ async fn over_v1_the_caller_is_the_principal_and_no_key_reaches_another() {
         seen[1].session_key(),
         "one session name, two sessions"
     );
+}
+
+#[tokio::test]
+async fn no_derived_key_reaches_another_principal_even_a_global_one() {
+    let (app, seen) = envelope_app();
+    for tool in ["notes::write", "notes::read"] {
+        // The same call from two principals, without a key: each runs; the same again from
+        // alice is her re-send.
+        let before = seen.lock().unwrap().len();
+        let (_, first) = post(&app, "k-alice-0123456789", &envelope(tool, "alice", None)).await;
+        let (_, second) = post(&app, "k-bob-0123456789ab", &envelope(tool, "alice", None)).await;
+        assert_eq!(second["fromCache"], false, "{tool}: {second}");
+        let (_, again) = post(&app, "k-alice-0123456789", &envelope(tool, "alice", None)).await;
+        assert_eq!(again["fromCache"], true, "{tool}: {again}");
+        assert_eq!(again["output"], first["output"], "{tool}");
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            before + 2,
+            "{tool}: one run each"
+        );
+    }
 }
 
 #[tokio::test]
