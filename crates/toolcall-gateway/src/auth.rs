@@ -421,33 +421,15 @@ impl Checker {
 
     fn keys(&mut self, auth: &Table) -> ApiKeys {
         let mut keys = ApiKeys::new();
-        let items = match auth.get("keys") {
-            Some(Value::Array(items)) if !items.is_empty() => items,
-            Some(Value::Array(_)) | None => {
-                self.add(
-                    "auth.keys",
-                    "mode \"api-keys\" needs at least one [[auth.keys]] entry (id, and key_env, \
-                     key_file or key_sha256)",
-                );
-                return keys;
-            }
-            Some(other) => {
-                self.add(
-                    "auth.keys",
-                    format!(
-                        "must be an array of tables ([[auth.keys]]), got {}",
-                        kind(other)
-                    ),
-                );
-                return keys;
-            }
-        };
-        for (i, item) in items.iter().enumerate() {
-            let field = format!("auth.keys[{i}]");
-            let Value::Table(table) = item else {
-                self.add(field, format!("must be a table, got {}", kind(item)));
-                continue;
-            };
+        let entries = self.tables(auth, "auth", "keys", "key");
+        if entries.is_empty() && !auth.get("keys").is_some_and(|k| !k.is_array()) {
+            self.add(
+                "auth.keys",
+                "mode \"api-keys\" needs at least one [[auth.keys]] entry (id, and key_env, \
+                 key_file or key_sha256)",
+            );
+        }
+        for (_, field, table) in entries {
             self.known_keys(table, &field, KEY_KEYS);
             let Some(principal) = self.principal(table, &field) else {
                 continue;
@@ -642,27 +624,8 @@ impl Checker {
     }
 
     fn roles(&mut self, auth: &Table) -> Vec<RoleRule> {
-        let items = match auth.get("roles") {
-            None => return Vec::new(),
-            Some(Value::Array(items)) => items,
-            Some(other) => {
-                self.add(
-                    "auth.roles",
-                    format!(
-                        "must be an array of tables ([[auth.roles]]), got {}",
-                        kind(other)
-                    ),
-                );
-                return Vec::new();
-            }
-        };
         let mut rules = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            let field = format!("auth.roles[{i}]");
-            let Value::Table(table) = item else {
-                self.add(field, format!("must be a table, got {}", kind(item)));
-                continue;
-            };
+        for (_, field, table) in self.tables(auth, "auth", "roles", "rule") {
             self.known_keys(table, &field, ROLE_KEYS);
             let name = self.text(table, &field, "name");
             if name.is_none() && !table.contains_key("name") {
@@ -676,7 +639,8 @@ impl Checker {
             if allow.is_empty() && deny.is_empty() {
                 self.add(
                     field.clone(),
-                    "allows and denies nothing; list tools by their listed names in allow or deny (\"time__*\")",
+                    "allows and denies nothing; list tools by their listed names in allow or \
+                     deny (\"time__*\")",
                 );
             }
             if let Some(name) = name {

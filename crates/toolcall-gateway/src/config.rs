@@ -846,36 +846,51 @@ impl Checker {
         }
     }
 
-    fn upstreams(&mut self, root: &Table) -> Vec<UpstreamConfig> {
-        let items = match root.get("upstreams") {
+    /// The tables of the array of tables `key` of `parent` (`[[key]]`), each with its field
+    /// (`prefix.key[i]`); anything else is a problem saying how to write one `what`.
+    pub(crate) fn tables<'a>(
+        &mut self,
+        parent: &'a Table,
+        prefix: &str,
+        key: &str,
+        what: &str,
+    ) -> Vec<(usize, String, &'a Table)> {
+        let path = key_path(prefix, key);
+        let items = match parent.get(key) {
             None => return Vec::new(),
             Some(Value::Array(items)) => items,
             Some(other) => {
                 self.add(
-                    "upstreams",
+                    path.clone(),
                     format!(
-                        "must be an array of tables (write each upstream as [[upstreams]]), got \
-                         {}",
+                        "must be an array of tables (write each {what} as [[{path}]]), got {}",
                         kind(other)
                     ),
                 );
                 return Vec::new();
             }
         };
-        let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut upstreams = Vec::new();
+        let mut tables = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let field = format!("upstreams[{i}]");
-            let Value::Table(table) = item else {
-                self.add(
+            let field = format!("{path}[{i}]");
+            match item {
+                Value::Table(table) => tables.push((i, field, table)),
+                other => self.add(
                     field,
                     format!(
-                        "must be a table (write each upstream as [[upstreams]]), got {}",
-                        kind(item)
+                        "must be a table (write each {what} as [[{path}]]), got {}",
+                        kind(other)
                     ),
-                );
-                continue;
-            };
+                ),
+            }
+        }
+        tables
+    }
+
+    fn upstreams(&mut self, root: &Table) -> Vec<UpstreamConfig> {
+        let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut upstreams = Vec::new();
+        for (i, field, table) in self.tables(root, "", "upstreams", "upstream") {
             if let Some(Value::String(name)) = table.get("name") {
                 if is_upstream_name(name) {
                     if let Some(first) = seen.get(name.as_str()) {
@@ -969,8 +984,7 @@ impl Checker {
                     None
                 }
             });
-        let mut headers = self.headers(table, field);
-        headers.extend(self.headers_env(table, field));
+        let headers = self.headers(table, field);
 
         let trust = match self.string(table, field, "trust") {
             None | Some("untrusted") => Trust::Untrusted,
@@ -1078,12 +1092,39 @@ impl Checker {
         env
     }
 
+    /// `headers` (values in the file) and `headers_env` (values read from the gateway's
+    /// environment, by the variable each names, so that a credential stays out of the file).
     fn headers(&mut self, table: &Table, prefix: &str) -> BTreeMap<String, Secret> {
+        let mut headers = self.header_table(table, prefix, "headers", |value| match value {
+            Value::String(value) => Ok(value.clone()),
+            other => Err(format!("must be a string, got {}", kind(other))),
+        });
+        let from_env = self.header_table(table, prefix, "headers_env", |value| match value {
+            Value::String(var) => std::env::var(var).map_err(|_| {
+                format!("the variable {var} is not set (or not UTF-8); set it to the value")
+            }),
+            other => Err(format!(
+                "must be the name of an environment variable, got {}",
+                kind(other)
+            )),
+        });
+        headers.extend(from_env);
+        headers
+    }
+
+    /// The headers of the table `key`, each value given by `value_of`.
+    fn header_table(
+        &mut self,
+        table: &Table,
+        prefix: &str,
+        key: &str,
+        value_of: impl Fn(&Value) -> Result<String, String>,
+    ) -> BTreeMap<String, Secret> {
         let mut headers = BTreeMap::new();
-        let Some(values) = self.table(table, prefix, "headers") else {
+        let Some(values) = self.table(table, prefix, key) else {
             return headers;
         };
-        let field = key_path(prefix, "headers");
+        let field = key_path(prefix, key);
         for (name, value) in values {
             let header_field = key_path(&field, name);
             if !is_header_name(name) {
@@ -1092,68 +1133,17 @@ impl Checker {
                     "is not an HTTP header name; use letters, digits and -",
                 );
             }
-            match value {
+            match value_of(value) {
                 // The value is never quoted: it usually holds a credential.
-                Value::String(s) if !is_header_value(s) => self.add(
+                Ok(value) if !is_header_value(&value) => self.add(
                     header_field,
                     "has a value an HTTP header cannot carry; use visible ASCII characters and \
                      spaces only",
                 ),
-                Value::String(s) => {
-                    headers.insert(name.clone(), Secret::opaque(s.clone()));
-                }
-                other => self.add(
-                    header_field,
-                    format!("must be a string, got {}", kind(other)),
-                ),
-            }
-        }
-        headers
-    }
-
-    /// `headers_env`: header values read from the gateway's environment, by the variable
-    /// each names (a credential stays out of the file); a variable that is not set is a
-    /// problem naming it.
-    fn headers_env(&mut self, table: &Table, prefix: &str) -> BTreeMap<String, Secret> {
-        let mut headers = BTreeMap::new();
-        let Some(values) = self.table(table, prefix, "headers_env") else {
-            return headers;
-        };
-        let field = key_path(prefix, "headers_env");
-        for (name, value) in values {
-            let header_field = key_path(&field, name);
-            if !is_header_name(name) {
-                self.add(
-                    header_field.clone(),
-                    "is not an HTTP header name; use letters, digits and -",
-                );
-                continue;
-            }
-            let Value::String(var) = value else {
-                self.add(
-                    header_field,
-                    format!(
-                        "must be the name of an environment variable, got {}",
-                        kind(value)
-                    ),
-                );
-                continue;
-            };
-            match std::env::var(var) {
-                Ok(value) if is_header_value(&value) => {
+                Ok(value) => {
                     headers.insert(name.clone(), Secret::opaque(value));
                 }
-                Ok(_) => self.add(
-                    header_field,
-                    format!(
-                        "the variable {var} holds a value an HTTP header cannot carry; use \
-                         visible ASCII characters and spaces only"
-                    ),
-                ),
-                Err(_) => self.add(
-                    header_field,
-                    format!("the variable {var} is not set (or not UTF-8); set it to the value"),
-                ),
+                Err(problem) => self.add(header_field, problem),
             }
         }
         headers
@@ -1357,7 +1347,7 @@ mod tests {
             "store.redis: has a scheme other than redis or rediss; write it as \
              redis://[:password@]host[:port][/db] (or rediss://, redis+unix://, unix://)",
             "upstreams[0].comand: unknown field; expected one of name, command, args, env, \
-             cwd, url, headers, trust, timeout_ms, startup_timeout_ms, required",
+             cwd, url, headers, headers_env, trust, timeout_ms, startup_timeout_ms, required",
             "upstreams[0].name: \"Time\" has the character 'T'; use only a-z, 0-9, _ and -",
             "upstreams[0].timeout_ms: must be from 1 to 3600000 milliseconds (one hour), got 0",
             "upstreams[0]: has both command and url; keep command for a stdio server the \

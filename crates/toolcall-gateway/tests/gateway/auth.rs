@@ -11,8 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::{
-    call, error_code, everything_upstream, kit, python, time_upstream, typescript, written,
-    HttpGateway, GATEWAY,
+    audited, call, error_code, everything_upstream, kit, python, time_upstream, typescript,
+    written, HttpGateway, GATEWAY,
 };
 
 const ALICE: &str = "k-alice-0123456789abcdef";
@@ -388,24 +388,6 @@ async fn an_untrusted_stdio_upstream_sees_none_of_the_gateways_secrets() {
 const JWKS: &str = r#"{"keys": [{"kty": "EC", "crv": "P-256", "kid": "1", "use": "sig",
   "x": "MKBCTNIcKUSDii11ySs3526iDZ8AiTo7Tu6KPAqv7D4",
   "y": "4Etl6SRW2YiLUrN5vfvVHuhp7x8PxltmWWlbbM4IFyM"}]}"#;
-
-/// SIGTERM, and the audit log's lines once the gateway wrote them out.
-async fn audited(mut gateway: HttpGateway, dir: &std::path::Path) -> String {
-    let pid = gateway.child.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), gateway.child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    let mut lines = String::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        lines += &std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
-    }
-    lines
-}
 
 #[tokio::test]
 async fn as_a_resource_server_it_serves_its_metadata_and_audits_refusals() {

@@ -486,7 +486,15 @@ async fn a_hosts_servers_file_is_fronted_untrusted_and_every_call_audited() {
     assert_eq!(status, 200, "{body}");
 
     // SIGTERM writes the audit out.
-    let mut gateway = gateway;
+    let audited = audited(gateway, &audit).await;
+    assert!(
+        audited.contains("r-host"),
+        "the calls are in the audit: {audited}"
+    );
+}
+
+/// SIGTERM, and the audit log's lines once the gateway wrote them out to `dir`.
+async fn audited(mut gateway: HttpGateway, dir: &std::path::Path) -> String {
     let pid = gateway.child.id().unwrap().to_string();
     std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -496,14 +504,11 @@ async fn a_hosts_servers_file_is_fronted_untrusted_and_every_call_audited() {
         .await
         .unwrap()
         .unwrap();
-    let mut audited = String::new();
-    for entry in std::fs::read_dir(&audit).unwrap() {
-        audited += &std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+    let mut lines = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        lines += &std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
     }
-    assert!(
-        audited.contains("r-host"),
-        "the calls are in the audit: {audited}"
-    );
+    lines
 }
 
 /// Sends SIGHUP to the gateway.
