@@ -422,7 +422,7 @@ impl Checker {
     fn keys(&mut self, auth: &Table) -> ApiKeys {
         let mut keys = ApiKeys::new();
         let entries = self.tables(auth, "auth", "keys", "key");
-        if entries.is_empty() && !auth.get("keys").is_some_and(|k| !k.is_array()) {
+        if entries.is_empty() && auth.get("keys").is_none_or(|k| k.is_array()) {
             self.add(
                 "auth.keys",
                 "mode \"api-keys\" needs at least one [[auth.keys]] entry (id, and key_env, \
