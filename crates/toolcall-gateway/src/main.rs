@@ -162,7 +162,10 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         exposure(&args, &config, listen)?;
         config.http.guard(listen)?
     };
-    // Bound before the upstreams start: the resource URL of the tokens names the port.
+    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[]).await?;
+    lasting.install(&gateway).await;
+    // Bound once the upstreams are up (a client that connects finds the gateway serving),
+    // and before the authentication, whose tokens' resource URL names the port.
     let listener = match args.stdio {
         true => None,
         false => Some(
@@ -178,8 +181,6 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         ),
         _ => None,
     };
-    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[]).await?;
-    lasting.install(&gateway).await;
     let metrics_here = config.http.metrics_listen.is_none();
     let authentication = auth.as_ref().map(|(auth, _)| auth.clone());
     let swap = (!args.stdio).then(|| {
