@@ -127,13 +127,15 @@ fn ulid() -> String {
 #[tokio::test]
 async fn two_users_of_one_client_share_no_key_loop_or_quota() {
     let gateway = gateway("isolation").await;
-    // The quota is per principal: bob's three calls at once use his burst, not alice's.
-    for i in 0..3 {
-        let (status, body) = call_as(&gateway, BOB, &echo(&format!("b{i}"), "x", "s", None)).await;
-        assert_eq!(status, 200, "{body}");
+    // The quota is per principal: bob's calls at once use up his burst of 3 (six calls: a
+    // slow machine may refill one), not alice's.
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let (status, _) = call_as(&gateway, BOB, &echo(&format!("b{i}"), "x", "s", None)).await;
+        statuses.push(status);
     }
-    let (status, limited) = call_as(&gateway, BOB, &echo("b3", "x", "s", None)).await;
-    assert_eq!(status, 429, "{limited}");
+    assert_eq!(&statuses[..3], [200, 200, 200], "{statuses:?}");
+    assert!(statuses.contains(&429), "bob is limited: {statuses:?}");
     let (status, body) = call_as(&gateway, ALICE, &echo("a0", "x", "s", None)).await;
     assert_eq!(status, 200, "bob's quota is not alice's: {body}");
 
