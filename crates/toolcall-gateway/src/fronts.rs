@@ -62,12 +62,12 @@ pub(crate) fn http_router(
         .body_timeout(Duration::from_secs(15))
         .max_calls_in_flight(256);
     if let Some(access) = gateway.access.clone() {
-        let names = gateway.clone_names();
+        let names = gateway.names.clone();
         envelope = envelope.visible_to(move |principal, namespace, name| {
             access.allows(principal, &names.listed_name(namespace, name))
         });
         if let Some(denials) = gateway.denials.clone() {
-            let names = gateway.clone_names();
+            let names = gateway.names.clone();
             envelope = envelope.on_denied(move |principal, namespace, name| {
                 denials.denied(principal, &names.listed_name(namespace, name))
             });

@@ -137,7 +137,7 @@ pub(crate) struct Gateway {
     /// The tools each principal may call, with `[auth]`.
     pub(crate) access: Option<Access>,
     /// The listed name of each tool, by its namespace and name.
-    names: Names,
+    pub(crate) names: Names,
     /// Where calls refused to their caller are audited.
     pub(crate) denials: Option<DenialAudit>,
 }
@@ -154,13 +154,6 @@ impl Names {
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
             .unwrap_or_else(|| format!("{namespace}__{name}"))
-    }
-}
-
-impl Gateway {
-    /// The listed names of its tools.
-    pub(crate) fn clone_names(&self) -> Names {
-        self.names.clone()
     }
 }
 

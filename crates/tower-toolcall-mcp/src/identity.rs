@@ -61,13 +61,11 @@ impl Identity {
             .cloned()
     }
 
-    /// The caller of a request served by the connection `connection`; `session_issued`
-    /// says whether the connection is a session the server issued (a stream transport, or a
-    /// streamable-HTTP session that began with `initialize`), not one request of the
-    /// stateless protocol.
+    /// The caller of a request of `principal` (as [`principal`](Identity::principal) found
+    /// it) served by the connection `connection`; `session_issued` says whether the
+    /// connection is a session the server issued (a stream transport, or a streamable-HTTP
+    /// session that began with `initialize`), not one request of the stateless protocol.
     ///
-    /// Principal: the one an HTTP server's authentication put in the request's extensions,
-    /// else the server's own ([`McpServer::principal`](crate::McpServer::principal)).
     /// Session: the operator's `_meta` member, else the issued session, else none (the
     /// principal's one session, or the single user's); with a principal it is scoped under
     /// the principal. Actor: the principal's id; without one, the operator's `_meta` member,
@@ -78,6 +76,7 @@ impl Identity {
         &self,
         meta: &RequestMeta<'_>,
         context: &RequestContext<RoleServer>,
+        principal: Option<Principal>,
         connection: &str,
         session_issued: bool,
     ) -> Result<Caller, ToolError> {
@@ -91,7 +90,6 @@ impl Identity {
             }
         };
         let http = context.extensions.get::<http::request::Parts>();
-        let principal = self.principal(context);
         let transport_session = (http.is_none() || session_issued).then(|| connection.to_owned());
         let client = context
             .client_info()

@@ -394,16 +394,17 @@ impl<H> McpServer<H> {
     ) -> CallToolResult {
         // The arguments move into the call; each attempt sends the call's params.
         let arguments = request.arguments.take().unwrap_or_default();
-        // A tool the caller may not see is refused as one that is not there.
+        // Who calls: looked up once per call. A tool the caller may not see is refused as
+        // one that is not there.
+        let principal = self.identity.principal(&context);
         if let Some(routes) = &self.routes {
-            let principal = self.identity.principal(&context);
             if !routes.admits(principal.as_ref(), &request.name) {
                 return result_of(Err(in_mcp_words(not_yours(&request.name))));
             }
         }
         // Where the listed tool is called: looked up once per call.
         let route = self.routes.as_ref().and_then(|r| r.route(&request.name));
-        let call = self.tool_call(&request, route.as_ref(), arguments, &context);
+        let call = self.tool_call(&request, route.as_ref(), arguments, principal, &context);
         let mut call = match call {
             Ok(call) => call,
             Err(err) => return result_of(Err(in_mcp_words(err))),
@@ -498,13 +499,14 @@ impl<H> McpServer<H> {
         request: &CallToolRequestParams,
         route: Option<&Route>,
         arguments: serde_json::Map<String, Value>,
+        principal: Option<Principal>,
         context: &RequestContext<RoleServer>,
     ) -> Result<ToolCall, ToolError> {
         let meta = RequestMeta::new(request.meta.as_ref(), &context.meta);
         let issued = self.initialized.load(std::sync::atomic::Ordering::Relaxed);
         let caller = self
             .identity
-            .caller(&meta, context, &self.connection, issued)?;
+            .caller(&meta, context, principal, &self.connection, issued)?;
         let (namespace, name) = match route {
             Some(route) => (&*route.namespace, route.name.as_str()),
             None => (&*self.namespace, request.name.as_ref()),
