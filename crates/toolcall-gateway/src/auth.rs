@@ -659,17 +659,7 @@ impl Checker {
 mod tests {
     use super::*;
 
-    fn problems(text: &str) -> Vec<String> {
-        let problems = crate::config::GatewayConfig::from_toml_str(text)
-            .expect_err("the configuration is invalid");
-        let mut lines: Vec<String> = problems
-            .0
-            .iter()
-            .map(|p| format!("{}: {}", p.field(), p.problem()))
-            .collect();
-        lines.sort();
-        lines
-    }
+    use crate::config::problem_lines as problems;
 
     #[test]
     fn every_broken_auth_rule_is_named_by_its_field() {

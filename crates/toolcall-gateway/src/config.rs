@@ -21,6 +21,7 @@ use tower_toolcall::ConfigError;
 use tower_toolcall_mcp::Trust;
 
 use crate::auth::{AuthConfig, HttpConfig};
+use crate::servers::ServerPolicy;
 
 /// The per-call timeout of an upstream unless its entry says otherwise.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(30_000);
@@ -42,6 +43,7 @@ const TOP_KEYS: &[&str] = &[
     "policy",
     "auth",
     "http",
+    "servers",
 ];
 const ADMIN_KEYS: &[&str] = &["token_env"];
 const STORE_KEYS: &[&str] = &["redis", "cluster"];
@@ -84,6 +86,10 @@ pub(crate) struct GatewayConfig {
     pub(crate) auth: Option<AuthConfig>,
     /// The HTTP fronts' names, origins and metrics address: `[http]`.
     pub(crate) http: HttpConfig,
+    /// The operator's word on each upstream, by its name: `[servers.NAME]`.
+    pub(crate) servers: BTreeMap<String, ServerPolicy>,
+    /// What was left out of a host's file, and why: logged at start, printed by `--check`.
+    pub(crate) warnings: Vec<String>,
 }
 
 /// Where the shared stores are: one Redis node, or a Redis Cluster by some of its nodes.
@@ -367,11 +373,14 @@ impl GatewayConfig {
 
     /// Adds the servers of a host's MCP file (see [`crate::mcp_json`]), untrusted unless an
     /// upstream of the same name in this configuration says otherwise (then the
-    /// configuration's entry wins entirely); other name clashes are problems.
+    /// configuration's entry wins entirely) or `[servers.NAME]` trusts them; other name
+    /// clashes are problems.
     pub(crate) fn with_imported(
         mut self,
-        imported: Vec<UpstreamConfig>,
+        imported: crate::mcp_json::Imported,
     ) -> Result<GatewayConfig, ConfigProblems> {
+        self.warnings.extend(imported.skipped);
+        let imported = imported.upstreams;
         let configured = self.upstreams.len();
         let mut problems = Vec::new();
         for upstream in imported {
@@ -406,6 +415,54 @@ impl GatewayConfig {
         }
     }
 
+    /// Settles each upstream's trust (`[servers.NAME] trust`, then `--trust NAME`, which
+    /// `trusted` lists) once every upstream is known; a `[servers.NAME]` or `--trust` that
+    /// names no upstream is a problem.
+    pub(crate) fn settle(mut self, trusted: &[String]) -> Result<GatewayConfig, ConfigProblems> {
+        let names = || {
+            let names: Vec<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
+            if names.is_empty() {
+                "there is none".to_owned()
+            } else {
+                format!("the upstreams are {}", names.join(", "))
+            }
+        };
+        let mut problems = Vec::new();
+        for name in self.servers.keys() {
+            if !self.upstreams.iter().any(|u| &u.name == name) {
+                problems.push(ConfigError::new(
+                    key_path("servers", name),
+                    format!(
+                        "names no upstream; {} (an imported server's name is its name in the \
+                         host's file, lowercased, other characters than a-z, 0-9, _ and - \
+                         made -)",
+                        names()
+                    ),
+                ));
+            }
+        }
+        for name in trusted {
+            if !self.upstreams.iter().any(|u| &u.name == name) {
+                problems.push(ConfigError::new(
+                    "--trust",
+                    format!("{name:?} names no upstream; {}", names()),
+                ));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(ConfigProblems(problems));
+        }
+        for upstream in &mut self.upstreams {
+            if let Some(trust) = self.servers.get(&upstream.name).and_then(|s| s.trust) {
+                upstream.trust = trust;
+            }
+            if trusted.contains(&upstream.name) {
+                upstream.trust = Trust::Trusted;
+            }
+        }
+        Ok(self)
+    }
+
     /// The demo configuration when no `--config` is given: no upstreams.
     pub(crate) fn empty() -> GatewayConfig {
         GatewayConfig {
@@ -418,6 +475,8 @@ impl GatewayConfig {
             policy: None,
             auth: None,
             http: HttpConfig::default(),
+            servers: BTreeMap::new(),
+            warnings: Vec::new(),
         }
     }
 
@@ -817,6 +876,7 @@ impl Checker {
         let upstreams = self.upstreams(root);
         let auth = self.auth(root);
         let http = self.http(root);
+        let servers = self.servers(root);
 
         let policy = match root.get("policy") {
             None => None,
@@ -843,6 +903,8 @@ impl Checker {
             policy,
             auth,
             http,
+            servers,
+            warnings: Vec::new(),
         }
     }
 
@@ -1159,13 +1221,45 @@ impl Checker {
             }
         };
         match ToolRegistry::from_toml_str(&text) {
-            Ok(registry) => Some(registry),
+            Ok(registry) => {
+                // A name is matched as it is: `*` would register a tool no server has.
+                let before = self.problems.len();
+                let entries = match table.get("tools") {
+                    Some(Value::Array(entries)) => entries.as_slice(),
+                    _ => &[],
+                };
+                for (i, entry) in entries.iter().enumerate() {
+                    let (Some(Value::String(name)), Some(Value::String(namespace))) =
+                        (entry.get("name"), entry.get("namespace"))
+                    else {
+                        continue;
+                    };
+                    if name.contains('*') {
+                        self.add(
+                            format!("policy.tools[{i}].name"),
+                            format!(
+                                "{name:?} names no tool: a tool's name is matched as it is; set \
+                                 a policy for every tool of a server in [servers.{namespace}]"
+                            ),
+                        );
+                    }
+                }
+                (self.problems.len() == before).then_some(registry)
+            }
             Err(e) => {
                 self.problems.push(e.within("policy"));
                 None
             }
         }
     }
+}
+
+/// Every problem of the configuration `text`, which must be invalid, as `field: problem`,
+/// sorted (so that the order of map keys does not matter).
+#[cfg(test)]
+pub(crate) fn problem_lines(text: &str) -> Vec<String> {
+    let problems = GatewayConfig::from_toml_str(text).expect_err("the configuration is invalid");
+    tests::lines(&problems)
 }
 
 #[cfg(test)]
@@ -1176,7 +1270,7 @@ mod tests {
 
     /// Every problem as `field: problem`, sorted, so that the order of map keys does not
     /// matter.
-    fn lines(problems: &ConfigProblems) -> Vec<String> {
+    pub(super) fn lines(problems: &ConfigProblems) -> Vec<String> {
         let mut lines: Vec<String> = problems
             .0
             .iter()
@@ -1338,7 +1432,7 @@ mod tests {
              never in the file)",
             "audit.path: must not be empty",
             "colour: unknown field; expected one of listen, log_format, admin, store, audit, \
-             upstreams, policy, auth, http",
+             upstreams, policy, auth, http, servers",
             "listen: \"localhost:8080\" is not a socket address; write an IP address and a \
              port, such as \"127.0.0.1:8080\" or \"[::1]:8080\"",
             "log_format: must be \"text\" or \"json\", got \"yaml\"",
@@ -1606,10 +1700,13 @@ mod tests {
     fn imported_servers_join_and_the_configuration_wins() {
         let config = GatewayConfig::from_toml_str(FULL).unwrap();
         let merged = config
-            .with_imported(vec![
-                imported("time", "http://elsewhere/mcp"),
-                imported("github", "https://api.example.com/mcp"),
-            ])
+            .with_imported(crate::mcp_json::Imported {
+                upstreams: vec![
+                    imported("time", "http://elsewhere/mcp"),
+                    imported("github", "https://api.example.com/mcp"),
+                ],
+                skipped: vec!["mcpServers.old is skipped".into()],
+            })
             .unwrap();
         let names: Vec<&str> = merged.upstreams.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["time", "search", "notes_2-b", "github"]);
@@ -1617,13 +1714,17 @@ mod tests {
         assert_eq!(time.trust, Trust::Trusted);
         assert!(matches!(time.transport, UpstreamTransport::Stdio { .. }));
         assert_eq!(merged.upstream("github").unwrap().trust, Trust::Untrusted);
+        assert_eq!(merged.warnings, ["mcpServers.old is skipped"]);
 
         let problems = GatewayConfig::empty()
-            .with_imported(vec![
-                imported("github", "http://a/mcp"),
-                imported("github", "http://b/mcp"),
-                imported("Bad Name", "http://c/mcp"),
-            ])
+            .with_imported(crate::mcp_json::Imported {
+                upstreams: vec![
+                    imported("github", "http://a/mcp"),
+                    imported("github", "http://b/mcp"),
+                    imported("Bad Name", "http://c/mcp"),
+                ],
+                skipped: Vec::new(),
+            })
             .unwrap_err();
         assert_eq!(
             lines(&problems),
@@ -1633,6 +1734,54 @@ mod tests {
                  define an upstream of this name in the gateway configuration, which then \
                  replaces both",
             ]
+        );
+    }
+
+    #[test]
+    fn trust_is_settled_by_server_tables_and_the_command_line() {
+        let config = GatewayConfig::from_toml_str(
+            "[servers.github]\ntrust = \"trusted\"\n[servers.time]\ntrust = false\n",
+        )
+        .unwrap()
+        .with_imported(crate::mcp_json::Imported {
+            upstreams: vec![
+                imported("time", "http://a/mcp"),
+                imported("github", "http://b/mcp"),
+                imported("memory", "http://c/mcp"),
+            ],
+            skipped: Vec::new(),
+        })
+        .unwrap();
+        let settled = config.clone().settle(&["memory".to_owned()]).unwrap();
+        let trust = |name| settled.upstream(name).unwrap().trust;
+        assert_eq!(trust("github"), Trust::Trusted);
+        assert_eq!(trust("memory"), Trust::Trusted);
+        assert_eq!(trust("time"), Trust::Untrusted);
+
+        let problems = GatewayConfig::from_toml_str("[servers.gihtub]\ntrust = true\n")
+            .unwrap()
+            .settle(&["tiem".to_owned()])
+            .unwrap_err();
+        assert_eq!(
+            lines(&problems),
+            [
+                "--trust: \"tiem\" names no upstream; there is none",
+                "servers.gihtub: names no upstream; there is none (an imported server's name is \
+                 its name in the host's file, lowercased, other characters than a-z, 0-9, _ and \
+                 - made -)",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_policy_for_a_tool_named_with_a_star_is_refused() {
+        let problems = rejected(
+            "[policy]\n[[policy.tools]]\nnamespace = \"fs\"\nname = \"*\"\nrisk = \"read-only\"\n",
+        );
+        assert_eq!(
+            lines(&problems),
+            ["policy.tools[0].name: \"*\" names no tool: a tool's name is matched as it is; set \
+              a policy for every tool of a server in [servers.fs]"]
         );
     }
 

@@ -14,7 +14,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tower_toolcall_axum::authn::Authentication;
-use tower_toolcall_axum::{ServeConfig, ToolRouter, ADMIN_PATH};
+use tower_toolcall_axum::{ServeConfig, ToolRouter, ADMIN_PATH, DEFAULT_CONFIRMATION_TTL};
 use tower_toolcall_mcp::{stdio_transport, DEFAULT_MAX_LINE_BYTES};
 
 use crate::gateway::{Gateway, Lasting};
@@ -43,11 +43,22 @@ pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Ro
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let router = Router::new().nest_service("/mcp", service);
+    let router = Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::map_response(session_ended));
     match auth {
         Some(auth) => router.route_layer(auth.layer()),
         None => router,
     }
+}
+
+/// The answer to a `DELETE /mcp` that ended a session: `200 OK`, as the official SDKs'
+/// clients expect (rmcp answers `202 Accepted`, which they report as a failed termination).
+async fn session_ended(request_method: axum::http::Method, mut response: Response) -> Response {
+    if request_method == axum::http::Method::DELETE && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::OK;
+    }
+    response
 }
 
 /// The HTTP fronts of `gateway` but MCP's: `/v1` behind `auth` when there is one, the
@@ -60,7 +71,8 @@ pub(crate) fn http_router(
 ) -> Router {
     let mut envelope = ToolRouter::new(gateway.registry.clone(), gateway.tools.clone())
         .body_timeout(Duration::from_secs(15))
-        .max_calls_in_flight(256);
+        .max_calls_in_flight(256)
+        .issue_confirmations(DEFAULT_CONFIRMATION_TTL);
     if let Some(access) = gateway.access.clone() {
         let names = gateway.names.clone();
         envelope = envelope.visible_to(move |principal, namespace, name| {
@@ -85,6 +97,7 @@ pub(crate) fn http_router(
     }
     let probes = probes.with_state(Probes {
         upstreams: gateway.upstreams.clone(),
+        down: gateway.down.clone(),
         prometheus: gateway.prometheus.clone(),
     });
     let mut router = envelope.merge(probes);
@@ -101,6 +114,7 @@ pub(crate) fn metrics_router(prometheus: PrometheusHandle) -> Router {
         .route("/metrics", get(scrape))
         .with_state(Probes {
             upstreams: Arc::default(),
+            down: Arc::default(),
             prometheus,
         })
 }
@@ -108,27 +122,45 @@ pub(crate) fn metrics_router(prometheus: PrometheusHandle) -> Router {
 #[derive(Clone)]
 struct Probes {
     upstreams: Arc<Vec<crate::upstreams::Upstream>>,
+    down: Arc<Vec<crate::upstreams::Down>>,
     prometheus: PrometheusHandle,
 }
 
 /// `GET /readyz`: 200 once every required upstream is connected; else 503 naming those
-/// the gateway waits for.
+/// the gateway waits for. Either way, `down` names each upstream that failed to start, with
+/// its reason (an optional one keeps the gateway ready).
 async fn ready(State(probes): State<Probes>) -> Response {
     let waiting: Vec<&str> = probes
         .upstreams
         .iter()
         .filter(|u| u.config.required && !u.is_up())
         .map(|u| u.config.name.as_str())
-        .collect();
-    if waiting.is_empty() {
-        (StatusCode::OK, Json(json!({"ready": true}))).into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"ready": false, "waitingFor": waiting})),
+        .chain(
+            probes
+                .down
+                .iter()
+                .filter(|d| d.config.required)
+                .map(|d| d.config.name.as_str()),
         )
-            .into_response()
+        .collect();
+    let down: serde_json::Map<String, serde_json::Value> = probes
+        .down
+        .iter()
+        .map(|d| (d.config.name.clone(), json!(&*d.reason)))
+        .collect();
+    let mut answer = json!({"ready": waiting.is_empty()});
+    if !waiting.is_empty() {
+        answer["waitingFor"] = json!(waiting);
     }
+    if !down.is_empty() {
+        answer["down"] = serde_json::Value::Object(down);
+    }
+    let status = if waiting.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(answer)).into_response()
 }
 
 /// `GET /metrics`: every series in the Prometheus text format.

@@ -19,14 +19,14 @@ use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_axum::AdminRouter;
-use tower_toolcall_mcp::{registry_for_servers, McpServer, ProgressRelay, ToolList};
+use tower_toolcall_mcp::{descriptor_for, registry_of, McpServer, ProgressRelay, ToolList};
 use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore, RedisTarget};
 
 use crate::auth::{Access, AuthConfig, DenialAudit};
-use crate::config::{GatewayConfig, RedisStore, UpstreamConfig};
+use crate::config::{GatewayConfig, RedisStore};
 use crate::demo;
 use crate::naming::listed_names;
-use crate::upstreams::{Router, Upstream};
+use crate::upstreams::{Down, Router, Upstream};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -59,16 +59,25 @@ pub(crate) struct Lasting {
     relay: ProgressRelay,
     /// The names of the upstreams whose tools may have changed.
     changes: mpsc::UnboundedSender<String>,
+    /// The upstreams that came up after failing to start.
+    came_up: mpsc::UnboundedSender<Upstream>,
+}
+
+/// Where a gateway's changes arrive: the names of the upstreams whose tools may have
+/// changed, and the upstreams that came up after failing to start.
+pub(crate) struct Changes {
+    pub(crate) tools: mpsc::UnboundedReceiver<String>,
+    pub(crate) came_up: mpsc::UnboundedReceiver<Upstream>,
 }
 
 impl Lasting {
     /// The recorder, the audit log of `config` (its `audit.path`), empty stores, and the MCP
-    /// front, with no tools until a gateway is [installed](Lasting::install); and where the
-    /// names of the upstreams whose tools may have changed arrive.
+    /// front, with no tools until a gateway is [installed](Lasting::install); and where its
+    /// changes arrive.
     pub(crate) fn new(
         config: &GatewayConfig,
         principal: Option<Principal>,
-    ) -> Result<(Lasting, mpsc::UnboundedReceiver<String>), BoxError> {
+    ) -> Result<(Lasting, Changes), BoxError> {
         let audit = match &config.audit_path {
             Some(dir) => {
                 let log = AuditLog::builder(dir)
@@ -89,6 +98,7 @@ impl Lasting {
         }
         let mcp = Arc::new(mcp);
         let (changes, changed) = mpsc::unbounded_channel();
+        let (came_up, up) = mpsc::unbounded_channel();
         let lasting = Lasting {
             prometheus: prometheus()?,
             audit,
@@ -99,8 +109,15 @@ impl Lasting {
             in_service,
             relay,
             changes,
+            came_up,
         };
-        Ok((lasting, changed))
+        Ok((
+            lasting,
+            Changes {
+                tools: changed,
+                came_up: up,
+            },
+        ))
     }
 
     /// Puts `gateway` in service behind the MCP front: its stack for the calls to come, its
@@ -126,6 +143,8 @@ impl Lasting {
 /// A running gateway.
 pub(crate) struct Gateway {
     pub(crate) upstreams: Arc<Vec<Upstream>>,
+    /// The upstreams that failed to start, started again in the background.
+    pub(crate) down: Arc<Vec<Down>>,
     pub(crate) registry: ToolRegistry,
     pub(crate) tools: Tools,
     /// The tools under their listed names; the calls of those safe to repeat stop when
@@ -163,37 +182,66 @@ impl Gateway {
     /// `[store] redis`, its dedupe records, quotas and loop sessions in Redis.
     ///
     /// An upstream of `running` (those of the gateway this one replaces) whose configuration
-    /// has not changed is kept as it is, its connection, process and listed tools with it.
-    /// Nothing is in service until [installed](Lasting::install).
+    /// has not changed is kept as it is, its connection, process and listed tools with it,
+    /// and so is one of `down` (still started again in the background). An upstream that
+    /// fails to start (its command missing, no answer in its start-up time, a tool list the
+    /// gateway cannot serve) is logged with its reason, left out, and started again in the
+    /// background; the others serve. Nothing is in service until [installed](Lasting::install).
     pub(crate) async fn start(
         config: &GatewayConfig,
         admin_token: Option<&str>,
         lasting: &Lasting,
         running: &[Upstream],
+        down: &[Down],
     ) -> Result<Gateway, BoxError> {
-        let kept = |wanted: &UpstreamConfig| {
-            running
-                .iter()
-                .find(|running| running.config == *wanted)
-                .cloned()
-        };
+        enum Starting {
+            Kept(Upstream),
+            StillDown(Down),
+            Started(tokio::task::JoinHandle<Result<Upstream, BoxError>>),
+        }
         let starting: Vec<_> = config
             .upstreams
             .iter()
-            .map(|wanted| match kept(wanted) {
-                Some(running) => tokio::spawn(async move { Ok(running) }),
-                None => tokio::spawn(Upstream::start(
+            .map(|wanted| {
+                if let Some(kept) = running.iter().find(|r| r.config == *wanted) {
+                    return Starting::Kept(kept.clone());
+                }
+                if let Some(still) = down.iter().find(|d| d.config == *wanted) {
+                    return Starting::StillDown(still.clone());
+                }
+                Starting::Started(tokio::spawn(Upstream::start(
                     wanted.clone(),
                     lasting.relay.clone(),
                     lasting.changes.clone(),
-                )),
+                )))
             })
             .collect();
         let mut upstreams = Vec::with_capacity(starting.len());
-        for started in starting {
-            upstreams.push(started.await??);
+        let mut downs = Vec::new();
+        for (wanted, starting) in config.upstreams.iter().zip(starting) {
+            match starting {
+                Starting::Kept(kept) => upstreams.push(kept),
+                Starting::StillDown(still) => downs.push(still),
+                Starting::Started(started) => {
+                    let reason = match started.await {
+                        Ok(Ok(upstream)) => {
+                            upstreams.push(upstream);
+                            continue;
+                        }
+                        Ok(Err(err)) => err.to_string(),
+                        Err(err) => format!("upstream {}: its start failed: {err}", wanted.name),
+                    };
+                    downs.push(Down::retrying(
+                        wanted.clone(),
+                        reason,
+                        lasting.relay.clone(),
+                        lasting.changes.clone(),
+                        lasting.came_up.clone(),
+                    ));
+                }
+            }
         }
-        let (registry, router, listed) = if upstreams.is_empty() {
+        let (registry, router, listed) = if config.upstreams.is_empty() {
             tracing::info!(event = "demo", "no upstream: serving the demo tools");
             let registry = demo::registry()?;
             let routes = registry
@@ -208,7 +256,7 @@ impl Gateway {
             let listed = demo::mcp_tools(&registry);
             (registry, Router::new(routes), listed)
         } else {
-            let registry = registry(&upstreams, config.policy.as_ref())?;
+            let registry = registry(&upstreams, config)?;
             let listed = upstreams
                 .iter()
                 .flat_map(|u| {
@@ -252,7 +300,17 @@ impl Gateway {
             }
         };
         let (listed, names) = tool_list(listed)?;
-        let mut listed = listed.stop_repeatable_when_cancelled(&registry);
+        let confirm = |namespace: &str, name: &str| {
+            config
+                .servers
+                .get(namespace)
+                .map(|server| server.confirm(name))
+                .unwrap_or_default()
+                .edge()
+        };
+        let mut listed = listed
+            .stop_repeatable_when_cancelled(&registry)
+            .confirm_by(&registry, confirm);
         let access = config.auth.as_ref().map(AuthConfig::access);
         let denials = lasting.audit.clone().map(DenialAudit::new);
         if let Some(access) = access.clone() {
@@ -263,6 +321,7 @@ impl Gateway {
         }
         Ok(Gateway {
             upstreams: Arc::new(upstreams),
+            down: Arc::new(downs),
             registry,
             tools,
             listed,
@@ -295,16 +354,21 @@ fn assemble<St: DedupeStore>(
     Ok((BoxCloneSyncService::new(stack.layer(router)), admin))
 }
 
-/// The policy of every upstream's tools from their annotations (believed from trusted
-/// upstreams only), under the operator's `[policy]`.
-fn registry(
-    upstreams: &[Upstream],
-    policy: Option<&ToolRegistry>,
-) -> Result<ToolRegistry, BoxError> {
-    let servers = upstreams
-        .iter()
-        .map(|u| (u.config.name.as_str(), u.tools.as_slice(), u.config.trust));
-    Ok(registry_for_servers(servers, policy)?)
+/// The policy of every upstream's tools: from their annotations (see
+/// [`descriptor_for`]: believed from trusted upstreams only), under the operator's
+/// `[servers.NAME]`, under the operator's `[policy]`.
+fn registry(upstreams: &[Upstream], config: &GatewayConfig) -> Result<ToolRegistry, BoxError> {
+    let descriptors = upstreams.iter().flat_map(|u| {
+        let server = config.servers.get(&u.config.name);
+        u.tools.iter().map(move |tool| {
+            let descriptor = descriptor_for(&u.config.name, tool, u.config.trust);
+            match server {
+                Some(server) => server.apply(descriptor),
+                None => descriptor,
+            }
+        })
+    });
+    Ok(registry_of(descriptors, config.policy.as_ref())?)
 }
 
 /// The tools, each `(namespace, tool)`, under their listed names (see [`crate::naming`]),

@@ -20,6 +20,7 @@ mod fronts;
 mod gateway;
 mod mcp_json;
 mod naming;
+mod servers;
 mod upstreams;
 
 use std::net::SocketAddr;
@@ -46,6 +47,10 @@ struct Args {
     /// fronts, untrusted unless the configuration says otherwise.
     #[arg(long, value_name = "PATH")]
     mcp_json: Option<PathBuf>,
+    /// Trust this upstream (or imported server): its tool annotations become the policy, as
+    /// `[servers.NAME] trust = "trusted"` says. Repeat it for each.
+    #[arg(long, value_name = "NAME")]
+    trust: Vec<String>,
     /// Serve MCP on stdin and stdout (for a host to launch the gateway).
     #[arg(long)]
     stdio: bool,
@@ -74,6 +79,16 @@ fn main() -> ExitCode {
         }
     };
     if args.check {
+        for warning in &config.warnings {
+            println!("warning: {warning}");
+        }
+        let missing = upstreams::missing_commands(&config);
+        if !missing.is_empty() {
+            for problem in &missing {
+                eprintln!("{problem}");
+            }
+            return ExitCode::FAILURE;
+        }
         println!(
             "the configuration is valid: {} upstream(s)",
             config.upstreams.len()
@@ -90,6 +105,9 @@ fn main() -> ExitCode {
         None => config.log_format == LogFormat::Json,
     };
     logging(json);
+    for warning in &config.warnings {
+        tracing::warn!(event = "server_skipped", "{warning}");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -119,6 +137,7 @@ fn load(args: &Args) -> Result<GatewayConfig, BoxError> {
             .map_err(|err| format!("--mcp-json {}: {err}", path.display()))?;
         config = config.with_imported(mcp_json::import(&text, path)?)?;
     }
+    let mut config = config.settle(&args.trust)?;
     // The environment overrides the file for the switches the crate reads.
     if let Ok(url) = std::env::var("TOOLCALL_REDIS_URL") {
         config.redis = Some(config::RedisStore::node(url));
@@ -162,7 +181,7 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         exposure(&args, &config, listen)?;
         config.http.guard(listen)?
     };
-    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[]).await?;
+    let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[], &[]).await?;
     lasting.install(&gateway).await;
     // Bound once the upstreams are up (a client that connects finds the gateway serving),
     // and before the authentication, whose tokens' resource URL names the port.
@@ -302,26 +321,29 @@ enum Change {
     Configuration,
     /// These upstreams' tools may have changed (they said so, or were connected to again).
     Tools(Vec<String>),
+    /// An upstream that had failed to start came up.
+    CameUp(Box<upstreams::Upstream>),
 }
 
 impl Following {
     /// Puts a new gateway in service on each SIGHUP (the configuration read again; a bad one
     /// is refused, its problems named, and the old one keeps serving) and each time an
     /// upstream's tools change; the clients are told when the tools they see change.
-    async fn run(mut self, mut changed: tokio::sync::mpsc::UnboundedReceiver<String>) {
+    async fn run(mut self, mut changes: gateway::Changes) {
         let mut hangups = hangups();
         loop {
             let change = tokio::select! {
                 Some(()) = hangups.recv() => Change::Configuration,
-                Some(first) = changed.recv() => {
+                Some(first) = changes.tools.recv() => {
                     // A burst of changes is one change.
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     let mut names = vec![first];
-                    while let Ok(name) = changed.try_recv() {
+                    while let Ok(name) = changes.tools.try_recv() {
                         names.push(name);
                     }
                     Change::Tools(names)
                 }
+                Some(up) = changes.came_up.recv() => Change::CameUp(Box::new(up)),
                 else => return,
             };
             let (config, upstreams) = match change {
@@ -336,9 +358,25 @@ impl Following {
                     Some(upstreams) => (self.config.clone(), upstreams),
                     None => continue,
                 },
+                Change::CameUp(up) => {
+                    // Only while the gateway in service still waits for it.
+                    if !self.current.down.iter().any(|d| d.config == up.config) {
+                        continue;
+                    }
+                    let mut upstreams = self.current.upstreams.to_vec();
+                    upstreams.push(*up);
+                    (self.config.clone(), upstreams)
+                }
             };
             let admin_token = self.admin_token.as_deref();
-            match Gateway::start(&config, admin_token, &self.lasting, &upstreams).await {
+            let down: Vec<_> = self
+                .current
+                .down
+                .iter()
+                .filter(|d| !upstreams.iter().any(|u| u.config == d.config))
+                .cloned()
+                .collect();
+            match Gateway::start(&config, admin_token, &self.lasting, &upstreams, &down).await {
                 Ok(next) => {
                     self.lasting.install(&next).await;
                     if let Some(swap) = &self.swap {
@@ -351,6 +389,7 @@ impl Following {
                     tracing::info!(
                         event = "reloaded",
                         upstreams = next.upstreams.len(),
+                        down = next.down.len(),
                         tools = next.registry.tools().count(),
                         "the new configuration is in service"
                     );

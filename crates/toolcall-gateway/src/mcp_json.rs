@@ -4,7 +4,9 @@
 //! (`{"servers": {…}}`, with comments and trailing commas, `inputs` ignored) and VS Code's
 //! settings (`{"mcp": {"servers": {…}}}`). A server is either `{"command", "args", "env",
 //! "cwd"}` or `{"url", "headers"}` (`"serverUrl"` in Windsurf's files), optionally with
-//! `"type"`: `"stdio"`, `"http"` or `"streamable-http"`; `"sse"` is refused. Servers with
+//! `"type"`: `"stdio"`, `"http"` or `"streamable-http"`. A server of a kind the gateway
+//! cannot serve (`"sse"`, or a type it does not know) is skipped with a warning naming it,
+//! and the others are imported. Servers with
 //! `"disabled": true` are skipped, and keys hosts add for themselves (`autoApprove`,
 //! `alwaysAllow`, …) are ignored.
 //!
@@ -27,8 +29,16 @@ use crate::config::{
     UpstreamConfig, UpstreamTransport, DEFAULT_STARTUP_TIMEOUT, DEFAULT_TIMEOUT, MAX_NAME_LEN,
 };
 
+/// The servers of a host's file the gateway imported, and those it skipped.
+#[derive(Debug, Default)]
+pub(crate) struct Imported {
+    pub(crate) upstreams: Vec<UpstreamConfig>,
+    /// Each skipped server, by its path, and why.
+    pub(crate) skipped: Vec<String>,
+}
+
 /// The servers of the host's MCP file `text`, read from `source` (named in problems).
-pub(crate) fn import(text: &str, source: &Path) -> Result<Vec<UpstreamConfig>, ConfigProblems> {
+pub(crate) fn import(text: &str, source: &Path) -> Result<Imported, ConfigProblems> {
     import_with(text, source, &|name| std::env::var(name).ok())
 }
 
@@ -37,15 +47,19 @@ fn import_with(
     text: &str,
     source: &Path,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Vec<UpstreamConfig>, ConfigProblems> {
+) -> Result<Imported, ConfigProblems> {
     let mut import = Importer {
         source,
         env,
         problems: Vec::new(),
+        skipped: Vec::new(),
     };
     let upstreams = import.file(text);
     if import.problems.is_empty() {
-        Ok(upstreams)
+        Ok(Imported {
+            upstreams,
+            skipped: import.skipped,
+        })
     } else {
         Err(ConfigProblems(import.problems))
     }
@@ -139,9 +153,18 @@ struct Importer<'a> {
     source: &'a Path,
     env: &'a dyn Fn(&str) -> Option<String>,
     problems: Vec<ConfigError>,
+    skipped: Vec<String>,
 }
 
 impl Importer<'_> {
+    /// Skips the server at `path`, saying why.
+    fn skip(&mut self, path: &str, why: impl std::fmt::Display) {
+        self.skipped.push(format!(
+            "{path} (in {}) is skipped: {why}",
+            self.source.display()
+        ));
+    }
+
     fn add(&mut self, field: impl Into<String>, problem: impl std::fmt::Display) {
         self.problems.push(ConfigError::new(
             field,
@@ -248,17 +271,21 @@ impl Importer<'_> {
                 "stdio" => Kind::Stdio,
                 "http" | "streamable-http" | "streamableHttp" => Kind::Http,
                 "sse" => {
-                    self.add(
-                        key_path(path, "type"),
-                        "SSE servers are not supported; use the server's streamable HTTP \
-                         endpoint (type \"http\")",
+                    self.skip(
+                        path,
+                        "the gateway does not speak SSE, which MCP replaced with streamable \
+                         HTTP; point the entry at the server's streamable HTTP endpoint (type \
+                         \"http\")",
                     );
                     return None;
                 }
                 other => {
-                    self.add(
-                        key_path(path, "type"),
-                        format_args!("{other:?} is not a transport the gateway knows; use \"stdio\" or \"http\""),
+                    self.skip(
+                        path,
+                        format_args!(
+                            "{other:?} is not a transport the gateway knows; it serves \
+                             \"stdio\" and \"http\" servers"
+                        ),
                     );
                     return None;
                 }
@@ -527,7 +554,9 @@ mod tests {
     }
 
     fn ok(text: &str) -> Vec<UpstreamConfig> {
-        import_with(text, Path::new(SOURCE), &no_env).unwrap()
+        let imported = import_with(text, Path::new(SOURCE), &no_env).unwrap();
+        assert_eq!(imported.skipped, Vec::<String>::new());
+        imported.upstreams
     }
 
     /// Every problem as `field: problem`, without the file's name, sorted.
@@ -664,12 +693,37 @@ mod tests {
     }
 
     #[test]
-    fn sse_is_refused() {
+    fn servers_of_unknown_kinds_are_skipped_and_the_others_imported() {
+        let imported = import_with(
+            r#"{"mcpServers": {
+                "old": {"type": "sse", "url": "http://h/sse"},
+                "odd": {"type": "websocket", "url": "ws://h/mcp"},
+                "remote": {"type": "http", "url": "http://127.0.0.1:9000/mcp"},
+                "time": {"command": "uvx", "args": ["mcp-server-time"]}
+            }}"#,
+            Path::new(SOURCE),
+            &no_env,
+        )
+        .unwrap();
         assert_eq!(
-            lines(r#"{"mcpServers": {"old": {"type": "sse", "url": "http://h/sse"}}}"#),
+            summary(&imported.upstreams),
             [
-                "mcpServers.old.type: SSE servers are not supported; use the server's streamable \
-              HTTP endpoint (type \"http\")"
+                ("remote", &http("http://127.0.0.1:9000/mcp", &[])),
+                ("time", &stdio("uvx", &["mcp-server-time"], &[])),
+            ]
+        );
+        assert_eq!(
+            imported.skipped,
+            [
+                format!(
+                    "mcpServers.odd (in {SOURCE}) is skipped: \"websocket\" is not a transport \
+                     the gateway knows; it serves \"stdio\" and \"http\" servers"
+                ),
+                format!(
+                    "mcpServers.old (in {SOURCE}) is skipped: the gateway does not speak SSE, \
+                     which MCP replaced with streamable HTTP; point the entry at the server's \
+                     streamable HTTP endpoint (type \"http\")"
+                ),
             ]
         );
     }
@@ -710,7 +764,6 @@ mod tests {
             "b": {"url": "ftp://h/mcp", "headers": {"Bad Name": "v", "X": "line\nbreak"}},
             "c": {"command": "x", "url": "http://h/mcp"},
             "d": {"alwaysAllow": []},
-            "e": {"type": "websocket", "url": "ws://h"},
             "f": {"type": "http"},
             "g": {"type": "stdio", "command": "", "args": [1], "envFile": ".env"},
             "h": "nope",
@@ -732,8 +785,6 @@ mod tests {
                 "mcpServers.c: has both command and url; say which with \"type\": \"stdio\" or \
                  \"http\"",
                 "mcpServers.d: needs command (a stdio server) or url (a streamable HTTP server)",
-                "mcpServers.e.type: \"websocket\" is not a transport the gateway knows; use \
-                 \"stdio\" or \"http\"",
                 "mcpServers.f.url: is required",
                 "mcpServers.g.args[0]: must be a string, got a number",
                 "mcpServers.g.command: must not be empty",
@@ -765,7 +816,8 @@ mod tests {
             Path::new(SOURCE),
             &env,
         )
-        .unwrap();
+        .unwrap()
+        .upstreams;
         assert_eq!(
             summary(&upstreams),
             [

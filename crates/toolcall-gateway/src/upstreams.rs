@@ -12,10 +12,12 @@ use rmcp::model::Tool;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt as _};
+use tower_toolcall::registry::JitterKind;
+use tower_toolcall::retry::Backoff;
 use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
-use tower_toolcall_mcp::{McpClient, ProgressRelay, UpstreamState};
+use tower_toolcall_mcp::{registry_for, McpClient, ProgressRelay, UpstreamState};
 
-use crate::config::{redact_url, UpstreamConfig, UpstreamTransport};
+use crate::config::{redact_url, GatewayConfig, UpstreamConfig, UpstreamTransport};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -53,6 +55,11 @@ impl Upstream {
                 )
             })?
             .map_err(|err| format!("upstream {name}: {}", scrubbed(&config, &err.to_string())))?;
+        // A list the gateway cannot serve (empty or duplicate names, a schema that does not
+        // compile) keeps this upstream out, not the others.
+        registry_for(&name, &tools, config.trust, None).map_err(|err| {
+            format!("upstream {name} listed tools the gateway cannot serve: {err}")
+        })?;
         tracing::info!(event = "upstream_started", upstream = %name, tools = tools.len());
         // The watch holds no client: it ends with the upstream's last clone.
         let mut changed = client.tool_list_changes();
@@ -86,6 +93,78 @@ impl Upstream {
     /// Whether the upstream is connected now.
     pub(crate) fn is_up(&self) -> bool {
         self.client.state() == UpstreamState::Connected
+    }
+}
+
+/// How often an upstream that failed to start is started again: after about 1 s, doubling
+/// up to a minute.
+const DOWN_BACKOFF: Backoff = Backoff::new(
+    Duration::from_secs(1),
+    Duration::from_secs(60),
+    JitterKind::Equal,
+    0,
+);
+
+/// An upstream that failed to start: why, and its starts again in the background, which end
+/// with its last clone (the gateways that still want it). Clones share them.
+#[derive(Clone)]
+pub(crate) struct Down {
+    pub(crate) config: UpstreamConfig,
+    pub(crate) reason: Arc<str>,
+    _retrying: Arc<AbortOnDrop>,
+}
+
+/// Ends a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Down {
+    /// `config`'s upstream, which failed to start for `reason`: logged, and started again in
+    /// the background until it comes up, then sent on `came_up`.
+    pub(crate) fn retrying(
+        config: UpstreamConfig,
+        reason: String,
+        relay: ProgressRelay,
+        changes: tokio::sync::mpsc::UnboundedSender<String>,
+        came_up: tokio::sync::mpsc::UnboundedSender<Upstream>,
+    ) -> Down {
+        tracing::error!(
+            event = "upstream_down",
+            upstream = %config.name,
+            required = config.required,
+            "{reason}; the other upstreams serve, and this one is started again in the background"
+        );
+        let retried = config.clone();
+        let task = tokio::spawn(async move {
+            let mut retry = 0;
+            loop {
+                retry += 1;
+                tokio::time::sleep(DOWN_BACKOFF.random_delay(retry, None)).await;
+                match Upstream::start(retried.clone(), relay.clone(), changes.clone()).await {
+                    Ok(upstream) => {
+                        tracing::info!(event = "upstream_up", upstream = %retried.name, retry);
+                        let _ = came_up.send(upstream);
+                        return;
+                    }
+                    Err(err) => tracing::warn!(
+                        event = "upstream_still_down",
+                        upstream = %retried.name,
+                        retry,
+                        "{err}"
+                    ),
+                }
+            }
+        });
+        Down {
+            config,
+            reason: reason.into(),
+            _retrying: Arc::new(AbortOnDrop(task.abort_handle())),
+        }
     }
 }
 
@@ -190,6 +269,51 @@ fn inherited_env() -> impl Iterator<Item = (&'static str, String)> {
         let value = std::env::var(name).ok()?;
         (!value.starts_with("()")).then_some((*name, value))
     })
+}
+
+/// Each stdio upstream of `config` whose command cannot be found: a path that is no file,
+/// or a name on none of the directories of its `PATH` (its entry's `PATH`, else the
+/// gateway's), as a line naming the upstream and what to do.
+pub(crate) fn missing_commands(config: &GatewayConfig) -> Vec<String> {
+    config
+        .upstreams
+        .iter()
+        .filter_map(|upstream| {
+            let UpstreamTransport::Stdio {
+                command, env, cwd, ..
+            } = &upstream.transport
+            else {
+                return None;
+            };
+            let found = if command.contains(std::path::MAIN_SEPARATOR) || command.contains('/') {
+                let path = std::path::Path::new(command);
+                let path = match cwd {
+                    Some(cwd) if path.is_relative() => cwd.join(path),
+                    _ => path.to_path_buf(),
+                };
+                path.is_file()
+            } else {
+                let path = env
+                    .get("PATH")
+                    .cloned()
+                    .or_else(|| std::env::var("PATH").ok())
+                    .unwrap_or_default();
+                std::env::split_paths(&path).any(|dir| dir.join(command).is_file())
+            };
+            (!found).then(|| {
+                format!(
+                    "upstream {}: the command {command:?} is not found{}; install it, or give \
+                     its full path",
+                    upstream.name,
+                    if command.contains('/') {
+                        ""
+                    } else {
+                        " on PATH"
+                    }
+                )
+            })
+        })
+        .collect()
 }
 
 /// A service of tools and its per-call timeout.

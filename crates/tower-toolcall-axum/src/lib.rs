@@ -65,6 +65,7 @@
 mod admin;
 mod auth;
 pub mod authn;
+mod confirm;
 mod extract;
 mod guard;
 mod router;
@@ -72,6 +73,7 @@ mod serve;
 mod tools;
 
 pub use admin::{AdminRouter, MIN_TOKEN_BYTES};
+pub use confirm::DEFAULT_CONFIRMATION_TTL;
 pub use extract::{JsonToolCall, IDEMPOTENCY_KEY, TRACEPARENT};
 pub use guard::{Guarded, HostGuard, LOOPBACK_HOSTS};
 pub use router::{

@@ -19,6 +19,7 @@ use tower::Layer;
 use tower_service::Service;
 
 use super::admin::AdminRouter;
+use super::confirm::IssuedConfirmations;
 use super::extract::{json_content_type, JsonToolCall};
 use super::tools::tool_listing;
 use tower_toolcall::detach::detached;
@@ -78,7 +79,8 @@ type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 ///   types); others are answered `415`, so that a web page cannot send a call as a CORS
 ///   "simple request" without a preflight. Nothing else authenticates the caller: put the
 ///   router behind your own authentication, and treat a `control.confirmationId` that
-///   arrives over HTTP as only as trustworthy as the caller who sent it.
+///   arrives over HTTP as only as trustworthy as the caller who sent it, unless the router
+///   [issues the ids itself](ToolRouter::issue_confirmations).
 /// - **Disconnects.** A call, once dispatched, is [detached](tower_toolcall::detach::detached) from
 ///   its connection: a client that disconnects does not cancel it. It runs to its end
 ///   (bounded by the stack's timeouts), its idempotency record stays in flight, and a re-send
@@ -127,6 +129,7 @@ pub struct ToolRouter {
     admin: Option<Router>,
     visible: Option<Arc<VisibleFn>>,
     denied: Option<Arc<DeniedFn>>,
+    confirmations: Option<IssuedConfirmations>,
 }
 
 impl fmt::Debug for ToolRouter {
@@ -139,6 +142,7 @@ impl fmt::Debug for ToolRouter {
             .field("unavailable_retry_after", &self.unavailable_retry_after)
             .field("admin", &self.admin.is_some())
             .field("filtered", &self.visible.is_some())
+            .field("issues_confirmations", &self.confirmations.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +155,7 @@ struct ToolsState {
     unavailable_retry_after: Option<Duration>,
     visible: Option<Arc<VisibleFn>>,
     denied: Option<Arc<DeniedFn>>,
+    confirmations: Option<IssuedConfirmations>,
 }
 
 /// Whether the caller (its principal, if any) sees the tool of this namespace and name.
@@ -180,6 +185,7 @@ impl ToolRouter {
             admin: None,
             visible: None,
             denied: None,
+            confirmations: None,
         }
     }
 
@@ -255,6 +261,30 @@ impl ToolRouter {
         self
     }
 
+    /// Issues the confirmation ids itself, and believes no other: a call refused for want of
+    /// the user's confirmation (`POLICY_DENIED`, details `reason: "confirmation_required"`)
+    /// gets an id bound to that very call (its caller, tool and canonical arguments), in its
+    /// details (`confirmationId`, `expiresInMs`) and its message; the same call sent again
+    /// with `control.confirmationId` set to it within `ttl` runs, once. Any other id (made
+    /// up, issued for another call or caller, used, expired) is refused `POLICY_DENIED`
+    /// before the stack. Without this, the router passes a caller's confirmation id on as
+    /// it came (see [facing untrusted clients](ToolRouter#facing-untrusted-clients)).
+    ///
+    /// ```
+    /// use tower_toolcall_axum::{ToolRouter, DEFAULT_CONFIRMATION_TTL};
+    /// use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+    ///
+    /// let tools = tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(serde_json::json!({}))) });
+    /// let router = ToolRouter::new(ToolRegistry::open(), tools)
+    ///     .issue_confirmations(DEFAULT_CONFIRMATION_TTL);
+    /// # let _ = router;
+    /// ```
+    pub fn issue_confirmations(mut self, ttl: Duration) -> Self {
+        self.confirmations = Some(IssuedConfirmations::new(ttl));
+        self
+    }
+
     /// Nests `admin` under [`ADMIN_PATH`]. Without it, the router has no admin routes.
     pub fn admin<St: DedupeStore>(mut self, admin: AdminRouter<St>) -> Self {
         self.admin = Some(admin.into_router());
@@ -275,6 +305,7 @@ impl ToolRouter {
             unavailable_retry_after: self.unavailable_retry_after,
             visible: self.visible,
             denied: self.denied,
+            confirmations: self.confirmations,
         };
         let router = Router::new()
             .route(
@@ -320,11 +351,19 @@ async fn call_tool(State(state): State<ToolsState>, request: Request) -> Respons
     if let Some(principal) = principal {
         call.bind_principal(principal);
     }
+    if let Some(confirmations) = &state.confirmations {
+        if let Err(refused) = confirmations.redeem(&call) {
+            return ToolResult::from_outcome(&call, Err(refused)).into_response();
+        }
+    }
     // Detached: a client that disconnects does not cancel the call.
     let mut result = match detached(state.service.clone(), call.clone()).await {
         Ok(result) => result,
         Err(failure) => ToolResult::from_outcome(&call, Err(failure)),
     };
+    if let (Some(confirmations), Some(error)) = (&state.confirmations, result.error.as_mut()) {
+        confirmations.issue_for(&call, error);
+    }
     if let (Some(after), Some(error)) = (state.unavailable_retry_after, result.error.as_mut()) {
         if error.retry_after_ms.is_none() && error.code.http_status() == 503 {
             error.retry_after_ms = Some(crate::millis(after));

@@ -118,9 +118,9 @@ pub use meta::{
     CONFIRMATION_ID_META, DEFAULT_IDEMPOTENCY_KEY_MEMBERS, ERROR_META, FROM_CACHE_META,
     IDEMPOTENCY_KEY_META, RESULT_META_PREFIX,
 };
-pub use policy::{descriptor_for, registry_for, registry_for_servers, Trust};
+pub use policy::{descriptor_for, registry_for, registry_for_servers, registry_of, Trust};
 pub use progress::ProgressRelay;
-pub use server::{HandlerTool, McpServer, ToolList};
+pub use server::{Confirm, HandlerTool, McpServer, ToolList, DEFAULT_CONFIRMATION_TIMEOUT};
 /// The authenticated caller of a request (see [`McpServer`]'s who calls).
 pub use tower_toolcall::Principal;
 

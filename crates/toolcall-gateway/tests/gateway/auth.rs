@@ -260,8 +260,7 @@ async fn a_rebinding_host_or_origin_is_refused_on_every_route() {
     let envelope = json!({
         "contractVersion": "1.1", "requestId": "r-rebind", "toolNamespace": "time",
         "toolName": "get_current_time", "target": {"sessionKey": "s", "actorId": "a"},
-        "payload": {"version": "1.0", "params": {"timezone": "Europe/Paris"}},
-        "control": {"confirmationId": "made-up"}
+        "payload": {"version": "1.0", "params": {"timezone": "Europe/Paris"}}
     })
     .to_string();
     for (method, path, body) in [

@@ -13,6 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
 mod auth;
+mod host;
 
 const GATEWAY: &str = env!("CARGO_BIN_EXE_toolcall-gateway");
 
@@ -478,12 +479,13 @@ async fn a_hosts_servers_file_is_fronted_untrusted_and_every_call_audited() {
         }
         envelope
     };
-    // Untrusted: its annotations say read-only, but only the user's confirmation lets it run.
+    // Untrusted, marked read-only: it runs without a confirmation, and a made-up one is
+    // refused.
     let (status, body) = gateway.call(&now(None)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = gateway.call(&now(Some("approved-1"))).await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("POLICY_DENIED"), "{body}");
-    let (status, body) = gateway.call(&now(Some("approved-1"))).await;
-    assert_eq!(status, 200, "{body}");
 
     // SIGTERM writes the audit out.
     let audited = audited(gateway, &audit).await;

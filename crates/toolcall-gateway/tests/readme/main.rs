@@ -79,7 +79,7 @@ fn the_first_screens_curl_block_gets_what_it_claims() {
     let statuses: Vec<u16> = answers.iter().map(|(_, status)| *status).collect();
     assert_eq!(
         statuses,
-        [200, 200, 200, 200, 200, 409, 200, 503, 200, 200],
+        [403, 200, 200, 200, 200, 200, 409, 200, 503, 200, 200],
         "{text}"
     );
     let body = |i: usize| -> serde_json::Value {
@@ -87,20 +87,23 @@ fn the_first_screens_curl_block_gets_what_it_claims() {
         let json = &answer[answer.find('{').unwrap()..];
         serde_json::from_str(json).unwrap()
     };
-    // The same Idempotency-Key twice: the second from the cache.
-    assert_eq!(body(0)["fromCache"], false);
-    assert_eq!(body(1)["fromCache"], true);
-    assert_eq!(body(1)["output"], body(0)["output"]);
+    // Unconfirmed: refused with an id for this very call.
+    assert_eq!(body(0)["error"]["code"], "POLICY_DENIED");
+    assert!(body(0)["error"]["details"]["confirmationId"].is_string());
+    // Confirmed, then the same Idempotency-Key again: the second from the cache.
+    assert_eq!(body(1)["fromCache"], false);
+    assert_eq!(body(2)["fromCache"], true);
+    assert_eq!(body(2)["output"], body(1)["output"]);
     // The 4th identical search is stopped.
-    assert_eq!(body(5)["error"]["code"], "LOOP_DETECTED");
+    assert_eq!(body(6)["error"]["code"], "LOOP_DETECTED");
     // Forced open: 503 CIRCUIT_OPEN with a Retry-After header; after the reset it runs.
-    let forced = &answers[7].0;
+    let forced = &answers[8].0;
     assert!(
         forced.to_ascii_lowercase().contains("\nretry-after: "),
         "{forced}"
     );
-    assert_eq!(body(7)["error"]["code"], "CIRCUIT_OPEN");
-    assert_eq!(body(9)["status"], "success");
+    assert_eq!(body(8)["error"]["code"], "CIRCUIT_OPEN");
+    assert_eq!(body(10)["status"], "success");
     // The metrics line names the breaker's state.
     let rest = &text[text.rfind(" -> ").unwrap()..];
     assert!(

@@ -142,7 +142,7 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        Ok(self.serve_call(request, context).await.into())
+        Ok(self.serve_call(request, context).await)
     }
 
     fn list_tools(

@@ -1,7 +1,11 @@
 //! The server side: an `rmcp` server whose every `tools/call` goes through a stack.
 
+mod confirm;
 mod handler;
 mod tool_list;
+
+pub use confirm::{Confirm, DEFAULT_CONFIRMATION_TIMEOUT};
+use confirm::{Confirmations, Confirmed};
 
 use tool_list::Route;
 pub use tool_list::ToolList;
@@ -13,7 +17,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
-use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, ContentBlock};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::Value;
@@ -145,6 +149,8 @@ pub struct McpServer<H> {
     /// Whether this connection began with `initialize`: a session the server issued (over
     /// streamable HTTP, a 2025-11-25 session; a stateless request never initializes).
     initialized: Arc<AtomicBool>,
+    /// The confirmations asked of the users, shared by the connections.
+    confirmations: Confirmations,
 }
 
 impl<H: ServerHandler> McpServer<H> {
@@ -237,6 +243,7 @@ impl<H> McpServer<H> {
             relay: None,
             stoppable: Stoppable::default(),
             initialized: Arc::default(),
+            confirmations: Confirmations::default(),
         }
     }
 
@@ -271,7 +278,16 @@ impl<H> McpServer<H> {
             relay: self.relay.clone(),
             stoppable: self.stoppable.clone(),
             initialized: Arc::default(),
+            confirmations: self.confirmations.clone(),
         }
+    }
+
+    /// How long a user has to answer a confirmation asked through elicitation (see
+    /// [`Confirm::Elicit`]); [`DEFAULT_CONFIRMATION_TIMEOUT`] unless set. A call not confirmed
+    /// in time is refused.
+    pub fn confirmation_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.confirmations.timeout = timeout;
+        self
     }
 
     /// Sends the progress that the service's [`McpClient`](crate::McpClient) relays (see
@@ -391,7 +407,7 @@ impl<H> McpServer<H> {
         &self,
         mut request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         // The arguments move into the call; each attempt sends the call's params.
         let arguments = request.arguments.take().unwrap_or_default();
         // Who calls: looked up once per call. A tool the caller may not see is refused as
@@ -399,7 +415,7 @@ impl<H> McpServer<H> {
         let principal = self.identity.principal(&context);
         if let Some(routes) = &self.routes {
             if !routes.admits(principal.as_ref(), &request.name) {
-                return result_of(Err(in_mcp_words(not_yours(&request.name))));
+                return result_of(Err(in_mcp_words(not_yours(&request.name)))).into();
             }
         }
         // Where the listed tool is called: looked up once per call.
@@ -407,8 +423,21 @@ impl<H> McpServer<H> {
         let call = self.tool_call(&request, route.as_ref(), arguments, principal, &context);
         let mut call = match call {
             Ok(call) => call,
-            Err(err) => return result_of(Err(in_mcp_words(err))),
+            Err(err) => return result_of(Err(in_mcp_words(err))).into(),
         };
+        // A tool that needs the user's confirmation gets it from the user or the host, never
+        // from what the client says.
+        if let Some(mode) = route.as_ref().and_then(|route| route.confirm) {
+            let confirmed = self
+                .confirmations
+                .confirm(mode, &call, &request, &context)
+                .await;
+            match confirmed {
+                Confirmed::Yes(id) => call.envelope_mut().control.confirmation_id = Some(id),
+                Confirmed::Ask(asking) => return asking.into(),
+                Confirmed::No(err) => return result_of(Err(in_mcp_words(err))).into(),
+            }
+        }
         let progress_token = self
             .progress
             .get()
@@ -469,7 +498,7 @@ impl<H> McpServer<H> {
             }
         })
         .await;
-        match outcome {
+        let result = match outcome {
             // The tool's own answer keeps its content blocks as they were.
             Ok(output) if !output.record().from_cache => {
                 let kept = blocks.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -480,7 +509,8 @@ impl<H> McpServer<H> {
             }
             Ok(output) => result_of(Ok(output)),
             Err(err) => result_of(Err(in_mcp_words(err))),
-        }
+        };
+        result.into()
     }
 
     /// The request id of the call for the JSON-RPC request `id`: unique, as the connection's

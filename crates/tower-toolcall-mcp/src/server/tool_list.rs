@@ -14,6 +14,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::Principal;
 
+use super::Confirm;
+
 /// The tools of an [`McpServer::over`](crate::McpServer::over) a `Service<ToolCall>`, and the
 /// server's info: answers `tools/list` (in the shape of the protocol version each client
 /// negotiated) and `initialize`; the calls go through the server's stack to the service.
@@ -81,6 +83,8 @@ pub(crate) struct Route {
     pub(crate) namespace: Arc<str>,
     pub(crate) name: String,
     pub(crate) stops_when_cancelled: bool,
+    /// How a call gets the user's confirmation, for a tool that needs one.
+    pub(crate) confirm: Option<Confirm>,
 }
 
 impl ToolList {
@@ -138,6 +142,7 @@ impl ToolList {
                 namespace: Arc::from(namespace.as_ref()),
                 name: name.as_ref().to_owned(),
                 stops_when_cancelled: false,
+                confirm: None,
             };
             if routes.insert(tool.name.to_string(), route).is_some() {
                 return Err(format!("the tool name {} is listed twice", tool.name));
@@ -164,6 +169,48 @@ impl ToolList {
                 route.stops_when_cancelled = registry
                     .get(&route.namespace, &route.name)
                     .is_some_and(|tool| tool.descriptor().repeat_is_safe());
+            }
+            listed.routes = Arc::new(routes);
+        }
+        self
+    }
+
+    /// Confirms each call of a [routed](ToolList::routed) tool that `registry` says needs the
+    /// user's confirmation (a mutating tool with `confirmation_required`) as `confirm` says
+    /// for its namespace and name (see [`Confirm`]); without it, such a call needs a
+    /// `_meta.confirmationId`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rmcp::model::Tool;
+    /// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+    /// use tower_toolcall_mcp::{Confirm, ToolList};
+    ///
+    /// let send = Tool::new("send", "Sends a mail", Arc::new(serde_json::Map::new()));
+    /// let registry = ToolRegistry::builder()
+    ///     .tool(ToolDescriptor::new("mail", "send", RiskLevel::Writes).with_confirmation_required(true))
+    ///     .build()?;
+    /// let list = ToolList::routed([(send, "mail", "send")])
+    ///     .unwrap()
+    ///     .confirm_by(&registry, |_namespace, _name| Confirm::Elicit);
+    /// # let _ = list;
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn confirm_by<F>(self, registry: &ToolRegistry, confirm: F) -> Self
+    where
+        F: Fn(&str, &str) -> Confirm,
+    {
+        {
+            let mut listed = self.write();
+            let mut routes = (*listed.routes).clone();
+            for route in routes.values_mut() {
+                let needed = registry
+                    .get(&route.namespace, &route.name)
+                    .is_some_and(|tool| {
+                        let descriptor = tool.descriptor();
+                        descriptor.confirmation_required && descriptor.risk.is_mutating()
+                    });
+                route.confirm = needed.then(|| confirm(&route.namespace, &route.name));
             }
             listed.routes = Arc::new(routes);
         }

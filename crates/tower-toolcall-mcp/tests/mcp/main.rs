@@ -265,15 +265,30 @@ fn the_annotations_become_the_policy() {
     let search = trusted.get("notes", "search").unwrap();
     assert!(search.has_input_schema() && search.has_output_schema());
 
-    // An untrusted server's annotations cannot relax anything.
+    // An untrusted server's annotations relax nothing: its writes are confirmed, never
+    // retried after they may have acted; its read runs at once but is never answered from
+    // an earlier call (its re-send window is 0) and is retried only as a write is.
     let untrusted = registry_for("notes", &tools, Trust::Untrusted, None).unwrap();
-    for name in ["search", "put", "delete"] {
+    for name in ["put", "delete"] {
         assert_eq!(
             policy(&untrusted, name),
             (RiskLevel::Commands, false, true),
             "{name}"
         );
     }
+    assert_eq!(
+        policy(&untrusted, "search"),
+        (RiskLevel::Writes, false, false)
+    );
+    let search = untrusted.get("notes", "search").unwrap().descriptor();
+    assert!(!search.repeat_is_safe());
+    let tower_toolcall::registry::LayerSetting::On(idempotency) = &search.policy.idempotency else {
+        panic!(
+            "an untrusted read has a policy of its own: {:?}",
+            search.policy
+        );
+    };
+    assert_eq!(idempotency.resend_window_ms, Some(0));
 
     // No annotations: MCP's defaults (destructive, not idempotent).
     let bare = rmcp::model::Tool::new("x", "", Arc::new(serde_json::Map::new()));

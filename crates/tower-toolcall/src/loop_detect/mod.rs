@@ -42,8 +42,9 @@
 //!
 //! - **`break`** (default): the tool is not called, and the call fails with
 //!   `LOOP_DETECTED`: "Tool call loop detected: 'search' invoked with identical params 4
-//!   times within 120s. Session stopped to prevent unintended looping." followed by a hint to
-//!   change inputs or strategy. The agent runtime should end the model's turn on it.
+//!   times within 120s. This call was not executed, and neither is any repeat of it within
+//!   120s; other calls still run." followed by a hint to change inputs or strategy. The agent
+//!   runtime should end the model's turn on it.
 //! - **`chance_then_break`** (`chance`): the first detection is a tool failure with the same
 //!   code, `LOOP_DETECTED`, whose details say `"action": "chance"` and whose message tells the
 //!   model that the call was not executed and to reflect and change its approach. If the

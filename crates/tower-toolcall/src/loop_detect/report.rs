@@ -38,11 +38,15 @@ pub(super) fn loop_error(call: &ToolCall, detection: &Detection, limits: &Limits
     let tool = call.tool_name();
     let (outcome, advice) = match detection.action {
         Action::Break => (
-            "Session stopped to prevent unintended looping.",
-            "Hint: change the inputs or the strategy instead of repeating the same call.",
+            Cow::Owned(format!(
+                "This call was not executed, and neither is any repeat of it within {window}s; \
+                 other calls still run."
+            )),
+            "Hint: change the inputs or the strategy instead of repeating the same call, or ask \
+             the user.",
         ),
         Action::Chance => (
-            "This call was not executed.",
+            Cow::Borrowed("This call was not executed."),
             "Stop and reflect on why the repeated calls did not bring you closer to the goal, \
              then change your approach: other inputs, another tool, or ask the user. Repeating \
              this exact call stops the session.",

@@ -63,6 +63,9 @@ struct Run<S> {
     attempt: u32,
     /// Attempts that ran the tool (a layer below may refuse one).
     executed: u32,
+    /// Whether an attempt may have reached the tool: one whose failure does not say the
+    /// request went unprocessed.
+    reached: bool,
     attempt_started: Option<Instant>,
     /// Resolved at the first failure or wait of the first attempt, so that an attempt that
     /// succeeds at once reads no clock.
@@ -118,6 +121,7 @@ impl<S, F> ResponseFuture<S, F> {
                     tool,
                     attempt: 1,
                     executed: 0,
+                    reached: false,
                     attempt_started: None,
                     limits,
                     deadline: None,
@@ -269,6 +273,7 @@ impl<S> Run<S> {
         let limits = self.limits.expect("limits are resolved before giving up");
         let history = History {
             attempts: self.executed,
+            reached: self.reached,
             retried_by: std::mem::take(&mut self.retried_by),
             cut_short,
         };
@@ -285,6 +290,7 @@ impl<S> Run<S> {
         if !error.is_rejected() {
             self.executed += 1;
         }
+        self.reached |= !error.is_not_processed();
         let tool = self.tool.clone();
         let (classification, mut error) = tool.classifier.classify_error(error, &tool.profile);
         if classification.verdict() != Verdict::Retriable {
@@ -352,6 +358,7 @@ impl<S> Run<S> {
         let why = limits.reached(now).unwrap_or(GiveUp::RetryDeadline);
         let last = if attempt_running {
             self.executed += 1;
+            self.reached = true;
             let started = self.attempt_started.unwrap_or(now);
             ToolError::timeout(now.saturating_duration_since(started))
         } else {

@@ -230,6 +230,8 @@ impl GiveUp {
 pub(super) struct History {
     /// Attempts that ran the tool.
     pub(super) attempts: u32,
+    /// Whether an attempt may have reached the tool.
+    pub(super) reached: bool,
     pub(super) retried_by: Vec<RetryRecord>,
     /// An attempt was still running when the deadline ended the call.
     pub(super) cut_short: bool,
@@ -239,6 +241,12 @@ pub(super) struct History {
 /// deadline ended it. It carries the last error's code and message in its message and
 /// details, the last error as its source, and the last error's record with the attempts and
 /// retries filled in.
+///
+/// When no attempt reached the tool (each failure said the request went unprocessed) and
+/// the last failure is retriable and says when to come back (a dependency that is
+/// restarting, a throttle), the call keeps the last failure's code and retry hint
+/// (`UPSTREAM_UNAVAILABLE`, retriable, `retryAfterMs`): nothing ran, and the caller may send
+/// the call again then. A retry hint is only ever given beside a retriable error.
 pub(super) fn give_up(
     why: GiveUp,
     last: ToolError,
@@ -299,10 +307,19 @@ pub(super) fn give_up(
         "attempts": n,
         "lastError": Value::Object(last_error),
     });
+    let away = !history.reached
+        && last.is_retriable()
+        && last.retry_after().is_some()
+        && why != GiveUp::CallDeadline;
+    let (code, message) = if away {
+        (last.code(), format!("{tool} never ran: {}", last.message()))
+    } else {
+        (code, message)
+    };
     let mut error = ToolError::new(code, message)
-        .not_processed(n == 0)
+        .not_processed(n == 0 || away)
         .with_details(details);
-    if let Some(after) = last.retry_after() {
+    if let Some(after) = last.retry_after().filter(|_| error.is_retriable()) {
         error = error.with_retry_after(after);
     }
     let mut record = last.record().clone();

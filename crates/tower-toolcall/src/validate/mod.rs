@@ -9,7 +9,9 @@
 //! 2. a denied tool (`denied` in the registry) → `POLICY_DENIED`;
 //! 3. a tool the registry does not know, when it is closed → `NOT_FOUND`;
 //! 4. a `writes` or `commands` tool whose descriptor requires confirmation, called without
-//!    `control.confirmationId` → `POLICY_DENIED`;
+//!    `control.confirmationId` → `POLICY_DENIED`, whose details are
+//!    `{"reason": "confirmation_required"}` ([`CONFIRMATION_REQUIRED`]: an edge that issues
+//!    confirmation ids knows its refusal by it);
 //! 5. params nested deeper than the canonical depth limit → `VALIDATION_ERROR`, or larger than
 //!    the size limit (1 MiB of canonical JSON by default) → `PAYLOAD_TOO_LARGE`;
 //! 6. params that fail the tool's input JSON Schema → `VALIDATION_ERROR` listing the failing
@@ -54,3 +56,7 @@ mod service;
 pub use future::ResponseFuture;
 pub use layer::{EnvelopeValidateLayer, EnvelopeValidateLayerBuilder, DEFAULT_MAX_PARAMS_BYTES};
 pub use service::EnvelopeValidate;
+
+/// The `reason` in the details of the refusal of a call that needs the user's confirmation
+/// and carries no `control.confirmationId`.
+pub const CONFIRMATION_REQUIRED: &str = "confirmation_required";

@@ -4,6 +4,7 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
+use super::CONFIRMATION_REQUIRED;
 use crate::canonical::{self, CanonicalOptions};
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
@@ -73,7 +74,8 @@ impl Validator {
                          and send its id as `control.confirmationId`",
                         descriptor.risk.as_str()
                     ),
-                ));
+                )
+                .with_details(serde_json::json!({ "reason": CONFIRMATION_REQUIRED })));
             }
         }
         if policy.validate.is_off() {

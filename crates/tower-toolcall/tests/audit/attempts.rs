@@ -32,7 +32,8 @@ fn answer() -> impl Strategy<Value = Answer> {
 }
 
 /// One call of the script: the answers of its attempts, and whether it is sent twice (the
-/// second time under the same key: answered from the record).
+/// second time under the same key: answered from the record, unless no attempt of the first
+/// reached the tool).
 type Script = Vec<(Vec<Answer>, bool)>;
 
 async fn play(script: &Script) -> (Vec<Value>, BTreeMap<String, u64>) {
@@ -138,11 +139,12 @@ proptest! {
             match kind {
                 "step.started" => {
                     prop_assert!(open.is_none(), "{run}: a start inside an attempt");
-                    let n = started.entry(run.clone()).or_default();
-                    *n += 1;
-                    prop_assert_eq!(e["attempt"].as_u64(), Some(*n));
-                    *open = Some(*n);
+                    *started.entry(run.clone()).or_default() += 1;
+                    // Numbered within its send: a send after one that never reached the
+                    // tool (every attempt unavailable) runs again, from attempt 1.
                     *attempts += 1;
+                    prop_assert_eq!(e["attempt"].as_u64(), Some(*attempts));
+                    *open = Some(*attempts);
                 }
                 "step.finished" | "step.failed" => {
                     prop_assert_eq!(open.take(), e["attempt"].as_u64(), "{} ends what started", run);

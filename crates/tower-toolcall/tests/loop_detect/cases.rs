@@ -31,8 +31,9 @@ use tower_toolcall::{
 const NS: &str = "agents.tools.web";
 
 const BREAK_MESSAGE: &str = "Tool call loop detected: 'search' invoked with identical params 4 \
-     times within 120s. Session stopped to prevent unintended looping. Hint: change the inputs \
-     or the strategy instead of repeating the same call.";
+     times within 120s. This call was not executed, and neither is any repeat of it within \
+     120s; other calls still run. Hint: change the inputs or the strategy instead of repeating \
+     the same call, or ask the user.";
 
 fn call_in(session: &str, tool: &str, params: Value) -> ToolCall {
     ToolCall::builder(NS, tool)
@@ -207,7 +208,9 @@ async fn chance_then_break_breaks_when_the_call_repeats(store: Store) {
             "windowSecs": 120
         }))
     );
-    assert!(broken.message().contains("Session stopped"));
+    assert!(broken
+        .message()
+        .contains("neither is any repeat of it within 120s"));
     assert_eq!(counter.get(), 3);
 }
 
@@ -449,9 +452,9 @@ async fn cycles_of_two_and_three_calls_are_loops(store: Store) {
     assert_eq!(
         errors[0].message(),
         "Tool call loop detected: 'search' invoked with identical params 3 times within 120s. \
-         Session stopped to prevent unintended looping. The last 6 calls repeat a cycle of 2 \
-         calls 3 times. Hint: change the inputs or the strategy instead of repeating the same \
-         call."
+         This call was not executed, and neither is any repeat of it within 120s; other calls \
+         still run. The last 6 calls repeat a cycle of 2 calls 3 times. Hint: change the \
+         inputs or the strategy instead of repeating the same call, or ask the user."
     );
 
     let (marks, errors) = pattern(&mut svc, "abc", "ABCABCABC").await;

@@ -458,9 +458,76 @@ async fn a_retry_after_beyond_the_deadline_is_not_waited_for() {
 
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert_eq!(tool.calls(), 1);
-    assert_eq!(err.code(), ErrorCode::RetryExhausted);
+    // Nothing ran: the throttle's own code, retriable, with its time to come back.
+    assert_eq!(err.code(), ErrorCode::RateLimited);
+    assert!(err.is_retriable() && err.is_not_processed());
     assert_eq!(err.details().unwrap()["reason"], "retry_deadline");
     assert_eq!(err.retry_after(), Some(Duration::from_secs(60)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dependency_restarting_through_every_attempt_is_unavailable_and_retriable() {
+    let registry = registry_of([create_file()]);
+    let restarting = ToolError::new(
+        ErrorCode::UpstreamUnavailable,
+        "the MCP server vault is restarting; the call did not run; call again in 100 ms",
+    )
+    .not_processed(true)
+    .with_retry_after(Duration::from_millis(100));
+    let tool = ScriptedTool::always(Step::Fail(restarting));
+    let mut svc = RetryLayer::builder(registry)
+        .seed(5)
+        .build()
+        .unwrap()
+        .layer(tool.service());
+
+    let err = call_once(&mut svc, call_of(VAULT, "createFile"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(tool.calls(), 4);
+    assert_eq!(err.code(), ErrorCode::UpstreamUnavailable);
+    assert!(err.is_retriable() && err.is_not_processed(), "{err:?}");
+    assert_eq!(err.retry_after(), Some(Duration::from_millis(100)));
+    assert!(
+        err.message().starts_with("createFile never ran: "),
+        "{}",
+        err.message()
+    );
+    assert_eq!(err.details().unwrap()["attempts"], 4);
+    let result = ToolResult::from_outcome(&call_of(VAULT, "createFile"), Err(err));
+    let error = result.error.unwrap();
+    assert!(error.retriable && !error.terminal);
+    assert_eq!(error.retry_after_ms, Some(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_terminal_answer_never_carries_a_retry_hint() {
+    // The tool ran (a 500 after it acted), then the dependency asked for time: exhausted,
+    // terminal, and no hint beside it.
+    let registry = registry_of([search()]);
+    let throttled =
+        ToolError::from_http_status(429, "slow down").with_retry_after(Duration::from_millis(10));
+    let tool = ScriptedTool::new([
+        Step::Fail(ToolError::from_http_status(500, "oops")),
+        Step::Fail(throttled.clone()),
+        Step::Fail(throttled.clone()),
+        Step::Fail(throttled),
+    ]);
+    let mut svc = RetryLayer::builder(registry)
+        .seed(5)
+        .build()
+        .unwrap()
+        .layer(tool.service());
+
+    let err = call_once(&mut svc, call_of(WEB, "search"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(tool.calls(), 4);
+    assert_eq!(err.code(), ErrorCode::RetryExhausted);
+    assert!(!err.is_retriable());
+    assert_eq!(err.retry_after(), None);
 }
 
 #[tokio::test(start_paused = true)]

@@ -14,6 +14,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
+    ElicitRequestSchema,
     LATEST_PROTOCOL_VERSION,
     McpError,
     ToolListChangedNotificationSchema
@@ -23,6 +24,7 @@ const SDK = 'typescript';
 const HANDSHAKE_VERSION = '2025-11-25';
 const STATELESS_VERSION = '2026-07-28';
 const OPS = ['listTools', 'call', 'reconnect', 'sleepMs', 'listenToolListChanged', 'awaitToolListChanged'];
+const ELICITATION_ANSWERS = ['accept', 'decline', 'cancel'];
 
 // Node resolves the SDK imported above from ../node_modules, where setup.sh installs it.
 const SDK_VERSION = JSON.parse(
@@ -64,6 +66,9 @@ function readPlan(text) {
     if (typeof plan.protocolVersion !== 'string') throw new PlanError('plan.protocolVersion must be a string');
     if (plan.clientName !== undefined && typeof plan.clientName !== 'string') {
         throw new PlanError('plan.clientName must be a string');
+    }
+    if (plan.elicitation !== undefined && !ELICITATION_ANSWERS.includes(plan.elicitation)) {
+        throw new PlanError(`plan.elicitation must be one of ${ELICITATION_ANSWERS.join(', ')}`);
     }
     if (!Array.isArray(plan.steps)) throw new PlanError('plan.steps must be an array');
     plan.steps.forEach((step, i) => {
@@ -122,6 +127,8 @@ class Driver {
         // notifications/tools/list_changed received on this connection, and who waits for one.
         this.listChanged = 0;
         this.listChangedWaiters = [];
+        // The messages of the elicitation requests the server sent, in order.
+        this.elicited = [];
     }
 
     makeTransport() {
@@ -146,10 +153,18 @@ class Driver {
             seen = version;
             own?.(version);
         };
+        // With plan.elicitation the client declares the capability and answers so.
+        const elicitation = this.plan.elicitation;
         const client = new Client(
             { name: this.plan.clientName ?? 'interop-typescript', version: SDK_VERSION },
-            { capabilities: {} }
+            { capabilities: elicitation ? { elicitation: { form: {} } } : {} }
         );
+        if (elicitation) {
+            client.setRequestHandler(ElicitRequestSchema, request => {
+                this.elicited.push(request.params.message);
+                return elicitation === 'accept' ? { action: 'accept', content: {} } : { action: elicitation };
+            });
+        }
         client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
             this.listChanged += 1;
             for (const wake of this.listChangedWaiters.splice(0)) wake();
@@ -262,7 +277,7 @@ class Driver {
         } finally {
             await this.disconnect();
         }
-        return { sdk: SDK, sdkVersion: SDK_VERSION, negotiatedProtocolVersion: this.negotiated, steps };
+        return { sdk: SDK, sdkVersion: SDK_VERSION, negotiatedProtocolVersion: this.negotiated, steps, elicited: this.elicited };
     }
 }
 

@@ -25,12 +25,13 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import Implementation, ToolListChangedNotification
+from mcp_types import ElicitResult, Implementation, ToolListChangedNotification
 
 SDK = "python"
 HANDSHAKE_VERSION = "2025-11-25"
 STATELESS_VERSION = "2026-07-28"
 OPS = ("listTools", "call", "reconnect", "sleepMs", "listenToolListChanged", "awaitToolListChanged")
+ELICITATION_ANSWERS = ("accept", "decline", "cancel")
 
 
 class PlanError(Exception):
@@ -72,6 +73,8 @@ def read_plan(text: str) -> dict[str, Any]:
         raise PlanError("plan.protocolVersion must be a string")
     if "clientName" in plan and not isinstance(plan["clientName"], str):
         raise PlanError("plan.clientName must be a string")
+    if plan.get("elicitation", "accept") not in ELICITATION_ANSWERS:
+        raise PlanError(f"plan.elicitation must be one of {', '.join(ELICITATION_ANSWERS)}")
     steps = plan.get("steps")
     if not isinstance(steps, list):
         raise PlanError("plan.steps must be an array")
@@ -138,6 +141,16 @@ class Driver:
         # The task group of the run, and the scope of an open subscriptions/listen stream.
         self.tasks: anyio.abc.TaskGroup | None = None
         self.listening: anyio.CancelScope | None = None
+        # The messages of the elicitation requests the server sent, in order.
+        self.elicited: list[str] = []
+
+    async def on_elicit(self, context: Any, params: Any) -> ElicitResult:
+        """Answers every elicitation request as plan.elicitation says."""
+        self.elicited.append(params.message)
+        action = self.plan["elicitation"]
+        if action == "accept":
+            return ElicitResult(action="accept", content={})
+        return ElicitResult(action=action)
 
     def note_list_changed(self) -> None:
         self.list_changed += 1
@@ -175,6 +188,8 @@ class Driver:
             # Every listTools step reaches the server: no client-side response cache.
             cache=None,
             message_handler=self.on_message,
+            # With plan.elicitation the client declares the capability and answers so.
+            elicitation_callback=self.on_elicit if "elicitation" in self.plan else None,
         )
 
     async def connect(self) -> dict[str, Any]:
@@ -310,7 +325,13 @@ class Driver:
                     steps.append(await self.step(step))
             finally:
                 await self.disconnect()
-        return {"sdk": SDK, "sdkVersion": sdk_version(), "negotiatedProtocolVersion": self.negotiated, "steps": steps}
+        return {
+            "sdk": SDK,
+            "sdkVersion": sdk_version(),
+            "negotiatedProtocolVersion": self.negotiated,
+            "steps": steps,
+            "elicited": self.elicited,
+        }
 
 
 def main() -> int:

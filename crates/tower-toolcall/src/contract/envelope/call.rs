@@ -794,6 +794,38 @@ impl ToolCall {
         &self.inner.envelope.payload.params
     }
 
+    /// A digest of who calls which tool with which arguments: the tenant, the actor, the
+    /// tool's namespace and name, and the canonical params (under the default
+    /// [`CanonicalOptions`](crate::canonical::CanonicalOptions)). A re-send of the call under
+    /// another request id has the same; another caller, tool or arguments never do. What an
+    /// approval given for "this very call" (a user's confirmation) is bound to.
+    ///
+    /// ```
+    /// use tower_toolcall::ToolCall;
+    /// let call = |actor: &str, n: u32| {
+    ///     ToolCall::builder("mail", "send").session("s").actor(actor)
+    ///         .params(serde_json::json!({"to": "bob", "n": n})).build().unwrap()
+    /// };
+    /// assert_eq!(call("ada", 1).call_digest()?, call("ada", 1).call_digest()?);
+    /// assert_ne!(call("ada", 1).call_digest()?, call("eve", 1).call_digest()?);
+    /// assert_ne!(call("ada", 1).call_digest()?, call("ada", 2).call_digest()?);
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn call_digest(&self) -> Result<String, crate::ToolError> {
+        let params = self
+            .params()
+            .canonical(&crate::canonical::CanonicalOptions::default())?;
+        // A JSON array keeps the parts apart whatever they hold.
+        let parts = serde_json::json!([
+            self.tenant_id(),
+            self.actor_id(),
+            self.tool_namespace(),
+            self.tool_name(),
+            &*params,
+        ]);
+        Ok(crate::canonical::params_digest(&parts.to_string()))
+    }
+
     /// `payload.idempotencyKey`.
     pub fn idempotency_key(&self) -> Option<&str> {
         self.inner.envelope.payload.idempotency_key.as_deref()
