@@ -105,12 +105,11 @@ const DOWN_BACKOFF: Backoff = Backoff::new(
     0,
 );
 
-/// An upstream that failed to start: why, and its starts again in the background, which end
-/// with its last clone (the gateways that still want it). Clones share them.
+/// An upstream that failed to start, and its starts again in the background, which end with
+/// its last clone (the gateways that still want it). Clones share them.
 #[derive(Clone)]
 pub(crate) struct Down {
     pub(crate) config: UpstreamConfig,
-    pub(crate) reason: Arc<str>,
     _retrying: Arc<AbortOnDrop>,
 }
 
@@ -162,7 +161,6 @@ impl Down {
         });
         Down {
             config,
-            reason: reason.into(),
             _retrying: Arc::new(AbortOnDrop(task.abort_handle())),
         }
     }
