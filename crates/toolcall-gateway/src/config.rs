@@ -526,6 +526,14 @@ fn check_name(name: &str) -> Result<(), String> {
             "{name:?} has the character {c:?}; use only a-z, 0-9, _ and -"
         ));
     }
+    // The listed names are `<upstream>__<tool>`: an upstream `a__b` (or `a_`) and one named
+    // `a` would list the same name for two tools.
+    if name.contains("__") || name.ends_with('_') {
+        return Err(format!(
+            "{name:?} holds \"__\" or ends with \"_\", which would make its tools' listed \
+             names (<upstream>__<tool>) those of another upstream's; use single _ or -"
+        ));
+    }
     Ok(())
 }
 
@@ -1809,6 +1817,7 @@ mod tests {
             "{problem}"
         );
         assert!(is_upstream_name("a_b-9") && !is_upstream_name("") && !is_upstream_name("a.b"));
+        assert!(!is_upstream_name("up__b") && !is_upstream_name("up_"));
         assert_eq!(key_path("", "a"), "a");
         assert_eq!(key_path("env", "a.b"), "env.\"a.b\"");
     }

@@ -4,18 +4,20 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::task::{Context, Poll};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig, Tool};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt as _};
 use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
 use tower_toolcall::loop_detect::InMemoryLoopStore;
-use tower_toolcall::registry::ToolRegistry;
+
+use tower_toolcall::registry::{LayerSetting, RetryOverrides, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_axum::AdminRouter;
@@ -25,7 +27,7 @@ use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore
 use crate::auth::{Access, AuthConfig, DenialAudit};
 use crate::config::{GatewayConfig, RedisStore};
 use crate::demo;
-use crate::naming::listed_names;
+use crate::naming::NameBook;
 use crate::upstreams::{Down, Router, Upstream};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -33,16 +35,14 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The stack around every upstream's tools.
 pub(crate) type Tools = BoxCloneSyncService<ToolCall, ToolOutput, ToolError>;
 
-/// The per-call timeout of the demo tools.
-const DEMO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// The namespace of names the gateway does not list (the stack refuses them as unknown).
 const GATEWAY_NAMESPACE: &str = "gateway";
 
 /// What outlives a reload of the configuration: the metrics recorder (one per process), the
 /// audit log (one writer for its files), the in-memory stores, so that a call sent again
-/// after a reload still finds its record and a loop its session, and the MCP front with its
-/// clients' sessions, told when the tools change.
+/// after a reload still finds its record, a loop its session and a quota its count, the
+/// listed names given so far, and the MCP front with its clients' sessions, told when the
+/// tools change.
 #[derive(Clone)]
 pub(crate) struct Lasting {
     pub(crate) prometheus: PrometheusHandle,
@@ -61,6 +61,8 @@ pub(crate) struct Lasting {
     changes: mpsc::UnboundedSender<String>,
     /// The upstreams that came up after failing to start.
     came_up: mpsc::UnboundedSender<Upstream>,
+    /// The listed names given so far, kept for the gateway's life.
+    names: Arc<Mutex<NameBook>>,
 }
 
 /// Where a gateway's changes arrive: the names of the upstreams whose tools may have
@@ -110,6 +112,7 @@ impl Lasting {
             relay,
             changes,
             came_up,
+            names: Arc::default(),
         };
         Ok((
             lasting,
@@ -246,12 +249,7 @@ impl Gateway {
             let registry = demo::registry()?;
             let routes = registry
                 .tools()
-                .map(|t| {
-                    (
-                        t.descriptor().namespace.clone(),
-                        (demo::service(), DEMO_TIMEOUT),
-                    )
-                })
+                .map(|t| (t.descriptor().namespace.clone(), demo::service()))
                 .collect();
             let listed = demo::mcp_tools(&registry);
             (registry, Router::new(routes), listed)
@@ -299,7 +297,7 @@ impl Gateway {
                 assemble(stack, router, admin_token, audit)?
             }
         };
-        let (listed, names) = tool_list(listed)?;
+        let (listed, names) = tool_list(listed, &lasting.names)?;
         let confirm = |namespace: &str, name: &str| {
             config
                 .servers
@@ -362,21 +360,50 @@ fn registry(upstreams: &[Upstream], config: &GatewayConfig) -> Result<ToolRegist
         let server = config.servers.get(&u.config.name);
         u.tools.iter().map(move |tool| {
             let descriptor = descriptor_for(&u.config.name, tool, u.config.trust);
-            match server {
+            let descriptor = match server {
                 Some(server) => server.apply(descriptor),
                 None => descriptor,
-            }
+            };
+            with_upstream_timeout(descriptor, u.config.timeout)
         })
     });
     Ok(registry_of(descriptors, config.policy.as_ref())?)
 }
 
+/// `descriptor` with its upstream's per-call `timeout` as the time of one attempt, unless its
+/// policy sets one: the stack's timeout layer is the one timeout of a call. The retry
+/// layer's deadline over all attempts (30 s unless set) grows to the attempt's time, so that
+/// a longer timeout takes effect.
+fn with_upstream_timeout(descriptor: ToolDescriptor, timeout: Duration) -> ToolDescriptor {
+    if descriptor.attempt_timeout().is_some() {
+        return descriptor;
+    }
+    let mut descriptor = descriptor.with_attempt_timeout(timeout);
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    if ms > DEFAULT_RETRY_DEADLINE_MS {
+        match &mut descriptor.policy.retry {
+            LayerSetting::Off => {}
+            LayerSetting::On(retry) => {
+                retry.deadline_ms.get_or_insert(ms);
+            }
+            other => *other = LayerSetting::On(RetryOverrides::default().with_deadline_ms(ms)),
+        }
+    }
+    descriptor
+}
+
+/// The retry layer's default deadline over a call's attempts, in milliseconds.
+const DEFAULT_RETRY_DEADLINE_MS: u64 = 30_000;
+
 /// The tools, each `(namespace, tool)`, under their listed names (see [`crate::naming`]),
 /// and the listed name of each by its namespace and name.
 type ListedNames = HashMap<(String, String), String>;
 
-fn tool_list(tools: Vec<(String, Tool)>) -> Result<(ToolList, ListedNames), BoxError> {
-    let names = listed_names(
+fn tool_list(
+    tools: Vec<(String, Tool)>,
+    book: &Mutex<NameBook>,
+) -> Result<(ToolList, ListedNames), BoxError> {
+    let names = book.lock().unwrap_or_else(PoisonError::into_inner).names(
         tools
             .iter()
             .map(|(namespace, tool)| (namespace.as_str(), tool.name.as_ref())),

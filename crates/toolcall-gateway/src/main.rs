@@ -55,6 +55,7 @@ struct Args {
     #[arg(long)]
     stdio: bool,
     /// The address of the HTTP fronts (default 127.0.0.1:8080; `PORT` changes the port).
+    /// With `--stdio`, serves them there beside the stdio front (metrics, admin, probes).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// Check the configuration, print every problem by its field, and exit.
@@ -152,8 +153,10 @@ fn load(args: &Args) -> Result<GatewayConfig, BoxError> {
 fn logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+    // Colours only for a person at a terminal: never in a file, a pipe or a log collector.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();
@@ -174,20 +177,22 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
             .map_err(|_| format!("PORT: {port} is not a port number"))?,
         (None, None, Err(_)) => SocketAddr::from(([127, 0, 0, 1], 8080)),
     };
+    // The HTTP fronts: always without --stdio, and beside it when --listen asks for them.
+    let http = !args.stdio || args.listen.is_some();
     let (lasting, changed) = Lasting::new(&config, stdio_principal(&config))?;
-    let guard = if args.stdio {
-        None
-    } else {
+    let guard = if http {
         exposure(&args, &config, listen)?;
         config.http.guard(listen)?
+    } else {
+        None
     };
     let gateway = Gateway::start(&config, admin_token.as_deref(), &lasting, &[], &[]).await?;
     lasting.install(&gateway).await;
     // Bound once the upstreams are up (a client that connects finds the gateway serving),
     // and before the authentication, whose tokens' resource URL names the port.
-    let listener = match args.stdio {
-        true => None,
-        false => Some(
+    let listener = match http {
+        false => None,
+        true => Some(
             tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|err| format!("cannot listen on {listen}: {err}"))?,
@@ -202,7 +207,7 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
     };
     let metrics_here = config.http.metrics_listen.is_none();
     let authentication = auth.as_ref().map(|(auth, _)| auth.clone());
-    let swap = (!args.stdio).then(|| {
+    let swap = http.then(|| {
         fronts::Swap::new(fronts::http_router(
             &gateway,
             authentication.as_ref(),
@@ -225,8 +230,11 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         (None, _) | (_, None) => fronts::serve_stdio(&lasting).await,
         (Some(swap), Some(listener)) => {
             tracing::info!(event = "gateway_listening", address = %listener.local_addr()?);
-            // The address, for whoever started the gateway on port 0.
-            println!("listening on {}", listener.local_addr()?);
+            // The address, for whoever started the gateway on port 0 (on stdout, unless
+            // stdout is the MCP stream).
+            if !args.stdio {
+                println!("listening on {}", listener.local_addr()?);
+            }
             let mut router = swap
                 .router()
                 .merge(fronts::mcp_router(&lasting, authentication.as_ref()));
@@ -243,14 +251,25 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
                         format!("cannot listen on {address} (http.metrics_listen): {err}")
                     })?;
                 tracing::info!(event = "metrics_listening", address = %metrics.local_addr()?);
-                println!("metrics on {}", metrics.local_addr()?);
+                if !args.stdio {
+                    println!("metrics on {}", metrics.local_addr()?);
+                }
                 let mut metrics_router = fronts::metrics_router(lasting.prometheus.clone());
                 if let Some(guard) = config.http.guard(address)? {
                     metrics_router = metrics_router.layer(guard);
                 }
                 tokio::spawn(fronts::serve_http(metrics, metrics_router, shutdown()));
             }
-            fronts::serve_http(listener, router, shutdown()).await
+            let serving = fronts::serve_http(listener, router, shutdown());
+            if args.stdio {
+                // The host owns the process: when it closes stdin, the HTTP side ends too.
+                tokio::select! {
+                    served = fronts::serve_stdio(&lasting) => served,
+                    served = serving => served,
+                }
+            } else {
+                serving.await
+            }
         }
     };
     follow.abort();
@@ -330,13 +349,22 @@ impl Following {
     /// is refused, its problems named, and the old one keeps serving) and each time an
     /// upstream's tools change; the clients are told when the tools they see change.
     async fn run(mut self, mut changes: gateway::Changes) {
+        /// How long the changes of one burst take to arrive.
+        const BURST: std::time::Duration = std::time::Duration::from_millis(50);
+        /// The least time between two rebuilds for tool changes.
+        const MIN_REBUILD_GAP: std::time::Duration = std::time::Duration::from_secs(1);
         let mut hangups = hangups();
+        let mut last_tools_rebuild: Option<tokio::time::Instant> = None;
         loop {
             let change = tokio::select! {
                 Some(()) = hangups.recv() => Change::Configuration,
                 Some(first) = changes.tools.recv() => {
-                    // A burst of changes is one change.
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    // A burst of changes is one change, and an upstream that keeps saying its
+                    // tools changed gets at most one rebuild a second.
+                    let settled = tokio::time::Instant::now() + BURST;
+                    let gap_over = last_tools_rebuild.map_or(settled, |last| last + MIN_REBUILD_GAP);
+                    tokio::time::sleep_until(settled.max(gap_over)).await;
+                    last_tools_rebuild = Some(tokio::time::Instant::now());
                     let mut names = vec![first];
                     while let Ok(name) = changes.tools.try_recv() {
                         names.push(name);

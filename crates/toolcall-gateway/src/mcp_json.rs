@@ -11,7 +11,8 @@
 //! `alwaysAllow`, …) are ignored.
 //!
 //! Names become upstream names: lowercased, every character other than `a-z`, `0-9`, `_`
-//! and `-` replaced by `-`, cut to 32 characters. Every imported upstream is untrusted and
+//! and `-` replaced by `-`, a run of `_` made one and a last `_` dropped, cut to 32
+//! characters. Every imported upstream is untrusted and
 //! required, with the default timeouts. `${env:NAME}` and `${userHome}` in strings are
 //! replaced from the environment; `${input:…}` and `${workspaceFolder}`, which only the
 //! host can fill in, are problems.
@@ -65,15 +66,22 @@ fn import_with(
     }
 }
 
-/// The upstream name of a host's server name.
+/// The upstream name of a host's server name: lowercased, other characters than `a-z`,
+/// `0-9`, `_` and `-` made `-`, a run of `_` made one, no `_` at the end (the listed names
+/// are `<upstream>__<tool>`), at most 32 characters.
 pub(crate) fn normalize_name(name: &str) -> String {
-    name.chars()
-        .map(|c| match c.to_ascii_lowercase() {
+    let mut normalized = String::with_capacity(name.len());
+    for c in name.chars() {
+        let c = match c.to_ascii_lowercase() {
             c @ ('a'..='z' | '0'..='9' | '_' | '-') => c,
             _ => '-',
-        })
-        .take(MAX_NAME_LEN)
-        .collect()
+        };
+        if !(c == '_' && normalized.ends_with('_')) {
+            normalized.push(c);
+        }
+    }
+    let kept: String = normalized.chars().take(MAX_NAME_LEN).collect();
+    kept.trim_end_matches('_').to_owned()
 }
 
 /// JSON with comments and trailing commas (VS Code's files) as plain JSON. Comments become
@@ -225,8 +233,19 @@ impl Importer<'_> {
                     self.add(path, "must be an object");
                     continue;
                 };
-                if entry.get("disabled") == Some(&Value::Bool(true)) {
-                    continue;
+                match entry.get("disabled") {
+                    None | Some(Value::Bool(false)) => {}
+                    Some(Value::Bool(true)) => continue,
+                    // Hosts write it quoted too; read it as they do.
+                    Some(Value::String(s)) if s == "true" => continue,
+                    Some(Value::String(s)) if s == "false" => {}
+                    Some(other) => {
+                        self.add(
+                            key_path(&path, "disabled"),
+                            format_args!("must be true or false, got {}", json_kind(other)),
+                        );
+                        continue;
+                    }
                 }
                 let upstream_name = normalize_name(name);
                 if upstream_name.is_empty() {
@@ -693,6 +712,22 @@ mod tests {
     }
 
     #[test]
+    fn disabled_is_read_as_hosts_write_it() {
+        let upstreams = ok(r#"{"mcpServers": {
+            "a": {"command": "a", "disabled": "true"},
+            "b": {"command": "b", "disabled": true},
+            "c": {"command": "c", "disabled": "false"},
+            "d": {"command": "d", "disabled": false}
+        }}"#);
+        let names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["c", "d"]);
+        assert_eq!(
+            lines(r#"{"mcpServers": {"e": {"command": "e", "disabled": "yes"}}}"#),
+            ["mcpServers.e.disabled: must be true or false, got a string"]
+        );
+    }
+
+    #[test]
     fn servers_of_unknown_kinds_are_skipped_and_the_others_imported() {
         let imported = import_with(
             r#"{"mcpServers": {
@@ -741,6 +776,7 @@ mod tests {
             ["aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "my-server-v2", "-n-"]
         );
         assert_eq!(normalize_name("GitHub_MCP-2"), "github_mcp-2");
+        assert_eq!(normalize_name("a__b_"), "a_b");
 
         assert_eq!(
             lines(

@@ -13,35 +13,73 @@ pub(crate) const MAX_NAME_CHARS: usize = 64;
 /// The characters kept from a long name, before its hash.
 const KEPT_CHARS: usize = MAX_NAME_CHARS - 9;
 
-/// The listed names of `tools`, each `(upstream, tool name)`, in their order.
-pub(crate) fn listed_names<'a>(tools: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<String> {
-    let mut taken = std::collections::HashSet::new();
-    let mut names = Vec::new();
-    for (upstream, name) in tools {
-        let full = format!("{upstream}__{name}");
-        let plain: String = full
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                    c
-                } else {
-                    '_'
+/// The most names a [`NameBook`] keeps: past them, a new tool's name is unique in its list
+/// but no longer reserved for the gateway's life.
+const MAX_KEPT_NAMES: usize = 100_000;
+
+/// The listed names given so far. Once given, a name means the same upstream tool for the
+/// gateway's life: a tool keeps its name across list changes and reloads, and a name whose
+/// tool left is never given to another (which would turn a call meant for one tool, a model
+/// holding the old list, into a call of the other).
+#[derive(Debug, Default)]
+pub(crate) struct NameBook {
+    by_tool: std::collections::HashMap<(String, String), String>,
+    taken: std::collections::HashSet<String>,
+}
+
+impl NameBook {
+    /// The listed names of `tools`, each `(upstream, tool name)`, in their order: the name a
+    /// tool was given before, else a new one no tool ever had.
+    pub(crate) fn names<'a>(
+        &mut self,
+        tools: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Vec<String> {
+        let mut this_list = std::collections::HashSet::new();
+        let mut names = Vec::new();
+        for (upstream, name) in tools {
+            let key = (upstream.to_owned(), name.to_owned());
+            if let Some(given) = self.by_tool.get(&key) {
+                if this_list.insert(given.clone()) {
+                    names.push(given.clone());
+                    continue;
                 }
-            })
-            .collect();
-        let mut listed = if plain.len() <= MAX_NAME_CHARS {
-            plain.clone()
-        } else {
-            hashed(&plain, &full, 0)
-        };
-        let mut salt = 0;
-        while !taken.insert(listed.clone()) {
-            salt += 1;
-            listed = hashed(&plain, &full, salt);
+            }
+            let full = format!("{upstream}__{name}");
+            let plain: String = full
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let mut listed = if plain.len() <= MAX_NAME_CHARS {
+                plain.clone()
+            } else {
+                hashed(&plain, &full, 0)
+            };
+            let mut salt = 0;
+            while self.taken.contains(&listed) || !this_list.insert(listed.clone()) {
+                salt += 1;
+                listed = hashed(&plain, &full, salt);
+            }
+            if self.taken.len() < MAX_KEPT_NAMES {
+                self.taken.insert(listed.clone());
+                self.by_tool.insert(key, listed.clone());
+            }
+            names.push(listed);
         }
-        names.push(listed);
+        names
     }
-    names
+}
+
+/// The listed names of `tools`, each `(upstream, tool name)`, in their order, given by a new
+/// book.
+#[cfg(test)]
+pub(crate) fn listed_names<'a>(tools: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<String> {
+    NameBook::default().names(tools)
 }
 
 /// The first characters of `plain` and a hash of `full` (with `salt`, for a clash).
@@ -76,6 +114,25 @@ mod tests {
             assert!(name.starts_with("u__aaaa"));
         }
         assert_ne!(names[0], names[1]);
+    }
+
+    #[test]
+    fn a_name_once_given_never_moves_to_another_tool() {
+        let mut book = NameBook::default();
+        // Two tools whose plain names are one: the second gets a hash.
+        let first = book.names([("up", "b.read"), ("fs", "write")]);
+        assert_eq!(first, ["up__b_read", "fs__write"]);
+        // The first leaves; the one that would now take its plain name does not get it.
+        let second = book.names([("up", "b/read"), ("fs", "write")]);
+        assert_ne!(second[0], "up__b_read");
+        assert!(second[0].starts_with("up__b_read_"), "{}", second[0]);
+        assert_eq!(second[1], "fs__write");
+        // The first comes back under its own name.
+        let third = book.names([("up", "b/read"), ("up", "b.read"), ("fs", "write")]);
+        assert_eq!(
+            third,
+            [second[0].clone(), first[0].clone(), first[1].clone()]
+        );
     }
 
     #[test]

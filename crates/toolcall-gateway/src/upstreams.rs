@@ -314,14 +314,11 @@ pub(crate) fn missing_commands(config: &GatewayConfig) -> Vec<String> {
         .collect()
 }
 
-/// A service of tools and its per-call timeout.
-pub(crate) type Route = (
-    BoxCloneSyncService<ToolCall, ToolOutput, ToolError>,
-    Duration,
-);
+/// A service of tools.
+pub(crate) type Route = BoxCloneSyncService<ToolCall, ToolOutput, ToolError>;
 
-/// The calls of every upstream's tools, each to the service of its namespace, bounded by
-/// that service's per-call timeout.
+/// The calls of every upstream's tools, each to the service of its namespace. The stack
+/// around it bounds each attempt (an upstream's `timeout_ms` is its tools' attempt timeout).
 #[derive(Clone)]
 pub(crate) struct Router {
     routes: Arc<HashMap<String, Route>>,
@@ -341,7 +338,7 @@ impl Router {
                 .iter()
                 .map(|u| {
                     let client = BoxCloneSyncService::new(u.client.clone());
-                    (u.config.name.clone(), (client, u.config.timeout))
+                    (u.config.name.clone(), client)
                 })
                 .collect(),
         )
@@ -358,15 +355,10 @@ impl Service<ToolCall> for Router {
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let Some((service, timeout)) = self.routes.get(call.tool_namespace()).cloned() else {
+        let Some(service) = self.routes.get(call.tool_namespace()).cloned() else {
             let message = format!("no upstream serves the tool {}", call.tool_name());
             return Box::pin(async move { Err(ToolError::new(ErrorCode::NotFound, message)) });
         };
-        Box::pin(async move {
-            match tokio::time::timeout(timeout, service.oneshot(call)).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(ToolError::timeout(timeout)),
-            }
-        })
+        Box::pin(service.oneshot(call))
     }
 }

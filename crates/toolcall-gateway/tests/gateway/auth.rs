@@ -168,12 +168,15 @@ async fn two_users_of_one_client_share_no_key_loop_or_quota() {
     assert_eq!(again["output"], first["output"], "{again}");
 
     // A loop is per principal and session, whatever the session is called: carol's three
-    // identical reads leave alice's session alone.
+    // identical reads leave alice's session alone. (A read whose answer does not change
+    // with the clock: a poller whose result changes is never a loop.)
     let tokyo = || {
         json!({
             "contractVersion": "1.1", "requestId": ulid(), "toolNamespace": "time",
-            "toolName": "get_current_time", "target": {"sessionKey": "shared-name", "actorId": "alice"},
-            "payload": {"version": "1.0", "params": {"timezone": "Asia/Tokyo"}}
+            "toolName": "convert_time", "target": {"sessionKey": "shared-name", "actorId": "alice"},
+            "payload": {"version": "1.0", "params": {
+                "source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"
+            }}
         })
     };
     for _ in 0..3 {

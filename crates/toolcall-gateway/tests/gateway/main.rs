@@ -14,6 +14,7 @@ use tokio::process::{Child, Command};
 
 mod auth;
 mod host;
+mod operate;
 
 const GATEWAY: &str = env!("CARGO_BIN_EXE_toolcall-gateway");
 

@@ -418,8 +418,13 @@ impl<H> McpServer<H> {
                 return result_of(Err(in_mcp_words(not_yours(&request.name)))).into();
             }
         }
-        // Where the listed tool is called: looked up once per call.
-        let route = self.routes.as_ref().and_then(|r| r.route(&request.name));
+        // Where the listed tool is called: looked up once per call. A routed list calls only
+        // the tools it lists: a bare name never reaches a namespace by chance.
+        let route = match self.routes.as_ref().map(|r| r.route(&request.name)) {
+            None | Some(Ok(None)) => None,
+            Some(Ok(Some(route))) => Some(route),
+            Some(Err(())) => return result_of(Err(in_mcp_words(not_yours(&request.name)))).into(),
+        };
         let call = self.tool_call(&request, route.as_ref(), arguments, principal, &context);
         let mut call = match call {
             Ok(call) => call,

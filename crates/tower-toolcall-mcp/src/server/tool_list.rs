@@ -16,6 +16,9 @@ use tower_toolcall::Principal;
 
 use super::Confirm;
 
+/// How long a client may take to take the notice that the tools changed.
+const NOTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The tools of an [`McpServer::over`](crate::McpServer::over) a `Service<ToolCall>`, and the
 /// server's info: answers `tools/list` (in the shape of the protocol version each client
 /// negotiated) and `initialize`; the calls go through the server's stack to the service.
@@ -45,6 +48,8 @@ struct Listed {
     tools: Arc<[Tool]>,
     info: ServerConfig,
     routes: Arc<HashMap<String, Route>>,
+    /// Made [routed](ToolList::routed): its calls go only to the tools it lists.
+    routed: bool,
     visible: Visibility,
 }
 
@@ -100,6 +105,7 @@ impl ToolList {
                     .build(),
             ),
             routes: Arc::default(),
+            routed: false,
             visible: Visibility::default(),
         })
     }
@@ -150,7 +156,11 @@ impl ToolList {
             listed.push(tool);
         }
         let list = ToolList::new(listed);
-        list.write().routes = Arc::new(routes);
+        {
+            let mut listed = list.write();
+            listed.routes = Arc::new(routes);
+            listed.routed = true;
+        }
         Ok(list)
     }
 
@@ -280,9 +290,15 @@ impl ToolList {
         shown
     }
 
-    /// Where the listed tool `name` is called, when the list was made [routed](ToolList::routed).
-    pub(crate) fn route(&self, name: &str) -> Option<Route> {
-        self.read().routes.get(name).cloned()
+    /// Where the listed tool `name` is called, when the list was made [routed](ToolList::routed):
+    /// `Err` for a name a routed list does not list, `Ok(None)` for any name of another list.
+    pub(crate) fn route(&self, name: &str) -> Result<Option<Route>, ()> {
+        let listed = self.read();
+        match listed.routes.get(name) {
+            Some(route) => Ok(Some(route.clone())),
+            None if listed.routed => Err(()),
+            None => Ok(None),
+        }
     }
 
     /// Answers `initialize` (and discovery) with `info`: the server's name, version and
@@ -299,7 +315,9 @@ impl ToolList {
     }
 
     /// Lists `next`'s tools (and calls them where `next` routes them) from now on, in every
-    /// clone of this list, and tells every connected client that the list changed. The
+    /// clone of this list, and tells every connected client that the list changed, without
+    /// waiting for them: each is told on a task of the change, within a bound of its own, so
+    /// that a client that stopped reading holds up neither the change nor the others. The
     /// server's info stays this list's. Calls already under way finish where they were sent.
     ///
     /// ```
@@ -321,15 +339,31 @@ impl ToolList {
             let mut listed = self.write();
             listed.tools = next.tools;
             listed.routes = next.routes;
+            listed.routed = next.routed;
             listed.visible = next.visible;
         }
         self.shared.changes.send_modify(|changes| *changes += 1);
+        // Told on a task of their own, all at once, each within a bound: a client that
+        // stopped reading never holds up the change, nor the others.
         let sessions = self.open_sessions().clone();
-        for session in sessions {
-            if let Err(error) = session.notify_tool_list_changed().await {
-                tracing::debug!(%error, "a client could not be told that the tools changed");
-            }
+        if sessions.is_empty() {
+            return;
         }
+        tokio::spawn(async move {
+            let told = sessions.iter().map(|session| async move {
+                let telling = session.notify_tool_list_changed();
+                match tokio::time::timeout(NOTIFY_TIMEOUT, telling).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "a client could not be told that the tools changed");
+                    }
+                    Err(_) => tracing::debug!(
+                        "a client did not take the notice that the tools changed in time"
+                    ),
+                }
+            });
+            futures_util::future::join_all(told).await;
+        });
     }
 
     /// The 2025-11-25 sessions still open, locked; the others leave the list.
