@@ -22,7 +22,9 @@ use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_axum::AdminRouter;
 use tower_toolcall_mcp::{descriptor_for, registry_of, McpServer, ProgressRelay, ToolList};
-use tower_toolcall_redis::{RedisDedupeStore, RedisLoopStore, RedisRateLimitStore, RedisTarget};
+use tower_toolcall_redis::{
+    FleetControl, RedisDedupeStore, RedisLoopStore, RedisRateLimitStore, RedisTarget,
+};
 
 use crate::auth::{Access, AuthConfig, DenialAudit};
 use crate::config::{GatewayConfig, RedisStore};
@@ -162,6 +164,8 @@ pub(crate) struct Gateway {
     pub(crate) names: Names,
     /// Where calls refused to their caller are audited.
     pub(crate) denials: Option<DenialAudit>,
+    /// With Redis, the fleet this gateway's stack joined: kept while the stack serves.
+    _fleet: Option<FleetControl>,
 }
 
 /// The listed name of each tool, by its namespace and name.
@@ -274,27 +278,38 @@ impl Gateway {
             builder = builder.trace(move |trace| trace.audit(audit));
         }
         let audit = lasting.audit.clone();
-        let (tools, admin) = match &config.redis {
+        let (tools, admin, fleet) = match &config.redis {
             Some(store) => {
                 let target = redis_target(store);
                 let dedupe = RedisDedupeStore::open(target.clone())?;
                 dedupe.ping().await.map_err(|err| {
                     format!("{} ({store}) cannot be reached: {err}", store.field())
                 })?;
-                tracing::info!("dedupe records, quotas and loop sessions in Redis at {store}");
+                tracing::info!(
+                    "dedupe records, quotas, loop sessions and operator actions in Redis at \
+                     {store}"
+                );
                 let stack = builder
                     .store(dedupe)
                     .rate_limit_store(RedisRateLimitStore::open(target.clone())?)
-                    .loop_store(RedisLoopStore::open(target)?)
+                    .loop_store(RedisLoopStore::open(target.clone())?)
                     .build()?;
-                assemble(stack, router, admin_token, audit)?
+                // An operator's action on any replica reaches this one, and this one starts
+                // with the fleet's breakers held open and its switches.
+                let fleet = FleetControl::builder(target).join(&stack)?;
+                fleet.sync().await.map_err(|err| {
+                    format!("{} ({store}): the fleet's actions: {err}", store.field())
+                })?;
+                let (tools, admin) = assemble(stack, router, admin_token, audit, Some(&fleet))?;
+                (tools, admin, Some(fleet))
             }
             None => {
                 let stack = builder
                     .store(lasting.dedupe.clone())
                     .loop_store(lasting.loops.clone())
                     .build()?;
-                assemble(stack, router, admin_token, audit)?
+                let (tools, admin) = assemble(stack, router, admin_token, audit, None)?;
+                (tools, admin, None)
             }
         };
         let (listed, names) = tool_list(listed, &lasting.names)?;
@@ -328,6 +343,7 @@ impl Gateway {
             access,
             names: Names(Arc::new(names)),
             denials,
+            _fleet: fleet,
         })
     }
 }
@@ -338,12 +354,16 @@ fn assemble<St: DedupeStore>(
     router: Router,
     admin_token: Option<&str>,
     audit: Option<AuditLog>,
+    fleet: Option<&FleetControl>,
 ) -> Result<(Tools, Option<axum::Router>), BoxError> {
     let admin = match admin_token {
         Some(token) => {
             let mut admin = AdminRouter::new(&stack, token)?;
             if let Some(audit) = audit {
                 admin = admin.audit(audit);
+            }
+            if let Some(fleet) = fleet {
+                admin = admin.fleet(fleet.clone());
             }
             Some(admin.into_router())
         }

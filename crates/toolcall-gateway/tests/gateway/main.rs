@@ -160,6 +160,16 @@ impl HttpGateway {
     async fn get(&self, path: &str) -> (u16, String) {
         Self::probe(self.address.clone()).get(path).await
     }
+
+    /// `POST path` with the tests' admin token: the status and the body.
+    async fn admin(&self, path: &str) -> (u16, String) {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\
+             content-length: 0\r\nConnection: close\r\n\r\n",
+            self.address
+        );
+        Self::probe(self.address.clone()).exchange(&request).await
+    }
 }
 
 impl Probe {
@@ -664,9 +674,10 @@ rate_limit = {{ per_second = 1, burst = 2, key = "tool" }}
 "#
     );
     let config = config_file(name, &extra);
+    let admin = [("TOOLCALL_ADMIN_TOKEN", ADMIN_TOKEN)];
     let (one, two) = (
-        HttpGateway::start(&config).await,
-        HttpGateway::start(&config).await,
+        HttpGateway::start_in(&[config.as_os_str()], &admin).await,
+        HttpGateway::start_in(&[config.as_os_str()], &admin).await,
     );
     let plan = |gateway: &HttpGateway, steps: Vec<Value>| {
         json!({
@@ -707,6 +718,53 @@ rate_limit = {{ per_second = 1, burst = 2, key = "tool" }}
         Some("LOOP_DETECTED"),
         "{through_two}"
     );
+
+    // An operator's force-open on one gateway stops the tool's calls on both; a reset on
+    // the other lets them through again.
+    let convert = || {
+        json!({
+            "contractVersion": "1.1", "requestId": "r-convert", "toolNamespace": "time",
+            "toolName": "convert_time", "target": {"sessionKey": "ops", "actorId": "a"},
+            "payload": {"version": "1.0", "params": {
+                "source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"
+            }}
+        })
+    };
+    assert_eq!(two.call(&convert()).await.0, 200);
+    let breaker = "/admin/breakers/tool:time::convert_time";
+    let (status, body) = one.admin(&format!("{breaker}/force-open")).await;
+    assert_eq!(status, 200, "{body}");
+    let refused = wait_for(|| async {
+        let (status, body) = two.call(&convert()).await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(refused.contains("CIRCUIT_OPEN"), "{refused}");
+    let (status, body) = two.admin(&format!("{breaker}/reset")).await;
+    assert_eq!(status, 200, "{body}");
+    wait_for(|| async { (one.call(&convert()).await.0 == 200).then_some(()) }).await;
+}
+
+/// The admin token of the gateways the tests start with one.
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+
+/// Polls `check` until it gives a value, for at most 10 s.
+async fn wait_for<T, F, Fut>(check: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[path = "../support/flaky.rs"]
