@@ -719,8 +719,8 @@ rate_limit = {{ per_second = 1, burst = 2, key = "tool" }}
         "{through_two}"
     );
 
-    // An operator's force-open on one gateway stops the tool's calls on both; a reset on
-    // the other lets them through again.
+    // An operator's force-open of a server's breaker on one gateway stops that server's
+    // calls on both, and no other server's; a reset on the other lets them through again.
     let convert = || {
         json!({
             "contractVersion": "1.1", "requestId": "r-convert", "toolNamespace": "time",
@@ -731,7 +731,7 @@ rate_limit = {{ per_second = 1, burst = 2, key = "tool" }}
         })
     };
     assert_eq!(two.call(&convert()).await.0, 200);
-    let breaker = "/admin/breakers/tool:time::convert_time";
+    let breaker = "/admin/breakers/dependency:time";
     let (status, body) = one.admin(&format!("{breaker}/force-open")).await;
     assert_eq!(status, 200, "{body}");
     let refused = wait_for(|| async {
@@ -740,6 +740,18 @@ rate_limit = {{ per_second = 1, burst = 2, key = "tool" }}
     })
     .await;
     assert!(refused.contains("CIRCUIT_OPEN"), "{refused}");
+    let echo = json!({
+        "contractVersion": "1.1", "requestId": "r-echo", "toolNamespace": "everything",
+        "toolName": "echo", "target": {"sessionKey": "ops", "actorId": "a"},
+        "payload": {"version": "1.0", "params": {"message": "still here"}}
+    });
+    let (status, body) = one.call(&echo).await;
+    assert_eq!(status, 200, "another server runs: {body}");
+    let (_, metrics) = one.get("/metrics").await;
+    assert!(
+        metrics.contains("tool=\"dependency:time\""),
+        "the server's breaker by its name: {metrics}"
+    );
     let (status, body) = two.admin(&format!("{breaker}/reset")).await;
     assert_eq!(status, 200, "{body}");
     wait_for(|| async { (one.call(&convert()).await.0 == 200).then_some(()) }).await;

@@ -353,18 +353,24 @@ impl BreakerAdmin {
     /// `false` when the breaker could not be kept: it is one made on demand (of a tool the
     /// registry does not have, or of a namespace) and the map of those is full of breakers
     /// forced open or in use. A forced-open breaker is never evicted to make room.
+    ///
+    /// A dependency or the global breaker held open stops every call under it (of its
+    /// namespace, or every call), whatever breaker the call's scope picks, until it is reset.
     pub fn force_open(&self, key: &BreakerKey) -> bool {
         self.shared.find_or_create(key).force_open();
+        self.shared.held.hold(key);
         self.shared.find(key).is_some()
     }
 
     /// Closes a breaker at once, with an empty window. `false` when it does not exist.
     pub fn reset(&self, key: &BreakerKey) -> bool {
+        self.shared.held.release(Some(key));
         self.shared.find(key).map(|cell| cell.reset()).is_some()
     }
 
     /// Closes every breaker.
     pub fn reset_all(&self) {
+        self.shared.held.release(None);
         for cell in self.shared.cells() {
             cell.reset();
         }

@@ -220,6 +220,7 @@ impl CircuitBreakerLayerBuilder {
                 on_demand: BreakerMap::new(self.max_breakers),
                 scoped_config: self.config,
                 events,
+                held: Default::default(),
             }),
         })
     }

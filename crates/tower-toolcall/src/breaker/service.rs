@@ -1,5 +1,6 @@
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use tower_service::Service;
@@ -14,7 +15,7 @@ use crate::control::ShadowLayer;
 use crate::envelope::{BreakerScope, ToolCall};
 use crate::error::ToolError;
 use crate::middleware::{shadow_decision, Passthrough};
-use crate::outcome::{ShadowVerdict, ToolOutput};
+use crate::outcome::{BreakerState, ShadowVerdict, ToolOutput};
 use crate::tool_table::{Acting, ToolTable};
 
 /// Fails calls fast while the breaker that guards them is open; made by
@@ -38,6 +39,54 @@ pub(crate) struct Shared {
     /// The configuration of the dependency and global breakers.
     pub(super) scoped_config: BreakerConfig,
     pub(super) events: Arc<Events>,
+    /// The dependency and global breakers an operator holds open.
+    pub(super) held: Held,
+}
+
+/// The dependency and global breakers an operator holds open: each stops every call under it
+/// (of its namespace, or all), whatever breaker the call's own scope picks. Read on every
+/// call only while one is held.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    any: AtomicBool,
+    keys: Mutex<HashSet<BreakerKey>>,
+}
+
+impl Held {
+    /// Holds `key` open, when it is a dependency or the global breaker.
+    pub(super) fn hold(&self, key: &BreakerKey) {
+        if matches!(key, BreakerKey::Tool { .. }) {
+            return;
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.insert(key.clone());
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Lets `key` go; every key when `None`.
+    pub(super) fn release(&self, key: Option<&BreakerKey>) {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        match key {
+            Some(key) => {
+                keys.remove(key);
+            }
+            None => keys.clear(),
+        }
+        self.any.store(!keys.is_empty(), Ordering::Release);
+    }
+
+    /// The held breaker over `call`, if any.
+    fn over(&self, call: &ToolCall) -> Option<BreakerKey> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        if keys.contains(&BreakerKey::Global) {
+            return Some(BreakerKey::Global);
+        }
+        let dependency = BreakerKey::dependency(call.tool_namespace());
+        keys.contains(&dependency).then_some(dependency)
+    }
 }
 
 /// A tool's breaker settings, resolved once.
@@ -164,6 +213,19 @@ where
         let Some(Acting { tool, shadow }) = gate else {
             return ResponseFuture::passthrough(Passthrough::new(self.inner.call(call)));
         };
+        if !shadow {
+            if let Some(held) = self.shared.held.over(&call) {
+                tracing::debug!(
+                    event = "tool_call_blocked",
+                    request_id = call.request_id(),
+                    tool = call.tool_name(),
+                    breaker = %held,
+                    breaker_state = BreakerState::ForcedOpen.as_str(),
+                    "an operator holds this call's dependency (or every call) open"
+                );
+                return ResponseFuture::rejected(BreakerState::ForcedOpen, None);
+            }
+        }
         let scoped = self.shared.scoped_cell(&call, tool);
         let cell = scoped
             .as_ref()

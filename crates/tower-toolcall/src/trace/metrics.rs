@@ -94,6 +94,8 @@ pub struct ToolMetrics {
 
 struct Inner {
     tools: ToolTable<SharedString>,
+    /// The label of each registered namespace's dependency breaker (`dependency:<namespace>`).
+    dependencies: std::collections::HashMap<String, SharedString>,
     calls_total: SharedString,
     call_duration_seconds: SharedString,
     retry_attempts_total: SharedString,
@@ -325,7 +327,14 @@ impl ToolMetrics {
     fn record_transition(&self, event: &TransitionEvent) {
         let tool = match &event.key {
             BreakerKey::Tool { namespace, name } => self.tool_label(namespace, name),
-            BreakerKey::Dependency { .. } => SharedString::const_str("dependency"),
+            // A registered namespace by its name; any other under one label, which keeps
+            // the labels bounded.
+            BreakerKey::Dependency { namespace } => self
+                .inner
+                .dependencies
+                .get(namespace)
+                .cloned()
+                .unwrap_or(SharedString::const_str("dependency:unregistered")),
             _ => SharedString::const_str("global"),
         };
         let i = &self.inner;
@@ -455,11 +464,21 @@ impl ToolMetricsBuilder {
                 None => SharedString::const_str(UNREGISTERED),
             })
         })?;
+        let dependencies = self
+            .registry
+            .tools()
+            .map(|tool| {
+                let namespace = tool.descriptor().namespace.clone();
+                let label = SharedString::from_shared(Arc::from(format!("dependency:{namespace}")));
+                (namespace, label)
+            })
+            .collect();
         let name =
             |series: &str| SharedString::from_shared(Arc::from(format!("{}{series}", self.prefix)));
         Ok(ToolMetrics {
             inner: Arc::new(Inner {
                 tools,
+                dependencies,
                 calls_total: name("tool_calls_total"),
                 call_duration_seconds: name("tool_call_duration_seconds"),
                 retry_attempts_total: name("tool_retry_attempts_total"),

@@ -503,6 +503,48 @@ async fn presets_follow_the_risk_level() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_dependency_or_the_global_breaker_held_open_stops_every_call_under_it() {
+    let registry = registry_of([
+        create_file(),
+        ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly),
+    ]);
+    let tool = ScriptedTool::always(Step::Ok);
+    let layer = CircuitBreakerLayer::new(registry);
+    let admin = layer.admin();
+    let mut svc = layer.layer(tool.service());
+
+    // The web server held open: its tools' calls (each under its own tool breaker) stop;
+    // another server's run.
+    let web = BreakerKey::dependency(WEB);
+    admin.force_open(&web);
+    let err = call_once(&mut svc, call_of(WEB, "search"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert_eq!(err.record().breaker_state, Some(BreakerState::ForcedOpen));
+    assert!(call_once(&mut svc, call_of(VAULT, "createFile"))
+        .await
+        .is_ok());
+    assert_eq!(tool.calls(), 1);
+    assert!(admin.reset(&web));
+    assert!(call_once(&mut svc, call_of(WEB, "search")).await.is_ok());
+
+    // Every call held open, until every breaker is reset.
+    admin.force_open(&BreakerKey::Global);
+    for (namespace, name) in [(WEB, "search"), (VAULT, "createFile")] {
+        let err = call_once(&mut svc, call_of(namespace, name))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::CircuitOpen, "{name}");
+    }
+    admin.reset_all();
+    assert!(call_once(&mut svc, call_of(VAULT, "createFile"))
+        .await
+        .is_ok());
+    assert_eq!(tool.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
 async fn admin_forces_open_resets_and_lists_breakers() {
     let registry = registry_of([
         create_file(),
