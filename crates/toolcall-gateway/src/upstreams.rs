@@ -42,7 +42,11 @@ impl Upstream {
     ) -> Result<Upstream, BoxError> {
         let name = config.name.clone();
         let started = async {
-            let client = connect(&config).await?.relay_progress(&relay);
+            // A restart that never answers is given up after the start-up time too.
+            let client = connect(&config)
+                .await?
+                .relay_progress(&relay)
+                .reconnect_within(config.startup_timeout);
             let tools = client.tools().await?;
             Ok::<_, BoxError>((client, tools))
         };

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{call, error_code, everything_upstream, python, written, HttpGateway, Probe, GATEWAY};
+use super::{
+    call, error_code, everything_upstream, kit, python, written, HttpGateway, Probe, GATEWAY,
+};
 
 /// The attempt timeout `GET /v1/tools` lists for the tool `name`.
 fn attempt_timeout(tools: &str, name: &str) -> Value {
@@ -125,4 +127,127 @@ async fn a_bare_name_never_reaches_an_upstream_named_like_the_gateway() {
         Some("POLICY_DENIED"),
         "{report}"
     );
+}
+
+#[tokio::test]
+async fn json_logs_are_only_json_and_an_upstreams_stderr_is_its_events() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+    let config = written("json-logs", &everything_upstream());
+    let mut child = tokio::process::Command::new(GATEWAY)
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = tokio::time::timeout(Duration::from_secs(60), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(listening.starts_with("listening on "), "{listening}");
+    // The server has written its banner by the time it answered initialize.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    child.start_kill().unwrap();
+    let mut logs = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .await
+        .unwrap();
+    let _ = child.wait().await;
+    assert!(
+        !logs.contains('\u{1b}'),
+        "no colour codes off a terminal: {logs}"
+    );
+    let mut from_upstream = 0;
+    for line in logs.lines().filter(|line| !line.trim().is_empty()) {
+        let event: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("a line that is not JSON ({e}): {line:?}"));
+        if event["fields"]["event"] == "upstream_stderr" {
+            assert_eq!(event["fields"]["upstream"], "everything", "{line}");
+            from_upstream += 1;
+        }
+    }
+    assert!(
+        from_upstream >= 1,
+        "the upstream's banner is an event: {logs}"
+    );
+}
+
+#[tokio::test]
+async fn a_restart_that_never_answers_is_timed_out_and_tried_again() {
+    let dir = std::env::temp_dir().join(format!("toolcall-hung-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // The first start serves; the next ones hang without a word until `recovered` exists.
+    let script = dir.join("time.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nn=$(cat \"$DIR/starts\" 2>/dev/null || echo 0)\nn=$((n+1))\n\
+             echo $n > \"$DIR/starts\"\necho $$ > \"$DIR/pid\"\n\
+             if [ \"$n\" -gt 1 ] && [ ! -f \"$DIR/recovered\" ]; then exec sleep 600; fi\n\
+             exec {} \"$@\"\n",
+            kit(".venv/bin/mcp-server-time").display()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
+    let config = written(
+        "hung-respawn",
+        &format!(
+            "[[upstreams]]\nname = \"time\"\ncommand = \"{}\"\nstartup_timeout_ms = 1000\n\
+             env = {{ DIR = \"{}\" }}\n",
+            script.display(),
+            dir.display()
+        ),
+    );
+    let gateway = HttpGateway::start(&config).await;
+    assert_eq!(gateway.get("/readyz").await.0, 200);
+    // The server dies; its restart hangs.
+    let pid = std::fs::read_to_string(dir.join("pid")).unwrap();
+    std::process::Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let starts: u32 = std::fs::read_to_string(dir.join("starts"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Timed out and started again: a third start.
+        if starts >= 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the hung restart was never given up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(gateway.get("/readyz").await.0, 503);
+    // It recovers: ready again.
+    std::fs::write(dir.join("recovered"), "").unwrap();
+    let started = Instant::now();
+    while gateway.get("/readyz").await.0 != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never ready again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

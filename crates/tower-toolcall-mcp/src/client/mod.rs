@@ -1,8 +1,11 @@
 //! The client side: a remote MCP server's tools as a `Service<ToolCall>`.
 
+mod stderr;
 mod upstream;
 
-pub use upstream::{UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF};
+pub use upstream::{
+    UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF, DEFAULT_RECONNECT_TIMEOUT,
+};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -179,16 +182,27 @@ impl McpClient {
     /// notifications are followed ([`ClientEvents`]): its progress, logged as events of the
     /// calls they report on, and its tool list changes
     /// ([`tool_list_changes`](McpClient::tool_list_changes)).
+    ///
+    /// Its stderr is read line by line, each line an INFO event `upstream_stderr` with the
+    /// server's `name` (at most 4 KiB of a line; the rest is cut), so that the logs of a
+    /// process that fronts servers hold only its own lines, in its own format.
     pub async fn spawn<F>(name: impl Into<Arc<str>>, command: F) -> Result<Self, ToolError>
     where
         F: Fn() -> tokio::process::Command + Send + Sync + 'static,
     {
+        let name: Arc<str> = name.into();
         let events = ClientEvents::default();
         let handler = events.clone();
+        let server = name.clone();
         let client = McpClient::connect(name, move || {
-            let (handler, command) = (handler.clone(), command());
+            let (handler, command, server) = (handler.clone(), command(), server.clone());
             async move {
-                let transport = rmcp::transport::TokioChildProcess::new(command)?;
+                let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(command)
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()?;
+                if let Some(stderr) = stderr {
+                    tokio::spawn(stderr::log_lines(server, stderr));
+                }
                 let serving = rmcp::ServiceExt::serve(handler.clone(), transport);
                 handler.connected(serving).await
             }
@@ -251,6 +265,18 @@ impl McpClient {
     /// `http`, or given [`with_events`](McpClient::with_events).
     pub fn relay_progress(mut self, relay: &ProgressRelay) -> Self {
         self.relay = Some(relay.clone());
+        self
+    }
+
+    /// Bounds each reconnection attempt by `timeout` (default
+    /// [`DEFAULT_RECONNECT_TIMEOUT`](crate::DEFAULT_RECONNECT_TIMEOUT)): a server started
+    /// again that never answers `initialize` is given up and tried again after the backoff,
+    /// rather than left "restarting" for ever. Clones share it; a client made with
+    /// [`new`](McpClient::new) never reconnects.
+    pub fn reconnect_within(self, timeout: std::time::Duration) -> Self {
+        if let Link::Kept(upstream) = &self.link {
+            upstream.reconnect_within(timeout);
+        }
         self
     }
 

@@ -29,6 +29,10 @@ pub const DEFAULT_RECONNECT_BACKOFF: Backoff = Backoff::new(
     0,
 );
 
+/// How long a reconnection attempt may take (a process started again that never answers
+/// `initialize` is given up and started again with the backoff), unless the client says.
+pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The shortest retry-after told to calls while a connection is being made.
 const RETRY_AFTER_FLOOR: Duration = Duration::from_millis(100);
 
@@ -125,6 +129,8 @@ struct Shared {
     disconnects: AtomicU64,
     reconnects: AtomicU64,
     failed_attempts: AtomicU64,
+    /// How long a reconnection attempt may take, in milliseconds.
+    reconnect_timeout_ms: AtomicU64,
     /// Told when the last clone is dropped.
     dropped: Arc<Notify>,
 }
@@ -136,6 +142,13 @@ impl Drop for Shared {
 }
 
 impl Upstream {
+    /// Bounds each reconnection attempt by `timeout`.
+    pub(crate) fn reconnect_within(&self, timeout: Duration) {
+        self.shared
+            .reconnect_timeout_ms
+            .store(millis(timeout).max(1), Ordering::Relaxed);
+    }
+
     /// Connects with `connect`, and keeps the connection: `Err` when the first connection
     /// cannot be made.
     pub(crate) async fn start(
@@ -161,6 +174,7 @@ impl Upstream {
             disconnects: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             failed_attempts: AtomicU64::new(0),
+            reconnect_timeout_ms: AtomicU64::new(millis(DEFAULT_RECONNECT_TIMEOUT)),
             dropped: dropped.clone(),
         });
         let supervisor = Supervisor {
@@ -311,9 +325,22 @@ impl Supervisor {
                 failed_attempts: failed,
                 next_attempt_at: Instant::now() + delay,
             };
+            let within = Duration::from_millis(
+                self.shared
+                    .upgrade()?
+                    .reconnect_timeout_ms
+                    .load(Ordering::Relaxed),
+            );
             let attempt = async {
                 tokio::time::sleep(delay).await;
-                (self.connect)().await
+                match tokio::time::timeout(within, (self.connect)()).await {
+                    Ok(connected) => connected,
+                    Err(_) => Err(format!(
+                        "no answer to initialize within {} ms; started again after a pause",
+                        within.as_millis()
+                    )
+                    .into()),
+                }
             };
             let outcome = tokio::select! {
                 outcome = attempt => outcome,
