@@ -16,6 +16,7 @@ use tower::{Layer, Service, ServiceExt as _};
 use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
 use tower_toolcall::loop_detect::InMemoryLoopStore;
+use tower_toolcall::rate_limit::InMemoryRateLimitStore;
 
 use tower_toolcall::registry::{LayerSetting, RetryOverrides, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
@@ -51,6 +52,7 @@ pub(crate) struct Lasting {
     pub(crate) audit: Option<AuditLog>,
     dedupe: InMemoryDedupeStore,
     loops: InMemoryLoopStore,
+    quotas: InMemoryRateLimitStore,
     /// The MCP server every connection is made from.
     pub(crate) mcp: Arc<McpServer<ToolList>>,
     /// The tools it lists: replaced on each reload, its clients told.
@@ -108,6 +110,7 @@ impl Lasting {
             audit,
             dedupe: InMemoryDedupeStore::default(),
             loops: InMemoryLoopStore::default(),
+            quotas: InMemoryRateLimitStore::default(),
             mcp,
             listed,
             in_service,
@@ -306,6 +309,7 @@ impl Gateway {
             None => {
                 let stack = builder
                     .store(lasting.dedupe.clone())
+                    .rate_limit_store(lasting.quotas.clone())
                     .loop_store(lasting.loops.clone())
                     .build()?;
                 let (tools, admin) = assemble(stack, router, admin_token, audit, None)?;

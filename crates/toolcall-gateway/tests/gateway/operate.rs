@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::{
-    call, error_code, everything_upstream, kit, python, written, HttpGateway, Probe, GATEWAY,
+    call, error_code, everything_upstream, hang_up, kit, python, written, HttpGateway, Probe,
+    GATEWAY,
 };
 
 /// The attempt timeout `GET /v1/tools` lists for the tool `name`.
@@ -250,4 +251,58 @@ async fn a_restart_that_never_answers_is_timed_out_and_tried_again() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn a_reload_refills_no_quota() {
+    let quota = "[policy]\n[[policy.tools]]\nnamespace = \"everything\"\nname = \"echo\"\n\
+                 risk = \"read-only\"\n[policy.tools.policy]\n\
+                 rate_limit = { per_second = 1, burst = 2, key = \"tool\" }\n";
+    let config = written(
+        "quota-reload",
+        &format!("{}\n{quota}", everything_upstream()),
+    );
+    let gateway = HttpGateway::start(&config).await;
+    let echo = |n: u32| {
+        json!({
+            "contractVersion": "1.1", "requestId": format!("r-{n}"), "toolNamespace": "everything",
+            "toolName": "echo", "target": {"sessionKey": format!("s-{n}"), "actorId": "a"},
+            "payload": {"version": "1.0", "params": {"message": format!("m{n}")}}
+        })
+    };
+    let sum_is_idempotent = |tools: &str| {
+        let tools: Value = serde_json::from_str(tools).unwrap();
+        tools["tools"].as_array().unwrap().iter().any(|t| {
+            t["name"] == "get-sum" && t["capabilities"]["idempotency"]["idempotent"] == true
+        })
+    };
+    assert_eq!(gateway.call(&echo(1)).await.0, 200);
+    assert_eq!(gateway.call(&echo(2)).await.0, 200);
+    assert_eq!(gateway.call(&echo(3)).await.0, 429);
+    let spent = Instant::now();
+    // A reload (another tool's policy changes): the quota is not refilled.
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[servers.everything.tools.get-sum]\nidempotent = true\n{quota}",
+            everything_upstream()
+        ),
+    )
+    .unwrap();
+    hang_up(&gateway);
+    loop {
+        let (_, tools) = gateway.get("/v1/tools").await;
+        if sum_is_idempotent(&tools) {
+            break;
+        }
+        assert!(spent.elapsed() < Duration::from_secs(10), "never reloaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, body) = gateway.call(&echo(4)).await;
+    if spent.elapsed() < Duration::from_millis(900) {
+        assert_eq!(status, 429, "the reload refilled the quota: {body}");
+    }
+    // It refills at its rate.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(gateway.call(&echo(5)).await.0, 200);
 }

@@ -69,6 +69,7 @@
 mod future;
 mod layer;
 mod limiter;
+mod memory;
 mod service;
 mod store;
 
@@ -77,5 +78,6 @@ pub use layer::{
     RateLimitLayer, RateLimitLayerBuilder, DEFAULT_MAX_KEYS, DEFAULT_MAX_WAIT,
     DEFAULT_SWEEP_INTERVAL,
 };
+pub use memory::{InMemoryRateLimitStore, DEFAULT_MEMORY_STORE_KEYS};
 pub use service::RateLimit;
 pub use store::{Admission, AdmissionFuture, Quota, RateLimitStore};
