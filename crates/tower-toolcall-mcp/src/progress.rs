@@ -24,8 +24,13 @@ pub(crate) type ProgressCalls = InFlight<ProgressToken, Arc<str>>;
 ///
 /// A call is relayed while it runs, by its request id, which the stack keeps from the
 /// server's `tools/call` to the client's: a client whose request carries
-/// `_meta.progressToken` gets every `notifications/progress` the upstream server sends for
+/// `_meta.progressToken` gets the `notifications/progress` the upstream server sends for
 /// that call, retries included. A duplicate that joins another call's run gets none.
+///
+/// Progress is lossy by nature, and relayed so: each call holds only the latest
+/// notification not yet sent, and one task per call sends it, so that a client that does not
+/// read gets the latest, not all, and costs no more than one notification per call. The
+/// task ends with the call: no progress arrives after the call's answer.
 ///
 /// ```no_run
 /// use tower::Layer;
@@ -45,11 +50,23 @@ pub(crate) type ProgressCalls = InFlight<ProgressToken, Arc<str>>;
 #[derive(Clone, Debug, Default)]
 pub struct ProgressRelay(InFlight<Arc<str>, Relayed>);
 
-/// The client a call's progress goes to, and the token it asked for.
+/// Where a call's progress goes: the latest notification not yet sent, under the token the
+/// client asked for, and the task that sends it, which ends with the last clone.
 #[derive(Clone, Debug)]
 pub(crate) struct Relayed {
-    peer: Peer<RoleServer>,
+    latest: Arc<tokio::sync::watch::Sender<Option<ProgressNotificationParam>>>,
     token: ProgressToken,
+    _sending: Arc<Sending>,
+}
+
+/// The task that sends a call's progress; ended when dropped.
+#[derive(Debug)]
+struct Sending(tokio::task::AbortHandle);
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl ProgressRelay {
@@ -61,7 +78,24 @@ impl ProgressRelay {
         peer: Peer<RoleServer>,
         token: ProgressToken,
     ) -> Entry<Arc<str>, Relayed> {
-        self.0.insert(request_id, Relayed { peer, token })
+        let (latest, mut next) = tokio::sync::watch::channel(None::<ProgressNotificationParam>);
+        let sending = tokio::spawn(async move {
+            while next.changed().await.is_ok() {
+                let Some(progress) = next.borrow_and_update().clone() else {
+                    continue;
+                };
+                if let Err(error) = peer.notify_progress(progress).await {
+                    tracing::debug!(%error, "a progress notification could not be relayed");
+                    return;
+                }
+            }
+        });
+        let relayed = Relayed {
+            latest: Arc::new(latest),
+            token,
+            _sending: Arc::new(Sending(sending.abort_handle())),
+        };
+        self.0.insert(request_id, relayed)
     }
 
     /// Where the progress of the call `request_id` goes, while it runs.
@@ -71,31 +105,32 @@ impl ProgressRelay {
 }
 
 impl Relayed {
-    /// Sends `params` on to the client, under its own token. A client that went away is
-    /// let be: progress is advice.
-    pub(crate) async fn send(&self, params: &ProgressNotificationParam) {
+    /// Hands `params` to the call's sending task, under the client's own token, in place of
+    /// any not yet sent: never waits on the client.
+    pub(crate) fn send(&self, params: &ProgressNotificationParam) {
         let mut relayed = params.clone();
         relayed.progress_token = self.token.clone();
-        if let Err(error) = self.peer.notify_progress(relayed).await {
-            tracing::debug!(%error, "a progress notification could not be relayed");
-        }
+        self.latest.send_replace(Some(relayed));
     }
 }
 
-/// Logs `params` as a `tool_call_progress` event: `requestId` (the call's, when known; else
-/// the progress token), `progress`, `total` and `message`.
+/// Logs `params` as a DEBUG `tool_call_progress` event: `requestId` (the call's, when known;
+/// else the progress token), `progress` and `total`. Not its message, which a chatty tool
+/// can make long and many.
 pub(crate) fn log_progress(call: Option<&str>, params: &ProgressNotificationParam) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
     let request_id = match (call, &params.progress_token.0) {
         (Some(id), _) => id.to_string(),
         (None, NumberOrString::String(token)) => token.to_string(),
         (None, NumberOrString::Number(token)) => token.to_string(),
     };
-    tracing::info!(
+    tracing::debug!(
         event = "tool_call_progress",
         requestId = %request_id,
         progress = params.progress,
         total = params.total,
-        message = params.message.as_deref(),
         "tool call progress"
     );
 }

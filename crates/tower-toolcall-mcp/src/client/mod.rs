@@ -551,7 +551,7 @@ impl ClientHandler for ClientEvents {
         let call = self.in_flight.get(&params.progress_token);
         log_progress(call.as_ref().map(|c| &*c.request_id), &params);
         if let Some(relayed) = call.and_then(|c| c.relayed) {
-            relayed.send(&params).await;
+            relayed.send(&params);
         }
     }
 
