@@ -58,7 +58,13 @@ const KEY_KEYS: &[&str] = &["id", "tenant", "roles", "key_env", "key_file", "key
 const CLAIM_KEYS: &[&str] = &["actor", "tenant", "roles", "scopes"];
 const ROLE_KEYS: &[&str] = &["name", "allow", "deny"];
 const PRINCIPAL_KEYS: &[&str] = &["id", "tenant", "roles"];
-const HTTP_KEYS: &[&str] = &["allowed_hosts", "allowed_origins", "metrics_listen"];
+const HTTP_KEYS: &[&str] = &[
+    "allowed_hosts",
+    "allowed_origins",
+    "metrics_listen",
+    "max_calls_in_flight",
+    "body_timeout_ms",
+];
 
 /// The environment variable naming the stdio front's principal when `[auth.stdio]` does not.
 pub(crate) const PRINCIPAL_ENV: &str = "TOOLCALL_PRINCIPAL";
@@ -116,7 +122,7 @@ struct RoleRule {
 }
 
 /// `[http]`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct HttpConfig {
     /// Names the HTTP fronts answer to besides the loopback names; `*` for any.
     pub(crate) allowed_hosts: Vec<String>,
@@ -124,6 +130,28 @@ pub(crate) struct HttpConfig {
     pub(crate) allowed_origins: Vec<String>,
     /// Where `/metrics` is served instead of beside the other routes.
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// The calls each front (`/v1`, MCP) runs at once, those whose client left included.
+    pub(crate) max_calls_in_flight: usize,
+    /// How long a request's whole body may take to arrive.
+    pub(crate) body_timeout: std::time::Duration,
+}
+
+/// The calls each front runs at once unless `[http] max_calls_in_flight` says.
+pub(crate) const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 256;
+
+/// How long a request's body may take unless `[http] body_timeout_ms` says.
+pub(crate) const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            metrics_listen: None,
+            max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+        }
+    }
 }
 
 impl HttpConfig {
@@ -354,10 +382,34 @@ impl Checker {
                 })
                 .ok()
         });
+        let max_calls_in_flight = match http.get("max_calls_in_flight") {
+            None => DEFAULT_MAX_CALLS_IN_FLIGHT,
+            Some(Value::Integer(n)) if (1..=1_000_000).contains(n) => {
+                usize::try_from(*n).unwrap_or(DEFAULT_MAX_CALLS_IN_FLIGHT)
+            }
+            Some(other) => {
+                self.add(
+                    "http.max_calls_in_flight",
+                    format!(
+                        "must be a whole number from 1 to 1000000, got {}",
+                        match other {
+                            Value::Integer(n) => n.to_string(),
+                            other => crate::config::kind(other).to_owned(),
+                        }
+                    ),
+                );
+                DEFAULT_MAX_CALLS_IN_FLIGHT
+            }
+        };
+        let body_timeout = self
+            .millis(http, "http", "body_timeout_ms")
+            .unwrap_or(DEFAULT_BODY_TIMEOUT);
         HttpConfig {
             allowed_hosts,
             allowed_origins,
             metrics_listen,
+            max_calls_in_flight,
+            body_timeout,
         }
     }
 

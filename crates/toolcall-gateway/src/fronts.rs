@@ -43,12 +43,50 @@ pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Ro
         Arc::new(LocalSessionManager::default()),
         config,
     );
+    let body_timeout = lasting.body_timeout;
     let router = Router::new()
         .nest_service("/mcp", service)
-        .layer(axum::middleware::map_response(session_ended));
+        .layer(axum::middleware::map_response(session_ended))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            whole_body(body_timeout, request, next)
+        }));
     match auth {
         Some(auth) => router.route_layer(auth.layer()),
         None => router,
+    }
+}
+
+/// The most bytes of an MCP request's body.
+const MAX_MCP_BODY: usize = 4 << 20;
+
+/// Reads a request's whole body within `timeout` (at most [`MAX_MCP_BODY`] bytes) before
+/// MCP sees it, so that a client that sends it slowly holds a connection for `timeout` at
+/// most: `408` and the connection closed when it is late, `413` when it is too large.
+async fn whole_body(
+    timeout: Duration,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_MCP_BODY)).await {
+        Ok(Ok(bytes)) => {
+            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+                .await
+        }
+        Ok(Err(_)) => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is over {MAX_MCP_BODY} bytes; send a smaller one"),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            [(axum::http::header::CONNECTION, "close")],
+            format!(
+                "the request body did not arrive within {} ms; send it at once",
+                timeout.as_millis()
+            ),
+        )
+            .into_response(),
     }
 }
 
@@ -66,12 +104,13 @@ async fn session_ended(request_method: axum::http::Method, mut response: Respons
 /// a token.
 pub(crate) fn http_router(
     gateway: &Gateway,
+    lasting: &Lasting,
     auth: Option<&Authentication>,
     metrics_here: bool,
 ) -> Router {
     let mut envelope = ToolRouter::new(gateway.registry.clone(), gateway.tools.clone())
-        .body_timeout(Duration::from_secs(15))
-        .max_calls_in_flight(256)
+        .body_timeout(lasting.body_timeout)
+        .call_slots(lasting.call_slots.clone())
         .issue_confirmations(DEFAULT_CONFIRMATION_TTL);
     if let Some(access) = gateway.access.clone() {
         let names = gateway.names.clone();

@@ -21,7 +21,7 @@ use tower_toolcall::rate_limit::InMemoryRateLimitStore;
 use tower_toolcall::registry::{LayerSetting, RetryOverrides, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack};
-use tower_toolcall_axum::AdminRouter;
+use tower_toolcall_axum::{AdminRouter, CallSlots};
 use tower_toolcall_mcp::{descriptor_for, registry_of, McpServer, ProgressRelay, ToolList};
 use tower_toolcall_redis::{
     FleetControl, RedisDedupeStore, RedisLoopStore, RedisRateLimitStore, RedisTarget,
@@ -61,6 +61,10 @@ pub(crate) struct Lasting {
     in_service: InService,
     /// The upstreams' progress on its clients' calls.
     relay: ProgressRelay,
+    /// The calls `/v1` runs at once: one count for the gateway's life.
+    pub(crate) call_slots: CallSlots,
+    /// How long a request's whole body may take to arrive, on every HTTP front.
+    pub(crate) body_timeout: std::time::Duration,
     /// The names of the upstreams whose tools may have changed.
     changes: mpsc::UnboundedSender<String>,
     /// The upstreams that came up after failing to start.
@@ -98,7 +102,8 @@ impl Lasting {
         let in_service = InService::default();
         let relay = ProgressRelay::default();
         let mut mcp = McpServer::over(GATEWAY_NAMESPACE, in_service.clone(), listed.clone())
-            .relay_progress(&relay);
+            .relay_progress(&relay)
+            .max_calls_in_flight(config.http.max_calls_in_flight);
         if let Some(principal) = principal {
             mcp = mcp.principal(principal);
         }
@@ -115,6 +120,8 @@ impl Lasting {
             listed,
             in_service,
             relay,
+            call_slots: CallSlots::new(config.http.max_calls_in_flight),
+            body_timeout: config.http.body_timeout,
             changes,
             came_up,
             names: Arc::default(),

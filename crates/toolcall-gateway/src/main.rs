@@ -210,6 +210,7 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
     let swap = http.then(|| {
         fronts::Swap::new(fronts::http_router(
             &gateway,
+            &lasting,
             authentication.as_ref(),
             metrics_here,
         ))
@@ -410,6 +411,7 @@ impl Following {
                     if let Some(swap) = &self.swap {
                         swap.replace(fronts::http_router(
                             &next,
+                            &self.lasting,
                             self.auth.as_ref(),
                             self.metrics_here,
                         ));

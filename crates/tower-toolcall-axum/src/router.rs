@@ -130,6 +130,26 @@ pub struct ToolRouter {
     visible: Option<Arc<VisibleFn>>,
     denied: Option<Arc<DeniedFn>>,
     confirmations: Option<IssuedConfirmations>,
+    slots: Option<CallSlots>,
+}
+
+/// The calls one or more [`ToolRouter`]s run at once (see
+/// [`ToolRouter::call_slots`]). Clones share the count.
+#[derive(Clone, Debug)]
+pub struct CallSlots {
+    slots: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl CallSlots {
+    /// Room for `calls` calls at once (at least 1).
+    pub fn new(calls: usize) -> Self {
+        let limit = calls.clamp(1, Semaphore::MAX_PERMITS);
+        CallSlots {
+            slots: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
 }
 
 impl fmt::Debug for ToolRouter {
@@ -186,6 +206,7 @@ impl ToolRouter {
             visible: None,
             denied: None,
             confirmations: None,
+            slots: None,
         }
     }
 
@@ -210,6 +231,29 @@ impl ToolRouter {
     /// A call whose client disconnected still counts until it ends.
     pub fn max_calls_in_flight(mut self, calls: usize) -> Self {
         self.max_calls_in_flight = calls.clamp(1, Semaphore::MAX_PERMITS);
+        self.slots = None;
+        self
+    }
+
+    /// Counts the calls in flight in `slots` (whose limit then replaces
+    /// [`max_calls_in_flight`](ToolRouter::max_calls_in_flight)'s), shared with the other
+    /// routers given them: the routers that replace one another in a server that reloads
+    /// keep one count, so that a reload never adds room.
+    ///
+    /// ```
+    /// use tower_toolcall_axum::{CallSlots, ToolRouter};
+    /// use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
+    ///
+    /// let slots = CallSlots::new(256);
+    /// let tools = tool_fn(|_call: ToolCall| async { Ok(ToolOutput::new(serde_json::json!({}))) });
+    /// let before = ToolRouter::new(ToolRegistry::open(), tools.clone()).call_slots(slots.clone());
+    /// let after = ToolRouter::new(ToolRegistry::open(), tools).call_slots(slots);
+    /// # let _ = (before, after);
+    /// ```
+    pub fn call_slots(mut self, slots: CallSlots) -> Self {
+        self.max_calls_in_flight = slots.limit;
+        self.slots = Some(slots);
         self
     }
 
@@ -293,10 +337,13 @@ impl ToolRouter {
 
     /// The axum router.
     pub fn into_router(self) -> Router {
+        let slots = self
+            .slots
+            .unwrap_or_else(|| CallSlots::new(self.max_calls_in_flight));
         let limited = InFlightLimit {
             inner: self.service,
-            slots: Arc::new(Semaphore::new(self.max_calls_in_flight)),
-            limit: self.max_calls_in_flight,
+            slots: slots.slots,
+            limit: slots.limit,
         };
         let state = ToolsState {
             registry: self.registry,

@@ -853,11 +853,16 @@ mod lively;
 
 /// A gateway in front of a [`lively::Lively`] upstream; the upstream's state.
 async fn lively_gateway(name: &str) -> (lively::Lively, HttpGateway) {
+    lively_gateway_with(name, "").await
+}
+
+/// [`lively_gateway`] with `extra` in its configuration.
+async fn lively_gateway_with(name: &str, extra: &str) -> (lively::Lively, HttpGateway) {
     let upstream = lively::Lively::default();
     let url = http::serve(upstream.clone()).await;
     let config = written(
         name,
-        &format!("[[upstreams]]\nname = \"lively\"\nurl = \"{url}\"\ntrust = \"trusted\"\ntimeout_ms = 30000\n"),
+        &format!("{extra}\n[[upstreams]]\nname = \"lively\"\nurl = \"{url}\"\ntrust = \"trusted\"\ntimeout_ms = 30000\n"),
     );
     (upstream, HttpGateway::start(&config).await)
 }

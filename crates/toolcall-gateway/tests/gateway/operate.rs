@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::{
-    call, error_code, everything_upstream, hang_up, kit, python, written, HttpGateway, Probe,
-    GATEWAY,
+    call, error_code, everything_upstream, hang_up, kit, lively_gateway_with, python, written,
+    HttpGateway, Probe, GATEWAY,
 };
 
 /// The attempt timeout `GET /v1/tools` lists for the tool `name`.
@@ -305,4 +305,110 @@ async fn a_reload_refills_no_quota() {
     // It refills at its rate.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(gateway.call(&echo(5)).await.0, 200);
+}
+
+#[tokio::test]
+async fn calls_whose_clients_left_still_count_against_the_mcp_front() {
+    let (upstream, gateway) =
+        lively_gateway_with("mcp-in-flight", "[http]\nmax_calls_in_flight = 2\n").await;
+    let send = |id: u32| {
+        json!({"op": "call", "name": "lively__send", "arguments": {"holdMs": 3000, "n": id},
+               "cancelAfterMs": 200})
+    };
+    let report = python(json!({
+        "transport": {"kind": "http", "url": format!("http://{}/mcp", gateway.address)},
+        "protocolVersion": "2025-11-25",
+        "steps": [
+            // Two writes the client gives up on: they run on, and hold their places.
+            send(1),
+            send(2),
+            call("lively__scan", json!({}), json!({})),
+        ],
+    }))
+    .await;
+    let busy = &report["steps"][2];
+    assert_eq!(error_code(busy), Some("UPSTREAM_UNAVAILABLE"), "{report}");
+    assert_eq!(
+        busy["ok"]["_meta"]["rs.tower-toolcall/error"]["retriable"], true,
+        "{report}"
+    );
+    assert_eq!(upstream.send.counts().0, 2, "both writes ran");
+    // Their places come back when they end.
+    let started = Instant::now();
+    loop {
+        let report = python(json!({
+            "transport": {"kind": "http", "url": format!("http://{}/mcp", gateway.address)},
+            "protocolVersion": "2025-11-25",
+            "steps": [call("lively__scan", json!({}), json!({}))],
+        }))
+        .await;
+        if error_code(&report["steps"][0]).is_none() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "{report}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_slow_body_on_mcp_is_cut_at_the_body_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let config = written(
+        "mcp-slow-body",
+        &format!("[http]\nbody_timeout_ms = 500\n{}", everything_upstream()),
+    );
+    let gateway = HttpGateway::start(&config).await;
+    let mut stream = tokio::net::TcpStream::connect(&gateway.address)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\ncontent-length: 100\r\n\r\n{{\"jsonrpc\"",
+        gateway.address
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer))
+        .await
+        .expect("the gateway answers and closes within the body timeout")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_reload_adds_no_room_for_calls_on_v1() {
+    let (upstream, gateway) =
+        lively_gateway_with("v1-in-flight", "[http]\nmax_calls_in_flight = 1\n").await;
+    let send = |n: u32, hold: u64| {
+        json!({
+            "contractVersion": "1.1", "requestId": format!("r-send-{n}"), "toolNamespace": "lively",
+            "toolName": "send", "target": {"sessionKey": format!("s-{n}"), "actorId": "a"},
+            "payload": {"version": "1.0", "params": {"holdMs": hold, "n": n}}
+        })
+    };
+    // One call holds the only place, across a reload.
+    let probe = HttpGateway::probe(gateway.address.clone());
+    let holding = tokio::spawn(async move { probe.call(&send(1, 3000)).await });
+    let started = Instant::now();
+    while upstream.send.counts().0 == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the call never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    hang_up(&gateway);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, body) = gateway.call(&send(2, 0)).await;
+    assert_eq!(status, 503, "the reload made room: {body}");
+    assert!(body.contains("UPSTREAM_UNAVAILABLE"), "{body}");
+    assert_eq!(holding.await.unwrap().0, 200);
+    assert_eq!(gateway.call(&send(3, 0)).await.0, 200);
 }

@@ -149,6 +149,8 @@ struct Inner {
     verifier: Verifier,
     metadata_url: Option<String>,
     required_scopes: Vec<String>,
+    /// The principals of verified tokens (JWTs only: an API key is checked at once).
+    #[cfg_attr(not(feature = "jwt"), allow(dead_code))]
     verified: quick_cache::sync::Cache<[u8; 32], (Principal, u64)>,
     refusals: RefusalLog,
     on_refusal: Option<Box<ReportFn>>,

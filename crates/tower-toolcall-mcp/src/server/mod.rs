@@ -151,7 +151,19 @@ pub struct McpServer<H> {
     initialized: Arc<AtomicBool>,
     /// The confirmations asked of the users, shared by the connections.
     confirmations: Confirmations,
+    /// The calls that may run at once, shared by the connections.
+    slots: Option<CallSlots>,
 }
+
+/// The calls a server runs at once, counting those that run on after their client left.
+#[derive(Clone, Debug)]
+struct CallSlots {
+    slots: Arc<tokio::sync::Semaphore>,
+    limit: usize,
+}
+
+/// When a call refused because the server is full is told to come back.
+const BUSY_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl<H: ServerHandler> McpServer<H> {
     /// Serves `handler`'s tools, in `namespace`, through `layer` (a [`ToolStack`](tower_toolcall::ToolStack)
@@ -244,6 +256,7 @@ impl<H> McpServer<H> {
             stoppable: Stoppable::default(),
             initialized: Arc::default(),
             confirmations: Confirmations::default(),
+            slots: None,
         }
     }
 
@@ -279,7 +292,22 @@ impl<H> McpServer<H> {
             stoppable: self.stoppable.clone(),
             initialized: Arc::default(),
             confirmations: self.confirmations.clone(),
+            slots: self.slots.clone(),
         }
+    }
+
+    /// Runs at most `calls` calls at once (at least 1), over all the server's connections,
+    /// counting the calls that run on after their client cancelled or left (a call once
+    /// dispatched runs to its end). A call that finds them all taken is answered at
+    /// once with `UPSTREAM_UNAVAILABLE`, retriable, with a retry-after of one second; the
+    /// tool does not run. Without it, the calls are not counted.
+    pub fn max_calls_in_flight(mut self, calls: usize) -> Self {
+        let limit = calls.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        self.slots = Some(CallSlots {
+            slots: Arc::new(tokio::sync::Semaphore::new(limit)),
+            limit,
+        });
+        self
     }
 
     /// How long a user has to answer a confirmation asked through elicitation (see
@@ -430,6 +458,25 @@ impl<H> McpServer<H> {
             Ok(call) => call,
             Err(err) => return result_of(Err(in_mcp_words(err))).into(),
         };
+        // A slot for the call's whole run, taken before anything is asked of the user.
+        let slot = match &self.slots {
+            None => None,
+            Some(slots) => match slots.slots.clone().try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => {
+                    let busy = ToolError::rejected(
+                        ErrorCode::UpstreamUnavailable,
+                        format!(
+                            "the server is running {} calls, its limit; send the call again in \
+                             a moment",
+                            slots.limit
+                        ),
+                    )
+                    .with_retry_after(BUSY_RETRY_AFTER);
+                    return result_of(Err(in_mcp_words(busy))).into();
+                }
+            },
+        };
         // A tool that needs the user's confirmation gets it from the user or the host, never
         // from what the client says.
         if let Some(mode) = route.as_ref().and_then(|route| route.confirm) {
@@ -490,7 +537,7 @@ impl<H> McpServer<H> {
         // the client cancels. The request's entries leave with the call.
         let service = self.service.clone();
         let outcome = tower_toolcall::detach::detach(async move {
-            let _entries = (served, progress, relayed);
+            let _entries = (served, progress, relayed, slot);
             match stop {
                 Some((stop, _entry)) => tokio::select! {
                     outcome = service.oneshot(call) => outcome,
