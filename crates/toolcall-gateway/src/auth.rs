@@ -64,6 +64,8 @@ const HTTP_KEYS: &[&str] = &[
     "metrics_listen",
     "max_calls_in_flight",
     "body_timeout_ms",
+    "max_sessions",
+    "session_idle_ms",
 ];
 
 /// The environment variable naming the stdio front's principal when `[auth.stdio]` does not.
@@ -134,7 +136,17 @@ pub(crate) struct HttpConfig {
     pub(crate) max_calls_in_flight: usize,
     /// How long a request's whole body may take to arrive.
     pub(crate) body_timeout: std::time::Duration,
+    /// The most MCP sessions (2025-11-25) open at once.
+    pub(crate) max_sessions: usize,
+    /// How long an MCP session may go unused before it is closed.
+    pub(crate) session_idle: std::time::Duration,
 }
+
+/// The MCP sessions open at once unless `[http] max_sessions` says.
+pub(crate) const DEFAULT_MAX_SESSIONS: usize = 10_000;
+
+/// How long an MCP session may idle unless `[http] session_idle_ms` says.
+pub(crate) const DEFAULT_SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The calls each front runs at once unless `[http] max_calls_in_flight` says.
 pub(crate) const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 256;
@@ -150,6 +162,8 @@ impl Default for HttpConfig {
             metrics_listen: None,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            session_idle: DEFAULT_SESSION_IDLE,
         }
     }
 }
@@ -382,34 +396,26 @@ impl Checker {
                 })
                 .ok()
         });
-        let max_calls_in_flight = match http.get("max_calls_in_flight") {
-            None => DEFAULT_MAX_CALLS_IN_FLIGHT,
-            Some(Value::Integer(n)) if (1..=1_000_000).contains(n) => {
-                usize::try_from(*n).unwrap_or(DEFAULT_MAX_CALLS_IN_FLIGHT)
-            }
-            Some(other) => {
-                self.add(
-                    "http.max_calls_in_flight",
-                    format!(
-                        "must be a whole number from 1 to 1000000, got {}",
-                        match other {
-                            Value::Integer(n) => n.to_string(),
-                            other => crate::config::kind(other).to_owned(),
-                        }
-                    ),
-                );
-                DEFAULT_MAX_CALLS_IN_FLIGHT
-            }
-        };
+        let max_calls_in_flight = self
+            .count(http, "http", "max_calls_in_flight")
+            .unwrap_or(DEFAULT_MAX_CALLS_IN_FLIGHT);
         let body_timeout = self
             .millis(http, "http", "body_timeout_ms")
             .unwrap_or(DEFAULT_BODY_TIMEOUT);
+        let max_sessions = self
+            .count(http, "http", "max_sessions")
+            .unwrap_or(DEFAULT_MAX_SESSIONS);
+        let session_idle = self
+            .millis(http, "http", "session_idle_ms")
+            .unwrap_or(DEFAULT_SESSION_IDLE);
         HttpConfig {
             allowed_hosts,
             allowed_origins,
             metrics_listen,
             max_calls_in_flight,
             body_timeout,
+            max_sessions,
+            session_idle,
         }
     }
 
@@ -728,6 +734,9 @@ mod tests {
             [http]
             allowed_origins = ["evil.example"]
             metrics_listen = "localhost"
+            max_calls_in_flight = 0
+            max_sessions = "many"
+            session_idle_ms = 0
             "#,
         );
         let expected = [
@@ -737,7 +746,10 @@ mod tests {
             "auth.leeway_s: must be a whole number of seconds from 0 to 3600, got an integer",
             "auth.roles[0]: allows and denies nothing",
             "http.allowed_origins[0]: \"evil.example\" is not an origin",
+            "http.max_calls_in_flight: must be from 1 to 1000000, got 0",
+            "http.max_sessions: must be a whole number, got a string",
             "http.metrics_listen: \"localhost\" is not a socket address",
+            "http.session_idle_ms: must be from 1 to 3600000 milliseconds (one hour), got 0",
         ];
         assert_eq!(lines.len(), expected.len(), "{lines:#?}");
         for (line, expected) in lines.iter().zip(expected) {

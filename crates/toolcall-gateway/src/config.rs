@@ -764,6 +764,27 @@ impl Checker {
         }
     }
 
+    /// A count of things, from 1 to a million.
+    pub(crate) fn count(&mut self, parent: &Table, prefix: &str, key: &str) -> Option<usize> {
+        match parent.get(key)? {
+            Value::Integer(n) if (1..=1_000_000).contains(n) => usize::try_from(*n).ok(),
+            Value::Integer(n) => {
+                self.add(
+                    key_path(prefix, key),
+                    format!("must be from 1 to 1000000, got {n}"),
+                );
+                None
+            }
+            other => {
+                self.add(
+                    key_path(prefix, key),
+                    format!("must be a whole number, got {}", kind(other)),
+                );
+                None
+            }
+        }
+    }
+
     /// A timeout in milliseconds, from 1 ms to one hour.
     pub(crate) fn millis(&mut self, parent: &Table, prefix: &str, key: &str) -> Option<Duration> {
         let field = key_path(prefix, key);

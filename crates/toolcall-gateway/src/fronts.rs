@@ -38,17 +38,21 @@ pub(crate) async fn serve_stdio(lasting: &Lasting) -> Result<(), BoxError> {
 pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Router {
     let server = lasting.mcp.connection();
     let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
-    let service = StreamableHttpService::new(
-        move || Ok(server.connection()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
-    let body_timeout = lasting.body_timeout;
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(lasting.http.session_idle);
+    let sessions = Arc::new(sessions);
+    let service =
+        StreamableHttpService::new(move || Ok(server.connection()), sessions.clone(), config);
+    let admission = Admission {
+        body_timeout: lasting.http.body_timeout,
+        sessions,
+        max_sessions: lasting.http.max_sessions,
+    };
     let router = Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::map_response(session_ended))
         .layer(axum::middleware::from_fn(move |request, next| {
-            whole_body(body_timeout, request, next)
+            admission.clone().admit(request, next)
         }));
     match auth {
         Some(auth) => router.route_layer(auth.layer()),
@@ -59,35 +63,86 @@ pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Ro
 /// The most bytes of an MCP request's body.
 const MAX_MCP_BODY: usize = 4 << 20;
 
-/// Reads a request's whole body within `timeout` (at most [`MAX_MCP_BODY`] bytes) before
-/// MCP sees it, so that a client that sends it slowly holds a connection for `timeout` at
-/// most: `408` and the connection closed when it is late, `413` when it is too large.
-async fn whole_body(
-    timeout: Duration,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let (parts, body) = request.into_parts();
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_MCP_BODY)).await {
-        Ok(Ok(bytes)) => {
-            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
-                .await
+/// What `/mcp` checks before MCP sees a request: its whole body arrives in time, and a
+/// request that would open a session finds room for one.
+#[derive(Clone)]
+struct Admission {
+    body_timeout: Duration,
+    sessions: Arc<LocalSessionManager>,
+    max_sessions: usize,
+}
+
+impl Admission {
+    /// Reads the request's whole body within the body timeout (at most [`MAX_MCP_BODY`]
+    /// bytes) before MCP sees it, so that a client that sends it slowly holds a connection
+    /// for that long at most: `408` and the connection closed when it is late, `413` when it
+    /// is too large. An `initialize` without a session, when the gateway holds its limit of
+    /// open sessions, is answered `503` with a retry-after.
+    async fn admit(
+        self,
+        request: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> Response {
+        let (parts, body) = request.into_parts();
+        let read =
+            tokio::time::timeout(self.body_timeout, axum::body::to_bytes(body, MAX_MCP_BODY));
+        let bytes = match read.await {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(_)) => {
+                return (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the request body is over {MAX_MCP_BODY} bytes; send a smaller one"),
+                )
+                    .into_response()
+            }
+            Err(_) => {
+                return (
+                    StatusCode::REQUEST_TIMEOUT,
+                    [(axum::http::header::CONNECTION, "close")],
+                    format!(
+                        "the request body did not arrive within {} ms; send it at once",
+                        self.body_timeout.as_millis()
+                    ),
+                )
+                    .into_response()
+            }
+        };
+        if opens_a_session(&parts, &bytes)
+            && self.sessions.sessions.read().await.len() >= self.max_sessions
+        {
+            tracing::warn!(
+                event = "mcp_sessions_full",
+                max_sessions = self.max_sessions,
+                "a new MCP session was refused: the gateway holds its limit"
+            );
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "5")],
+                format!(
+                    "the gateway holds its limit of {} open MCP sessions; try again later, or \
+                     end the sessions you no longer use (DELETE /mcp)",
+                    self.max_sessions
+                ),
+            )
+                .into_response();
         }
-        Ok(Err(_)) => (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is over {MAX_MCP_BODY} bytes; send a smaller one"),
-        )
-            .into_response(),
-        Err(_) => (
-            StatusCode::REQUEST_TIMEOUT,
-            [(axum::http::header::CONNECTION, "close")],
-            format!(
-                "the request body did not arrive within {} ms; send it at once",
-                timeout.as_millis()
-            ),
-        )
-            .into_response(),
+        next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+            .await
     }
+}
+
+/// Whether the request would open a session: a POST without `Mcp-Session-Id` whose body is
+/// an `initialize` request.
+fn opens_a_session(parts: &axum::http::request::Parts, body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: Option<&'a str>,
+    }
+    parts.method == axum::http::Method::POST
+        && !parts.headers.contains_key("mcp-session-id")
+        && serde_json::from_slice::<Method<'_>>(body)
+            .is_ok_and(|message| message.method == Some("initialize"))
 }
 
 /// The answer to a `DELETE /mcp` that ended a session: `200 OK`, as the official SDKs'
@@ -109,7 +164,7 @@ pub(crate) fn http_router(
     metrics_here: bool,
 ) -> Router {
     let mut envelope = ToolRouter::new(gateway.registry.clone(), gateway.tools.clone())
-        .body_timeout(lasting.body_timeout)
+        .body_timeout(lasting.http.body_timeout)
         .call_slots(lasting.call_slots.clone())
         .issue_confirmations(DEFAULT_CONFIRMATION_TTL);
     if let Some(access) = gateway.access.clone() {

@@ -63,8 +63,8 @@ pub(crate) struct Lasting {
     relay: ProgressRelay,
     /// The calls `/v1` runs at once: one count for the gateway's life.
     pub(crate) call_slots: CallSlots,
-    /// How long a request's whole body may take to arrive, on every HTTP front.
-    pub(crate) body_timeout: std::time::Duration,
+    /// The HTTP fronts' bounds (`[http]`), as the gateway started: they take a restart.
+    pub(crate) http: crate::auth::HttpConfig,
     /// The names of the upstreams whose tools may have changed.
     changes: mpsc::UnboundedSender<String>,
     /// The upstreams that came up after failing to start.
@@ -121,7 +121,7 @@ impl Lasting {
             in_service,
             relay,
             call_slots: CallSlots::new(config.http.max_calls_in_flight),
-            body_timeout: config.http.body_timeout,
+            http: config.http.clone(),
             changes,
             came_up,
             names: Arc::default(),

@@ -326,31 +326,10 @@ async fn confirmation_under_each_protocol_version_and_without_elicitation() {
 
 /// Opens a 2025-11-25 session on the gateway's `/mcp` and ends it with `DELETE`: its status.
 async fn delete_a_session(address: &str) -> (u16, String) {
-    let initialize = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                   "clientInfo": {"name": "raw", "version": "1"}}
-    })
-    .to_string();
-    let answer = raw(
-        address,
-        &format!(
-            "POST /mcp HTTP/1.1\r\nHost: {address}\r\ncontent-type: application/json\r\n\
-             accept: application/json, text/event-stream\r\ncontent-length: {}\r\n\
-             Connection: close\r\n\r\n{initialize}",
-            initialize.len()
-        ),
-    )
-    .await;
-    let session = answer
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("mcp-session-id")
-                .then(|| value.trim().to_owned())
-        })
-        .unwrap_or_else(|| panic!("a session id: {answer}"));
-    let answer = raw(
+    let session = super::operate::open_session(address)
+        .await
+        .unwrap_or_else(|answer| panic!("a session id: {answer}"));
+    let answer = super::operate::raw(
         address,
         &format!(
             "DELETE /mcp HTTP/1.1\r\nHost: {address}\r\nmcp-session-id: {session}\r\n\
@@ -359,15 +338,6 @@ async fn delete_a_session(address: &str) -> (u16, String) {
     )
     .await;
     (answer[9..12].parse().unwrap(), answer)
-}
-
-async fn raw(address: &str, request: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
-    String::from_utf8_lossy(&answer).into_owned()
 }
 
 #[tokio::test]

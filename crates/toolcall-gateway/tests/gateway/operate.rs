@@ -412,3 +412,91 @@ async fn a_reload_adds_no_room_for_calls_on_v1() {
     assert_eq!(holding.await.unwrap().0, 200);
     assert_eq!(gateway.call(&send(3, 0)).await.0, 200);
 }
+
+/// Opens a 2025-11-25 session on the gateway's `/mcp` with a raw `initialize`: its id, or
+/// the whole answer when there is none.
+pub(super) async fn open_session(address: &str) -> Result<String, String> {
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "1"}}
+    })
+    .to_string();
+    let answer = raw(
+        address,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: {address}\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\ncontent-length: {}\r\n\
+             Connection: close\r\n\r\n{initialize}",
+            initialize.len()
+        ),
+    )
+    .await;
+    answer
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| value.trim().to_owned())
+        })
+        .ok_or(answer)
+}
+
+/// Sends `request` on a connection of its own: the whole answer (what came within 5 s).
+pub(super) async fn raw(address: &str, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn mcp_sessions_are_capped_and_an_idle_one_expires() {
+    let config = written(
+        "mcp-sessions",
+        &format!(
+            "[http]\nmax_sessions = 2\nsession_idle_ms = 1500\n{}",
+            everything_upstream()
+        ),
+    );
+    let gateway = HttpGateway::start(&config).await;
+    let address = gateway.address.clone();
+    let first = open_session(&address).await.unwrap();
+    open_session(&address).await.unwrap();
+    // The third finds no room: 503, with a time to come back.
+    let refused = open_session(&address).await.unwrap_err();
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 5"),
+        "{refused}"
+    );
+    // Ending one makes room.
+    raw(
+        &address,
+        &format!(
+            "DELETE /mcp HTTP/1.1\r\nHost: {address}\r\nmcp-session-id: {first}\r\n\
+             mcp-protocol-version: 2025-11-25\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    let third = open_session(&address).await.unwrap();
+    // Unused, the sessions expire: room again, and the old id is gone.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    open_session(&address).await.unwrap();
+    open_session(&address).await.unwrap();
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string();
+    let gone = raw(
+        &address,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: {address}\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\nmcp-session-id: {third}\r\n\
+             mcp-protocol-version: 2025-11-25\r\ncontent-length: {}\r\n\
+             Connection: close\r\n\r\n{ping}",
+            ping.len()
+        ),
+    )
+    .await;
+    assert!(gone.starts_with("HTTP/1.1 404"), "{gone}");
+}
