@@ -288,6 +288,17 @@ impl Gateway {
             builder = builder.trace(move |trace| trace.audit(audit));
         }
         let audit = lasting.audit.clone();
+        let (upstreams, downs) = (Arc::new(upstreams), Arc::new(downs));
+        let upstream_states = {
+            let (upstreams, downs) = (upstreams.clone(), downs.clone());
+            axum::Router::new().route(
+                "/upstreams",
+                axum::routing::get(move || {
+                    let states = crate::upstreams::states(&upstreams, &downs);
+                    async move { axum::Json(states) }
+                }),
+            )
+        };
         let (tools, admin, fleet) = match &config.redis {
             Some(store) => {
                 let target = redis_target(store);
@@ -310,7 +321,14 @@ impl Gateway {
                 fleet.sync().await.map_err(|err| {
                     format!("{} ({store}): the fleet's actions: {err}", store.field())
                 })?;
-                let (tools, admin) = assemble(stack, router, admin_token, audit, Some(&fleet))?;
+                let (tools, admin) = assemble(
+                    stack,
+                    router,
+                    admin_token,
+                    audit,
+                    Some(&fleet),
+                    &upstream_states,
+                )?;
                 (tools, admin, Some(fleet))
             }
             None => {
@@ -319,7 +337,8 @@ impl Gateway {
                     .rate_limit_store(lasting.quotas.clone())
                     .loop_store(lasting.loops.clone())
                     .build()?;
-                let (tools, admin) = assemble(stack, router, admin_token, audit, None)?;
+                let (tools, admin) =
+                    assemble(stack, router, admin_token, audit, None, &upstream_states)?;
                 (tools, admin, None)
             }
         };
@@ -344,8 +363,8 @@ impl Gateway {
             }
         }
         Ok(Gateway {
-            upstreams: Arc::new(upstreams),
-            down: Arc::new(downs),
+            upstreams,
+            down: downs,
             registry,
             tools,
             listed,
@@ -366,10 +385,11 @@ fn assemble<St: DedupeStore>(
     admin_token: Option<&str>,
     audit: Option<AuditLog>,
     fleet: Option<&FleetControl>,
+    own_routes: &axum::Router,
 ) -> Result<(Tools, Option<axum::Router>), BoxError> {
     let admin = match admin_token {
         Some(token) => {
-            let mut admin = AdminRouter::new(&stack, token)?;
+            let mut admin = AdminRouter::new(&stack, token)?.routes(own_routes.clone());
             if let Some(audit) = audit {
                 admin = admin.audit(audit);
             }

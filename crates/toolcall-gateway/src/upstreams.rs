@@ -170,6 +170,63 @@ impl Down {
     }
 }
 
+/// What `GET /admin/upstreams` answers: each upstream by its name, how it is reached,
+/// whether `/readyz` waits for it, and its connection's state: `connected`, `reconnecting`
+/// (with the failed attempts so far and the time to the next), or `down` (it failed to
+/// start, and is started again in the background), with its counts.
+pub(crate) fn states(up: &[Upstream], down: &[Down]) -> serde_json::Value {
+    use serde_json::json;
+    let transport = |config: &UpstreamConfig| match config.transport {
+        UpstreamTransport::Stdio { .. } => "stdio",
+        UpstreamTransport::Http { .. } => "http",
+    };
+    let trust = |config: &UpstreamConfig| match config.trust {
+        tower_toolcall_mcp::Trust::Trusted => "trusted",
+        _ => "untrusted",
+    };
+    let mut states: Vec<serde_json::Value> = up
+        .iter()
+        .map(|u| {
+            let stats = u.client.stats();
+            let mut state = json!({
+                "name": u.config.name,
+                "transport": transport(&u.config),
+                "trust": trust(&u.config),
+                "required": u.config.required,
+                "tools": u.tools.len(),
+                "disconnects": stats.disconnects,
+                "reconnects": stats.reconnects,
+                "failedAttempts": stats.failed_attempts,
+            });
+            match u.client.state() {
+                UpstreamState::Connected => state["state"] = json!("connected"),
+                UpstreamState::Reconnecting {
+                    failed_attempts,
+                    next_attempt_in,
+                } => {
+                    state["state"] = json!("reconnecting");
+                    state["failedAttemptsSinceDown"] = json!(failed_attempts);
+                    state["nextAttemptInMs"] =
+                        json!(u64::try_from(next_attempt_in.as_millis()).unwrap_or(u64::MAX));
+                }
+                _ => state["state"] = json!("unknown"),
+            }
+            state
+        })
+        .collect();
+    states.extend(down.iter().map(|d| {
+        json!({
+            "name": d.config.name,
+            "transport": transport(&d.config),
+            "trust": trust(&d.config),
+            "required": d.config.required,
+            "state": "down",
+        })
+    }));
+    states.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    serde_json::Value::Array(states)
+}
+
 /// `text` (an error of the upstream's client, which may quote its URL) with the URL's
 /// secrets redacted.
 fn scrubbed(config: &UpstreamConfig, text: &str) -> String {

@@ -70,6 +70,8 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 pub struct AdminRouter<St> {
     state: AdminState<St>,
     token: BearerToken,
+    /// Routes of the application's own, behind the same token.
+    extra: Router,
 }
 
 impl<St> fmt::Debug for AdminRouter<St> {
@@ -159,6 +161,7 @@ impl<St: DedupeStore> AdminRouter<St> {
                 fleet: None,
             },
             token: BearerToken::new(token),
+            extra: Router::new(),
         })
     }
 
@@ -176,8 +179,29 @@ impl<St: DedupeStore> AdminRouter<St> {
         self
     }
 
+    /// Adds `routes` of the application's own (what only it knows: its upstreams' states,
+    /// say), behind the same token as the others. Their paths must not be the router's.
+    ///
+    /// ```
+    /// use axum::routing::get;
+    /// use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::ToolStack;
+    /// use tower_toolcall_axum::AdminRouter;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+    /// let admin = AdminRouter::new(&stack, "a-token-of-at-least-32-bytes-0123456789")?
+    ///     .routes(axum::Router::new().route("/upstreams", get(|| async { "[]" })));
+    /// # let _ = admin.into_router();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn routes(mut self, routes: Router) -> Self {
+        self.extra = self.extra.merge(routes);
+        self
+    }
+
     /// The axum router, every route behind the token.
     pub fn into_router(self) -> Router {
+        let extra = self.extra;
         Router::new()
             .route("/breakers", get(list_breakers::<St>))
             .route("/breakers/{key}", get(read_breaker::<St>))
@@ -197,6 +221,7 @@ impl<St: DedupeStore> AdminRouter<St> {
             )
             .fallback(no_route)
             .with_state(self.state)
+            .merge(extra)
             // After the fallback, so that a path that does not exist is refused like one
             // that does: the routes cannot be listed without the token.
             .layer(middleware::from_fn_with_state(self.token, require_token))

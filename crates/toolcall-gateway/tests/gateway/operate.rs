@@ -500,3 +500,40 @@ async fn mcp_sessions_are_capped_and_an_idle_one_expires() {
     .await;
     assert!(gone.starts_with("HTTP/1.1 404"), "{gone}");
 }
+
+#[tokio::test]
+async fn the_admin_api_lists_each_upstreams_connection_state() {
+    let config = written(
+        "admin-upstreams",
+        &format!(
+            "{}\n[[upstreams]]\nname = \"gone\"\ncommand = \"/nonexistent/mcp-server\"\nrequired = false\n",
+            everything_upstream()
+        ),
+    );
+    let gateway = HttpGateway::start_in(
+        &[config.as_os_str()],
+        &[("TOOLCALL_ADMIN_TOKEN", super::ADMIN_TOKEN)],
+    )
+    .await;
+    let get = |token: &str| {
+        format!(
+            "GET /admin/upstreams HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\n\
+             Connection: close\r\n\r\n",
+            gateway.address
+        )
+    };
+    let probe = HttpGateway::probe(gateway.address.clone());
+    let (status, _) = probe.exchange(&get("wrong-token-0123456789abcdef")).await;
+    assert_eq!(status, 401);
+    let (status, body) = probe.exchange(&get(super::ADMIN_TOKEN)).await;
+    assert_eq!(status, 200, "{body}");
+    let states: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(states[0]["name"], "everything", "{states}");
+    assert_eq!(states[0]["state"], "connected", "{states}");
+    assert_eq!(states[0]["transport"], "stdio", "{states}");
+    assert_eq!(states[1]["name"], "gone", "{states}");
+    assert_eq!(states[1]["state"], "down", "{states}");
+    assert_eq!(states[1]["required"], false, "{states}");
+    // Optional and down: the gateway is ready.
+    assert_eq!(gateway.get("/readyz").await.0, 200);
+}
