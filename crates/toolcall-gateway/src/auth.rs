@@ -66,6 +66,8 @@ const HTTP_KEYS: &[&str] = &[
     "body_timeout_ms",
     "max_sessions",
     "session_idle_ms",
+    "max_listen_streams",
+    "max_listen_streams_per_caller",
 ];
 
 /// The environment variable naming the stdio front's principal when `[auth.stdio]` does not.
@@ -140,7 +142,13 @@ pub(crate) struct HttpConfig {
     pub(crate) max_sessions: usize,
     /// How long an MCP session may go unused before it is closed.
     pub(crate) session_idle: std::time::Duration,
+    /// The most `subscriptions/listen` streams open at once, and for one caller.
+    pub(crate) max_listen_streams: (usize, usize),
 }
+
+/// The `subscriptions/listen` streams open at once unless `[http]` says, in all and for
+/// one caller.
+pub(crate) const DEFAULT_LISTEN_STREAMS: (usize, usize) = (1024, 8);
 
 /// The MCP sessions open at once unless `[http] max_sessions` says.
 pub(crate) const DEFAULT_MAX_SESSIONS: usize = 10_000;
@@ -164,6 +172,7 @@ impl Default for HttpConfig {
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_sessions: DEFAULT_MAX_SESSIONS,
             session_idle: DEFAULT_SESSION_IDLE,
+            max_listen_streams: DEFAULT_LISTEN_STREAMS,
         }
     }
 }
@@ -408,6 +417,12 @@ impl Checker {
         let session_idle = self
             .millis(http, "http", "session_idle_ms")
             .unwrap_or(DEFAULT_SESSION_IDLE);
+        let max_listen_streams = (
+            self.count(http, "http", "max_listen_streams")
+                .unwrap_or(DEFAULT_LISTEN_STREAMS.0),
+            self.count(http, "http", "max_listen_streams_per_caller")
+                .unwrap_or(DEFAULT_LISTEN_STREAMS.1),
+        );
         HttpConfig {
             allowed_hosts,
             allowed_origins,
@@ -416,6 +431,7 @@ impl Checker {
             body_timeout,
             max_sessions,
             session_idle,
+            max_listen_streams,
         }
     }
 

@@ -103,7 +103,11 @@ impl Lasting {
         let relay = ProgressRelay::default();
         let mut mcp = McpServer::over(GATEWAY_NAMESPACE, in_service.clone(), listed.clone())
             .relay_progress(&relay)
-            .max_calls_in_flight(config.http.max_calls_in_flight);
+            .max_calls_in_flight(config.http.max_calls_in_flight)
+            .max_listen_streams(
+                config.http.max_listen_streams.0,
+                config.http.max_listen_streams.1,
+            );
         if let Some(principal) = principal {
             mcp = mcp.principal(principal);
         }

@@ -537,3 +537,52 @@ async fn the_admin_api_lists_each_upstreams_connection_state() {
     // Optional and down: the gateway is ready.
     assert_eq!(gateway.get("/readyz").await.0, 200);
 }
+
+/// Opens one `subscriptions/listen` stream with the Python SDK, then a second from another
+/// client, and says what became of the second.
+const TWO_LISTENERS: &str = r#"
+import anyio, sys
+from mcp import Client
+
+async def main(url):
+    async with Client(url, mode="2026-07-28") as one, Client(url, mode="2026-07-28") as two:
+        async with one.listen(tools_list_changed=True):
+            try:
+                with anyio.fail_after(3):
+                    async with two.listen(tools_list_changed=True) as second:
+                        async for _event in second:
+                            pass
+                print("ended")
+            except TimeoutError:
+                print("open")
+            except Exception as e:
+                print("refused", type(e).__name__)
+
+anyio.run(main, sys.argv[1])
+"#;
+
+#[tokio::test]
+async fn listen_streams_are_bounded_per_caller() {
+    let config = written(
+        "listen-streams",
+        &format!(
+            "[http]\nmax_listen_streams_per_caller = 1\n{}",
+            everything_upstream()
+        ),
+    );
+    let gateway = HttpGateway::start(&config).await;
+    let script = config.with_file_name("two_listeners.py");
+    std::fs::write(&script, TWO_LISTENERS).unwrap();
+    let output = tokio::process::Command::new(kit(".venv/bin/python"))
+        .arg(&script)
+        .arg(format!("http://{}/mcp", gateway.address))
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        said.trim().starts_with("refused"),
+        "the second stream of one caller is refused: {said} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -114,11 +114,19 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
         self.handler.accepted_subscription_filter(requested)
     }
 
-    fn listen(
-        &self,
-        context: SubscriptionContext,
-    ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        self.handler.listen(context)
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        // Counted while open, within the server's bounds.
+        let _admitted = match &self.streams {
+            None => None,
+            Some(streams) => {
+                let principal = self.identity.principal(context.request_context());
+                match streams.admit(principal.as_ref()) {
+                    Ok(admitted) => Some(admitted),
+                    Err(refused) => return Err(McpError::invalid_request(refused, None)),
+                }
+            }
+        };
+        self.handler.listen(context).await
     }
 
     fn subscribe(

@@ -2,6 +2,7 @@
 
 mod confirm;
 mod handler;
+mod streams;
 mod tool_list;
 
 pub use confirm::{Confirm, DEFAULT_CONFIRMATION_TIMEOUT};
@@ -153,6 +154,8 @@ pub struct McpServer<H> {
     confirmations: Confirmations,
     /// The calls that may run at once, shared by the connections.
     slots: Option<CallSlots>,
+    /// The `subscriptions/listen` streams open, shared by the connections.
+    streams: Option<Arc<streams::Streams>>,
 }
 
 /// The calls a server runs at once, counting those that run on after their client left.
@@ -257,6 +260,7 @@ impl<H> McpServer<H> {
             initialized: Arc::default(),
             confirmations: Confirmations::default(),
             slots: None,
+            streams: None,
         }
     }
 
@@ -293,7 +297,17 @@ impl<H> McpServer<H> {
             initialized: Arc::default(),
             confirmations: self.confirmations.clone(),
             slots: self.slots.clone(),
+            streams: self.streams.clone(),
         }
+    }
+
+    /// Holds at most `max` `subscriptions/listen` streams open over all the server's
+    /// connections, and at most `per_caller` for one caller (one principal; without
+    /// authentication, the one user); a stream beyond them is ended at once with an error
+    /// saying which bound it met. Without it, the streams are not counted.
+    pub fn max_listen_streams(mut self, max: usize, per_caller: usize) -> Self {
+        self.streams = Some(streams::Streams::new(max, per_caller));
+        self
     }
 
     /// Runs at most `calls` calls at once (at least 1), over all the server's connections,
