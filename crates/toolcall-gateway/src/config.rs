@@ -1766,6 +1766,44 @@ mod tests {
         );
     }
 
+    /// Every TOML block of the gateway's README is a configuration it reads: what the
+    /// README shows works as written.
+    #[test]
+    fn the_readmes_toml_blocks_are_valid_configurations() {
+        let readme = include_str!("../README.md");
+        let blocks: Vec<&str> = readme
+            .split("```toml\n")
+            .skip(1)
+            .map(|rest| rest.split("\n```").next().unwrap())
+            .collect();
+        assert!(blocks.len() >= 4, "{}", blocks.len());
+        for block in blocks {
+            // A tool's policy alone is shown as it goes under [policy]; roles, as they go
+            // with an [auth] of keys.
+            let start = block.trim_start();
+            let text = if start.starts_with("[[policy.tools]]") {
+                format!("[policy]\n{block}")
+            } else if start.starts_with("[[auth.roles]]") {
+                format!(
+                    "[auth]\nmode = \"api-keys\"\n[[auth.keys]]\nid = \"alice\"\n\
+                     key_sha256 = \"{}\"\n{block}",
+                    "ab".repeat(32)
+                )
+            } else {
+                block.to_owned()
+            };
+            // The secrets an example names by their variables are not set here.
+            let problems: Vec<String> = match GatewayConfig::from_toml_str(&text) {
+                Ok(_) => Vec::new(),
+                Err(problems) => lines(&problems)
+                    .into_iter()
+                    .filter(|line| !line.contains("is not set"))
+                    .collect(),
+            };
+            assert!(problems.is_empty(), "{problems:#?}\nin:\n{block}");
+        }
+    }
+
     #[test]
     fn trust_is_settled_by_server_tables_and_the_command_line() {
         let config = GatewayConfig::from_toml_str(
