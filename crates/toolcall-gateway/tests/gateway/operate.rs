@@ -586,3 +586,46 @@ async fn listen_streams_are_bounded_per_caller() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[tokio::test]
+async fn a_storm_of_tool_list_changes_refills_no_quota() {
+    // Another upstream's tool, limited to five calls at once and one a second.
+    let quota = format!(
+        "{}\n[policy]\n[[policy.tools]]\nnamespace = \"everything\"\nname = \"echo\"\n\
+         risk = \"read-only\"\n[policy.tools.policy]\n\
+         rate_limit = {{ per_second = 1, burst = 5, key = \"tool\" }}\n",
+        everything_upstream()
+    );
+    let (_upstream, gateway) = lively_gateway_with("list-storm", &quota).await;
+    let envelope = |namespace: &str, name: &str, n: u32, params: Value| {
+        json!({
+            "contractVersion": "1.1", "requestId": format!("r-{name}-{n}"),
+            "toolNamespace": namespace, "toolName": name,
+            "target": {"sessionKey": format!("s-{n}"), "actorId": "a"},
+            "payload": {"version": "1.0", "params": params}
+        })
+    };
+    // The lively upstream changes its list every 20 ms for 3 s.
+    let probe = HttpGateway::probe(gateway.address.clone());
+    let storm = envelope("lively", "storm", 0, json!({"count": 150, "everyMs": 20}));
+    let storming = tokio::spawn(async move { probe.call(&storm).await });
+    let started = Instant::now();
+    let mut allowed = 0;
+    let mut n = 0;
+    while started.elapsed() < Duration::from_millis(3000) {
+        n += 1;
+        let echo = envelope("everything", "echo", n, json!({"message": format!("m{n}")}));
+        if gateway.call(&echo).await.0 == 200 {
+            allowed += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed().as_secs();
+    // Five at once, then one a second: the rebuilds (one a second at most) never refill
+    // the quota, each of which would give five more.
+    assert!(
+        allowed <= 6 + elapsed,
+        "{allowed} calls allowed in {elapsed} s of {n}"
+    );
+    assert_eq!(storming.await.unwrap().0, 200);
+}

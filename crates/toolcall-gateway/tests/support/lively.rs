@@ -1,7 +1,8 @@
 //! An MCP upstream over streamable HTTP whose tools report progress, heed cancellation and
 //! change: `scan`, a read that reports its progress and runs until it is done or cancelled;
-//! `send`, a write that runs until it is done or cancelled; and `grow`, which adds a tool to
-//! the list and tells the client that the list changed.
+//! `send`, a write that runs until it is done or cancelled; `grow`, which adds a tool to
+//! the list and tells the client that the list changed; and `storm`, which does that every
+//! `everyMs` for `count` times.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -75,6 +76,11 @@ impl Lively {
                 "Adds a tool",
                 ToolAnnotations::new().destructive(false).idempotent(false),
             ),
+            tool(
+                "storm".into(),
+                "Adds tools, one at a time, saying so each time",
+                ToolAnnotations::new().destructive(false).idempotent(false),
+            ),
         ];
         for name in self.grown.lock().unwrap().iter() {
             tools.push(tool(
@@ -84,6 +90,14 @@ impl Lively {
             ));
         }
         tools
+    }
+
+    /// Adds a tool to the list: its name.
+    fn grow(&self) -> String {
+        let mut grown = self.grown.lock().unwrap();
+        let name = format!("extra_{}", grown.len() + 1);
+        grown.push(name.clone());
+        name
     }
 
     /// Runs for `holdMs` of `args`, unless the request is cancelled first.
@@ -150,14 +164,19 @@ impl ServerHandler for Lively {
                 Ok(CallToolResult::structured(json!({"sent": done})).into())
             }
             "grow" => {
-                let name = {
-                    let mut grown = self.grown.lock().unwrap();
-                    let name = format!("extra_{}", grown.len() + 1);
-                    grown.push(name.clone());
-                    name
-                };
+                let name = self.grow();
                 let _ = context.peer.notify_tool_list_changed().await;
                 Ok(CallToolResult::structured(json!({"added": name})).into())
+            }
+            "storm" => {
+                let count = args.get("count").and_then(Value::as_u64).unwrap_or(1);
+                let every = args.get("everyMs").and_then(Value::as_u64).unwrap_or(20);
+                for _ in 0..count {
+                    self.grow();
+                    let _ = context.peer.notify_tool_list_changed().await;
+                    tokio::time::sleep(Duration::from_millis(every)).await;
+                }
+                Ok(CallToolResult::structured(json!({"added": count})).into())
             }
             name => Ok(CallToolResult::structured(json!({"ran": name})).into()),
         }
