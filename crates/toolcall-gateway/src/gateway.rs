@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt as _};
+use tower_toolcall::breaker::BreakerAdmin;
 use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
 use tower_toolcall::loop_detect::InMemoryLoopStore;
@@ -71,6 +72,8 @@ pub(crate) struct Lasting {
     came_up: mpsc::UnboundedSender<Upstream>,
     /// The listed names given so far, kept for the gateway's life.
     names: Arc<Mutex<NameBook>>,
+    /// The breakers of the gateway in service, which a rebuild carries on.
+    breakers: Arc<Mutex<Option<BreakerAdmin>>>,
 }
 
 /// Where a gateway's changes arrive: the names of the upstreams whose tools may have
@@ -129,6 +132,7 @@ impl Lasting {
             changes,
             came_up,
             names: Arc::default(),
+            breakers: Arc::default(),
         };
         Ok((
             lasting,
@@ -143,7 +147,16 @@ impl Lasting {
     /// tools listed, and every connected client told that the list changed.
     pub(crate) async fn install(&self, gateway: &Gateway) {
         self.in_service.replace(gateway.tools.clone());
+        *self.breakers.lock().unwrap_or_else(PoisonError::into_inner) = gateway.breakers.clone();
         self.listed.replace(gateway.listed.clone()).await;
+    }
+
+    /// The breakers of the gateway in service.
+    fn breakers(&self) -> Option<BreakerAdmin> {
+        self.breakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Writes out the audit log.
@@ -180,6 +193,8 @@ pub(crate) struct Gateway {
     pub(crate) denials: Option<DenialAudit>,
     /// With Redis, the fleet this gateway's stack joined: kept while the stack serves.
     _fleet: Option<FleetControl>,
+    /// Its stack's breakers, which the gateway that replaces it carries on.
+    breakers: Option<BreakerAdmin>,
 }
 
 /// The listed name of each tool, by its namespace and name.
@@ -287,6 +302,10 @@ impl Gateway {
         let metrics = ToolMetrics::new(&registry);
         metrics.describe();
         let mut builder = ToolStack::builder(registry.clone()).metrics(metrics);
+        // The breakers of the gateway in service go on where their tools still are.
+        if let Some(previous) = lasting.breakers() {
+            builder = builder.breaker(|breaker| breaker.carry(&previous));
+        }
         if let Some(audit) = &lasting.audit {
             let audit = audit.clone();
             builder = builder.trace(move |trace| trace.audit(audit));
@@ -303,7 +322,7 @@ impl Gateway {
                 }),
             )
         };
-        let (tools, admin, fleet) = match &config.redis {
+        let (tools, admin, fleet, breakers) = match &config.redis {
             Some(store) => {
                 let target = redis_target(store);
                 let dedupe = RedisDedupeStore::open(target.clone())?;
@@ -325,6 +344,7 @@ impl Gateway {
                 fleet.sync().await.map_err(|err| {
                     format!("{} ({store}): the fleet's actions: {err}", store.field())
                 })?;
+                let breakers = stack.breakers();
                 let (tools, admin) = assemble(
                     stack,
                     router,
@@ -333,7 +353,7 @@ impl Gateway {
                     Some(&fleet),
                     &upstream_states,
                 )?;
-                (tools, admin, Some(fleet))
+                (tools, admin, Some(fleet), breakers)
             }
             None => {
                 let stack = builder
@@ -341,9 +361,10 @@ impl Gateway {
                     .rate_limit_store(lasting.quotas.clone())
                     .loop_store(lasting.loops.clone())
                     .build()?;
+                let breakers = stack.breakers();
                 let (tools, admin) =
                     assemble(stack, router, admin_token, audit, None, &upstream_states)?;
-                (tools, admin, None)
+                (tools, admin, None, breakers)
             }
         };
         let (listed, names) = tool_list(listed, &lasting.names)?;
@@ -378,6 +399,7 @@ impl Gateway {
             names: Names(Arc::new(names)),
             denials,
             _fleet: fleet,
+            breakers,
         })
     }
 }

@@ -270,21 +270,23 @@ async fn a_reload_refills_no_quota() {
             "payload": {"version": "1.0", "params": {"message": format!("m{n}")}}
         })
     };
-    let sum_is_idempotent = |tools: &str| {
+    // get-sum says it is idempotent; the reload says it is not.
+    let reloaded = |tools: &str| {
         let tools: Value = serde_json::from_str(tools).unwrap();
         tools["tools"].as_array().unwrap().iter().any(|t| {
-            t["name"] == "get-sum" && t["capabilities"]["idempotency"]["idempotent"] == true
+            t["name"] == "get-sum" && t["capabilities"]["idempotency"]["idempotent"] == false
         })
     };
     assert_eq!(gateway.call(&echo(1)).await.0, 200);
     assert_eq!(gateway.call(&echo(2)).await.0, 200);
     assert_eq!(gateway.call(&echo(3)).await.0, 429);
     let spent = Instant::now();
-    // A reload (another tool's policy changes): the quota is not refilled.
+    // A reload (another tool's policy changes: get-sum, idempotent by its annotations, is
+    // not): the quota is not refilled.
     std::fs::write(
         &config,
         format!(
-            "{}\n[servers.everything.tools.get-sum]\nidempotent = true\n{quota}",
+            "{}\n[servers.everything.tools.get-sum]\nidempotent = false\n{quota}",
             everything_upstream()
         ),
     )
@@ -292,7 +294,7 @@ async fn a_reload_refills_no_quota() {
     hang_up(&gateway);
     loop {
         let (_, tools) = gateway.get("/v1/tools").await;
-        if sum_is_idempotent(&tools) {
+        if reloaded(&tools) {
             break;
         }
         assert!(spent.elapsed() < Duration::from_secs(10), "never reloaded");
@@ -628,4 +630,63 @@ async fn a_storm_of_tool_list_changes_refills_no_quota() {
         "{allowed} calls allowed in {elapsed} s of {n}"
     );
     assert_eq!(storming.await.unwrap().0, 200);
+}
+
+#[tokio::test]
+async fn breakers_outlive_a_reload_where_their_tools_still_are() {
+    let config = written("breakers-reload", &everything_upstream());
+    let gateway = HttpGateway::start_in(
+        &[config.as_os_str()],
+        &[("TOOLCALL_ADMIN_TOKEN", super::ADMIN_TOKEN)],
+    )
+    .await;
+    let call = |name: &str, params: Value| {
+        json!({
+            "contractVersion": "1.1", "requestId": format!("r-{name}"), "toolNamespace": "everything",
+            "toolName": name, "target": {"sessionKey": "ops", "actorId": "a"},
+            "payload": {"version": "1.0", "params": params}
+        })
+    };
+    let echo = || call("echo", json!({"message": "hi"}));
+    let sum = || call("get-sum", json!({"a": 1, "b": 2}));
+    let (status, body) = gateway
+        .admin("/admin/breakers/tool:everything::echo/force-open")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(gateway.call(&echo()).await.0, 503);
+    // A reload (another tool's policy changes: get-sum, idempotent by its annotations, is
+    // not): the breaker held open stays open.
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[servers.everything.tools.get-sum]\nidempotent = false\n",
+            everything_upstream()
+        ),
+    )
+    .unwrap();
+    hang_up(&gateway);
+    let started = Instant::now();
+    loop {
+        let (_, tools) = gateway.get("/v1/tools").await;
+        let tools: Value = serde_json::from_str(&tools).unwrap();
+        let reloaded = tools["tools"].as_array().unwrap().iter().any(|t| {
+            t["name"] == "get-sum" && t["capabilities"]["idempotency"]["idempotent"] == false
+        });
+        if reloaded {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, body) = gateway.call(&echo()).await;
+    assert_eq!(status, 503, "the reload closed the breaker: {body}");
+    assert_eq!(gateway.call(&sum()).await.0, 200);
+    let (status, _) = gateway
+        .admin("/admin/breakers/tool:everything::echo/reset")
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(gateway.call(&echo()).await.0, 200);
 }

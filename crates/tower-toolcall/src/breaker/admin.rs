@@ -320,6 +320,11 @@ pub struct BreakerAdmin {
 }
 
 impl BreakerAdmin {
+    /// The breakers it administers.
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     pub(super) fn new(shared: Arc<Shared>) -> Self {
         BreakerAdmin { shared }
     }

@@ -66,6 +66,11 @@ impl BreakerCell {
         }
     }
 
+    /// The configuration it was made with.
+    pub(crate) fn config(&self) -> &BreakerConfig {
+        &self.config
+    }
+
     pub(crate) fn key(&self) -> &BreakerKey {
         &self.key
     }

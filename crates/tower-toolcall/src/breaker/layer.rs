@@ -44,6 +44,7 @@ impl CircuitBreakerLayer {
             classifier: SharedClassifier::default(),
             max_breakers: DEFAULT_MAX_BREAKERS,
             listeners: Vec::new(),
+            carried: None,
         }
     }
 
@@ -98,6 +99,8 @@ pub struct CircuitBreakerLayerBuilder {
     classifier: SharedClassifier,
     max_breakers: usize,
     listeners: Vec<Arc<dyn TransitionListener>>,
+    /// The breakers of the layer this one replaces.
+    carried: Option<Arc<Shared>>,
 }
 
 impl CircuitBreakerLayerBuilder {
@@ -141,6 +144,33 @@ impl CircuitBreakerLayerBuilder {
         self
     }
 
+    /// Keeps the breakers of the layer that `previous` administers (one this layer
+    /// replaces: a server that rebuilds its stack on a reload): a registered tool's breaker,
+    /// its namespace's and the global one go on with their state and counts when the new
+    /// layer has them with the same configuration, and the dependency and global breakers
+    /// an operator holds open stay held. A tool that is gone, or whose configuration
+    /// changed, starts afresh. A breaker kept tells its transitions to the listeners of the
+    /// layer that made it.
+    ///
+    /// ```
+    /// use tower_toolcall::breaker::{BreakerKey, CircuitBreakerLayer};
+    /// use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+    /// use tower_toolcall::BreakerState;
+    ///
+    /// let registry = ToolRegistry::builder()
+    ///     .tool(ToolDescriptor::new("web", "search", RiskLevel::ReadOnly))
+    ///     .build()?;
+    /// let before = CircuitBreakerLayer::new(registry.clone());
+    /// before.admin().force_open(&BreakerKey::tool("web", "search"));
+    /// let after = CircuitBreakerLayer::builder(registry).carry(&before.admin()).build()?;
+    /// assert_eq!(after.admin().state("web", "search"), BreakerState::ForcedOpen);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn carry(mut self, previous: &BreakerAdmin) -> Self {
+        self.carried = Some(previous.shared().clone());
+        self
+    }
+
     /// Adds a listener of every transition (more can be added through the admin handle).
     pub fn on_transition(mut self, listener: impl TransitionListener) -> Self {
         self.listeners.push(Arc::new(listener));
@@ -167,8 +197,26 @@ impl CircuitBreakerLayerBuilder {
         for listener in self.listeners {
             events.add(listener);
         }
+        let carried = self.carried.as_deref();
         let cell = |key: BreakerKey, config: BreakerConfig| {
             Arc::new(BreakerCell::new(key, config, events.clone()))
+        };
+        // A breaker of the layer replaced, when it has the same configuration.
+        let kept = |key: &BreakerKey, config: &BreakerConfig| {
+            let carried = carried?;
+            let found = match key {
+                BreakerKey::Tool { namespace, name } => carried
+                    .tools
+                    .registered(namespace, name)?
+                    .as_ref()?
+                    .own
+                    .clone()?,
+                BreakerKey::Dependency { namespace } => {
+                    carried.dependencies.get(namespace)?.clone()
+                }
+                BreakerKey::Global => carried.global.clone(),
+            };
+            (found.config() == config).then_some(found)
         };
         let mut dependencies: HashMap<String, Arc<BreakerCell>> = HashMap::new();
         let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
@@ -188,20 +236,19 @@ impl CircuitBreakerLayerBuilder {
             };
             config.check().map_err(|e| rename(e, "policy.breaker"))?;
             let (own, dependency) = match descriptor {
-                Some(d) => (
-                    Some(cell(
-                        BreakerKey::tool(&d.namespace, &d.name),
-                        config.clone(),
-                    )),
-                    Some(
-                        dependencies
-                            .entry(d.namespace.clone())
-                            .or_insert_with(|| {
-                                cell(BreakerKey::dependency(&d.namespace), self.config.clone())
-                            })
-                            .clone(),
-                    ),
-                ),
+                Some(d) => {
+                    let key = BreakerKey::tool(&d.namespace, &d.name);
+                    let own = kept(&key, &config).unwrap_or_else(|| cell(key, config.clone()));
+                    let dependency = dependencies
+                        .entry(d.namespace.clone())
+                        .or_insert_with(|| {
+                            let key = BreakerKey::dependency(&d.namespace);
+                            kept(&key, &self.config)
+                                .unwrap_or_else(|| cell(key, self.config.clone()))
+                        })
+                        .clone();
+                    (Some(own), Some(dependency))
+                }
                 None => (None, None),
             };
             Ok(Some(Arc::new(ToolBreaker {
@@ -216,11 +263,12 @@ impl CircuitBreakerLayerBuilder {
             shared: Arc::new(Shared {
                 tools,
                 dependencies,
-                global: cell(BreakerKey::Global, self.config.clone()),
+                global: kept(&BreakerKey::Global, &self.config)
+                    .unwrap_or_else(|| cell(BreakerKey::Global, self.config.clone())),
                 on_demand: BreakerMap::new(self.max_breakers),
                 scoped_config: self.config,
                 events,
-                held: Default::default(),
+                held: carried.map(|c| c.held.carried()).unwrap_or_default(),
             }),
         })
     }

@@ -75,6 +75,19 @@ impl Held {
         self.any.store(!keys.is_empty(), Ordering::Release);
     }
 
+    /// The same keys held, for the layer that replaces this one.
+    pub(super) fn carried(&self) -> Held {
+        let keys = self
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Held {
+            any: AtomicBool::new(!keys.is_empty()),
+            keys: Mutex::new(keys),
+        }
+    }
+
     /// The held breaker over `call`, if any.
     fn over(&self, call: &ToolCall) -> Option<BreakerKey> {
         if !self.any.load(Ordering::Acquire) {
