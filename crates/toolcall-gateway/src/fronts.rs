@@ -107,8 +107,11 @@ impl Admission {
                     .into_response()
             }
         };
-        if opens_a_session(&parts, &bytes)
+        // The body is read for `initialize` only when the sessions are full: a call pays
+        // nothing for the cap.
+        if may_open_a_session(&parts)
             && self.sessions.sessions.read().await.len() >= self.max_sessions
+            && is_initialize(&bytes)
         {
             tracing::warn!(
                 event = "mcp_sessions_full",
@@ -131,18 +134,20 @@ impl Admission {
     }
 }
 
-/// Whether the request would open a session: a POST without `Mcp-Session-Id` whose body is
-/// an `initialize` request.
-fn opens_a_session(parts: &axum::http::request::Parts, body: &[u8]) -> bool {
+/// Whether the request may open a session: a POST without `Mcp-Session-Id`.
+fn may_open_a_session(parts: &axum::http::request::Parts) -> bool {
+    parts.method == axum::http::Method::POST && !parts.headers.contains_key("mcp-session-id")
+}
+
+/// Whether `body` is an `initialize` request, which opens a session.
+fn is_initialize(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Method<'a> {
         #[serde(borrow)]
         method: Option<&'a str>,
     }
-    parts.method == axum::http::Method::POST
-        && !parts.headers.contains_key("mcp-session-id")
-        && serde_json::from_slice::<Method<'_>>(body)
-            .is_ok_and(|message| message.method == Some("initialize"))
+    serde_json::from_slice::<Method<'_>>(body)
+        .is_ok_and(|message| message.method == Some("initialize"))
 }
 
 /// The answer to a `DELETE /mcp` that ended a session: `200 OK`, as the official SDKs'

@@ -50,17 +50,17 @@ impl IssuedConfirmations {
         };
         let key = call.idempotency_key().map(str::to_owned);
         let issued = self.issued.get(id);
-        let fits = match (&issued, call.call_digest()) {
-            (Some(issued), Ok(binding)) => {
-                issued.binding == binding
-                    && issued.until > Instant::now()
-                    && match &issued.used_with {
-                        None => true,
-                        Some(used_with) => key.is_some() && *used_with == key,
-                    }
-            }
-            _ => false,
-        };
+        // The call's digest is made only for an id this router issued.
+        let fits = issued.as_ref().is_some_and(|issued| {
+            issued.until > Instant::now()
+                && match &issued.used_with {
+                    None => true,
+                    Some(used_with) => key.is_some() && *used_with == key,
+                }
+                && call
+                    .call_digest()
+                    .is_ok_and(|binding| binding == issued.binding)
+        });
         if fits {
             if let Some(mut issued) = issued.filter(|issued| issued.used_with.is_none()) {
                 issued.used_with = Some(key);
