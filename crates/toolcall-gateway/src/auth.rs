@@ -65,6 +65,7 @@ const HTTP_KEYS: &[&str] = &[
     "max_calls_in_flight",
     "body_timeout_ms",
     "max_sessions",
+    "max_sessions_per_principal",
     "session_idle_ms",
     "max_listen_streams",
     "max_listen_streams_per_caller",
@@ -138,8 +139,8 @@ pub(crate) struct HttpConfig {
     pub(crate) max_calls_in_flight: usize,
     /// How long a request's whole body may take to arrive.
     pub(crate) body_timeout: std::time::Duration,
-    /// The most MCP sessions (2025-11-25) open at once.
-    pub(crate) max_sessions: usize,
+    /// The most MCP sessions (2025-11-25) open at once, and for one principal.
+    pub(crate) max_sessions: (usize, usize),
     /// How long an MCP session may go unused before it is closed.
     pub(crate) session_idle: std::time::Duration,
     /// The most `subscriptions/listen` streams open at once, and for one caller.
@@ -150,8 +151,8 @@ pub(crate) struct HttpConfig {
 /// one caller.
 pub(crate) const DEFAULT_LISTEN_STREAMS: (usize, usize) = (1024, 8);
 
-/// The MCP sessions open at once unless `[http] max_sessions` says.
-pub(crate) const DEFAULT_MAX_SESSIONS: usize = 10_000;
+/// The MCP sessions open at once unless `[http]` says, in all and for one principal.
+pub(crate) const DEFAULT_MAX_SESSIONS: (usize, usize) = (10_000, 1_000);
 
 /// How long an MCP session may idle unless `[http] session_idle_ms` says.
 pub(crate) const DEFAULT_SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
@@ -411,9 +412,12 @@ impl Checker {
         let body_timeout = self
             .millis(http, "http", "body_timeout_ms")
             .unwrap_or(DEFAULT_BODY_TIMEOUT);
-        let max_sessions = self
-            .count(http, "http", "max_sessions")
-            .unwrap_or(DEFAULT_MAX_SESSIONS);
+        let max_sessions = (
+            self.count(http, "http", "max_sessions")
+                .unwrap_or(DEFAULT_MAX_SESSIONS.0),
+            self.count(http, "http", "max_sessions_per_principal")
+                .unwrap_or(DEFAULT_MAX_SESSIONS.1),
+        );
         let session_idle = self
             .millis(http, "http", "session_idle_ms")
             .unwrap_or(DEFAULT_SESSION_IDLE);

@@ -18,7 +18,7 @@ use std::time::Duration;
 use toml::{Table, Value};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::ConfigError;
-use tower_toolcall_mcp::Trust;
+use tower_toolcall_mcp::{Trust, DEFAULT_MAX_MESSAGE_BYTES};
 
 use crate::auth::{AuthConfig, HttpConfig};
 use crate::servers::ServerPolicy;
@@ -61,8 +61,9 @@ const UPSTREAM_KEYS: &[&str] = &[
     "timeout_ms",
     "startup_timeout_ms",
     "required",
+    "max_message_bytes",
 ];
-const STDIO_ONLY_KEYS: &[&str] = &["args", "env", "cwd"];
+const STDIO_ONLY_KEYS: &[&str] = &["args", "env", "cwd", "max_message_bytes"];
 const HTTP_ONLY_KEYS: &[&str] = &["headers", "headers_env"];
 
 /// The gateway's configuration.
@@ -165,6 +166,8 @@ pub(crate) struct UpstreamConfig {
     pub(crate) startup_timeout: Duration,
     /// Whether `/readyz` waits for it.
     pub(crate) required: bool,
+    /// The longest message read from a stdio server (its `tools/list` answer included).
+    pub(crate) max_message_bytes: usize,
 }
 
 /// How the gateway reaches an upstream.
@@ -1095,6 +1098,9 @@ impl Checker {
             .millis(table, field, "startup_timeout_ms")
             .unwrap_or(DEFAULT_STARTUP_TIMEOUT);
         let required = self.boolean(table, field, "required").unwrap_or(true);
+        let max_message_bytes = self
+            .message_bytes(table, field)
+            .unwrap_or(DEFAULT_MAX_MESSAGE_BYTES);
 
         let transport = match (command, url) {
             (Some(command), None) if !has_url => UpstreamTransport::Stdio {
@@ -1116,7 +1122,27 @@ impl Checker {
             timeout,
             startup_timeout,
             required,
+            max_message_bytes,
         })
+    }
+
+    /// `max_message_bytes` of an upstream: from 64 KiB to 1 GiB.
+    fn message_bytes(&mut self, table: &Table, prefix: &str) -> Option<usize> {
+        const BOUNDS: std::ops::RangeInclusive<i64> = (64 << 10)..=(1 << 30);
+        match table.get("max_message_bytes")? {
+            Value::Integer(n) if BOUNDS.contains(n) => usize::try_from(*n).ok(),
+            other => {
+                let got = match other {
+                    Value::Integer(n) => n.to_string(),
+                    other => kind(other).to_owned(),
+                };
+                self.add(
+                    key_path(prefix, "max_message_bytes"),
+                    format!("must be a number of bytes from 65536 (64 KiB) to 1073741824 (1 GiB), got {got}"),
+                );
+                None
+            }
+        }
     }
 
     pub(crate) fn string_list(&mut self, table: &Table, prefix: &str, key: &str) -> Vec<String> {
@@ -1431,6 +1457,7 @@ mod tests {
             trust = "maybe"
             startup_timeout_ms = 3600001
             required = "yes"
+            max_message_bytes = 1048576
 
             [[upstreams]]
             name = "search"
@@ -1438,6 +1465,7 @@ mod tests {
             headers = { X = "y" }
             env = { PORT = 8080, "A=B" = "c" }
             timeout_ms = 1.5
+            max_message_bytes = 100
 
             [[upstreams]]
             args = "one"
@@ -1470,7 +1498,8 @@ mod tests {
             "store.redis: has a scheme other than redis or rediss; write it as \
              redis://[:password@]host[:port][/db] (or rediss://, redis+unix://, unix://)",
             "upstreams[0].comand: unknown field; expected one of name, command, args, env, \
-             cwd, url, headers, headers_env, trust, timeout_ms, startup_timeout_ms, required",
+             cwd, url, headers, headers_env, trust, timeout_ms, startup_timeout_ms, required, \
+             max_message_bytes",
             "upstreams[0].name: \"Time\" has the character 'T'; use only a-z, 0-9, _ and -",
             "upstreams[0].timeout_ms: must be from 1 to 3600000 milliseconds (one hour), got 0",
             "upstreams[0]: has both command and url; keep command for a stdio server the \
@@ -1481,6 +1510,7 @@ mod tests {
             "upstreams[1].headers.\"Bad Header\": is not an HTTP header name; use letters, \
              digits and -",
             "upstreams[1].headers.Authorization: must be a string, got an integer",
+            "upstreams[1].max_message_bytes: only applies to a command upstream; remove it",
             "upstreams[1].required: must be true or false, got a string",
             "upstreams[1].startup_timeout_ms: must be from 1 to 3600000 milliseconds (one \
              hour), got 3600001",
@@ -1493,6 +1523,8 @@ mod tests {
              booleans)",
             "upstreams[2].headers: only applies to a url upstream; remove it (a command \
              upstream takes env)",
+            "upstreams[2].max_message_bytes: must be a number of bytes from 65536 (64 KiB) to \
+             1073741824 (1 GiB), got 100",
             "upstreams[2].name: \"search\" is already the name of upstreams[1]; give each \
              upstream its own name",
             "upstreams[2].timeout_ms: must be a whole number of milliseconds, got a float",
@@ -1722,6 +1754,7 @@ mod tests {
             timeout: DEFAULT_TIMEOUT,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             required: true,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 

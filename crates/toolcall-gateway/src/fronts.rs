@@ -13,11 +13,14 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
+use serde_json::value::RawValue;
+use tower_toolcall::Principal;
 use tower_toolcall_axum::authn::Authentication;
 use tower_toolcall_axum::{ServeConfig, ToolRouter, ADMIN_PATH, DEFAULT_CONFIRMATION_TTL};
-use tower_toolcall_mcp::{stdio_transport, DEFAULT_MAX_LINE_BYTES};
+use tower_toolcall_mcp::{stdio_transport, ToolList, DEFAULT_MAX_LINE_BYTES};
 
 use crate::gateway::{Gateway, Lasting};
+use crate::mcp_sessions::{Refusal, Sessions};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -38,15 +41,15 @@ pub(crate) async fn serve_stdio(lasting: &Lasting) -> Result<(), BoxError> {
 pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Router {
     let server = lasting.mcp.connection();
     let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
-    let mut sessions = LocalSessionManager::default();
-    sessions.session_config.keep_alive = Some(lasting.http.session_idle);
-    let sessions = Arc::new(sessions);
-    let service =
-        StreamableHttpService::new(move || Ok(server.connection()), sessions.clone(), config);
+    let mut open = LocalSessionManager::default();
+    open.session_config.keep_alive = Some(lasting.http.session_idle);
+    let open = Arc::new(open);
+    let service = StreamableHttpService::new(move || Ok(server.connection()), open.clone(), config);
+    let (max, max_per_principal) = lasting.http.max_sessions;
     let admission = Admission {
         body_timeout: lasting.http.body_timeout,
-        sessions,
-        max_sessions: lasting.http.max_sessions,
+        sessions: Sessions::new(open, max, max_per_principal),
+        listed: lasting.listed.clone(),
     };
     let router = Router::new()
         .nest_service("/mcp", service)
@@ -63,27 +66,45 @@ pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Ro
 /// The most bytes of an MCP request's body.
 const MAX_MCP_BODY: usize = 4 << 20;
 
-/// What `/mcp` checks before MCP sees a request: its whole body arrives in time, and a
-/// request that would open a session finds room for one.
+/// What `/mcp` checks before MCP sees a request: its whole body arrives in time, a request
+/// that would open a session finds room for one, and a request in a session is its owner's.
+/// It answers a session's `tools/list` itself, from the list's shared encoding.
 #[derive(Clone)]
 struct Admission {
     body_timeout: Duration,
-    sessions: Arc<LocalSessionManager>,
-    max_sessions: usize,
+    sessions: Arc<Sessions>,
+    listed: ToolList,
 }
 
 impl Admission {
     /// Reads the request's whole body within the body timeout (at most [`MAX_MCP_BODY`]
     /// bytes) before MCP sees it, so that a client that sends it slowly holds a connection
     /// for that long at most: `408` and the connection closed when it is late, `413` when it
-    /// is too large. An `initialize` without a session, when the gateway holds its limit of
-    /// open sessions, is answered `503` with a retry-after.
+    /// is too large. An `initialize` without a session is answered `503` with a retry-after
+    /// when the gateway holds its limit of open sessions, `429` when its principal holds
+    /// its own. A request naming another principal's session is answered as one naming no
+    /// session there is: `404`. A `tools/list` in an open session is answered here with
+    /// the list's shared encoding (see [`listing`]).
     async fn admit(
         self,
         request: axum::extract::Request,
         next: axum::middleware::Next,
     ) -> Response {
         let (parts, body) = request.into_parts();
+        let owner = Sessions::owner(parts.extensions.get::<Principal>());
+        let session = parts
+            .headers
+            .get("mcp-session-id")
+            .map(|id| id.to_str().unwrap_or_default().to_owned());
+        if let Some(id) = &session {
+            if !self.sessions.may_use(id, &owner) {
+                return (
+                    StatusCode::NOT_FOUND,
+                    "Not Found: Session not found; open a session of your own (initialize)",
+                )
+                    .into_response();
+            }
+        }
         let read =
             tokio::time::timeout(self.body_timeout, axum::body::to_bytes(body, MAX_MCP_BODY));
         let bytes = match read.await {
@@ -107,36 +128,98 @@ impl Admission {
                     .into_response()
             }
         };
-        // The body is read for `initialize` only when the sessions are full: a call pays
-        // nothing for the cap.
-        if may_open_a_session(&parts)
-            && self.sessions.sessions.read().await.len() >= self.max_sessions
-            && is_initialize(&bytes)
-        {
-            tracing::warn!(
-                event = "mcp_sessions_full",
-                max_sessions = self.max_sessions,
-                "a new MCP session was refused: the gateway holds its limit"
-            );
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(axum::http::header::RETRY_AFTER, "5")],
-                format!(
-                    "the gateway holds its limit of {} open MCP sessions; try again later, or \
-                     end the sessions you no longer use (DELETE /mcp)",
-                    self.max_sessions
-                ),
-            )
-                .into_response();
+        if let (Some(id), Some(request)) = (&session, tools_list(&parts.method, &bytes)) {
+            if self.sessions.is_open(id).await {
+                let principal = parts.extensions.get::<Principal>();
+                return listing(request, self.listed.encoded_for(principal));
+            }
         }
-        next.run(axum::extract::Request::from_parts(parts, bytes.into()))
-            .await
+        let method = parts.method.clone();
+        let request = axum::extract::Request::from_parts(parts, bytes.clone().into());
+        if method == axum::http::Method::DELETE {
+            let response = next.run(request).await;
+            if let Some(id) = session.filter(|_| response.status().is_success()) {
+                self.sessions.ended(&id);
+            }
+            return response;
+        }
+        if method != axum::http::Method::POST || session.is_some() || !is_initialize(&bytes) {
+            return next.run(request).await;
+        }
+        let opening = match self.sessions.open(owner).await {
+            Ok(opening) => opening,
+            Err(refusal) => {
+                let status = match refusal {
+                    Refusal::Full(_) => StatusCode::SERVICE_UNAVAILABLE,
+                    Refusal::PrincipalFull(_) => StatusCode::TOO_MANY_REQUESTS,
+                };
+                tracing::warn!(
+                    event = "mcp_sessions_full",
+                    status = status.as_u16(),
+                    "a new MCP session was refused: {refusal}"
+                );
+                return (
+                    status,
+                    [(axum::http::header::RETRY_AFTER, "5")],
+                    refusal.to_string(),
+                )
+                    .into_response();
+            }
+        };
+        let response = next.run(request).await;
+        if let Some(id) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|id| id.to_str().ok())
+        {
+            opening.opened(id);
+        }
+        response
     }
 }
 
-/// Whether the request may open a session: a POST without `Mcp-Session-Id`.
-fn may_open_a_session(parts: &axum::http::request::Parts) -> bool {
-    parts.method == axum::http::Method::POST && !parts.headers.contains_key("mcp-session-id")
+/// The id of a `tools/list` request for the whole list (no cursor), when `body` is one.
+fn tools_list<'a>(method: &axum::http::Method, body: &'a [u8]) -> Option<&'a RawValue> {
+    #[derive(serde::Deserialize)]
+    struct Request<'a> {
+        #[serde(borrow)]
+        jsonrpc: &'a str,
+        #[serde(borrow)]
+        id: &'a RawValue,
+        #[serde(borrow)]
+        method: &'a str,
+        params: Option<Params>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params {
+        cursor: Option<serde::de::IgnoredAny>,
+    }
+    // A call's body is not parsed twice: a tools/list request is short.
+    if method != axum::http::Method::POST || body.len() > 4096 {
+        return None;
+    }
+    let request = serde_json::from_slice::<Request<'_>>(body).ok()?;
+    let whole = request.params.is_none_or(|params| params.cursor.is_none());
+    (request.jsonrpc == "2.0" && request.method == "tools/list" && whole).then_some(request.id)
+}
+
+/// The answer to the `tools/list` request `id`: one JSON-RPC response whose result is
+/// `encoded`, sent as it is (the bytes are the list's, shared, not a copy).
+fn listing(id: &RawValue, encoded: bytes::Bytes) -> Response {
+    let head = format!("{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":", id.get());
+    let parts = [
+        bytes::Bytes::from(head),
+        encoded,
+        bytes::Bytes::from_static(b"}"),
+    ];
+    let body = axum::body::Body::from_stream(futures_util::stream::iter(
+        parts.map(Ok::<_, std::convert::Infallible>),
+    ));
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
 }
 
 /// Whether `body` is an `initialize` request, which opens a session.

@@ -57,7 +57,7 @@ pub(crate) struct Lasting {
     /// The MCP server every connection is made from.
     pub(crate) mcp: Arc<McpServer<ToolList>>,
     /// The tools it lists: replaced on each reload, its clients told.
-    listed: ToolList,
+    pub(crate) listed: ToolList,
     /// The stack its calls go through.
     in_service: InService,
     /// The upstreams' progress on its clients' calls.

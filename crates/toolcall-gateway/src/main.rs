@@ -19,6 +19,7 @@ mod demo;
 mod fronts;
 mod gateway;
 mod mcp_json;
+mod mcp_sessions;
 mod naming;
 mod servers;
 mod upstreams;

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 use tower_toolcall::envelope::json_kind;
 use tower_toolcall::ConfigError;
-use tower_toolcall_mcp::Trust;
+use tower_toolcall_mcp::{Trust, DEFAULT_MAX_MESSAGE_BYTES};
 
 use crate::config::{
     check_http_url, is_header_name, is_header_value, key_path, ConfigProblems, Secret,
@@ -269,6 +269,7 @@ impl Importer<'_> {
                         timeout: DEFAULT_TIMEOUT,
                         startup_timeout: DEFAULT_STARTUP_TIMEOUT,
                         required: true,
+                        max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
                     });
                 }
             }

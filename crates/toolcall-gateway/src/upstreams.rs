@@ -262,7 +262,7 @@ async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
         } => {
             let (command, args, env, cwd) =
                 (command.clone(), args.clone(), env.clone(), cwd.clone());
-            let client = McpClient::spawn(name, move || {
+            let client = McpClient::spawn_bounded(name, config.max_message_bytes, move || {
                 let mut process = tokio::process::Command::new(&command);
                 // Only the allow-listed variables of the gateway's environment, and the
                 // entry's own: never the gateway's secrets.

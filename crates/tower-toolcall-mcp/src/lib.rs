@@ -110,8 +110,8 @@ mod server;
 mod wording;
 
 pub use client::{
-    ClientEvents, McpClient, UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF,
-    DEFAULT_RECONNECT_TIMEOUT,
+    ClientEvents, McpClient, UpstreamState, UpstreamStats, DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_RECONNECT_BACKOFF, DEFAULT_RECONNECT_TIMEOUT,
 };
 pub use convert::IsError;
 pub use lines::{line_transport, stdio_transport, DEFAULT_MAX_LINE_BYTES};

@@ -574,3 +574,72 @@ async fn a_fresh_session_id_per_request_escapes_no_loop() {
         "the 4th identical call is a loop"
     );
 }
+
+/// Opens a 2025-11-25 session on `/mcp` with `key`'s bearer token: the status, and the
+/// session's id when one opened.
+async fn initialize_as(address: &str, key: &str) -> (u16, Option<String>) {
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "1"}}
+    });
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\n\
+         content-type: application/json\r\naccept: application/json, text/event-stream"
+    );
+    let (status, head, _) = exchange(address, &head, &initialize.to_string()).await;
+    let id = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("mcp-session-id")
+            .then(|| value.trim().to_owned())
+    });
+    (status, id)
+}
+
+/// `method` on `/mcp` in the session `id` with `key`'s bearer token: the status.
+async fn in_session(address: &str, key: &str, id: &str, method: &str) -> u16 {
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string();
+    let (body, kind) = match method {
+        "DELETE" => ("", ""),
+        _ => (ping.as_str(), "\r\ncontent-type: application/json"),
+    };
+    let head = format!(
+        "{method} /mcp HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\n\
+         accept: application/json, text/event-stream\r\nmcp-session-id: {id}\r\n\
+         mcp-protocol-version: 2025-11-25{kind}"
+    );
+    exchange(address, &head, body).await.0
+}
+
+#[tokio::test]
+async fn a_principal_holds_a_bounded_number_of_sessions_and_only_its_own() {
+    let config = written(
+        "principal-sessions",
+        &format!(
+            "[http]\nmax_sessions_per_principal = 2\n{}\n{AUTH}",
+            everything_upstream()
+        ),
+    );
+    let gateway = HttpGateway::start_in(&[config.as_os_str()], &KEYS).await;
+    let address = gateway.address.as_str();
+    let (_, first) = initialize_as(address, ALICE).await;
+    let first = first.expect("alice's first session");
+    let (_, second) = initialize_as(address, ALICE).await;
+    second.expect("alice's second session");
+    // Her third is refused, with a time to come back; bob, of her tenant, still opens his.
+    let (status, refused) = initialize_as(address, ALICE).await;
+    assert_eq!((status, refused), (429, None));
+    let (status, bobs) = initialize_as(address, BOB).await;
+    assert_eq!(status, 200);
+    let bobs = bobs.expect("bob's session");
+    // Her session id reaches nothing of hers in bob's hands: not a ping, not its end.
+    assert_eq!(in_session(address, BOB, &first, "POST").await, 404);
+    assert_eq!(in_session(address, BOB, &first, "DELETE").await, 404);
+    assert_eq!(in_session(address, ALICE, &bobs, "POST").await, 404);
+    assert_eq!(in_session(address, ALICE, &first, "POST").await, 200);
+    // Ending one of hers makes room for another.
+    assert_eq!(in_session(address, ALICE, &first, "DELETE").await, 200);
+    let (status, third) = initialize_as(address, ALICE).await;
+    assert_eq!(status, 200);
+    assert!(third.is_some());
+}

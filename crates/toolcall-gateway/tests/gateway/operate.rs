@@ -130,21 +130,28 @@ async fn a_bare_name_never_reaches_an_upstream_named_like_the_gateway() {
     );
 }
 
+/// The gateway over HTTP on a free port with `config` and `more` arguments, logging at
+/// `level`, its stdout and stderr piped.
+fn logging_gateway(config: &std::path::Path, more: &[&str], level: &str) -> tokio::process::Child {
+    tokio::process::Command::new(GATEWAY)
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(more)
+        .env("RUST_LOG", level)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn json_logs_are_only_json_and_an_upstreams_stderr_is_its_events() {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
     let config = written("json-logs", &everything_upstream());
-    let mut child = tokio::process::Command::new(GATEWAY)
-        .arg("--config")
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = logging_gateway(&config, &["--log-format", "json"], "info");
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
     let listening = tokio::time::timeout(Duration::from_secs(60), stdout.next_line())
         .await
@@ -444,6 +451,22 @@ pub(super) async fn open_session(address: &str) -> Result<String, String> {
         .ok_or(answer)
 }
 
+/// POSTs `message` to `/mcp` in the session `id`: the whole answer.
+pub(super) async fn in_session(address: &str, id: &str, message: &Value) -> String {
+    let message = message.to_string();
+    raw(
+        address,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: {address}\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\nmcp-session-id: {id}\r\n\
+             mcp-protocol-version: 2025-11-25\r\ncontent-length: {}\r\n\
+             Connection: close\r\n\r\n{message}",
+            message.len()
+        ),
+    )
+    .await
+}
+
 /// Sends `request` on a connection of its own: the whole answer (what came within 5 s).
 pub(super) async fn raw(address: &str, request: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -488,18 +511,8 @@ async fn mcp_sessions_are_capped_and_an_idle_one_expires() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     open_session(&address).await.unwrap();
     open_session(&address).await.unwrap();
-    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string();
-    let gone = raw(
-        &address,
-        &format!(
-            "POST /mcp HTTP/1.1\r\nHost: {address}\r\ncontent-type: application/json\r\n\
-             accept: application/json, text/event-stream\r\nmcp-session-id: {third}\r\n\
-             mcp-protocol-version: 2025-11-25\r\ncontent-length: {}\r\n\
-             Connection: close\r\n\r\n{ping}",
-            ping.len()
-        ),
-    )
-    .await;
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    let gone = in_session(&address, &third, &ping).await;
     assert!(gone.starts_with("HTTP/1.1 404"), "{gone}");
 }
 
@@ -689,4 +702,126 @@ async fn breakers_outlive_a_reload_where_their_tools_still_are() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(gateway.call(&echo()).await.0, 200);
+}
+
+/// A stdio MCP server, in plain JSON-RPC, whose `tools/list` answer is about 250 KB.
+const BIG_LIST_SERVER: &str = r#"
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    method = msg.get("method")
+    if method == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "big", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": f"tool{i}", "description": "x" * 200,
+                             "inputSchema": {"type": "object"}} for i in range(1000)]}
+    elif "id" in msg:
+        result = {}
+    else:
+        continue
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}) + "\n")
+    sys.stdout.flush()
+"#;
+
+#[tokio::test]
+async fn a_tool_list_over_the_bound_is_refused_at_once_naming_the_upstream_and_the_bound() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let script = written("big-list", "").with_file_name("big.py");
+    std::fs::write(&script, BIG_LIST_SERVER).unwrap();
+    let config = written(
+        "big-list",
+        &format!(
+            "{}[[upstreams]]\nname = \"big\"\ncommand = \"{}\"\nargs = [\"{}\"]\n\
+             max_message_bytes = 65536\nstartup_timeout_ms = 30000\nrequired = false\n",
+            everything_upstream(),
+            kit(".venv/bin/python").display(),
+            script.display()
+        ),
+    );
+    let started = Instant::now();
+    let mut child = logging_gateway(&config, &[], "warn");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = tokio::time::timeout(Duration::from_secs(25), stdout.next_line())
+        .await
+        .expect("the gateway starts without waiting out big's start-up time")
+        .unwrap()
+        .unwrap();
+    // Not the 30 s of big's start-up time: its list failed at once.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut said = Vec::new();
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            let done = line.contains("upstream big") && line.contains("longer than 65536 bytes");
+            said.push(line);
+            if done {
+                return said;
+            }
+        }
+        said
+    })
+    .await
+    .expect("the gateway says why big is down");
+    assert!(
+        said.iter()
+            .any(|line| line.contains("upstream_message_too_large")),
+        "{said:#?}"
+    );
+    // The other upstream serves; big is down, and said to be.
+    let address = listening.strip_prefix("listening on ").unwrap().to_owned();
+    let probe = HttpGateway::probe(address);
+    let (status, body) = probe.get("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    let ready: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(ready["down"], json!(["big"]), "{body}");
+}
+
+#[tokio::test]
+async fn a_sessions_tool_list_is_the_lists_one_encoding() {
+    let config = written("shared-list", &everything_upstream());
+    let gateway = HttpGateway::start(&config).await;
+    let address = gateway.address.clone();
+    let session = open_session(&address).await.unwrap();
+    let list = |id: Value, params: Value| {
+        let mut request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"});
+        if !params.is_null() {
+            request["params"] = params;
+        }
+        let (address, session) = (address.clone(), session.clone());
+        async move {
+            let answer = in_session(&address, &session, &request).await;
+            let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+            (head.to_ascii_lowercase(), body.to_owned())
+        }
+    };
+    let (head, body) = list(json!("list-1"), Value::Null).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    // Chunked: the body is the list's bytes between a head and a tail.
+    let body: String = body
+        .split("\r\n")
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .filter_map(|pair| pair.get(1).copied())
+        .collect();
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["jsonrpc"], "2.0");
+    assert_eq!(answer["id"], "list-1");
+    let tools = answer["result"]["tools"].as_array().unwrap();
+    assert!(tools.iter().any(|tool| tool["name"] == "everything__echo"));
+    // rmcp still answers a page asked for by cursor, and whatever else the session sends.
+    let (head, body) = list(json!(2), json!({"cursor": "next"})).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("text/event-stream"), "{head}");
+    assert!(body.contains("\"id\":2"), "{body}");
+    // Without an open session: no list, rmcp's 404.
+    let request = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
+    let stale = in_session(&address, "no-such-session", &request).await;
+    assert!(stale.starts_with("HTTP/1.1 404"), "{stale}");
 }

@@ -1,7 +1,10 @@
 //! The client side: a remote MCP server's tools as a `Service<ToolCall>`.
 
+mod child;
 mod stderr;
 mod upstream;
+
+pub use child::DEFAULT_MAX_MESSAGE_BYTES;
 
 pub use upstream::{
     UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF, DEFAULT_RECONNECT_TIMEOUT,
@@ -25,6 +28,7 @@ use super::convert::{error_from_service, outcome_of, request_params, IsError};
 use super::in_flight::InFlight;
 use super::policy::{registry_for, Trust};
 use super::progress::{log_progress, ProgressRelay, Relayed};
+use child::{ChildTransport, Verdict};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::retry::Backoff;
 use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
@@ -105,6 +109,8 @@ pub struct McpClient {
     tool_list: Option<tokio::sync::watch::Receiver<u64>>,
     is_error: IsError,
     is_error_by_tool: Arc<HashMap<String, IsError>>,
+    /// Why this side closed the connection last, when it did.
+    verdict: Verdict,
 }
 
 impl McpClient {
@@ -122,6 +128,7 @@ impl McpClient {
             tool_list: None,
             is_error: IsError::default(),
             is_error_by_tool: Arc::default(),
+            verdict: Verdict::default(),
         }
     }
 
@@ -186,20 +193,57 @@ impl McpClient {
     /// Its stderr is read line by line, each line an INFO event `upstream_stderr` with the
     /// server's `name` (at most 4 KiB of a line; the rest is cut), so that the logs of a
     /// process that fronts servers hold only its own lines, in its own format.
+    ///
+    /// A message from the server longer than [`DEFAULT_MAX_MESSAGE_BYTES`] closes the
+    /// connection (made again as for any other end), and the request it answered fails with
+    /// an error that names the server and the bound: see
+    /// [`spawn_bounded`](McpClient::spawn_bounded).
     pub async fn spawn<F>(name: impl Into<Arc<str>>, command: F) -> Result<Self, ToolError>
+    where
+        F: Fn() -> tokio::process::Command + Send + Sync + 'static,
+    {
+        McpClient::spawn_bounded(name, DEFAULT_MAX_MESSAGE_BYTES, command).await
+    }
+
+    /// [`spawn`](McpClient::spawn), reading no message longer than `max_message_bytes` from
+    /// the server: a longer one closes the connection, is logged at ERROR as
+    /// `upstream_message_too_large`, and fails its request (a `tools/list` too, at once,
+    /// rather than after a wait for an answer that was dropped) with an error that names the
+    /// server and the bound.
+    ///
+    /// ```no_run
+    /// use tower_toolcall_mcp::McpClient;
+    ///
+    /// # async fn run() -> Result<(), tower_toolcall::ToolError> {
+    /// let client = McpClient::spawn_bounded("catalog", 32 << 20, || {
+    ///     tokio::process::Command::new("mcp-server-catalog")
+    /// })
+    /// .await?;
+    /// let tools = client.tools().await?;
+    /// # let _ = tools;
+    /// # Ok(()) }
+    /// ```
+    pub async fn spawn_bounded<F>(
+        name: impl Into<Arc<str>>,
+        max_message_bytes: usize,
+        command: F,
+    ) -> Result<Self, ToolError>
     where
         F: Fn() -> tokio::process::Command + Send + Sync + 'static,
     {
         let name: Arc<str> = name.into();
         let events = ClientEvents::default();
         let handler = events.clone();
+        let verdict = Verdict::default();
         let server = name.clone();
+        let why = verdict.clone();
         let client = McpClient::connect(name, move || {
             let (handler, command, server) = (handler.clone(), command(), server.clone());
+            let why = why.clone();
+            // Started when the connection is made, not when it is asked for.
             async move {
-                let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(command)
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()?;
+                let (transport, stderr) =
+                    ChildTransport::spawn(command, &server, max_message_bytes, &why)?;
                 if let Some(stderr) = stderr {
                     tokio::spawn(stderr::log_lines(server, stderr));
                 }
@@ -208,7 +252,9 @@ impl McpClient {
             }
         })
         .await?;
-        Ok(client.with_events(&events))
+        let mut client = client.with_events(&events);
+        client.verdict = verdict;
+        Ok(client)
     }
 
     /// Connects to the streamable-HTTP server at `url` and keeps the connection up (a lost
@@ -345,7 +391,9 @@ impl McpClient {
     /// The server's tools, as its `tools/list` gives them (every page).
     pub async fn tools(&self) -> Result<Vec<Tool>, ToolError> {
         let (peer, _) = self.current()?;
-        peer.list_all_tools().await.map_err(error_from_service)
+        peer.list_all_tools()
+            .await
+            .map_err(|error| explained(&self.verdict, error_from_service(error), ""))
     }
 
     /// Lists the server's tools and registers them in `namespace` with policy from their
@@ -374,14 +422,28 @@ impl McpClient {
     }
 }
 
+/// `err`, a request's end with its connection, in the words of why this side closed the
+/// connection when it did, then `then`.
+fn explained(verdict: &Verdict, err: ToolError, then: &str) -> ToolError {
+    match verdict.take() {
+        Some(why) => err.with_message(format!("{why}{then}")),
+        None => err,
+    }
+}
+
 /// How a call's request failed: the error, said in the words of a kept connection when the
 /// whole server failed (its transport), which is then made again.
-fn failed(link: &Link, generation: u64, error: ServiceError) -> ToolError {
+fn failed(link: &Link, verdict: &Verdict, generation: u64, error: ServiceError) -> ToolError {
     let server_wide = matches!(
         error,
         ServiceError::TransportSend(_) | ServiceError::TransportClosed
     );
     let err = error_from_service(error);
+    let err = if server_wide {
+        explained(verdict, err, "; the call may or may not have run")
+    } else {
+        err
+    };
     match link {
         Link::Kept(upstream) if server_wide => {
             upstream.lost(generation);
@@ -407,6 +469,7 @@ impl Service<ToolCall> for McpClient {
             Err(err) => return Box::pin(std::future::ready(Err(err))),
         };
         let link = self.link.clone();
+        let verdict = self.verdict.clone();
         let is_error = self
             .is_error_by_tool
             .get(call.tool_name())
@@ -423,7 +486,7 @@ impl Service<ToolCall> for McpClient {
             let handle = peer
                 .send_request_with_option(request, PeerRequestOptions::no_options())
                 .await
-                .map_err(|error| failed(&link, generation, error))?;
+                .map_err(|error| failed(&link, &verdict, generation, error))?;
             let _tracked =
                 in_flight.map(|calls| calls.insert(handle.progress_token.clone(), tracked));
             let mut cancel = CancelOnDrop {
@@ -432,7 +495,7 @@ impl Service<ToolCall> for McpClient {
             };
             let answer = handle.await_response().await;
             cancel.id = None;
-            match answer.map_err(|error| failed(&link, generation, error))? {
+            match answer.map_err(|error| failed(&link, &verdict, generation, error))? {
                 ServerResult::CallToolResult(result) => outcome_of(result, is_error),
                 ServerResult::EmptyResult(_) => {
                     outcome_of(CallToolResult::success(Vec::new()), is_error)

@@ -1,6 +1,7 @@
 //! The server side: an `rmcp` server whose every `tools/call` goes through a stack.
 
 mod confirm;
+mod encoded;
 mod handler;
 mod streams;
 mod tool_list;

@@ -14,6 +14,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::Principal;
 
+use super::encoded::Encodings;
 use super::Confirm;
 
 /// How long a client may take to take the notice that the tools changed.
@@ -40,6 +41,8 @@ struct Shared {
     changes: tokio::sync::watch::Sender<u64>,
     /// The sessions of the clients that initialized under 2025-11-25.
     sessions: Mutex<Vec<Peer<RoleServer>>>,
+    /// The list's `tools/list` results, encoded.
+    encodings: Encodings,
 }
 
 /// What the list holds at one time.
@@ -116,6 +119,7 @@ impl ToolList {
                 current: RwLock::new(listed),
                 changes: tokio::sync::watch::Sender::new(0),
                 sessions: Mutex::default(),
+                encodings: Encodings::default(),
             }),
         }
     }
@@ -276,6 +280,32 @@ impl ToolList {
             .filter(|tool| listed.visible.shows(principal, &tool.name))
             .cloned()
             .collect()
+    }
+
+    /// The `tools/list` result `principal` is shown, as JSON (`{"tools": [...]}`): encoded
+    /// once per list and per set of tools a caller sees, and shared, so that a front that
+    /// answers `tools/list` with these bytes holds one copy of a large list however many
+    /// answers are being sent, or left unread, at once.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use rmcp::model::Tool;
+    /// use tower_toolcall_mcp::ToolList;
+    ///
+    /// let list = ToolList::new(vec![Tool::new("search", "Search", Arc::new(serde_json::Map::new()))]);
+    /// let result: serde_json::Value = serde_json::from_slice(&list.encoded_for(None)).unwrap();
+    /// assert_eq!(result["tools"][0]["name"], "search");
+    /// // The same bytes for the next caller who sees the same tools.
+    /// assert_eq!(list.encoded_for(None).as_ptr(), list.encoded_for(None).as_ptr());
+    /// ```
+    pub fn encoded_for(&self, principal: Option<&Principal>) -> bytes::Bytes {
+        let (tools, visible) = {
+            let listed = self.read();
+            (listed.tools.clone(), listed.visible.clone())
+        };
+        self.shared
+            .encodings
+            .of(&tools, |tool| visible.shows(principal, &tool.name))
     }
 
     /// Whether `principal` may call the listed tool `name`; the refusal is reported.

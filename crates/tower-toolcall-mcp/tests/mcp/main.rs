@@ -805,6 +805,28 @@ async fn a_cancelled_or_disconnected_call_runs_once_and_its_resend_gets_the_resu
     }
 }
 
+/// A tool named `name` without a schema of its own.
+fn tool(name: &'static str) -> rmcp::model::Tool {
+    rmcp::model::Tool::new(name, "a tool", Arc::new(serde_json::Map::new()))
+}
+
+/// A service that no test calls.
+fn uncalled() -> impl tower::Service<
+    ToolCall,
+    Response = tower_toolcall::ToolOutput,
+    Error = tower_toolcall::ToolError,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(|_call: ToolCall| async {
+        Err::<tower_toolcall::ToolOutput, _>(tower_toolcall::ToolError::new(
+            ErrorCode::InternalError,
+            "no call in this test",
+        ))
+    })
+}
+
 /// A list replaced under a running server is what every session lists from then on, and
 /// each connected client is told (`notifications/tools/list_changed`), which an `McpClient`
 /// over [`ClientEvents`] sees.
@@ -813,7 +835,6 @@ async fn a_replaced_tool_list_is_told_to_every_connected_client() {
     use rmcp::model::Tool;
     use tower_toolcall_mcp::ToolList;
 
-    let tool = |name: &'static str| Tool::new(name, "a tool", Arc::new(serde_json::Map::new()));
     let names = |tools: Vec<Tool>| {
         tools
             .into_iter()
@@ -821,13 +842,7 @@ async fn a_replaced_tool_list_is_told_to_every_connected_client() {
             .collect::<Vec<_>>()
     };
     let list = ToolList::new(vec![tool("search")]);
-    let unused = tower::service_fn(|_call: ToolCall| async {
-        Err::<tower_toolcall::ToolOutput, _>(tower_toolcall::ToolError::new(
-            ErrorCode::InternalError,
-            "no call in this test",
-        ))
-    });
-    let server = McpServer::over("notes", unused, list.clone());
+    let server = McpServer::over("notes", uncalled(), list.clone());
     let mut clients = Vec::new();
     for _ in 0..2 {
         let (server_end, client_end) = tokio::io::duplex(64 * 1024);
@@ -857,4 +872,64 @@ async fn a_replaced_tool_list_is_told_to_every_connected_client() {
     // A client made without events never sees a change.
     let bare = McpClient::new(clients[0].0.peer().clone());
     assert!(bare.tool_list_changes().changed().await.is_err());
+}
+
+/// A client that stopped reading (its pipe full) holds up neither a replacement of the list
+/// nor the notice to the other clients.
+#[tokio::test]
+async fn a_client_that_stopped_reading_never_holds_up_a_list_change() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tower_toolcall_mcp::ToolList;
+
+    let list = ToolList::new(vec![tool("search")]);
+    let server = McpServer::over("notes", uncalled(), list.clone());
+    let serve = |end: tokio::io::DuplexStream| {
+        let connection = server.connection();
+        tokio::spawn(async move {
+            if let Ok(running) = connection.serve(end).await {
+                let _ = running.waiting().await;
+            }
+        });
+    };
+    // The first client: a raw session over a pipe of 64 bytes, which reads the answer to
+    // its initialize and nothing after.
+    let (server_end, stalled) = tokio::io::duplex(64);
+    serve(server_end);
+    let (read, mut write) = tokio::io::split(stalled);
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "stalled", "version": "1"}}
+    });
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    write
+        .write_all(format!("{initialize}\n{initialized}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut read = tokio::io::BufReader::new(read);
+    let mut answer = String::new();
+    read.read_line(&mut answer).await.unwrap();
+    assert!(answer.contains("\"result\""), "{answer}");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // The second: an rmcp client that reads.
+    let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+    serve(server_end);
+    let events = ClientEvents::default();
+    let running = events.clone().serve(client_end).await.unwrap();
+    let client = McpClient::new(running.peer().clone()).with_events(&events);
+    let mut changes = client.tool_list_changes();
+    assert_eq!(client.tools().await.unwrap().len(), 1);
+
+    for round in 1..=3u64 {
+        let replacing = list.replace(ToolList::new(vec![tool("search"), tool("fetch")]));
+        tokio::time::timeout(std::time::Duration::from_secs(1), replacing)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the list is replaced at once"));
+        tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the reading client is told"))
+            .unwrap();
+        assert_eq!(*changes.borrow(), round);
+    }
+    drop(read);
 }
