@@ -124,12 +124,7 @@ async fn steps(
 
 #[tokio::main]
 async fn main() {
-    let env = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
+    let env = peers::env_or::<usize>;
     let sessions = env("SESSIONS", 1000);
     let calls = env("CALLS", 100_000);
     // Before anything runs: the peer must be there.

@@ -123,12 +123,7 @@ fn micros(d: Duration) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let env = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
+    let env = peers::env_or::<usize>;
     let calls = env("CALLS", 1000);
     let rounds = env("ROUNDS", 2);
     // Before anything runs: the peer must be there.

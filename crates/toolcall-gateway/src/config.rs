@@ -20,7 +20,7 @@ use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::ConfigError;
 use tower_toolcall_mcp::{Trust, DEFAULT_MAX_MESSAGE_BYTES};
 
-use crate::auth::{AuthConfig, HttpConfig};
+use crate::auth::{AuthConfig, HttpConfig, DEFAULT_MAX_CALLS_IN_FLIGHT};
 use crate::servers::ServerPolicy;
 
 /// The per-call timeout of an upstream unless its entry says otherwise.
@@ -62,9 +62,10 @@ const UPSTREAM_KEYS: &[&str] = &[
     "startup_timeout_ms",
     "required",
     "max_message_bytes",
+    "keep_alive",
 ];
 const STDIO_ONLY_KEYS: &[&str] = &["args", "env", "cwd", "max_message_bytes"];
-const HTTP_ONLY_KEYS: &[&str] = &["headers", "headers_env"];
+const HTTP_ONLY_KEYS: &[&str] = &["headers", "headers_env", "keep_alive"];
 
 /// The gateway's configuration.
 #[derive(Clone, Debug)]
@@ -168,6 +169,11 @@ pub(crate) struct UpstreamConfig {
     pub(crate) required: bool,
     /// The longest message read from a stdio server (its `tools/list` answer included).
     pub(crate) max_message_bytes: usize,
+    /// The requests in flight to a streamable-HTTP server at most: the calls the gateway
+    /// runs at once (`[http] max_calls_in_flight`), so that none waits on the client.
+    pub(crate) max_in_flight: usize,
+    /// Whether the connections to a streamable-HTTP server are kept alive, in one pool.
+    pub(crate) keep_alive: bool,
 }
 
 /// How the gateway reaches an upstream.
@@ -462,6 +468,7 @@ impl GatewayConfig {
             if trusted.contains(&upstream.name) {
                 upstream.trust = Trust::Trusted;
             }
+            upstream.max_in_flight = self.http.max_calls_in_flight;
         }
         Ok(self)
     }
@@ -1045,10 +1052,14 @@ impl Checker {
             (true, false) => {
                 for key in HTTP_ONLY_KEYS {
                     if table.contains_key(*key) {
+                        let hint = if key.starts_with("headers") {
+                            " (a command upstream takes env)"
+                        } else {
+                            ""
+                        };
                         self.add(
                             key_path(field, key),
-                            "only applies to a url upstream; remove it (a command upstream \
-                             takes env)",
+                            format!("only applies to a url upstream; remove it{hint}"),
                         );
                     }
                 }
@@ -1098,6 +1109,7 @@ impl Checker {
             .millis(table, field, "startup_timeout_ms")
             .unwrap_or(DEFAULT_STARTUP_TIMEOUT);
         let required = self.boolean(table, field, "required").unwrap_or(true);
+        let keep_alive = self.boolean(table, field, "keep_alive").unwrap_or(true);
         let max_message_bytes = self
             .message_bytes(table, field)
             .unwrap_or(DEFAULT_MAX_MESSAGE_BYTES);
@@ -1123,6 +1135,8 @@ impl Checker {
             startup_timeout,
             required,
             max_message_bytes,
+            max_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            keep_alive,
         })
     }
 
@@ -1458,6 +1472,7 @@ mod tests {
             startup_timeout_ms = 3600001
             required = "yes"
             max_message_bytes = 1048576
+            keep_alive = "no"
 
             [[upstreams]]
             name = "search"
@@ -1466,6 +1481,7 @@ mod tests {
             env = { PORT = 8080, "A=B" = "c" }
             timeout_ms = 1.5
             max_message_bytes = 100
+            keep_alive = false
 
             [[upstreams]]
             args = "one"
@@ -1499,7 +1515,7 @@ mod tests {
              redis://[:password@]host[:port][/db] (or rediss://, redis+unix://, unix://)",
             "upstreams[0].comand: unknown field; expected one of name, command, args, env, \
              cwd, url, headers, headers_env, trust, timeout_ms, startup_timeout_ms, required, \
-             max_message_bytes",
+             max_message_bytes, keep_alive",
             "upstreams[0].name: \"Time\" has the character 'T'; use only a-z, 0-9, _ and -",
             "upstreams[0].timeout_ms: must be from 1 to 3600000 milliseconds (one hour), got 0",
             "upstreams[0]: has both command and url; keep command for a stdio server the \
@@ -1510,6 +1526,7 @@ mod tests {
             "upstreams[1].headers.\"Bad Header\": is not an HTTP header name; use letters, \
              digits and -",
             "upstreams[1].headers.Authorization: must be a string, got an integer",
+            "upstreams[1].keep_alive: must be true or false, got a string",
             "upstreams[1].max_message_bytes: only applies to a command upstream; remove it",
             "upstreams[1].required: must be true or false, got a string",
             "upstreams[1].startup_timeout_ms: must be from 1 to 3600000 milliseconds (one \
@@ -1523,6 +1540,7 @@ mod tests {
              booleans)",
             "upstreams[2].headers: only applies to a url upstream; remove it (a command \
              upstream takes env)",
+            "upstreams[2].keep_alive: only applies to a url upstream; remove it",
             "upstreams[2].max_message_bytes: must be a number of bytes from 65536 (64 KiB) to \
              1073741824 (1 GiB), got 100",
             "upstreams[2].name: \"search\" is already the name of upstreams[1]; give each \
@@ -1755,6 +1773,8 @@ mod tests {
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             required: true,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            keep_alive: true,
         }
     }
 

@@ -25,6 +25,7 @@ use tower_toolcall::envelope::json_kind;
 use tower_toolcall::ConfigError;
 use tower_toolcall_mcp::{Trust, DEFAULT_MAX_MESSAGE_BYTES};
 
+use crate::auth::DEFAULT_MAX_CALLS_IN_FLIGHT;
 use crate::config::{
     check_http_url, is_header_name, is_header_value, key_path, ConfigProblems, Secret,
     UpstreamConfig, UpstreamTransport, DEFAULT_STARTUP_TIMEOUT, DEFAULT_TIMEOUT, MAX_NAME_LEN,
@@ -270,6 +271,8 @@ impl Importer<'_> {
                         startup_timeout: DEFAULT_STARTUP_TIMEOUT,
                         required: true,
                         max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+                        max_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
+                        keep_alive: true,
                     });
                 }
             }

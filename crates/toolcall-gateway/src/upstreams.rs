@@ -15,7 +15,9 @@ use tower::{Service, ServiceExt as _};
 use tower_toolcall::registry::JitterKind;
 use tower_toolcall::retry::Backoff;
 use tower_toolcall::{ErrorCode, ToolCall, ToolError, ToolOutput};
-use tower_toolcall_mcp::{registry_for, McpClient, ProgressRelay, UpstreamState};
+use tower_toolcall_mcp::{
+    pooled_http_client_builder, registry_for, McpClient, ProgressRelay, UpstreamState,
+};
 
 use crate::config::{redact_url, GatewayConfig, UpstreamConfig, UpstreamTransport};
 
@@ -291,9 +293,18 @@ async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
                 value.set_sensitive(true);
                 custom.insert(header, value);
             }
-            let transport =
-                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
-            Ok(McpClient::http_with(name, transport).await?)
+            let transport = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                .custom_headers(custom)
+                .max_concurrent_requests(config.max_in_flight);
+            // One pool of kept-alive connections, unless the server answers them late.
+            let mut client = pooled_http_client_builder();
+            if !config.keep_alive {
+                client = client.pool_max_idle_per_host(0);
+            }
+            let client = client
+                .build()
+                .map_err(|err| format!("upstream {name}: the HTTP client cannot be made: {err}"))?;
+            Ok(McpClient::http_with_client(name, client, transport).await?)
         }
     }
 }

@@ -109,6 +109,8 @@ mod progress;
 mod server;
 mod wording;
 
+#[cfg(feature = "http")]
+pub use client::{pooled_http_client, pooled_http_client_builder, DEFAULT_HTTP_IDLE_TIMEOUT};
 pub use client::{
     ClientEvents, McpClient, UpstreamState, UpstreamStats, DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_RECONNECT_BACKOFF, DEFAULT_RECONNECT_TIMEOUT,
@@ -121,6 +123,10 @@ pub use meta::{
 };
 pub use policy::{descriptor_for, registry_for, registry_for_servers, registry_of, Trust};
 pub use progress::ProgressRelay;
+/// The HTTP client crate of [`McpClient::http_with_client`], as this crate depends on it.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use reqwest;
 pub use server::{Confirm, HandlerTool, McpServer, ToolList, DEFAULT_CONFIRMATION_TIMEOUT};
 /// The authenticated caller of a request (see [`McpServer`]'s who calls).
 pub use tower_toolcall::Principal;

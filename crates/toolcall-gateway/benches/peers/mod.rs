@@ -64,6 +64,12 @@ pub(crate) struct Front {
 }
 
 impl Front {
+    /// The address it listens on (`host:port`).
+    pub(crate) fn address(&self) -> String {
+        let rest = self.url.trim_start_matches("http://");
+        rest.split('/').next().unwrap_or(rest).to_owned()
+    }
+
     /// The process id, for [`Memory::of`].
     pub(crate) fn pid(&self) -> u32 {
         self.child.id().expect("the process still runs")
@@ -75,6 +81,14 @@ impl Drop for Front {
         let _ = self.child.start_kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The number in the environment variable `name`, else `default`.
+pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// A fresh directory for a child's configuration.
@@ -97,10 +111,16 @@ fn rand_suffix() -> u64 {
 /// The gateway (the binary this package builds, in the bench profile) with `config` as its
 /// `gateway.toml`, listening on a free loopback port.
 pub(crate) async fn gateway(config: &str) -> Front {
+    gateway_at(env!("CARGO_BIN_EXE_toolcall-gateway"), config).await
+}
+
+/// The gateway binary at `binary` (another build of it, for before and after) with `config`
+/// as its `gateway.toml`, listening on a free loopback port.
+pub(crate) async fn gateway_at(binary: &str, config: &str) -> Front {
     let dir = scratch("gateway");
     let path = dir.join("gateway.toml");
     std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolcall-gateway"))
+    let mut child = Command::new(binary)
         .arg("--config")
         .arg(&path)
         .args(["--listen", "127.0.0.1:0"])

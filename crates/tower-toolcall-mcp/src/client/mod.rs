@@ -6,6 +6,35 @@ mod upstream;
 
 pub use child::DEFAULT_MAX_MESSAGE_BYTES;
 
+/// How long a pooled connection to a streamable-HTTP server may stay idle before it is
+/// closed: 30 s.
+#[cfg(feature = "http")]
+pub const DEFAULT_HTTP_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The HTTP client [`McpClient::http_with`] makes: one pool of keep-alive connections
+/// ([`DEFAULT_HTTP_IDLE_TIMEOUT`] idle at most), `TCP_NODELAY`, and no redirect followed (a
+/// server that moved is configured anew). Start from it to add your own settings.
+///
+/// A server that leaves Nagle's algorithm on (a tokio server that does not set
+/// `TCP_NODELAY`) can answer a request on a kept-alive connection up to 40 ms late, when
+/// its answer follows a first event in a separate write: give it a client without a pool
+/// (`pool_max_idle_per_host(0)`) with [`McpClient::http_with_client`].
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub fn pooled_http_client() -> reqwest::Result<reqwest::Client> {
+    pooled_http_client_builder().build()
+}
+
+/// The builder of [`pooled_http_client`], for settings of your own on top.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub fn pooled_http_client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .pool_idle_timeout(DEFAULT_HTTP_IDLE_TIMEOUT)
+        .tcp_nodelay(true)
+        .redirect(reqwest::redirect::Policy::none())
+}
+
 pub use upstream::{
     UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF, DEFAULT_RECONNECT_TIMEOUT,
 };
@@ -274,23 +303,63 @@ impl McpClient {
     }
 
     /// [`http`](McpClient::http) with rmcp's whole transport configuration: headers sent on
-    /// every request (an API key), timeouts, limits.
+    /// every request (an API key), timeouts, limits (its `max_concurrent_requests`, 16 by
+    /// default, bounds the requests in flight to the server: raise it to the calls you run
+    /// at once).
+    ///
+    /// Its requests go over one pool of keep-alive connections for the client's life
+    /// ([`pooled_http_client`]), not a new connection per request as rmcp's default client
+    /// makes them.
     #[cfg(feature = "http")]
     #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
     pub async fn http_with(
         name: impl Into<Arc<str>>,
         config: rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig,
     ) -> Result<Self, ToolError> {
+        let client = pooled_http_client().map_err(|err| {
+            ToolError::new(
+                ErrorCode::InternalError,
+                format!("the HTTP client cannot be made: {err}"),
+            )
+        })?;
+        McpClient::http_with_client(name, client, config).await
+    }
+
+    /// [`http_with`](McpClient::http_with) over the HTTP client `client`: your TLS roots and
+    /// certificates, proxies, pool (one client for the connection's life, made again over
+    /// it when the session is lost).
+    ///
+    /// ```no_run
+    /// use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    /// use tower_toolcall_mcp::{pooled_http_client, McpClient};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A server that answers kept-alive connections late: a new connection per request.
+    /// let client = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
+    /// let config = StreamableHttpClientTransportConfig::with_uri("http://127.0.0.1:9000/mcp");
+    /// let search = McpClient::http_with_client("search", client, config).await?;
+    /// # let _ = (search, pooled_http_client()?);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+    pub async fn http_with_client(
+        name: impl Into<Arc<str>>,
+        client: reqwest::Client,
+        config: rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig,
+    ) -> Result<Self, ToolError> {
         let events = ClientEvents::default();
         let handler = events.clone();
-        let client = McpClient::connect(name, move || {
-            let transport =
-                rmcp::transport::StreamableHttpClientTransport::from_config(config.clone());
+        let connected = McpClient::connect(name, move || {
+            let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+                client.clone(),
+                config.clone(),
+            );
             let serving = rmcp::ServiceExt::serve(handler.clone(), transport);
             handler.clone().connected(serving)
         })
         .await?;
-        Ok(client.with_events(&events))
+        Ok(connected.with_events(&events))
     }
 
     /// Follows the notifications that `events`, the handler the rmcp client was served with,
