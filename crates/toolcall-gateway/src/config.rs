@@ -22,6 +22,7 @@ use tower_toolcall_mcp::{Trust, DEFAULT_MAX_MESSAGE_BYTES};
 
 use crate::auth::{AuthConfig, HttpConfig, DEFAULT_MAX_CALLS_IN_FLIGHT};
 use crate::servers::ServerPolicy;
+use crate::tls::UpstreamTls;
 
 /// The per-call timeout of an upstream unless its entry says otherwise.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(30_000);
@@ -63,9 +64,19 @@ const UPSTREAM_KEYS: &[&str] = &[
     "required",
     "max_message_bytes",
     "keep_alive",
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
 ];
 const STDIO_ONLY_KEYS: &[&str] = &["args", "env", "cwd", "max_message_bytes"];
-const HTTP_ONLY_KEYS: &[&str] = &["headers", "headers_env", "keep_alive"];
+const HTTP_ONLY_KEYS: &[&str] = &[
+    "headers",
+    "headers_env",
+    "keep_alive",
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
+];
 
 /// The gateway's configuration.
 #[derive(Clone, Debug)]
@@ -174,6 +185,8 @@ pub(crate) struct UpstreamConfig {
     pub(crate) max_in_flight: usize,
     /// Whether the connections to a streamable-HTTP server are kept alive, in one pool.
     pub(crate) keep_alive: bool,
+    /// The CA and client certificate of a streamable-HTTP server's TLS.
+    pub(crate) tls: UpstreamTls,
 }
 
 /// How the gateway reaches an upstream.
@@ -1110,6 +1123,18 @@ impl Checker {
             .unwrap_or(DEFAULT_STARTUP_TIMEOUT);
         let required = self.boolean(table, field, "required").unwrap_or(true);
         let keep_alive = self.boolean(table, field, "keep_alive").unwrap_or(true);
+        let file = |this: &mut Self, key| this.text(table, field, key).map(PathBuf::from);
+        let (ca, cert, key) = (
+            file(self, "tls_ca_file"),
+            file(self, "tls_cert_file"),
+            file(self, "tls_key_file"),
+        );
+        let tls = UpstreamTls::read(ca.as_deref(), cert.as_deref(), key.as_deref()).unwrap_or_else(
+            |(key, problem)| {
+                self.add(key_path(field, key), problem);
+                UpstreamTls::default()
+            },
+        );
         let max_message_bytes = self
             .message_bytes(table, field)
             .unwrap_or(DEFAULT_MAX_MESSAGE_BYTES);
@@ -1137,6 +1162,7 @@ impl Checker {
             max_message_bytes,
             max_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             keep_alive,
+            tls,
         })
     }
 
@@ -1515,7 +1541,7 @@ mod tests {
              redis://[:password@]host[:port][/db] (or rediss://, redis+unix://, unix://)",
             "upstreams[0].comand: unknown field; expected one of name, command, args, env, \
              cwd, url, headers, headers_env, trust, timeout_ms, startup_timeout_ms, required, \
-             max_message_bytes, keep_alive",
+             max_message_bytes, keep_alive, tls_ca_file, tls_cert_file, tls_key_file",
             "upstreams[0].name: \"Time\" has the character 'T'; use only a-z, 0-9, _ and -",
             "upstreams[0].timeout_ms: must be from 1 to 3600000 milliseconds (one hour), got 0",
             "upstreams[0]: has both command and url; keep command for a stdio server the \
@@ -1775,6 +1801,7 @@ mod tests {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             keep_alive: true,
+            tls: UpstreamTls::default(),
         }
     }
 

@@ -22,6 +22,7 @@ mod mcp_json;
 mod mcp_sessions;
 mod naming;
 mod servers;
+mod tls;
 mod upstreams;
 
 use std::net::SocketAddr;

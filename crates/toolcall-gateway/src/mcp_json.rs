@@ -273,6 +273,7 @@ impl Importer<'_> {
                         max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
                         max_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
                         keep_alive: true,
+                        tls: crate::tls::UpstreamTls::default(),
                     });
                 }
             }

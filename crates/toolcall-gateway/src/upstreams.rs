@@ -251,6 +251,21 @@ fn scrubbed(config: &UpstreamConfig, text: &str) -> String {
     }
 }
 
+/// Why `url` cannot be reached with `client`, when a request to it fails before any answer:
+/// the innermost cause of the failure.
+async fn why_unreachable(
+    client: &tower_toolcall_mcp::reqwest::Client,
+    url: &str,
+) -> Option<String> {
+    let probe = client.head(url).timeout(Duration::from_secs(5)).send();
+    let err = probe.await.err()?;
+    let mut root: &(dyn std::error::Error + 'static) = &err;
+    while let Some(source) = root.source() {
+        root = source;
+    }
+    Some(root.to_string())
+}
+
 /// A client of the upstream, kept connected: its process started again when it exits, its
 /// HTTP session made again when it is lost.
 async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
@@ -301,10 +316,21 @@ async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
             if !config.keep_alive {
                 client = client.pool_max_idle_per_host(0);
             }
-            let client = client
-                .build()
+            let client = config
+                .tls
+                .apply(client)
+                .and_then(|client| client.build())
                 .map_err(|err| format!("upstream {name}: the HTTP client cannot be made: {err}"))?;
-            Ok(McpClient::http_with_client(name, client, transport).await?)
+            match McpClient::http_with_client(name, client.clone(), transport).await {
+                Ok(upstream) => Ok(upstream),
+                // rmcp's error keeps none of the HTTP client's causes: a request of the
+                // gateway's own finds what stopped the connection (a certificate no root
+                // vouches for, a refused connection).
+                Err(err) => match why_unreachable(&client, url).await {
+                    Some(cause) => Err(format!("{err} ({cause})").into()),
+                    None => Err(err.into()),
+                },
+            }
         }
     }
 }

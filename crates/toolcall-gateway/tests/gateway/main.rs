@@ -851,6 +851,8 @@ async fn in_front_of_a_flaky_server_a_lost_answer_is_not_a_second_payment() {
 mod http;
 #[path = "../support/lively.rs"]
 mod lively;
+#[path = "../support/tls.rs"]
+mod tls;
 
 /// A gateway in front of a [`lively::Lively`] upstream; the upstream's state.
 async fn lively_gateway(name: &str) -> (lively::Lively, HttpGateway) {

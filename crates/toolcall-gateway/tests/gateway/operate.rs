@@ -132,7 +132,11 @@ async fn a_bare_name_never_reaches_an_upstream_named_like_the_gateway() {
 
 /// The gateway over HTTP on a free port with `config` and `more` arguments, logging at
 /// `level`, its stdout and stderr piped.
-fn logging_gateway(config: &std::path::Path, more: &[&str], level: &str) -> tokio::process::Child {
+pub(super) fn logging_gateway(
+    config: &std::path::Path,
+    more: &[&str],
+    level: &str,
+) -> tokio::process::Child {
     tokio::process::Command::new(GATEWAY)
         .arg("--config")
         .arg(config)

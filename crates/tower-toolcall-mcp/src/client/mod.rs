@@ -1,39 +1,15 @@
 //! The client side: a remote MCP server's tools as a `Service<ToolCall>`.
 
 mod child;
+#[cfg(feature = "http")]
+mod http;
 mod stderr;
 mod upstream;
 
 pub use child::DEFAULT_MAX_MESSAGE_BYTES;
 
-/// How long a pooled connection to a streamable-HTTP server may stay idle before it is
-/// closed: 30 s.
 #[cfg(feature = "http")]
-pub const DEFAULT_HTTP_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// The HTTP client [`McpClient::http_with`] makes: one pool of keep-alive connections
-/// ([`DEFAULT_HTTP_IDLE_TIMEOUT`] idle at most), `TCP_NODELAY`, and no redirect followed (a
-/// server that moved is configured anew). Start from it to add your own settings.
-///
-/// A server that leaves Nagle's algorithm on (a tokio server that does not set
-/// `TCP_NODELAY`) can answer a request on a kept-alive connection up to 40 ms late, when
-/// its answer follows a first event in a separate write: give it a client without a pool
-/// (`pool_max_idle_per_host(0)`) with [`McpClient::http_with_client`].
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub fn pooled_http_client() -> reqwest::Result<reqwest::Client> {
-    pooled_http_client_builder().build()
-}
-
-/// The builder of [`pooled_http_client`], for settings of your own on top.
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub fn pooled_http_client_builder() -> reqwest::ClientBuilder {
-    reqwest::Client::builder()
-        .pool_idle_timeout(DEFAULT_HTTP_IDLE_TIMEOUT)
-        .tcp_nodelay(true)
-        .redirect(reqwest::redirect::Policy::none())
-}
+pub use http::{pooled_http_client, pooled_http_client_builder, DEFAULT_HTTP_IDLE_TIMEOUT};
 
 pub use upstream::{
     UpstreamState, UpstreamStats, DEFAULT_RECONNECT_BACKOFF, DEFAULT_RECONNECT_TIMEOUT,

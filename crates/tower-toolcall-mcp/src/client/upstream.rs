@@ -160,7 +160,10 @@ impl Upstream {
             tracing::warn!(event = "mcp_upstream_unreachable", upstream = %name, error = %err);
             ToolError::new(
                 ErrorCode::UpstreamUnavailable,
-                format!("cannot connect to the MCP server {name}: {err}"),
+                format!(
+                    "cannot connect to the MCP server {name}: {}",
+                    root_cause(&*err)
+                ),
             )
         })?;
         let dropped = Arc::new(Notify::new());
@@ -266,6 +269,16 @@ impl fmt::Debug for Upstream {
             .field("state", &self.state())
             .finish_non_exhaustive()
     }
+}
+
+/// What `err` comes down to: its innermost cause (a refused connection, a certificate no
+/// root vouches for), which the errors around it wrap in their own words.
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut root = err;
+    while let Some(source) = root.source() {
+        root = source;
+    }
+    root.to_string()
 }
 
 /// The task that watches the connection and makes it again.
