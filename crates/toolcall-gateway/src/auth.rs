@@ -69,6 +69,8 @@ const HTTP_KEYS: &[&str] = &[
     "session_idle_ms",
     "max_listen_streams",
     "max_listen_streams_per_caller",
+    "tls_cert_file",
+    "tls_key_file",
 ];
 
 /// The environment variable naming the stdio front's principal when `[auth.stdio]` does not.
@@ -145,6 +147,8 @@ pub(crate) struct HttpConfig {
     pub(crate) session_idle: std::time::Duration,
     /// The most `subscriptions/listen` streams open at once, and for one caller.
     pub(crate) max_listen_streams: (usize, usize),
+    /// The certificate and key (PEM files) the HTTP fronts serve TLS with.
+    pub(crate) tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// The `subscriptions/listen` streams open at once unless `[http]` says, in all and for
@@ -174,6 +178,7 @@ impl Default for HttpConfig {
             max_sessions: DEFAULT_MAX_SESSIONS,
             session_idle: DEFAULT_SESSION_IDLE,
             max_listen_streams: DEFAULT_LISTEN_STREAMS,
+            tls: None,
         }
     }
 }
@@ -208,11 +213,12 @@ impl HttpConfig {
 }
 
 impl AuthConfig {
-    /// The resource URL of a gateway listening on `listen`.
-    pub(crate) fn resource(&self, listen: SocketAddr) -> String {
+    /// The resource URL of a gateway listening on `listen`, over TLS when `secure`.
+    pub(crate) fn resource(&self, listen: SocketAddr, secure: bool) -> String {
+        let scheme = if secure { "https" } else { "http" };
         self.resource
             .clone()
-            .unwrap_or_else(|| format!("http://{listen}/mcp"))
+            .unwrap_or_else(|| format!("{scheme}://{listen}/mcp"))
     }
 
     /// The authentication of the HTTP fronts, its refusals written to `audit`; with it, the
@@ -220,9 +226,10 @@ impl AuthConfig {
     pub(crate) async fn authentication(
         &self,
         listen: SocketAddr,
+        secure: bool,
         audit: Option<AuditLog>,
     ) -> Result<(Authentication, Option<ProtectedResource>), BoxError> {
-        let resource = self.resource(listen);
+        let resource = self.resource(listen, secure);
         let (builder, metadata) = match &self.mode {
             Mode::ApiKeys(keys) => (Authentication::api_keys(keys.clone()), None),
             Mode::Jwt(jwt) => {
@@ -427,6 +434,26 @@ impl Checker {
             self.count(http, "http", "max_listen_streams_per_caller")
                 .unwrap_or(DEFAULT_LISTEN_STREAMS.1),
         );
+        let cert = self.text(http, "http", "tls_cert_file").map(PathBuf::from);
+        let key = self.text(http, "http", "tls_key_file").map(PathBuf::from);
+        let tls = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                self.add(
+                    "http.tls_key_file",
+                    "is required with tls_cert_file: name the certificate's private key",
+                );
+                None
+            }
+            (None, Some(_)) => {
+                self.add(
+                    "http.tls_cert_file",
+                    "is required with tls_key_file: name the certificate",
+                );
+                None
+            }
+        };
         HttpConfig {
             allowed_hosts,
             allowed_origins,
@@ -436,6 +463,7 @@ impl Checker {
             max_sessions,
             session_idle,
             max_listen_streams,
+            tls,
         }
     }
 
@@ -757,6 +785,7 @@ mod tests {
             max_calls_in_flight = 0
             max_sessions = "many"
             session_idle_ms = 0
+            tls_cert_file = "/etc/gateway/cert.pem"
             "#,
         );
         let expected = [
@@ -770,6 +799,7 @@ mod tests {
             "http.max_sessions: must be a whole number, got a string",
             "http.metrics_listen: \"localhost\" is not a socket address",
             "http.session_idle_ms: must be from 1 to 3600000 milliseconds (one hour), got 0",
+            "http.tls_key_file: is required with tls_cert_file",
         ];
         assert_eq!(lines.len(), expected.len(), "{lines:#?}");
         for (line, expected) in lines.iter().zip(expected) {

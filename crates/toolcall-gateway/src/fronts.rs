@@ -16,7 +16,9 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use tower_toolcall::Principal;
 use tower_toolcall_axum::authn::Authentication;
-use tower_toolcall_axum::{ServeConfig, ToolRouter, ADMIN_PATH, DEFAULT_CONFIRMATION_TTL};
+use tower_toolcall_axum::{
+    ServeConfig, ServerTls, ToolRouter, ADMIN_PATH, DEFAULT_CONFIRMATION_TTL,
+};
 use tower_toolcall_mcp::{stdio_transport, ToolList, DEFAULT_MAX_LINE_BYTES};
 
 use crate::gateway::{Gateway, Lasting};
@@ -382,11 +384,15 @@ impl Swap {
 pub(crate) async fn serve_http(
     listener: tokio::net::TcpListener,
     router: Router,
+    tls: Option<ServerTls>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), BoxError> {
-    let limits = ServeConfig::default()
+    let mut limits = ServeConfig::default()
         .header_read_timeout(Duration::from_secs(10))
         .max_connections(1024);
+    if let Some(tls) = tls {
+        limits = limits.tls(tls);
+    }
     tower_toolcall_axum::serve(listener, router, limits, shutdown).await?;
     Ok(())
 }

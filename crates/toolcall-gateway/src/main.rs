@@ -192,6 +192,14 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
     lasting.install(&gateway).await;
     // Bound once the upstreams are up (a client that connects finds the gateway serving),
     // and before the authentication, whose tokens' resource URL names the port.
+    // The fronts' certificate, read before anything listens: a bad file stops the start.
+    let tls = match (&config.http.tls, http) {
+        (Some((cert, key)), true) => Some(
+            tower_toolcall_axum::ServerTls::from_pem_files(cert, key)
+                .map_err(|err| format!("http.{err}"))?,
+        ),
+        _ => None,
+    };
     let listener = match http {
         false => None,
         true => Some(
@@ -202,7 +210,7 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
     };
     let auth = match (&config.auth, &listener) {
         (Some(auth), Some(listener)) => Some(
-            auth.authentication(listener.local_addr()?, lasting.audit.clone())
+            auth.authentication(listener.local_addr()?, tls.is_some(), lasting.audit.clone())
                 .await?,
         ),
         _ => None,
@@ -226,6 +234,7 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
         swap: swap.clone(),
         auth: authentication.clone(),
         metrics_here,
+        tls: tls.clone(),
     };
     let follow = tokio::spawn(following.run(changed));
     let served = match (swap, listener) {
@@ -261,9 +270,14 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
                 if let Some(guard) = config.http.guard(address)? {
                     metrics_router = metrics_router.layer(guard);
                 }
-                tokio::spawn(fronts::serve_http(metrics, metrics_router, shutdown()));
+                tokio::spawn(fronts::serve_http(
+                    metrics,
+                    metrics_router,
+                    None,
+                    shutdown(),
+                ));
             }
-            let serving = fronts::serve_http(listener, router, shutdown());
+            let serving = fronts::serve_http(listener, router, tls, shutdown());
             if args.stdio {
                 // The host owns the process: when it closes stdin, the HTTP side ends too.
                 tokio::select! {
@@ -335,6 +349,8 @@ struct Following {
     auth: Option<tower_toolcall_axum::authn::Authentication>,
     /// Whether `/metrics` is served beside the other routes.
     metrics_here: bool,
+    /// The fronts' certificate, read again on SIGHUP.
+    tls: Option<tower_toolcall_axum::ServerTls>,
 }
 
 /// Why the gateway in service is replaced.
@@ -377,6 +393,14 @@ impl Following {
                 Some(up) = changes.came_up.recv() => Change::CameUp(Box::new(up)),
                 else => return,
             };
+            if let (Change::Configuration, Some(tls)) = (&change, &self.tls) {
+                // A renewed certificate for the connections to come; a bad one is refused
+                // and the one in place serves on.
+                match tls.reload() {
+                    Ok(()) => tracing::info!(event = "tls_reloaded"),
+                    Err(err) => tracing::error!(event = "tls_reload_refused", "http.{err}"),
+                }
+            }
             let (config, upstreams) = match change {
                 Change::Configuration => match load(&self.args) {
                     Ok(config) => (config, self.current.upstreams.to_vec()),

@@ -70,6 +70,8 @@ mod extract;
 mod guard;
 mod router;
 mod serve;
+#[cfg(feature = "tls")]
+mod tls;
 mod tools;
 
 pub use admin::{AdminRouter, MIN_TOKEN_BYTES};
@@ -81,6 +83,8 @@ pub use router::{
     DEFAULT_MAX_CALLS_IN_FLIGHT, DEFAULT_UNAVAILABLE_RETRY_AFTER, TOOLS_PATH,
 };
 pub use serve::{serve, ServeConfig, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
+#[cfg(feature = "tls")]
+pub use tls::ServerTls;
 pub use tools::tool_listing;
 
 use tower_toolcall::time::millis;

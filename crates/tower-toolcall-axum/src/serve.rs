@@ -50,6 +50,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 pub struct ServeConfig {
     header_read_timeout: Duration,
     max_connections: usize,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::ServerTls>,
 }
 
 impl Default for ServeConfig {
@@ -57,6 +59,8 @@ impl Default for ServeConfig {
         ServeConfig {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -72,6 +76,16 @@ impl ServeConfig {
     /// How many connections are held open at once; at least 1.
     pub fn max_connections(mut self, connections: usize) -> Self {
         self.max_connections = connections;
+        self
+    }
+
+    /// Serves HTTPS with `tls`'s certificate: each connection's handshake is done on the
+    /// connection's own task, within the header-read timeout and under the connection cap,
+    /// so that slow handshakes hold up no other client.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: crate::ServerTls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -150,26 +164,23 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
-        let mut stopping = stopping.clone();
+        let (http, app, stopping) = (http.clone(), app.clone(), stopping.clone());
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &config.tls {
+            let (acceptor, within) = (tls.acceptor(), config.header_read_timeout);
+            tokio::spawn(async move {
+                let _slot = slot;
+                match tokio::time::timeout(within, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => connection(http, app, stopping, stream).await,
+                    Ok(Err(error)) => tracing::debug!(%error, "a TLS handshake failed"),
+                    Err(_) => tracing::debug!("a TLS handshake took too long"),
+                }
+            });
+            continue;
+        }
         tokio::spawn(async move {
             let _slot = slot;
-            tokio::pin!(connection);
-            let stop = async move {
-                // An error means the server is gone: stop as well.
-                let _ = stopping.wait_for(|stop| *stop).await;
-            };
-            let closed = tokio::select! {
-                closed = connection.as_mut() => closed,
-                () = stop => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(error) = closed {
-                tracing::debug!(%error, "connection closed with an error");
-            }
+            connection(http, app, stopping, stream).await;
         });
     }
     drop(listener);
@@ -177,6 +188,34 @@ pub async fn serve(
     // Every connection holds a slot until it is closed.
     let _all = slots.acquire_many(max_connections).await;
     Ok(())
+}
+
+/// Serves one connection until it closes, or until the server stops (then its requests in
+/// flight get their answers first).
+async fn connection<S>(
+    http: http1::Builder,
+    app: Router,
+    mut stopping: watch::Receiver<bool>,
+    stream: S,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    tokio::pin!(connection);
+    let stop = async move {
+        // An error means the server is gone: stop as well.
+        let _ = stopping.wait_for(|stop| *stop).await;
+    };
+    let closed = tokio::select! {
+        closed = connection.as_mut() => closed,
+        () = stop => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(error) = closed {
+        tracing::debug!(%error, "connection closed with an error");
+    }
 }
 
 /// Waits after a failed accept that is not the client's doing (out of file descriptors,

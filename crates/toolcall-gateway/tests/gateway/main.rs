@@ -15,6 +15,7 @@ use tokio::process::{Child, Command};
 mod auth;
 mod hop;
 mod host;
+mod https;
 mod operate;
 
 const GATEWAY: &str = env!("CARGO_BIN_EXE_toolcall-gateway");

@@ -9,20 +9,22 @@ use rmcp::ServerHandler;
 /// A CA made for a test, and a server certificate it signed for `127.0.0.1` and
 /// `localhost`: the CA's certificate (PEM), and the server's certificate and key (PEM).
 pub(crate) fn test_ca() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(
-        CertificateParams::new(Vec::<String>::new()).unwrap(),
-        &ca_key,
-    );
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "toolcall-gateway test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, &ca_key);
     let server_key = KeyPair::generate().unwrap();
-    let server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-        .unwrap()
-        .signed_by(&server_key, &issuer)
-        .unwrap();
+    let mut server =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    server
+        .distinguished_name
+        .push(DnType::CommonName, "toolcall-gateway test server");
+    let server = server.signed_by(&server_key, &issuer).unwrap();
     (ca.pem(), server.pem(), server_key.serialize_pem())
 }
 
