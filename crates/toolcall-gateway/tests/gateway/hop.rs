@@ -76,10 +76,11 @@ async fn without_keep_alive_each_call_has_a_connection_of_its_own() {
 }
 
 #[tokio::test]
-async fn an_https_upstream_is_reached_with_its_ca_and_refused_without_it() {
+async fn an_https_upstream_is_reached_with_its_ca_over_kept_alive_connections_and_refused_without_it(
+) {
     let (ca, cert, key) = tls::test_ca();
     let upstream = lively::Lively::default();
-    let url = tls::serve_tls(upstream.clone(), &cert, &key).await;
+    let (url, accepted) = tls::serve_tls(upstream.clone(), &cert, &key).await;
     let dir = written("https-upstream", "").with_file_name("ca.pem");
     std::fs::write(&dir, &ca).unwrap();
     let entry = |extra: &str| {
@@ -94,13 +95,17 @@ async fn an_https_upstream_is_reached_with_its_ca_and_refused_without_it() {
         &entry(&format!("tls_ca_file = \"{}\"\n", dir.display())),
     );
     let gateway = HttpGateway::start(&config).await;
+    let at_start = accepted.load(Ordering::Relaxed);
     let probe = HttpGateway::probe(gateway.address.clone());
-    for n in 0..5u32 {
+    for n in 0..200u32 {
         let call = send(&format!("r-{n}"), "s", n);
         let (status, body) = probe.call(&call).await;
         assert_eq!(status, 200, "{body}");
     }
-    assert_eq!(upstream.send.counts().1, 5);
+    assert_eq!(upstream.send.counts().1, 200);
+    // One handshake serves many calls.
+    let opened = accepted.load(Ordering::Relaxed) - at_start;
+    assert!(opened <= 4, "{opened} TLS connections for 200 calls");
     drop(gateway);
     // Without it: the start-up says why, naming the certificate.
     let config = written("https-unknown-ca", &entry(""));

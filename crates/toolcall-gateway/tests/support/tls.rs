@@ -1,5 +1,6 @@
 //! An MCP server of the tests' own over HTTPS, and the CA that signed its certificate.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -28,9 +29,9 @@ pub(crate) fn test_ca() -> (String, String, String) {
     (ca.pem(), server.pem(), server_key.serialize_pem())
 }
 
-/// An MCP server as `super::http::serve` makes one, over TLS with the certificate `cert` and key `key` (PEM): its
-/// `https://` URL.
-pub(crate) async fn serve_tls<H>(handler: H, cert: &str, key: &str) -> String
+/// An MCP server as `super::http::serve` makes one, over TLS with the certificate `cert` and
+/// key `key` (PEM): its `https://` URL, and the count of the TLS connections it accepted.
+pub(crate) async fn serve_tls<H>(handler: H, cert: &str, key: &str) -> (String, Arc<AtomicUsize>)
 where
     H: ServerHandler + Clone + Send + Sync + 'static,
 {
@@ -56,18 +57,21 @@ where
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("https://{}/mcp", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
     let listener = TlsListener {
+        accepted: accepted.clone(),
         tcp: listener,
         acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
     };
     tokio::spawn(async move {
         axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await
     });
-    url
+    (url, accepted)
 }
 
 /// A TCP listener whose connections are TLS: a handshake that fails drops the connection.
 struct TlsListener {
+    accepted: Arc<AtomicUsize>,
     tcp: tokio::net::TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
 }
@@ -83,6 +87,7 @@ impl axum::serve::Listener for TlsListener {
             };
             let _ = tcp.set_nodelay(true);
             if let Ok(tls) = self.acceptor.accept(tcp).await {
+                self.accepted.fetch_add(1, Ordering::Relaxed);
                 return (tls, address);
             }
         }
