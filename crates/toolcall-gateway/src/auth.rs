@@ -436,24 +436,10 @@ impl Checker {
         );
         let cert = self.text(http, "http", "tls_cert_file").map(PathBuf::from);
         let key = self.text(http, "http", "tls_key_file").map(PathBuf::from);
-        let tls = match (cert, key) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            (Some(_), None) => {
-                self.add(
-                    "http.tls_key_file",
-                    "is required with tls_cert_file: name the certificate's private key",
-                );
-                None
-            }
-            (None, Some(_)) => {
-                self.add(
-                    "http.tls_cert_file",
-                    "is required with tls_key_file: name the certificate",
-                );
-                None
-            }
-        };
+        let tls = crate::tls::cert_and_key(cert, key).unwrap_or_else(|(field, problem)| {
+            self.add(key_path("http", field), problem);
+            None
+        });
         HttpConfig {
             allowed_hosts,
             allowed_origins,

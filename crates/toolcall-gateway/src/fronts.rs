@@ -93,13 +93,14 @@ impl Admission {
         next: axum::middleware::Next,
     ) -> Response {
         let (parts, body) = request.into_parts();
-        let owner = Sessions::owner(parts.extensions.get::<Principal>());
+        let principal = parts.extensions.get::<Principal>();
         let session = parts
             .headers
             .get("mcp-session-id")
             .map(|id| id.to_str().unwrap_or_default().to_owned());
-        if let Some(id) = &session {
-            if !self.sessions.may_use(id, &owner) {
+        // Without authentication every session is the one user's: nothing to check.
+        if let (Some(id), Some(principal)) = (&session, principal) {
+            if !self.sessions.may_use(id, &Sessions::owner(Some(principal))) {
                 return (
                     StatusCode::NOT_FOUND,
                     "Not Found: Session not found; open a session of your own (initialize)",
@@ -132,7 +133,6 @@ impl Admission {
         };
         if let (Some(id), Some(request)) = (&session, tools_list(&parts.method, &bytes)) {
             if self.sessions.is_open(id).await {
-                let principal = parts.extensions.get::<Principal>();
                 return listing(request, self.listed.encoded_for(principal));
             }
         }
@@ -148,6 +148,7 @@ impl Admission {
         if method != axum::http::Method::POST || session.is_some() || !is_initialize(&bytes) {
             return next.run(request).await;
         }
+        let owner = Sessions::owner(request.extensions().get::<Principal>());
         let opening = match self.sessions.open(owner).await {
             Ok(opening) => opening,
             Err(refusal) => {
@@ -196,8 +197,10 @@ fn tools_list<'a>(method: &axum::http::Method, body: &'a [u8]) -> Option<&'a Raw
     struct Params {
         cursor: Option<serde::de::IgnoredAny>,
     }
-    // A call's body is not parsed twice: a tools/list request is short.
-    if method != axum::http::Method::POST || body.len() > 4096 {
+    // A call's body is not parsed twice: a tools/list request is short, and names its
+    // method (a search of a few hundred bytes; no parse).
+    let named = || memchr::memmem::find(body, b"\"tools/list\"").is_some();
+    if method != axum::http::Method::POST || body.len() > 4096 || !named() {
         return None;
     }
     let request = serde_json::from_slice::<Request<'_>>(body).ok()?;

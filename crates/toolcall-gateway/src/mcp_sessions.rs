@@ -3,7 +3,7 @@
 //! principal's session finds no session.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use tower_toolcall::Principal;
@@ -12,7 +12,8 @@ use tower_toolcall::Principal;
 pub(crate) struct Sessions {
     /// rmcp's sessions: the open ones (those it closed when idle are gone from it).
     open: Arc<LocalSessionManager>,
-    owners: Mutex<Owners>,
+    /// Read on every request in a session, written when one opens or ends.
+    owners: RwLock<Owners>,
     max: usize,
     max_per_principal: usize,
 }
@@ -54,7 +55,7 @@ impl Sessions {
     ) -> Arc<Self> {
         Arc::new(Sessions {
             open,
-            owners: Mutex::default(),
+            owners: RwLock::default(),
             max: max.max(1),
             max_per_principal: max_per_principal.max(1),
         })
@@ -69,7 +70,7 @@ impl Sessions {
     /// Whether `owner` may use the session `id`: it opened it, or the gateway does not know
     /// it (rmcp answers for an id it does not hold).
     pub(crate) fn may_use(&self, id: &str, owner: &str) -> bool {
-        let owners = self.owners.lock().unwrap_or_else(PoisonError::into_inner);
+        let owners = self.owners.read().unwrap_or_else(PoisonError::into_inner);
         owners.of.get(id).is_none_or(|of| **of == *owner)
     }
 
@@ -82,7 +83,7 @@ impl Sessions {
     /// limit applies to authenticated owners only.
     pub(crate) async fn open(self: &Arc<Self>, owner: Arc<str>) -> Result<Opening, Refusal> {
         let open = self.open.sessions.read().await;
-        let mut owners = self.owners.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut owners = self.owners.write().unwrap_or_else(PoisonError::into_inner);
         let opening: usize = owners.by_owner.values().map(|held| held.opening).sum();
         if open.len() + opening >= self.max {
             return Err(Refusal::Full(self.max));
@@ -111,7 +112,7 @@ impl Sessions {
 
     /// Forgets the session `id`, which its client ended.
     pub(crate) fn ended(&self, id: &str) {
-        let mut owners = self.owners.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut owners = self.owners.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(owner) = owners.of.remove(id) {
             if let Some(held) = owners.by_owner.get_mut(&owner) {
                 held.sessions.remove(id);
@@ -130,7 +131,7 @@ impl Opening {
         let mut owners = self
             .sessions
             .owners
-            .lock()
+            .write()
             .unwrap_or_else(PoisonError::into_inner);
         owners.of.insert(id.clone(), self.owner.clone());
         owners
@@ -147,7 +148,7 @@ impl Drop for Opening {
         let mut owners = self
             .sessions
             .owners
-            .lock()
+            .write()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(held) = owners.by_owner.get_mut(&self.owner) {
             held.opening -= 1;

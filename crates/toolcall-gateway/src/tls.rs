@@ -48,22 +48,11 @@ impl UpstreamTls {
             }
             None => None,
         };
-        let identity = match (cert_file, key_file) {
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err((
-                    "tls_key_file",
-                    "is required with tls_cert_file: name the client certificate's private key"
-                        .to_owned(),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err((
-                    "tls_cert_file",
-                    "is required with tls_key_file: name the client certificate".to_owned(),
-                ))
-            }
-            (Some(cert), Some(key)) => {
+        let identity = match cert_and_key(cert_file, key_file)
+            .map_err(|(field, problem)| (field, problem.to_owned()))?
+        {
+            None => None,
+            Some((cert, key)) => {
                 let mut pem = read("tls_cert_file", cert)?;
                 pem.push(b'\n');
                 pem.extend(read("tls_key_file", key)?);
@@ -95,6 +84,26 @@ impl UpstreamTls {
             client = client.identity(reqwest::Identity::from_pem(identity)?);
         }
         Ok(client)
+    }
+}
+
+/// A certificate and its private key, given both or neither (upstreams' and the fronts'
+/// `tls_cert_file` and `tls_key_file`): the pair, or the field missing and what it takes.
+pub(crate) fn cert_and_key<P>(
+    cert: Option<P>,
+    key: Option<P>,
+) -> Result<Option<(P, P)>, (&'static str, &'static str)> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some((cert, key))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err((
+            "tls_key_file",
+            "is required with tls_cert_file: name the certificate's private key",
+        )),
+        (None, Some(_)) => Err((
+            "tls_cert_file",
+            "is required with tls_key_file: name the certificate",
+        )),
     }
 }
 

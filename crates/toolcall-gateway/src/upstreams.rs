@@ -251,21 +251,6 @@ fn scrubbed(config: &UpstreamConfig, text: &str) -> String {
     }
 }
 
-/// Why `url` cannot be reached with `client`, when a request to it fails before any answer:
-/// the innermost cause of the failure.
-async fn why_unreachable(
-    client: &tower_toolcall_mcp::reqwest::Client,
-    url: &str,
-) -> Option<String> {
-    let probe = client.head(url).timeout(Duration::from_secs(5)).send();
-    let err = probe.await.err()?;
-    let mut root: &(dyn std::error::Error + 'static) = &err;
-    while let Some(source) = root.source() {
-        root = source;
-    }
-    Some(root.to_string())
-}
-
 /// A client of the upstream, kept connected: its process started again when it exits, its
 /// HTTP session made again when it is lost.
 async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
@@ -321,16 +306,7 @@ async fn connect(config: &UpstreamConfig) -> Result<McpClient, BoxError> {
                 .apply(client)
                 .and_then(|client| client.build())
                 .map_err(|err| format!("upstream {name}: the HTTP client cannot be made: {err}"))?;
-            match McpClient::http_with_client(name, client.clone(), transport).await {
-                Ok(upstream) => Ok(upstream),
-                // rmcp's error keeps none of the HTTP client's causes: a request of the
-                // gateway's own finds what stopped the connection (a certificate no root
-                // vouches for, a refused connection).
-                Err(err) => match why_unreachable(&client, url).await {
-                    Some(cause) => Err(format!("{err} ({cause})").into()),
-                    None => Err(err.into()),
-                },
-            }
+            Ok(McpClient::http_with_client(name, client, transport).await?)
         }
     }
 }

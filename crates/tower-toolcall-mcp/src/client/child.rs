@@ -159,10 +159,23 @@ impl<R: AsyncRead + Unpin> AsyncRead for Bounded<R> {
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         let read = &buf.filled()[before..];
-        let Some(over) = read.iter().position(|&byte| {
-            this.line = if byte == b'\n' { 0 } else { this.line + 1 };
-            this.line > this.max
-        }) else {
+        // Line by line (a newline found by memchr, not byte by byte): the index of the first
+        // byte over the bound, if a line passes it.
+        let mut start = 0;
+        let mut over = None;
+        for end in memchr::memchr_iter(b'\n', read).chain(std::iter::once(read.len())) {
+            if this.line + (end - start) > this.max {
+                over = Some(start + (this.max - this.line));
+                this.line = this.max + 1;
+                break;
+            }
+            if end == read.len() {
+                this.line += end - start;
+            } else {
+                (this.line, start) = (0, end + 1);
+            }
+        }
+        let Some(over) = over else {
             return Poll::Ready(Ok(()));
         };
         let why = format!(
@@ -222,5 +235,16 @@ mod tests {
         read.clear();
         lines.read_to_end(&mut read).await.unwrap();
         assert_eq!(read.len(), 21);
+        // A line counted across reads.
+        let mut lines = Bounded {
+            inner: (&b"01234"[..]).chain(&b"56789A\n"[..]),
+            line: 0,
+            max: 10,
+            server: "big".into(),
+            verdict: verdict.clone(),
+        };
+        read.clear();
+        assert!(lines.read_to_end(&mut read).await.is_err());
+        assert_eq!(read, b"0123456789");
     }
 }

@@ -49,3 +49,16 @@ pub fn pooled_http_client_builder() -> reqwest::ClientBuilder {
         .redirect(reqwest::redirect::Policy::none())
         .tls_certs_only(roots)
 }
+
+/// Why `url` cannot be reached with `client`, when a request to it fails before any answer:
+/// the innermost cause (a certificate no root vouches for, a refused connection), which
+/// rmcp's own error for a connection that could not be made does not keep.
+pub(super) async fn why_unreachable(client: &reqwest::Client, url: &str) -> Option<String> {
+    let err = client
+        .head(url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .err()?;
+    Some(super::upstream::root_cause(&err))
+}

@@ -303,7 +303,9 @@ impl McpClient {
 
     /// [`http_with`](McpClient::http_with) over the HTTP client `client`: your TLS roots and
     /// certificates, proxies, pool (one client for the connection's life, made again over
-    /// it when the session is lost).
+    /// it when the session is lost). A first connection that cannot be made fails naming its
+    /// innermost cause, as a request of `client` finds it (a certificate no root vouches
+    /// for: `invalid peer certificate: UnknownIssuer`).
     ///
     /// ```no_run
     /// use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -326,6 +328,7 @@ impl McpClient {
     ) -> Result<Self, ToolError> {
         let events = ClientEvents::default();
         let handler = events.clone();
+        let (probe, url) = (client.clone(), config.uri.clone());
         let connected = McpClient::connect(name, move || {
             let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
                 client.clone(),
@@ -334,8 +337,17 @@ impl McpClient {
             let serving = rmcp::ServiceExt::serve(handler.clone(), transport);
             handler.clone().connected(serving)
         })
-        .await?;
-        Ok(connected.with_events(&events))
+        .await;
+        match connected {
+            Ok(connected) => Ok(connected.with_events(&events)),
+            Err(err) => match http::why_unreachable(&probe, &url).await {
+                Some(cause) => {
+                    let message = format!("{} ({cause})", err.message());
+                    Err(err.with_message(message))
+                }
+                None => Err(err),
+            },
+        }
     }
 
     /// Follows the notifications that `events`, the handler the rmcp client was served with,

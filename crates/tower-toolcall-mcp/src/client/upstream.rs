@@ -273,7 +273,7 @@ impl fmt::Debug for Upstream {
 
 /// What `err` comes down to: its innermost cause (a refused connection, a certificate no
 /// root vouches for), which the errors around it wrap in their own words.
-fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     let mut root = err;
     while let Some(source) = root.source() {
         root = source;

@@ -41,10 +41,8 @@ impl Streams {
         self: &Arc<Self>,
         principal: Option<&Principal>,
     ) -> Result<Admitted, String> {
-        let caller = match principal {
-            Some(p) => format!("{}/{}", p.tenant().unwrap_or(""), p.id()),
-            None => String::new(),
-        };
+        // The principal's scope (a digest of its tenant and id), as its sessions have it.
+        let caller = principal.map_or_else(String::new, |p| p.session_key(""));
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         if open.all >= self.max {
             return Err(format!(
