@@ -97,7 +97,17 @@ async fn with_stdio_and_listen_the_http_side_serves_beside_the_host() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(health.0, 200);
-    let (status, metrics) = Probe::get(&probe, "/metrics").await;
+    // The host's first call counted (it may still be on its way when the port opens).
+    let started = Instant::now();
+    let (status, metrics) = loop {
+        let (status, metrics) = Probe::get(&probe, "/metrics").await;
+        if metrics.contains("toolcall_tool_calls_total")
+            || started.elapsed() > Duration::from_secs(20)
+        {
+            break (status, metrics);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(status, 200);
     assert!(metrics.contains("toolcall_tool_calls_total"), "{metrics}");
     // The host's session was not disturbed: stdout is only MCP.
