@@ -52,6 +52,10 @@ struct Cell {
     elapsed: Duration,
     calls: usize,
     failed: usize,
+    /// The CPU time (user and system) of the front's process, for a child process.
+    cpu: Duration,
+    /// The CPU time of this process: the clients and the echo server.
+    bench_cpu: Duration,
 }
 
 impl Cell {
@@ -63,6 +67,11 @@ impl Cell {
 
     fn per_second(&self) -> f64 {
         self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The front process's CPU time per call, in µs; `None` for the direct target.
+    fn cpu_per_call(&self) -> Option<f64> {
+        (!self.cpu.is_zero()).then(|| micros(self.cpu) / self.calls as f64)
     }
 }
 
@@ -142,9 +151,19 @@ async fn main() {
     ))
     .await;
     let targets = [
-        ("direct", echo.as_str(), "echo"),
-        ("mcp-proxy 0.6", proxy.url.as_str(), "b/echo"),
-        ("toolcall-gateway", gateway.url.as_str(), "echo__echo"),
+        ("direct", echo.as_str(), "echo", None),
+        (
+            "mcp-proxy 0.6",
+            proxy.url.as_str(),
+            "b/echo",
+            Some(proxy.pid()),
+        ),
+        (
+            "toolcall-gateway",
+            gateway.url.as_str(),
+            "echo__echo",
+            Some(gateway.pid()),
+        ),
     ];
 
     println!(
@@ -154,13 +173,24 @@ async fn main() {
     for sessions in LEVELS {
         let mut cells: [Cell; 3] = Default::default();
         for _ in 0..rounds {
-            for (cell, (_, url, tool)) in cells.iter_mut().zip(targets) {
+            for (cell, (_, url, tool, pid)) in cells.iter_mut().zip(targets) {
+                let before = pid.map(peers::cpu_time);
+                let bench_before = peers::cpu_time(std::process::id());
                 measure(url, tool, sessions, calls, cell).await;
+                cell.bench_cpu += peers::cpu_time(std::process::id()) - bench_before;
+                if let (Some(pid), Some(before)) = (pid, before) {
+                    cell.cpu += peers::cpu_time(pid) - before;
+                }
             }
         }
         for (cell, (name, ..)) in cells.iter_mut().zip(targets) {
+            let cpu = cell
+                .cpu_per_call()
+                .map(|cpu| format!("  front CPU {cpu:>4.0} µs/call"))
+                .unwrap_or_default();
+            let bench_cpu = micros(cell.bench_cpu) / cell.calls as f64;
             println!(
-                "{name:>18} {sessions:>3} sessions: p50 {:>8.0} µs  p99 {:>8.0} µs  {:>7.0} calls/s  {} failed",
+                "{name:>18} {sessions:>3} sessions: p50 {:>8.0} µs  p99 {:>8.0} µs  {:>7.0} calls/s  {} failed  clients and echo CPU {bench_cpu:>4.0} µs/call{cpu}",
                 micros(cell.percentile(0.50)),
                 micros(cell.percentile(0.99)),
                 cell.per_second(),

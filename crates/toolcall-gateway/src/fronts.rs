@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use futures_util::StreamExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -19,7 +20,9 @@ use tower_toolcall_axum::authn::Authentication;
 use tower_toolcall_axum::{
     ServeConfig, ServerTls, ToolRouter, ADMIN_PATH, DEFAULT_CONFIRMATION_TTL,
 };
-use tower_toolcall_mcp::{stdio_transport, ToolList, DEFAULT_MAX_LINE_BYTES};
+use tower_toolcall_mcp::{
+    stdio_transport, McpServer, SessionAnswer, ToolList, DEFAULT_MAX_LINE_BYTES,
+};
 
 use crate::gateway::{Gateway, Lasting};
 use crate::mcp_sessions::{Refusal, Sessions};
@@ -42,16 +45,25 @@ pub(crate) async fn serve_stdio(lasting: &Lasting) -> Result<(), BoxError> {
 /// with every other route's ([`HostGuard`](tower_toolcall_axum::HostGuard)), not by rmcp.
 pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Router {
     let server = lasting.mcp.connection();
-    let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
+    // A stateless request (2026-07-28) is answered in plain JSON unless its call sends
+    // progress first.
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_json_response(true);
+    // Sessions idle out by the gateway's clock, not rmcp's: the calls the gateway answers
+    // itself never reach rmcp's session.
     let mut open = LocalSessionManager::default();
-    open.session_config.keep_alive = Some(lasting.http.session_idle);
+    open.session_config.keep_alive = None;
     let open = Arc::new(open);
     let service = StreamableHttpService::new(move || Ok(server.connection()), open.clone(), config);
     let (max, max_per_principal) = lasting.http.max_sessions;
+    let sessions = Sessions::new(open, max, max_per_principal);
+    sessions.expire_idle(lasting.http.session_idle);
     let admission = Admission {
         body_timeout: lasting.http.body_timeout,
-        sessions: Sessions::new(open, max, max_per_principal),
+        sessions,
         listed: lasting.listed.clone(),
+        server: lasting.mcp.clone(),
     };
     let router = Router::new()
         .nest_service("/mcp", service)
@@ -70,12 +82,14 @@ const MAX_MCP_BODY: usize = 4 << 20;
 
 /// What `/mcp` checks before MCP sees a request: its whole body arrives in time, a request
 /// that would open a session finds room for one, and a request in a session is its owner's.
-/// It answers a session's `tools/list` itself, from the list's shared encoding.
+/// It answers a session's `tools/list` itself, from the list's shared encoding, and the
+/// session's `tools/call` requests that need no confirmation (see [`Admission::admit`]).
 #[derive(Clone)]
 struct Admission {
     body_timeout: Duration,
     sessions: Arc<Sessions>,
     listed: ToolList,
+    server: Arc<McpServer<ToolList>>,
 }
 
 impl Admission {
@@ -85,8 +99,10 @@ impl Admission {
     /// is too large. An `initialize` without a session is answered `503` with a retry-after
     /// when the gateway holds its limit of open sessions, `429` when its principal holds
     /// its own. A request naming another principal's session is answered as one naming no
-    /// session there is: `404`. A `tools/list` in an open session is answered here with
-    /// the list's shared encoding (see [`listing`]).
+    /// session there is: `404`. In an open session, a `tools/list` is answered here with
+    /// the list's shared encoding (see [`listing`]), and a `tools/call` that needs no
+    /// confirmation by the MCP server without rmcp's session
+    /// ([`McpServer::answer_in_session`]): in plain JSON unless its progress comes first.
     async fn admit(
         self,
         request: axum::extract::Request,
@@ -131,9 +147,39 @@ impl Admission {
                     .into_response()
             }
         };
-        if let (Some(id), Some(request)) = (&session, tools_list(&parts.method, &bytes)) {
+        let client = session.as_deref().and_then(|id| self.sessions.touch(id));
+        let posted = parts.method == axum::http::Method::POST;
+        if let (Some(id), true) = (&session, posted) {
             if self.sessions.is_open(id).await {
-                return listing(request, self.listed.encoded_for(principal));
+                if let Some(request) = tools_list(&parts.method, &bytes) {
+                    return listing(request, self.listed.encoded_for(principal));
+                }
+                let answered = self
+                    .server
+                    .answer_in_session(&parts, &bytes, id, client.as_deref())
+                    .await;
+                match answered {
+                    Some(SessionAnswer::Json(json)) => {
+                        self.sessions.touch(id);
+                        return (
+                            [(axum::http::header::CONTENT_TYPE, "application/json")],
+                            json,
+                        )
+                            .into_response();
+                    }
+                    Some(SessionAnswer::Events(events)) => {
+                        let events = events.map(Ok::<_, std::convert::Infallible>);
+                        return (
+                            [
+                                (axum::http::header::CONTENT_TYPE, "text/event-stream"),
+                                (axum::http::header::CACHE_CONTROL, "no-cache"),
+                            ],
+                            axum::body::Body::from_stream(events),
+                        )
+                            .into_response();
+                    }
+                    _ => {}
+                }
             }
         }
         let method = parts.method.clone();
@@ -145,11 +191,19 @@ impl Admission {
             }
             return response;
         }
-        if method != axum::http::Method::POST || session.is_some() || !is_initialize(&bytes) {
+        let initialize = match (posted, &session) {
+            (true, None) => initialize(&bytes),
+            _ => None,
+        };
+        let Some(initialize) = initialize else {
             return next.run(request).await;
-        }
+        };
         let owner = Sessions::owner(request.extensions().get::<Principal>());
-        let opening = match self.sessions.open(owner).await {
+        let opening = match self
+            .sessions
+            .open(owner, initialize.client.as_deref())
+            .await
+        {
             Ok(opening) => opening,
             Err(refusal) => {
                 let status = match refusal {
@@ -227,15 +281,38 @@ fn listing(id: &RawValue, encoded: bytes::Bytes) -> Response {
         .into_response()
 }
 
-/// Whether `body` is an `initialize` request, which opens a session.
-fn is_initialize(body: &[u8]) -> bool {
+/// An `initialize` request, which opens a session: the name its client gives itself.
+struct Initialize {
+    client: Option<String>,
+}
+
+/// `body` as an `initialize` request, when it is one (whatever else it says: rmcp judges
+/// the rest).
+fn initialize(body: &[u8]) -> Option<Initialize> {
     #[derive(serde::Deserialize)]
     struct Method<'a> {
         #[serde(borrow)]
         method: Option<&'a str>,
     }
-    serde_json::from_slice::<Method<'_>>(body)
-        .is_ok_and(|message| message.method == Some("initialize"))
+    #[derive(serde::Deserialize)]
+    struct Request {
+        params: Params,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Params {
+        client_info: ClientInfo,
+    }
+    #[derive(serde::Deserialize)]
+    struct ClientInfo {
+        name: String,
+    }
+    let method = serde_json::from_slice::<Method<'_>>(body).ok()?.method;
+    (method == Some("initialize")).then(|| Initialize {
+        client: serde_json::from_slice::<Request>(body)
+            .ok()
+            .map(|request| request.params.client_info.name),
+    })
 }
 
 /// The answer to a `DELETE /mcp` that ended a session: `200 OK`, as the official SDKs'

@@ -4,9 +4,6 @@
 
 use std::sync::Arc;
 
-use rmcp::service::RequestContext;
-use rmcp::RoleServer;
-
 use super::meta::{RequestMeta, DEFAULT_IDEMPOTENCY_KEY_MEMBERS};
 use tower_toolcall::envelope::MAX_IDENTIFIER_BYTES;
 use tower_toolcall::{Principal, ToolError};
@@ -51,34 +48,31 @@ pub(crate) struct Caller {
 
 impl Identity {
     /// The principal of a request: the one an HTTP server's authentication put in the
-    /// request's extensions, else the server's own.
-    pub(crate) fn principal(&self, context: &RequestContext<RoleServer>) -> Option<Principal> {
-        context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<Principal>())
+    /// extensions of the request (`http`, over HTTP), else the server's own.
+    pub(crate) fn principal(&self, http: Option<&http::request::Parts>) -> Option<Principal> {
+        http.and_then(|parts| parts.extensions.get::<Principal>())
             .or(self.principal.as_ref())
             .cloned()
     }
 
     /// The caller of a request of `principal` (as [`principal`](Identity::principal) found
-    /// it) served by the connection `connection`; `session_issued` says whether the
-    /// connection is a session the server issued (a stream transport, or a streamable-HTTP
-    /// session that began with `initialize`), not one request of the stateless protocol.
+    /// it) that `meta` is the `_meta` of, in the transport session `transport` the server
+    /// issued (a stream transport's connection, or a streamable-HTTP session that began with
+    /// `initialize`; none for a request of the stateless protocol), from the client that
+    /// named itself `client`.
     ///
     /// Session: the operator's `_meta` member, else the issued session, else none (the
     /// principal's one session, or the single user's); with a principal it is scoped under
     /// the principal. Actor: the principal's id; without one, the operator's `_meta` member,
-    /// else the single user. An `Mcp-Session-Id` header is never read: a session the server
-    /// issued is its connection, and a stateless request's header is whatever the client
-    /// wrote. Nor is the client's name: it is kept as the call's agent, for the audit.
+    /// else the single user. What a client says of itself decides neither: a stateless
+    /// request's `Mcp-Session-Id` header is never read, and the client's name is kept as the
+    /// call's agent, for the audit.
     pub(crate) fn caller(
         &self,
         meta: &RequestMeta<'_>,
-        context: &RequestContext<RoleServer>,
         principal: Option<Principal>,
-        connection: &str,
-        session_issued: bool,
+        transport: Option<&str>,
+        client: Option<&str>,
     ) -> Result<Caller, ToolError> {
         let named = |member: &Option<Arc<str>>| -> Result<Option<String>, ToolError> {
             match member {
@@ -89,13 +83,10 @@ impl Identity {
                 None => Ok(None),
             }
         };
-        let http = context.extensions.get::<http::request::Parts>();
-        let transport_session = (http.is_none() || session_issued).then(|| connection.to_owned());
-        let client = context
-            .client_info()
-            .map(|client| client.name)
-            .filter(|name| !name.is_empty() && name.len() <= MAX_IDENTIFIER_BYTES);
-        let session = named(&self.session_member)?.or(transport_session);
+        let client = client
+            .filter(|name| !name.is_empty() && name.len() <= MAX_IDENTIFIER_BYTES)
+            .map(str::to_owned);
+        let session = named(&self.session_member)?.or(transport.map(str::to_owned));
         let (session, actor) = match &principal {
             Some(principal) => (
                 principal.session_key(session.as_deref().unwrap_or_default()),

@@ -127,7 +127,9 @@ pub use progress::ProgressRelay;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use reqwest;
-pub use server::{Confirm, HandlerTool, McpServer, ToolList, DEFAULT_CONFIRMATION_TIMEOUT};
+pub use server::{
+    Confirm, HandlerTool, McpServer, SessionAnswer, ToolList, DEFAULT_CONFIRMATION_TIMEOUT,
+};
 /// The authenticated caller of a request (see [`McpServer`]'s who calls).
 pub use tower_toolcall::Principal;
 

@@ -53,6 +53,14 @@ impl<'a> RequestMeta<'a> {
         }
     }
 
+    /// The `_meta` of a request read from its params alone (no rmcp context lifted any
+    /// member out of them).
+    pub(crate) fn of_params(params: Option<&'a RequestMetaObject>) -> Self {
+        RequestMeta {
+            sources: [params, None],
+        }
+    }
+
     fn get(&self, member: &str) -> Option<&'a Value> {
         self.sources
             .iter()

@@ -56,8 +56,12 @@ pub struct ProgressRelay(InFlight<Arc<str>, Relayed>);
 pub(crate) struct Relayed {
     latest: Arc<tokio::sync::watch::Sender<Option<ProgressNotificationParam>>>,
     token: ProgressToken,
-    _sending: Arc<Sending>,
+    /// The task that sends it to an rmcp peer; none when the call's answer carries it.
+    _sending: Option<Arc<Sending>>,
 }
+
+/// The latest progress of a call not yet sent, as a receiver of its own reads it.
+pub(crate) type Latest = tokio::sync::watch::Receiver<Option<ProgressNotificationParam>>;
 
 /// The task that sends a call's progress; ended when dropped.
 #[derive(Debug)]
@@ -93,9 +97,25 @@ impl ProgressRelay {
         let relayed = Relayed {
             latest: Arc::new(latest),
             token,
-            _sending: Arc::new(Sending(sending.abort_handle())),
+            _sending: Some(Arc::new(Sending(sending.abort_handle()))),
         };
         self.0.insert(request_id, relayed)
+    }
+
+    /// Keeps the latest progress of the call `request_id`, under `token`, for the receiver
+    /// it returns, until the entry is dropped (the receiver then sees the sender closed).
+    pub(crate) fn watch(
+        &self,
+        request_id: Arc<str>,
+        token: ProgressToken,
+    ) -> (Entry<Arc<str>, Relayed>, Latest) {
+        let (latest, next) = tokio::sync::watch::channel(None::<ProgressNotificationParam>);
+        let relayed = Relayed {
+            latest: Arc::new(latest),
+            token,
+            _sending: None,
+        };
+        (self.0.insert(request_id, relayed), next)
     }
 
     /// Where the progress of the call `request_id` goes, while it runs.

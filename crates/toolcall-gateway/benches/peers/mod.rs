@@ -5,7 +5,7 @@
 //! Every bench binary uses a part of this module only.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,10 +117,17 @@ pub(crate) async fn gateway(config: &str) -> Front {
 /// The gateway binary at `binary` (another build of it, for before and after) with `config`
 /// as its `gateway.toml`, listening on a free loopback port.
 pub(crate) async fn gateway_at(binary: &str, config: &str) -> Front {
+    gateway_under(&[], binary.as_ref(), config).await
+}
+
+/// The gateway binary at `binary`, run under `wrapper` (a program and its arguments, such as
+/// valgrind's; none when empty), with `config` as its `gateway.toml`, listening on a free
+/// loopback port.
+pub(crate) async fn gateway_under(wrapper: &[String], binary: &Path, config: &str) -> Front {
     let dir = scratch("gateway");
     let path = dir.join("gateway.toml");
     std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(binary)
+    let mut child = command(wrapper, binary)
         .arg("--config")
         .arg(&path)
         .args(["--listen", "127.0.0.1:0"])
@@ -187,6 +194,15 @@ fn free_port() -> u16 {
 /// after a `[proxy]` table of its own, ready once its `/readyz` answers 200. Its MCP
 /// endpoint is `/`, its tools are named `backend/tool`.
 pub(crate) async fn mcp_proxy(backends: &str, performance: &str) -> Front {
+    mcp_proxy_under(&[], backends, performance).await
+}
+
+/// [`mcp_proxy`] run under `wrapper` (a program and its arguments; none when empty).
+pub(crate) async fn mcp_proxy_under(
+    wrapper: &[String],
+    backends: &str,
+    performance: &str,
+) -> Front {
     let binary = mcp_proxy_binary();
     let dir = scratch("mcp-proxy");
     let path = dir.join("proxy.toml");
@@ -199,7 +215,7 @@ pub(crate) async fn mcp_proxy(backends: &str, performance: &str) -> Front {
         ),
     )
     .unwrap();
-    let child = Command::new(&binary)
+    let child = command(wrapper, &binary)
         .arg("--config")
         .arg(&path)
         .env("RUST_LOG", "error")
@@ -217,7 +233,7 @@ pub(crate) async fn mcp_proxy(backends: &str, performance: &str) -> Front {
         url: format!("http://127.0.0.1:{port}/"),
         dir,
     };
-    for _ in 0..200 {
+    for _ in 0..1200 {
         if get_status(port, "/readyz").await == Some(200) {
             return front;
         }
@@ -229,7 +245,19 @@ pub(crate) async fn mcp_proxy(backends: &str, performance: &str) -> Front {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("mcp-proxy did not become ready on port {port} within 10 s");
+    panic!("mcp-proxy did not become ready on port {port} within 60 s");
+}
+
+/// `binary` as a command, run under `wrapper` when there is one.
+fn command(wrapper: &[String], binary: &Path) -> Command {
+    match wrapper.split_first() {
+        None => Command::new(binary),
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(binary);
+            command
+        }
+    }
 }
 
 /// The status of `GET path` on the loopback `port`, `None` when nothing answers.
@@ -340,4 +368,19 @@ impl Memory {
             now_kb: field("VmRSS:"),
         }
     }
+}
+
+/// The CPU time a process has used so far, user and system (`/proc/<pid>/stat`).
+pub(crate) fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|err| panic!("/proc/{pid}/stat cannot be read: {err}"));
+    // The fields after the command's name, which ends at the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime: fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // The kernel's clock ticks are 100 a second on Linux (USER_HZ).
+    Duration::from_millis(ticks * 10)
 }

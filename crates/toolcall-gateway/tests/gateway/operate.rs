@@ -530,6 +530,98 @@ async fn mcp_sessions_are_capped_and_an_idle_one_expires() {
     assert!(gone.starts_with("HTTP/1.1 404"), "{gone}");
 }
 
+/// A `tools/call` in session `session` of `address`, with `id` and the `_meta` `meta`:
+/// the answer's head (lower case) and body.
+async fn call_in_session(
+    address: &str,
+    session: &str,
+    id: u32,
+    name: &str,
+    meta: Value,
+) -> (String, String) {
+    let call = json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": name, "arguments": {"n": id}, "_meta": meta}
+    });
+    let answer = in_session(address, session, &call).await;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (head.to_ascii_lowercase(), body.to_owned())
+}
+
+#[tokio::test]
+async fn a_call_in_a_session_is_answered_in_plain_json_unless_its_progress_comes_first() {
+    let (upstream, gateway) = lively_gateway_with("session-answers", "").await;
+    let address = gateway.address.clone();
+    let session = open_session(&address).await.unwrap();
+    // No progress comes: one JSON response, though the client asked for progress.
+    let (head, body) = call_in_session(
+        &address,
+        &session,
+        7,
+        "lively__send",
+        json!({"progressToken": "p-7"}),
+    )
+    .await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["jsonrpc"], "2.0", "{answer}");
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"],
+        json!({"sent": true}),
+        "{answer}"
+    );
+    assert_eq!(upstream.send.counts(), (1, 1, 0));
+    // The upstream reports progress: the progress first, under the client's token, then the
+    // response, as events.
+    let (head, body) = call_in_session(
+        &address,
+        &session,
+        8,
+        "lively__scan",
+        json!({"progressToken": "p-8"}),
+    )
+    .await;
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let progress = body
+        .find("\"method\":\"notifications/progress\"")
+        .unwrap_or_else(|| panic!("no progress: {body}"));
+    assert!(body.contains("\"progressToken\":\"p-8\""), "{body}");
+    let response = body
+        .find("\"id\":8,\"result\"")
+        .unwrap_or_else(|| panic!("no response: {body}"));
+    assert!(progress < response, "{body}");
+    assert!(body.contains("\"scanned\":true"), "{body}");
+    // Without a token, the same scan is one JSON response.
+    let (head, body) = call_in_session(&address, &session, 9, "lively__scan", json!({})).await;
+    assert!(head.contains("content-type: application/json"), "{head}");
+    assert!(!body.contains("notifications/progress"), "{body}");
+}
+
+#[tokio::test]
+async fn a_session_in_use_stays_open_and_an_idle_one_closes() {
+    let (_upstream, gateway) =
+        lively_gateway_with("session-in-use", "[http]\nsession_idle_ms = 1000\n").await;
+    let address = gateway.address.clone();
+    let busy = open_session(&address).await.unwrap();
+    let idle = open_session(&address).await.unwrap();
+    // Calls the gateway answers itself, for well over the idle time.
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < Duration::from_millis(2500) {
+        n += 1;
+        let (head, body) = call_in_session(&address, &busy, n, "lively__send", json!({})).await;
+        assert!(head.starts_with("http/1.1 200"), "call {n}: {head}\n{body}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let ping = json!({"jsonrpc": "2.0", "id": 99, "method": "ping"});
+    let gone = in_session(&address, &idle, &ping).await;
+    assert!(gone.starts_with("HTTP/1.1 404"), "{gone}");
+    let (head, _) = call_in_session(&address, &busy, 100, "lively__send", json!({})).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+}
+
 #[tokio::test]
 async fn the_admin_api_lists_each_upstreams_connection_state() {
     let config = written(

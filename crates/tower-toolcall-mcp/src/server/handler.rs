@@ -119,7 +119,12 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
         let _admitted = match &self.streams {
             None => None,
             Some(streams) => {
-                let principal = self.identity.principal(context.request_context());
+                let principal = self.identity.principal(
+                    context
+                        .request_context()
+                        .extensions
+                        .get::<http::request::Parts>(),
+                );
                 match streams.admit(principal.as_ref()) {
                     Ok(admitted) => Some(admitted),
                     Err(refused) => return Err(McpError::invalid_request(refused, None)),
@@ -159,7 +164,8 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
         mut context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListToolsResult, McpError>> + MaybeSendFuture + '_ {
         // The caller, for a list that shows each caller its own tools.
-        if let Some(principal) = self.identity.principal(&context) {
+        let http = context.extensions.get::<http::request::Parts>();
+        if let Some(principal) = self.identity.principal(http) {
             context.extensions.insert(principal);
         }
         self.handler.list_tools(request, context)
@@ -182,7 +188,10 @@ impl<H: ServerHandler> ServerHandler for McpServer<H> {
         notification: CancelledNotificationParam,
         context: NotificationContext<RoleServer>,
     ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        self.stop(&notification);
+        self.stop(
+            &notification,
+            context.extensions.get::<http::request::Parts>(),
+        );
         self.handler.on_cancelled(notification, context)
     }
 

@@ -1,6 +1,7 @@
 //! The server side: an `rmcp` server whose every `tools/call` goes through a stack.
 
 mod confirm;
+mod direct;
 mod encoded;
 mod handler;
 mod streams;
@@ -8,6 +9,7 @@ mod tool_list;
 
 pub use confirm::{Confirm, DEFAULT_CONFIRMATION_TIMEOUT};
 use confirm::{Confirmations, Confirmed};
+pub use direct::SessionAnswer;
 
 use tool_list::Route;
 pub use tool_list::ToolList;
@@ -19,7 +21,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
-use rmcp::model::{CallToolRequestParams, CallToolResponse, ContentBlock};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::Value;
@@ -28,7 +30,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::convert::{error_from_mcp, outcome_and_blocks, result_of, result_with_blocks, IsError};
 use super::identity::Identity;
-use super::in_flight::InFlight;
+use super::in_flight::{Entry, InFlight};
 use super::meta::RequestMeta;
 use super::progress::{ProgressCalls, ProgressRelay, ProgressTransport};
 use super::wording::in_mcp_words;
@@ -36,8 +38,9 @@ use tower_toolcall::envelope::MAX_IDENTIFIER_BYTES;
 use tower_toolcall::registry::KeyScope;
 use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput};
 
-/// The `tools/call` requests being served, by the request id of their `ToolCall`.
-type Pending = InFlight<String, Served>;
+/// The `tools/call` requests being served, by the request id of their `ToolCall`: with what
+/// the handler needs, for those rmcp serves.
+type Pending = InFlight<String, Option<Served>>;
 
 /// The calls that a client's cancellation stops, by the request id of their `ToolCall`.
 type Stoppable = InFlight<String, Arc<tokio::sync::Notify>>;
@@ -343,11 +346,15 @@ impl<H> McpServer<H> {
 
     /// Stops the call the client cancelled, if it is in flight and its tool is one to stop
     /// (see [cancellation](McpServer#cancellation)).
-    fn stop(&self, cancelled: &rmcp::model::CancelledNotificationParam) {
+    fn stop(
+        &self,
+        cancelled: &rmcp::model::CancelledNotificationParam,
+        http: Option<&http::request::Parts>,
+    ) {
         let Some(id) = &cancelled.request_id else {
             return;
         };
-        let request_id = self.request_id(id);
+        let request_id = self.request_id(self.transport(http), id);
         if let Some(stop) = self.stoppable.get(&request_id) {
             tracing::info!(
                 event = "tool_call_stopped",
@@ -451,46 +458,28 @@ impl<H> McpServer<H> {
         mut request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> CallToolResponse {
-        // The arguments move into the call; each attempt sends the call's params.
-        let arguments = request.arguments.take().unwrap_or_default();
-        // Who calls: looked up once per call. A tool the caller may not see is refused as
-        // one that is not there.
-        let principal = self.identity.principal(&context);
-        if let Some(routes) = &self.routes {
-            if !routes.admits(principal.as_ref(), &request.name) {
-                return result_of(Err(in_mcp_words(not_yours(&request.name)))).into();
-            }
-        }
-        // Where the listed tool is called: looked up once per call. A routed list calls only
-        // the tools it lists: a bare name never reaches a namespace by chance.
-        let route = match self.routes.as_ref().map(|r| r.route(&request.name)) {
-            None | Some(Ok(None)) => None,
-            Some(Ok(Some(route))) => Some(route),
-            Some(Err(())) => return result_of(Err(in_mcp_words(not_yours(&request.name)))).into(),
+        // Who calls: looked up once per call.
+        let http = context.extensions.get::<http::request::Parts>();
+        let client = context.client_info().map(|client| client.name);
+        let asker = Asker {
+            id: &context.id,
+            principal: self.identity.principal(http),
+            transport: self.transport(http),
+            client: client.as_deref(),
         };
-        let call = self.tool_call(&request, route.as_ref(), arguments, principal, &context);
-        let mut call = match call {
-            Ok(call) => call,
-            Err(err) => return result_of(Err(in_mcp_words(err))).into(),
+        let meta = request.meta.take();
+        let (mut call, route) = match self.admit(
+            &mut request,
+            RequestMeta::new(meta.as_ref(), &context.meta),
+            asker,
+        ) {
+            Ok(admitted) => admitted,
+            Err(refused) => return refused.into(),
         };
-        // A slot for the call's whole run, taken before anything is asked of the user.
-        let slot = match &self.slots {
-            None => None,
-            Some(slots) => match slots.slots.clone().try_acquire_owned() {
-                Ok(slot) => Some(slot),
-                Err(_) => {
-                    let busy = ToolError::rejected(
-                        ErrorCode::UpstreamUnavailable,
-                        format!(
-                            "the server is running {} calls, its limit; send the call again in \
-                             a moment",
-                            slots.limit
-                        ),
-                    )
-                    .with_retry_after(BUSY_RETRY_AFTER);
-                    return result_of(Err(in_mcp_words(busy))).into();
-                }
-            },
+        request.meta = meta;
+        let slot = match self.slot() {
+            Ok(slot) => slot,
+            Err(busy) => return busy.into(),
         };
         // A tool that needs the user's confirmation gets it from the user or the host, never
         // from what the client says.
@@ -516,55 +505,20 @@ impl<H> McpServer<H> {
                 context.meta.get_progress_token()?,
             ))
         });
-        let stops_when_cancelled = route.is_some_and(|route| route.stops_when_cancelled);
-        let stop = stops_when_cancelled.then(|| {
-            let stop = Arc::new(tokio::sync::Notify::new());
-            let entry = self
-                .stoppable
-                .insert_new(call.request_id().to_owned(), stop.clone());
-            (stop, entry.ok())
-        });
         let blocks = Arc::<Mutex<_>>::default();
         let served = Served {
             request,
             context,
             blocks: blocks.clone(),
         };
-        // A request id the client reuses while its first request runs gets a fresh one.
-        let served = match self
-            .pending
-            .insert_new(call.request_id().to_owned(), served)
-        {
-            Ok(entry) => entry,
-            Err(served) => {
-                call.envelope_mut().request_id = ulid::Ulid::generate().to_string();
-                self.pending.insert(call.request_id().to_owned(), served)
-            }
-        };
+        let served = self.pending_entry(&mut call, Some(served));
         let progress =
             progress_token.map(|(calls, token)| calls.insert(token, call.request_id().into()));
         let relayed = relay_to
             .map(|(relay, client, token)| relay.insert(call.request_id().into(), client, token));
-        // Once dispatched, the call runs on a task of its own, to its end
-        // (bounded by the stack's timeouts), whatever becomes of this request: a client that
-        // cancels it or drops the connection leaves the idempotency record in flight, so a
-        // re-send joins the call or gets its result. Only a tool safe to repeat stops when
-        // the client cancels. The request's entries leave with the call.
-        let service = self.service.clone();
-        let outcome = tower_toolcall::detach::detach(async move {
-            let _entries = (served, progress, relayed, slot);
-            match stop {
-                Some((stop, _entry)) => tokio::select! {
-                    outcome = service.oneshot(call) => outcome,
-                    () = stop.notified() => Err(ToolError::new(
-                        ErrorCode::Cancelled,
-                        "the client cancelled the call",
-                    )),
-                },
-                None => service.oneshot(call).await,
-            }
-        })
-        .await;
+        let outcome = self
+            .run(call, route.as_ref(), (served, progress, relayed, slot))
+            .await;
         let result = match outcome {
             // The tool's own answer keeps its content blocks as they were.
             Ok(output) if !output.record().from_cache => {
@@ -580,10 +534,136 @@ impl<H> McpServer<H> {
         result.into()
     }
 
-    /// The request id of the call for the JSON-RPC request `id`: unique, as the connection's
-    /// id is, and a client never reuses the id of a request in flight.
-    fn request_id(&self, id: &rmcp::model::RequestId) -> String {
-        let id = format!("{}-{id}", self.connection);
+    /// The call of `request` from `asker` and where its tool is called; or the refusal to
+    /// answer with, for a tool the caller may not see or a request the envelope refuses. The
+    /// arguments move into the call; each attempt sends the call's params.
+    fn admit(
+        &self,
+        request: &mut CallToolRequestParams,
+        meta: RequestMeta<'_>,
+        asker: Asker<'_>,
+    ) -> Result<(ToolCall, Option<Route>), CallToolResult> {
+        let arguments = request.arguments.take().unwrap_or_default();
+        // A tool the caller may not see is refused as one that is not there.
+        if let Some(routes) = &self.routes {
+            if !routes.admits(asker.principal.as_ref(), &request.name) {
+                return Err(result_of(Err(in_mcp_words(not_yours(&request.name)))));
+            }
+        }
+        // Where the listed tool is called: looked up once per call. A routed list calls only
+        // the tools it lists: a bare name never reaches a namespace by chance.
+        let route = match self.routes.as_ref().map(|r| r.route(&request.name)) {
+            None | Some(Ok(None)) => None,
+            Some(Ok(Some(route))) => Some(route),
+            Some(Err(())) => return Err(result_of(Err(in_mcp_words(not_yours(&request.name))))),
+        };
+        match self.tool_call(request, route.as_ref(), arguments, meta, asker) {
+            Ok(call) => Ok((call, route)),
+            Err(err) => Err(result_of(Err(in_mcp_words(err)))),
+        }
+    }
+
+    /// A slot for a call's whole run, when the server counts them; the refusal to answer
+    /// with when they are all taken.
+    fn slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, CallToolResult> {
+        let Some(slots) = &self.slots else {
+            return Ok(None);
+        };
+        match slots.slots.clone().try_acquire_owned() {
+            Ok(slot) => Ok(Some(slot)),
+            Err(_) => {
+                let busy = ToolError::rejected(
+                    ErrorCode::UpstreamUnavailable,
+                    format!(
+                        "the server is running {} calls, its limit; send the call again in a \
+                         moment",
+                        slots.limit
+                    ),
+                )
+                .with_retry_after(BUSY_RETRY_AFTER);
+                Err(result_of(Err(in_mcp_words(busy))))
+            }
+        }
+    }
+
+    /// `call` among the requests being served, with what the handler needs (`served`, for
+    /// a call rmcp serves), until the entry is dropped. A request id the client reuses while
+    /// its first request runs gets a fresh one.
+    fn pending_entry(
+        &self,
+        call: &mut ToolCall,
+        served: Option<Served>,
+    ) -> Entry<String, Option<Served>> {
+        match self
+            .pending
+            .insert_new(call.request_id().to_owned(), served)
+        {
+            Ok(entry) => entry,
+            Err(served) => {
+                call.envelope_mut().request_id = ulid::Ulid::generate().to_string();
+                self.pending.insert(call.request_id().to_owned(), served)
+            }
+        }
+    }
+
+    /// Runs `call` through the stack on a task of its own, to its end (bounded by the
+    /// stack's timeouts), whatever becomes of the request: a client that cancels it or drops
+    /// the connection leaves the idempotency record in flight, so a re-send joins the call or
+    /// gets its result. Only a tool safe to repeat stops when the client cancels. `entries`
+    /// (the request's entries in the server's maps, its slot) leave with the call.
+    fn run(
+        &self,
+        call: ToolCall,
+        route: Option<&Route>,
+        entries: impl Send + 'static,
+    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send + 'static {
+        let stops_when_cancelled = route.is_some_and(|route| route.stops_when_cancelled);
+        let stop = stops_when_cancelled.then(|| {
+            let stop = Arc::new(tokio::sync::Notify::new());
+            let entry = self
+                .stoppable
+                .insert_new(call.request_id().to_owned(), stop.clone());
+            (stop, entry.ok())
+        });
+        let service = self.service.clone();
+        tower_toolcall::detach::detach(async move {
+            let _entries = entries;
+            match stop {
+                Some((stop, _entry)) => tokio::select! {
+                    outcome = service.oneshot(call) => outcome,
+                    () = stop.notified() => Err(ToolError::new(
+                        ErrorCode::Cancelled,
+                        "the client cancelled the call",
+                    )),
+                },
+                None => service.oneshot(call).await,
+            }
+        })
+    }
+
+    /// The transport session the server issued for a request that came over `http` (none
+    /// over a stream transport): the connection over a stream transport; over streamable
+    /// HTTP, the session rmcp routed the request to by its `Mcp-Session-Id` (a session that
+    /// began with `initialize`); none for a stateless request.
+    fn transport<'a>(&'a self, http: Option<&'a http::request::Parts>) -> Option<&'a str> {
+        let Some(parts) = http else {
+            return Some(&self.connection);
+        };
+        if !self.initialized.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let session = parts
+            .headers
+            .get(SESSION_ID_HEADER)
+            .and_then(|id| id.to_str().ok());
+        Some(session.unwrap_or(&self.connection))
+    }
+
+    /// The request id of the call for the JSON-RPC request `id` in the transport session
+    /// `transport` (this connection's, for a stateless request): unique, as the session is,
+    /// and a client never reuses the id of a request in flight.
+    fn request_id(&self, transport: Option<&str>, id: &rmcp::model::RequestId) -> String {
+        let id = format!("{}-{id}", transport.unwrap_or(&self.connection));
         if id.len() <= MAX_IDENTIFIER_BYTES {
             id
         } else {
@@ -596,21 +676,19 @@ impl<H> McpServer<H> {
         request: &CallToolRequestParams,
         route: Option<&Route>,
         arguments: serde_json::Map<String, Value>,
-        principal: Option<Principal>,
-        context: &RequestContext<RoleServer>,
+        meta: RequestMeta<'_>,
+        asker: Asker<'_>,
     ) -> Result<ToolCall, ToolError> {
-        let meta = RequestMeta::new(request.meta.as_ref(), &context.meta);
-        let issued = self.initialized.load(std::sync::atomic::Ordering::Relaxed);
         let caller = self
             .identity
-            .caller(&meta, context, principal, &self.connection, issued)?;
+            .caller(&meta, asker.principal, asker.transport, asker.client)?;
         let (namespace, name) = match route {
             Some(route) => (&*route.namespace, route.name.as_str()),
             None => (&*self.namespace, request.name.as_ref()),
         };
         let mut builder = ToolCall::builder(namespace, name)
             .session(caller.session)
-            .request_id(self.request_id(&context.id))
+            .request_id(self.request_id(asker.transport, asker.id))
             .actor(caller.actor)
             .params(Value::Object(arguments));
         if let Some(client) = caller.client {
@@ -634,6 +712,18 @@ impl<H> McpServer<H> {
         call.set_caller_key_scope(KeyScope::Actor);
         Ok(call)
     }
+}
+
+/// The header of a streamable-HTTP request that names its session.
+const SESSION_ID_HEADER: &str = "mcp-session-id";
+
+/// Who sends a `tools/call`, as the server knows it: the JSON-RPC request's id, the
+/// principal, the transport session the server issued, and the client's own name.
+struct Asker<'a> {
+    id: &'a rmcp::model::RequestId,
+    principal: Option<Principal>,
+    transport: Option<&'a str>,
+    client: Option<&'a str>,
 }
 
 /// The refusal of a call of a tool the caller may not see: the same for a tool that is
@@ -688,7 +778,7 @@ impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
     }
 
     fn call(&mut self, call: ToolCall) -> Self::Future {
-        let served = self.pending.get(call.request_id());
+        let served = self.pending.get(call.request_id()).flatten();
         let handler = self.handler.clone();
         Box::pin(async move {
             let Served {
