@@ -15,7 +15,7 @@
 //! (`callgrind_control --zero`), `CALLS` calls run one after another, each with distinct
 //! arguments, and the counters are dumped: the instructions of those calls alone, over every
 //! thread of the process, divided by `CALLS`. With `PROFILE=n`, the `n` functions with the
-//! most instructions of their own follow each figure (`callgrind_annotate`).
+//! most instructions, their callees' included, follow each figure (`callgrind_annotate`).
 
 #[path = "../tests/support/http.rs"]
 mod http;
@@ -93,10 +93,22 @@ fn totals(dump: &Path) -> Option<u64> {
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
 }
 
-/// The `n` functions of `dump` with the most instructions of their own.
+/// The `n` functions of `dump` with the most instructions, their callees' included, past
+/// the frames every task shares (the runtime's, the threads').
 fn profile(dump: &Path, n: usize) -> String {
+    const SHARED: [&str; 9] = [
+        "tokio::runtime",
+        "clone.S",
+        "start_thread",
+        "thread_start",
+        "call_once",
+        "__rust_begin_short_backtrace",
+        "(below main)",
+        "libc_start",
+        "PollFn<F>",
+    ];
     let annotated = Command::new("callgrind_annotate")
-        .args(["--inclusive=no", "--threshold=100"])
+        .args(["--inclusive=yes", "--threshold=100"])
         .arg(dump)
         .output()
         .expect("callgrind_annotate runs (apt-get install valgrind)");
@@ -104,6 +116,7 @@ fn profile(dump: &Path, n: usize) -> String {
     text.lines()
         .skip_while(|line| !line.contains("file:function"))
         .skip(2)
+        .filter(|line| !SHARED.iter().any(|frame| line.contains(frame)))
         .take(n)
         .map(|line| format!("    {line}\n"))
         .collect()
