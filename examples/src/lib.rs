@@ -3,7 +3,6 @@
 //!
 //! | binary | what it shows |
 //! |---|---|
-//! | `gateway` | the whole stack over HTTP with `tower-toolcall-axum`: tools, metrics, the admin API |
 //! | `quickstart` | the stack without HTTP: retried, cached, refused and looping calls |
 //! | `turn` | an agent turn run by `tower-toolcall-executor` |
 //! | `loop_detect` | a model that repeats a call, stopped |

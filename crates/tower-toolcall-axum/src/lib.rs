@@ -56,8 +56,11 @@
 //!
 //! | feature | default | what it brings |
 //! |---|---|---|
-//! | `fleet` | no | `AdminRouter::fleet`: operator actions sent to every replica through Redis (`tower-toolcall`'s `redis` feature) |
 //! | `jwt` | no | [`authn::JwtVerifier`]: bearer JWTs checked against a JWKS (`jsonwebtoken` with RustCrypto, `reqwest` to fetch the keys) |
+//! | `tls` | no | `ServerTls` and `ServeConfig::tls`: [`serve`] over TLS from a certificate and key in PEM files, reloadable (rustls) |
+//!
+//! `AdminRouter::fleet` needs no feature: it sends the operator's actions to every replica
+//! through any `FleetActions`, such as `tower-toolcall-redis`'s `FleetControl`.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -14,8 +14,8 @@ pub type FleetFuture<'a> = Pin<Box<dyn Future<Output = Result<(), ToolError>> + 
 /// The operator actions that a fleet of replicas shares: behind a load balancer, an operator
 /// who force-opens a breaker through one replica's handle changes one replica out of N; an
 /// implementation sends each action to every replica of the fleet (`FleetControl`, of the
-/// crate `tower-toolcall-redis`, does it through Redis pub/sub). The admin router of the
-/// `axum` feature sends its actions through one, when given one.
+/// crate `tower-toolcall-redis`, does it through Redis pub/sub). The admin router of
+/// `tower-toolcall-axum` sends its actions through one, when given one (`AdminRouter::fleet`).
 ///
 /// Each action is done on every replica, this one included, when its future answers `Ok`.
 /// An error is a [`ToolError`]: `VALIDATION_ERROR` for an action no replica can apply (an

@@ -1,5 +1,5 @@
-//! `/metrics` of a gateway over real HTTP: the Prometheus exposition of the call and breaker
-//! series, recorded by `metrics-exporter-prometheus` as the examples/gateway.rs server does.
+//! `/metrics` beside the tool router over real HTTP: the Prometheus exposition of the call and
+//! breaker series, recorded by `metrics-exporter-prometheus` as `toolcall-gateway` does.
 
 #[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;

@@ -1,4 +1,4 @@
-//! The gateway over real HTTP: a server on a bound loopback port, a hyper client.
+//! The tool router over real HTTP: a server on a bound loopback port, a hyper client.
 
 #[path = "../../../tower-toolcall/tests/support/mod.rs"]
 mod support;
