@@ -2,8 +2,6 @@
 //! in front of them all.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::task::{Context, Poll};
 
@@ -549,7 +547,7 @@ impl InService {
 impl Service<ToolCall> for InService {
     type Response = ToolOutput;
     type Error = ToolError;
-    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+    type Future = tower_toolcall::BoxToolFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
         Poll::Ready(Ok(()))

@@ -2,8 +2,6 @@
 //! the namespace of each call.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -422,7 +420,7 @@ impl Router {
 impl Service<ToolCall> for Router {
     type Response = ToolOutput;
     type Error = ToolError;
-    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+    type Future = tower_toolcall::BoxToolFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
         Poll::Ready(Ok(()))

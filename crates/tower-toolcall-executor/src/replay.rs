@@ -3,9 +3,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::future::Future;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -458,7 +456,7 @@ fn outcome_of(result: &ToolResult) -> Result<ToolOutput, ToolError> {
 impl Service<ToolCall> for RecordedTool {
     type Response = ToolOutput;
     type Error = ToolError;
-    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+    type Future = tower_toolcall::BoxToolFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
         Poll::Ready(Ok(()))

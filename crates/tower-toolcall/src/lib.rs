@@ -243,7 +243,7 @@ pub use outcome::{
     BreakerState, CacheMatch, CallRecord, MatchedOn, RetryRecord, ShadowDecision, ShadowVerdict,
     ShortCircuit, ToolOutput,
 };
-pub use tool_fn::{tool_fn, ToolFn};
+pub use tool_fn::{tool_fn, BoxToolFuture, ToolFn};
 pub use validate::EnvelopeValidateLayer;
 
 pub use breaker::CircuitBreakerLayer;

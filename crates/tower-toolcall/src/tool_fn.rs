@@ -1,7 +1,9 @@
-//! [`tool_fn`]: a tool service from an async closure.
+//! [`tool_fn`]: a tool service from an async closure; [`BoxToolFuture`], the future of a
+//! tool service written by hand.
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tower_service::Service;
@@ -9,6 +11,33 @@ use tower_service::Service;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
 use crate::outcome::ToolOutput;
+
+/// The boxed future of a tool call's outcome: the `Future` of a `Service<ToolCall>` written by
+/// hand whose calls are async blocks.
+///
+/// ```
+/// use std::task::{Context, Poll};
+/// use serde_json::json;
+/// use tower_toolcall::{BoxToolFuture, ToolCall, ToolError, ToolOutput};
+///
+/// #[derive(Clone)]
+/// struct Echo;
+///
+/// impl tower::Service<ToolCall> for Echo {
+///     type Response = ToolOutput;
+///     type Error = ToolError;
+///     type Future = BoxToolFuture;
+///
+///     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+///         Poll::Ready(Ok(()))
+///     }
+///
+///     fn call(&mut self, call: ToolCall) -> BoxToolFuture {
+///         Box::pin(async move { Ok(ToolOutput::new(json!({"echo": call.params().as_map().len()}))) })
+///     }
+/// }
+/// ```
+pub type BoxToolFuture = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
 
 /// Makes a tool service from a closure that takes the call and returns a future of its
 /// outcome. The service is always ready, and `Clone` when the closure is.

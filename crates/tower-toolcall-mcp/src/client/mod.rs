@@ -17,7 +17,6 @@ pub use upstream::{
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -514,7 +513,7 @@ fn failed(link: &Link, verdict: &Verdict, generation: u64, error: ServiceError) 
 impl Service<ToolCall> for McpClient {
     type Response = ToolOutput;
     type Error = ToolError;
-    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+    type Future = tower_toolcall::BoxToolFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
         Poll::Ready(Ok(()))

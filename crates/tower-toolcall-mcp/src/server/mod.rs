@@ -16,7 +16,6 @@ pub use tool_list::ToolList;
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
@@ -771,7 +770,7 @@ impl<H> fmt::Debug for HandlerTool<H> {
 impl<H: ServerHandler> Service<ToolCall> for HandlerTool<H> {
     type Response = ToolOutput;
     type Error = ToolError;
-    type Future = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+    type Future = tower_toolcall::BoxToolFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
         Poll::Ready(Ok(()))

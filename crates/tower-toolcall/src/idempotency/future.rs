@@ -22,7 +22,7 @@ use crate::outcome::{
 };
 use crate::time::millis;
 
-type BoxedOutcome = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send>>;
+type BoxedOutcome = crate::BoxToolFuture;
 
 pin_project! {
     /// The response future of [`Idempotency`](super::Idempotency): the inner call when the
