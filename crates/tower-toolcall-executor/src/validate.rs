@@ -144,30 +144,70 @@ pub(crate) fn check(
     registry: &ToolRegistry,
     policy: &RunPolicy,
 ) -> Result<Vec<CheckedStep>, PlanError> {
-    let mut problems = Vec::new();
-    let mut problem = |field: String, text: String| {
-        problems.push(PlanProblem {
-            field,
-            problem: text,
-        })
-    };
+    let mut problems = Problems::default();
     if plan.steps.is_empty() {
-        problem("steps".into(), "must have at least one step".into());
+        problems.add("steps".into(), "must have at least one step".into());
     }
-    let max_depth = policy.max_depth;
-    let too_deep = |value: &Value| reference::deeper_than(value, max_depth);
-    let deep_text = format!("nests deeper than {max_depth} levels; flatten it");
+    let deep_text = format!("nests deeper than {} levels; flatten it", policy.max_depth);
     for (name, value) in &plan.vars {
-        if too_deep(value) {
-            problem(format!("vars.{name}"), deep_text.clone());
+        if reference::deeper_than(value, policy.max_depth) {
+            problems.add(format!("vars.{name}"), deep_text.clone());
         }
     }
+    let checker = Checker {
+        plan,
+        registry,
+        policy,
+        deep_text,
+        ids: step_ids(plan, &mut problems),
+        captured: plan
+            .steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.capture_as.as_deref().map(|n| (n, i)))
+            .collect(),
+    };
+    let mut steps: Vec<CheckedStep> = (0..plan.steps.len())
+        .map(|i| checker.step(i, &mut problems))
+        .collect();
+    if let Some(cycle) = find_cycle(&steps) {
+        problems.add(
+            format!("steps[{}].dependsOn", cycle[0]),
+            format!("closes a dependency cycle {}", cycle_text(&cycle, plan)),
+        );
+    }
+    if !problems.0.is_empty() {
+        return Err(PlanError {
+            problems: problems.0,
+        });
+    }
+    for i in 0..steps.len() {
+        for d in steps[i].deps.clone() {
+            steps[d].dependents.push(i);
+        }
+    }
+    Ok(steps)
+}
+
+/// The problems found so far, in the order they were found.
+#[derive(Default)]
+struct Problems(Vec<PlanProblem>);
+
+impl Problems {
+    fn add(&mut self, field: String, problem: String) {
+        self.0.push(PlanProblem { field, problem });
+    }
+}
+
+/// Each step's index by its id: the first of a repeated id, each repeat a problem, as is an
+/// empty id or one a reference cannot name.
+fn step_ids<'a>(plan: &'a Plan, problems: &mut Problems) -> HashMap<&'a str, usize> {
     let mut ids: HashMap<&str, usize> = HashMap::new();
     for (i, step) in plan.steps.iter().enumerate() {
         if step.id.trim().is_empty() {
-            problem(format!("steps[{i}].id"), "must not be empty".into());
+            problems.add(format!("steps[{i}].id"), "must not be empty".into());
         } else if let Some(first) = ids.insert(&step.id, i) {
-            problem(
+            problems.add(
                 format!("steps[{i}].id"),
                 format!(
                     "repeats `{}` of steps[{first}]; give each step its own id",
@@ -176,7 +216,7 @@ pub(crate) fn check(
             );
             ids.insert(&plan.steps[first].id, first);
         } else if !reference::is_name(&step.id) {
-            problem(
+            problems.add(
                 format!("steps[{i}].id"),
                 format!(
                     "`{}` cannot be named by a `$steps.` reference; use only letters, digits, \
@@ -186,30 +226,50 @@ pub(crate) fn check(
             );
         }
     }
-    let captured: HashMap<&str, usize> = plan
-        .steps
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| s.capture_as.as_deref().map(|n| (n, i)))
-        .collect();
+    ids
+}
 
-    let mut steps = Vec::with_capacity(plan.steps.len());
-    for (i, step) in plan.steps.iter().enumerate() {
+/// What every step is checked against: the plan, its step ids and captured variables, the
+/// registry and the run's limits.
+struct Checker<'a> {
+    plan: &'a Plan,
+    registry: &'a ToolRegistry,
+    policy: &'a RunPolicy,
+    deep_text: String,
+    ids: HashMap<&'a str, usize>,
+    captured: HashMap<&'a str, usize>,
+}
+
+impl<'a> Checker<'a> {
+    fn too_deep(&self, value: &Value) -> bool {
+        reference::deeper_than(value, self.policy.max_depth)
+    }
+
+    /// The step `i`, checked; its problems added to `problems`.
+    fn step(&self, i: usize, problems: &mut Problems) -> CheckedStep {
+        let plan: &'a Plan = self.plan;
+        let step = &plan.steps[i];
         let at = |member: &str| format!("steps[{i}].{member}");
-        let args_too_deep = too_deep(&step.args);
-        let items_too_deep = step.foreach.as_ref().is_some_and(|f| too_deep(&f.items));
+        let args_too_deep = self.too_deep(&step.args);
+        let items_too_deep = step
+            .foreach
+            .as_ref()
+            .is_some_and(|f| self.too_deep(&f.items));
         for (member, deep) in [
             ("args", args_too_deep),
             ("foreach.items", items_too_deep),
-            ("default", step.default.as_ref().is_some_and(too_deep)),
+            (
+                "default",
+                step.default.as_ref().is_some_and(|d| self.too_deep(d)),
+            ),
         ] {
             if deep {
-                problem(at(member), deep_text.clone());
+                problems.add(at(member), self.deep_text.clone());
             }
         }
         if let Some(name) = &step.capture_as {
             if !reference::is_name(name) {
-                problem(
+                problems.add(
                     at("captureAs"),
                     format!(
                         "`{}` cannot be named by a `$vars.` reference; use only letters, \
@@ -220,157 +280,45 @@ pub(crate) fn check(
             }
         }
         if let Some(retry) = &step.retry {
-            if retry.backoff_ms > policy.max_backoff_ms {
-                problem(
+            if retry.backoff_ms > self.policy.max_backoff_ms {
+                problems.add(
                     at("retry.backoffMs"),
                     format!(
                         "must be at most {}, got {}; ask for a shorter pause",
-                        policy.max_backoff_ms, retry.backoff_ms
+                        self.policy.max_backoff_ms, retry.backoff_ms
                     ),
                 );
             }
         }
-        let mut tools = Vec::new();
-        let mut mutating = false;
         // Args too deep to walk safely are neither checked against a schema nor searched
         // for references: the plan is refused for their depth.
-        let static_args = !args_too_deep && reference::is_static(&step.args);
-        let names = std::iter::once(("tool".to_owned(), &step.tool)).chain(
-            step.alternatives
-                .iter()
-                .enumerate()
-                .map(|(k, t)| (format!("alternatives[{k}]"), t)),
-        );
-        for (member, tool) in names {
-            let Some(name) = ToolName::parse(tool) else {
-                problem(
-                    at(&member),
-                    format!("`{tool}` must be written namespace::name"),
-                );
-                continue;
-            };
-            if registry.is_denied(&name.namespace, &name.name) {
-                problem(at(&member), format!("`{tool}` is denied by policy"));
-            }
-            match registry.get(&name.namespace, &name.name) {
-                Some(registered) => {
-                    let d = registered.descriptor();
-                    mutating |= d.risk.is_mutating() || d.confirmation_required;
-                    if static_args {
-                        if let Err(e) = registered.check_params(&step.args) {
-                            problem(at("args"), e.message().replace("`payload.params`", "args"));
-                        }
-                    }
-                }
-                None if registry.is_open() => mutating = true,
-                None => problem(
-                    at(&member),
-                    format!("`{tool}` is not a registered tool; use one of the registry's tools"),
-                ),
-            }
-            tools.push(name);
-        }
+        let (tools, mutating) = self.tools(i, !args_too_deep, problems);
         if !step.args.is_object() {
-            problem(at("args"), "must be a JSON object".into());
+            problems.add(at("args"), "must be a JSON object".into());
         }
-
         let mut deps: Vec<usize> = Vec::new();
         for dep in &step.depends_on {
-            match ids.get(dep.as_str()) {
+            match self.ids.get(dep.as_str()) {
                 Some(&d) => deps.push(d),
-                None => problem(
+                None => problems.add(
                     at("dependsOn"),
                     format!("names `{dep}`, which is not a step"),
                 ),
             }
         }
-        let bindings = step
-            .foreach
-            .as_ref()
-            .map(|f| (f.item_name.as_str(), f.index_name.as_str()));
         let mut refs = if args_too_deep {
             Vec::new()
         } else {
             reference::references(&step.args)
         };
-        let mut items = None;
-        if let Some(foreach) = step.foreach.as_ref().filter(|_| !items_too_deep) {
-            if foreach.max_concurrency == Some(0) {
-                problem(
-                    at("foreach.maxConcurrency"),
-                    "must be at least 1, got 0".into(),
-                );
-            }
-            let found = reference::references(&foreach.items);
-            match (&foreach.items, found.first()) {
-                (Value::Array(_), None) => items = Some(Items::Inline),
-                (Value::String(_), Some((_, r))) if found.len() == 1 => match r.source {
-                    Source::Var(name) if plan.vars.contains_key(name) && r.path.is_empty() => {
-                        if plan.vars[name].is_array() {
-                            items = Some(Items::Var(name.to_owned()));
-                        } else {
-                            problem(
-                                at("foreach.items"),
-                                format!("`$vars.{name}` is not an array; foreach needs one"),
-                            );
-                        }
-                    }
-                    Source::Binding(_) => problem(
-                        at("foreach.items"),
-                        "must be an array or a $steps / $vars reference".into(),
-                    ),
-                    _ => items = Some(Items::Reference(foreach.items.clone())),
-                },
-                _ => problem(
-                    at("foreach.items"),
-                    format!(
-                        "must be an array or a $steps / $vars reference to one, got {}",
-                        json_kind(&foreach.items)
-                    ),
-                ),
-            }
-            refs.extend(found.into_iter().map(|(_, r)| (at("foreach.items"), r)));
-        }
-        for (field, r) in refs {
-            let field = if field.starts_with("steps[") {
-                field
-            } else {
-                format!("steps[{i}].{field}")
-            };
-            match r.source {
-                Source::Step(id) => match ids.get(id) {
-                    Some(&d) => deps.push(d),
-                    None => problem(
-                        field,
-                        format!("references step `{id}`, which is not in the plan"),
-                    ),
-                },
-                Source::Var(name) => {
-                    if let Some(&d) = captured.get(name) {
-                        if !plan.vars.contains_key(name) {
-                            deps.push(d);
-                        }
-                    } else if !plan.vars.contains_key(name) {
-                        problem(
-                            field,
-                            format!("references variable `{name}`, which neither the plan's vars nor a step's captureAs sets"),
-                        );
-                    }
-                }
-                Source::Binding(name) => match bindings {
-                    Some((item, index)) if name == item || name == index => {}
-                    Some(_) => {}
-                    None if name == "item" || name == "index" => problem(
-                        field,
-                        format!("uses `{{{}}}`, but the step has no foreach", r.text),
-                    ),
-                    None => {}
-                },
-            }
-        }
+        let items = match step.foreach.as_ref().filter(|_| !items_too_deep) {
+            Some(foreach) => self.items(i, foreach, &mut refs, problems),
+            None => None,
+        };
+        self.references(i, refs, &mut deps, problems);
         if let Some(percent) = step.retry.and_then(|r| r.jitter_percent) {
             if percent > 100 {
-                problem(
+                problems.add(
                     at("retry.jitterPercent"),
                     format!("must be at most 100, got {percent}"),
                 );
@@ -379,32 +327,166 @@ pub(crate) fn check(
         deps.sort_unstable();
         deps.dedup();
         if deps.contains(&i) {
-            problem(at("id"), format!("step `{}` depends on itself", step.id));
+            problems.add(at("id"), format!("step `{}` depends on itself", step.id));
             deps.retain(|&d| d != i);
         }
-        steps.push(CheckedStep {
+        CheckedStep {
             tools,
             deps,
             dependents: Vec::new(),
             mutating,
             items,
-        });
-    }
-    if let Some(cycle) = find_cycle(&steps) {
-        problem(
-            format!("steps[{}].dependsOn", cycle[0]),
-            format!("closes a dependency cycle {}", cycle_text(&cycle, plan)),
-        );
-    }
-    if !problems.is_empty() {
-        return Err(PlanError { problems });
-    }
-    for i in 0..steps.len() {
-        for d in steps[i].deps.clone() {
-            steps[d].dependents.push(i);
         }
     }
-    Ok(steps)
+
+    /// The tools of step `i` (the primary, then the alternatives) and whether any of them
+    /// may change something; the step's static args checked against each tool's schema
+    /// when `walk_args` (they are not too deep to walk).
+    fn tools(&self, i: usize, walk_args: bool, problems: &mut Problems) -> (Vec<ToolName>, bool) {
+        let step = &self.plan.steps[i];
+        let at = |member: &str| format!("steps[{i}].{member}");
+        let static_args = walk_args && reference::is_static(&step.args);
+        let names = std::iter::once(("tool".to_owned(), &step.tool)).chain(
+            step.alternatives
+                .iter()
+                .enumerate()
+                .map(|(k, t)| (format!("alternatives[{k}]"), t)),
+        );
+        let mut tools = Vec::new();
+        let mut mutating = false;
+        for (member, tool) in names {
+            let Some(name) = ToolName::parse(tool) else {
+                problems.add(
+                    at(&member),
+                    format!("`{tool}` must be written namespace::name"),
+                );
+                continue;
+            };
+            if self.registry.is_denied(&name.namespace, &name.name) {
+                problems.add(at(&member), format!("`{tool}` is denied by policy"));
+            }
+            match self.registry.get(&name.namespace, &name.name) {
+                Some(registered) => {
+                    let d = registered.descriptor();
+                    mutating |= d.risk.is_mutating() || d.confirmation_required;
+                    if static_args {
+                        if let Err(e) = registered.check_params(&step.args) {
+                            problems
+                                .add(at("args"), e.message().replace("`payload.params`", "args"));
+                        }
+                    }
+                }
+                None if self.registry.is_open() => mutating = true,
+                None => problems.add(
+                    at(&member),
+                    format!("`{tool}` is not a registered tool; use one of the registry's tools"),
+                ),
+            }
+            tools.push(name);
+        }
+        (tools, mutating)
+    }
+
+    /// Where the `foreach` of step `i` gets its items; the references of its items added to
+    /// `refs`.
+    fn items<'p>(
+        &self,
+        i: usize,
+        foreach: &'p super::plan::Foreach,
+        refs: &mut Vec<(String, reference::Reference<'p>)>,
+        problems: &mut Problems,
+    ) -> Option<Items> {
+        let at = |member: &str| format!("steps[{i}].{member}");
+        if foreach.max_concurrency == Some(0) {
+            problems.add(
+                at("foreach.maxConcurrency"),
+                "must be at least 1, got 0".into(),
+            );
+        }
+        let mut items = None;
+        let found = reference::references(&foreach.items);
+        match (&foreach.items, found.first()) {
+            (Value::Array(_), None) => items = Some(Items::Inline),
+            (Value::String(_), Some((_, r))) if found.len() == 1 => match r.source {
+                Source::Var(name) if self.plan.vars.contains_key(name) && r.path.is_empty() => {
+                    if self.plan.vars[name].is_array() {
+                        items = Some(Items::Var(name.to_owned()));
+                    } else {
+                        problems.add(
+                            at("foreach.items"),
+                            format!("`$vars.{name}` is not an array; foreach needs one"),
+                        );
+                    }
+                }
+                Source::Binding(_) => problems.add(
+                    at("foreach.items"),
+                    "must be an array or a $steps / $vars reference".into(),
+                ),
+                _ => items = Some(Items::Reference(foreach.items.clone())),
+            },
+            _ => problems.add(
+                at("foreach.items"),
+                format!(
+                    "must be an array or a $steps / $vars reference to one, got {}",
+                    json_kind(&foreach.items)
+                ),
+            ),
+        }
+        refs.extend(found.into_iter().map(|(_, r)| (at("foreach.items"), r)));
+        items
+    }
+
+    /// The steps the references `refs` of step `i` depend on, added to `deps`; a reference
+    /// to a step, variable or binding that is not there, a problem.
+    fn references(
+        &self,
+        i: usize,
+        refs: Vec<(String, reference::Reference<'_>)>,
+        deps: &mut Vec<usize>,
+        problems: &mut Problems,
+    ) {
+        let bindings = self.plan.steps[i]
+            .foreach
+            .as_ref()
+            .map(|f| (f.item_name.as_str(), f.index_name.as_str()));
+        for (field, r) in refs {
+            let field = if field.starts_with("steps[") {
+                field
+            } else {
+                format!("steps[{i}].{field}")
+            };
+            match r.source {
+                Source::Step(id) => match self.ids.get(id) {
+                    Some(&d) => deps.push(d),
+                    None => problems.add(
+                        field,
+                        format!("references step `{id}`, which is not in the plan"),
+                    ),
+                },
+                Source::Var(name) => {
+                    if let Some(&d) = self.captured.get(name) {
+                        if !self.plan.vars.contains_key(name) {
+                            deps.push(d);
+                        }
+                    } else if !self.plan.vars.contains_key(name) {
+                        problems.add(
+                            field,
+                            format!("references variable `{name}`, which neither the plan's vars nor a step's captureAs sets"),
+                        );
+                    }
+                }
+                Source::Binding(name) => match bindings {
+                    Some((item, index)) if name == item || name == index => {}
+                    Some(_) => {}
+                    None if name == "item" || name == "index" => problems.add(
+                        field,
+                        format!("uses `{{{}}}`, but the step has no foreach", r.text),
+                    ),
+                    None => {}
+                },
+            }
+        }
+    }
 }
 
 /// The ids of a cycle (first repeated at the end), the middle of a long one elided.
