@@ -136,14 +136,6 @@ impl McpServer<ToolList> {
         {
             return None;
         }
-        let needs_confirmation = self
-            .routes
-            .as_ref()
-            .and_then(|routes| routes.route(&params.name).ok().flatten())
-            .is_some_and(|route| route.confirm.is_some());
-        if needs_confirmation {
-            return None;
-        }
         let token = meta.as_ref().and_then(|meta| meta.get_progress_token());
         let asker = Asker {
             id: &id,
@@ -156,6 +148,10 @@ impl McpServer<ToolList> {
                 Ok(admitted) => admitted,
                 Err(refused) => return Some(SessionAnswer::Json(response(&id, &refused))),
             };
+        // The user's confirmation is asked through rmcp's session.
+        if route.as_ref().is_some_and(|route| route.confirm.is_some()) {
+            return None;
+        }
         let slot = match self.slot() {
             Ok(slot) => slot,
             Err(busy) => return Some(SessionAnswer::Json(response(&id, &busy))),
