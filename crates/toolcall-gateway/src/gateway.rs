@@ -14,9 +14,8 @@ use tower::{Layer, Service, ServiceExt as _};
 use tower_toolcall::breaker::BreakerAdmin;
 use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
-use tower_toolcall::loop_detect::InMemoryLoopStore;
-use tower_toolcall::rate_limit::InMemoryRateLimitStore;
-
+use tower_toolcall::loop_detect::{InMemoryLoopStore, LoopStore};
+use tower_toolcall::rate_limit::{InMemoryRateLimitStore, RateLimitStore};
 use tower_toolcall::registry::{LayerSetting, RetryOverrides, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack};
@@ -49,9 +48,9 @@ const GATEWAY_NAMESPACE: &str = "gateway";
 pub(crate) struct Lasting {
     pub(crate) prometheus: PrometheusHandle,
     pub(crate) audit: Option<AuditLog>,
-    dedupe: InMemoryDedupeStore,
-    loops: InMemoryLoopStore,
-    quotas: InMemoryRateLimitStore,
+    dedupe: Arc<dyn DedupeStore>,
+    loops: Arc<dyn LoopStore>,
+    quotas: Arc<dyn RateLimitStore>,
     /// The MCP server every connection is made from.
     pub(crate) mcp: Arc<McpServer<ToolList>>,
     /// The tools it lists: replaced on each reload, its clients told.
@@ -118,9 +117,9 @@ impl Lasting {
         let lasting = Lasting {
             prometheus: prometheus()?,
             audit,
-            dedupe: InMemoryDedupeStore::default(),
-            loops: InMemoryLoopStore::default(),
-            quotas: InMemoryRateLimitStore::default(),
+            dedupe: Arc::new(InMemoryDedupeStore::default()),
+            loops: Arc::new(InMemoryLoopStore::default()),
+            quotas: Arc::new(InMemoryRateLimitStore::default()),
             mcp,
             listed,
             in_service,
@@ -320,51 +319,41 @@ impl Gateway {
                 }),
             )
         };
-        let (tools, admin, fleet, breakers) = match &config.redis {
-            Some(store) => {
-                let target = redis_target(store);
-                let dedupe = RedisDedupeStore::open(target.clone())?;
-                dedupe.ping().await.map_err(|err| {
-                    format!("{} ({store}) cannot be reached: {err}", store.field())
-                })?;
-                tracing::info!(
-                    "dedupe records, quotas, loop sessions and operator actions in Redis at \
-                     {store}"
-                );
-                let stack = builder
-                    .store(dedupe)
-                    .rate_limit_store(RedisRateLimitStore::open(target.clone())?)
-                    .loop_store(RedisLoopStore::open(target.clone())?)
-                    .build()?;
-                // An operator's action on any replica reaches this one, and this one starts
-                // with the fleet's breakers held open and its switches.
+        let stores = match &config.redis {
+            Some(store) => Stores::redis(store).await?,
+            None => Stores {
+                dedupe: lasting.dedupe.clone(),
+                quotas: lasting.quotas.clone(),
+                loops: lasting.loops.clone(),
+                fleet: None,
+            },
+        };
+        let stack = builder
+            .store(stores.dedupe)
+            .rate_limit_store(stores.quotas)
+            .loop_store(stores.loops)
+            .build()?;
+        let fleet = match (stores.fleet, &config.redis) {
+            // An operator's action on any replica reaches this one, and this one starts with
+            // the fleet's breakers held open and its switches.
+            (Some(target), Some(store)) => {
                 let fleet = FleetControl::builder(target).join(&stack)?;
                 fleet.sync().await.map_err(|err| {
                     format!("{} ({store}): the fleet's actions: {err}", store.field())
                 })?;
-                let breakers = stack.breakers();
-                let (tools, admin) = assemble(
-                    stack,
-                    router,
-                    admin_token,
-                    audit,
-                    Some(&fleet),
-                    &upstream_states,
-                )?;
-                (tools, admin, Some(fleet), breakers)
+                Some(fleet)
             }
-            None => {
-                let stack = builder
-                    .store(lasting.dedupe.clone())
-                    .rate_limit_store(lasting.quotas.clone())
-                    .loop_store(lasting.loops.clone())
-                    .build()?;
-                let breakers = stack.breakers();
-                let (tools, admin) =
-                    assemble(stack, router, admin_token, audit, None, &upstream_states)?;
-                (tools, admin, None, breakers)
-            }
+            _ => None,
         };
+        let breakers = stack.breakers();
+        let (tools, admin) = assemble(
+            stack,
+            router,
+            admin_token,
+            audit,
+            fleet.as_ref(),
+            &upstream_states,
+        )?;
         let (listed, names) = tool_list(listed, &lasting.names)?;
         let confirm = |namespace: &str, name: &str| {
             config
@@ -402,9 +391,40 @@ impl Gateway {
     }
 }
 
+/// Where a stack keeps its dedupe records, quotas and loop sessions: in this process (kept
+/// across reloads), or in Redis with the fleet's operator actions.
+struct Stores {
+    dedupe: Arc<dyn DedupeStore>,
+    quotas: Arc<dyn RateLimitStore>,
+    loops: Arc<dyn LoopStore>,
+    /// With Redis, where the fleet's operator actions are.
+    fleet: Option<RedisTarget>,
+}
+
+impl Stores {
+    /// The stores of `[store] redis`, once Redis answers.
+    async fn redis(store: &RedisStore) -> Result<Stores, BoxError> {
+        let target = redis_target(store);
+        let dedupe = RedisDedupeStore::open(target.clone())?;
+        dedupe
+            .ping()
+            .await
+            .map_err(|err| format!("{} ({store}) cannot be reached: {err}", store.field()))?;
+        tracing::info!(
+            "dedupe records, quotas, loop sessions and operator actions in Redis at {store}"
+        );
+        Ok(Stores {
+            dedupe: Arc::new(dedupe),
+            quotas: Arc::new(RedisRateLimitStore::open(target.clone())?),
+            loops: Arc::new(RedisLoopStore::open(target.clone())?),
+            fleet: Some(target),
+        })
+    }
+}
+
 /// The stack around the upstreams, and its admin API when there is a token.
-fn assemble<St: DedupeStore>(
-    stack: ToolStack<St>,
+fn assemble(
+    stack: ToolStack,
     router: Router,
     admin_token: Option<&str>,
     audit: Option<AuditLog>,

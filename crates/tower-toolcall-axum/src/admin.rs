@@ -67,14 +67,14 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
 #[must_use]
-pub struct AdminRouter<St> {
-    state: AdminState<St>,
+pub struct AdminRouter {
+    state: AdminState,
     token: BearerToken,
     /// Routes of the application's own, behind the same token.
     extra: Router,
 }
 
-impl<St> fmt::Debug for AdminRouter<St> {
+impl fmt::Debug for AdminRouter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdminRouter")
             .field("breakers", &self.state.breakers.is_some())
@@ -85,12 +85,13 @@ impl<St> fmt::Debug for AdminRouter<St> {
     }
 }
 
-struct AdminState<St> {
+#[derive(Clone)]
+struct AdminState {
     /// What force-opens are checked against.
     registry: ToolRegistry,
     breakers: Option<BreakerAdmin>,
     loops: Option<LoopDetectHandle>,
-    store: Option<St>,
+    store: Option<Arc<dyn DedupeStore>>,
     control: ReliabilityControl,
     audit: Option<AuditLog>,
     /// Sends the operator's actions to every replica, when set.
@@ -122,24 +123,10 @@ impl FleetAction<'_> {
     }
 }
 
-impl<St: Clone> Clone for AdminState<St> {
-    fn clone(&self) -> Self {
-        AdminState {
-            registry: self.registry.clone(),
-            breakers: self.breakers.clone(),
-            loops: self.loops.clone(),
-            store: self.store.clone(),
-            control: self.control.clone(),
-            audit: self.audit.clone(),
-            fleet: self.fleet.clone(),
-        }
-    }
-}
-
-impl<St: DedupeStore> AdminRouter<St> {
+impl AdminRouter {
     /// The admin API of `stack`, admitting requests that carry `token`. The token must have
     /// at least [`MIN_TOKEN_BYTES`] bytes.
-    pub fn new(stack: &ToolStack<St>, token: impl AsRef<str>) -> Result<Self, ConfigError> {
+    pub fn new(stack: &ToolStack, token: impl AsRef<str>) -> Result<Self, ConfigError> {
         let token = token.as_ref();
         if token.len() < MIN_TOKEN_BYTES {
             return Err(ConfigError::new(
@@ -203,22 +190,16 @@ impl<St: DedupeStore> AdminRouter<St> {
     pub fn into_router(self) -> Router {
         let extra = self.extra;
         Router::new()
-            .route("/breakers", get(list_breakers::<St>))
-            .route("/breakers/{key}", get(read_breaker::<St>))
-            .route("/breakers/{key}/force-open", post(force_open::<St>))
-            .route("/breakers/{key}/reset", post(reset_breaker::<St>))
-            .route("/loops/{session}", get(read_loop_session::<St>))
-            .route("/loops/{session}/reset", post(reset_loop_session::<St>))
-            .route("/dedupe/records", get(read_dedupe_record::<St>))
-            .route(
-                "/dedupe/records/{fingerprint}",
-                get(find_dedupe_record::<St>),
-            )
-            .route("/dedupe/flush", post(flush_dedupe::<St>))
-            .route(
-                "/switches",
-                get(read_switches::<St>).put(change_switches::<St>),
-            )
+            .route("/breakers", get(list_breakers))
+            .route("/breakers/{key}", get(read_breaker))
+            .route("/breakers/{key}/force-open", post(force_open))
+            .route("/breakers/{key}/reset", post(reset_breaker))
+            .route("/loops/{session}", get(read_loop_session))
+            .route("/loops/{session}/reset", post(reset_loop_session))
+            .route("/dedupe/records", get(read_dedupe_record))
+            .route("/dedupe/records/{fingerprint}", get(find_dedupe_record))
+            .route("/dedupe/flush", post(flush_dedupe))
+            .route("/switches", get(read_switches).put(change_switches))
             .fallback(no_route)
             .with_state(self.state)
             .merge(extra)
@@ -228,7 +209,7 @@ impl<St: DedupeStore> AdminRouter<St> {
     }
 }
 
-impl<St> AdminState<St> {
+impl AdminState {
     /// Logs a change at INFO and writes it to the audit log.
     fn changed(&self, target: &str, message: &str, details: Value) {
         tracing::info!(
@@ -254,9 +235,9 @@ impl<St> AdminState<St> {
             .ok_or_else(|| layer_off("loop detection"))
     }
 
-    fn store(&self) -> Result<&St, Refused> {
+    fn store(&self) -> Result<&dyn DedupeStore, Refused> {
         self.store
-            .as_ref()
+            .as_deref()
             .ok_or_else(|| layer_off("the idempotency layer"))
     }
 }
@@ -314,11 +295,11 @@ fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refused>
     })
 }
 
-async fn list_breakers<St>(State(state): State<AdminState<St>>) -> Answer {
+async fn list_breakers(State(state): State<AdminState>) -> Answer {
     Ok(Json(state.breakers()?.snapshot()).into_response())
 }
 
-async fn read_breaker<St>(State(state): State<AdminState<St>>, Path(key): Path<String>) -> Answer {
+async fn read_breaker(State(state): State<AdminState>, Path(key): Path<String>) -> Answer {
     let key = parse_key(&key)?;
     match state.breakers()?.status(&key) {
         Some(status) => Ok(Json(status).into_response()),
@@ -329,7 +310,7 @@ async fn read_breaker<St>(State(state): State<AdminState<St>>, Path(key): Path<S
     }
 }
 
-async fn force_open<St>(State(state): State<AdminState<St>>, Path(key): Path<String>) -> Answer {
+async fn force_open(State(state): State<AdminState>, Path(key): Path<String>) -> Answer {
     let key = parse_key(&key)?;
     let breakers = state.breakers()?;
     check_breaker_key(&state.registry, &key)?;
@@ -402,7 +383,7 @@ async fn no_route() -> Refused {
     ))
 }
 
-async fn reset_breaker<St>(State(state): State<AdminState<St>>, Path(key): Path<String>) -> Answer {
+async fn reset_breaker(State(state): State<AdminState>, Path(key): Path<String>) -> Answer {
     let key = parse_key(&key)?;
     let breakers = state.breakers()?;
     let existed = breakers.status(&key).is_some();
@@ -423,16 +404,13 @@ async fn reset_breaker<St>(State(state): State<AdminState<St>>, Path(key): Path<
     )
 }
 
-async fn read_loop_session<St>(
-    State(state): State<AdminState<St>>,
-    Path(session): Path<String>,
-) -> Answer {
+async fn read_loop_session(State(state): State<AdminState>, Path(session): Path<String>) -> Answer {
     let settings = state.loops()?.session_settings(&session);
     Ok(Json(json!({"session": session, "settings": settings})).into_response())
 }
 
-async fn reset_loop_session<St>(
-    State(state): State<AdminState<St>>,
+async fn reset_loop_session(
+    State(state): State<AdminState>,
     Path(session): Path<String>,
 ) -> Answer {
     let loops = state.loops()?;
@@ -458,8 +436,8 @@ struct RecordQuery {
     key: String,
 }
 
-async fn read_dedupe_record<St: DedupeStore>(
-    State(state): State<AdminState<St>>,
+async fn read_dedupe_record(
+    State(state): State<AdminState>,
     Query(query): Query<RecordQuery>,
 ) -> Answer {
     let record = state.store()?.get(&query.key).await.map_err(store_error)?;
@@ -476,8 +454,8 @@ async fn read_dedupe_record<St: DedupeStore>(
     }
 }
 
-async fn find_dedupe_record<St: DedupeStore>(
-    State(state): State<AdminState<St>>,
+async fn find_dedupe_record(
+    State(state): State<AdminState>,
     Path(fingerprint): Path<String>,
 ) -> Answer {
     let record = state
@@ -505,7 +483,7 @@ struct FlushRequest {
     all: bool,
 }
 
-async fn flush_dedupe<St: DedupeStore>(State(state): State<AdminState<St>>, body: Bytes) -> Answer {
+async fn flush_dedupe(State(state): State<AdminState>, body: Bytes) -> Answer {
     let request: FlushRequest = json_body(&body)?;
     let refused = |field: &str, problem: &str| {
         error(
@@ -583,11 +561,11 @@ struct SwitchChange {
     rollout_percent: Option<u8>,
 }
 
-async fn read_switches<St>(State(state): State<AdminState<St>>) -> Answer {
+async fn read_switches(State(state): State<AdminState>) -> Answer {
     Ok(Json(Switches::of(&state.control)).into_response())
 }
 
-async fn change_switches<St>(State(state): State<AdminState<St>>, body: Bytes) -> Answer {
+async fn change_switches(State(state): State<AdminState>, body: Bytes) -> Answer {
     let change: SwitchChange = json_body(&body)?;
     // Every layer name is checked before anything changes.
     let mut shadow = Vec::with_capacity(change.shadow.len());
@@ -703,7 +681,7 @@ fn local_parts(change: &SwitchChange) -> Vec<Value> {
     parts
 }
 
-impl<St> AdminState<St> {
+impl AdminState {
     /// Sends `steps` in order through `send`. When one fails, the steps sent before it stay
     /// applied on every replica: the change is logged at WARN and audited as partly applied
     /// (the steps applied, the one that failed, the steps and `local` parts not tried), and
@@ -780,7 +758,6 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use tower_toolcall::idempotency::InMemoryDedupeStore;
     use tower_toolcall::trace::{AuditSink, AuditStream, Redactor};
 
     #[derive(Clone, Default)]
@@ -806,7 +783,7 @@ mod tests {
     async fn a_change_the_fleet_refuses_part_way_is_logged_audited_and_answered() {
         let events = Events::default();
         let audit = AuditLog::with_sink(events.clone(), 16, Redactor::default());
-        let state: AdminState<InMemoryDedupeStore> = AdminState {
+        let state: AdminState = AdminState {
             registry: ToolRegistry::open(),
             breakers: None,
             loops: None,

@@ -24,7 +24,6 @@ use super::extract::{json_content_type, JsonToolCall};
 use super::tools::tool_listing;
 use tower_toolcall::detach::detached;
 use tower_toolcall::envelope::{ResultEnvelopeLayer, ToolCall, ToolResult};
-use tower_toolcall::idempotency::DedupeStore;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::ToolOutput;
 use tower_toolcall::{ErrorCode, Principal, ToolError};
@@ -330,7 +329,7 @@ impl ToolRouter {
     }
 
     /// Nests `admin` under [`ADMIN_PATH`]. Without it, the router has no admin routes.
-    pub fn admin<St: DedupeStore>(mut self, admin: AdminRouter<St>) -> Self {
+    pub fn admin(mut self, admin: AdminRouter) -> Self {
         self.admin = Some(admin.into_router());
         self
     }

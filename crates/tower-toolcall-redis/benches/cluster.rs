@@ -8,6 +8,7 @@
 //! Both the node and the cluster are started by the bench on free loopback ports. It prints
 //! the calls per second of each round, the medians, and their ratio.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -63,9 +64,11 @@ async fn round(target: &RedisTarget, name: &str) -> f64 {
                 .operation_timeout(Duration::from_secs(10))
                 .build()
                 .unwrap();
-            IdempotencyLayer::new(registry(), store).layer(tool_fn(|_call: ToolCall| async {
-                Ok::<_, ToolError>(ToolOutput::new(json!({"ok": true})))
-            }))
+            IdempotencyLayer::new(registry(), Arc::new(store)).layer(tool_fn(
+                |_call: ToolCall| async {
+                    Ok::<_, ToolError>(ToolOutput::new(json!({"ok": true})))
+                },
+            ))
         })
         .collect();
     // Connections made and scripts loaded on every master.

@@ -61,7 +61,7 @@ fn fleet(c: &mut Criterion) {
             .per_second(1_000_000_000)
             .burst(1_000_000_000)
             .on_store_failure(FailurePolicy::Closed)
-            .store(RedisRateLimitStore::open(server.url()).unwrap())
+            .store(Arc::new(RedisRateLimitStore::open(server.url()).unwrap()))
             .build()
             .unwrap()
             .layer(bare()),
@@ -69,7 +69,7 @@ fn fleet(c: &mut Criterion) {
     let loop_checked: Svc = BoxCloneService::new(
         LoopDetectLayer::builder(ToolRegistry::open())
             .on_store_failure(FailurePolicy::Closed)
-            .store(RedisLoopStore::open(server.url()).unwrap())
+            .store(Arc::new(RedisLoopStore::open(server.url()).unwrap()))
             .build()
             .unwrap()
             .layer(bare()),

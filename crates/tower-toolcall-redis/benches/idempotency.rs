@@ -8,6 +8,7 @@
 //! store's run is the core's `idempotency` bench.
 
 use std::hint::black_box;
+use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use tower::Layer;
@@ -73,7 +74,7 @@ fn redis(c: &mut Criterion) {
         )
     });
 
-    let layer = IdempotencyLayer::new(ToolRegistry::open(), store);
+    let layer = IdempotencyLayer::new(ToolRegistry::open(), Arc::new(store));
     let svc = layer.layer(bare_tool());
     let mut next = fresh_calls();
     group.bench_function("fresh", |b| {

@@ -17,6 +17,7 @@ use tower_toolcall::idempotency::{
     fingerprint_matches, ClaimOutcome, ClaimRequest, Completion, DedupeRecord, DedupeStore,
     Finalized, RecordState, StoreError,
 };
+use tower_toolcall::shared_store::StoreFuture;
 use tower_toolcall::ConfigError;
 
 use crate::support::{
@@ -99,6 +100,7 @@ const TAKE_OVER_ATTEMPTS: usize = 4;
 /// cluster, one of each per node). Clones share them.
 ///
 /// ```no_run
+/// use std::sync::Arc;
 /// use std::time::Duration;
 /// use tower_toolcall::idempotency::IdempotencyLayer;
 /// use tower_toolcall_redis::RedisDedupeStore;
@@ -110,7 +112,7 @@ const TAKE_OVER_ATTEMPTS: usize = 4;
 ///     .operation_timeout(Duration::from_millis(500))
 ///     .build()?;
 /// store.ping().await?;
-/// let layer = IdempotencyLayer::new(ToolRegistry::open(), store);
+/// let layer = IdempotencyLayer::new(ToolRegistry::open(), Arc::new(store));
 /// # let _ = layer;
 /// # Ok(())
 /// # }
@@ -211,7 +213,7 @@ impl Shared {
 
     /// Runs one command within the operation timeout.
     async fn command<T: FromRedisValue>(&self, command: &Cmd) -> Result<T, StoreError> {
-        Ok(self.commands.command(command).await?)
+        self.commands.command(command).await
     }
 
     /// Runs one script within the operation timeout.
@@ -219,7 +221,7 @@ impl Shared {
         &self,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        Ok(self.commands.eval(invocation).await?)
+        self.commands.eval(invocation).await
     }
 
     /// Replaces the in-flight record `claimed` by `next`, kept for `ttl`, if its claim still
@@ -276,8 +278,7 @@ impl Shared {
         cursor: u64,
         pattern: &str,
     ) -> Result<(u64, Vec<String>), StoreError> {
-        Ok(self
-            .commands
+        self.commands
             .command_on(
                 shard,
                 redis::cmd("SCAN")
@@ -287,7 +288,7 @@ impl Shared {
                     .arg("COUNT")
                     .arg(SCAN_COUNT),
             )
-            .await?)
+            .await
     }
 }
 
@@ -370,7 +371,6 @@ async fn release_unanswered(shared: Arc<Shared>, record_key: String, sent: Dedup
                     .arg(message),
             )
             .await
-            .map_err(StoreError::from)
     };
     let fingerprint = || sent.fingerprint();
     match released.await {
@@ -411,300 +411,328 @@ fn number(value: Option<Value>) -> Result<u64, StoreError> {
 }
 
 impl DedupeStore for RedisDedupeStore {
-    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let shared = &self.shared;
-        let record_key = shared.record_key(&request.key);
-        let lease_ms = millis(request.lease).max(1);
-        let now_ms = unix_now_ms();
-        let record = request.inflight_record(fresh_version(now_ms), now_ms);
-        let mut set = redis::cmd("SET");
-        set.arg(&record_key)
-            .arg(encode(&record)?)
-            .arg("NX")
-            .arg("PX")
-            .arg(lease_ms)
-            .arg("GET");
-        let sent = Unanswered::new(shared, &record_key, &record);
-        let previous: Option<Vec<u8>> = shared.command(&set).await?;
-        sent.answered();
-        let Some(previous) = previous else {
-            return Ok(ClaimOutcome::Claimed(Arc::new(record)));
-        };
-        let mut existing = decode(&previous)?;
-        if existing.version == record.version {
-            // The claim was sent again after its connection broke, and the first one had
-            // been applied: the record is this claim's own.
-            return Ok(ClaimOutcome::Claimed(Arc::new(record)));
-        }
-        for _ in 0..TAKE_OVER_ATTEMPTS {
-            // The server expires an in-flight record with its lease: one that exists is live.
-            if existing.state == RecordState::Inflight || request.is_held_by(&existing, now_ms) {
-                break;
-            }
-            let version = fresh_version(now_ms).max(existing.version + 1);
-            let record = request.inflight_record(version, now_ms);
-            let mut take_over = shared.scripts.take_over.key(&record_key);
-            take_over
-                .arg(existing.version)
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let record_key = shared.record_key(&request.key);
+            let lease_ms = millis(request.lease).max(1);
+            let now_ms = unix_now_ms();
+            let record = request.inflight_record(fresh_version(now_ms), now_ms);
+            let mut set = redis::cmd("SET");
+            set.arg(&record_key)
                 .arg(encode(&record)?)
-                .arg(lease_ms);
+                .arg("NX")
+                .arg("PX")
+                .arg(lease_ms)
+                .arg("GET");
             let sent = Unanswered::new(shared, &record_key, &record);
-            let reply: Vec<Value> = shared.eval(&take_over).await?;
+            let previous: Option<Vec<u8>> = shared.command(&set).await?;
             sent.answered();
-            let mut reply = reply.into_iter();
-            if number(reply.next())? == 1 {
+            let Some(previous) = previous else {
                 return Ok(ClaimOutcome::Claimed(Arc::new(record)));
-            }
-            existing = match reply.next() {
-                Some(Value::BulkString(bytes)) => decode(&bytes)?,
-                _ => {
-                    return Err(StoreError::Corrupt(
-                        "a takeover answered nothing".to_owned(),
-                    ))
-                }
             };
+            let mut existing = decode(&previous)?;
             if existing.version == record.version {
-                // Sent again after a broken connection: the first takeover was applied.
+                // The claim was sent again after its connection broke, and the first one had
+                // been applied: the record is this claim's own.
                 return Ok(ClaimOutcome::Claimed(Arc::new(record)));
             }
-        }
-        Ok(ClaimOutcome::Existing {
-            record: Arc::new(existing),
-            now_ms,
+            for _ in 0..TAKE_OVER_ATTEMPTS {
+                // The server expires an in-flight record with its lease: one that exists is live.
+                if existing.state == RecordState::Inflight || request.is_held_by(&existing, now_ms)
+                {
+                    break;
+                }
+                let version = fresh_version(now_ms).max(existing.version + 1);
+                let record = request.inflight_record(version, now_ms);
+                let mut take_over = shared.scripts.take_over.key(&record_key);
+                take_over
+                    .arg(existing.version)
+                    .arg(encode(&record)?)
+                    .arg(lease_ms);
+                let sent = Unanswered::new(shared, &record_key, &record);
+                let reply: Vec<Value> = shared.eval(&take_over).await?;
+                sent.answered();
+                let mut reply = reply.into_iter();
+                if number(reply.next())? == 1 {
+                    return Ok(ClaimOutcome::Claimed(Arc::new(record)));
+                }
+                existing = match reply.next() {
+                    Some(Value::BulkString(bytes)) => decode(&bytes)?,
+                    _ => {
+                        return Err(StoreError::Corrupt(
+                            "a takeover answered nothing".to_owned(),
+                        ))
+                    }
+                };
+                if existing.version == record.version {
+                    // Sent again after a broken connection: the first takeover was applied.
+                    return Ok(ClaimOutcome::Claimed(Arc::new(record)));
+                }
+            }
+            Ok(ClaimOutcome::Existing {
+                record: Arc::new(existing),
+                now_ms,
+            })
         })
     }
 
-    async fn get(&self, key: &str) -> Result<Option<DedupeRecord>, StoreError> {
-        let value: Option<Vec<u8>> = self
-            .shared
-            .command(redis::cmd("GET").arg(self.shared.record_key(key)))
-            .await?;
-        value.as_deref().map(decode).transpose()
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<DedupeRecord>> {
+        Box::pin(async move {
+            let value: Option<Vec<u8>> = self
+                .shared
+                .command(redis::cmd("GET").arg(self.shared.record_key(key)))
+                .await?;
+            value.as_deref().map(decode).transpose()
+        })
     }
 
-    async fn finalize(
-        &self,
-        claimed: &DedupeRecord,
+    fn finalize<'a>(
+        &'a self,
+        claimed: &'a DedupeRecord,
         completion: Completion,
-    ) -> Result<Finalized, StoreError> {
-        let ttl = completion.ttl;
-        let settled = completion.settle(claimed, unix_now_ms());
-        // On a cluster, a result that cannot be written while its master fails over is
-        // written again until a replica takes over (the write finds its own value should an
-        // earlier try have landed): a result given up is a key released, and a duplicate
-        // then runs the tool again.
-        let patience = if self.shared.commands.is_cluster() {
-            FINALIZE_PATIENCE.max(self.shared.commands.timeout() * 4)
-        } else {
-            Duration::ZERO
-        };
-        let give_up = tokio::time::Instant::now() + patience;
-        loop {
-            match self.shared.replace(claimed, &settled, ttl, true).await {
-                Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
-                    if tokio::time::Instant::now() < give_up =>
-                {
-                    tokio::time::sleep(FINALIZE_RETRY_DELAY).await;
-                }
-                finalized => return finalized,
-            }
-        }
-    }
-
-    async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
-        let record = cancelled(claimed, keep_for);
-        let written = self
-            .shared
-            .replace(claimed, &record, keep_for, true)
-            .await?;
-        Ok(written == Finalized::Written)
-    }
-
-    async fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> Result<bool, StoreError> {
-        let now_ms = unix_now_ms();
-        let until = now_ms.saturating_add(millis(lease));
-        let mut renewed = claimed.clone();
-        renewed.updated_at_ms = now_ms;
-        renewed.expires_at_ms = until;
-        renewed.lock_until_ms = Some(until);
-        let written = self.shared.replace(claimed, &renewed, lease, false).await?;
-        Ok(written == Finalized::Written)
-    }
-
-    async fn wait(&self, seen: &DedupeRecord) -> Result<Option<DedupeRecord>, StoreError> {
-        let shared = &self.shared;
-        let record_key = shared.record_key(&seen.key);
-        // Subscribe before reading the record again, so that no completion falls in between.
-        let mut subscription = match shared
-            .subscriber
-            .subscribe(&Shared::channel(&record_key))
-            .await
-        {
-            Ok(subscription) => Some(subscription),
-            Err(error) => {
-                tracing::debug!(%error, "cannot subscribe to completions; waiting by polling");
-                None
-            }
-        };
-        // Until when the record's lease holds, as last read: while it holds, a read that
-        // fails (its master fails over, a connection is lost) is tried again, since the
-        // record may finish meanwhile; past it, the failure is the answer.
-        let mut lease_end = seen.lock_until_ms.map(|until_ms| {
-            tokio::time::Instant::now()
-                + Duration::from_millis(until_ms.saturating_sub(unix_now_ms()))
-        });
-        loop {
-            let lease_left = match shared.read(&record_key).await {
-                Ok(None) => return Ok(None),
-                Ok(Some((record, _)))
-                    if record.state != RecordState::Inflight || record.version != seen.version =>
-                {
-                    return Ok(Some(record));
-                }
-                Ok(Some((_, left))) if left.is_zero() => return Ok(None),
-                Ok(Some((_, left))) => {
-                    lease_end = Some(tokio::time::Instant::now() + left);
-                    left
-                }
-                Err(error) => {
-                    let left = lease_end.map_or(Duration::ZERO, |end| {
-                        end.saturating_duration_since(tokio::time::Instant::now())
-                    });
-                    if left.is_zero() {
-                        return Err(error);
-                    }
-                    tracing::debug!(%error, "a waited-on record could not be read; reading it again");
-                    left
-                }
+    ) -> StoreFuture<'a, Finalized> {
+        Box::pin(async move {
+            let ttl = completion.ttl;
+            let settled = completion.settle(claimed, unix_now_ms());
+            // On a cluster, a result that cannot be written while its master fails over is
+            // written again until a replica takes over (the write finds its own value should an
+            // earlier try have landed): a result given up is a key released, and a duplicate
+            // then runs the tool again.
+            let patience = if self.shared.commands.is_cluster() {
+                FINALIZE_PATIENCE.max(self.shared.commands.timeout() * 4)
+            } else {
+                Duration::ZERO
             };
-            let next_read = shared
-                .fallback_poll_interval
-                .min(lease_left + Duration::from_millis(1));
-            let message = match subscription.as_mut() {
-                Some(subscription) => subscription.next_message(next_read).await,
-                None => {
-                    tokio::time::sleep(next_read).await;
+            let give_up = tokio::time::Instant::now() + patience;
+            loop {
+                match self.shared.replace(claimed, &settled, ttl, true).await {
+                    Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+                        if tokio::time::Instant::now() < give_up =>
+                    {
+                        tokio::time::sleep(FINALIZE_RETRY_DELAY).await;
+                    }
+                    finalized => return finalized,
+                }
+            }
+        })
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        claimed: &'a DedupeRecord,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let record = cancelled(claimed, keep_for);
+            let written = self
+                .shared
+                .replace(claimed, &record, keep_for, true)
+                .await?;
+            Ok(written == Finalized::Written)
+        })
+    }
+
+    fn renew<'a>(&'a self, claimed: &'a DedupeRecord, lease: Duration) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let now_ms = unix_now_ms();
+            let until = now_ms.saturating_add(millis(lease));
+            let mut renewed = claimed.clone();
+            renewed.updated_at_ms = now_ms;
+            renewed.expires_at_ms = until;
+            renewed.lock_until_ms = Some(until);
+            let written = self.shared.replace(claimed, &renewed, lease, false).await?;
+            Ok(written == Finalized::Written)
+        })
+    }
+
+    fn wait<'a>(&'a self, seen: &'a DedupeRecord) -> StoreFuture<'a, Option<DedupeRecord>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let record_key = shared.record_key(&seen.key);
+            // Subscribe before reading the record again, so that no completion falls in between.
+            let mut subscription = match shared
+                .subscriber
+                .subscribe(&Shared::channel(&record_key))
+                .await
+            {
+                Ok(subscription) => Some(subscription),
+                Err(error) => {
+                    tracing::debug!(%error, "cannot subscribe to completions; waiting by polling");
                     None
                 }
             };
-            let Some(message) = message else {
-                shared.fallback_polls.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            shared.pubsub_wakeups.fetch_add(1, Ordering::Relaxed);
-            match decode(&message) {
-                Ok(record) if record.state != RecordState::Inflight => return Ok(Some(record)),
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(%error, "unreadable completion message; reading the record");
-                }
-            }
-        }
-    }
-
-    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        let deleted: u64 = self
-            .shared
-            .command(redis::cmd("DEL").arg(self.shared.record_key(key)))
-            .await?;
-        Ok(deleted > 0)
-    }
-
-    async fn flush_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
-        let pattern = format!(
-            "{}{{{}*",
-            glob_escape(&self.shared.key_prefix),
-            glob_escape(prefix)
-        );
-        let mut deleted = 0;
-        for shard in self.shared.commands.shards().await? {
-            let mut cursor = 0;
+            // Until when the record's lease holds, as last read: while it holds, a read that
+            // fails (its master fails over, a connection is lost) is tried again, since the
+            // record may finish meanwhile; past it, the failure is the answer.
+            let mut lease_end = seen.lock_until_ms.map(|until_ms| {
+                tokio::time::Instant::now()
+                    + Duration::from_millis(until_ms.saturating_sub(unix_now_ms()))
+            });
             loop {
-                let (next, keys) = self.shared.scan(&shard, cursor, &pattern).await?;
-                // On a cluster, the client splits the keys by slot.
-                if !keys.is_empty() {
-                    let n: u64 = self.shared.command(redis::cmd("UNLINK").arg(keys)).await?;
-                    deleted += n;
+                let lease_left = match shared.read(&record_key).await {
+                    Ok(None) => return Ok(None),
+                    Ok(Some((record, _)))
+                        if record.state != RecordState::Inflight
+                            || record.version != seen.version =>
+                    {
+                        return Ok(Some(record));
+                    }
+                    Ok(Some((_, left))) if left.is_zero() => return Ok(None),
+                    Ok(Some((_, left))) => {
+                        lease_end = Some(tokio::time::Instant::now() + left);
+                        left
+                    }
+                    Err(error) => {
+                        let left = lease_end.map_or(Duration::ZERO, |end| {
+                            end.saturating_duration_since(tokio::time::Instant::now())
+                        });
+                        if left.is_zero() {
+                            return Err(error);
+                        }
+                        tracing::debug!(%error, "a waited-on record could not be read; reading it again");
+                        left
+                    }
+                };
+                let next_read = shared
+                    .fallback_poll_interval
+                    .min(lease_left + Duration::from_millis(1));
+                let message = match subscription.as_mut() {
+                    Some(subscription) => subscription.next_message(next_read).await,
+                    None => {
+                        tokio::time::sleep(next_read).await;
+                        None
+                    }
+                };
+                let Some(message) = message else {
+                    shared.fallback_polls.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                shared.pubsub_wakeups.fetch_add(1, Ordering::Relaxed);
+                match decode(&message) {
+                    Ok(record) if record.state != RecordState::Inflight => return Ok(Some(record)),
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "unreadable completion message; reading the record");
+                    }
                 }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
             }
-        }
-        Ok(deleted)
+        })
     }
 
-    async fn sweep_expired(&self) -> Result<u64, StoreError> {
-        // Redis expires records itself.
-        Ok(0)
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let deleted: u64 = self
+                .shared
+                .command(redis::cmd("DEL").arg(self.shared.record_key(key)))
+                .await?;
+            Ok(deleted > 0)
+        })
     }
 
-    async fn size(&self) -> Result<u64, StoreError> {
-        // On a cluster, the client sums every master's DBSIZE; each master is sampled alike.
-        let total: u64 = self.shared.command(&redis::cmd("DBSIZE")).await?;
-        let prefix = format!("{}{{", self.shared.key_prefix);
-        let shards = self.shared.commands.shards().await?;
-        let sample = SIZE_SAMPLE / shards.len().max(1) as u64;
-        let (mut seen, mut records, mut complete) = (0u64, 0u64, true);
-        for shard in &shards {
-            let (mut seen_here, mut cursor) = (0u64, 0u64);
-            loop {
-                let (next, keys): (u64, Vec<Vec<u8>>) = self
-                    .shared
-                    .commands
-                    .command_on(
-                        shard,
-                        redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT),
-                    )
-                    .await?;
-                seen_here += keys.len() as u64;
-                records += keys
-                    .iter()
-                    .filter(|key| key.starts_with(prefix.as_bytes()))
-                    .count() as u64;
-                if next == 0 {
-                    break;
+    fn flush_prefix<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let pattern = format!(
+                "{}{{{}*",
+                glob_escape(&self.shared.key_prefix),
+                glob_escape(prefix)
+            );
+            let mut deleted = 0;
+            for shard in self.shared.commands.shards().await? {
+                let mut cursor = 0;
+                loop {
+                    let (next, keys) = self.shared.scan(&shard, cursor, &pattern).await?;
+                    // On a cluster, the client splits the keys by slot.
+                    if !keys.is_empty() {
+                        let n: u64 = self.shared.command(redis::cmd("UNLINK").arg(keys)).await?;
+                        deleted += n;
+                    }
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
                 }
-                if seen_here >= sample {
-                    complete = false;
-                    break;
-                }
-                cursor = next;
             }
-            seen += seen_here;
-        }
-        if complete || seen == 0 {
-            return Ok(records);
-        }
-        // The keys a scan meets first are spread over the key space by its hash.
-        Ok(records.saturating_mul(total.max(seen)) / seen)
+            Ok(deleted)
+        })
     }
 
-    async fn find_by_fingerprint(
-        &self,
-        fingerprint: &str,
-    ) -> Result<Option<DedupeRecord>, StoreError> {
-        let prefix = format!("{}{{", self.shared.key_prefix);
-        let pattern = format!("{}{{*", glob_escape(&self.shared.key_prefix));
-        for shard in self.shared.commands.shards().await? {
-            let mut cursor = 0;
-            loop {
-                let (next, keys) = self.shared.scan(&shard, cursor, &pattern).await?;
-                let found = keys.iter().find_map(|record_key| {
-                    let store_key = record_key.strip_prefix(&prefix)?.strip_suffix('}')?;
-                    fingerprint_matches(store_key, fingerprint).then_some(store_key)
-                });
-                if let Some(store_key) = found {
-                    return self.get(store_key).await;
+    fn sweep_expired(&self) -> StoreFuture<'_, u64> {
+        Box::pin(async move {
+            // Redis expires records itself.
+            Ok(0)
+        })
+    }
+
+    fn size(&self) -> StoreFuture<'_, u64> {
+        Box::pin(async move {
+            // On a cluster, the client sums every master's DBSIZE; each master is sampled alike.
+            let total: u64 = self.shared.command(&redis::cmd("DBSIZE")).await?;
+            let prefix = format!("{}{{", self.shared.key_prefix);
+            let shards = self.shared.commands.shards().await?;
+            let sample = SIZE_SAMPLE / shards.len().max(1) as u64;
+            let (mut seen, mut records, mut complete) = (0u64, 0u64, true);
+            for shard in &shards {
+                let (mut seen_here, mut cursor) = (0u64, 0u64);
+                loop {
+                    let (next, keys): (u64, Vec<Vec<u8>>) = self
+                        .shared
+                        .commands
+                        .command_on(
+                            shard,
+                            redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT),
+                        )
+                        .await?;
+                    seen_here += keys.len() as u64;
+                    records += keys
+                        .iter()
+                        .filter(|key| key.starts_with(prefix.as_bytes()))
+                        .count() as u64;
+                    if next == 0 {
+                        break;
+                    }
+                    if seen_here >= sample {
+                        complete = false;
+                        break;
+                    }
+                    cursor = next;
                 }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
+                seen += seen_here;
             }
-        }
-        Ok(None)
+            if complete || seen == 0 {
+                return Ok(records);
+            }
+            // The keys a scan meets first are spread over the key space by its hash.
+            Ok(records.saturating_mul(total.max(seen)) / seen)
+        })
+    }
+
+    fn find_by_fingerprint<'a>(
+        &'a self,
+        fingerprint: &'a str,
+    ) -> StoreFuture<'a, Option<DedupeRecord>> {
+        Box::pin(async move {
+            let prefix = format!("{}{{", self.shared.key_prefix);
+            let pattern = format!("{}{{*", glob_escape(&self.shared.key_prefix));
+            for shard in self.shared.commands.shards().await? {
+                let mut cursor = 0;
+                loop {
+                    let (next, keys) = self.shared.scan(&shard, cursor, &pattern).await?;
+                    let found = keys.iter().find_map(|record_key| {
+                        let store_key = record_key.strip_prefix(&prefix)?.strip_suffix('}')?;
+                        fingerprint_matches(store_key, fingerprint).then_some(store_key)
+                    });
+                    if let Some(store_key) = found {
+                        return self.get(store_key).await;
+                    }
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            Ok(None)
+        })
     }
 }
 

@@ -101,9 +101,8 @@ use tokio::sync::{mpsc, watch};
 
 use tower_toolcall::breaker::{BreakerAdmin, BreakerKey};
 use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
-use tower_toolcall::idempotency::DedupeStore;
 use tower_toolcall::loop_detect::{LoopCommand, LoopDetectHandle};
-use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::StoreError;
 use tower_toolcall::stack::{FleetActions, FleetFuture, ToolStack};
 use tower_toolcall::{BreakerState, ConfigError, ErrorCode, ToolError};
 
@@ -314,7 +313,7 @@ impl FleetControl {
         match tokio::time::timeout(timeout, subscribed.wait_for(|live| *live)).await {
             Ok(Ok(_)) => {}
             Ok(Err(_)) | Err(_) => {
-                return Err(unavailable(SharedStoreError::Unavailable(format!(
+                return Err(unavailable(StoreError::Unavailable(format!(
                     "this replica could not subscribe to the fleet's channel within {} ms",
                     timeout.as_millis()
                 ))))
@@ -412,7 +411,7 @@ fn flag(on: bool) -> String {
     if on { "1" } else { "0" }.to_owned()
 }
 
-fn unavailable(error: SharedStoreError) -> ToolError {
+fn unavailable(error: StoreError) -> ToolError {
     ToolError::rejected(
         ErrorCode::StoreUnavailable,
         format!("the fleet's Redis could not take the action ({error}): retry later"),
@@ -496,7 +495,7 @@ impl Inner {
         change: &str,
         field: String,
         value: Option<String>,
-    ) -> Result<(), SharedStoreError> {
+    ) -> Result<(), StoreError> {
         let channel = if message.is_some() {
             &*self.channel
         } else {
@@ -519,7 +518,7 @@ impl Inner {
 
     /// Reads the fleet's switches (writing this replica's first, when Redis holds none) and
     /// applies them.
-    async fn sync(&self) -> Result<(), SharedStoreError> {
+    async fn sync(&self) -> Result<(), StoreError> {
         let _serial = self.serial.lock().await;
         let mut invocation = self.sync.key(&self.switches_key);
         invocation
@@ -661,7 +660,7 @@ async fn listen(inner: Weak<Inner>, mut nodes: Listening) {
             let connection = subscribe(&fleet, &client, push).await?;
             fleet.subscribed.send_replace(true);
             fleet.sync().await?;
-            Ok::<_, SharedStoreError>(connection)
+            Ok::<_, StoreError>(connection)
         }
         .await;
         match subscribed {
@@ -726,7 +725,7 @@ impl Listening {
 
     /// The client of the node to subscribe through now.
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    async fn next(&mut self, fleet: &Inner) -> Result<Client, SharedStoreError> {
+    async fn next(&mut self, fleet: &Inner) -> Result<Client, StoreError> {
         let client = match self {
             Listening::Node(client) => Ok(client.clone()),
             #[cfg(feature = "cluster")]
@@ -746,7 +745,7 @@ impl Listening {
                 }
             }
         };
-        client.map_err(|e: redis::RedisError| SharedStoreError::Unavailable(e.to_string()))
+        client.map_err(|e: redis::RedisError| StoreError::Unavailable(e.to_string()))
     }
 
     /// The node subscribed through was lost, or refused: the next try goes to another.
@@ -764,7 +763,7 @@ async fn subscribe(
     fleet: &Inner,
     client: &Client,
     push: mpsc::UnboundedSender<PushInfo>,
-) -> Result<MultiplexedConnection, SharedStoreError> {
+) -> Result<MultiplexedConnection, StoreError> {
     let timeout = fleet.commands.timeout();
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
@@ -851,7 +850,7 @@ impl FleetControlBuilder {
     /// Joins `stack` to the fleet: from now on, actions sent by any replica reach it. Must
     /// be called inside the Tokio runtime, where it starts listening in the background (see
     /// [`FleetControl::sync`]).
-    pub fn join<St: DedupeStore>(self, stack: &ToolStack<St>) -> Result<FleetControl, ConfigError> {
+    pub fn join(self, stack: &ToolStack) -> Result<FleetControl, ConfigError> {
         let commands = self.settings.connect("fleet.redis")?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             ConfigError::new(

@@ -22,6 +22,7 @@
 //! operator actions through it:
 //!
 //! ```no_run
+//! use std::sync::Arc;
 //! use tower_toolcall::registry::ToolRegistry;
 //! use tower_toolcall::ToolStack;
 //! use tower_toolcall_redis::{FleetControl, RedisDedupeStore, RedisLoopStore, RedisRateLimitStore};
@@ -29,10 +30,10 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let url = "redis://127.0.0.1:6379/";
 //! let stack = ToolStack::builder(ToolRegistry::open())
-//!     .store(RedisDedupeStore::open(url)?)
+//!     .store(Arc::new(RedisDedupeStore::open(url)?))
 //!     .rate_limit(|limits| limits.per_second(20))
-//!     .rate_limit_store(RedisRateLimitStore::open(url)?)
-//!     .loop_store(RedisLoopStore::open(url)?)
+//!     .rate_limit_store(Arc::new(RedisRateLimitStore::open(url)?))
+//!     .loop_store(Arc::new(RedisLoopStore::open(url)?))
 //!     .build()?;
 //! let fleet = FleetControl::builder(url).join(&stack)?;
 //! fleet.sync().await?;
@@ -50,6 +51,7 @@
 //! ```no_run
 //! # #[cfg(feature = "cluster")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
 //! use tower_toolcall::registry::ToolRegistry;
 //! use tower_toolcall::ToolStack;
 //! use tower_toolcall_redis::{
@@ -62,10 +64,10 @@
 //!     "redis://10.0.0.3:7000/",
 //! ]);
 //! let stack = ToolStack::builder(ToolRegistry::open())
-//!     .store(RedisDedupeStore::open(cluster.clone())?)
+//!     .store(Arc::new(RedisDedupeStore::open(cluster.clone())?))
 //!     .rate_limit(|limits| limits.per_second(20))
-//!     .rate_limit_store(RedisRateLimitStore::open(cluster.clone())?)
-//!     .loop_store(RedisLoopStore::open(cluster.clone())?)
+//!     .rate_limit_store(Arc::new(RedisRateLimitStore::open(cluster.clone())?))
+//!     .loop_store(Arc::new(RedisLoopStore::open(cluster.clone())?))
 //!     .build()?;
 //! let fleet = FleetControl::builder(cluster).join(&stack)?;
 //! fleet.sync().await?;

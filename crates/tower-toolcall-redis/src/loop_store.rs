@@ -8,11 +8,11 @@ use std::time::Duration;
 use redis::Script;
 use tokio::time::Instant;
 use tower_toolcall::loop_detect::store::{
-    Decision, Limits, LoopCall, LoopStore, LoopStoreFuture, Observed, Outcome, SessionHistory,
-    Settled, Signature, State, StoredCall, Tracked,
+    Decision, Limits, LoopCall, LoopStore, Observed, Outcome, SessionHistory, Settled, Signature,
+    State, StoredCall, Tracked,
 };
 use tower_toolcall::loop_detect::{LoopSettingKey, LoopSettings};
-use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::{StoreError, StoreFuture};
 use tower_toolcall::{ConfigError, ErrorCode};
 
 use crate::support::{
@@ -194,12 +194,13 @@ const DEFAULT_SIGNATURE_SEED: u64 = 0x746f_6f6c_6361_6c6c;
 ///   follows the layer's [`FailurePolicy`](tower_toolcall::shared_store::FailurePolicy).
 ///
 /// ```no_run
+/// use std::sync::Arc;
 /// use tower_toolcall::loop_detect::LoopDetectLayer;
 /// use tower_toolcall_redis::RedisLoopStore;
 /// use tower_toolcall::registry::ToolRegistry;
 ///
 /// let store = RedisLoopStore::open("redis://127.0.0.1:6379/")?;
-/// let layer = LoopDetectLayer::builder(ToolRegistry::open()).store(store).build()?;
+/// let layer = LoopDetectLayer::builder(ToolRegistry::open()).store(Arc::new(store)).build()?;
 /// # let _ = layer;
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
@@ -284,11 +285,7 @@ impl Batch for Shared {
     /// Appends the calls in one script, then judges each on the history before it, as the
     /// session would have been had they come one by one: earlier calls appended, and marked
     /// refused when the rules refuse them. A refused call's own caller writes its refusal.
-    async fn run(
-        &self,
-        key: &String,
-        calls: Vec<Observing>,
-    ) -> Result<Vec<Observed>, SharedStoreError> {
+    async fn run(&self, key: &String, calls: Vec<Observing>) -> Result<Vec<Observed>, StoreError> {
         let mut script = self.observe.key(key);
         for run in calls.chunk_by(|a, b| a.alike(b)) {
             let limits = run[0].call.limits();
@@ -374,7 +371,7 @@ impl LoopStore for RedisLoopStore {
     /// Appends the call to `session`, unless the session's own settings switch detection
     /// off, and answers them with the history before it. Calls of one session that arrive
     /// while a script for it is in flight go together in the next one (at most 256 in one).
-    fn check(&self, session: &str, call: LoopCall) -> LoopStoreFuture<Observed> {
+    fn check(&self, session: &str, call: LoopCall) -> StoreFuture<'static, Observed> {
         let observing = Observing {
             now_ms: unix_now_ms(),
             call,
@@ -392,7 +389,7 @@ impl LoopStore for RedisLoopStore {
         seq: u64,
         settled: Settled,
         chance: Option<(Signature, Instant)>,
-    ) -> LoopStoreFuture<()> {
+    ) -> StoreFuture<'static, ()> {
         let now_ms = unix_now_ms();
         let (state, since_ms) = match settled {
             Settled::Rejected => (State::Rejected, now_ms),
@@ -431,7 +428,7 @@ impl LoopStore for RedisLoopStore {
         set: LoopSettings,
         unset: &[LoopSettingKey],
         window: Duration,
-    ) -> LoopStoreFuture<()> {
+    ) -> StoreFuture<'static, ()> {
         let shared = self.shared.clone();
         let key = self.session_key(session);
         let set = serde_json::to_string(&set).expect("settings serialize");
@@ -457,7 +454,7 @@ impl LoopStore for RedisLoopStore {
         })
     }
 
-    fn reset(&self, session: &str) -> LoopStoreFuture<()> {
+    fn reset(&self, session: &str) -> StoreFuture<'static, ()> {
         let shared = self.shared.clone();
         let key = self.session_key(session);
         Box::pin(async move {
@@ -466,7 +463,7 @@ impl LoopStore for RedisLoopStore {
         })
     }
 
-    fn forget(&self, session: &str) -> LoopStoreFuture<()> {
+    fn forget(&self, session: &str) -> StoreFuture<'static, ()> {
         let shared = self.shared.clone();
         let mut command = redis::cmd("DEL");
         command.arg(self.session_key(session));
@@ -478,14 +475,14 @@ impl LoopStore for RedisLoopStore {
 }
 
 /// The settings and calls of the session in `blob`.
-fn read_session(blob: &[u8]) -> Result<(LoopSettings, Replay), SharedStoreError> {
+fn read_session(blob: &[u8]) -> Result<(LoopSettings, Replay), StoreError> {
     let session = StoredSession::decode(blob)?;
     let settings = decode_settings(session.settings)?;
     Ok((settings, Replay::read(&session)?))
 }
 
-fn corrupt(what: &str) -> SharedStoreError {
-    SharedStoreError::Corrupt(format!("the loop-detection store holds {what}"))
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("the loop-detection store holds {what}"))
 }
 
 /// A session's string, read by its offsets.
@@ -498,7 +495,7 @@ struct StoredSession<'a> {
 }
 
 impl<'a> StoredSession<'a> {
-    fn decode(blob: &'a [u8]) -> Result<Self, SharedStoreError> {
+    fn decode(blob: &'a [u8]) -> Result<Self, StoreError> {
         let malformed = || corrupt("a malformed session");
         let field = |from: usize, to: usize| blob.get(from..to).ok_or_else(malformed);
         let seq = hex(field(0, 12)?).ok_or_else(malformed)?;
@@ -562,7 +559,7 @@ struct Replay {
 }
 
 impl Replay {
-    fn read(session: &StoredSession<'_>) -> Result<Self, SharedStoreError> {
+    fn read(session: &StoredSession<'_>) -> Result<Self, StoreError> {
         Ok(Replay {
             seq: session.seq,
             chance: session.chance,
@@ -639,7 +636,7 @@ fn hex(digits: &[u8]) -> Option<u64> {
 }
 
 /// A session's settings as stored: JSON, or nothing; checked as when they were set.
-fn decode_settings(stored: &str) -> Result<LoopSettings, SharedStoreError> {
+fn decode_settings(stored: &str) -> Result<LoopSettings, StoreError> {
     if stored.is_empty() {
         return Ok(LoopSettings::default());
     }
@@ -701,11 +698,11 @@ fn code_fingerprint(code: ErrorCode) -> u64 {
 }
 
 #[cfg(test)]
-fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, SharedStoreError> {
+fn decode_call(call: &[u8], at: impl Fn(u64) -> Instant) -> Result<StoredCall, StoreError> {
     Ok(decode_raw(call)?.read_at(at))
 }
 
-fn decode_raw(call: &[u8]) -> Result<RawCall, SharedStoreError> {
+fn decode_raw(call: &[u8]) -> Result<RawCall, StoreError> {
     let malformed = || {
         corrupt(&format!(
             "a malformed call {:?}",
@@ -892,7 +889,7 @@ mod tests {
                 let cut = &blob.as_bytes()[..blob.len() - 1];
                 prop_assert!(matches!(
                     StoredSession::decode(cut),
-                    Err(SharedStoreError::Corrupt(_))
+                    Err(StoreError::Corrupt(_))
                 ));
             }
         }
@@ -922,7 +919,7 @@ mod tests {
                 Ok(read) => prop_assert_eq!(read, settings),
                 Err(error) => {
                     prop_assert!(settings.check().is_err());
-                    prop_assert!(matches!(error, SharedStoreError::Corrupt(_)));
+                    prop_assert!(matches!(error, StoreError::Corrupt(_)));
                 }
             }
             if let Ok(read) = decode_settings(&noise) {
@@ -942,10 +939,10 @@ mod tests {
                     let again = encode_call(&raw);
                     prop_assert_eq!(again.to_ascii_lowercase(), String::from_utf8(bytes.clone()).unwrap().to_ascii_lowercase());
                 }
-                Err(error) => prop_assert!(matches!(error, SharedStoreError::Corrupt(_))),
+                Err(error) => prop_assert!(matches!(error, StoreError::Corrupt(_))),
             }
             if let Err(error) = StoredSession::decode(&bytes) {
-                prop_assert!(matches!(error, SharedStoreError::Corrupt(_)));
+                prop_assert!(matches!(error, StoreError::Corrupt(_)));
             }
         }
     }

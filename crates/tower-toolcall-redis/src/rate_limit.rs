@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use redis::Script;
 
-use tower_toolcall::rate_limit::{Admission, AdmissionFuture, Quota, RateLimitStore};
-use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::rate_limit::{Admission, Quota, RateLimitStore};
+use tower_toolcall::shared_store::StoreError;
+use tower_toolcall::shared_store::StoreFuture;
 use tower_toolcall::ConfigError;
 
 use crate::support::{self, hash_tagged, Batch, Coalescer, Connection, StoreSettings};
@@ -65,6 +66,7 @@ return {allowed, math.ceil(tat + interval - limit)}
 /// which clones share.
 ///
 /// ```no_run
+/// use std::sync::Arc;
 /// use std::time::Duration;
 /// use tower_toolcall_redis::RedisRateLimitStore;
 /// use tower_toolcall::registry::ToolRegistry;
@@ -75,7 +77,7 @@ return {allowed, math.ceil(tat + interval - limit)}
 ///     .build()?;
 /// let layer = RateLimitLayer::builder(ToolRegistry::open())
 ///     .per_second(10)
-///     .store(store)
+///     .store(Arc::new(store))
 ///     .build()?;
 /// # let _ = layer;
 /// # Ok::<(), tower_toolcall::ConfigError>(())
@@ -110,7 +112,7 @@ impl Batch for Shared {
         &self,
         (key, quota): &(String, Quota),
         calls: Vec<()>,
-    ) -> Result<Vec<Admission>, SharedStoreError> {
+    ) -> Result<Vec<Admission>, StoreError> {
         let interval_us = u64::try_from(quota.emission_interval().as_micros()).unwrap_or(u64::MAX);
         let (allowed, wait_us): (u64, i64) = self
             .connection
@@ -125,7 +127,7 @@ impl Batch for Shared {
         let refused = match u64::try_from(wait_us) {
             Ok(wait_us) => Admission::RetryAfter(Duration::from_micros(wait_us)),
             Err(_) => {
-                return Err(SharedStoreError::Corrupt(format!(
+                return Err(StoreError::Corrupt(format!(
                     "the rate-limit script answered {wait_us}"
                 )))
             }
@@ -161,7 +163,7 @@ impl RedisRateLimitStore {
 }
 
 impl RateLimitStore for RedisRateLimitStore {
-    fn acquire(&self, key: &str, quota: Quota) -> AdmissionFuture {
+    fn acquire(&self, key: &str, quota: Quota) -> StoreFuture<'static, Admission> {
         let key = (self.quota_key(key), quota);
         Box::pin(support::coalesced(self.shared.clone(), key, ()))
     }

@@ -17,7 +17,7 @@ use redis::{
     ScriptInvocation, Value,
 };
 
-use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::StoreError;
 use tower_toolcall::ConfigError;
 
 mod circuit;
@@ -58,7 +58,7 @@ pub(crate) const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(1);
 pub(crate) async fn bounded<T>(
     timeout: Duration,
     op: impl Future<Output = RedisResult<T>>,
-) -> Result<T, SharedStoreError> {
+) -> Result<T, StoreError> {
     bounded_telling(timeout, op)
         .await
         .map_err(|(error, _)| error)
@@ -69,18 +69,18 @@ pub(crate) async fn bounded<T>(
 async fn bounded_telling<T>(
     timeout: Duration,
     op: impl Future<Output = RedisResult<T>>,
-) -> Result<T, (SharedStoreError, bool)> {
+) -> Result<T, (StoreError, bool)> {
     match tokio::time::timeout(timeout, op).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err((
-            SharedStoreError::Unavailable(if error.to_string().contains("syntax error") {
+            StoreError::Unavailable(if error.to_string().contains("syntax error") {
                 format!("{error} (the store needs Redis 7.0 or later)")
             } else {
                 error.to_string()
             }),
             circuit::speaks_of_the_server(&error),
         )),
-        Err(_) => Err((SharedStoreError::Timeout(timeout), true)),
+        Err(_) => Err((StoreError::Timeout(timeout), true)),
     }
 }
 
@@ -89,13 +89,13 @@ pub(crate) fn connection(
     cell: &OnceLock<Result<ConnectionManager, String>>,
     client: &Client,
     config: &ConnectionManagerConfig,
-) -> Result<ConnectionManager, SharedStoreError> {
+) -> Result<ConnectionManager, StoreError> {
     cell.get_or_init(|| {
         ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             .map_err(|e| e.to_string())
     })
     .clone()
-    .map_err(SharedStoreError::Unavailable)
+    .map_err(StoreError::Unavailable)
 }
 
 /// How a store's connection reconnects: each attempt bounded by `timeout`. Its operations
@@ -370,7 +370,7 @@ impl Connection {
     }
 
     /// The shards a walk of every key must visit (a `SCAN`): the node, or every master.
-    pub(crate) async fn shards(&self) -> Result<Vec<Shard>, SharedStoreError> {
+    pub(crate) async fn shards(&self) -> Result<Vec<Shard>, StoreError> {
         match &self.endpoint {
             Endpoint::Node(_) => Ok(vec![Shard::Node]),
             #[cfg(feature = "cluster")]
@@ -380,7 +380,7 @@ impl Connection {
                 };
                 let (masters, _) = tokio::time::timeout(self.timeout, cluster::nodes(&mut conn))
                     .await
-                    .map_err(|_| SharedStoreError::Timeout(self.timeout))??;
+                    .map_err(|_| StoreError::Timeout(self.timeout))??;
                 Ok(masters.into_iter().map(Shard::Master).collect())
             }
         }
@@ -388,13 +388,13 @@ impl Connection {
 
     /// Every node of the cluster, masters first, as the cluster sees itself now.
     #[cfg(feature = "cluster")]
-    pub(crate) async fn cluster_nodes(&self) -> Result<Vec<cluster::Node>, SharedStoreError> {
+    pub(crate) async fn cluster_nodes(&self) -> Result<Vec<cluster::Node>, StoreError> {
         let Link::Cluster(mut conn) = bounded(self.timeout, self.link()).await? else {
             return Ok(Vec::new());
         };
         let (mut masters, replicas) = tokio::time::timeout(self.timeout, cluster::nodes(&mut conn))
             .await
-            .map_err(|_| SharedStoreError::Timeout(self.timeout))??;
+            .map_err(|_| StoreError::Timeout(self.timeout))??;
         masters.extend(replicas);
         Ok(masters)
     }
@@ -404,7 +404,7 @@ impl Connection {
         &self,
         shard: &Shard,
         command: &Cmd,
-    ) -> Result<T, SharedStoreError> {
+    ) -> Result<T, StoreError> {
         match shard {
             Shard::Node => self.command(command).await,
             #[cfg(feature = "cluster")]
@@ -422,10 +422,7 @@ impl Connection {
     }
 
     /// Runs one command within the operation timeout.
-    pub(crate) async fn command<T: FromRedisValue>(
-        &self,
-        command: &Cmd,
-    ) -> Result<T, SharedStoreError> {
+    pub(crate) async fn command<T: FromRedisValue>(&self, command: &Cmd) -> Result<T, StoreError> {
         self.run(|mut conn| async move { command.query_async(&mut conn).await })
             .await
     }
@@ -436,7 +433,7 @@ impl Connection {
     pub(crate) async fn command_behind<T: FromRedisValue>(
         &self,
         command: &Cmd,
-    ) -> Result<T, SharedStoreError> {
+    ) -> Result<T, StoreError> {
         bounded(self.timeout, async {
             let mut conn = self.link().await?;
             command.query_async(&mut conn).await
@@ -449,7 +446,7 @@ impl Connection {
     pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
-    ) -> Result<T, SharedStoreError> {
+    ) -> Result<T, StoreError> {
         self.run(|mut conn| async move { invocation.invoke_async(&mut conn).await })
             .await
     }
@@ -459,7 +456,7 @@ impl Connection {
     /// the connection's last use: the request never reached it) is sent once more, on the
     /// connection the manager makes anew, within the same timeout. A failure that says the
     /// server cannot be reached marks it down for every store.
-    async fn run<T, F, Fut>(&self, op: F) -> Result<T, SharedStoreError>
+    async fn run<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
     where
         F: Fn(Link) -> Fut,
         Fut: Future<Output = RedisResult<T>>,

@@ -7,6 +7,7 @@
 //! keys kept 24 h. The store is given room for every record, so that its capacity does not
 //! hide the difference. Time is tokio's paused clock: the minute passes at once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -48,7 +49,7 @@ async fn run(label: &str, resend_window: Duration) {
         .sweep_interval(Duration::from_secs(10))
         .build()
         .unwrap();
-    let layer = IdempotencyLayer::new(registry, store.clone());
+    let layer = IdempotencyLayer::new(registry, Arc::new(store.clone()));
     let svc = layer.layer(tool_fn(|_call: ToolCall| async {
         Ok(ToolOutput::new(json!({"sent": true})))
     }));

@@ -19,6 +19,7 @@
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion};
@@ -162,7 +163,7 @@ fn pass(c: &mut Criterion) {
 /// The layer with `InMemoryLoopStore`.
 fn stored() -> LoopDetectLayer {
     LoopDetectLayer::builder(ToolRegistry::open())
-        .store(InMemoryLoopStore::new())
+        .store(Arc::new(InMemoryLoopStore::new()))
         .build()
         .expect("a valid configuration")
 }

@@ -18,6 +18,7 @@
 //! digest and the derived key) on the bare tool.
 
 use std::hint::black_box;
+use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion};
 use futures::FutureExt;
@@ -138,7 +139,7 @@ fn whole_stack(c: &mut Criterion) {
     let _entered = runtime.enter();
     let stack = |registry: &ToolRegistry, store: InMemoryDedupeStore| {
         ToolStack::builder(registry.clone())
-            .store(store)
+            .store(Arc::new(store))
             .build()
             .unwrap()
             .layer(bare_tool())

@@ -25,6 +25,8 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,37 +46,50 @@ pub enum FailurePolicy {
     Closed,
 }
 
-/// Why a shared store could not answer.
+/// Why a store (of dedupe records, quotas or loop histories) could not do what it was asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum SharedStoreError {
+pub enum StoreError {
     /// The store could not be reached, or answered with an error.
     Unavailable(String),
     /// The store did not answer within its operation timeout.
     Timeout(Duration),
-    /// The store answered with something it should not have.
+    /// The store is full and every record in it is in flight, so none can be evicted.
+    CapacityExhausted {
+        /// The store's capacity.
+        capacity: usize,
+    },
+    /// The store answered with something it should not have, or holds a record it cannot
+    /// read back.
     Corrupt(String),
 }
 
-impl fmt::Display for SharedStoreError {
+impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SharedStoreError::Unavailable(problem) => {
-                write!(f, "the shared store is unavailable: {problem}")
-            }
-            SharedStoreError::Timeout(after) => write!(
+            StoreError::Unavailable(problem) => write!(f, "the store is unavailable: {problem}"),
+            StoreError::Timeout(after) => write!(
                 f,
-                "the shared store did not answer within {} ms",
+                "the store did not answer within {} ms",
                 after.as_millis()
             ),
-            SharedStoreError::Corrupt(problem) => {
-                write!(f, "the shared store answered unexpectedly: {problem}")
+            StoreError::CapacityExhausted { capacity } => write!(
+                f,
+                "the store holds {capacity} records, all in flight, and evicts none of them"
+            ),
+            StoreError::Corrupt(problem) => {
+                write!(f, "the store answered what it cannot read back: {problem}")
             }
         }
     }
 }
 
-impl std::error::Error for SharedStoreError {}
+/// The answer of a store, on its way: what [`DedupeStore`](crate::idempotency::DedupeStore),
+/// [`RateLimitStore`](crate::rate_limit::RateLimitStore) and
+/// [`LoopStore`](crate::loop_detect::store::LoopStore) return.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+impl std::error::Error for StoreError {}
 
 /// How a layer's shared store has fared; read with the layer's `store_health()`.
 ///
@@ -200,11 +215,7 @@ impl Outages {
 
     /// A check by `layer` failed with `error`: counts it, logs the start of an outage once,
     /// and says whether the call proceeds (`Ok`) or with which error it is refused.
-    pub(crate) fn failed(
-        &self,
-        layer: &'static str,
-        error: &SharedStoreError,
-    ) -> Result<(), ToolError> {
+    pub(crate) fn failed(&self, layer: &'static str, error: &StoreError) -> Result<(), ToolError> {
         self.failed_checks.fetch_add(1, Ordering::Relaxed);
         self.unreachable(layer, error);
         self.tell(layer, StoreEvent::CheckFailed(self.policy));
@@ -221,7 +232,7 @@ impl Outages {
 
     /// A write by `layer` that decides nothing (how a call already decided ended) failed
     /// with `error`: no check failed, but an outage begins if none was going on.
-    pub(crate) fn unreachable(&self, layer: &'static str, error: &SharedStoreError) {
+    pub(crate) fn unreachable(&self, layer: &'static str, error: &StoreError) {
         if !self.down.swap(true, Ordering::Relaxed) {
             self.outages.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
@@ -261,7 +272,7 @@ mod tests {
             seen.lock().unwrap().push((layer, event));
         });
         let outages = Outages::new(FailurePolicy::Closed, listeners);
-        let down = SharedStoreError::Timeout(Duration::from_millis(5));
+        let down = StoreError::Timeout(Duration::from_millis(5));
 
         // A failed write of a decided call begins an outage, but is no failed check.
         outages.unreachable("loop_detect", &down);

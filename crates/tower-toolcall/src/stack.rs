@@ -145,13 +145,13 @@ pub enum StackLayer {
 /// # drop((search, fetch));
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
-pub struct ToolStack<St = InMemoryDedupeStore> {
+pub struct ToolStack {
     registry: ToolRegistry,
     trace: Option<TraceLayer>,
     validate: Option<EnvelopeValidateLayer>,
     loop_detect: Option<LoopDetectLayer>,
     rate_limit: Option<RateLimitLayer>,
-    idempotency: Option<IdempotencyLayer<St>>,
+    idempotency: Option<IdempotencyLayer>,
     retry: Option<RetryLayer>,
     breaker: Option<CircuitBreakerLayer>,
     timeout: Option<TimeoutLayer>,
@@ -160,7 +160,7 @@ pub struct ToolStack<St = InMemoryDedupeStore> {
     audit_attempts: Option<HookLayer<AuditAttempts>>,
 }
 
-impl ToolStack<InMemoryDedupeStore> {
+impl ToolStack {
     /// A builder of the stack over `registry`, whose tools, policies and operator switches
     /// ([`ReliabilityControl`], set with [`ToolRegistry::with_control`]) every layer shares.
     /// Idempotency records go to a fresh [`InMemoryDedupeStore`] unless
@@ -181,13 +181,16 @@ impl ToolStack<InMemoryDedupeStore> {
     /// let stack = ToolStack::builder(registry).build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
-    pub fn builder(registry: ToolRegistry) -> ToolStackBuilder<InMemoryDedupeStore> {
+    pub fn builder(registry: ToolRegistry) -> ToolStackBuilder {
         ToolStackBuilder {
             trace: TraceLayer::new(),
             validate: EnvelopeValidateLayer::builder(registry.clone()),
             loop_detect: LoopDetectLayer::builder(registry.clone()),
             rate_limit: RateLimitLayer::builder(registry.clone()),
-            idempotency: IdempotencyLayer::builder(registry.clone(), InMemoryDedupeStore::new()),
+            idempotency: IdempotencyLayer::builder(
+                registry.clone(),
+                Arc::new(InMemoryDedupeStore::new()),
+            ),
             retry: RetryLayer::builder(registry.clone()),
             breaker: CircuitBreakerLayer::builder(registry.clone()),
             timeout: TimeoutLayer::builder(registry.clone()),
@@ -200,7 +203,7 @@ impl ToolStack<InMemoryDedupeStore> {
     }
 }
 
-impl<St: DedupeStore> ToolStack<St> {
+impl ToolStack {
     /// The registry every layer resolves its tools in.
     ///
     /// ```
@@ -277,7 +280,7 @@ impl<St: DedupeStore> ToolStack<St> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub fn dedupe_store(&self) -> Option<&St> {
+    pub fn dedupe_store(&self) -> Option<&Arc<dyn DedupeStore>> {
         self.idempotency.as_ref().map(IdempotencyLayer::store)
     }
 
@@ -298,7 +301,7 @@ impl<St: DedupeStore> ToolStack<St> {
     /// assert!(idempotency.store_key(&call)?.is_some());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn idempotency(&self) -> Option<&IdempotencyLayer<St>> {
+    pub fn idempotency(&self) -> Option<&IdempotencyLayer> {
         self.idempotency.as_ref()
     }
 
@@ -319,7 +322,7 @@ impl<St: DedupeStore> ToolStack<St> {
     }
 }
 
-impl<St> Clone for ToolStack<St> {
+impl Clone for ToolStack {
     fn clone(&self) -> Self {
         ToolStack {
             registry: self.registry.clone(),
@@ -337,7 +340,7 @@ impl<St> Clone for ToolStack<St> {
     }
 }
 
-impl<St> fmt::Debug for ToolStack<St> {
+impl fmt::Debug for ToolStack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let on = |present: bool| if present { "on" } else { "off" };
         f.debug_struct("ToolStack")
@@ -359,7 +362,7 @@ impl<St> fmt::Debug for ToolStack<St> {
 type Stage<L, S> = Either<<L as Layer<S>>::Service, S>;
 
 /// The services of the stack, outermost first.
-type Stacked<S, St> = Stage<
+type Stacked<S> = Stage<
     TraceLayer,
     Stage<
         EnvelopeValidateLayer,
@@ -368,7 +371,7 @@ type Stacked<S, St> = Stage<
             Stage<
                 RateLimitLayer,
                 Stage<
-                    IdempotencyLayer<St>,
+                    IdempotencyLayer,
                     Stage<
                         RetryLayer,
                         Stage<
@@ -385,8 +388,8 @@ type Stacked<S, St> = Stage<
     >,
 >;
 
-impl<S, St> Layer<S> for ToolStack<St> {
-    type Service = ToolStackService<S, St>;
+impl<S> Layer<S> for ToolStack {
+    type Service = ToolStackService<S>;
 
     fn layer(&self, tool: S) -> Self::Service {
         let inner = ServiceBuilder::new()
@@ -428,11 +431,11 @@ impl<S, St> Layer<S> for ToolStack<St> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-pub struct ToolStackService<S, St = InMemoryDedupeStore> {
-    inner: Stacked<S, St>,
+pub struct ToolStackService<S> {
+    inner: Stacked<S>,
 }
 
-impl<S: Clone, St> Clone for ToolStackService<S, St> {
+impl<S: Clone> Clone for ToolStackService<S> {
     fn clone(&self) -> Self {
         ToolStackService {
             inner: self.inner.clone(),
@@ -440,19 +443,19 @@ impl<S: Clone, St> Clone for ToolStackService<S, St> {
     }
 }
 
-impl<S, St> fmt::Debug for ToolStackService<S, St> {
+impl<S> fmt::Debug for ToolStackService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolStackService").finish_non_exhaustive()
     }
 }
 
-impl<S, St> Service<ToolCall> for ToolStackService<S, St>
+impl<S> Service<ToolCall> for ToolStackService<S>
 where
-    Stacked<S, St>: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
+    Stacked<S>: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
 {
     type Response = ToolOutput;
     type Error = ToolError;
-    type Future = ResponseFuture<<Stacked<S, St> as Service<ToolCall>>::Future>;
+    type Future = ResponseFuture<<Stacked<S> as Service<ToolCall>>::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -512,13 +515,13 @@ where
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
 #[must_use]
-pub struct ToolStackBuilder<St> {
+pub struct ToolStackBuilder {
     registry: ToolRegistry,
     trace: TraceLayer,
     validate: EnvelopeValidateLayerBuilder,
     loop_detect: LoopDetectLayerBuilder,
     rate_limit: RateLimitLayerBuilder,
-    idempotency: IdempotencyLayerBuilder<St>,
+    idempotency: IdempotencyLayerBuilder,
     retry: RetryLayerBuilder,
     breaker: CircuitBreakerLayerBuilder,
     timeout: TimeoutLayerBuilder,
@@ -528,7 +531,7 @@ pub struct ToolStackBuilder<St> {
     metrics: Option<crate::trace::ToolMetrics>,
 }
 
-impl<St: fmt::Debug> fmt::Debug for ToolStackBuilder<St> {
+impl fmt::Debug for ToolStackBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolStackBuilder")
             .field("registry", &self.registry)
@@ -539,36 +542,25 @@ impl<St: fmt::Debug> fmt::Debug for ToolStackBuilder<St> {
     }
 }
 
-impl<St: DedupeStore> ToolStackBuilder<St> {
+impl ToolStackBuilder {
     /// Keeps idempotency records in `store` (a [`RedisDedupeStore`](crate::idempotency) to
     /// share them between replicas) instead of a fresh in-memory store. The idempotency
     /// settings made so far are kept.
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::idempotency::InMemoryDedupeStore;
+    /// use std::sync::Arc;
+    /// use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
     ///
-    /// let store = InMemoryDedupeStore::builder().capacity(1_000).build()?;
-    /// let stack = ToolStack::builder(ToolRegistry::open()).store(store).build()?;
-    /// assert_eq!(stack.dedupe_store().unwrap().capacity(), 1_000);
+    /// let store: Arc<dyn DedupeStore> =
+    ///     Arc::new(InMemoryDedupeStore::builder().capacity(1_000).build()?);
+    /// let stack = ToolStack::builder(ToolRegistry::open()).store(store.clone()).build()?;
+    /// assert!(Arc::ptr_eq(stack.dedupe_store().unwrap(), &store));
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
-    pub fn store<St2: DedupeStore>(self, store: St2) -> ToolStackBuilder<St2> {
-        ToolStackBuilder {
-            registry: self.registry,
-            trace: self.trace,
-            validate: self.validate,
-            loop_detect: self.loop_detect,
-            rate_limit: self.rate_limit,
-            idempotency: self.idempotency.store(store),
-            retry: self.retry,
-            breaker: self.breaker,
-            timeout: self.timeout,
-            hooks: self.hooks,
-            without: self.without,
-            #[cfg(feature = "metrics")]
-            metrics: self.metrics,
-        }
+    pub fn store(mut self, store: Arc<dyn DedupeStore>) -> Self {
+        self.idempotency = self.idempotency.store(store);
+        self
     }
 
     /// Runs `hooks` before and after every attempt, around the tool, and once for every
@@ -734,26 +726,27 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use std::time::Duration;
-    /// use tower_toolcall::rate_limit::{Admission, AdmissionFuture, Quota, RateLimitStore};
+    /// use std::sync::Arc;
+    /// use tower_toolcall::rate_limit::{Admission, Quota, RateLimitStore};
+    /// use tower_toolcall::shared_store::StoreFuture;
     ///
     /// #[derive(Debug)]
     /// struct AlwaysAllowed;
     ///
     /// impl RateLimitStore for AlwaysAllowed {
-    ///     fn acquire(&self, _key: &str, _quota: Quota) -> AdmissionFuture {
+    ///     fn acquire(&self, _key: &str, _quota: Quota) -> StoreFuture<'static, Admission> {
     ///         Box::pin(async { Ok(Admission::Allowed) })
     ///     }
     /// }
     ///
     /// let stack = ToolStack::builder(ToolRegistry::open())
     ///     .rate_limit(|limits| limits.per_second(20))
-    ///     .rate_limit_store(AlwaysAllowed)
+    ///     .rate_limit_store(Arc::new(AlwaysAllowed))
     ///     .build()?;
     /// assert!(stack.rate_limits().unwrap().store_health().available);
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
-    pub fn rate_limit_store(mut self, store: impl crate::rate_limit::RateLimitStore) -> Self {
+    pub fn rate_limit_store(mut self, store: Arc<dyn crate::rate_limit::RateLimitStore>) -> Self {
         self.rate_limit = self.rate_limit.store(store);
         self
     }
@@ -762,7 +755,7 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     /// uses it, instead of in this process. The loop-detection settings made so far are kept.
     ///
     /// `RedisLoopStore`, of the crate `tower-toolcall-redis`, is such a store.
-    pub fn loop_store(mut self, store: impl crate::loop_detect::LoopStore) -> Self {
+    pub fn loop_store(mut self, store: Arc<dyn crate::loop_detect::LoopStore>) -> Self {
         self.loop_detect = self.loop_detect.store(store);
         self
     }
@@ -780,7 +773,7 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     /// ```
     pub fn idempotency(
         mut self,
-        configure: impl FnOnce(IdempotencyLayerBuilder<St>) -> IdempotencyLayerBuilder<St>,
+        configure: impl FnOnce(IdempotencyLayerBuilder) -> IdempotencyLayerBuilder,
     ) -> Self {
         self.idempotency = configure(self.idempotency);
         self
@@ -871,7 +864,7 @@ impl<St: DedupeStore> ToolStackBuilder<St> {
     ///     .unwrap_err();
     /// assert!(error.to_string().contains("max_attempts"));
     /// ```
-    pub fn build(self) -> Result<ToolStack<St>, ConfigError> {
+    pub fn build(self) -> Result<ToolStack, ConfigError> {
         let on = |layer: StackLayer| !self.without.contains(&layer);
         let trace = match (on(StackLayer::Trace), &self.hooks) {
             (false, _) => None,

@@ -45,7 +45,6 @@ async fn gateway(prometheus: PrometheusHandle) -> SocketAddr {
     let scrape = move || {
         let (store, metrics, prometheus) = (store.clone(), metrics.clone(), prometheus.clone());
         async move {
-            use tower_toolcall::idempotency::DedupeStore;
             metrics.record_dedupe_size(store.size().await.unwrap());
             prometheus.run_upkeep();
             prometheus.render()

@@ -184,7 +184,7 @@ impl Subscriber {
                 if let Err(error) = subscribed {
                     state.retired = true;
                     self.channels.remove(channel, &slot);
-                    return Err(error.into());
+                    return Err(error);
                 }
             }
             state.subscribers += 1;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 
 use super::bounded;
-use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::StoreError;
 
 /// How often the probe of a server that is down asks it for `PING`.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(200);
@@ -57,9 +57,9 @@ impl Server {
     }
 
     /// `Err` at once while an outage of the server is known.
-    pub(crate) fn check(&self) -> Result<(), SharedStoreError> {
+    pub(crate) fn check(&self) -> Result<(), StoreError> {
         if self.down.load(Ordering::Relaxed) {
-            return Err(SharedStoreError::Unavailable(format!(
+            return Err(StoreError::Unavailable(format!(
                 "Redis at {} stopped answering; its stores are skipped until it answers a \
                  probe",
                 self.name
@@ -85,7 +85,7 @@ impl Server {
     /// on, and a probe on `connection`, each bounded by `timeout`, watches for its return.
     pub(crate) fn unreachable(
         self: &Arc<Self>,
-        error: &SharedStoreError,
+        error: &StoreError,
         connection: &ConnectionManager,
         timeout: Duration,
     ) {

@@ -22,7 +22,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisResult, Value};
 
-use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::StoreError;
 use tower_toolcall::ConfigError;
 
 use super::host_of;
@@ -255,15 +255,15 @@ impl Node {
 /// The masters of the cluster, then its replicas, from `CLUSTER SLOTS` (each once).
 pub(crate) async fn nodes(
     conn: &mut ClusterConnection,
-) -> Result<(Vec<Node>, Vec<Node>), SharedStoreError> {
+) -> Result<(Vec<Node>, Vec<Node>), StoreError> {
     let reply = conn
         .route_command(
             redis::cmd("CLUSTER").arg("SLOTS").clone(),
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
         )
         .await
-        .map_err(|e| SharedStoreError::Unavailable(e.to_string()))?;
-    let malformed = || SharedStoreError::Corrupt("CLUSTER SLOTS answered an odd shape".to_owned());
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let malformed = || StoreError::Corrupt("CLUSTER SLOTS answered an odd shape".to_owned());
     let Value::Array(ranges) = reply else {
         return Err(malformed());
     };

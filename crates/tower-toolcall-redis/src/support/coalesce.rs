@@ -18,14 +18,14 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use tower_toolcall::shared_store::SharedStoreError;
+use tower_toolcall::shared_store::StoreError;
 
 /// The most checks one script carries: a script runs alone on the server, and one carrying
 /// thousands of checks would hold every other client up.
 pub(crate) const MAX_BATCH: usize = 256;
 
 /// A check waiting for its turn, and where its answer goes.
-type Waiter<M, A> = (M, oneshot::Sender<Result<A, SharedStoreError>>);
+type Waiter<M, A> = (M, oneshot::Sender<Result<A, StoreError>>);
 
 /// The keys with a script in flight, and the checks waiting for the next one.
 pub(crate) struct Coalescer<K, M, A> {
@@ -59,7 +59,7 @@ pub(crate) trait Batch: Send + Sync + Sized + 'static {
         &self,
         key: &Self::Key,
         members: Vec<Self::Member>,
-    ) -> impl Future<Output = Result<Vec<Self::Answer>, SharedStoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Self::Answer>, StoreError>> + Send;
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -72,7 +72,7 @@ pub(crate) async fn check<B: Batch>(
     batch: Arc<B>,
     key: B::Key,
     member: B::Member,
-) -> Result<B::Answer, SharedStoreError> {
+) -> Result<B::Answer, StoreError> {
     let queued = {
         let mut waiting = lock(&batch.coalescer().waiting);
         match waiting.get_mut(&key) {
@@ -93,10 +93,10 @@ pub(crate) async fn check<B: Batch>(
             let timeout = batch.timeout();
             return match tokio::time::timeout(timeout, receiver).await {
                 Ok(Ok(answer)) => answer,
-                Ok(Err(_)) => Err(SharedStoreError::Unavailable(
+                Ok(Err(_)) => Err(StoreError::Unavailable(
                     "the check was dropped before the store was asked".to_owned(),
                 )),
-                Err(_) => Err(SharedStoreError::Timeout(timeout)),
+                Err(_) => Err(StoreError::Timeout(timeout)),
             };
         }
     };
@@ -112,8 +112,8 @@ pub(crate) async fn check<B: Batch>(
     })
 }
 
-fn miscounted() -> SharedStoreError {
-    SharedStoreError::Corrupt("a script answered a batch with the wrong count".to_owned())
+fn miscounted() -> StoreError {
+    StoreError::Corrupt("a script answered a batch with the wrong count".to_owned())
 }
 
 /// The script in flight for `key`: when it ends (answered or dropped), the checks that
@@ -197,10 +197,7 @@ async fn drive<B: Batch>(batch: Arc<B>, key: B::Key, mut queue: Vec<Waiter<B::Me
     }
 }
 
-fn answer_all<A>(
-    senders: Vec<oneshot::Sender<Result<A, SharedStoreError>>>,
-    error: &SharedStoreError,
-) {
+fn answer_all<A>(senders: Vec<oneshot::Sender<Result<A, StoreError>>>, error: &StoreError) {
     for sender in senders {
         let _ = sender.send(Err(error.clone()));
     }
@@ -233,11 +230,7 @@ mod tests {
             Duration::from_secs(60)
         }
 
-        async fn run(
-            &self,
-            _key: &u8,
-            members: Vec<usize>,
-        ) -> Result<Vec<usize>, SharedStoreError> {
+        async fn run(&self, _key: &u8, members: Vec<usize>) -> Result<Vec<usize>, StoreError> {
             assert_eq!(
                 self.running.fetch_add(1, Ordering::SeqCst),
                 0,

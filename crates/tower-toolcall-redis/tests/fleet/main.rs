@@ -11,6 +11,7 @@ mod on_cluster;
 mod outages;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -24,7 +25,7 @@ use tower_toolcall::breaker::BreakerKey;
 use tower_toolcall::control::ShadowLayer;
 use tower_toolcall::loop_detect::LoopSettings;
 use tower_toolcall::registry::{RateLimitKey, ToolRegistry};
-use tower_toolcall::shared_store::{FailurePolicy, SharedStoreError};
+use tower_toolcall::shared_store::{FailurePolicy, StoreError};
 use tower_toolcall::{
     BreakerState, ErrorCode, StackLayer, ToolCall, ToolError, ToolOutput, ToolStack,
 };
@@ -84,7 +85,7 @@ fn rate_limited_replica(
                 .key(RateLimitKey::Tool)
                 .on_store_failure(policy)
         })
-        .rate_limit_store(rate_store(server))
+        .rate_limit_store(Arc::new(rate_store(server)))
         .build()
         .expect("a valid stack");
     Replica::over(stack)
@@ -110,7 +111,7 @@ fn loop_checked_replica(server: &RedisServer, policy: FailurePolicy) -> Replica 
         .expect("a valid store configuration");
     let stack = ToolStack::builder(ToolRegistry::open())
         .loop_detect(|loops| loops.on_store_failure(policy))
-        .loop_store(store)
+        .loop_store(Arc::new(store))
         // Identical calls reach the tool each time: only loop detection stops them.
         .without(StackLayer::Idempotency)
         .build()
@@ -859,10 +860,7 @@ async fn a_handles_session_reset_is_done_in_the_store_when_awaited() {
     server.kill();
     let error = loops.reset_session("sess-r").await.unwrap_err();
     assert!(
-        matches!(
-            error,
-            SharedStoreError::Unavailable(_) | SharedStoreError::Timeout(_)
-        ),
+        matches!(error, StoreError::Unavailable(_) | StoreError::Timeout(_)),
         "{error:?}"
     );
 }
@@ -927,7 +925,7 @@ fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
                 ToolStack::builder(registry.clone())
                     .metrics(metrics.clone())
                     .rate_limit(|l| l.per_second(1_000).on_store_failure(FailurePolicy::Open))
-                    .rate_limit_store(rate_store(&server))
+                    .rate_limit_store(Arc::new(rate_store(&server)))
                     .without(StackLayer::Idempotency)
                     .build()
                     .unwrap(),
@@ -936,7 +934,7 @@ fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
                 ToolStack::builder(registry)
                     .metrics(metrics)
                     .loop_detect(|l| l.on_store_failure(FailurePolicy::Closed))
-                    .loop_store(RedisLoopStore::open(server.url()).unwrap())
+                    .loop_store(Arc::new(RedisLoopStore::open(server.url()).unwrap()))
                     .without(StackLayer::Idempotency)
                     .build()
                     .unwrap(),

@@ -2,6 +2,7 @@
 //! its data, and what other programs leave in the fleet's keys.
 
 use super::*;
+use std::sync::Arc;
 use support::capture::capture;
 use tower_toolcall_redis::RedisDedupeStore;
 
@@ -132,15 +133,15 @@ fn all_stores_on(
         .unwrap();
     let builder = ToolStack::builder(ToolRegistry::open())
         .rate_limit(|limits| limits.per_second(1_000).burst(1_000))
-        .rate_limit_store(quotas)
-        .loop_store(loops);
+        .rate_limit_store(Arc::new(quotas))
+        .loop_store(Arc::new(loops));
     let tool = Counter::default();
     let service = if dedupe {
         let store = RedisDedupeStore::builder(server.url())
             .operation_timeout(timeout)
             .build()
             .unwrap();
-        let stack = builder.store(store).build().unwrap();
+        let stack = builder.store(Arc::new(store)).build().unwrap();
         BoxCloneService::new(stacked(&stack, tool.tool()))
     } else {
         let stack = builder.build().unwrap();

@@ -30,7 +30,7 @@ fn make(path: &str) -> ToolCall {
 /// `count` paths whose records are spread over the cluster's slot ranges: as many on each
 /// third of the 16 384 slots (the three masters' ranges as `--cluster create` assigns them).
 fn paths_in_every_slot_range(
-    idem: &IdempotencyLayer<RedisDedupeStore>,
+    idem: &IdempotencyLayer,
     store: &RedisDedupeStore,
     prefix: &str,
     count: usize,

@@ -21,15 +21,15 @@ impl Store {
         let builder = LoopDetectLayer::builder(registry)
             .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);
         match self {
-            Store::Redis(server) => builder.store(
+            Store::Redis(server) => builder.store(Arc::new(
                 tower_toolcall_redis::RedisLoopStore::open(server.url())
                     .expect("a valid store configuration"),
-            ),
+            )),
             #[cfg(feature = "cluster")]
-            Store::Cluster(cluster) => builder.store(
+            Store::Cluster(cluster) => builder.store(Arc::new(
                 tower_toolcall_redis::RedisLoopStore::open(cluster.seeds())
                     .expect("a valid store configuration"),
-            ),
+            )),
         }
     }
 }
@@ -75,13 +75,13 @@ mod on_cluster {
         let on_cluster: Vec<LoopDetectLayer> = (0..3)
             .map(|_| {
                 LoopDetectLayer::builder(ToolRegistry::open())
-                    .store(RedisLoopStore::open(cluster.seeds()).unwrap())
+                    .store(Arc::new(RedisLoopStore::open(cluster.seeds()).unwrap()))
                     .build()
                     .unwrap()
             })
             .collect();
         let on_node = [LoopDetectLayer::builder(ToolRegistry::open())
-            .store(RedisLoopStore::open(node.url()).unwrap())
+            .store(Arc::new(RedisLoopStore::open(node.url()).unwrap()))
             .build()
             .unwrap()];
         let in_memory = [LoopDetectLayer::builder(ToolRegistry::open())

@@ -4,6 +4,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+use std::sync::Arc;
+
 /// Where the quotas are kept: the core's cases run here on Redis.
 enum Store {
     /// A `redis-server` of the case's own, on the server's clock: time passes for real.
@@ -18,15 +20,15 @@ impl Store {
         let builder = RateLimitLayer::builder(registry)
             .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);
         match self {
-            Store::Redis(server) => builder.store(
+            Store::Redis(server) => builder.store(Arc::new(
                 tower_toolcall_redis::RedisRateLimitStore::open(server.url())
                     .expect("a valid store configuration"),
-            ),
+            )),
             #[cfg(feature = "cluster")]
-            Store::Cluster(cluster) => builder.store(
+            Store::Cluster(cluster) => builder.store(Arc::new(
                 tower_toolcall_redis::RedisRateLimitStore::open(cluster.seeds())
                     .expect("a valid store configuration"),
-            ),
+            )),
         }
     }
 
@@ -78,7 +80,7 @@ mod on_cluster {
                     RateLimitKey::ToolSession,
                     OnLimit::Reject,
                 )]))
-                .store(store.clone())
+                .store(Arc::new(store.clone()))
                 .build()
                 .unwrap()
                 .layer(tool.service())

@@ -109,16 +109,15 @@ where
 /// Runs `call` at most once for its key: claims the key and runs the tool, or answers from
 /// the record that holds the key, waiting for it when it is in flight and the mode is
 /// `enforced`. `first` is the outcome of a claim already made, if any.
-pub(super) async fn deduplicate<S, St>(
-    shared: Arc<Shared<St>>,
+pub(super) async fn deduplicate<S>(
+    shared: Arc<Shared>,
     mut inner: S,
     call: ToolCall,
     plan: Plan,
-    mut first: Option<Result<Claim<St>, StoreError>>,
+    mut first: Option<Result<Claim, StoreError>>,
 ) -> Result<ToolOutput, ToolError>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
-    St: DedupeStore,
 {
     let store = &shared.store;
     let mut joined = false;
@@ -126,7 +125,11 @@ where
         let claimed = match first.take() {
             Some(claimed) => claimed,
             None => {
-                (store.claim(&plan.claim).await).map(|outcome| Claim::new(outcome, &shared, &plan))
+                let claimed = match store.claim_now(&plan.claim) {
+                    Some(claimed) => claimed,
+                    None => store.claim(&plan.claim).await,
+                };
+                claimed.map(|outcome| Claim::new(outcome, &shared, &plan))
             }
         };
         let (mut record, now_ms) = match claimed {
@@ -176,9 +179,9 @@ where
 
 /// What a claim found, with the key guarded from the moment it is claimed: a response
 /// future dropped before it runs the tool frees the key.
-pub(super) enum Claim<St: DedupeStore> {
+pub(super) enum Claim {
     /// The key was free: the guard holds the record that holds it for the call.
-    Held { guard: ClaimGuard<St> },
+    Held { guard: ClaimGuard },
     /// Another record holds the key.
     Existing {
         record: Arc<DedupeRecord>,
@@ -186,8 +189,8 @@ pub(super) enum Claim<St: DedupeStore> {
     },
 }
 
-impl<St: DedupeStore> Claim<St> {
-    pub(super) fn new(outcome: ClaimOutcome, shared: &Arc<Shared<St>>, plan: &Plan) -> Self {
+impl Claim {
+    pub(super) fn new(outcome: ClaimOutcome, shared: &Arc<Shared>, plan: &Plan) -> Self {
         match outcome {
             ClaimOutcome::Claimed(record) => Claim::Held {
                 guard: ClaimGuard {
@@ -221,8 +224,8 @@ enum Found {
 ///
 /// In shadow mode, what it would have answered is a [`Found::Shadowed`] decision instead;
 /// a record that leaves the key free is claimed as when enforcing.
-fn found<St>(
-    shared: &Shared<St>,
+fn found(
+    shared: &Shared,
     call: &ToolCall,
     plan: &Plan,
     record: &DedupeRecord,
@@ -300,14 +303,13 @@ fn found<St>(
 /// The tool's future comes boxed: held by value, it would be stored in this future's state
 /// twice (as the argument, and again where it is pinned to be polled), and the response future
 /// that boxes this one would be more than twice as large.
-pub(super) async fn execute<F, St>(
+pub(super) async fn execute<F>(
     mut tool: Pin<Box<F>>,
     plan: Plan,
-    mut guard: ClaimGuard<St>,
+    mut guard: ClaimGuard,
 ) -> Result<ToolOutput, ToolError>
 where
     F: Future<Output = Result<ToolOutput, ToolError>>,
-    St: DedupeStore,
 {
     let counters = &guard.shared.counters;
     Counters::bump(&counters.executions);
@@ -316,7 +318,7 @@ where
     let started = Instant::now();
     let outcome = renewing_lease(
         tool.as_mut(),
-        &guard.shared.store,
+        &*guard.shared.store,
         claimed,
         plan.claim.lease,
     )
@@ -348,16 +350,16 @@ where
             plan.failed_ttl
         },
     };
-    // The claim stays guarded until the result is stored; the memory store, which stores it
-    // at once, is given the guard's reference to the record.
-    let finalized = match &guard.shared.memory {
-        Some(memory) => {
-            let claimed = guard.claimed.take().expect("the claim is held");
-            Ok(memory.finalize_now(claimed, completion()))
-        }
-        None => {
-            let store = &guard.shared.store;
-            let finalized = store.finalize(guard.claimed(), completion()).await;
+    // The claim stays guarded until the result is stored; a store that stores it at once is
+    // given the guard's reference to the record.
+    let claimed = guard.claimed.take().expect("the claim is held");
+    let finalized = match guard.shared.store.finalize_now(claimed, &completion) {
+        Ok(finalized) => Ok(finalized),
+        Err(claimed) => {
+            guard.claimed = Some(claimed);
+            let finalized = (guard.shared.store)
+                .finalize(guard.claimed(), completion())
+                .await;
             if finalized.is_ok() {
                 guard.claimed = None;
             }
@@ -418,8 +420,8 @@ where
 
 /// Writes `completion` for `claimed` again, with growing pauses, until it is written, the
 /// claim no longer holds, or `lease` has passed.
-async fn finalize_until<St: DedupeStore>(
-    store: St,
+async fn finalize_until(
+    store: Arc<dyn DedupeStore>,
     claimed: Arc<DedupeRecord>,
     completion: Completion,
     lease: Duration,
@@ -452,15 +454,14 @@ async fn finalize_until<St: DedupeStore>(
 }
 
 /// Polls `tool` to completion and, every half lease while it runs, renews the lease.
-async fn renewing_lease<F, St>(
+async fn renewing_lease<F>(
     mut tool: Pin<&mut F>,
-    store: &St,
+    store: &dyn DedupeStore,
     claimed: &DedupeRecord,
     lease: Duration,
 ) -> Result<ToolOutput, ToolError>
 where
     F: Future<Output = Result<ToolOutput, ToolError>>,
-    St: DedupeStore,
 {
     // A tool that answers at once never needs a renewal: the renewer is made (and boxed, to
     // keep this future small) only for one that does not.
@@ -476,7 +477,7 @@ where
 }
 
 /// Renews the lease of `claimed` every half lease; never ends.
-async fn renew_periodically<St: DedupeStore>(store: &St, claimed: &DedupeRecord, lease: Duration) {
+async fn renew_periodically(store: &dyn DedupeStore, claimed: &DedupeRecord, lease: Duration) {
     let every = (lease / 2).max(Duration::from_millis(1));
     loop {
         tokio::time::sleep(every).await;
@@ -548,8 +549,8 @@ fn answer_from(
 
 /// The store failed: refuse the call, or run it without deduplication when the policy fails
 /// open.
-async fn store_failed<S, St>(
-    shared: &Shared<St>,
+async fn store_failed<S>(
+    shared: &Shared,
     error: StoreError,
     mut inner: S,
     call: ToolCall,
@@ -640,13 +641,13 @@ fn refusal(
 
 /// Holds a claim until the result is stored; dropped while armed (the caller dropped the
 /// response future, or the tool panicked), it cancels the record so that the key is free.
-pub(super) struct ClaimGuard<St: DedupeStore> {
-    shared: Arc<Shared<St>>,
+pub(super) struct ClaimGuard {
+    shared: Arc<Shared>,
     claimed: Option<Arc<DedupeRecord>>,
     keep_cancelled_for: Duration,
 }
 
-impl<St: DedupeStore> ClaimGuard<St> {
+impl ClaimGuard {
     /// The claimed record, while the guard holds it.
     fn claimed(&self) -> &DedupeRecord {
         self.claimed
@@ -662,7 +663,7 @@ impl<St: DedupeStore> ClaimGuard<St> {
     }
 }
 
-impl<St: DedupeStore> Drop for ClaimGuard<St> {
+impl Drop for ClaimGuard {
     fn drop(&mut self) {
         let Some(claimed) = self.claimed.take() else {
             return;
@@ -679,7 +680,7 @@ impl<St: DedupeStore> Drop for ClaimGuard<St> {
     }
 }
 
-async fn cancel_claim<St: DedupeStore>(store: St, claimed: Arc<DedupeRecord>, keep_for: Duration) {
+async fn cancel_claim(store: Arc<dyn DedupeStore>, claimed: Arc<DedupeRecord>, keep_for: Duration) {
     match store.cancel(&claimed, keep_for).await {
         Ok(true) => tracing::debug!(
             idempotency_key_hash = %record_fingerprint(&claimed),

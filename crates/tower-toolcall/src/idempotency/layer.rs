@@ -1,4 +1,3 @@
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,28 +16,26 @@ use crate::tool_table::ToolTable;
 /// Applies [`Idempotency`] to a service. See the [module docs](super).
 ///
 /// Clones share one store, one registry and one set of counters behind an [`Arc`].
-pub struct IdempotencyLayer<St = InMemoryDedupeStore> {
-    shared: Arc<Shared<St>>,
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
 }
 
-impl IdempotencyLayer<InMemoryDedupeStore> {
+impl IdempotencyLayer {
     /// A layer with the defaults and a fresh [`InMemoryDedupeStore`].
     pub fn in_memory(registry: ToolRegistry) -> Self {
-        IdempotencyLayer::new(registry, InMemoryDedupeStore::new())
+        IdempotencyLayer::new(registry, Arc::new(InMemoryDedupeStore::new()))
     }
-}
 
-impl<St: DedupeStore> IdempotencyLayer<St> {
     /// A layer with the defaults, keeping records in `store` and resolving each tool's
     /// policy in `registry`.
-    pub fn new(registry: ToolRegistry, store: St) -> Self {
+    pub fn new(registry: ToolRegistry, store: Arc<dyn DedupeStore>) -> Self {
         IdempotencyLayer::builder(registry, store)
             .build()
             .expect("the default configuration is valid")
     }
 
     /// A builder for a layer with other defaults.
-    pub fn builder(registry: ToolRegistry, store: St) -> IdempotencyLayerBuilder<St> {
+    pub fn builder(registry: ToolRegistry, store: Arc<dyn DedupeStore>) -> IdempotencyLayerBuilder {
         IdempotencyLayerBuilder {
             registry,
             store,
@@ -62,7 +59,7 @@ impl<St: DedupeStore> IdempotencyLayer<St> {
     }
 
     /// The store.
-    pub fn store(&self) -> &St {
+    pub fn store(&self) -> &Arc<dyn DedupeStore> {
         &self.shared.store
     }
 
@@ -129,7 +126,7 @@ pub(crate) struct ToolTtls {
     pub(crate) inflight_lease: Duration,
 }
 
-impl<St> Clone for IdempotencyLayer<St> {
+impl Clone for IdempotencyLayer {
     fn clone(&self) -> Self {
         IdempotencyLayer {
             shared: self.shared.clone(),
@@ -137,7 +134,7 @@ impl<St> Clone for IdempotencyLayer<St> {
     }
 }
 
-impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
+impl fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("store", &self.shared.store)
@@ -146,8 +143,8 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayer<St> {
     }
 }
 
-impl<S, St> Layer<S> for IdempotencyLayer<St> {
-    type Service = Idempotency<S, St>;
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::new(inner, self.shared.clone())
@@ -159,12 +156,13 @@ impl<S, St> Layer<S> for IdempotencyLayer<St> {
 /// Every setting is a default that a tool's `policy.idempotency` overrides.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use std::time::Duration;
 /// use tower_toolcall::idempotency::{IdempotencyLayer, InMemoryDedupeStore};
 /// use tower_toolcall::registry::{OnStoreError, ToolRegistry};
 /// use tower_toolcall::DedupeMode;
 ///
-/// let layer = IdempotencyLayer::builder(ToolRegistry::open(), InMemoryDedupeStore::new())
+/// let layer = IdempotencyLayer::builder(ToolRegistry::open(), Arc::new(InMemoryDedupeStore::new()))
 ///     .dedupe_mode(DedupeMode::BestEffort)
 ///     .done_ttl(Duration::from_secs(3600))
 ///     .inflight_lease(Duration::from_secs(30))
@@ -174,14 +172,14 @@ impl<S, St> Layer<S> for IdempotencyLayer<St> {
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
 #[must_use]
-pub struct IdempotencyLayerBuilder<St> {
+pub struct IdempotencyLayerBuilder {
     registry: ToolRegistry,
-    store: St,
+    store: Arc<dyn DedupeStore>,
     canonical: CanonicalOptions,
     defaults: Settings,
 }
 
-impl<St: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<St> {
+impl fmt::Debug for IdempotencyLayerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayerBuilder")
             .field("store", &self.store)
@@ -190,7 +188,7 @@ impl<St: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<St> {
     }
 }
 
-impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
+impl IdempotencyLayerBuilder {
     /// The dedupe mode of calls that do not say and whose tool's policy does not either
     /// (default `enforced`).
     pub fn dedupe_mode(mut self, mode: DedupeMode) -> Self {
@@ -278,17 +276,13 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
     }
 
     /// Keeps records in `store` instead, with the settings made so far.
-    pub fn store<St2: DedupeStore>(self, store: St2) -> IdempotencyLayerBuilder<St2> {
-        IdempotencyLayerBuilder {
-            registry: self.registry,
-            store,
-            canonical: self.canonical,
-            defaults: self.defaults,
-        }
+    pub fn store(mut self, store: Arc<dyn DedupeStore>) -> Self {
+        self.store = store;
+        self
     }
 
     /// Checks the configuration and builds the layer.
-    pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
         at_least_a_millisecond("idempotency.done_ttl", self.defaults.done_ttl)?;
         at_least_a_millisecond("idempotency.failed_ttl", self.defaults.failed_ttl)?;
         at_least_a_millisecond("idempotency.inflight_lease", self.defaults.inflight_lease)?;
@@ -299,7 +293,6 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
                 tools,
-                memory: memory_store(&self.store),
                 store: self.store,
                 canonical: self.canonical,
                 defaults: self.defaults,
@@ -307,9 +300,4 @@ impl<St: DedupeStore> IdempotencyLayerBuilder<St> {
             }),
         })
     }
-}
-
-/// `store` when it is the memory store, which the layer claims keys in when calls are made.
-fn memory_store<St: DedupeStore>(store: &St) -> Option<InMemoryDedupeStore> {
-    (store as &dyn Any).downcast_ref().cloned()
 }

@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use super::future::{deduplicate, execute, Claim, ResponseFuture};
 use super::key::{self, KeySource};
-use super::store::{ClaimRequest, DedupeStore, InMemoryDedupeStore};
+use super::store::{ClaimRequest, DedupeStore};
 use crate::canonical::{self, CanonicalOptions};
 use crate::control::ShadowLayer;
 use crate::envelope::{DedupeMode, ToolCall};
@@ -23,20 +23,19 @@ use crate::tool_table::ToolTable;
 
 /// Executes each idempotency key at most once; made by
 /// [`IdempotencyLayer`](super::IdempotencyLayer). See the [module docs](super).
-pub struct Idempotency<S, St = InMemoryDedupeStore> {
+pub struct Idempotency<S> {
     inner: S,
-    shared: Arc<Shared<St>>,
+    shared: Arc<Shared>,
 }
 
 /// What every clone of a layer and its services share.
-pub(super) struct Shared<St> {
+pub(super) struct Shared {
     /// Each tool's settings; `None` where the tool's policy switches the layer off.
     pub(super) tools: ToolTable<Option<Settings>>,
-    pub(super) store: St,
-    /// The store, when it is the memory store: it answers at once, so the layer claims a
-    /// key in it when the call is made, and a response future dropped before it is polled
-    /// releases the key through its guard.
-    pub(super) memory: Option<InMemoryDedupeStore>,
+    /// The store. One that answers at once (the memory store) has a key claimed when the
+    /// call is made, and a response future dropped before it is polled releases the key
+    /// through its guard.
+    pub(super) store: Arc<dyn DedupeStore>,
     pub(super) canonical: CanonicalOptions,
     /// The layer's settings, for `Debug`.
     pub(super) defaults: Settings,
@@ -153,7 +152,7 @@ pub(super) struct Plan {
     pub(super) repeat_is_safe: bool,
 }
 
-impl<St: DedupeStore> Shared<St> {
+impl Shared {
     /// How `call` is deduplicated, or `None` when it passes through: the layer is off for its
     /// tool, its dedupe mode is `disabled` (the call's own only when the tool lets callers
     /// loosen its mode), or it has no key and derivation is off (by the
@@ -313,15 +312,15 @@ pub struct IdempotencyStats {
     pub fail_open_runs: u64,
 }
 
-impl<S, St> Idempotency<S, St> {
-    pub(super) fn new(inner: S, shared: Arc<Shared<St>>) -> Self {
+impl<S> Idempotency<S> {
+    pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self {
         Idempotency { inner, shared }
     }
 
     crate::middleware::inner_service_accessors!();
 }
 
-impl<S: Clone, St> Clone for Idempotency<S, St> {
+impl<S: Clone> Clone for Idempotency<S> {
     fn clone(&self) -> Self {
         Idempotency {
             inner: self.inner.clone(),
@@ -330,7 +329,7 @@ impl<S: Clone, St> Clone for Idempotency<S, St> {
     }
 }
 
-impl<S: std::fmt::Debug, St: std::fmt::Debug> std::fmt::Debug for Idempotency<S, St> {
+impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotency")
             .field("inner", &self.inner)
@@ -340,11 +339,10 @@ impl<S: std::fmt::Debug, St: std::fmt::Debug> std::fmt::Debug for Idempotency<S,
     }
 }
 
-impl<S, St> Service<ToolCall> for Idempotency<S, St>
+impl<S> Service<ToolCall> for Idempotency<S>
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    St: DedupeStore,
 {
     type Response = ToolOutput;
     type Error = ToolError;
@@ -366,10 +364,8 @@ where
             Ok(None) => ResponseFuture::passthrough(Passthrough::new(self.inner.call(call))),
             Ok(Some(plan)) => {
                 let shared = &self.shared;
-                let first = shared.memory.as_ref().map(|memory| {
-                    let claimed = memory.claim_now(&plan.claim);
-                    claimed.map(|outcome| Claim::new(outcome, shared, &plan))
-                });
+                let first = (shared.store.claim_now(&plan.claim))
+                    .map(|claimed| claimed.map(|outcome| Claim::new(outcome, shared, &plan)));
                 match first {
                     // The key is held: the ready service runs the tool.
                     Some(Ok(Claim::Held { guard })) => {
@@ -391,7 +387,7 @@ where
     }
 }
 
-impl<St: DedupeStore> crate::resend::ResendSource for Shared<St> {
+impl crate::resend::ResendSource for Shared {
     /// The key a re-send of `call` finds its record under, by the precedence of
     /// [`key::idempotency_key`], and how long a finished call's record answers a re-send: a
     /// caller's or a hook's key as long as its record is kept, a derived key within its

@@ -155,22 +155,23 @@ mod shared {
     use super::*;
     use crate::loop_detect::detector::{Decision, Outcome};
     use crate::loop_detect::service::{Judgement, SharedCheck};
-    use crate::loop_detect::store::{LoopStoreFuture, Observed, Settled, Tracked};
+    use crate::loop_detect::store::{Observed, Settled, Tracked};
     use crate::outcome::ShadowDecision;
-    use crate::shared_store::SharedStoreError;
+    use crate::shared_store::StoreError;
+    use crate::shared_store::StoreFuture;
 
     const LAYER: &str = "loop_detect";
 
     /// A store operation on its way.
     pub(in crate::loop_detect) enum StoreStep {
-        Observe(LoopStoreFuture<Observed>),
-        Settle(LoopStoreFuture<()>),
+        Observe(StoreFuture<'static, Observed>),
+        Settle(StoreFuture<'static, ()>),
     }
 
     /// What a store step answered.
     pub(in crate::loop_detect) enum Answer {
-        Observed(Result<Observed, SharedStoreError>),
-        Settled(Result<(), SharedStoreError>),
+        Observed(Result<Observed, StoreError>),
+        Settled(Result<(), StoreError>),
     }
 
     impl StoreStep {

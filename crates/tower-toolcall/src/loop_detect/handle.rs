@@ -8,7 +8,7 @@ use super::command::{CommandError, LoopCommand};
 use super::config::{LoopSettingKey, LoopSettings};
 use super::service::Monitor;
 use crate::error::ConfigError;
-use crate::shared_store::SharedStoreError;
+use crate::shared_store::StoreError;
 
 /// Run-time control of a [`LoopDetectLayer`](super::LoopDetectLayer): the session tier of
 /// settings, and what the layer tracks.
@@ -118,7 +118,7 @@ impl LoopDetectHandle {
     /// # tokio_test::block_on(async {
     /// let handle = LoopDetectLayer::new(ToolRegistry::open()).handle();
     /// handle.reset_session("sess-42").await?;
-    /// # Ok::<(), tower_toolcall::shared_store::SharedStoreError>(())
+    /// # Ok::<(), tower_toolcall::shared_store::StoreError>(())
     /// # }).unwrap();
     /// ```
     pub fn reset_session(&self, session: &str) -> StoreWrite {
@@ -179,7 +179,7 @@ pub struct StoreWrite {
 }
 
 /// A write on its way.
-type Write = Pin<Box<dyn Future<Output = Result<(), SharedStoreError>> + Send>>;
+type Write = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
 impl StoreWrite {
     pub(super) fn done() -> Self {
@@ -188,7 +188,7 @@ impl StoreWrite {
 
     /// Starts `write` at once, in the background when a Tokio runtime runs.
     pub(super) fn spawn(
-        write: impl Future<Output = Result<(), SharedStoreError>> + Send + 'static,
+        write: impl Future<Output = Result<(), StoreError>> + Send + 'static,
     ) -> Self {
         let write: Write = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -200,16 +200,15 @@ impl StoreWrite {
                         written
                     });
                 Box::pin(async move {
-                    task.await.unwrap_or_else(|error| {
-                        Err(SharedStoreError::Unavailable(error.to_string()))
-                    })
+                    task.await
+                        .unwrap_or_else(|error| Err(StoreError::Unavailable(error.to_string())))
                 })
             }
             Err(_) => {
                 tracing::warn!(
                     "a session could not be changed in the shared loop store: no Tokio runtime"
                 );
-                Box::pin(std::future::ready(Err(SharedStoreError::Unavailable(
+                Box::pin(std::future::ready(Err(StoreError::Unavailable(
                     "no Tokio runtime runs".to_owned(),
                 ))))
             }
@@ -219,7 +218,7 @@ impl StoreWrite {
 }
 
 impl Future for StoreWrite {
-    type Output = Result<(), SharedStoreError>;
+    type Output = Result<(), StoreError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.write {

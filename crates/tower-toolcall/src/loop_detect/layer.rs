@@ -16,7 +16,7 @@ use super::tracker::Tracker;
 use crate::bounds::entropy_seed;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
-use crate::idempotency::{DedupeStore, IdempotencyLayer};
+use crate::idempotency::IdempotencyLayer;
 use crate::redact::Redactor;
 use crate::registry::{LayerSetting, RiskLevel, ToolPolicy, ToolRegistry};
 use crate::resend::Resends;
@@ -182,8 +182,8 @@ impl LoopDetectLayerBuilder {
     /// Keeps the sessions' histories in `store`, shared by every replica that uses it,
     /// instead of in this process. `max_sessions` and `max_session_bytes` then bound the
     /// in-process tracker only; the store's keys expire with each session's window.
-    pub fn store(mut self, store: impl LoopStore) -> Self {
-        self.store = Some(Arc::new(store));
+    pub fn store(mut self, store: Arc<dyn LoopStore>) -> Self {
+        self.store = Some(store);
         self
     }
 
@@ -308,10 +308,7 @@ impl LoopDetectLayerBuilder {
     /// the same derived key within its re-send window or while the earlier call runs) is
     /// let through to get the recorded answer, and never counted as a repeat. The stack
     /// builder does this itself.
-    pub fn resends_answered_by<St: DedupeStore>(
-        mut self,
-        idempotency: &IdempotencyLayer<St>,
-    ) -> Self {
+    pub fn resends_answered_by(mut self, idempotency: &IdempotencyLayer) -> Self {
         self.resends = Some(idempotency.resends());
         self
     }

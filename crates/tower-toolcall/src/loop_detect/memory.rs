@@ -8,11 +8,12 @@ use tokio::time::Instant;
 use super::config::SessionTier;
 use super::detector::Decision;
 use super::layer::{DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES};
-use super::store::{LoopCall, LoopStore, LoopStoreFuture, Observed, Settled, Signature, Tracked};
+use super::store::{LoopCall, LoopStore, Observed, Settled, Signature, Tracked};
 use super::tracker::{lock, Tracker};
 use super::{LoopSettingKey, LoopSettings};
 use crate::bounds::entropy_seed;
 use crate::contract::time::unix_now_ms;
+use crate::shared_store::StoreFuture;
 
 /// Keeps the sessions' histories and own settings in this process, with the tracker and the
 /// rules a [`LoopDetectLayer`](super::LoopDetectLayer) uses without a store: the store of one
@@ -25,6 +26,7 @@ use crate::contract::time::unix_now_ms;
 /// with its window; its settings stay until it is forgotten or makes room.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use tower::{Service, ServiceBuilder, ServiceExt};
 /// use tower_toolcall::loop_detect::{InMemoryLoopStore, LoopDetectLayer};
 /// use tower_toolcall::registry::ToolRegistry;
@@ -32,7 +34,7 @@ use crate::contract::time::unix_now_ms;
 ///
 /// # tokio_test::block_on(async {
 /// let layer = LoopDetectLayer::builder(ToolRegistry::open())
-///     .store(InMemoryLoopStore::new())
+///     .store(Arc::new(InMemoryLoopStore::new()))
 ///     .build()?;
 /// let mut svc = ServiceBuilder::new()
 ///     .layer(layer)
@@ -83,14 +85,14 @@ impl Default for InMemoryLoopStore {
 }
 
 /// An answer that is there already.
-fn ready<T: Send + 'static>(answer: T) -> LoopStoreFuture<T> {
+fn ready<T: Send + 'static>(answer: T) -> StoreFuture<'static, T> {
     Box::pin(std::future::ready(Ok(answer)))
 }
 
 impl LoopStore for InMemoryLoopStore {
     /// Judges the call on its session's history, as the layer does without a store; a
     /// refused call is marked refused there and then, so its refusal needs no writing.
-    fn check(&self, session: &str, call: LoopCall) -> LoopStoreFuture<Observed> {
+    fn check(&self, session: &str, call: LoopCall) -> StoreFuture<'static, Observed> {
         let settings = self.sessions.settings.get(session).unwrap_or_default();
         let (tracked, limits) = call.under(&settings);
         if !tracked {
@@ -119,7 +121,7 @@ impl LoopStore for InMemoryLoopStore {
         seq: u64,
         ending: Settled,
         _chance: Option<(Signature, Instant)>,
-    ) -> LoopStoreFuture<()> {
+    ) -> StoreFuture<'static, ()> {
         if let Settled::Done { outcome, .. } = ending {
             if let Some(history) = self.sessions.calls.get(session) {
                 lock(&history).record_outcome(seq, outcome, Instant::now());
@@ -135,7 +137,7 @@ impl LoopStore for InMemoryLoopStore {
         set: LoopSettings,
         unset: &[LoopSettingKey],
         _window: Duration,
-    ) -> LoopStoreFuture<()> {
+    ) -> StoreFuture<'static, ()> {
         self.sessions.settings.change(session, set, unset);
         if set.enabled == Some(false) {
             self.sessions.calls.remove(session);
@@ -145,14 +147,14 @@ impl LoopStore for InMemoryLoopStore {
 
     /// Drops the session's calls; the numbering of its calls goes on, so that a call still
     /// running when the session was reset finishes none of the calls after it.
-    fn reset(&self, session: &str) -> LoopStoreFuture<()> {
+    fn reset(&self, session: &str) -> StoreFuture<'static, ()> {
         if let Some(history) = self.sessions.calls.get(session) {
             lock(&history).clear();
         }
         ready(())
     }
 
-    fn forget(&self, session: &str) -> LoopStoreFuture<()> {
+    fn forget(&self, session: &str) -> StoreFuture<'static, ()> {
         self.sessions.settings.clear(session);
         self.sessions.calls.remove(session);
         ready(())

@@ -14,8 +14,6 @@
 //! `tower-toolcall-redis`, is the store of a fleet. Both run the same loop-detection cases.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,11 +24,7 @@ pub use super::detector::{
     Decision, Detection, Limits, Outcome, SessionHistory, Signature, State, StoredCall,
 };
 use super::{LoopSettingKey, LoopSettings};
-use crate::shared_store::SharedStoreError;
-
-/// The answer of a [`LoopStore`], on its way.
-pub type LoopStoreFuture<T> =
-    Pin<Box<dyn Future<Output = Result<T, SharedStoreError>> + Send + 'static>>;
+use crate::shared_store::StoreFuture;
 
 /// Where a loop layer keeps its sessions' histories and own settings when replicas share
 /// them. Every operation answers within the store's own timeout; a failed one follows the
@@ -39,7 +33,7 @@ pub trait LoopStore: fmt::Debug + Send + Sync + 'static {
     /// Appends `call` to `session`'s history, unless the session's own settings switch
     /// detection off, and answers with those settings and, when they track the call, its
     /// judgement on the history before it ([`LoopCall::judge`]).
-    fn check(&self, session: &str, call: LoopCall) -> LoopStoreFuture<Observed>;
+    fn check(&self, session: &str, call: LoopCall) -> StoreFuture<'static, Observed>;
 
     /// Writes how the call `seq` of `session` ended, and the session's `chance` (the call
     /// last given a chance, and when) when the call changed it.
@@ -49,7 +43,7 @@ pub trait LoopStore: fmt::Debug + Send + Sync + 'static {
         seq: u64,
         ending: Settled,
         chance: Option<(Signature, Instant)>,
-    ) -> LoopStoreFuture<()>;
+    ) -> StoreFuture<'static, ()>;
 
     /// Changes `session`'s own settings: sets those `set` has, removes `unset`. Switching
     /// detection off drops the session's calls. `window` is how long the session lasts when
@@ -60,13 +54,13 @@ pub trait LoopStore: fmt::Debug + Send + Sync + 'static {
         set: LoopSettings,
         unset: &[LoopSettingKey],
         window: Duration,
-    ) -> LoopStoreFuture<()>;
+    ) -> StoreFuture<'static, ()>;
 
     /// Drops `session`'s calls; its settings stay.
-    fn reset(&self, session: &str) -> LoopStoreFuture<()>;
+    fn reset(&self, session: &str) -> StoreFuture<'static, ()>;
 
     /// Forgets `session`: its calls and its settings.
-    fn forget(&self, session: &str) -> LoopStoreFuture<()>;
+    fn forget(&self, session: &str) -> StoreFuture<'static, ()>;
 
     /// The seed of the keyed hash of calls, which every replica that shares the store must
     /// use.

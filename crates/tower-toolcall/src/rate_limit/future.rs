@@ -10,12 +10,13 @@ use tower_service::Service;
 
 use super::limiter::ToolLimit;
 use super::service::{over_limit, refused, Limits};
-use super::store::{Admission, AdmissionFuture};
+use super::store::Admission;
 use crate::control::ShadowLayer;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
 use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{ShadowDecision, ShadowVerdict, ShortCircuit, ToolOutput};
+use crate::shared_store::StoreFuture;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the call, refused with
@@ -33,7 +34,7 @@ pin_project! {
         Called { #[pin] future: Passthrough<F> },
         Rejected { error: Option<ToolError> },
         // Asking the shared store for the call's quota.
-        Checking { check: AdmissionFuture },
+        Checking { check: StoreFuture<'static, Admission> },
         Sleeping { sleep: Pin<Box<Sleep>> },
         // The quota allows the call; waiting for the service to be ready.
         Ready,
@@ -121,7 +122,7 @@ impl<S> Waiting<S> {
     /// What the shared store's `answer` means for the call.
     fn answered<F>(
         &mut self,
-        answer: Result<Admission, crate::shared_store::SharedStoreError>,
+        answer: Result<Admission, crate::shared_store::StoreError>,
     ) -> State<F> {
         let outages = &self
             .limits
@@ -196,7 +197,7 @@ impl<S, F> ResponseFuture<S, F> {
     pub(super) fn checking(
         waiting: Waiting<S>,
         limits: Arc<Limits>,
-        check: AdmissionFuture,
+        check: StoreFuture<'static, Admission>,
     ) -> Self {
         ResponseFuture {
             state: State::Checking { check },

@@ -124,8 +124,8 @@ impl RateLimitLayerBuilder {
     /// Keeps the quotas in `store` (a `RedisRateLimitStore` of `tower-toolcall-redis` to
     /// share them between replicas) instead of in this process. Each check is then one call
     /// to the store; `max_keys` and the sweep concern the in-process limiter only.
-    pub fn store(mut self, store: impl RateLimitStore) -> Self {
-        self.store = Some(Arc::new(store));
+    pub fn store(mut self, store: Arc<dyn RateLimitStore>) -> Self {
+        self.store = Some(store);
         self
     }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use hashlink::LruCache;
 use tokio::time::Instant;
 
-use super::store::{Admission, AdmissionFuture, Quota, RateLimitStore};
+use super::store::{Admission, Quota, RateLimitStore};
+use crate::shared_store::StoreFuture;
 
 /// The keys an [`InMemoryRateLimitStore`] keeps unless told otherwise.
 pub const DEFAULT_MEMORY_STORE_KEYS: usize = 100_000;
@@ -22,10 +23,11 @@ pub const DEFAULT_MEMORY_STORE_KEYS: usize = 100_000;
 /// by then). Time is tokio's.
 ///
 /// ```
-/// use tower_toolcall::rate_limit::{InMemoryRateLimitStore, RateLimitLayer};
+/// use std::sync::Arc;
+/// use tower_toolcall::rate_limit::{InMemoryRateLimitStore, RateLimitLayer, RateLimitStore};
 /// use tower_toolcall::registry::ToolRegistry;
 ///
-/// let quotas = InMemoryRateLimitStore::default();
+/// let quotas: Arc<dyn RateLimitStore> = Arc::new(InMemoryRateLimitStore::default());
 /// // Each rebuild of the layer draws on the same quotas.
 /// let layer = RateLimitLayer::builder(ToolRegistry::open()).store(quotas.clone()).build()?;
 /// # let _ = layer;
@@ -87,7 +89,7 @@ impl InMemoryRateLimitStore {
 }
 
 impl RateLimitStore for InMemoryRateLimitStore {
-    fn acquire(&self, key: &str, quota: Quota) -> AdmissionFuture {
+    fn acquire(&self, key: &str, quota: Quota) -> StoreFuture<'static, Admission> {
         let admission = self.admit(key, quota);
         Box::pin(std::future::ready(Ok(admission)))
     }

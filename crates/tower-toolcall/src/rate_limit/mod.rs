@@ -80,4 +80,4 @@ pub use layer::{
 };
 pub use memory::{InMemoryRateLimitStore, DEFAULT_MEMORY_STORE_KEYS};
 pub use service::RateLimit;
-pub use store::{Admission, AdmissionFuture, Quota, RateLimitStore};
+pub use store::{Admission, Quota, RateLimitStore};

@@ -1,11 +1,9 @@
 //! Quotas kept where several replicas share them.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
-use crate::shared_store::SharedStoreError;
+use crate::shared_store::StoreFuture;
 
 /// A tool's quota, as the layer resolved it: `per_second` calls a second on average, at most
 /// `burst` at once.
@@ -35,10 +33,6 @@ pub enum Admission {
     RetryAfter(Duration),
 }
 
-/// The answer of a [`RateLimitStore`], on its way.
-pub type AdmissionFuture =
-    Pin<Box<dyn Future<Output = Result<Admission, SharedStoreError>> + Send + 'static>>;
-
 /// Where the quotas of a [`RateLimitLayer`](super::RateLimitLayer) are kept when replicas
 /// share them, set with
 /// [`RateLimitLayerBuilder::store`](super::RateLimitLayerBuilder::store). Without one, each
@@ -50,14 +44,15 @@ pub type AdmissionFuture =
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_toolcall::rate_limit::{Admission, AdmissionFuture, Quota, RateLimitStore};
+/// use tower_toolcall::rate_limit::{Admission, Quota, RateLimitStore};
+/// use tower_toolcall::shared_store::StoreFuture;
 ///
 /// /// A store that refuses every call for a second.
 /// #[derive(Debug)]
 /// struct Closed;
 ///
 /// impl RateLimitStore for Closed {
-///     fn acquire(&self, _key: &str, _quota: Quota) -> AdmissionFuture {
+///     fn acquire(&self, _key: &str, _quota: Quota) -> StoreFuture<'static, Admission> {
 ///         Box::pin(async { Ok(Admission::RetryAfter(Duration::from_secs(1))) })
 ///     }
 /// }
@@ -65,5 +60,5 @@ pub type AdmissionFuture =
 pub trait RateLimitStore: fmt::Debug + Send + Sync + 'static {
     /// Takes one call from `key`'s `quota`, or says how long until it allows one. `key` names
     /// the tool and, by the tool's key policy, the tenant or the session.
-    fn acquire(&self, key: &str, quota: Quota) -> AdmissionFuture;
+    fn acquire(&self, key: &str, quota: Quota) -> StoreFuture<'static, Admission>;
 }

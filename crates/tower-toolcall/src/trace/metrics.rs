@@ -47,7 +47,7 @@ use metrics::SharedString;
 use crate::breaker::{BreakerKey, TransitionEvent, TransitionListener};
 use crate::envelope::{ResultStatus, ToolCall};
 use crate::error::{ConfigError, ErrorCode, ToolError};
-use crate::idempotency::{DedupeStore, IdempotencyLayer};
+use crate::idempotency::IdempotencyLayer;
 use crate::outcome::{MatchedOn, ToolOutput};
 use crate::registry::{KeyScope, ToolRegistry};
 use crate::shared_store::{FailurePolicy, StoreEvent, StoreListener};
@@ -288,7 +288,7 @@ impl ToolMetrics {
     /// Sets the dedupe TTL gauges of every tool `layer` deduplicates: how long it keeps a
     /// completed record, a failed one, and the lease of one in flight, labelled with the
     /// tool's key scope. A [`ToolStack`](crate::ToolStack) built with metrics does it.
-    pub fn record_dedupe_ttls<St: DedupeStore>(&self, layer: &IdempotencyLayer<St>) {
+    pub fn record_dedupe_ttls(&self, layer: &IdempotencyLayer) {
         let gauge = &self.inner.dedupe_ttl_seconds;
         for (tool, ttls) in layer.tool_ttls() {
             let tool = match tool {

@@ -31,7 +31,7 @@ use tower_toolcall::{
 
 /// A store to run the suite against, and how time passes for it.
 trait Backend: Send + Sync + 'static {
-    type Store: DedupeStore + std::fmt::Debug;
+    type Store: DedupeStore + Clone;
 
     /// A new handle to the backend's store: for Redis, another replica with its own
     /// connections.
@@ -144,7 +144,7 @@ impl MockTool {
 }
 
 /// `idem` over the mock tool.
-fn over<St: DedupeStore>(idem: &IdempotencyLayer<St>, tool: &MockTool) -> impl ToolStack {
+fn over(idem: &IdempotencyLayer, tool: &MockTool) -> impl ToolStack {
     idem.layer(tool.service())
 }
 
@@ -159,8 +159,8 @@ fn policy(overrides: IdempotencyOverrides) -> ToolPolicy {
     ToolPolicy::default().with_idempotency(overrides)
 }
 
-fn layer<St: DedupeStore>(store: St, policy: ToolPolicy) -> IdempotencyLayer<St> {
-    IdempotencyLayer::new(registry(policy), store)
+fn layer(store: impl DedupeStore, policy: ToolPolicy) -> IdempotencyLayer {
+    IdempotencyLayer::new(registry(policy), Arc::new(store))
 }
 
 /// A call of the tool in `session` with `params`.
@@ -817,7 +817,7 @@ async fn refused_calls_leave_no_record<B: Backend>(b: B) {
     let tool = MockTool::echo(Duration::ZERO);
     let svc = ServiceBuilder::new()
         .layer(EnvelopeValidateLayer::new(registry.clone()))
-        .layer(IdempotencyLayer::new(registry, store.clone()))
+        .layer(IdempotencyLayer::new(registry, Arc::new(store.clone())))
         .service(tool.service());
 
     let invalid = call("sess-42", json!({"content": "no path"}))

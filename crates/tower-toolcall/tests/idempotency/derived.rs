@@ -39,7 +39,10 @@ fn write_call() -> ToolCall {
 
 async fn derived_key_runs_a_finished_read_again_and_joins_a_running_one<B: Backend>(b: B) {
     let tool = MockTool::echo(b.time(Duration::from_millis(200)));
-    let layer = IdempotencyLayer::new(tools(Default::default(), Default::default()), b.store());
+    let layer = IdempotencyLayer::new(
+        tools(Default::default(), Default::default()),
+        Arc::new(b.store()),
+    );
     let svc = over(&layer, &tool);
 
     // Two identical reads at once: one run, the second joins it.
@@ -60,7 +63,7 @@ async fn derived_key_reuses_a_write_only_within_the_resend_window<B: Backend>(b:
     let window = b.time(Duration::from_secs(30));
     let write = IdempotencyOverrides::default().with_resend_window_ms(window.as_millis() as u64);
     let tool = MockTool::echo(Duration::ZERO);
-    let layer = IdempotencyLayer::new(tools(Default::default(), write), b.store());
+    let layer = IdempotencyLayer::new(tools(Default::default(), write), Arc::new(b.store()));
     let svc = over(&layer, &tool);
 
     let first = run(&svc, write_call()).await.unwrap();
@@ -86,7 +89,7 @@ async fn derived_key_reuses_a_write_only_within_the_resend_window<B: Backend>(b:
 async fn resend_window_zero_only_joins_running_calls<B: Backend>(b: B) {
     let write = IdempotencyOverrides::default().with_resend_window_ms(0);
     let tool = MockTool::echo(b.time(Duration::from_millis(200)));
-    let layer = IdempotencyLayer::new(tools(Default::default(), write), b.store());
+    let layer = IdempotencyLayer::new(tools(Default::default(), write), Arc::new(b.store()));
     let svc = over(&layer, &tool);
 
     let (first, joined) = tokio::join!(run(&svc, write_call()), run(&svc, write_call()));
@@ -101,7 +104,7 @@ async fn read_cache_ttl_serves_reads_from_the_record_within_it<B: Backend>(b: B)
     let ttl = b.time(Duration::from_secs(60));
     let read = IdempotencyOverrides::default().with_read_cache_ttl_ms(ttl.as_millis() as u64);
     let tool = MockTool::echo(Duration::ZERO);
-    let layer = IdempotencyLayer::new(tools(read, Default::default()), b.store());
+    let layer = IdempotencyLayer::new(tools(read, Default::default()), Arc::new(b.store()));
     let svc = over(&layer, &tool);
 
     run(&svc, read_call()).await.unwrap();
@@ -117,7 +120,10 @@ async fn read_cache_ttl_serves_reads_from_the_record_within_it<B: Backend>(b: B)
 
 async fn caller_key_holds_for_hours<B: Backend>(b: B) {
     let tool = MockTool::echo(Duration::ZERO);
-    let layer = IdempotencyLayer::new(tools(Default::default(), Default::default()), b.store());
+    let layer = IdempotencyLayer::new(
+        tools(Default::default(), Default::default()),
+        Arc::new(b.store()),
+    );
     let svc = over(&layer, &tool);
     let keyed = || {
         call("sess-42", json!({"path": "XYZ/Foo.md"}))

@@ -164,7 +164,7 @@ async fn memory_store_full_of_in_flight_records_refuses_and_never_evicts_them() 
     assert_eq!(store.stats().inflight, 2, "no in-flight record was evicted");
 
     let open = over(
-        &IdempotencyLayer::builder(registry(ToolPolicy::default()), store.clone())
+        &IdempotencyLayer::builder(registry(ToolPolicy::default()), Arc::new(store.clone()))
             .on_store_error(OnStoreError::FailOpen)
             .build()
             .unwrap(),
@@ -359,7 +359,7 @@ fn bad_configuration_is_refused_with_the_field_named() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "idempotency.store.capacity");
-    let err = IdempotencyLayer::builder(ToolRegistry::open(), InMemoryDedupeStore::new())
+    let err = IdempotencyLayer::builder(ToolRegistry::open(), Arc::new(InMemoryDedupeStore::new()))
         .inflight_lease(Duration::ZERO)
         .build()
         .unwrap_err();
@@ -438,7 +438,7 @@ async fn memory_store_stays_under_its_bound_in_bytes_with_large_results() {
 
 /// A layer on the memory store over a registry of `tools` (namespace, name), each with the
 /// default policy.
-fn layer_of_tools(tools: &[(&str, &str)]) -> IdempotencyLayer<InMemoryDedupeStore> {
+fn layer_of_tools(tools: &[(&str, &str)]) -> IdempotencyLayer {
     let registry = tools
         .iter()
         .fold(ToolRegistry::builder(), |builder, (ns, name)| {
@@ -446,12 +446,12 @@ fn layer_of_tools(tools: &[(&str, &str)]) -> IdempotencyLayer<InMemoryDedupeStor
         })
         .build()
         .unwrap();
-    IdempotencyLayer::new(registry, InMemoryDedupeStore::new())
+    IdempotencyLayer::new(registry, Arc::new(InMemoryDedupeStore::new()))
 }
 
 /// Sends `calls` in turn through `idem` over one mock tool, and checks that every one ran the
 /// tool and none was answered from another's record.
-async fn each_call_runs_the_tool(idem: &IdempotencyLayer<InMemoryDedupeStore>, calls: &[ToolCall]) {
+async fn each_call_runs_the_tool(idem: &IdempotencyLayer, calls: &[ToolCall]) {
     let tool = MockTool::echo(Duration::ZERO);
     let svc = over(idem, &tool);
     let mut keys = Vec::new();
@@ -607,107 +607,71 @@ struct FailingFinalize {
     failures: Arc<AtomicUsize>,
 }
 
+use tower_toolcall::idempotency::{DedupeRecord, StoreError};
+use tower_toolcall::shared_store::StoreFuture;
+
+/// Claims and results go through the store's futures: the store answers nothing at once.
 impl DedupeStore for FailingFinalize {
-    fn claim(
-        &self,
-        request: &ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, tower_toolcall::idempotency::StoreError>> + Send
-    {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         self.inner.claim(request)
     }
 
-    fn get(
-        &self,
-        key: &str,
-    ) -> impl Future<
-        Output = Result<
-            Option<tower_toolcall::idempotency::DedupeRecord>,
-            tower_toolcall::idempotency::StoreError,
-        >,
-    > + Send {
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<DedupeRecord>> {
         self.inner.get(key)
     }
 
-    async fn finalize(
-        &self,
-        claimed: &tower_toolcall::idempotency::DedupeRecord,
+    fn finalize<'a>(
+        &'a self,
+        claimed: &'a DedupeRecord,
         completion: Completion,
-    ) -> Result<Finalized, tower_toolcall::idempotency::StoreError> {
+    ) -> StoreFuture<'a, Finalized> {
         let failed = self
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if failed {
-            return Err(tower_toolcall::idempotency::StoreError::Unavailable(
-                "the store is down for a moment".into(),
-            ));
+            let down = StoreError::Unavailable("the store is down for a moment".into());
+            return Box::pin(std::future::ready(Err(down)));
         }
-        self.inner.finalize(claimed, completion).await
+        self.inner.finalize(claimed, completion)
     }
 
-    fn cancel(
-        &self,
-        claimed: &tower_toolcall::idempotency::DedupeRecord,
+    fn cancel<'a>(
+        &'a self,
+        claimed: &'a DedupeRecord,
         keep_for: Duration,
-    ) -> impl Future<Output = Result<bool, tower_toolcall::idempotency::StoreError>> + Send {
+    ) -> StoreFuture<'a, bool> {
         self.inner.cancel(claimed, keep_for)
     }
 
-    fn renew(
-        &self,
-        claimed: &tower_toolcall::idempotency::DedupeRecord,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, tower_toolcall::idempotency::StoreError>> + Send {
+    fn renew<'a>(&'a self, claimed: &'a DedupeRecord, lease: Duration) -> StoreFuture<'a, bool> {
         self.inner.renew(claimed, lease)
     }
 
-    fn wait(
-        &self,
-        seen: &tower_toolcall::idempotency::DedupeRecord,
-    ) -> impl Future<
-        Output = Result<
-            Option<tower_toolcall::idempotency::DedupeRecord>,
-            tower_toolcall::idempotency::StoreError,
-        >,
-    > + Send {
+    fn wait<'a>(&'a self, seen: &'a DedupeRecord) -> StoreFuture<'a, Option<DedupeRecord>> {
         self.inner.wait(seen)
     }
 
-    fn delete(
-        &self,
-        key: &str,
-    ) -> impl Future<Output = Result<bool, tower_toolcall::idempotency::StoreError>> + Send {
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
         self.inner.delete(key)
     }
 
-    fn flush_prefix(
-        &self,
-        prefix: &str,
-    ) -> impl Future<Output = Result<u64, tower_toolcall::idempotency::StoreError>> + Send {
+    fn flush_prefix<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, u64> {
         self.inner.flush_prefix(prefix)
     }
 
-    fn sweep_expired(
-        &self,
-    ) -> impl Future<Output = Result<u64, tower_toolcall::idempotency::StoreError>> + Send {
+    fn sweep_expired(&self) -> StoreFuture<'_, u64> {
         self.inner.sweep_expired()
     }
 
-    fn size(
-        &self,
-    ) -> impl Future<Output = Result<u64, tower_toolcall::idempotency::StoreError>> + Send {
+    fn size(&self) -> StoreFuture<'_, u64> {
         self.inner.size()
     }
 
-    fn find_by_fingerprint(
-        &self,
-        fingerprint: &str,
-    ) -> impl Future<
-        Output = Result<
-            Option<tower_toolcall::idempotency::DedupeRecord>,
-            tower_toolcall::idempotency::StoreError,
-        >,
-    > + Send {
+    fn find_by_fingerprint<'a>(
+        &'a self,
+        fingerprint: &'a str,
+    ) -> StoreFuture<'a, Option<DedupeRecord>> {
         self.inner.find_by_fingerprint(fingerprint)
     }
 }
@@ -727,7 +691,7 @@ async fn a_result_the_store_could_not_take_keeps_a_writes_key_and_frees_a_reads(
             .tool(ToolDescriptor::new(NS, TOOL, risk))
             .build()
             .unwrap();
-        let idem = IdempotencyLayer::new(registry, store);
+        let idem = IdempotencyLayer::new(registry, Arc::new(store));
         let tool = MockTool::echo(Duration::from_millis(200));
         let svc = over(&idem, &tool);
         let keyed = || {

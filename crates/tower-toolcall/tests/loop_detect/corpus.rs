@@ -340,7 +340,7 @@ async fn through_the_memory_store_every_trace_stops_where_it_stops_without() {
     for trace in &load() {
         let alone = replay(trace, LoopDetectLayer::new(registry(trace))).await;
         let stored = LoopDetectLayer::builder(registry(trace))
-            .store(InMemoryLoopStore::new())
+            .store(Arc::new(InMemoryLoopStore::new()))
             .build()
             .expect("a valid configuration");
         assert_eq!(replay(trace, stored).await, alone, "{}", trace.id);

@@ -44,9 +44,9 @@ impl Store {
             .on_store_failure(tower_toolcall::shared_store::FailurePolicy::Closed);
         match self {
             Store::Memory => builder,
-            Store::MemoryStore => {
-                builder.store(tower_toolcall::loop_detect::InMemoryLoopStore::new())
-            }
+            Store::MemoryStore => builder.store(Arc::new(
+                tower_toolcall::loop_detect::InMemoryLoopStore::new(),
+            )),
         }
     }
 }

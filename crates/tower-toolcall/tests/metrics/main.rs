@@ -247,7 +247,6 @@ fn the_dedupe_store_size_and_ttls_are_gauges_with_the_key_scope() {
                 .await
                 .unwrap();
         }
-        use tower_toolcall::idempotency::DedupeStore;
         metrics.record_dedupe_size(stack.dedupe_store().unwrap().size().await.unwrap());
     });
     let series = snapshot(&recorder);

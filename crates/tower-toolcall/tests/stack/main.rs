@@ -77,7 +77,7 @@ fn stack(
     runs: Arc<AtomicUsize>,
 ) -> impl Service<ToolCall, Response = ToolResult, Error = std::convert::Infallible> {
     let stack = ToolStack::builder(registry())
-        .store(store)
+        .store(Arc::new(store))
         .retry(|retry| retry.seed(7))
         .build()
         .unwrap();
@@ -326,7 +326,7 @@ async fn a_layer_left_out_of_the_stack_is_not_there() {
 async fn the_handles_of_the_built_stack_act_on_its_layers() {
     let store = InMemoryDedupeStore::new();
     let stack = ToolStack::builder(registry())
-        .store(store.clone())
+        .store(Arc::new(store.clone()))
         .build()
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));

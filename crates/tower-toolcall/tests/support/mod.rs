@@ -260,19 +260,19 @@ pub async fn eventually(what: &str, done: impl Fn() -> bool) {
 
 /// `tool` behind the whole stack as the crate's builder assembles it: the stack the test
 /// suites exercise, answering with the crate's `ToolOutput` / `ToolError`.
-pub fn stacked<S, St>(
-    stack: &tower_toolcall::ToolStack<St>,
+pub fn stacked<S>(
+    stack: &tower_toolcall::ToolStack,
     tool: S,
-) -> tower_toolcall::ToolStackService<S, St> {
+) -> tower_toolcall::ToolStackService<S> {
     use tower::Layer;
     stack.layer(tool)
 }
 
 /// [`stacked`], answering every call with a `ToolResult` envelope.
-pub fn enveloped<S, St>(
-    stack: &tower_toolcall::ToolStack<St>,
+pub fn enveloped<S>(
+    stack: &tower_toolcall::ToolStack,
     tool: S,
-) -> tower_toolcall::envelope::ResultEnvelope<tower_toolcall::ToolStackService<S, St>> {
+) -> tower_toolcall::envelope::ResultEnvelope<tower_toolcall::ToolStackService<S>> {
     use tower::Layer;
     tower_toolcall::ResultEnvelopeLayer::new().layer(stacked(stack, tool))
 }

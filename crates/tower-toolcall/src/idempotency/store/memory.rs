@@ -14,7 +14,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{
     at_least_a_millisecond, ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized,
-    StoreError,
+    StoreError, StoreFuture,
 };
 use crate::bounds::{json_bytes, CallerKeyHasher};
 use crate::envelope::ToolCall;
@@ -335,19 +335,9 @@ impl InMemoryDedupeStore {
     }
 
     /// [`DedupeStore::claim`], answered at once.
-    pub(crate) fn claim_now(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+    fn claim_at_once(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.start_sweeper();
         self.shared.claim(request)
-    }
-
-    /// [`DedupeStore::finalize`], answered at once; the caller gives its reference to the
-    /// claimed record up.
-    pub(crate) fn finalize_now(
-        &self,
-        claimed: Arc<DedupeRecord>,
-        completion: Completion,
-    ) -> Finalized {
-        (self.shared).settle(claimed, |record, now| completion.apply(record, now))
     }
 
     /// Starts the background sweep, once, when a Tokio runtime is there to run it. It holds
@@ -728,27 +718,43 @@ impl State {
 }
 
 impl DedupeStore for InMemoryDedupeStore {
-    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_now(request)
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
+        Box::pin(std::future::ready(self.claim_at_once(request)))
     }
 
-    async fn get(&self, key: &str) -> Result<Option<DedupeRecord>, StoreError> {
-        let now = self.shared.clock.now_ms();
-        let state = self.shared.lock();
-        Ok(self.shared.current(&state, key, now))
+    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
+        Some(self.claim_at_once(request))
     }
 
-    async fn finalize(
-        &self,
-        claimed: &DedupeRecord,
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<DedupeRecord>> {
+        Box::pin(std::future::ready(Ok(self.current(key))))
+    }
+
+    fn finalize<'a>(
+        &'a self,
+        claimed: &'a DedupeRecord,
         completion: Completion,
-    ) -> Result<Finalized, StoreError> {
-        Ok(self
-            .shared
-            .settle(claimed, |record, now| completion.apply(record, now)))
+    ) -> StoreFuture<'a, Finalized> {
+        let finalized = (self.shared).settle(claimed, |record, now| completion.apply(record, now));
+        Box::pin(std::future::ready(Ok(finalized)))
     }
 
-    async fn cancel(&self, claimed: &DedupeRecord, keep_for: Duration) -> Result<bool, StoreError> {
+    /// Settles the record where it lies, without a copy unless a waiter holds it too.
+    fn finalize_now(
+        &self,
+        claimed: Arc<DedupeRecord>,
+        completion: &dyn Fn() -> Completion,
+    ) -> Result<Finalized, Arc<DedupeRecord>> {
+        // Made before the lock is taken.
+        let completion = completion();
+        Ok((self.shared).settle(claimed, |record, now| completion.apply(record, now)))
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        claimed: &'a DedupeRecord,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, bool> {
         let written = self.shared.settle(claimed, |record, now| {
             let keep_ms = millis(keep_for);
             record.state = RecordState::Cancelled;
@@ -757,14 +763,63 @@ impl DedupeStore for InMemoryDedupeStore {
             record.ttl_ms = keep_ms;
             record.lock_until_ms = None;
         });
-        Ok(written == Finalized::Written)
+        Box::pin(std::future::ready(Ok(written == Finalized::Written)))
     }
 
-    async fn renew(&self, claimed: &DedupeRecord, lease: Duration) -> Result<bool, StoreError> {
-        Ok(self.shared.renew(claimed, lease))
+    fn renew<'a>(&'a self, claimed: &'a DedupeRecord, lease: Duration) -> StoreFuture<'a, bool> {
+        Box::pin(std::future::ready(Ok(self.shared.renew(claimed, lease))))
     }
 
-    async fn wait(&self, seen: &DedupeRecord) -> Result<Option<DedupeRecord>, StoreError> {
+    fn wait<'a>(&'a self, seen: &'a DedupeRecord) -> StoreFuture<'a, Option<DedupeRecord>> {
+        Box::pin(self.wait_for(seen))
+    }
+
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
+        Box::pin(std::future::ready(Ok(self.shared.remove(key))))
+    }
+
+    fn flush_prefix<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, u64> {
+        Box::pin(std::future::ready(Ok(self.shared.flush_prefix(prefix))))
+    }
+
+    fn sweep_expired(&self) -> StoreFuture<'_, u64> {
+        Box::pin(std::future::ready(Ok(self.shared.sweep())))
+    }
+
+    fn size(&self) -> StoreFuture<'_, u64> {
+        let records = self.shared.lock().len() as u64;
+        Box::pin(std::future::ready(Ok(records)))
+    }
+
+    fn find_by_fingerprint<'a>(
+        &'a self,
+        fingerprint: &'a str,
+    ) -> StoreFuture<'a, Option<DedupeRecord>> {
+        let found = {
+            let state = self.shared.lock();
+            let mut keys = state
+                .inflight
+                .keys()
+                .chain(state.settled.iter().map(|(key, _)| key));
+            keys.find(|key| fingerprint_matches(key, fingerprint))
+                .cloned()
+        };
+        let record = found.and_then(|key| self.current(&key));
+        Box::pin(std::future::ready(Ok(record)))
+    }
+}
+
+impl InMemoryDedupeStore {
+    /// The live record of `key`.
+    fn current(&self, key: &str) -> Option<DedupeRecord> {
+        let now = self.shared.clock.now_ms();
+        let state = self.shared.lock();
+        self.shared.current(&state, key, now)
+    }
+
+    /// Waits until the in-flight record `seen` is settled, replaced or gone, or its lease
+    /// ends.
+    async fn wait_for(&self, seen: &DedupeRecord) -> Result<Option<DedupeRecord>, StoreError> {
         loop {
             let now = self.shared.clock.now_ms();
             let (mut settled, lock_until) = {
@@ -788,50 +843,10 @@ impl DedupeStore for InMemoryDedupeStore {
                     return Ok(record.map(|r| (*r).clone()));
                 }
                 // The entry went away without a result: taken over, deleted or swept.
-                Ok(Err(_)) => {
-                    let now = self.shared.clock.now_ms();
-                    let state = self.shared.lock();
-                    return Ok(self.shared.current(&state, &seen.key, now));
-                }
+                Ok(Err(_)) => return Ok(self.current(&seen.key)),
                 // The lease ended, unless it was renewed: look again.
                 Err(_) => continue,
             }
-        }
-    }
-
-    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        Ok(self.shared.remove(key))
-    }
-
-    async fn flush_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
-        Ok(self.shared.flush_prefix(prefix))
-    }
-
-    async fn sweep_expired(&self) -> Result<u64, StoreError> {
-        Ok(self.shared.sweep())
-    }
-
-    async fn size(&self) -> Result<u64, StoreError> {
-        let state = self.shared.lock();
-        Ok(state.len() as u64)
-    }
-
-    async fn find_by_fingerprint(
-        &self,
-        fingerprint: &str,
-    ) -> Result<Option<DedupeRecord>, StoreError> {
-        let found = {
-            let state = self.shared.lock();
-            let mut keys = state
-                .inflight
-                .keys()
-                .chain(state.settled.iter().map(|(key, _)| key));
-            keys.find(|key| fingerprint_matches(key, fingerprint))
-                .cloned()
-        };
-        match found {
-            Some(key) => self.get(&key).await,
-            None => Ok(None),
         }
     }
 }

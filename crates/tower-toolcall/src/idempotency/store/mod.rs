@@ -25,17 +25,30 @@ use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredE
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
 use crate::outcome::ToolOutput;
+pub use crate::shared_store::StoreError;
+use crate::shared_store::StoreFuture;
 use crate::time::millis;
 
-/// A store of dedupe records.
+/// A store of dedupe records, held by the layer as an `Arc<dyn DedupeStore>`.
 ///
-/// Every method is atomic with respect to the others for one key. Implementations are cheap
-/// handles (`Clone` shares the store), so a response future can keep one to release its claim
-/// when the caller drops it.
+/// Every method is atomic with respect to the others for one key. Freeness: a key is free
+/// when it has no record, when its record is `cancelled`, or when its in-flight lease has
+/// ended. A free key is claimed with a version larger than any the key had.
 ///
-/// Freeness: a key is free when it has no record, when its record is `cancelled`, or when its
-/// in-flight lease has ended. A free key is claimed with a version larger than any the key had.
-pub trait DedupeStore: Clone + Send + Sync + 'static {
+/// A store that answers without waiting (the memory store) also answers
+/// [`claim_now`](Self::claim_now) and [`finalize_now`](Self::finalize_now), and the layer
+/// claims and settles keys in it as the call is made, without a future.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tower_toolcall::idempotency::{DedupeStore, IdempotencyLayer, InMemoryDedupeStore};
+/// use tower_toolcall::registry::ToolRegistry;
+///
+/// let store: Arc<dyn DedupeStore> = Arc::new(InMemoryDedupeStore::new());
+/// let layer = IdempotencyLayer::new(ToolRegistry::open(), store.clone());
+/// assert!(Arc::ptr_eq(layer.store(), &store));
+/// ```
+pub trait DedupeStore: fmt::Debug + Send + Sync + 'static {
     /// Claims the key of `request` for a new execution when it is free (and, when
     /// `request.take_over_retriable_failure` is set, when it holds a retriable failure with
     /// the same params digest); otherwise returns the record that holds it.
@@ -43,71 +56,75 @@ pub trait DedupeStore: Clone + Send + Sync + 'static {
     /// A claim whose answer its caller never reads (the future is dropped, or the store
     /// fails after sending it) must not hold the key with nobody to own it: a store that
     /// cannot tell whether it was applied releases it by its version.
-    fn claim(
-        &self,
-        request: &ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome>;
+
+    /// [`claim`](Self::claim), answered at once by a store that can; `None` (the default)
+    /// when the store answers only through `claim`.
+    fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
+        let _ = request;
+        None
+    }
 
     /// The record of `key`, if the store has a live one.
-    fn get(
-        &self,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<DedupeRecord>, StoreError>> + Send;
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<DedupeRecord>>;
 
     /// Writes the result of the execution that claimed `claimed`, if its claim still holds
     /// (the record is in flight with `claimed.version`); wakes every waiter.
-    fn finalize(
-        &self,
-        claimed: &DedupeRecord,
+    fn finalize<'a>(
+        &'a self,
+        claimed: &'a DedupeRecord,
         completion: Completion,
-    ) -> impl Future<Output = Result<Finalized, StoreError>> + Send;
+    ) -> StoreFuture<'a, Finalized>;
+
+    /// [`finalize`](Self::finalize), answered at once by a store that can, with the
+    /// completion that `completion` makes. It is given the caller's reference to the claimed
+    /// record, so that it can settle the record where it lies. The default makes nothing and
+    /// hands the record back: the caller then finalizes through `finalize`.
+    fn finalize_now(
+        &self,
+        claimed: Arc<DedupeRecord>,
+        completion: &dyn Fn() -> Completion,
+    ) -> Result<Finalized, Arc<DedupeRecord>> {
+        let _ = completion;
+        Err(claimed)
+    }
 
     /// Marks the record `cancelled` (kept for `keep_for`, the key free), if the claim still
     /// holds; wakes every waiter. `true` when it did.
-    fn cancel(
-        &self,
-        claimed: &DedupeRecord,
-        keep_for: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn cancel<'a>(&'a self, claimed: &'a DedupeRecord, keep_for: Duration)
+        -> StoreFuture<'a, bool>;
 
     /// Extends the lease of `claimed` to `lease` from now, if the claim still holds. `true`
     /// when it did.
-    fn renew(
-        &self,
-        claimed: &DedupeRecord,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn renew<'a>(&'a self, claimed: &'a DedupeRecord, lease: Duration) -> StoreFuture<'a, bool>;
 
     /// Waits, without polling, until the in-flight record `seen` is settled, cancelled,
     /// replaced or gone, or its lease ends. Returns the record that replaced it, or `None`
     /// when the key has no live record any more (claim it again).
-    fn wait(
-        &self,
-        seen: &DedupeRecord,
-    ) -> impl Future<Output = Result<Option<DedupeRecord>, StoreError>> + Send;
+    fn wait<'a>(&'a self, seen: &'a DedupeRecord) -> StoreFuture<'a, Option<DedupeRecord>>;
 
     /// Deletes the record of `key`. `true` when there was one.
-    fn delete(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool>;
 
     /// Deletes every record whose store key starts with `prefix` (see
     /// [`tenant_prefix`](super::tenant_prefix)); returns how many.
-    fn flush_prefix(&self, prefix: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn flush_prefix<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, u64>;
 
     /// Removes the records that have expired; returns how many. Stores whose backend
     /// expires records itself return 0.
-    fn sweep_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn sweep_expired(&self) -> StoreFuture<'_, u64>;
 
     /// How many records the store holds.
-    fn size(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn size(&self) -> StoreFuture<'_, u64>;
 
     /// The live record whose key results and logs name by `fingerprint`: the
     /// [`key_fingerprint`](super::key_fingerprint) of its store key, or the first 16 hex
     /// digits of a key derived from the params. It scans the store: for operators, not for
     /// the path of a call.
-    fn find_by_fingerprint(
-        &self,
-        fingerprint: &str,
-    ) -> impl Future<Output = Result<Option<DedupeRecord>, StoreError>> + Send;
+    fn find_by_fingerprint<'a>(
+        &'a self,
+        fingerprint: &'a str,
+    ) -> StoreFuture<'a, Option<DedupeRecord>>;
 }
 
 /// What a call asks of [`DedupeStore::claim`].
@@ -330,61 +347,6 @@ pub enum Finalized {
     },
 }
 
-/// Why a store could not do what it was asked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// The store could not be reached, or answered with an error.
-    Unavailable(String),
-    /// The store did not answer within the operation timeout.
-    Timeout(Duration),
-    /// The store is full and every record in it is in flight, so none can be evicted.
-    CapacityExhausted {
-        /// The store's capacity.
-        capacity: usize,
-    },
-    /// A stored record could not be read back.
-    Corrupt(String),
-}
-
-impl From<crate::shared_store::SharedStoreError> for StoreError {
-    fn from(error: crate::shared_store::SharedStoreError) -> Self {
-        use crate::shared_store::SharedStoreError;
-        match error {
-            SharedStoreError::Unavailable(problem) => StoreError::Unavailable(problem),
-            SharedStoreError::Timeout(after) => StoreError::Timeout(after),
-            SharedStoreError::Corrupt(problem) => StoreError::Corrupt(problem),
-        }
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreError::Unavailable(problem) => {
-                write!(f, "the dedupe store is unavailable: {problem}")
-            }
-            StoreError::Timeout(after) => write!(
-                f,
-                "the dedupe store did not answer within {} ms",
-                after.as_millis()
-            ),
-            StoreError::CapacityExhausted { capacity } => write!(
-                f,
-                "the dedupe store holds {capacity} records, all in flight, and evicts none of them"
-            ),
-            StoreError::Corrupt(problem) => {
-                write!(
-                    f,
-                    "the dedupe store holds a record it cannot read: {problem}"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
-
 impl From<StoreError> for ToolError {
     /// `STORE_UNAVAILABLE`, retriable, the tool not run.
     fn from(error: StoreError) -> ToolError {
@@ -396,7 +358,7 @@ impl From<StoreError> for ToolError {
         };
         ToolError::rejected(
             ErrorCode::StoreUnavailable,
-            format!("{error}; the tool was not run; {advice}"),
+            format!("the idempotency check failed ({error}); the tool was not run; {advice}"),
         )
         .with_source(error)
     }
