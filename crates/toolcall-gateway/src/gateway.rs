@@ -298,7 +298,7 @@ impl Gateway {
         let registry = registry.with_control(ReliabilityControl::from_env()?);
         let metrics = ToolMetrics::new(&registry);
         metrics.describe();
-        let mut builder = ToolStack::builder(registry.clone()).metrics(metrics);
+        let mut builder = ToolStack::builder(registry.clone()).on_event(metrics);
         // The breakers of the gateway in service go on where their tools still are.
         if let Some(previous) = lasting.breakers() {
             builder = builder.breaker(|breaker| breaker.carry(&previous));

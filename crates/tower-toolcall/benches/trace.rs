@@ -106,7 +106,7 @@ fn trace(c: &mut Criterion) {
             "metrics",
             BatchSize::SmallInput,
             TraceLayer::new()
-                .metrics(ToolMetrics::new(&registry))
+                .on_event(ToolMetrics::new(&registry))
                 .layer(bare_tool()),
         );
     });

@@ -202,7 +202,7 @@ pub mod trace;
 pub mod validate;
 
 pub use contract::time;
-pub use contract::{canonical, classify, control, registry};
+pub use contract::{canonical, classify, control, event, registry};
 pub(crate) use contract::{error, outcome};
 
 // The public `envelope` joins the call envelope and the result envelope, which stand at two

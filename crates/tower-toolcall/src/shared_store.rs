@@ -6,8 +6,8 @@
 //! follows its [`FailurePolicy`]: [`Open`](FailurePolicy::Open) (the default for rate limits
 //! and loop detection) lets the call proceed unchecked, [`Closed`](FailurePolicy::Closed)
 //! refuses it with `STORE_UNAVAILABLE`. Either way the failure is counted in the layer's
-//! [`StoreHealth`] and told to its [`StoreListener`]s (with the `metrics` feature,
-//! `ToolMetrics::store_listener` counts outages and failed checks per store and policy), and
+//! [`StoreHealth`] and told to its [event sinks](crate::event) (with the `metrics` feature,
+//! `ToolMetrics` counts outages and failed checks per store and policy), and
 //! one warning is logged when an outage begins — not one per call — and one line when the
 //! store answers again. Recovery needs nothing: the next check that
 //! succeeds ends the outage.
@@ -28,23 +28,11 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{ErrorCode, ToolError};
-
-/// What a layer does with a call when its shared store cannot be reached.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FailurePolicy {
-    /// The call proceeds unchecked (the default): an outage of the store costs the fleet its
-    /// shared limits for its duration, not its tools.
-    #[default]
-    Open,
-    /// The call is refused with `STORE_UNAVAILABLE` (retriable): nothing runs that the
-    /// shared state could not vouch for.
-    Closed,
-}
+use crate::event::{EventSinks, LayerEvent};
+pub use crate::event::{FailurePolicy, StoreEvent};
 
 /// Why a store (of dedupe records, quotas or loop histories) could not do what it was asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,73 +101,6 @@ pub struct StoreHealth {
     pub failed_checks: u64,
 }
 
-/// What happened to a layer's shared store, as told to a [`StoreListener`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StoreEvent {
-    /// The store stopped answering: an outage begins (told before the check's failure).
-    OutageBegan,
-    /// A check failed, and the call was let through ([`FailurePolicy::Open`]) or refused
-    /// ([`FailurePolicy::Closed`]).
-    CheckFailed(FailurePolicy),
-    /// The store answers again: the outage is over.
-    OutageEnded,
-}
-
-/// Hears what happens to a layer's shared store: `layer` is `rate_limit` or `loop_detect`.
-/// Give one to the layer's builder (`on_store_event`); `ToolMetrics::store_listener` (feature
-/// `metrics`) counts the events. Called on the task of the call concerned: keep it short.
-/// Implemented by every `Fn(&'static str, StoreEvent)`.
-///
-/// ```
-/// use std::sync::atomic::{AtomicU64, Ordering};
-/// use std::sync::Arc;
-/// use tower_toolcall::registry::ToolRegistry;
-/// use tower_toolcall::shared_store::StoreEvent;
-/// use tower_toolcall::RateLimitLayer;
-///
-/// let outages = Arc::new(AtomicU64::new(0));
-/// let seen = outages.clone();
-/// let layer = RateLimitLayer::builder(ToolRegistry::open())
-///     .on_store_event(move |_layer: &'static str, event: StoreEvent| {
-///         if event == StoreEvent::OutageBegan {
-///             seen.fetch_add(1, Ordering::Relaxed);
-///         }
-///     })
-///     .build()?;
-/// # let _ = layer;
-/// # Ok::<(), tower_toolcall::ConfigError>(())
-/// ```
-pub trait StoreListener: Send + Sync + 'static {
-    /// Called once per event.
-    fn on_store_event(&self, layer: &'static str, event: StoreEvent);
-}
-
-impl<F> StoreListener for F
-where
-    F: Fn(&'static str, StoreEvent) + Send + Sync + 'static,
-{
-    fn on_store_event(&self, layer: &'static str, event: StoreEvent) {
-        self(layer, event)
-    }
-}
-
-/// The listeners a layer's builder collects.
-#[derive(Clone, Default)]
-pub(crate) struct StoreListeners(Vec<Arc<dyn StoreListener>>);
-
-impl StoreListeners {
-    pub(crate) fn push(&mut self, listener: impl StoreListener) {
-        self.0.push(Arc::new(listener));
-    }
-}
-
-impl fmt::Debug for StoreListeners {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} listener(s)", self.0.len())
-    }
-}
-
 /// A layer's failure policy and the count of its store's outages.
 #[derive(Debug, Default)]
 pub(crate) struct Outages {
@@ -187,22 +108,20 @@ pub(crate) struct Outages {
     down: AtomicBool,
     outages: AtomicU64,
     failed_checks: AtomicU64,
-    listeners: StoreListeners,
+    sinks: EventSinks,
 }
 
 impl Outages {
-    pub(crate) fn new(policy: FailurePolicy, listeners: StoreListeners) -> Self {
+    pub(crate) fn new(policy: FailurePolicy, sinks: EventSinks) -> Self {
         Outages {
             policy,
-            listeners,
+            sinks,
             ..Outages::default()
         }
     }
 
     fn tell(&self, layer: &'static str, event: StoreEvent) {
-        for listener in &self.listeners.0 {
-            listener.on_store_event(layer, event);
-        }
+        self.sinks.emit(&LayerEvent::Store { layer, event });
     }
 
     /// A check by `layer` succeeded: ends the outage, if one was going on.
@@ -261,17 +180,19 @@ impl Outages {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn an_outage_is_told_once_and_each_failed_check_with_its_policy() {
         let events = Arc::new(Mutex::new(Vec::new()));
         let seen = events.clone();
-        let mut listeners = StoreListeners::default();
-        listeners.push(move |layer: &'static str, event: StoreEvent| {
-            seen.lock().unwrap().push((layer, event));
-        });
-        let outages = Outages::new(FailurePolicy::Closed, listeners);
+        let mut sinks = EventSinks::default();
+        sinks.push(Arc::new(move |event: &LayerEvent<'_>| {
+            if let LayerEvent::Store { layer, event } = *event {
+                seen.lock().unwrap().push((layer, event));
+            }
+        }));
+        let outages = Outages::new(FailurePolicy::Closed, sinks);
         let down = StoreError::Timeout(Duration::from_millis(5));
 
         // A failed write of a decided call begins an outage, but is no failed check.

@@ -72,6 +72,7 @@ use crate::canonical::CanonicalOptions;
 use crate::control::ReliabilityControl;
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ToolError};
+use crate::event::EventSink;
 use crate::hooks::{HookLayer, ToolHooks};
 use crate::idempotency::{
     DedupeStore, IdempotencyLayer, IdempotencyLayerBuilder, InMemoryDedupeStore,
@@ -197,8 +198,6 @@ impl ToolStack {
             registry,
             hooks: None,
             without: Vec::new(),
-            #[cfg(feature = "metrics")]
-            metrics: None,
         }
     }
 }
@@ -494,8 +493,8 @@ where
 /// [`retry`](Self::retry), [`breaker`](Self::breaker) and the other per-layer methods change
 /// them with that layer's builder. What several layers must agree on is set once here:
 /// the dedupe [`store`](Self::store), the [`hooks`](Self::hooks), the
-/// [`redactor`](Self::redactor), the [`canonical_options`](Self::canonical_options) and,
-/// with the `metrics` feature, the [`metrics`](Self::metrics).
+/// [`redactor`](Self::redactor), the [`canonical_options`](Self::canonical_options) and the
+/// [event sinks](Self::on_event) (the metrics, for one).
 ///
 /// ```
 /// use std::time::Duration;
@@ -527,8 +526,6 @@ pub struct ToolStackBuilder {
     timeout: TimeoutLayerBuilder,
     hooks: Option<SharedHooks>,
     without: Vec<StackLayer>,
-    #[cfg(feature = "metrics")]
-    metrics: Option<crate::trace::ToolMetrics>,
 }
 
 impl fmt::Debug for ToolStackBuilder {
@@ -626,29 +623,31 @@ impl ToolStackBuilder {
         self
     }
 
-    /// Records the metrics of every call in the trace layer, the breakers' transitions and
-    /// the shared stores' outages;
-    /// when the stack is built, sets the dedupe TTL gauges of every tool (install the
-    /// metrics recorder first). The store's size is recorded by
-    /// [`ToolMetrics::record_dedupe_size`](crate::trace::ToolMetrics::record_dedupe_size).
+    /// Tells `sink` what every layer reports ([`LayerEvent`](crate::event::LayerEvent)):
+    /// each call's end from the trace layer, the breakers' transitions, the shared stores'
+    /// outages and, when the stack is built, the dedupe settings of every tool. Give it the
+    /// metrics (`ToolMetrics`, feature `metrics`; install the recorder first) to count them.
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::trace::ToolMetrics;
+    /// use tower_toolcall::event::LayerEvent;
     ///
-    /// let registry = ToolRegistry::open();
-    /// let metrics = ToolMetrics::new(&registry);
-    /// let stack = ToolStack::builder(registry).metrics(metrics).build()?;
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .on_event(|event: &LayerEvent<'_>| {
+    ///         if let LayerEvent::BreakerTransition(change) = event {
+    ///             eprintln!("{} is now {}", change.key, change.to.as_str());
+    ///         }
+    ///     })
+    ///     .build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics(mut self, metrics: crate::trace::ToolMetrics) -> Self {
-        self.breaker = self.breaker.on_transition(metrics.breaker_listener());
-        self.rate_limit = self.rate_limit.on_store_event(metrics.store_listener());
-        self.loop_detect = self.loop_detect.on_store_event(metrics.store_listener());
-        self.trace = self.trace.metrics(metrics.clone());
-        self.metrics = Some(metrics);
+    pub fn on_event(mut self, sink: impl EventSink) -> Self {
+        let sink: Arc<dyn EventSink> = Arc::new(sink);
+        self.trace = self.trace.on_shared_event(sink.clone());
+        self.loop_detect = self.loop_detect.on_shared_event(sink.clone());
+        self.rate_limit = self.rate_limit.on_shared_event(sink.clone());
+        self.idempotency = self.idempotency.on_shared_event(sink.clone());
+        self.breaker = self.breaker.on_shared_event(sink);
         self
     }
 
@@ -878,10 +877,6 @@ impl ToolStackBuilder {
         let idempotency = on(StackLayer::Idempotency)
             .then(|| self.idempotency.build())
             .transpose()?;
-        #[cfg(feature = "metrics")]
-        if let (Some(metrics), Some(idempotency)) = (&self.metrics, &idempotency) {
-            metrics.record_dedupe_ttls(idempotency);
-        }
         Ok(ToolStack {
             trace,
             validate: on(StackLayer::Validate)

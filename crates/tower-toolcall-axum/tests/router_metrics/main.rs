@@ -32,7 +32,7 @@ async fn gateway(prometheus: PrometheusHandle) -> SocketAddr {
     let metrics = ToolMetrics::new(&registry);
     metrics.describe();
     let stack = ToolStack::builder(registry)
-        .metrics(metrics.clone())
+        .on_event(metrics.clone())
         .build()
         .unwrap();
     let tools = support::stacked(

@@ -923,7 +923,7 @@ fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
             metrics.describe();
             let limited = Replica::over(
                 ToolStack::builder(registry.clone())
-                    .metrics(metrics.clone())
+                    .on_event(metrics.clone())
                     .rate_limit(|l| l.per_second(1_000).on_store_failure(FailurePolicy::Open))
                     .rate_limit_store(Arc::new(rate_store(&server)))
                     .without(StackLayer::Idempotency)
@@ -932,7 +932,7 @@ fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
             );
             let looped = Replica::over(
                 ToolStack::builder(registry)
-                    .metrics(metrics)
+                    .on_event(metrics)
                     .loop_detect(|l| l.on_store_failure(FailurePolicy::Closed))
                     .loop_store(Arc::new(RedisLoopStore::open(server.url()).unwrap()))
                     .without(StackLayer::Idempotency)

@@ -5,135 +5,12 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize, Serializer};
-use tokio::time::Instant;
+use serde::{Serialize, Serializer};
 
 use super::service::Shared;
-use super::state::{Transition, TransitionReason};
-use crate::envelope::BreakerScope;
-use crate::error::ConfigError;
+use super::state::Transition;
+use crate::event::{BreakerKey, EventSink, EventSinks, LayerEvent, TransitionEvent};
 use crate::outcome::BreakerState;
-
-/// Which breaker: a tool's own, the one of a dependency (a tool namespace), or the global one.
-///
-/// It serializes as an object tagged by its scope (`{"scope": "tool", "namespace": "web",
-/// "name": "search"}`, `{"scope": "dependency", "namespace": "web"}`, `{"scope": "global"}`)
-/// and parses from the short form `tool:web::search`, `dependency:web` or `global` (a bare
-/// `web::search` is a tool), which [`BreakerKey::short`] writes.
-///
-/// ```
-/// use tower_toolcall::breaker::BreakerKey;
-///
-/// let key: BreakerKey = "tool:web::search".parse()?;
-/// assert_eq!(key, BreakerKey::tool("web", "search"));
-/// assert_eq!(key.short(), "tool:web::search");
-/// assert_eq!("dependency:web".parse::<BreakerKey>()?, BreakerKey::dependency("web"));
-/// assert_eq!(
-///     serde_json::to_value(&key)?,
-///     serde_json::json!({"scope": "tool", "namespace": "web", "name": "search"})
-/// );
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(tag = "scope", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum BreakerKey {
-    /// The breaker of one tool (scope `tool`, the default).
-    Tool {
-        /// The tool's namespace.
-        namespace: String,
-        /// The tool's name.
-        name: String,
-    },
-    /// The breaker shared by the tools of a namespace (scope `dependency`).
-    Dependency {
-        /// The namespace.
-        namespace: String,
-    },
-    /// The breaker shared by every tool (scope `global`).
-    Global,
-}
-
-impl BreakerKey {
-    /// The key of the tool `namespace::name`.
-    pub fn tool(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        BreakerKey::Tool {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    /// The key of the dependency `namespace`.
-    pub fn dependency(namespace: impl Into<String>) -> Self {
-        BreakerKey::Dependency {
-            namespace: namespace.into(),
-        }
-    }
-
-    /// The scope of the breaker.
-    pub fn scope(&self) -> BreakerScope {
-        match self {
-            BreakerKey::Tool { .. } => BreakerScope::Tool,
-            BreakerKey::Dependency { .. } => BreakerScope::Dependency,
-            BreakerKey::Global => BreakerScope::Global,
-        }
-    }
-}
-
-impl BreakerKey {
-    /// The short form that [`FromStr`](std::str::FromStr) parses: `tool:web::search`,
-    /// `dependency:web` or `global`.
-    pub fn short(&self) -> String {
-        match self {
-            BreakerKey::Tool { namespace, name } => format!("tool:{namespace}::{name}"),
-            BreakerKey::Dependency { namespace } => format!("dependency:{namespace}"),
-            BreakerKey::Global => "global".to_owned(),
-        }
-    }
-}
-
-impl std::str::FromStr for BreakerKey {
-    type Err = ConfigError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || {
-            ConfigError::new(
-                "breaker.key",
-                format!(
-                    "must be `tool:<namespace>::<name>`, `dependency:<namespace>` or `global`, \
-                     got {s:?}"
-                ),
-            )
-        };
-        if s == "global" {
-            return Ok(BreakerKey::Global);
-        }
-        if let Some(namespace) = s.strip_prefix("dependency:") {
-            return if namespace.is_empty() {
-                Err(bad())
-            } else {
-                Ok(BreakerKey::dependency(namespace))
-            };
-        }
-        let tool = s.strip_prefix("tool:").unwrap_or(s);
-        match tool.rsplit_once("::") {
-            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
-                Ok(BreakerKey::tool(namespace, name))
-            }
-            _ => Err(bad()),
-        }
-    }
-}
-
-impl fmt::Display for BreakerKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BreakerKey::Tool { namespace, name } => write!(f, "tool {namespace}::{name}"),
-            BreakerKey::Dependency { namespace } => write!(f, "dependency {namespace}"),
-            BreakerKey::Global => f.write_str("global"),
-        }
-    }
-}
 
 /// Counts of what a breaker saw since it was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -190,55 +67,27 @@ pub struct BreakerStatus {
     pub stats: BreakerStats,
 }
 
-/// One transition of one breaker, as listeners get it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TransitionEvent {
-    /// Which breaker.
-    pub key: BreakerKey,
-    /// The state before.
-    pub from: BreakerState,
-    /// The state after.
-    pub to: BreakerState,
-    /// Why.
-    pub reason: TransitionReason,
-    /// When, on the tokio clock.
-    pub at: Instant,
-}
-
-/// Hears about every transition of every breaker of a layer.
-///
-/// Listeners are called after the breaker's lock is released, on the task that caused the
-/// transition: keep them short. Implemented by every `Fn(&TransitionEvent)`.
-pub trait TransitionListener: Send + Sync + 'static {
-    /// Called once per transition.
-    fn on_transition(&self, event: &TransitionEvent);
-}
-
-impl<F> TransitionListener for F
-where
-    F: Fn(&TransitionEvent) + Send + Sync + 'static,
-{
-    fn on_transition(&self, event: &TransitionEvent) {
-        self(event)
-    }
-}
-
-/// The listeners of a layer's breakers; every transition is also logged here.
+/// The event sinks of a layer's breakers; every transition is also logged here.
 #[derive(Default)]
 pub(crate) struct Events {
-    listeners: RwLock<Vec<Arc<dyn TransitionListener>>>,
+    sinks: RwLock<EventSinks>,
 }
 
 impl Events {
-    pub(crate) fn add(&self, listener: Arc<dyn TransitionListener>) {
-        self.listeners
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(listener);
+    pub(crate) fn new(sinks: EventSinks) -> Self {
+        Events {
+            sinks: RwLock::new(sinks),
+        }
     }
 
-    /// Logs `transition` of `key` and tells every listener. Called with no lock held.
+    pub(crate) fn add(&self, sink: Arc<dyn EventSink>) {
+        self.sinks
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(sink);
+    }
+
+    /// Logs `transition` of `key` and tells every sink. Called with no lock held.
     pub(crate) fn emit(&self, key: &BreakerKey, transition: Transition) {
         let event = TransitionEvent {
             key: key.clone(),
@@ -267,27 +116,19 @@ impl Events {
         } else {
             log_transition!(info, "circuit breaker changed state");
         }
-        let listeners = self
-            .listeners
+        let sinks = self
+            .sinks
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        for listener in listeners {
-            listener.on_transition(&event);
-        }
+        sinks.emit(&LayerEvent::BreakerTransition(&event));
     }
 }
 
 impl fmt::Debug for Events {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let listeners = self
-            .listeners
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len();
-        f.debug_struct("Events")
-            .field("listeners", &listeners)
-            .finish()
+        let sinks = self.sinks.read().unwrap_or_else(PoisonError::into_inner);
+        f.debug_struct("Events").field("sinks", &*sinks).finish()
     }
 }
 
@@ -304,8 +145,10 @@ impl fmt::Debug for Events {
 /// # async fn main() {
 /// let layer = CircuitBreakerLayer::new(ToolRegistry::open());
 /// let admin = layer.admin();
-/// admin.on_transition(|event: &tower_toolcall::breaker::TransitionEvent| {
-///     println!("{} is now {}", event.key, event.to.as_str());
+/// admin.on_event(|event: &tower_toolcall::event::LayerEvent<'_>| {
+///     if let tower_toolcall::event::LayerEvent::BreakerTransition(change) = event {
+///         println!("{} is now {}", change.key, change.to.as_str());
+///     }
 /// });
 /// let key = BreakerKey::tool("agents.tools.web", "search");
 /// admin.force_open(&key);
@@ -381,9 +224,9 @@ impl BreakerAdmin {
         }
     }
 
-    /// Adds a listener of every transition of every breaker of the layer.
-    pub fn on_transition(&self, listener: impl TransitionListener) {
-        self.shared.events.add(Arc::new(listener));
+    /// Tells `sink` every transition of every breaker of the layer.
+    pub fn on_event(&self, sink: impl EventSink) {
+        self.shared.events.add(Arc::new(sink));
     }
 }
 

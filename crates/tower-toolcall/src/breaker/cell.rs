@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::admin::{BreakerKey, BreakerStats, BreakerStatus, Events};
+use super::admin::{BreakerStats, BreakerStatus, Events};
 use super::state::{Admission, BreakerConfig, CallOutcome, CircuitState, Ticket, Transition};
+use crate::event::BreakerKey;
 use crate::outcome::BreakerState;
 
 /// The phase bits of [`BreakerCell::view`]; the generation is in the bits above.

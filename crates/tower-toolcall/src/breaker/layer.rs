@@ -3,13 +3,14 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::admin::{BreakerAdmin, BreakerKey, Events, TransitionListener};
+use super::admin::{BreakerAdmin, Events};
 use super::cell::BreakerCell;
 use super::map::BreakerMap;
 use super::service::{CircuitBreaker, Shared, ToolBreaker};
 use super::state::BreakerConfig;
 use crate::classify::{Classify, SharedClassifier, ToolProfile};
 use crate::error::ConfigError;
+use crate::event::{BreakerKey, EventSink, EventSinks};
 use crate::registry::{LayerSetting, RiskLevel, ToolRegistry};
 use crate::tool_table::ToolTable;
 
@@ -43,7 +44,7 @@ impl CircuitBreakerLayer {
             mutating: BreakerConfig::mutating(),
             classifier: SharedClassifier::default(),
             max_breakers: DEFAULT_MAX_BREAKERS,
-            listeners: Vec::new(),
+            sinks: EventSinks::default(),
             carried: None,
         }
     }
@@ -98,7 +99,7 @@ pub struct CircuitBreakerLayerBuilder {
     mutating: BreakerConfig,
     classifier: SharedClassifier,
     max_breakers: usize,
-    listeners: Vec<Arc<dyn TransitionListener>>,
+    sinks: EventSinks,
     /// The breakers of the layer this one replaces.
     carried: Option<Arc<Shared>>,
 }
@@ -171,9 +172,14 @@ impl CircuitBreakerLayerBuilder {
         self
     }
 
-    /// Adds a listener of every transition (more can be added through the admin handle).
-    pub fn on_transition(mut self, listener: impl TransitionListener) -> Self {
-        self.listeners.push(Arc::new(listener));
+    /// Tells `sink` every transition (more sinks can be added through the admin handle).
+    pub fn on_event(self, sink: impl EventSink) -> Self {
+        self.on_shared_event(Arc::new(sink))
+    }
+
+    /// Tells `sink`, shared with other layers, every transition.
+    pub(crate) fn on_shared_event(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.sinks.push(sink);
         self
     }
 
@@ -193,10 +199,7 @@ impl CircuitBreakerLayerBuilder {
                 "must be at least 1, got 0",
             ));
         }
-        let events = Arc::new(Events::default());
-        for listener in self.listeners {
-            events.add(listener);
-        }
+        let events = Arc::new(Events::new(self.sinks));
         let carried = self.carried.as_deref();
         let cell = |key: BreakerKey, config: BreakerConfig| {
             Arc::new(BreakerCell::new(key, config, events.clone()))
@@ -289,7 +292,7 @@ impl std::fmt::Debug for CircuitBreakerLayerBuilder {
             .field("read_only", &self.read_only)
             .field("mutating", &self.mutating)
             .field("max_breakers", &self.max_breakers)
-            .field("listeners", &self.listeners.len())
+            .field("sinks", &self.sinks)
             .finish_non_exhaustive()
     }
 }

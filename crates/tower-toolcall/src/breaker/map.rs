@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::admin::BreakerKey;
 use super::cell::BreakerCell;
 use crate::bounds::CallerKeyHasher;
+use crate::event::BreakerKey;
 use crate::outcome::BreakerState;
 
 /// The share of the map evicted at once when it is full, so that a full map does not scan

@@ -30,7 +30,7 @@
 //!
 //! Every outcome the breaker sees leaves the breaker's state in the call's
 //! [`CallRecord`](crate::CallRecord). Every transition is logged (`tool_call_circuit_state`)
-//! and given to the [listeners](BreakerAdmin::on_transition), after the breaker's lock is
+//! and told to the [event sinks](BreakerAdmin::on_event), after the breaker's lock is
 //! released. The state machine inside is pure: it takes `now` and the
 //! configuration and returns the transition; the service reads the tokio clock, so paused
 //! time drives the breakers in tests.
@@ -86,10 +86,9 @@ mod service;
 mod state;
 mod window;
 
-pub use admin::{
-    BreakerAdmin, BreakerKey, BreakerStats, BreakerStatus, TransitionEvent, TransitionListener,
-};
+pub use crate::event::{BreakerKey, TransitionEvent, TransitionReason};
+pub use admin::{BreakerAdmin, BreakerStats, BreakerStatus};
 pub use future::ResponseFuture;
 pub use layer::{CircuitBreakerLayer, CircuitBreakerLayerBuilder, DEFAULT_MAX_BREAKERS};
 pub use service::CircuitBreaker;
-pub use state::{BreakerConfig, TransitionReason};
+pub use state::BreakerConfig;

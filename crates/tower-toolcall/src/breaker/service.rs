@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use super::admin::{BreakerKey, Events};
+use super::admin::Events;
 use super::cell::BreakerCell;
 use super::future::ResponseFuture;
 use super::map::BreakerMap;
@@ -14,6 +14,7 @@ use crate::classify::{SharedClassifier, ToolProfile};
 use crate::control::ShadowLayer;
 use crate::envelope::{BreakerScope, ToolCall};
 use crate::error::ToolError;
+use crate::event::BreakerKey;
 use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{BreakerState, ShadowVerdict, ToolOutput};
 use crate::tool_table::{Acting, ToolTable};

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::window::{OutcomeWindow, Trip};
 use crate::error::ConfigError;
+use crate::event::TransitionReason;
 use crate::outcome::BreakerState;
 use crate::registry::BreakerOverrides;
 
@@ -225,49 +226,6 @@ pub(crate) enum CallOutcome {
     Failure,
     /// Neither: a caller error, or a rejected call.
     Neutral,
-}
-
-/// Why a breaker changed state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TransitionReason {
-    /// This many consecutive failures inside the window.
-    ConsecutiveFailures(u32),
-    /// This share of the latest calls failed.
-    FailureRate {
-        /// Failed calls.
-        failures: u32,
-        /// Calls counted.
-        calls: u32,
-    },
-    /// The cooldown passed: probes may test the dependency.
-    CooldownElapsed,
-    /// A probe failed.
-    ProbeFailed,
-    /// A probe did not answer within the probe timeout.
-    ProbeAbandoned,
-    /// Enough consecutive probes succeeded.
-    ProbesSucceeded(u32),
-    /// An operator forced the breaker open.
-    ForcedOpen,
-    /// An operator reset the breaker.
-    Reset,
-}
-
-impl TransitionReason {
-    /// A short name for logs and metrics.
-    pub const fn as_str(&self) -> &'static str {
-        match self {
-            TransitionReason::ConsecutiveFailures(_) => "consecutive_failures",
-            TransitionReason::FailureRate { .. } => "failure_rate",
-            TransitionReason::CooldownElapsed => "cooldown_elapsed",
-            TransitionReason::ProbeFailed => "probe_failed",
-            TransitionReason::ProbeAbandoned => "probe_abandoned",
-            TransitionReason::ProbesSucceeded(_) => "probes_succeeded",
-            TransitionReason::ForcedOpen => "forced_open",
-            TransitionReason::Reset => "reset",
-        }
-    }
 }
 
 /// One change of state.

@@ -751,6 +751,21 @@ impl ExactSize<'_> {
     }
 }
 
+/// A short hash that names a store key in results and logs without revealing it: the first
+/// 16 hex digits of its SHA-256.
+///
+/// ```
+/// use tower_toolcall::canonical::key_fingerprint;
+///
+/// let fp = key_fingerprint("acme/vault::createFile/s/sess-42/user-7/create-foo-1");
+/// assert_eq!(fp.len(), 16);
+/// assert!(fp.bytes().all(|b| b.is_ascii_hexdigit()));
+/// ```
+pub fn key_fingerprint(store_key: &str) -> String {
+    let digest = Sha256::digest(store_key.as_bytes());
+    hex::encode(&digest[..8])
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

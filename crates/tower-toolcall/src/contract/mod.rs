@@ -11,13 +11,16 @@
 //! - [`control`]: the operator's switches (kill switch, shadow mode, rollout);
 //! - [`classify`]: the one verdict on an outcome that every layer reads;
 //! - [`canonical`]: canonical JSON of params, and the keys derived from it;
-//! - [`time`]: durations in milliseconds, as the records count them.
+//! - [`time`]: durations in milliseconds, as the records count them;
+//! - [`event`]: what layers report as it happens ([`LayerEvent`](event::LayerEvent)), and the
+//!   [`EventSink`](event::EventSink)s that hear it.
 //!
 //! The modules stand in layers, each importing only modules below it (the nearest in
 //! brackets), so that a change low in the contract is seen by all above it and none of it
 //! depends on a layer:
 //!
 //! ```text
+//! event        what layers report, and its sinks    (registry, envelope, outcome)
 //! result       the result envelope                  (classify, envelope, outcome)
 //! classify     the verdict on an outcome            (registry, outcome)
 //! registry     tools and their policy               (control, envelope)
@@ -38,6 +41,7 @@ pub mod classify;
 pub mod control;
 pub(crate) mod envelope;
 pub(crate) mod error;
+pub mod event;
 pub(crate) mod outcome;
 mod record;
 pub mod registry;

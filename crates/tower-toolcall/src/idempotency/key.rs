@@ -25,8 +25,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
+pub use crate::canonical::key_fingerprint;
 use crate::canonical::{self, CanonicalOptions};
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
@@ -180,21 +179,6 @@ pub fn tenant_prefix(tenant: Option<&str>) -> String {
     push_part(&mut out, tenant.unwrap_or_default());
     out.push('/');
     out
-}
-
-/// A short hash that names a store key in results and logs without revealing it: the first
-/// 16 hex digits of its SHA-256.
-///
-/// ```
-/// use tower_toolcall::idempotency::key_fingerprint;
-///
-/// let fp = key_fingerprint("acme/vault::createFile/s/sess-42/user-7/create-foo-1");
-/// assert_eq!(fp.len(), 16);
-/// assert!(fp.bytes().all(|b| b.is_ascii_hexdigit()));
-/// ```
-pub fn key_fingerprint(store_key: &str) -> String {
-    let digest = Sha256::digest(store_key.as_bytes());
-    hex::encode(&digest[..8])
 }
 
 /// Whether `fingerprint` names `store_key`: it is the key's [`key_fingerprint`], or the first

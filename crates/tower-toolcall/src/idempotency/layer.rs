@@ -10,6 +10,7 @@ use super::{DEFAULT_DONE_TTL, DEFAULT_FAILED_TTL, DEFAULT_INFLIGHT_LEASE, DEFAUL
 use crate::canonical::CanonicalOptions;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ConfigError, ToolError};
+use crate::event::{EventSink, EventSinks, LayerEvent};
 use crate::registry::{KeyScope, OnStoreError, ParamsMismatch, ToolRegistry};
 use crate::tool_table::ToolTable;
 
@@ -39,6 +40,7 @@ impl IdempotencyLayer {
         IdempotencyLayerBuilder {
             registry,
             store,
+            sinks: EventSinks::default(),
             canonical: CanonicalOptions::default(),
             defaults: Settings {
                 mode: DedupeMode::Enforced,
@@ -86,44 +88,6 @@ impl IdempotencyLayer {
     pub fn stats(&self) -> IdempotencyStats {
         self.shared.counters.snapshot()
     }
-
-    /// Each tool the layer deduplicates (`None` for the unregistered ones) with its key
-    /// scope and TTLs, for the metrics.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn tool_ttls(&self) -> Vec<(Option<String>, ToolTtls)> {
-        let ttls = |settings: &Settings| ToolTtls {
-            scope: settings.scope,
-            done: settings.done_ttl,
-            failed: settings.failed_ttl,
-            inflight_lease: settings.inflight_lease,
-        };
-        let tools = &self.shared.tools;
-        tools
-            .iter()
-            .filter_map(|(namespace, name, settings)| {
-                Some((
-                    Some(format!("{namespace}::{name}")),
-                    ttls(settings.as_ref()?),
-                ))
-            })
-            .chain(
-                tools
-                    .get_unregistered()
-                    .as_ref()
-                    .map(|settings| (None, ttls(settings))),
-            )
-            .collect()
-    }
-}
-
-/// A tool's key scope and TTLs, as the metrics report them.
-#[cfg(feature = "metrics")]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ToolTtls {
-    pub(crate) scope: KeyScope,
-    pub(crate) done: Duration,
-    pub(crate) failed: Duration,
-    pub(crate) inflight_lease: Duration,
 }
 
 impl Clone for IdempotencyLayer {
@@ -175,6 +139,7 @@ impl<S> Layer<S> for IdempotencyLayer {
 pub struct IdempotencyLayerBuilder {
     registry: ToolRegistry,
     store: Arc<dyn DedupeStore>,
+    sinks: EventSinks,
     canonical: CanonicalOptions,
     defaults: Settings,
 }
@@ -290,7 +255,7 @@ impl IdempotencyLayerBuilder {
         let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
             Ok(defaults.for_tool(descriptor, &policy.idempotency))
         })?;
-        Ok(IdempotencyLayer {
+        let layer = IdempotencyLayer {
             shared: Arc::new(Shared {
                 tools,
                 store: self.store,
@@ -298,6 +263,44 @@ impl IdempotencyLayerBuilder {
                 defaults: self.defaults,
                 counters: Counters::default(),
             }),
-        })
+        };
+        layer.tell_settings(&self.sinks);
+        Ok(layer)
+    }
+
+    /// Tells `sink`, once the layer is built, how long it keeps each tool's records
+    /// ([`LayerEvent::DedupeSettings`]).
+    pub fn on_event(self, sink: impl EventSink) -> Self {
+        self.on_shared_event(Arc::new(sink))
+    }
+
+    /// Tells `sink`, shared with other layers, what [`on_event`](Self::on_event) tells.
+    pub(crate) fn on_shared_event(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.sinks.push(sink);
+        self
+    }
+}
+
+impl IdempotencyLayer {
+    /// Tells `sinks` the key scope and TTLs of each tool the layer deduplicates (`None` for
+    /// the unregistered ones).
+    fn tell_settings(&self, sinks: &EventSinks) {
+        if sinks.is_empty() {
+            return;
+        }
+        let tools = &self.shared.tools;
+        let named = tools.iter().filter_map(|(namespace, name, settings)| {
+            Some((Some(format!("{namespace}::{name}")), settings.as_ref()?))
+        });
+        let unregistered = tools.get_unregistered().as_ref().map(|s| (None, s));
+        for (tool, settings) in named.chain(unregistered) {
+            sinks.emit(&LayerEvent::DedupeSettings {
+                tool: tool.as_deref(),
+                scope: settings.scope,
+                done_ttl: settings.done_ttl,
+                failed_ttl: settings.failed_ttl,
+                inflight_lease: settings.inflight_lease,
+            });
+        }
     }
 }

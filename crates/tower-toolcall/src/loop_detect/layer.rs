@@ -16,11 +16,12 @@ use super::tracker::Tracker;
 use crate::bounds::entropy_seed;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
+use crate::event::{EventSink, EventSinks};
 use crate::idempotency::IdempotencyLayer;
 use crate::redact::Redactor;
 use crate::registry::{LayerSetting, RiskLevel, ToolPolicy, ToolRegistry};
 use crate::resend::Resends;
-use crate::shared_store::{FailurePolicy, Outages, StoreHealth, StoreListener, StoreListeners};
+use crate::shared_store::{FailurePolicy, Outages, StoreHealth};
 use crate::tool_table::ToolTable;
 
 /// Default of [`LoopDetectLayerBuilder::max_sessions`].
@@ -106,7 +107,7 @@ impl LoopDetectLayer {
             redactor: Redactor::default(),
             store: None,
             on_store_failure: FailurePolicy::Open,
-            store_listeners: StoreListeners::default(),
+            sinks: EventSinks::default(),
         }
     }
 
@@ -175,7 +176,7 @@ pub struct LoopDetectLayerBuilder {
     redactor: Redactor,
     store: Option<Arc<dyn LoopStore>>,
     on_store_failure: FailurePolicy,
-    store_listeners: StoreListeners,
+    sinks: EventSinks,
 }
 
 impl LoopDetectLayerBuilder {
@@ -194,10 +195,15 @@ impl LoopDetectLayerBuilder {
         self
     }
 
-    /// Tells `listener` when the shared store's outages begin and end, and of each check
-    /// that failed (see [`StoreListener`]); listeners add up.
-    pub fn on_store_event(mut self, listener: impl StoreListener) -> Self {
-        self.store_listeners.push(listener);
+    /// Tells `sink` when the shared store's outages begin and end, and of each check that
+    /// failed ([`LayerEvent::Store`](crate::event::LayerEvent::Store)); sinks add up.
+    pub fn on_event(self, sink: impl EventSink) -> Self {
+        self.on_shared_event(Arc::new(sink))
+    }
+
+    /// Tells `sink`, shared with other layers, what [`on_event`](Self::on_event) tells.
+    pub(crate) fn on_shared_event(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.sinks.push(sink);
         self
     }
 
@@ -406,7 +412,7 @@ impl LoopDetectLayerBuilder {
             redactor: self.redactor,
             hasher,
             store: self.store,
-            outages: Outages::new(self.on_store_failure, self.store_listeners),
+            outages: Outages::new(self.on_store_failure, self.sinks),
         };
         Ok(LoopDetectLayer {
             monitor: Arc::new(monitor),

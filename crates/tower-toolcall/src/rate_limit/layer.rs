@@ -7,8 +7,9 @@ use super::limiter::{LimitSettings, Sweeper, TokioClock, ToolLimit};
 use super::service::{Limits, RateLimit};
 use super::store::RateLimitStore;
 use crate::error::ConfigError;
+use crate::event::{EventSink, EventSinks};
 use crate::registry::{LayerSetting, OnLimit, RateLimitKey, ToolRegistry};
-use crate::shared_store::{FailurePolicy, Outages, StoreHealth, StoreListener, StoreListeners};
+use crate::shared_store::{FailurePolicy, Outages, StoreHealth};
 use crate::tool_table::ToolTable;
 
 /// The longest a call waits for its quota with `on_limit = "wait"`: 10 s.
@@ -48,7 +49,7 @@ impl RateLimitLayer {
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             store: None,
             on_store_failure: FailurePolicy::Open,
-            store_listeners: StoreListeners::default(),
+            sinks: EventSinks::default(),
         }
     }
 
@@ -117,7 +118,7 @@ pub struct RateLimitLayerBuilder {
     sweep_interval: Duration,
     store: Option<Arc<dyn RateLimitStore>>,
     on_store_failure: FailurePolicy,
-    store_listeners: StoreListeners,
+    sinks: EventSinks,
 }
 
 impl RateLimitLayerBuilder {
@@ -137,10 +138,15 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Tells `listener` when the shared store's outages begin and end, and of each check
-    /// that failed (see [`StoreListener`]); listeners add up.
-    pub fn on_store_event(mut self, listener: impl StoreListener) -> Self {
-        self.store_listeners.push(listener);
+    /// Tells `sink` when the shared store's outages begin and end, and of each check that
+    /// failed ([`LayerEvent::Store`](crate::event::LayerEvent::Store)); sinks add up.
+    pub fn on_event(self, sink: impl EventSink) -> Self {
+        self.on_shared_event(Arc::new(sink))
+    }
+
+    /// Tells `sink`, shared with other layers, what [`on_event`](Self::on_event) tells.
+    pub(crate) fn on_shared_event(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.sinks.push(sink);
         self
     }
 
@@ -258,7 +264,7 @@ impl RateLimitLayerBuilder {
                 tools,
                 sweeper: Sweeper::new(clock, self.sweep_interval),
                 store: self.store,
-                outages: Outages::new(self.on_store_failure, self.store_listeners),
+                outages: Outages::new(self.on_store_failure, self.sinks),
             }),
         })
     }

@@ -15,9 +15,9 @@ use tracing::field::Empty;
 use tracing::Span;
 
 use super::audit::{AuditLog, ExecutionEvent};
+use crate::canonical::key_fingerprint;
 use crate::envelope::{ResultStatus, ToolCall, ToolResult};
 use crate::error::ToolError;
-use crate::idempotency::key_fingerprint;
 use crate::outcome::{attempts_of, record_of, CallRecord, ShortCircuit, ToolOutput};
 use crate::redact::Redactor;
 use crate::time::millis;

@@ -11,6 +11,7 @@ use super::audit::ExecutionEvent;
 use super::layer::TraceConfig;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
+use crate::event::LayerEvent;
 use crate::outcome::ToolOutput;
 
 pin_project! {
@@ -118,10 +119,11 @@ where
         let (span, call, start, config) = (&span, &call, &start, &config);
         let elapsed = start.elapsed();
         super::events::finished(span, call, &outcome, elapsed, &config.redactor);
-        #[cfg(feature = "metrics")]
-        if let Some(metrics) = &config.metrics {
-            metrics.record_call(call, &outcome, elapsed);
-        }
+        config.sinks.emit(&LayerEvent::CallFinished {
+            call,
+            outcome: &outcome,
+            elapsed,
+        });
         if let Some(audit) = &config.audit {
             super::events::audit_finished(audit, call, &outcome, elapsed);
         }

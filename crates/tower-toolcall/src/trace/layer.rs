@@ -4,6 +4,7 @@ use tower_layer::Layer;
 
 use super::audit::AuditLog;
 use super::service::Trace;
+use crate::event::{EventSink, EventSinks};
 use crate::hooks::{SharedHooks, ToolHooks};
 use crate::redact::Redactor;
 
@@ -36,19 +37,18 @@ pub(super) struct TraceConfig {
     pub(super) redactor: Redactor,
     pub(super) audit: Option<AuditLog>,
     pub(super) hooks: Option<SharedHooks>,
-    #[cfg(feature = "metrics")]
-    pub(super) metrics: Option<super::metrics::ToolMetrics>,
+    /// Told of every call's end.
+    pub(super) sinks: EventSinks,
 }
 
 impl TraceConfig {
     /// `true` when something besides the span wants to hear about calls: an audit log,
-    /// metrics, hooks, or a subscriber of the layer's INFO events.
+    /// an event sink (the metrics), hooks, or a subscriber of the layer's INFO events.
     pub(super) fn observes(&self) -> bool {
-        #[cfg(feature = "metrics")]
-        if self.metrics.is_some() {
-            return true;
-        }
-        self.audit.is_some() || self.hooks.is_some() || tracing::enabled!(tracing::Level::INFO)
+        self.audit.is_some()
+            || !self.sinks.is_empty()
+            || self.hooks.is_some()
+            || tracing::enabled!(tracing::Level::INFO)
     }
 }
 
@@ -98,11 +98,17 @@ impl TraceLayer {
         self.with(|config| config.hooks = Some(hooks))
     }
 
-    /// Records the metrics of every call.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics(self, metrics: super::metrics::ToolMetrics) -> Self {
-        self.with(|config| config.metrics = Some(metrics))
+    /// Tells `sink` of every call's end ([`LayerEvent::CallFinished`]): give it the metrics
+    /// (`ToolMetrics`, feature `metrics`) to count every call.
+    ///
+    /// [`LayerEvent::CallFinished`]: crate::event::LayerEvent::CallFinished
+    pub fn on_event(self, sink: impl EventSink) -> Self {
+        self.on_shared_event(Arc::new(sink))
+    }
+
+    /// Tells `sink`, shared with other layers, what [`on_event`](Self::on_event) tells.
+    pub(crate) fn on_shared_event(self, sink: Arc<dyn EventSink>) -> Self {
+        self.with(|config| config.sinks.push(sink))
     }
 
     fn with(self, change: impl FnOnce(&mut TraceConfig)) -> Self {

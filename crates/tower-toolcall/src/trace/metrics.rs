@@ -24,19 +24,17 @@
 //! Matcher::Suffix("_duration_seconds".into()), &DURATION_BUCKETS)`), so that the duration is
 //! exposed as a histogram and not as a summary.
 //!
-//! The dedupe TTL gauges are set when a [`ToolStack`](crate::ToolStack) built with
-//! [`metrics`](crate::ToolStackBuilder::metrics) is built (or by
-//! [`ToolMetrics::record_dedupe_ttls`]); the store's size when the application calls
-//! [`ToolMetrics::record_dedupe_size`], say before each scrape.
-//!
-//! The shared-store series come from a [listener](ToolMetrics::store_listener) given to the
-//! rate-limit and loop-detection layers (a [`ToolStack`](crate::ToolStack) built with
-//! [`metrics`](crate::ToolStackBuilder::metrics) gives it to both).
+//! [`ToolMetrics`] is an [`EventSink`]: it counts what the layers it is given to report
+//! ([`LayerEvent`]). Give it to a whole stack with
+//! [`ToolStackBuilder::on_event`](crate::ToolStackBuilder::on_event), or to each layer's
+//! `on_event`: the call series come from the trace layer, the breaker series from the
+//! circuit breaker, the shared-store series from the rate-limit and loop-detection layers,
+//! and the dedupe TTL gauges from the idempotency layer when it is built. The store's size is
+//! set when the application calls [`ToolMetrics::record_dedupe_size`], say before each scrape.
 //!
 //! The prefix is `toolcall_` by default. Labels are bounded: `tool` is `namespace::name` of a
 //! registered tool and `unregistered` for any other, whatever names callers send; the other
-//! labels take values from fixed sets. The breaker series come from a
-//! [listener](ToolMetrics::breaker_listener) given to the `CircuitBreakerLayer`.
+//! labels take values from fixed sets.
 
 use std::fmt;
 use std::sync::Arc;
@@ -44,13 +42,11 @@ use std::time::Duration;
 
 use metrics::SharedString;
 
-use crate::breaker::{BreakerKey, TransitionEvent, TransitionListener};
 use crate::envelope::{ResultStatus, ToolCall};
 use crate::error::{ConfigError, ErrorCode, ToolError};
-use crate::idempotency::IdempotencyLayer;
+use crate::event::{BreakerKey, EventSink, FailurePolicy, LayerEvent, StoreEvent, TransitionEvent};
 use crate::outcome::{MatchedOn, ToolOutput};
 use crate::registry::{KeyScope, ToolRegistry};
-use crate::shared_store::{FailurePolicy, StoreEvent, StoreListener};
 use crate::tool_table::ToolTable;
 
 /// The label of every tool the registry does not know.
@@ -70,7 +66,8 @@ pub const DURATION_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 ];
 
-/// Records the metrics of calls; give it to [`TraceLayer::metrics`](super::TraceLayer::metrics).
+/// Records the metrics of calls: an [`EventSink`] to give to [`TraceLayer::on_event`](super::TraceLayer::on_event)
+/// and the other layers' `on_event`.
 /// Cheap to clone.
 ///
 /// ```
@@ -80,9 +77,9 @@ pub const DURATION_BUCKETS: [f64; 14] = [
 ///
 /// let registry = ToolRegistry::open();
 /// let metrics = ToolMetrics::builder(&registry).prefix("gateway_").build()?;
-/// let trace = TraceLayer::new().metrics(metrics.clone());
+/// let trace = TraceLayer::new().on_event(metrics.clone());
 /// let breaker = CircuitBreakerLayer::builder(registry)
-///     .on_transition(metrics.breaker_listener())
+///     .on_event(metrics.clone())
 ///     .build()?;
 /// # let _ = (trace, breaker);
 /// # Ok::<(), tower_toolcall::ConfigError>(())
@@ -133,13 +130,6 @@ impl ToolMetrics {
             registry: registry.clone(),
             prefix: "toolcall_".to_owned(),
         }
-    }
-
-    /// A listener to give to `CircuitBreakerLayer::builder(..).on_transition(..)`: it keeps
-    /// the breaker state gauge and counts transitions.
-    pub fn breaker_listener(&self) -> impl TransitionListener {
-        let metrics = self.clone();
-        move |event: &TransitionEvent| metrics.record_transition(event)
     }
 
     /// Gives every series its unit and help text, for exporters that show them (the
@@ -220,27 +210,6 @@ impl ToolMetrics {
         );
     }
 
-    /// A listener to give to the rate-limit and loop-detection layers'
-    /// `on_store_event(..)`: it counts their shared stores' outages and failed checks.
-    ///
-    /// ```
-    /// # use tower_toolcall::registry::ToolRegistry;
-    /// use tower_toolcall::trace::ToolMetrics;
-    /// use tower_toolcall::RateLimitLayer;
-    ///
-    /// let registry = ToolRegistry::open();
-    /// let metrics = ToolMetrics::new(&registry);
-    /// let layer = RateLimitLayer::builder(registry)
-    ///     .on_store_event(metrics.store_listener())
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn store_listener(&self) -> impl StoreListener + Clone {
-        let metrics = self.clone();
-        move |layer: &'static str, event: StoreEvent| metrics.record_store_event(layer, event)
-    }
-
     fn record_store_event(&self, store: &'static str, event: StoreEvent) {
         let i = &self.inner;
         match event {
@@ -264,18 +233,17 @@ impl ToolMetrics {
     }
 
     /// Sets the dedupe store's size gauge to `records`, what
-    /// [`DedupeStore::size`] answered.
+    /// `DedupeStore::size` answered.
     ///
     /// ```
     /// # use tower_toolcall::registry::ToolRegistry;
-    /// use tower_toolcall::idempotency::DedupeStore;
     /// use tower_toolcall::trace::ToolMetrics;
     /// use tower_toolcall::ToolStack;
     ///
     /// # tokio_test::block_on(async {
     /// let registry = ToolRegistry::open();
     /// let metrics = ToolMetrics::new(&registry);
-    /// let stack = ToolStack::builder(registry).metrics(metrics.clone()).build()?;
+    /// let stack = ToolStack::builder(registry).on_event(metrics.clone()).build()?;
     /// // before each scrape:
     /// metrics.record_dedupe_size(stack.dedupe_store().unwrap().size().await?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -285,34 +253,33 @@ impl ToolMetrics {
         metrics::gauge!(self.inner.dedupe_cache_size.clone()).set(records as f64);
     }
 
-    /// Sets the dedupe TTL gauges of every tool `layer` deduplicates: how long it keeps a
-    /// completed record, a failed one, and the lease of one in flight, labelled with the
-    /// tool's key scope. A [`ToolStack`](crate::ToolStack) built with metrics does it.
-    pub fn record_dedupe_ttls(&self, layer: &IdempotencyLayer) {
+    /// Sets the dedupe TTL gauges of `tool` (`None`: the unregistered tools): how long it
+    /// keeps a completed record, a failed one, and the lease of one in flight, labelled with
+    /// the tool's key scope.
+    fn record_dedupe_ttls(
+        &self,
+        tool: Option<&str>,
+        scope: KeyScope,
+        ttls: [(&'static str, Duration); 3],
+    ) {
         let gauge = &self.inner.dedupe_ttl_seconds;
-        for (tool, ttls) in layer.tool_ttls() {
-            let tool = match tool {
-                Some(full_name) => SharedString::from_shared(Arc::from(full_name)),
-                None => SharedString::const_str(UNREGISTERED),
-            };
-            let scope = match ttls.scope {
-                KeyScope::Global => "global",
-                KeyScope::Actor => "actor",
-                _ => "session",
-            };
-            for (state, ttl) in [
-                ("completed", ttls.done),
-                ("failed", ttls.failed),
-                ("inflight", ttls.inflight_lease),
-            ] {
-                metrics::gauge!(
-                    gauge.clone(),
-                    "tool" => tool.clone(),
-                    "state" => state,
-                    "scope" => scope
-                )
-                .set(ttl.as_secs_f64());
-            }
+        let tool = match tool {
+            Some(full_name) => SharedString::from_shared(Arc::from(full_name)),
+            None => SharedString::const_str(UNREGISTERED),
+        };
+        let scope = match scope {
+            KeyScope::Global => "global",
+            KeyScope::Actor => "actor",
+            _ => "session",
+        };
+        for (state, ttl) in ttls {
+            metrics::gauge!(
+                gauge.clone(),
+                "tool" => tool.clone(),
+                "state" => state,
+                "scope" => scope
+            )
+            .set(ttl.as_secs_f64());
         }
     }
 
@@ -352,7 +319,7 @@ impl ToolMetrics {
     }
 
     /// Records one finished call.
-    pub(super) fn record_call(
+    fn record_call(
         &self,
         call: &ToolCall,
         outcome: &Result<ToolOutput, ToolError>,
@@ -421,6 +388,37 @@ impl ToolMetrics {
                 }
                 _ => {}
             }
+        }
+    }
+}
+
+/// Metrics hear every event: give them to [`ToolStackBuilder::on_event`](crate::ToolStackBuilder::on_event)
+/// (or to each layer's `on_event`).
+impl EventSink for ToolMetrics {
+    fn on_event(&self, event: &LayerEvent<'_>) {
+        match *event {
+            LayerEvent::CallFinished {
+                call,
+                outcome,
+                elapsed,
+            } => self.record_call(call, outcome, elapsed),
+            LayerEvent::BreakerTransition(transition) => self.record_transition(transition),
+            LayerEvent::Store { layer, event } => self.record_store_event(layer, event),
+            LayerEvent::DedupeSettings {
+                tool,
+                scope,
+                done_ttl,
+                failed_ttl,
+                inflight_lease,
+            } => self.record_dedupe_ttls(
+                tool,
+                scope,
+                [
+                    ("completed", done_ttl),
+                    ("failed", failed_ttl),
+                    ("inflight", inflight_lease),
+                ],
+            ),
         }
     }
 }

@@ -6,13 +6,12 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_toolcall::event::LayerEvent;
 
 use support::{call_of, call_once, registry_of, ScriptedTool, Step};
 use tokio::time::Instant;
 use tower::Layer;
-use tower_toolcall::breaker::{
-    BreakerConfig, BreakerKey, CircuitBreakerLayer, TransitionEvent, TransitionReason,
-};
+use tower_toolcall::breaker::{BreakerConfig, BreakerKey, CircuitBreakerLayer, TransitionReason};
 use tower_toolcall::registry::{
     BreakerOverrides, LayerSetting, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
 };
@@ -36,12 +35,14 @@ fn unavailable() -> Step {
 struct Transitions(Arc<Mutex<Vec<(BreakerState, BreakerState, TransitionReason)>>>);
 
 impl Transitions {
-    fn listener(&self) -> impl Fn(&TransitionEvent) + Send + Sync + 'static {
+    fn listener(&self) -> impl Fn(&LayerEvent<'_>) + Send + Sync + 'static {
         let seen = self.0.clone();
-        move |event: &TransitionEvent| {
-            seen.lock()
-                .unwrap()
-                .push((event.from, event.to, event.reason))
+        move |event: &LayerEvent<'_>| {
+            if let LayerEvent::BreakerTransition(event) = event {
+                seen.lock()
+                    .unwrap()
+                    .push((event.from, event.to, event.reason))
+            }
         }
     }
 
@@ -104,7 +105,7 @@ async fn tr9_after_the_cooldown_two_successful_probes_close_it() {
     let tool = ScriptedTool::new(std::iter::repeat_n(unavailable(), 5).chain([Step::Ok]));
     let transitions = Transitions::default();
     let layer = CircuitBreakerLayer::builder(registry_of([create_file()]))
-        .on_transition(transitions.listener())
+        .on_event(transitions.listener())
         .build()
         .unwrap();
     let admin = layer.admin();
@@ -151,7 +152,7 @@ async fn tr10_a_failed_probe_reopens_it_and_restarts_the_cooldown() {
     ]));
     let transitions = Transitions::default();
     let layer = CircuitBreakerLayer::builder(registry_of([create_file()]))
-        .on_transition(transitions.listener())
+        .on_event(transitions.listener())
         .build()
         .unwrap();
     let mut svc = layer.layer(tool.service());
@@ -222,7 +223,7 @@ async fn half_of_ten_calls_failing_opens_it_by_rate() {
         ScriptedTool::new((0..10).map(|i| if i % 2 == 0 { Step::Ok } else { unavailable() }));
     let transitions = Transitions::default();
     let layer = CircuitBreakerLayer::builder(registry_of([search]))
-        .on_transition(transitions.listener())
+        .on_event(transitions.listener())
         .build()
         .unwrap();
     let mut svc = layer.layer(tool.service());
@@ -312,7 +313,7 @@ async fn a_probe_that_never_answers_is_abandoned_after_the_attempt_timeout() {
     let tool = ScriptedTool::new(std::iter::repeat_n(unavailable(), 5).chain([Step::Hang]));
     let transitions = Transitions::default();
     let layer = CircuitBreakerLayer::builder(registry_of([descriptor]))
-        .on_transition(transitions.listener())
+        .on_event(transitions.listener())
         .build()
         .unwrap();
     let admin = layer.admin();
@@ -602,9 +603,11 @@ fn listeners_run_after_the_lock_is_released() {
             let seen = Arc::new(Mutex::new(Vec::new()));
             let record = seen.clone();
             // Reading the breaker from its own listener takes the breaker's lock again.
-            admin.on_transition(move |event: &TransitionEvent| {
-                let status = inside.status(&event.key).unwrap();
-                record.lock().unwrap().push(status.state);
+            admin.on_event(move |event: &LayerEvent<'_>| {
+                if let LayerEvent::BreakerTransition(event) = event {
+                    let status = inside.status(&event.key).unwrap();
+                    record.lock().unwrap().push(status.state);
+                }
             });
             let tool = ScriptedTool::always(unavailable());
             let mut svc = layer.layer(tool.service());

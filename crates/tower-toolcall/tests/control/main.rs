@@ -686,7 +686,7 @@ mod metrics_series {
             let control = switches(&[("TOOL_RELIABILITY_SHADOW", "breaker")]);
             let registry = registry(&control);
             let mut svc = ServiceBuilder::new()
-                .layer(TraceLayer::new().metrics(ToolMetrics::new(&registry)))
+                .layer(TraceLayer::new().on_event(ToolMetrics::new(&registry)))
                 .layer(CircuitBreakerLayer::new(registry))
                 .service(tool.service());
             for n in 0..5 {

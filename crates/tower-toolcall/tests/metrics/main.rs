@@ -73,7 +73,7 @@ fn a_scripted_run_produces_exact_series() {
             }
         });
         let stack = ToolStack::builder(registry.clone())
-            .metrics(metrics)
+            .on_event(metrics)
             .retry(|retry| retry.seed(5))
             .build()
             .unwrap();
@@ -147,7 +147,7 @@ fn ten_thousand_unregistered_tool_names_leave_one_label() {
         runtime.block_on(async {
             let registry = ToolRegistry::open();
             let mut svc = ServiceBuilder::new()
-                .layer(TraceLayer::new().metrics(ToolMetrics::new(&registry)))
+                .layer(TraceLayer::new().on_event(ToolMetrics::new(&registry)))
                 .service(tool_fn(|_call: ToolCall| async {
                     Ok(ToolOutput::new(json!(null)))
                 }));
@@ -179,7 +179,7 @@ fn durations_are_in_seconds() {
     support::metrics_series::run_recorded(&recorder, async {
         let registry = registry();
         let stack = ToolStack::builder(registry.clone())
-            .metrics(ToolMetrics::new(&registry))
+            .on_event(ToolMetrics::new(&registry))
             .build()
             .unwrap();
         let slow = tool_fn(|_call: ToolCall| async {
@@ -231,7 +231,7 @@ fn the_dedupe_store_size_and_ttls_are_gauges_with_the_key_scope() {
         let metrics = ToolMetrics::new(&registry);
         metrics.describe();
         let stack = ToolStack::builder(registry.clone())
-            .metrics(metrics.clone())
+            .on_event(metrics.clone())
             .idempotency(|i| {
                 i.done_ttl(std::time::Duration::from_secs(3600))
                     .failed_ttl(std::time::Duration::from_secs(60))

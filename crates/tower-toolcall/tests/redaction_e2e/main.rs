@@ -268,7 +268,7 @@ fn run_scenarios(audit: &AuditLog) -> Answers {
             .trace(|trace| trace.audit(audit.clone()))
             .retry(|retry| retry.seed(7));
         #[cfg(feature = "metrics")]
-        let stack = stack.metrics(tower_toolcall::trace::ToolMetrics::new(&registry));
+        let stack = stack.on_event(tower_toolcall::trace::ToolMetrics::new(&registry));
         let mut stack = support::enveloped(&stack.build().unwrap(), tool());
 
         let search = |session: &str, mode: &str| {
