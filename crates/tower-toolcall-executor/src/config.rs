@@ -15,10 +15,13 @@ use tower_toolcall::canonical::{CanonicalOptions, MAX_SUPPORTED_DEPTH};
 use tower_toolcall::classify::SharedClassifier;
 use tower_toolcall::envelope::ToolCall;
 use tower_toolcall::registry::ToolRegistry;
-use tower_toolcall::trace::AuditLog;
+use tower_toolcall::trace::{AuditLog, Redactor};
 use tower_toolcall::validate::DEFAULT_MAX_PARAMS_BYTES;
 use tower_toolcall::ToolOutput;
 use tower_toolcall::{ConfigError, ToolError};
+
+/// The version of the executor, as `run.json` records it.
+pub const EXECUTOR_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Runs the plans of agent turns over a `Service<ToolCall>`, normally the [`ToolStack`](tower_toolcall::ToolStack).
 ///
@@ -69,6 +72,8 @@ pub(crate) struct ExecutorConfig {
     pub(crate) event_capacity: usize,
     pub(crate) audit_dir: Option<PathBuf>,
     pub(crate) audit_queue_capacity: usize,
+    /// What the run's audit lines and `run.json` redact.
+    pub(crate) redactor: Redactor,
     pub(crate) jitter_seed: Option<u64>,
 }
 
@@ -167,6 +172,7 @@ pub struct ExecutorBuilder {
     audit_dir: Option<PathBuf>,
     /// Lines the audit's writer may be behind before the run waits for it.
     pub(super) audit_queue_capacity: usize,
+    redactor: Redactor,
     jitter_seed: Option<u64>,
 }
 
@@ -190,6 +196,7 @@ impl Executor {
             event_capacity: 1024,
             audit_dir: None,
             audit_queue_capacity: 8192,
+            redactor: Redactor::default(),
             jitter_seed: None,
         }
     }
@@ -275,7 +282,7 @@ impl Executor {
             .get_or_insert_with(|| ulid::Ulid::generate().to_string())
             .clone();
         let audit = match &self.config.audit_dir {
-            Some(root) => Some(open_audit(root, &run_id, self.config.audit_queue_capacity)?),
+            Some(root) => Some(open_audit(root, &run_id, &self.config)?),
             None => None,
         };
         let jitter_seed = jitter_seed
@@ -376,6 +383,15 @@ impl ExecutorBuilder {
         self
     }
 
+    /// Redacts secrets with `redactor` in each run's audit: the lines of `calls.jsonl`,
+    /// `results.jsonl` and `events.jsonl`, and `run.json` (default: the core's
+    /// [`Redactor::default`]). [`replay`](super::replay) compares params as the audit wrote
+    /// them, redacted by its executor's redactor: replay a run with the one it ran with.
+    pub fn redactor(mut self, redactor: Redactor) -> Self {
+        self.redactor = redactor;
+        self
+    }
+
     /// Draws the jitter of every run's retry pauses from `seed` instead of a fresh seed per
     /// run, so that runs wait the same pauses. Each run records its seed in `run.json`, and
     /// [`replay`](super::replay) waits the recorded pauses whatever this is.
@@ -442,6 +458,7 @@ impl ExecutorBuilder {
                 event_capacity: self.event_capacity,
                 audit_dir: self.audit_dir,
                 audit_queue_capacity: self.audit_queue_capacity,
+                redactor: self.redactor,
                 jitter_seed: self.jitter_seed,
             }),
         })
@@ -566,12 +583,13 @@ where
     Ok(id)
 }
 
-/// Opens the audit of run `run_id` in a folder of its own under `root`: a run id that
-/// already has a folder there is refused, so that no run appends to another's record.
+/// Opens the audit of run `run_id` in a folder of its own under `root`, with the executor's
+/// queue capacity and redactor: a run id that already has a folder there is refused, so that
+/// no run appends to another's record.
 fn open_audit(
     root: &std::path::Path,
     run_id: &str,
-    capacity: usize,
+    config: &ExecutorConfig,
 ) -> Result<AuditLog, PlanError> {
     let unusable = |e: &dyn std::fmt::Display| {
         PlanError::single(
@@ -596,7 +614,8 @@ fn open_audit(
     }
     // Lossless: a replay reads the record back, so no line of it may be dropped.
     AuditLog::builder(dir)
-        .queue_capacity(capacity)
+        .queue_capacity(config.audit_queue_capacity)
+        .redactor(config.redactor.clone())
         .build()
         .map(|audit| audit.lossless())
         .map_err(|e| unusable(&e))

@@ -81,7 +81,8 @@
 //!   after. The stream is bounded: a slow reader loses events (counted), never slows a tool.
 //! - **Audit and replay**: with [`ExecutorBuilder::audit_dir`], each run leaves `run.json`,
 //!   `calls.jsonl`, `results.jsonl` and `events.jsonl` (written losslessly: when the writer
-//!   is behind, the run waits for it); [`reconstruct`] reads them back and [`replay`] runs
+//!   is behind, the run waits for it), every one redacted with the executor's redactor
+//!   ([`ExecutorBuilder::redactor`]); [`reconstruct`] reads them back and [`replay`] runs
 //!   the plan again against the recorded results and retry pauses, calling no tool, and
 //!   reports the first divergence. The run id names the run's folder, so it is a safe name
 //!   ([`Turn::with_run_id`]), and a run id that already has a folder is refused: no run
@@ -106,7 +107,9 @@ mod schedule;
 mod tests;
 mod validate;
 
-pub use config::{ConfirmationPolicy, Executor, ExecutorBuilder, OnDeadline, RunPolicy, Turn};
+pub use config::{
+    ConfirmationPolicy, Executor, ExecutorBuilder, OnDeadline, RunPolicy, Turn, EXECUTOR_VERSION,
+};
 pub use events::EventStream;
 pub use outcome::{
     Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
@@ -114,7 +117,7 @@ pub use outcome::{
 pub use plan::{Foreach, OnError, Plan, Step, StepRetry};
 pub use reference::{resolve, ResolveError, Scope};
 pub use replay::{reconstruct, replay, Divergence, RecordedRun, ReplayReport};
-pub use run::{Run, RunControls, EXECUTOR_VERSION};
+pub use run::{Run, RunControls};
 pub use validate::{PlanError, PlanProblem};
 
 /// The examples of the crate's README, compiled and run as doctests.

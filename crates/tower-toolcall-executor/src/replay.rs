@@ -235,8 +235,10 @@ pub struct ReplayReport {
 /// would have behaved the same.
 ///
 /// A recorded plan that the executor's checks refuse (its registry lacks a tool, say) is a
-/// [`PlanError`]. Params are compared as the audit wrote them: redacted by the default
-/// [`Redactor`](tower_toolcall::trace::Redactor).
+/// [`PlanError`]. Params are compared as the audit wrote them: redacted by the executor's
+/// redactor ([`ExecutorBuilder::redactor`](super::ExecutorBuilder::redactor), the default
+/// [`Redactor`](tower_toolcall::trace::Redactor) unless set), which is the one the run ran
+/// with when the replay's executor is built as the run's was.
 pub async fn replay(
     recorded: &RecordedRun,
     executor: &Executor,
@@ -283,11 +285,11 @@ pub async fn replay(
         }
         None => finish.await,
     };
-    let redactor = Redactor::default();
+    let redactor = &executor.config.redactor;
     let calls_divergence = first_divergence(
         "calls",
-        recorded.calls.iter().map(|c| describe_call(c, &redactor)),
-        calls.iter().map(|c| describe_call(c, &redactor)),
+        recorded.calls.iter().map(|c| describe_call(c, redactor)),
+        calls.iter().map(|c| describe_call(c, redactor)),
     );
     // The first call the replay made whose result the recording lacks.
     let missing = missing.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -298,7 +300,7 @@ pub async fn replay(
             stream: "results",
             index,
             recorded: None,
-            replayed: Some(describe_call(&calls[index], &redactor)),
+            replayed: Some(describe_call(&calls[index], redactor)),
         });
     let divergence = match (calls_divergence, without_result) {
         (Some(c), Some(r)) if r.index < c.index => Some(r),

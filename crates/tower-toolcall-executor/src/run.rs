@@ -5,11 +5,13 @@
 //! the clock once and tells the state the controls' signals, the turn's deadline, the calls
 //! that ended and the retries that are due; it makes the calls the state starts, drops or
 //! detaches the calls the state names when the run stops, and then does the state's actions
-//! (events, audit lines, `run.json`), reporting every write that fails. Steps are started
+//! (events, audit lines, and `run.json` as the state built it), reporting every write that
+//! fails. `run.json` is written off the run's thread, and the run waits for it: nothing is
+//! decided or done until it is written, as if the write were one step. Steps are started
 //! and calls dispatched in plan order (and item order), so that the same completions give
 //! the same run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -19,20 +21,18 @@ use std::task::{ready, Context, Poll};
 use futures_util::stream::{FuturesUnordered, Stream};
 use futures_util::task::AtomicWaker;
 use serde_json::json;
+use tokio::sync::oneshot;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tower_service::Service;
 
 use super::config::{ExecutorConfig, Turn};
 use super::events::{Emitter, EventKind, EventStream, Level};
-use super::outcome::{TurnResult, TurnStatus};
-use super::schedule::{Action, CallKey, Dispatch, Fate, Phase, RunState, Signals};
+use super::outcome::TurnResult;
+use super::schedule::{Action, CallKey, Dispatch, Fate, Phase, RunRecord, RunState, Signals};
 use super::validate::CheckedPlan;
 use tower_toolcall::envelope::ToolCall;
 use tower_toolcall::trace::{AuditLog, ExecutionEvent};
 use tower_toolcall::{ToolError, ToolOutput};
-
-/// The version of the executor, as `run.json` records it.
-pub const EXECUTOR_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// One run of a plan, made by [`Executor::start`](super::Executor::start).
 ///
@@ -187,6 +187,10 @@ where
     deadline: Option<Pin<Box<Sleep>>>,
     /// Calls dispatched or ended in this poll.
     work: usize,
+    /// What the state decided and the shell has not yet done, in order.
+    actions: VecDeque<Action>,
+    /// The write of `run.json` in flight: the actions after it wait for it.
+    writing: Option<RecordWrite>,
 }
 
 impl<S> Run<S>
@@ -218,6 +222,8 @@ where
             retry_timer: None,
             deadline: None,
             work: 0,
+            actions: VecDeque::new(),
+            writing: None,
         };
         Run {
             shell,
@@ -275,9 +281,13 @@ where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
     S::Future: Send + 'static,
 {
+    /// Drives the run: nothing is decided while a record is being written, and the stream
+    /// ends once everything decided is done.
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        ready!(self.perform(cx));
         let poll = self.schedule(cx);
-        self.perform();
+        self.actions.extend(self.state.out.take());
+        ready!(self.perform(cx));
         if self.state.phase == Phase::Done {
             self.state.emitter.close();
         }
@@ -431,9 +441,20 @@ where
     }
 
     /// Does what the scheduling decided, in order: the events, the audit's lines and
-    /// `run.json`. A write that fails is reported, never dropped.
-    fn perform(&mut self) {
-        for action in self.state.out.take() {
+    /// `run.json`. The actions after a record being written wait for its write, which is
+    /// done off the run's thread; a write that fails is reported, never dropped.
+    fn perform(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if let Some(write) = &mut self.writing {
+                let outcome = ready!(Pin::new(write).poll(cx));
+                self.writing = None;
+                if let Err(error) = outcome {
+                    self.report_unwritten(&error);
+                }
+            }
+            let Some(action) = self.actions.pop_front() else {
+                return Poll::Ready(());
+            };
             match action {
                 Action::Emit(event) => self.state.emitter.emit(move |_| *event),
                 Action::RecordCall(call) => {
@@ -446,50 +467,63 @@ where
                         audit.record_result(*result);
                     }
                 }
-                Action::WriteRecord(status) => self.write_run_json(status),
+                Action::WriteRecord(record) => self.writing = Some(RecordWrite::start(*record)),
             }
         }
     }
 
-    /// Writes `run.json`; a failure is reported as a `run.auditFailed` event, so that the
-    /// run's record is never silently incomplete.
-    fn write_run_json(&mut self, status: Option<TurnStatus>) {
-        if self.state.emitter.audit.is_none() {
-            return;
-        }
-        if let Some(dir) = self.run_dir() {
-            let record = json!({
-                "runId": self.state.emitter.run_id(),
-                "plan": self.state.plan,
-                "policy": self.state.config.policy,
-                "turn": self.state.turn,
-                "confirmationId": self.state.confirmation_id,
-                "executorVersion": EXECUTOR_VERSION,
-                // A string: a reader that holds JSON numbers as doubles would round it.
-                "jitterSeed": self.state.jitter_seed.to_string(),
-                "status": status,
-            });
-            // Redacted as the audit's lines are: the plan's args may hold secrets.
-            let record = tower_toolcall::trace::Redactor::default().redact_value(&record);
-            let text = serde_json::to_vec_pretty(&record).expect("a run record serializes");
-            if let Err(e) = std::fs::write(dir.join("run.json"), text) {
-                let message = format!("run.json could not be written: {e}");
-                let error = e.to_string();
-                self.state.emitter.emit(|run| {
-                    EventKind::RunAuditFailed
-                        .of_run(run, message)
-                        .level(Level::Error.as_str())
-                        .payload(json!({"file": "run.json", "error": error}))
-                });
-            }
-        }
+    /// Reports that `run.json` could not be written as a `run.auditFailed` event, so that
+    /// the run's record is never silently incomplete.
+    fn report_unwritten(&mut self, error: &str) {
+        let message = format!("run.json could not be written: {error}");
+        let error = error.to_owned();
+        self.state.emitter.emit(|run| {
+            EventKind::RunAuditFailed
+                .of_run(run, message)
+                .level(Level::Error.as_str())
+                .payload(json!({"file": "run.json", "error": error}))
+        });
     }
+}
 
-    fn run_dir(&self) -> Option<std::path::PathBuf> {
-        self.state
-            .config
-            .audit_dir
-            .as_ref()
-            .map(|root| root.join(self.state.emitter.run_id()))
+/// The write of a run's record in flight, on a thread that may block: its end, or why it
+/// failed.
+struct RecordWrite {
+    done: oneshot::Receiver<Result<(), String>>,
+}
+
+impl RecordWrite {
+    /// Starts writing `record` on the runtime's blocking threads, or on a thread of its own
+    /// outside a runtime.
+    fn start(record: RunRecord) -> Self {
+        let (sender, done) = oneshot::channel();
+        let write = move || {
+            let text =
+                serde_json::to_vec_pretty(&record.contents).expect("a run record serializes");
+            let outcome = std::fs::write(&record.path, text).map_err(|e| e.to_string());
+            // The run may be gone: then nobody waits for the outcome.
+            let _ = sender.send(outcome);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(write)),
+            // A thread that cannot start drops the sender: the write reports its writer
+            // stopped.
+            Err(_) => drop(
+                std::thread::Builder::new()
+                    .name("toolcall-run-record".into())
+                    .spawn(write),
+            ),
+        }
+        RecordWrite { done }
+    }
+}
+
+impl Future for RecordWrite {
+    type Output = Result<(), String>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let outcome = ready!(Pin::new(&mut self.done).poll(cx));
+        // A writer that ended without an answer (its runtime shut down) wrote nothing known.
+        Poll::Ready(outcome.unwrap_or_else(|_| Err("its writer stopped".to_owned())))
     }
 }

@@ -3,6 +3,9 @@
 //! key, limits). The clock is passed in and nothing here does I/O, so the tables below test
 //! it without a runtime; the run's shell ([`crate::run`]) drives it.
 
+use std::path::PathBuf;
+
+use serde_json::Value;
 use tokio::time::{Duration, Instant};
 
 mod state;
@@ -13,7 +16,7 @@ use tower_toolcall::envelope::ToolResult;
 use tower_toolcall::trace::ExecutionEvent;
 use tower_toolcall::ToolCall;
 
-use crate::outcome::{Classification, Recovery, TurnStatus};
+use crate::outcome::{Classification, Recovery};
 
 /// A call in flight, as the run and its state both name it: keys are given in dispatch
 /// order and never reused within a run.
@@ -26,6 +29,16 @@ pub(crate) struct CallKey(pub(crate) u64);
 pub(crate) struct Dispatch {
     pub(crate) key: CallKey,
     pub(crate) call: ToolCall,
+}
+
+/// The run's record, `run.json`, as the state built it: where it goes and what it says,
+/// already redacted. The shell writes it as it is.
+#[derive(Debug)]
+pub(crate) struct RunRecord {
+    /// `<audit dir>/<runId>/run.json`.
+    pub(crate) path: PathBuf,
+    /// The record, redacted with the executor's redactor.
+    pub(crate) contents: Value,
 }
 
 /// What becomes of a call in flight when the run stops (a cancellation, the deadline).
@@ -48,8 +61,9 @@ pub(crate) enum Action {
     RecordCall(ToolCall),
     /// Write the result envelope to `results.jsonl`.
     RecordResult(Box<ToolResult>),
-    /// Write `run.json`, with the run's status once it has ended.
-    WriteRecord(Option<TurnStatus>),
+    /// Write `run.json`: the record, with the run's status once it has ended. The actions
+    /// after it wait for the write, so that a failure to write it is reported before them.
+    WriteRecord(Box<RunRecord>),
 }
 
 /// What is known of a failed try when deciding what comes next.

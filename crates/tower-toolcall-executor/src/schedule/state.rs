@@ -12,14 +12,16 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::time::{Duration, Instant};
 
-use crate::config::{millis, ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn};
+use crate::config::{
+    millis, ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn, EXECUTOR_VERSION,
+};
 use crate::events::{Emitter, EventKind, Level};
 use crate::outcome::{
     Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
 };
 use crate::plan::{Plan, Step, StepRetry};
 use crate::reference::{resolve, Scope};
-use crate::schedule::{self, after, Action, CallKey, Dispatch, Failure, Fate, Retries};
+use crate::schedule::{self, after, Action, CallKey, Dispatch, Failure, Fate, Retries, RunRecord};
 use crate::validate::{json_kind, CheckedPlan, CheckedStep, Items};
 use tower_toolcall::classify::{ToolProfile, Verdict};
 use tower_toolcall::envelope::{Iteration, RunLink, ToolCall, ToolResult};
@@ -128,11 +130,11 @@ impl Outbox {
 /// of the calls in flight, and the actions for the shell to do.
 #[derive(Debug)]
 pub(crate) struct RunState {
-    pub(crate) config: Arc<ExecutorConfig>,
+    config: Arc<ExecutorConfig>,
     /// The plan as it was written, shared.
-    pub(crate) plan: Arc<Plan>,
-    pub(crate) turn: Turn,
-    pub(crate) confirmation_id: Option<String>,
+    plan: Arc<Plan>,
+    turn: Turn,
+    confirmation_id: Option<String>,
     pub(crate) emitter: Emitter,
     /// What was decided and is not yet done.
     pub(crate) out: Outbox,
@@ -345,7 +347,7 @@ impl RunState {
 
     fn start_running(&mut self) {
         self.phase = Phase::Running;
-        self.out.push(Action::WriteRecord(None));
+        self.write_record(None);
         for (i, step) in self.steps.iter().enumerate() {
             if step.waiting_on == 0 {
                 self.ready.insert(i);
@@ -1171,7 +1173,7 @@ impl RunState {
         let status = self.status;
         let message = self.message();
         // Before `run.finished`, so that a failure to write it is an event of the run.
-        self.out.push(Action::WriteRecord(Some(status)));
+        self.write_record(Some(status));
         self.out.emit(&self.emitter, |run| {
             EventKind::RunFinished
                 .of_run(run, message)
@@ -1184,6 +1186,37 @@ impl RunState {
         });
         // The shell does what is decided, then ends the stream.
         self.phase = Phase::Done;
+    }
+
+    /// Asks for `run.json` to be written, when the run has an audit: the record built here,
+    /// with `status` once the run has ended.
+    fn write_record(&mut self, status: Option<TurnStatus>) {
+        if let Some(record) = self.record(status) {
+            self.out.push(Action::WriteRecord(Box::new(record)));
+        }
+    }
+
+    /// The run's record, `run.json`, where the run's audit is; `None` without one. It is
+    /// redacted with the executor's redactor, as the audit's lines are: the plan's args may
+    /// hold secrets.
+    fn record(&self, status: Option<TurnStatus>) -> Option<RunRecord> {
+        self.emitter.audit.as_ref()?;
+        let root = self.config.audit_dir.as_ref()?;
+        let record = json!({
+            "runId": self.emitter.run_id(),
+            "plan": self.plan,
+            "policy": self.config.policy,
+            "turn": self.turn,
+            "confirmationId": self.confirmation_id,
+            "executorVersion": EXECUTOR_VERSION,
+            // A string: a reader that holds JSON numbers as doubles would round it.
+            "jitterSeed": self.jitter_seed.to_string(),
+            "status": status,
+        });
+        Some(RunRecord {
+            path: root.join(self.emitter.run_id()).join("run.json"),
+            contents: self.config.redactor.redact_value(&record),
+        })
     }
 
     /// What happened, for the user.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tower::{Layer, Service, ServiceExt};
 use tower_toolcall::envelope::RunLink;
-use tower_toolcall::trace::{AuditLog, TraceLayer};
+use tower_toolcall::trace::{AuditLog, Redactor, TraceLayer};
 use tower_toolcall::{tool_fn, HookLayer, ToolCall, ToolOutput};
 use tower_toolcall_executor::{reconstruct, replay, Executor, Plan, StepStatus, Turn, TurnStatus};
 
@@ -199,6 +199,65 @@ async fn the_confirmation_reaches_run_json_and_every_call() {
         .await
         .unwrap_err();
     assert_eq!(err.problems()[0].field, "steps[0].tool");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_executors_redactor_reaches_run_json_and_the_audit_lines() {
+    let root = temp_dir("redactor");
+    // A secret name and a credential shape the built-in rules do not know.
+    let redactor = Redactor::builder()
+        .secret_name("card_pin")
+        .credential_pattern("acme_[0-9a-f]{32}")
+        .build()
+        .unwrap();
+    assert!(!Redactor::default().is_secret_name("card_pin"));
+    let token = "acme_0123456789abcdef0123456789abcdef";
+    let executor = Executor::builder(registry())
+        .audit_dir(&root)
+        .redactor(redactor.clone())
+        .build()
+        .unwrap();
+    let tools = Toolbox::new().script("travel::search", vec![ok(1)]);
+    let plan = Plan::from_value(json!({
+        "vars": {"token": token},
+        "steps": [{"id": "a", "tool": "travel::search", "args": {"card_pin": "4321", "q": "$vars.token"}}]
+    }))
+    .unwrap();
+    let run = executor
+        .start(
+            tools.service(),
+            &plan,
+            Turn::new("s", "u").with_run_id("run-r"),
+        )
+        .unwrap();
+    assert_eq!(run.finish().await.status, TurnStatus::Completed);
+
+    let dir = root.join("run-r");
+    let text = std::fs::read_to_string(dir.join("run.json")).unwrap();
+    assert!(!text.contains("4321"), "{text}");
+    assert!(!text.contains(token), "{text}");
+    let run_json: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        run_json["plan"]["steps"][0]["args"]["card_pin"],
+        "[REDACTED]"
+    );
+    assert_eq!(run_json["status"], "completed");
+    // The audit's lines are redacted by the same redactor.
+    let calls = std::fs::read_to_string(dir.join("calls.jsonl")).unwrap();
+    assert!(!calls.contains("4321") && !calls.contains(token), "{calls}");
+    let recorded = reconstruct(&dir).unwrap();
+    assert_eq!(
+        recorded.calls[0].params().as_map()["card_pin"],
+        "[REDACTED]"
+    );
+    // A replay whose executor has the run's redactor compares params as the audit wrote them.
+    let same = Executor::builder(registry())
+        .policy(recorded.policy.clone())
+        .redactor(redactor)
+        .build()
+        .unwrap();
+    assert_eq!(replay(&recorded, &same).await.unwrap().divergence, None);
     std::fs::remove_dir_all(&root).unwrap();
 }
 
