@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use toml::{Table, Value};
-use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::trace::{AuditLog, EventKind, EventLevel, ExecutionEvent};
 use tower_toolcall::Principal;
 use tower_toolcall_axum::authn::{
     ApiKeys, Authentication, ClaimNames, JwtAlgorithm, JwtVerifier, ProtectedResource,
@@ -261,13 +261,17 @@ impl AuthConfig {
         if let Some(audit) = audit {
             builder = builder.on_refusal(move |refusal| {
                 audit.record_event(
-                    ExecutionEvent::of_run("auth.refused", "gateway", refusal.description())
-                        .level("warn")
-                        .payload(serde_json::json!({
-                            "status": refusal.status().as_u16(),
-                            "reason": refusal.reason(),
-                            "path": refusal.path(),
-                        })),
+                    ExecutionEvent::of_run(
+                        EventKind::AuthRefused,
+                        "gateway",
+                        refusal.description(),
+                    )
+                    .level(EventLevel::Warn)
+                    .payload(serde_json::json!({
+                        "status": refusal.status().as_u16(),
+                        "reason": refusal.reason(),
+                        "path": refusal.path(),
+                    })),
                 );
             });
         }
@@ -360,12 +364,12 @@ impl DenialAudit {
         };
         self.audit.record_event(
             ExecutionEvent::of_run(
-                "auth.denied",
+                EventKind::AuthDenied,
                 "gateway",
                 "a call of a tool its caller may not call",
             )
             .tool(tool)
-            .level("warn")
+            .level(EventLevel::Warn)
             .payload(serde_json::json!({
                 "actorId": principal.map(Principal::id),
                 "tenantId": principal.and_then(Principal::tenant),

@@ -11,7 +11,6 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use tower_toolcall::trace::{AuditLog, ExecutionEvent};
-use tower_toolcall::ToolCall;
 
 /// The events of one run, as a [`Stream`]; it ends when the run has finished.
 ///
@@ -121,69 +120,5 @@ impl Emitter {
     /// Ends the stream.
     pub(crate) fn close(&mut self) {
         self.stream = None;
-    }
-}
-
-/// The kinds of event a run emits, named in `ExecutionEvent::kind` as `events.jsonl` has
-/// them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum EventKind {
-    RunStarted,
-    RunConfirmationRequested,
-    RunConfirmed,
-    RunCancelled,
-    RunFinished,
-    /// A file of the run's audit could not be written.
-    RunAuditFailed,
-    StepScheduled,
-    StepStarted,
-    StepProgress,
-    StepFinished,
-    StepFailed,
-}
-
-impl EventKind {
-    pub(crate) const fn as_str(self) -> &'static str {
-        match self {
-            EventKind::RunStarted => "run.started",
-            EventKind::RunConfirmationRequested => "run.confirmationRequested",
-            EventKind::RunConfirmed => "run.confirmed",
-            EventKind::RunCancelled => "run.cancelled",
-            EventKind::RunFinished => "run.finished",
-            EventKind::RunAuditFailed => "run.auditFailed",
-            EventKind::StepScheduled => "step.scheduled",
-            EventKind::StepStarted => "step.started",
-            EventKind::StepProgress => "step.progress",
-            EventKind::StepFinished => "step.finished",
-            EventKind::StepFailed => "step.failed",
-        }
-    }
-
-    /// An event of this kind about the whole run (or one of its steps, with `.step`).
-    pub(crate) fn of_run(self, run_id: &str, message: impl Into<String>) -> ExecutionEvent {
-        ExecutionEvent::of_run(self.as_str(), run_id, message)
-    }
-
-    /// An event of this kind about one call.
-    pub(crate) fn of_call(self, call: &ToolCall, message: impl Into<String>) -> ExecutionEvent {
-        ExecutionEvent::new(self.as_str(), call, message)
-    }
-}
-
-/// The level of an event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Level {
-    Info,
-    Warn,
-    Error,
-}
-
-impl Level {
-    pub(crate) const fn as_str(self) -> &'static str {
-        match self {
-            Level::Info => "info",
-            Level::Warn => "warn",
-            Level::Error => "error",
-        }
     }
 }

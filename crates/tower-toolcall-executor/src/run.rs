@@ -26,12 +26,12 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tower_service::Service;
 
 use super::config::{ExecutorConfig, Turn};
-use super::events::{Emitter, EventKind, EventStream, Level};
+use super::events::{Emitter, EventStream};
 use super::outcome::TurnResult;
 use super::schedule::{Action, CallKey, Dispatch, Fate, Phase, RunRecord, RunState, Signals};
 use super::validate::CheckedPlan;
 use tower_toolcall::envelope::ToolCall;
-use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+use tower_toolcall::trace::{AuditLog, EventKind, EventLevel, ExecutionEvent};
 use tower_toolcall::{ToolError, ToolOutput};
 
 /// One run of a plan, made by [`Executor::start`](super::Executor::start).
@@ -478,9 +478,8 @@ where
         let message = format!("run.json could not be written: {error}");
         let error = error.to_owned();
         self.state.emitter.emit(|run| {
-            EventKind::RunAuditFailed
-                .of_run(run, message)
-                .level(Level::Error.as_str())
+            ExecutionEvent::of_run(EventKind::RunAuditFailed, run, message)
+                .level(EventLevel::Error)
                 .payload(json!({"file": "run.json", "error": error}))
         });
     }

@@ -15,7 +15,7 @@ use tokio::time::{Duration, Instant};
 use crate::config::{
     millis, ConfirmationPolicy, ExecutorConfig, OnDeadline, Turn, EXECUTOR_VERSION,
 };
-use crate::events::{Emitter, EventKind, Level};
+use crate::events::Emitter;
 use crate::outcome::{
     Classification, Decision, Recovery, StepError, StepOutcome, StepStatus, TurnResult, TurnStatus,
 };
@@ -27,7 +27,7 @@ use tower_toolcall::classify::{ToolProfile, Verdict};
 use tower_toolcall::envelope::{Iteration, RunLink, ToolCall, ToolResult};
 use tower_toolcall::registry::JitterKind;
 use tower_toolcall::retry::Backoff;
-use tower_toolcall::trace::ExecutionEvent;
+use tower_toolcall::trace::{EventKind, EventLevel, ExecutionEvent};
 use tower_toolcall::{ErrorCode, ToolError, ToolOutput};
 
 /// What the run's controls asked for.
@@ -250,9 +250,12 @@ impl RunState {
         if self.phase == Phase::AwaitConfirmation {
             if signals.cancel {
                 self.out.emit(&self.emitter, |run| {
-                    EventKind::RunCancelled
-                        .of_run(run, "run cancelled before it was confirmed")
-                        .level(Level::Warn.as_str())
+                    ExecutionEvent::of_run(
+                        EventKind::RunCancelled,
+                        run,
+                        "run cancelled before it was confirmed",
+                    )
+                    .level(EventLevel::Warn)
                 });
                 self.end_unstarted(
                     TurnStatus::Cancelled,
@@ -271,8 +274,7 @@ impl RunState {
             }
             if let Some(id) = signals.confirmed {
                 self.out.emit(&self.emitter, |run| {
-                    EventKind::RunConfirmed
-                        .of_run(run, "run confirmed")
+                    ExecutionEvent::of_run(EventKind::RunConfirmed, run, "run confirmed")
                         .payload(json!({"confirmationId": id}))
                 });
                 self.confirmation_id = Some(id);
@@ -305,9 +307,12 @@ impl RunState {
         self.emitter.start_clock(now);
         let steps = self.plan.steps.len();
         self.out.emit(&self.emitter, |run| {
-            EventKind::RunStarted
-                .of_run(run, format!("run of {steps} steps started"))
-                .payload(json!({"steps": steps}))
+            ExecutionEvent::of_run(
+                EventKind::RunStarted,
+                run,
+                format!("run of {steps} steps started"),
+            )
+            .payload(json!({"steps": steps}))
         });
         if let Some(ms) = self.config.policy.turn_timeout_ms {
             self.deadline = Some(after(now, Duration::from_millis(ms)));
@@ -333,12 +338,12 @@ impl RunState {
                     .map(|(s, _)| json!({"stepId": s.id, "tool": s.tool, "preview": s.preview}))
                     .collect();
                 self.out.emit(&self.emitter, |run| {
-                    EventKind::RunConfirmationRequested
-                        .of_run(
-                            run,
-                            "the run has steps that change things; confirm it to go on",
-                        )
-                        .payload(json!({"steps": previews}))
+                    ExecutionEvent::of_run(
+                        EventKind::RunConfirmationRequested,
+                        run,
+                        "the run has steps that change things; confirm it to go on",
+                    )
+                    .payload(json!({"steps": previews}))
                 });
                 self.phase = Phase::AwaitConfirmation;
             }
@@ -423,11 +428,14 @@ impl RunState {
             self.steps[i].run = Some(run);
             let step = &self.plan.steps[i];
             self.out.emit(&self.emitter, |r| {
-                EventKind::StepScheduled
-                    .of_run(r, format!("step {} scheduled", step.id))
-                    .step(step.id.clone())
-                    .tool(step.tool.clone())
-                    .payload(json!({"units": units}))
+                ExecutionEvent::of_run(
+                    EventKind::StepScheduled,
+                    r,
+                    format!("step {} scheduled", step.id),
+                )
+                .step(step.id.clone())
+                .tool(step.tool.clone())
+                .payload(json!({"units": units}))
             });
             if let Some(error) = failed {
                 let recovery = self.fallback(i);
@@ -665,7 +673,7 @@ impl RunState {
             *n += 1;
         }
         self.out.emit(&self.emitter, |_| {
-            EventKind::StepStarted.of_call(&call, "call dispatched")
+            ExecutionEvent::new(EventKind::StepStarted, &call, "call dispatched")
         });
         if self.emitter.audit.is_some() {
             self.out.push(Action::RecordCall(call.clone()));
@@ -736,7 +744,7 @@ impl RunState {
         match outcome {
             Ok(output) => {
                 self.out.emit(&self.emitter, |_| {
-                    EventKind::StepFinished.of_call(&meta.call, "call succeeded")
+                    ExecutionEvent::new(EventKind::StepFinished, &meta.call, "call succeeded")
                 });
                 let foreach = self.plan.steps[i].foreach.is_some();
                 let run = self.steps[i].run.as_mut().expect("a step with calls runs");
@@ -750,10 +758,13 @@ impl RunState {
                     let (done, total) = (run.next_unit - run.in_flight, run.units);
                     let id = self.step_id(i).to_owned();
                     self.out.emit(&self.emitter, |r| {
-                        EventKind::StepProgress
-                            .of_run(r, format!("{done} of {total} items ended"))
-                            .step(id)
-                            .payload(json!({"ended": done, "total": total}))
+                        ExecutionEvent::of_run(
+                            EventKind::StepProgress,
+                            r,
+                            format!("{done} of {total} items ended"),
+                        )
+                        .step(id)
+                        .payload(json!({"ended": done, "total": total}))
                     });
                 } else {
                     run.outputs.push(output.content);
@@ -815,9 +826,8 @@ impl RunState {
             });
             let message = error.message().to_owned();
             self.out.emit(&self.emitter, |_| {
-                EventKind::StepFailed
-                    .of_call(call, message)
-                    .level(Level::Warn.as_str())
+                ExecutionEvent::new(EventKind::StepFailed, call, message)
+                    .level(EventLevel::Warn)
                     .payload(payload)
             });
         }
@@ -973,20 +983,20 @@ impl RunState {
         let error = state.error.as_ref();
         self.out.emit(&self.emitter, |run| {
             let (kind, level) = if status.has_output() {
-                (EventKind::StepFinished, Level::Info)
+                (EventKind::StepFinished, EventLevel::Info)
             } else if status == StepStatus::Skipped && recovery == Some(Recovery::Skip) {
-                (EventKind::StepFinished, Level::Warn)
+                (EventKind::StepFinished, EventLevel::Warn)
             } else {
-                (EventKind::StepFailed, Level::Error)
+                (EventKind::StepFailed, EventLevel::Error)
             };
             let message = match error {
                 Some(e) => format!("step {id} {}: {}", status_word(status), e.message),
                 None => format!("step {id} {}", status_word(status)),
             };
-            kind.of_run(run, message)
+            ExecutionEvent::of_run(kind, run, message)
                 .step(id.clone())
                 .tool(tool.clone())
-                .level(level.as_str())
+                .level(level)
                 .payload(json!({
                     "status": status,
                     "calls": calls,
@@ -1032,8 +1042,8 @@ impl RunState {
             )
             .with_details(json!({"outcomeUnknown": true}));
             self.out.emit(&self.emitter, |_| {
-                EventKind::StepFailed.of_call(&meta.call, error.message())
-                    .level(Level::Warn.as_str())
+                ExecutionEvent::new(EventKind::StepFailed, &meta.call, error.message())
+                    .level(EventLevel::Warn)
                     .payload(json!({"errorCode": ErrorCode::Timeout, "decision": "skip", "outcomeUnknown": true}))
             });
             self.record_result(&meta.call, &Err(error), meta.dispatched, now);
@@ -1061,9 +1071,8 @@ impl RunState {
     fn cancel(&mut self, now: Instant) -> Vec<(CallKey, Fate)> {
         self.stopping = Some(TurnStatus::Cancelled);
         self.out.emit(&self.emitter, |run| {
-            EventKind::RunCancelled
-                .of_run(run, "run cancelled")
-                .level(Level::Warn.as_str())
+            ExecutionEvent::of_run(EventKind::RunCancelled, run, "run cancelled")
+                .level(EventLevel::Warn)
         });
         let mut fates = Vec::with_capacity(self.calls.len());
         for key in self.calls_in_order() {
@@ -1086,9 +1095,8 @@ impl RunState {
             )
             .with_details(json!({"outcomeUnknown": true}));
             self.out.emit(&self.emitter, |_| {
-                EventKind::StepFailed
-                    .of_call(&meta.call, error.message())
-                    .level(Level::Warn.as_str())
+                ExecutionEvent::new(EventKind::StepFailed, &meta.call, error.message())
+                    .level(EventLevel::Warn)
                     .payload(json!({"errorCode": ErrorCode::Cancelled, "outcomeUnknown": true}))
             });
             self.record_result(&meta.call, &Err(error), meta.dispatched, now);
@@ -1151,11 +1159,10 @@ impl RunState {
                 state.error.as_ref().map_or("", |e| e.message.as_str())
             );
             self.out.emit(&self.emitter, |run| {
-                EventKind::StepFailed
-                    .of_run(run, message)
+                ExecutionEvent::of_run(EventKind::StepFailed, run, message)
                     .step(id)
                     .tool(tool.clone())
-                    .level(Level::Warn.as_str())
+                    .level(EventLevel::Warn)
                     .payload(json!({"status": status, "errorCode": code}))
             });
         }
@@ -1175,12 +1182,11 @@ impl RunState {
         // Before `run.finished`, so that a failure to write it is an event of the run.
         self.write_record(Some(status));
         self.out.emit(&self.emitter, |run| {
-            EventKind::RunFinished
-                .of_run(run, message)
+            ExecutionEvent::of_run(EventKind::RunFinished, run, message)
                 .level(if status == TurnStatus::Completed {
-                    Level::Info.as_str()
+                    EventLevel::Info
                 } else {
-                    Level::Warn.as_str()
+                    EventLevel::Warn
                 })
                 .payload(json!({"status": status}))
         });

@@ -4,6 +4,7 @@
 use serde_json::json;
 
 use super::audit::{AuditLog, ExecutionEvent};
+use super::event_kind::{EventKind, EventLevel};
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
 use crate::hooks::ToolHooks;
@@ -47,16 +48,17 @@ impl AuditAttempts {
 impl ToolHooks for AuditAttempts {
     fn before_attempt(&self, call: &mut ToolCall) -> Result<(), ToolError> {
         self.audit.record_event(
-            ExecutionEvent::new("step.started", call, "attempt started").attempt(call.attempt()),
+            ExecutionEvent::new(EventKind::StepStarted, call, "attempt started")
+                .attempt(call.attempt()),
         );
         Ok(())
     }
 
     fn after_attempt(&self, call: &ToolCall, outcome: &Result<ToolOutput, ToolError>) {
         let event = match outcome {
-            Ok(_) => ExecutionEvent::new("step.finished", call, "attempt succeeded"),
-            Err(error) => ExecutionEvent::new("step.failed", call, "attempt failed")
-                .level("warn")
+            Ok(_) => ExecutionEvent::new(EventKind::StepFinished, call, "attempt succeeded"),
+            Err(error) => ExecutionEvent::new(EventKind::StepFailed, call, "attempt failed")
+                .level(EventLevel::Warn)
                 .payload(json!({
                     "errorCode": error.code().as_str(),
                     "retriable": crate::classify::decided_retriable(error),

@@ -19,7 +19,6 @@
 //! # Ok::<(), tower_toolcall::ConfigError>(())
 //! ```
 
-use std::borrow::Cow;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -33,6 +32,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::event_kind::{EventKind, EventLevel};
 use crate::envelope::{Params, ToolCall, ToolResult};
 use crate::error::ConfigError;
 use crate::redact::{cut_too_deep, Redactor};
@@ -102,7 +102,7 @@ pub struct ExecutionEvent {
     /// idempotency record answered it), `run.failed`, `run.blocked`, and `admin.change` (an
     /// operator's change, see [`ExecutionEvent::admin`]).
     #[serde(rename = "type")]
-    pub kind: Cow<'static, str>,
+    pub kind: EventKind,
     /// The run: the executor's run id, else the call's `requestId`.
     pub run_id: String,
     /// The plan step, for events of a step.
@@ -118,7 +118,7 @@ pub struct ExecutionEvent {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub tool: String,
     /// `info`, `warn` or `error`.
-    pub level: Cow<'static, str>,
+    pub level: EventLevel,
     /// What happened.
     pub message: String,
     /// When it happened (RFC 3339, UTC); the audit log stamps each line it writes.
@@ -138,7 +138,7 @@ impl ExecutionEvent {
     ///
     /// ```
     /// use tower_toolcall::envelope::RunLink;
-    /// use tower_toolcall::trace::ExecutionEvent;
+    /// use tower_toolcall::trace::{EventKind, ExecutionEvent};
     /// use tower_toolcall::ToolCall;
     ///
     /// let call = ToolCall::builder("travel", "flights")
@@ -146,13 +146,13 @@ impl ExecutionEvent {
     ///     .actor("u")
     ///     .run_link(RunLink::new("run-1", "flights", "flights:1"))
     ///     .build()?;
-    /// let event = ExecutionEvent::new("step.started", &call, "dispatching");
+    /// let event = ExecutionEvent::new(EventKind::StepStarted, &call, "dispatching");
     /// assert_eq!(event.run_id, "run-1");
     /// assert_eq!(event.step_id.as_deref(), Some("flights"));
     /// assert_eq!(event.tool, "travel::flights");
     /// # Ok::<(), tower_toolcall::ToolError>(())
     /// ```
-    pub fn new(kind: &'static str, call: &ToolCall, message: impl Into<String>) -> Self {
+    pub fn new(kind: EventKind, call: &ToolCall, message: impl Into<String>) -> Self {
         let (run_id, step_id, call_id, attempt) = match call.run_link() {
             Some(link) => (
                 link.run_id.clone(),
@@ -168,13 +168,13 @@ impl ExecutionEvent {
             ),
         };
         ExecutionEvent {
-            kind: Cow::Borrowed(kind),
+            kind,
             run_id,
             step_id,
             call_id,
             attempt,
             tool: format!("{}::{}", call.tool_namespace(), call.tool_name()),
-            level: Cow::Borrowed("info"),
+            level: EventLevel::Info,
             message: message.into(),
             timestamp: None,
             elapsed_ms: None,
@@ -185,25 +185,21 @@ impl ExecutionEvent {
     /// An event of the run `run_id` as a whole.
     ///
     /// ```
-    /// use tower_toolcall::trace::ExecutionEvent;
+    /// use tower_toolcall::trace::{EventKind, EventLevel, ExecutionEvent};
     ///
-    /// let event = ExecutionEvent::of_run("run.started", "run-1", "3 steps").level("info");
+    /// let event = ExecutionEvent::of_run(EventKind::RunStarted, "run-1", "3 steps").level(EventLevel::Info);
     /// assert_eq!(event.kind, "run.started");
     /// assert!(event.step_id.is_none());
     /// ```
-    pub fn of_run(
-        kind: &'static str,
-        run_id: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn of_run(kind: EventKind, run_id: impl Into<String>, message: impl Into<String>) -> Self {
         ExecutionEvent {
-            kind: Cow::Borrowed(kind),
+            kind,
             run_id: run_id.into(),
             step_id: None,
             call_id: None,
             attempt: None,
             tool: String::new(),
-            level: Cow::Borrowed("info"),
+            level: EventLevel::Info,
             message: message.into(),
             timestamp: None,
             elapsed_ms: None,
@@ -225,8 +221,11 @@ impl ExecutionEvent {
     /// assert_eq!(event.tool, "tool:web::search");
     /// ```
     pub fn admin(target: impl Into<String>, message: impl Into<String>) -> Self {
-        let mut event =
-            ExecutionEvent::of_run("admin.change", ulid::Ulid::generate().to_string(), message);
+        let mut event = ExecutionEvent::of_run(
+            EventKind::AdminChange,
+            ulid::Ulid::generate().to_string(),
+            message,
+        );
         event.tool = target.into();
         event
     }
@@ -250,8 +249,8 @@ impl ExecutionEvent {
     }
 
     /// Sets the level: `info`, `warn` or `error`.
-    pub fn level(mut self, level: &'static str) -> Self {
-        self.level = Cow::Borrowed(level);
+    pub fn level(mut self, level: EventLevel) -> Self {
+        self.level = level;
         self
     }
 
@@ -358,12 +357,12 @@ impl AuditLog {
     /// must not wait.
     ///
     /// ```
-    /// use tower_toolcall::trace::{AuditLog, ExecutionEvent};
+    /// use tower_toolcall::trace::{AuditLog, EventKind, ExecutionEvent};
     ///
     /// let dir = std::env::temp_dir().join(format!("audit-lossless-{}", std::process::id()));
     /// let audit = AuditLog::builder(&dir).queue_capacity(1).build()?.lossless();
     /// for n in 0..100 {
-    ///     audit.record_event(ExecutionEvent::of_run("step.progress", "run-1", format!("{n}")));
+    ///     audit.record_event(ExecutionEvent::of_run(EventKind::StepProgress, "run-1", format!("{n}")));
     /// }
     /// let stats = audit.shutdown();
     /// assert_eq!((stats.written, stats.dropped), (100, 0));

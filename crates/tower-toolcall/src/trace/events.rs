@@ -15,6 +15,7 @@ use tracing::field::Empty;
 use tracing::Span;
 
 use super::audit::{AuditLog, ExecutionEvent};
+use super::event_kind::{EventKind, EventLevel};
 use crate::canonical::key_fingerprint;
 use crate::envelope::{ResultStatus, ToolCall, ToolResult};
 use crate::error::ToolError;
@@ -182,7 +183,7 @@ pub(super) fn audit_finished(
         let (layer, verdict) = (decision.layer.as_str(), decision.verdict.as_str());
         audit.record_event(
             ExecutionEvent::new(
-                "step.shadow",
+                EventKind::StepShadow,
                 call,
                 format!("{layer} in shadow mode: {verdict}"),
             )
@@ -195,27 +196,35 @@ pub(super) fn audit_finished(
     if record.from_cache {
         let age = record.cache.as_ref().map(|cache| cache.age_ms);
         audit.record_event(
-            ExecutionEvent::new("step.cached", call, "answered from an idempotency record")
-                .payload(json!({ "path": path, "ageMs": age })),
+            ExecutionEvent::new(
+                EventKind::StepCached,
+                call,
+                "answered from an idempotency record",
+            )
+            .payload(json!({ "path": path, "ageMs": age })),
         );
     } else if blocked || path.is_some() {
         let code = outcome.as_ref().err().map(|error| error.code().as_str());
         audit.record_event(
-            ExecutionEvent::new("step.refused", call, "refused before the tool ran")
-                .level("warn")
+            ExecutionEvent::new(EventKind::StepRefused, call, "refused before the tool ran")
+                .level(EventLevel::Warn)
                 .payload(json!({ "path": path, "errorCode": code })),
         );
     }
     let (kind, level, message) = match outcome {
-        Ok(_) => ("run.finished", "info", "call succeeded".to_owned()),
+        Ok(_) => (
+            EventKind::RunFinished,
+            EventLevel::Info,
+            "call succeeded".to_owned(),
+        ),
         Err(error) if blocked => (
-            "run.blocked",
-            "warn",
+            EventKind::RunBlocked,
+            EventLevel::Warn,
             format!("call rejected: {}", error.code()),
         ),
         Err(error) => (
-            "run.failed",
-            "error",
+            EventKind::RunFailed,
+            EventLevel::Error,
             format!("call failed: {}", error.code()),
         ),
     };

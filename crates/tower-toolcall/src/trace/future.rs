@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use super::audit::ExecutionEvent;
+use super::event_kind::{EventKind, EventLevel};
 use super::layer::TraceConfig;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
@@ -38,11 +39,11 @@ pin_project! {
                 if let Some(audit) = &observed.config.audit {
                     audit.record_event(
                         ExecutionEvent::new(
-                            "run.cancelled",
+                            EventKind::RunCancelled,
                             &observed.call,
                             "call dropped before it ended; outcome unknown",
                         )
-                        .level("warn"),
+                        .level(EventLevel::Warn),
                     );
                 }
             }

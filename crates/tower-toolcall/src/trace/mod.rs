@@ -41,6 +41,7 @@
 
 mod attempts;
 mod audit;
+mod event_kind;
 mod events;
 mod future;
 mod layer;
@@ -54,6 +55,7 @@ mod traceparent;
 pub use crate::redact::{Redactor, RedactorBuilder, REDACTED};
 pub use attempts::AuditAttempts;
 pub use audit::{AuditLog, AuditLogBuilder, AuditSink, AuditStats, AuditStream, ExecutionEvent};
+pub use event_kind::{EventKind, EventLevel};
 pub use future::ResponseFuture;
 pub use layer::TraceLayer;
 #[cfg(feature = "metrics")]

@@ -5,6 +5,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::audit::ExecutionEvent;
+use super::event_kind::EventKind;
 use super::future::ResponseFuture;
 use super::layer::TraceConfig;
 use crate::envelope::ToolCall;
@@ -49,7 +50,11 @@ where
             super::events::started(&call, &self.config.redactor);
             if let Some(audit) = &self.config.audit {
                 audit.record_call(&call);
-                audit.record_event(ExecutionEvent::new("run.started", &call, "call received"));
+                audit.record_event(ExecutionEvent::new(
+                    EventKind::RunStarted,
+                    &call,
+                    "call received",
+                ));
             }
             self.inner.call(call.clone())
         };

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_toolcall::trace::{
-    AuditLog, AuditSink, AuditStream, ExecutionEvent, Redactor, TraceLayer,
+    AuditLog, AuditSink, AuditStream, EventKind, EventLevel, ExecutionEvent, Redactor, TraceLayer,
 };
 use tower_toolcall::{tool_fn, HookLayer, ToolCall, ToolOutput, ToolResult};
 
@@ -54,15 +54,19 @@ fn calls_results_and_events_go_to_their_files_redacted() {
     let audit = AuditLog::builder(&dir).build().unwrap();
     let call = call(1);
     audit.record_call(&call);
-    audit.record_event(ExecutionEvent::new("run.started", &call, "call received"));
+    audit.record_event(ExecutionEvent::new(
+        EventKind::RunStarted,
+        &call,
+        "call received",
+    ));
     audit.record_event(
         ExecutionEvent::new(
-            "step.failed",
+            EventKind::StepFailed,
             &call,
             "token sk-proj-0123456789abcdefghij refused",
         )
         .attempt(1)
-        .level("warn")
+        .level(EventLevel::Warn)
         .payload(json!({"errorCode": "UPSTREAM_UNAVAILABLE"})),
     );
     audit.record_result(ToolResult::from_outcome(
