@@ -1,17 +1,17 @@
-//! Run with: `cargo bench -p tower-toolcall-axum --bench gateway`, then
-//! `python3 crates/tower-toolcall/benches/medians.py gateway bare_router` and
-//! `python3 crates/tower-toolcall/benches/medians.py gateway_http bare_router`.
+//! Run with: `cargo bench -p tower-toolcall-axum --bench router`, then
+//! `python3 crates/tower-toolcall/benches/medians.py router bare_router` and
+//! `python3 crates/tower-toolcall/benches/medians.py router_http bare_router`.
 //!
 //! What the whole [`ToolStack`] costs behind axum, against the bare router with the same
 //! handler (a [`ToolRouter`] over the bare tool: the same extractor, envelope and status),
 //! measured in one run:
 //!
-//! - `gateway`: `POST /v1/tools/call` through `tower::ServiceExt::oneshot` on the axum
+//! - `router`: `POST /v1/tools/call` through `tower::ServiceExt::oneshot` on the axum
 //!   `Router`, no network; `bare_router` and `gateway` differ only by the stack.
 //!   `tool_alone` and `stack_alone` are the same calls, already parsed, made on the tool and
 //!   on the stack without the router, each on a clone of the service by `oneshot`, as the
 //!   router calls its service: the stack's own cost in the same run.
-//! - `gateway_http`: loopback HTTP/1.1 throughput. Both routers are served on 127.0.0.1:0 in
+//! - `router_http`: loopback HTTP/1.1 throughput. Both routers are served on 127.0.0.1:0 in
 //!   this process; a load generator (hyper's client, 64 keep-alive connections opened before
 //!   the measurement) sends the measured number of requests spread over the 64 connections,
 //!   each connection one request after another. Criterion reports the time per request;
@@ -111,7 +111,7 @@ fn oneshot(c: &mut Criterion) {
         .unwrap();
     // Built inside the runtime: the stack's timers and sweepers need one.
     let _entered = runtime.enter();
-    let mut group = c.benchmark_group("gateway");
+    let mut group = c.benchmark_group("router");
     for (name, router) in routers() {
         let mut n = 0;
         group.bench_function(name, |b| {
@@ -230,7 +230,7 @@ fn http_throughput(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let mut group = c.benchmark_group("gateway_http");
+    let mut group = c.benchmark_group("router_http");
     group.throughput(Throughput::Elements(1));
     group.sample_size(20);
     group.warm_up_time(Duration::from_secs(2));
