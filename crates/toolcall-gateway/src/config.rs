@@ -5,8 +5,9 @@
 //! naming its field (`upstreams[1].url`, `policy.tools[0].risk`, `store.redis`) and saying
 //! what to do.
 //!
-//! Secrets (the Redis URL's password, the values of HTTP headers) are kept in [`Secret`],
-//! whose `Debug` and `Display` print them redacted, and no problem text ever repeats them.
+//! Secrets never print: the values of HTTP headers are kept in [`Secret`], whose `Debug` and
+//! `Display` print them redacted; the Redis URLs are shown through [`ShownRedis`], their
+//! passwords redacted; and no problem text ever repeats them.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use toml::{Table, Value};
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::ConfigError;
 use tower_toolcall_mcp::{Trust, DEFAULT_MAX_MESSAGE_BYTES};
+use tower_toolcall_redis::RedisTarget;
 
 use crate::auth::{AuthConfig, HttpConfig, DEFAULT_MAX_CALLS_IN_FLIGHT};
 use crate::servers::ServerPolicy;
@@ -79,7 +81,7 @@ const HTTP_ONLY_KEYS: &[&str] = &[
 ];
 
 /// The gateway's configuration.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct GatewayConfig {
     /// The address of the HTTP fronts.
     pub(crate) listen: Option<SocketAddr>,
@@ -87,8 +89,9 @@ pub(crate) struct GatewayConfig {
     pub(crate) log_format: LogFormat,
     /// The environment variable that holds the admin bearer token.
     pub(crate) admin_token_env: Option<String>,
-    /// The Redis store; the memory store when `None`.
-    pub(crate) redis: Option<RedisStore>,
+    /// Where the shared stores are: one Redis node (`[store] redis`) or a Redis Cluster by
+    /// some of its nodes (`[store] cluster`); the memory stores when `None`.
+    pub(crate) redis: Option<RedisTarget>,
     /// The directory of the JSONL audit log (`calls.jsonl`, `results.jsonl`, `events.jsonl`).
     pub(crate) audit_path: Option<PathBuf>,
     /// The MCP servers behind the gateway, in the order of the file.
@@ -105,52 +108,82 @@ pub(crate) struct GatewayConfig {
     pub(crate) warnings: Vec<String>,
 }
 
-/// Where the shared stores are: one Redis node, or a Redis Cluster by some of its nodes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum RedisStore {
-    /// `[store] redis`: one node's URL.
-    Node(Secret),
-    /// `[store] cluster`: the URLs of some of the cluster's nodes (seeds).
-    Cluster(Vec<Secret>),
+impl fmt::Debug for GatewayConfig {
+    /// Every field, the Redis URLs as [`ShownRedis`] shows them.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Taken apart, so that a field added to the configuration is not left out here.
+        let GatewayConfig {
+            listen,
+            log_format,
+            admin_token_env,
+            redis,
+            audit_path,
+            upstreams,
+            policy,
+            auth,
+            http,
+            servers,
+            warnings,
+        } = self;
+        f.debug_struct("GatewayConfig")
+            .field("listen", listen)
+            .field("log_format", log_format)
+            .field("admin_token_env", admin_token_env)
+            .field("redis", &redis.as_ref().map(ShownRedis))
+            .field("audit_path", audit_path)
+            .field("upstreams", upstreams)
+            .field("policy", policy)
+            .field("auth", auth)
+            .field("http", http)
+            .field("servers", servers)
+            .field("warnings", warnings)
+            .finish()
+    }
 }
 
-impl RedisStore {
-    /// One node at `url`.
-    pub(crate) fn node(url: impl Into<String>) -> RedisStore {
-        RedisStore::Node(Secret::url(url))
-    }
+/// The shared stores' Redis as the gateway names it in its log lines and errors: by the
+/// field of the file that sets it, and by its URLs, their user information and query values
+/// redacted ([`redact_url`]).
+pub(crate) struct ShownRedis<'a>(pub(crate) &'a RedisTarget);
 
+impl ShownRedis<'_> {
     /// The field of the file it is set by.
     pub(crate) fn field(&self) -> &'static str {
-        match self {
-            RedisStore::Node(_) => "store.redis",
-            RedisStore::Cluster(_) => "store.cluster",
+        if self.0.is_cluster() {
+            "store.cluster"
+        } else {
+            "store.redis"
         }
-    }
-
-    /// A cluster from a comma-separated list of seed URLs (`TOOLCALL_REDIS_CLUSTER`).
-    pub(crate) fn cluster_of_list(urls: &str) -> RedisStore {
-        RedisStore::Cluster(
-            urls.split(',')
-                .map(str::trim)
-                .filter(|url| !url.is_empty())
-                .map(Secret::url)
-                .collect(),
-        )
     }
 }
 
-impl fmt::Display for RedisStore {
-    /// The URLs, their passwords redacted.
+impl fmt::Display for ShownRedis<'_> {
+    /// The URLs, their passwords redacted, separated by commas.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RedisStore::Node(url) => write!(f, "{url}"),
-            RedisStore::Cluster(seeds) => {
-                let seeds: Vec<String> = seeds.iter().map(ToString::to_string).collect();
-                write!(f, "{}", seeds.join(", "))
+        for (i, url) in self.0.urls().iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
             }
+            f.write_str(&redact_url(url))?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ShownRedis<'_> {
+    /// `Node(url)` or `Cluster([url, …])`, the URLs redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<Cow<'_, str>> = self.0.urls().iter().map(|url| redact_url(url)).collect();
+        match urls.as_slice() {
+            [url] if !self.0.is_cluster() => f.debug_tuple("Node").field(url).finish(),
+            seeds => f.debug_tuple("Cluster").field(&seeds).finish(),
         }
     }
+}
+
+/// A cluster from a comma-separated list of seed URLs (`TOOLCALL_REDIS_CLUSTER`).
+pub(crate) fn cluster_of_list(urls: &str) -> RedisTarget {
+    RedisTarget::cluster(urls.split(',').map(str::trim).filter(|url| !url.is_empty()))
 }
 
 /// How log lines are written.
@@ -245,8 +278,8 @@ impl fmt::Debug for RedactedValues<'_> {
 
 /// A string that must not reach a log line: `Debug` and `Display` print it redacted.
 ///
-/// A URL secret ([`Secret::url`]) prints with its user information (`user:password@`)
-/// replaced by `***`; an opaque secret ([`Secret::opaque`]) prints as `***`.
+/// An opaque secret ([`Secret::opaque`]) prints as `***`; a URL secret prints as
+/// [`redact_url`] prints it.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Secret {
     value: String,
@@ -254,7 +287,9 @@ pub(crate) struct Secret {
 }
 
 impl Secret {
-    /// A URL whose user information is secret.
+    /// A URL whose user information is secret (the tests'; the configuration's URLs are
+    /// redacted where they are shown).
+    #[cfg(test)]
     pub(crate) fn url(value: impl Into<String>) -> Secret {
         Secret {
             value: value.into(),
@@ -888,7 +923,7 @@ impl Checker {
             self.known_keys(store, "store", STORE_KEYS);
             if let Some(url) = self.string(store, "store", "redis") {
                 match check_redis_url(url) {
-                    Ok(()) => redis = Some(RedisStore::node(url)),
+                    Ok(()) => redis = Some(RedisTarget::node(url)),
                     Err(problem) => self.add("store.redis", problem),
                 }
             }
@@ -897,7 +932,7 @@ impl Checker {
                 let mut good = Vec::new();
                 for (i, seed) in seeds.iter().enumerate() {
                     match check_redis_url(seed) {
-                        Ok(()) => good.push(Secret::url(seed)),
+                        Ok(()) => good.push(seed.as_str()),
                         Err(problem) => self.add(format!("store.cluster[{i}]"), problem),
                     }
                 }
@@ -914,7 +949,7 @@ impl Checker {
                          [\"redis://10.0.0.1:6379\", \"redis://10.0.0.2:6379\"]",
                     );
                 } else if good.len() == seeds.len() && !seeds.is_empty() {
-                    redis = Some(RedisStore::Cluster(good));
+                    redis = Some(RedisTarget::cluster(good));
                 }
             }
         }
@@ -1390,8 +1425,8 @@ mod tests {
         );
         assert_eq!(
             config.redis.as_ref().and_then(|store| match store {
-                RedisStore::Node(url) => Some(url.expose()),
-                RedisStore::Cluster(_) => None,
+                RedisTarget::Node(url) => Some(url.as_str()),
+                _ => None,
             }),
             Some("redis://:secret@127.0.0.1:6379/0")
         );
@@ -1967,7 +2002,8 @@ mod tests {
             "[store]\ncluster = [\"redis://:pw@10.0.0.1:6379\", \"redis://10.0.0.2:6379\"]\n",
         )
         .unwrap();
-        let store = config.redis.expect("a store");
+        let target = config.redis.expect("a store");
+        let store = ShownRedis(&target);
         assert_eq!(store.field(), "store.cluster");
         assert_eq!(
             store.to_string(),
@@ -1998,8 +2034,8 @@ mod tests {
             assert_eq!(lines(&problems), [problem], "{text}");
         }
         assert_eq!(
-            RedisStore::cluster_of_list(" redis://a:1, redis://b:2 ,"),
-            RedisStore::Cluster(vec![Secret::url("redis://a:1"), Secret::url("redis://b:2")])
+            cluster_of_list(" redis://a:1, redis://b:2 ,"),
+            RedisTarget::cluster(["redis://a:1", "redis://b:2"])
         );
     }
 }

@@ -26,7 +26,7 @@ use tower_toolcall_redis::{
 };
 
 use crate::auth::{Access, AuthConfig, DenialAudit};
-use crate::config::{GatewayConfig, RedisStore};
+use crate::config::{GatewayConfig, ShownRedis};
 use crate::demo;
 use crate::naming::NameBook;
 use crate::upstreams::{Down, Router, Upstream};
@@ -333,17 +333,18 @@ impl Gateway {
             .rate_limit_store(stores.quotas)
             .loop_store(stores.loops)
             .build()?;
-        let fleet = match (stores.fleet, &config.redis) {
+        let fleet = match stores.fleet {
             // An operator's action on any replica reaches this one, and this one starts with
             // the fleet's breakers held open and its switches.
-            (Some(target), Some(store)) => {
-                let fleet = FleetControl::builder(target).join(&stack)?;
+            Some(target) => {
+                let store = ShownRedis(&target);
+                let fleet = FleetControl::builder(target.clone()).join(&stack)?;
                 fleet.sync().await.map_err(|err| {
                     format!("{} ({store}): the fleet's actions: {err}", store.field())
                 })?;
                 Some(fleet)
             }
-            _ => None,
+            None => None,
         };
         let breakers = stack.breakers();
         let (tools, admin) = assemble(
@@ -402,9 +403,9 @@ struct Stores {
 }
 
 impl Stores {
-    /// The stores of `[store] redis`, once Redis answers.
-    async fn redis(store: &RedisStore) -> Result<Stores, BoxError> {
-        let target = redis_target(store);
+    /// The stores of `[store] redis` (or `cluster`), once Redis answers.
+    async fn redis(target: &RedisTarget) -> Result<Stores, BoxError> {
+        let store = ShownRedis(target);
         let dedupe = RedisDedupeStore::open(target.clone())?;
         dedupe
             .ping()
@@ -417,7 +418,7 @@ impl Stores {
             dedupe: Arc::new(dedupe),
             quotas: Arc::new(RedisRateLimitStore::open(target.clone())?),
             loops: Arc::new(RedisLoopStore::open(target.clone())?),
-            fleet: Some(target),
+            fleet: Some(target.clone()),
         })
     }
 }
@@ -516,14 +517,6 @@ fn tool_list(
         })
         .collect();
     Ok((ToolList::routed(routed)?, by_tool))
-}
-
-/// The stores' Redis: one node, or a cluster by its seeds.
-fn redis_target(store: &RedisStore) -> RedisTarget {
-    match store {
-        RedisStore::Node(url) => RedisTarget::node(url.expose()),
-        RedisStore::Cluster(seeds) => RedisTarget::cluster(seeds.iter().map(|s| s.expose())),
-    }
 }
 
 /// The gateway's name and version, and its capabilities: tools, whose list changes.

@@ -143,10 +143,10 @@ fn load(args: &Args) -> Result<GatewayConfig, BoxError> {
     let mut config = config.settle(&args.trust)?;
     // The environment overrides the file for the switches the crate reads.
     if let Ok(url) = std::env::var("TOOLCALL_REDIS_URL") {
-        config.redis = Some(config::RedisStore::node(url));
+        config.redis = Some(tower_toolcall_redis::RedisTarget::node(url));
     }
     if let Ok(seeds) = std::env::var("TOOLCALL_REDIS_CLUSTER") {
-        config.redis = Some(config::RedisStore::cluster_of_list(&seeds));
+        config.redis = Some(config::cluster_of_list(&seeds));
     }
     Ok(config)
 }

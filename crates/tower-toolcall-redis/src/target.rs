@@ -19,6 +19,7 @@ use serde::Deserialize;
 /// assert!(!node.is_cluster());
 /// let cluster = RedisTarget::from(["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"]);
 /// assert!(cluster.is_cluster());
+/// assert_eq!(cluster.urls(), ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"]);
 /// let read: RedisTarget = serde_json::from_str(r#"["redis://10.0.0.1:7000/"]"#).unwrap();
 /// assert_eq!(read, RedisTarget::cluster(["redis://10.0.0.1:7000/"]));
 /// ```
@@ -52,8 +53,9 @@ impl RedisTarget {
         matches!(self, RedisTarget::Cluster(_))
     }
 
-    /// The URLs: the node's, or the seeds.
-    pub(crate) fn urls(&self) -> &[String] {
+    /// The URLs: the node's, or the seeds, as given (passwords included: a log line takes
+    /// the target's `Debug`, which shows the hosts only).
+    pub fn urls(&self) -> &[String] {
         match self {
             RedisTarget::Node(url) => std::slice::from_ref(url),
             RedisTarget::Cluster(seeds) => seeds,
