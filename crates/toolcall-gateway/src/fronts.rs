@@ -1,7 +1,7 @@
 //! What clients reach: MCP over stdio, and over HTTP streamable MCP at `/mcp`, the
 //! `ToolCall` envelope at `/v1/tools/call`, `/metrics`, `/admin`, `/healthz` and `/readyz`.
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -429,35 +429,6 @@ async fn ready(State(probes): State<Probes>) -> Response {
 async fn scrape(State(probes): State<Probes>) -> String {
     probes.prometheus.run_upkeep();
     probes.prometheus.render()
-}
-
-/// The HTTP fronts of the gateway in service now (all but MCP's, which outlives reloads): a
-/// reload puts the new gateway's in place while the requests already in flight finish on the
-/// old one. Clones share it.
-#[derive(Clone)]
-pub(crate) struct Swap(Arc<RwLock<Router>>);
-
-impl Swap {
-    pub(crate) fn new(router: Router) -> Self {
-        Swap(Arc::new(RwLock::new(router)))
-    }
-
-    /// Serves every request with the router in place when it arrives.
-    pub(crate) fn router(&self) -> Router {
-        let current = self.0.clone();
-        Router::new().fallback_service(tower::service_fn(move |request: axum::extract::Request| {
-            let router = current
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            tower::ServiceExt::oneshot(router, request)
-        }))
-    }
-
-    /// Puts `router` in place for the requests to come.
-    pub(crate) fn replace(&self, router: Router) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = router;
-    }
 }
 
 /// Serves `router` on `listener` until `shutdown`, then lets the calls in flight finish.

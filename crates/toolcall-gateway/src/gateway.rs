@@ -2,15 +2,14 @@
 //! in front of them all.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig, Tool};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tower::util::BoxCloneSyncService;
-use tower::{Layer, Service, ServiceExt as _};
+use tower::Layer;
 use tower_toolcall::breaker::BreakerAdmin;
 use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
@@ -29,6 +28,7 @@ use crate::auth::{Access, AuthConfig, DenialAudit};
 use crate::config::{GatewayConfig, ShownRedis};
 use crate::demo;
 use crate::naming::NameBook;
+use crate::swap::Swap;
 use crate::upstreams::{Down, Router, Upstream};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -55,8 +55,9 @@ pub(crate) struct Lasting {
     pub(crate) mcp: Arc<McpServer<ToolList>>,
     /// The tools it lists: replaced on each reload, its clients told.
     pub(crate) listed: ToolList,
-    /// The stack its calls go through.
-    in_service: InService,
+    /// The stack its calls go through: a reload (or a change of an upstream's tools) puts
+    /// another in place, and the calls under way finish on the one they started on.
+    in_service: Swap<Tools>,
     /// The upstreams' progress on its clients' calls.
     relay: ProgressRelay,
     /// The calls `/v1` runs at once: one count for the gateway's life.
@@ -99,7 +100,7 @@ impl Lasting {
             None => None,
         };
         let listed = ToolList::new(Vec::new()).with_info(server_info());
-        let in_service = InService::default();
+        let in_service = Swap::new(starting());
         let relay = ProgressRelay::default();
         let mut mcp = McpServer::over(GATEWAY_NAMESPACE, in_service.clone(), listed.clone())
             .relay_progress(&relay)
@@ -533,47 +534,14 @@ fn server_info() -> ServerConfig {
     ))
 }
 
-/// The stack in service now: a reload (or a change of an upstream's tools) puts another in
-/// place, and the calls under way finish on the one they started on. Clones share it.
-#[derive(Clone)]
-struct InService(Arc<RwLock<Tools>>);
-
-impl Default for InService {
-    /// No tools yet: the gateway is starting.
-    fn default() -> Self {
-        let starting = tower::service_fn(|_call: ToolCall| async {
-            Err::<ToolOutput, _>(ToolError::new(
-                ErrorCode::UpstreamUnavailable,
-                "the gateway is starting; send the call again",
-            ))
-        });
-        InService(Arc::new(RwLock::new(BoxCloneSyncService::new(starting))))
-    }
-}
-
-impl InService {
-    fn replace(&self, tools: Tools) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = tools;
-    }
-}
-
-impl Service<ToolCall> for InService {
-    type Response = ToolOutput;
-    type Error = ToolError;
-    type Future = tower_toolcall::BoxToolFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: ToolCall) -> Self::Future {
-        let tools = self
-            .0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        Box::pin(tools.oneshot(call))
-    }
+/// The stack in service before the first gateway is: no tools yet, the gateway is starting.
+fn starting() -> Tools {
+    BoxCloneSyncService::new(tower::service_fn(|_call: ToolCall| async {
+        Err::<ToolOutput, _>(ToolError::new(
+            ErrorCode::UpstreamUnavailable,
+            "the gateway is starting; send the call again",
+        ))
+    }))
 }
 
 /// The Prometheus recorder of the stack's metrics.

@@ -22,6 +22,7 @@ mod mcp_json;
 mod mcp_sessions;
 mod naming;
 mod servers;
+mod swap;
 mod tls;
 mod upstreams;
 
@@ -33,6 +34,7 @@ use clap::Parser;
 
 use crate::config::{GatewayConfig, LogFormat};
 use crate::gateway::{Gateway, Lasting};
+use crate::swap::Swap;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -218,7 +220,7 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
     let metrics_here = config.http.metrics_listen.is_none();
     let authentication = auth.as_ref().map(|(auth, _)| auth.clone());
     let swap = http.then(|| {
-        fronts::Swap::new(fronts::http_router(
+        Swap::new(fronts::http_router(
             &gateway,
             &lasting,
             authentication.as_ref(),
@@ -247,8 +249,9 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
             if !args.stdio {
                 println!("listening on {}", listener.local_addr()?);
             }
-            let mut router = swap
-                .router()
+            // Every request but MCP's is served by the fronts in place when it arrives.
+            let mut router = axum::Router::new()
+                .fallback_service(swap)
                 .merge(fronts::mcp_router(&lasting, authentication.as_ref()));
             if let Some((_, Some(metadata))) = &auth {
                 router = router.merge(metadata.router());
@@ -342,8 +345,10 @@ struct Following {
     /// The configuration in service.
     config: GatewayConfig,
     current: Gateway,
-    /// The HTTP fronts, when the gateway serves them.
-    swap: Option<fronts::Swap>,
+    /// The HTTP fronts of the gateway in service (all but MCP's, which outlives reloads),
+    /// when the gateway serves them: a reload puts the new gateway's in place while the
+    /// requests already in flight finish on the old one.
+    swap: Option<Swap<axum::Router>>,
     /// Their authentication (kept across reloads: a change of `[auth]`'s mode or keys takes
     /// a restart; its roles are read again).
     auth: Option<tower_toolcall_axum::authn::Authentication>,
