@@ -1343,14 +1343,7 @@ impl Checker {
 
     /// The `[policy]` table, read by the tool registry's own loader.
     fn policy(&mut self, table: &Table) -> Option<ToolRegistry> {
-        let text = match toml::to_string(table) {
-            Ok(text) => text,
-            Err(e) => {
-                self.add("policy", format!("cannot be read as a tool registry: {e}"));
-                return None;
-            }
-        };
-        match ToolRegistry::from_toml_str(&text) {
+        match ToolRegistry::from_toml_table(table) {
             Ok(registry) => {
                 // A name is matched as it is: `*` would register a tool no server has.
                 let before = self.problems.len();

@@ -256,10 +256,7 @@ impl Checker {
         }
         let mut registry = Table::new();
         registry.insert("tools".into(), Value::Array(vec![Value::Table(entry)]));
-        let loaded = toml::to_string(&registry)
-            .map_err(|e| tower_toolcall::ConfigError::new("", e.to_string()))
-            .and_then(|text| ToolRegistry::from_toml_str(&text));
-        let registry = match loaded {
+        let registry = match ToolRegistry::from_toml_table(&registry) {
             Ok(registry) => registry,
             Err(problem) => {
                 let inner = problem.field().trim_start_matches("tools[0]");

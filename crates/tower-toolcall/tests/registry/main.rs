@@ -207,6 +207,40 @@ fn an_unknown_layer_name_is_refused_naming_it() {
 }
 
 #[test]
+fn a_table_already_read_loads_as_its_text_does() {
+    for text in [
+        TOML,
+        "open = \"yes\"",
+        "unknown = 1",
+        "[[tools]]\nnamespace = \"a\"\nname = \"b\"\nrisk = 1",
+        "[[tools]]\nnamespace = \"a\"\nname = \"b\"\nrisk = \"dangerous\"",
+        "[[tools]]\nnamespace = \"a\"\nrisk = \"writes\"",
+        "[[tools]]\nnamespace = \"a\"\nname = \"b\"\nrisk = \"writes\"\n\
+         [tools.policy]\nretry = { max_attempts = 0 }",
+    ] {
+        let table: toml::Table = toml::from_str(text).unwrap();
+        let (read, from_text) = (
+            ToolRegistry::from_toml_table(&table),
+            ToolRegistry::from_toml_str(text),
+        );
+        match (read, from_text) {
+            (Ok(read), Ok(from_text)) => {
+                assert_eq!(read.len(), from_text.len(), "{text}");
+                let descriptors = |r: &ToolRegistry| {
+                    r.tools()
+                        .map(|t| t.descriptor().clone())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(descriptors(&read), descriptors(&from_text), "{text}");
+            }
+            (read, from_text) => {
+                assert_eq!(read.unwrap_err(), from_text.unwrap_err(), "{text}");
+            }
+        }
+    }
+}
+
+#[test]
 fn a_missing_field_is_named() {
     let err =
         ToolRegistry::from_json_str(r#"{"tools": [{"namespace": "a", "name": "b"}]}"#).unwrap_err();

@@ -158,6 +158,35 @@ impl ToolRegistry {
         ToolRegistry::from_file(file)
     }
 
+    /// Loads a registry from a TOML table already read, such as a section of a larger file.
+    /// It is read as [`from_toml_str`](ToolRegistry::from_toml_str) reads the table's text:
+    /// the same problems, worded alike, naming the field within the table.
+    ///
+    /// ```
+    /// use tower_toolcall::registry::ToolRegistry;
+    ///
+    /// let file: toml::Table = toml::from_str(r#"
+    ///     [policy]
+    ///     [[policy.tools]]
+    ///     namespace = "agents.tools.web"
+    ///     name = "search"
+    ///     risk = "read-only"
+    /// "#)?;
+    /// let policy = file.get("policy").and_then(toml::Value::as_table).unwrap();
+    /// let registry = ToolRegistry::from_toml_table(policy)?;
+    /// assert!(registry.get("agents.tools.web", "search").is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "toml")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "toml")))]
+    pub fn from_toml_table(table: &toml::Table) -> Result<ToolRegistry, ConfigError> {
+        // Through its text: serde reading the parsed values words some problems otherwise (a
+        // number where a risk level goes) and reads a date-time in a schema as a string.
+        let text = toml::to_string(table)
+            .map_err(|e| ConfigError::new("", format!("cannot be read as a tool registry: {e}")))?;
+        ToolRegistry::from_toml_str(&text)
+    }
+
     /// Loads a registry from JSON. Errors name the field, e.g. `tools[1].policy.retry`.
     pub fn from_json_str(text: &str) -> Result<ToolRegistry, ConfigError> {
         let mut de = serde_json::Deserializer::from_str(text);
