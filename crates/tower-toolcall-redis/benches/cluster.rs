@@ -17,14 +17,7 @@ use tower_toolcall::idempotency::IdempotencyLayer;
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput};
 use tower_toolcall_redis::{RedisDedupeStore, RedisTarget};
-
-#[path = "../../tower-toolcall/tests/support/redis_server.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_server;
-
-#[path = "../tests/support/cluster.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod cluster;
+use tower_toolcall_test::{cluster, redis_server};
 
 /// Calls in flight at once in a round.
 const CALLS: usize = 10_000;

@@ -16,16 +16,11 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
-#[path = "../../tower-toolcall/tests/support/redis_server.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_server;
-
 fn fleet(c: &mut Criterion) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use redis_server::RedisServer;
     use serde_json::json;
     use tower::util::BoxCloneService;
     use tower::{Layer, ServiceExt};
@@ -35,6 +30,7 @@ fn fleet(c: &mut Criterion) {
     use tower_toolcall::{tool_fn, RateLimitLayer, ToolCall, ToolError, ToolOutput};
     use tower_toolcall_redis::RedisLoopStore;
     use tower_toolcall_redis::RedisRateLimitStore;
+    use tower_toolcall_test::redis_server::RedisServer;
 
     const BATCH: usize = 10_000;
     type Svc = BoxCloneService<ToolCall, ToolOutput, ToolError>;

@@ -14,21 +14,12 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use tower::Layer;
 use tower_toolcall::idempotency::IdempotencyLayer;
 use tower_toolcall::registry::ToolRegistry;
-
-#[path = "../../tower-toolcall/benches/support/dedupe_calls.rs"]
-#[allow(dead_code)]
-mod dedupe_calls;
-
-use dedupe_calls::*;
-
-#[path = "../../tower-toolcall/tests/support/redis_server.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_server;
+use tower_toolcall_test::dedupe_calls::*;
 
 fn redis(c: &mut Criterion) {
-    use redis_server::RedisServer;
     use tower::ServiceExt;
     use tower_toolcall_redis::RedisDedupeStore;
+    use tower_toolcall_test::redis_server::RedisServer;
 
     let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_current_thread()

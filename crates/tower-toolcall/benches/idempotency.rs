@@ -14,12 +14,7 @@ use tower::Layer;
 use tower_toolcall::canonical::{canonical_json, CanonicalOptions};
 use tower_toolcall::idempotency::IdempotencyLayer;
 use tower_toolcall::registry::ToolRegistry;
-
-#[path = "support/dedupe_calls.rs"]
-#[allow(dead_code)]
-mod dedupe_calls;
-
-use dedupe_calls::*;
+use tower_toolcall_test::dedupe_calls::*;
 
 fn memory(c: &mut Criterion) {
     let canonical_len = canonical_json(&params(1_000_000_000), &CanonicalOptions::default())

@@ -1,16 +1,13 @@
 //! The admin API of one replica of a fleet on a real `redis-server`: its operator actions
 //! reach the other replicas, and bad input reaches none.
 
-#[path = "../../../crates/tower-toolcall/tests/support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
-use support::eventually;
-use support::redis_server::RedisServer;
 use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::{BreakerState, StackLayer, ToolStack};
 use tower_toolcall_redis::FleetControl;
+use tower_toolcall_test::eventually;
+use tower_toolcall_test::redis_server::RedisServer;
 
 const WEB: &str = "agents.tools.web";
 

@@ -11,6 +11,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
+use tower_toolcall_test::cluster::RedisCluster;
+use tower_toolcall_test::redis_server::RedisServer;
 
 mod auth;
 mod hop;
@@ -632,24 +634,17 @@ async fn sighup_reloads_the_upstreams_and_refuses_a_bad_file() {
     assert!(listed(&tools, "get_current_time"), "{tools}");
 }
 
-#[path = "../../../tower-toolcall/tests/support/mod.rs"]
-mod support;
-
-#[allow(dead_code, unreachable_pub)]
-#[path = "../../../tower-toolcall-redis/tests/support/cluster.rs"]
-mod cluster;
-
 /// Two gateways on one redis-server behave as one: a quota and a loop session shared.
 #[tokio::test]
 async fn two_gateways_on_one_redis_share_a_quota_and_a_loop() {
-    let redis = support::redis_server::RedisServer::start();
+    let redis = RedisServer::start();
     two_gateways_as_one("fleet", &format!("redis = \"{}\"", redis.url())).await;
 }
 
 /// Two gateways on a 3-master Redis Cluster behave as one, as on one node.
 #[tokio::test]
 async fn two_gateways_on_a_redis_cluster_share_a_quota_and_a_loop() {
-    let cluster = cluster::RedisCluster::start();
+    let cluster = RedisCluster::start();
     let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("\"{s}\"")).collect();
     two_gateways_as_one(
         "fleet-cluster",

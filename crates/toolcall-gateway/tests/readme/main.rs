@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use regex::Regex;
+use tower_toolcall_test::redis_server::RedisServer;
 
 const README: &str = include_str!("../../../../README.md");
 
@@ -128,15 +129,12 @@ fn a_bad_admin_token_stops_the_example_with_a_message() {
     assert!(!stderr.contains("ConfigError"), "no debug dump: {stderr}");
 }
 
-#[path = "../../../tower-toolcall/tests/support/mod.rs"]
-mod support;
-
 /// A Redis URL's password never reaches the example's output, whether Redis answers or not.
 #[test]
 fn the_redis_password_never_reaches_a_log_line() {
     use std::io::{Read, Write};
 
-    let server = support::redis_server::RedisServer::start();
+    let server = RedisServer::start();
     let address = server.url();
     let address = address
         .trim_start_matches("redis://")

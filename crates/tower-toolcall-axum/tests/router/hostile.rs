@@ -23,7 +23,7 @@ async fn parked(router: impl FnOnce(ToolRouter) -> ToolRouter, config: ServeConf
     let runs = Arc::new(AtomicUsize::new(0));
     let started = Arc::new(Notify::new());
     let gate = Arc::new(Semaphore::new(0));
-    let tools = support::stacked(&stack, {
+    let tools = stacked(&stack, {
         let (runs, started, gate) = (runs.clone(), started.clone(), gate.clone());
         tool_fn(move |call: ToolCall| {
             let n = runs.fetch_add(1, Ordering::SeqCst) + 1;

@@ -1,8 +1,5 @@
 //! The tool router over real HTTP: a server on a bound loopback port, a hyper client.
 
-#[path = "../../../tower-toolcall/tests/support/mod.rs"]
-mod support;
-
 mod hostile;
 mod rollout;
 
@@ -20,6 +17,7 @@ use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{AuditLog, AuditSink, AuditStream, Redactor};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_axum::{AdminRouter, ToolRouter};
+use tower_toolcall_test::{capture, stacked};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -65,7 +63,7 @@ async fn gateway() -> Gateway {
     let stack = ToolStack::builder(registry()).build().unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
-    let tools = support::stacked(
+    let tools = stacked(
         &stack,
         tool_fn(move |call: ToolCall| {
             counted.fetch_add(1, Ordering::SeqCst);
@@ -299,7 +297,7 @@ async fn a_malformed_body_is_a_bad_request_naming_the_field() {
 
 #[tokio::test]
 async fn a_breaker_forced_open_through_the_admin_api_answers_503_with_retry_after() {
-    let (capture, _guard) = support::capture::capture();
+    let (capture, _guard) = capture::capture();
     let gateway = gateway().await;
     let forced = gateway
         .admin(
@@ -568,7 +566,7 @@ async fn the_traceparent_header_becomes_the_calls_trace_parent() {
     let seen = Arc::new(Mutex::new(None));
     let seen_by_tool = seen.clone();
     let stack = ToolStack::builder(registry()).build().unwrap();
-    let tools = support::stacked(
+    let tools = stacked(
         &stack,
         tool_fn(move |call: ToolCall| {
             *seen_by_tool.lock().unwrap() = call.trace().traceparent.clone();
@@ -598,7 +596,7 @@ async fn shutdown_lets_the_call_in_flight_finish() {
     let started = Arc::new(tokio::sync::Notify::new());
     let finished = Arc::new(AtomicUsize::new(0));
     let stack = ToolStack::builder(registry()).build().unwrap();
-    let tools = support::stacked(&stack, {
+    let tools = stacked(&stack, {
         let (started, finished) = (started.clone(), finished.clone());
         tool_fn(move |_call: ToolCall| {
             let (started, finished) = (started.clone(), finished.clone());

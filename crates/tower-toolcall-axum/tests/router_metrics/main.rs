@@ -1,9 +1,6 @@
 //! `/metrics` beside the tool router over real HTTP: the Prometheus exposition of the call and
 //! breaker series, recorded by `metrics-exporter-prometheus` as `toolcall-gateway` does.
 
-#[path = "../../../tower-toolcall/tests/support/mod.rs"]
-mod support;
-
 use std::net::SocketAddr;
 
 use axum::routing::get;
@@ -17,6 +14,7 @@ use tower_toolcall::registry::ToolRegistry;
 use tower_toolcall::trace::{ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
 use tower_toolcall_axum::{AdminRouter, ToolRouter};
+use tower_toolcall_test::stacked;
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -35,7 +33,7 @@ async fn gateway(prometheus: PrometheusHandle) -> SocketAddr {
         .on_event(metrics.clone())
         .build()
         .unwrap();
-    let tools = support::stacked(
+    let tools = stacked(
         &stack,
         tool_fn(
             |call: ToolCall| async move { Ok(ToolOutput::new(json!({"echo": call.params()}))) },

@@ -9,8 +9,6 @@ mod edge;
 mod example;
 #[cfg(feature = "http")]
 mod http;
-#[path = "../../../tower-toolcall/tests/support/mod.rs"]
-mod support;
 mod upstream;
 
 use std::sync::Arc;
@@ -26,6 +24,7 @@ use tower::{Layer, ServiceExt};
 use tower_toolcall::registry::{RiskLevel, ToolRegistry};
 use tower_toolcall::{ErrorCode, ToolCall, ToolStack};
 use tower_toolcall_mcp::{descriptor_for, registry_for, ClientEvents, McpClient, McpServer, Trust};
+use tower_toolcall_test::capture::{capture, Capture, CapturedEvent};
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
@@ -488,7 +487,7 @@ async fn a_closed_connection_is_a_retriable_upstream_unavailable() {
 }
 
 /// The `tool_call_progress` events captured so far.
-fn progress_events(capture: &support::capture::Capture) -> Vec<support::capture::CapturedEvent> {
+fn progress_events(capture: &Capture) -> Vec<CapturedEvent> {
     capture
         .events()
         .into_iter()
@@ -498,7 +497,7 @@ fn progress_events(capture: &support::capture::Capture) -> Vec<support::capture:
 
 #[tokio::test(start_paused = true)]
 async fn the_servers_progress_notifications_become_events_of_the_call() {
-    let (capture, _guard) = support::capture::capture();
+    let (capture, _guard) = capture();
     let (server_end, client_end) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
         if let Ok(running) = example::stacked(Notes::default(), None)
@@ -635,7 +634,7 @@ async fn a_dropped_call_cancels_its_request_on_the_server() {
 
 #[tokio::test(start_paused = true)]
 async fn a_tools_progress_on_the_server_becomes_events_of_the_call() {
-    let (capture, _guard) = support::capture::capture();
+    let (capture, _guard) = capture();
     let server = example::stacked(Notes::default(), None).unwrap();
     let session = server.session_key().to_owned();
     let (server_end, client_end) = tokio::io::duplex(64 * 1024);

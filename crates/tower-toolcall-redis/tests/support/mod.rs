@@ -1,13 +1,7 @@
-//! The core's test helpers, and the store suite run on Redis.
+//! The shared test helpers of `tower-toolcall-test`, and the store suite run on Redis.
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
-#[path = "../../../tower-toolcall/tests/support/mod.rs"]
-mod core;
-
-pub use self::core::*;
-
-#[cfg(feature = "cluster")]
-pub mod cluster;
+pub use tower_toolcall_test::*;
 
 /// Runs each case of a table (shared with the core's tests, which run it in memory) on a
 /// `redis-server` of its own; the test attribute given first is the memory suite's.

@@ -20,6 +20,7 @@ pub const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 /// A 3-master, 3-replica cluster that belongs to one test. One runs at a time in a test
 /// process: six servers, their replication and a failover share the machine's cores with
 /// the test, whose timings they would otherwise distort.
+#[derive(Debug)]
 pub struct RedisCluster {
     _turn: Turn,
     ports: Vec<u16>,
@@ -267,6 +268,7 @@ impl Drop for RedisCluster {
 }
 
 /// The turn of the one cluster of the process.
+#[derive(Debug)]
 struct Turn;
 
 static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -376,6 +378,7 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
 }
 
 /// The commands clients send a node, as `MONITOR` reports them.
+#[derive(Debug)]
 pub struct Monitor {
     port: u16,
     lines: Arc<Mutex<Vec<String>>>,

@@ -10,6 +10,7 @@ const INSTALL_HINT: &str = "these tests run a real redis-server: install it with
      `apt-get install redis-server` (or put `redis-server` on PATH)";
 
 /// A `redis-server` process that belongs to one test.
+#[derive(Debug)]
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
@@ -138,6 +139,7 @@ impl RedisServer {
 }
 
 /// The commands clients send a server, as `MONITOR` reports them.
+#[derive(Debug)]
 pub struct Monitor {
     port: u16,
     lines: Arc<Mutex<Vec<String>>>,

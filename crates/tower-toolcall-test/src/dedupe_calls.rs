@@ -1,4 +1,5 @@
-//! The calls of the idempotency benches, shared with those of `tower-toolcall-redis`.
+//! The calls of the idempotency benches, the same for every store: the memory store's in the
+//! core's benches, the Redis store's in those of `tower-toolcall-redis`.
 
 use std::future::Future;
 
@@ -8,7 +9,7 @@ use tower::Service;
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput};
 
 /// A typical search call: 200 bytes of canonical params; `n` makes its key fresh.
-pub(crate) fn params(n: u64) -> Value {
+pub fn params(n: u64) -> Value {
     json!({
         "query": "tower middleware retry with exponential backoff",
         "limit": 10,
@@ -19,7 +20,8 @@ pub(crate) fn params(n: u64) -> Value {
     })
 }
 
-pub(crate) fn call(n: u64) -> ToolCall {
+/// A search call of [`params`]`(n)`.
+pub fn call(n: u64) -> ToolCall {
     ToolCall::builder("agents.tools.web", "search")
         .session("sess-42")
         .actor("user-7")
@@ -29,7 +31,7 @@ pub(crate) fn call(n: u64) -> ToolCall {
 }
 
 /// Calls with fresh keys, one per iteration.
-pub(crate) fn fresh_calls() -> impl FnMut() -> ToolCall {
+pub fn fresh_calls() -> impl FnMut() -> ToolCall {
     let mut n = 1_000_000_000;
     move || {
         n += 1;
@@ -37,7 +39,8 @@ pub(crate) fn fresh_calls() -> impl FnMut() -> ToolCall {
     }
 }
 
-pub(crate) fn bare_tool() -> impl Service<
+/// A tool that answers at once: whether the call came without params.
+pub fn bare_tool() -> impl Service<
     ToolCall,
     Response = ToolOutput,
     Error = ToolError,
@@ -53,7 +56,7 @@ pub(crate) fn bare_tool() -> impl Service<
 }
 
 /// Calls `svc` once; every future on the memory path is ready at its first poll.
-pub(crate) fn call_once<S>(svc: &mut S, call: ToolCall) -> ToolOutput
+pub fn call_once<S>(svc: &mut S, call: ToolCall) -> ToolOutput
 where
     S: Service<ToolCall, Response = ToolOutput, Error = ToolError>,
 {

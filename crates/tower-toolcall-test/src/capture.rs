@@ -1,5 +1,4 @@
 //! Captures the `tracing` events and spans of one test, on its thread.
-#![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,29 +9,35 @@ use tracing::span::{Attributes, Id, Record};
 /// One event: its level and fields (the message under `message`).
 #[derive(Clone, Debug)]
 pub struct CapturedEvent {
+    /// The event's level.
     pub level: tracing::Level,
+    /// Its fields by name, each as its value's `Debug` (a `&str` as it is).
     pub fields: BTreeMap<String, String>,
 }
 
 /// One span: its name and fields, with those recorded after it was opened.
 #[derive(Clone, Debug)]
 pub struct CapturedSpan {
+    /// The span's name.
     pub name: &'static str,
+    /// Its fields by name, as [`CapturedEvent::fields`].
     pub fields: BTreeMap<String, String>,
 }
 
 /// The events and spans of one test.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Capture {
     events: Arc<Mutex<Vec<CapturedEvent>>>,
     spans: Arc<Mutex<Vec<(u64, CapturedSpan)>>>,
 }
 
 impl Capture {
+    /// The events so far, in the order they came.
     pub fn events(&self) -> Vec<CapturedEvent> {
         self.events.lock().unwrap().clone()
     }
 
+    /// The spans so far, in the order they were opened.
     pub fn spans(&self) -> Vec<CapturedSpan> {
         self.spans
             .lock()
@@ -142,6 +147,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ThreadCaptureLayer
 }
 
 /// Stops capturing on this thread when dropped.
+#[derive(Debug)]
 pub struct CaptureGuard;
 
 impl Drop for CaptureGuard {
