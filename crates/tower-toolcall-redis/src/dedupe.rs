@@ -274,13 +274,12 @@ impl Shared {
     /// One `SCAN` step of `shard` over the keys that match `pattern`.
     async fn scan(
         &self,
-        shard: &Shard,
+        shard: &Shard<'_>,
         cursor: u64,
         pattern: &str,
     ) -> Result<(u64, Vec<String>), StoreError> {
-        self.commands
-            .command_on(
-                shard,
+        shard
+            .command(
                 redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("MATCH")
@@ -675,13 +674,8 @@ impl DedupeStore for RedisDedupeStore {
             for shard in &shards {
                 let (mut seen_here, mut cursor) = (0u64, 0u64);
                 loop {
-                    let (next, keys): (u64, Vec<Vec<u8>>) = self
-                        .shared
-                        .commands
-                        .command_on(
-                            shard,
-                            redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT),
-                        )
+                    let (next, keys): (u64, Vec<Vec<u8>>) = shard
+                        .command(redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(SCAN_COUNT))
                         .await?;
                     seen_here += keys.len() as u64;
                     records += keys
@@ -777,7 +771,6 @@ impl RedisDedupeStoreBuilder {
         let subscriber = Subscriber::new(
             "idempotency.redis.url",
             commands.endpoint(),
-            commands.config().clone(),
             self.settings.operation_timeout,
         )?;
         Ok(RedisDedupeStore {

@@ -106,7 +106,8 @@ use tower_toolcall::shared_store::StoreError;
 use tower_toolcall::stack::{FleetActions, FleetFuture, ToolStack};
 use tower_toolcall::{BreakerState, ConfigError, ErrorCode, ToolError};
 
-use crate::support::{self, bounded, hash_tagged, Connection, StoreSettings};
+use crate::support::node::resp3_client;
+use crate::support::{self, bounded, cluster, hash_tagged, Connection, Endpoint, StoreSettings};
 
 /// The default prefix of the fleet's keys and channel.
 pub const DEFAULT_FLEET_KEY_PREFIX: &str = "toolcall:fleet:";
@@ -656,7 +657,7 @@ async fn listen(inner: Weak<Inner>, mut nodes: Listening) {
         let Some(fleet) = inner.upgrade() else { return };
         let (push, pushes) = mpsc::unbounded_channel();
         let subscribed = async {
-            let client = nodes.next(&fleet).await?;
+            let client = nodes.next().await?;
             let connection = subscribe(&fleet, &client, push).await?;
             fleet.subscribed.send_replace(true);
             fleet.sync().await?;
@@ -693,66 +694,38 @@ async fn listen(inner: Weak<Inner>, mut nodes: Listening) {
     }
 }
 
-/// Where the listener subscribes. On a node, the node. On a cluster, any node: a cluster
-/// sends a classic `PUBLISH` to every node over its bus, so a replica hears the fleet's
-/// actions whatever node it subscribes through. It starts with the first seed; when that node
-/// is lost (or refuses), it moves on to the next of the seeds and of the nodes the cluster
-/// names at that moment (masters and replicas), so that a subscription outlives the failure
-/// of any one node.
+/// Where the listener subscribes: on a node, the node; on a cluster, any node, one after
+/// another as they are lost (see [`cluster::Listening`]).
 enum Listening {
     Node(Client),
-    #[cfg(feature = "cluster")]
-    Cluster {
-        seeds: crate::support::cluster::Seeds,
-        turn: usize,
-    },
+    Cluster(cluster::Listening),
 }
 
 impl Listening {
-    fn new(endpoint: &support::Endpoint) -> Result<Listening, ConfigError> {
-        match endpoint {
-            support::Endpoint::Node(client) => Ok(Listening::Node(support::resp3_client(
-                "fleet.redis.url",
-                client,
-            )?)),
-            #[cfg(feature = "cluster")]
-            support::Endpoint::Cluster(seeds) => Ok(Listening::Cluster {
-                seeds: seeds.clone(),
-                turn: 0,
-            }),
-        }
+    fn new(endpoint: &Endpoint) -> Result<Listening, ConfigError> {
+        Ok(match endpoint {
+            Endpoint::Node(node) => {
+                Listening::Node(resp3_client("fleet.redis.url", node.client())?)
+            }
+            Endpoint::Cluster(cluster) => Listening::Cluster(cluster.listening()),
+        })
     }
 
     /// The client of the node to subscribe through now.
-    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    async fn next(&mut self, fleet: &Inner) -> Result<Client, StoreError> {
-        let client = match self {
+    async fn next(&mut self) -> Result<Client, StoreError> {
+        match self {
             Listening::Node(client) => Ok(client.clone()),
-            #[cfg(feature = "cluster")]
-            Listening::Cluster { seeds, turn } => {
-                use crate::support::cluster::Either;
-                let named = if *turn < seeds.len() {
-                    Vec::new()
-                } else {
-                    fleet.commands.cluster_nodes().await.unwrap_or_default()
-                };
-                let candidates = seeds.len() + named.len();
-                let pick = *turn % candidates;
-                if pick < seeds.len() {
-                    seeds.node_client(Either::Seed(pick))
-                } else {
-                    seeds.node_client(Either::Node(&named[pick - seeds.len()]))
-                }
-            }
-        };
-        client.map_err(|e: redis::RedisError| StoreError::Unavailable(e.to_string()))
+            Listening::Cluster(nodes) => nodes
+                .next()
+                .await
+                .map_err(|e| StoreError::Unavailable(e.to_string())),
+        }
     }
 
     /// The node subscribed through was lost, or refused: the next try goes to another.
     fn lost(&mut self) {
-        #[cfg(feature = "cluster")]
-        if let Listening::Cluster { turn, .. } = self {
-            *turn = turn.wrapping_add(1);
+        if let Listening::Cluster(nodes) = self {
+            nodes.lost();
         }
     }
 }

@@ -1,20 +1,19 @@
 //! What every Redis store of the crate shares: where Redis is (a node or a cluster, see
-//! [`RedisTarget`]), a lazily made connection that reconnects by itself (one multiplexed
-//! connection to a node, or the cluster client of the module `cluster`), every operation
+//! [`RedisTarget`]), chosen once into an [`Endpoint`], a lazily made connection that
+//! reconnects by itself (the module `node`'s, or the module `cluster`'s), every operation
 //! bounded by a timeout, an operation sent again once when it found its connection broken, a
 //! short circuit that skips a node known to be down (see [`circuit`]), hash-tagged key names,
 //! the checks of a store's settings, and the coalescing of concurrent checks of one key into
 //! one script.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{
-    Client, Cmd, FromRedisValue, Pipeline, ProtocolVersion, RedisFuture, RedisResult,
-    ScriptInvocation, Value,
+    Cmd, FromRedisValue, Pipeline, PushInfo, RedisFuture, RedisResult, ScriptInvocation, Value,
 };
 
 use tower_toolcall::shared_store::StoreError;
@@ -23,12 +22,13 @@ use tower_toolcall::ConfigError;
 mod circuit;
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
+#[cfg(not(feature = "cluster"))]
+#[path = "support/no_cluster.rs"]
+pub(crate) mod cluster;
 mod coalesce;
+pub(crate) mod node;
 
-#[cfg(feature = "cluster")]
-use crate::target::host_of;
 use crate::target::RedisTarget;
-use circuit::Server;
 pub(crate) use coalesce::{check as coalesced, Batch, Coalescer};
 
 pub(crate) use tower_toolcall::time::{at_least_a_millisecond, millis, unix_now_ms};
@@ -84,32 +84,6 @@ async fn bounded_telling<T>(
     }
 }
 
-/// The connection in `cell`, made on first use.
-pub(crate) fn connection(
-    cell: &OnceLock<Result<ConnectionManager, String>>,
-    client: &Client,
-    config: &ConnectionManagerConfig,
-) -> Result<ConnectionManager, StoreError> {
-    cell.get_or_init(|| {
-        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            .map_err(|e| e.to_string())
-    })
-    .clone()
-    .map_err(StoreError::Unavailable)
-}
-
-/// How a store's connection reconnects: each attempt bounded by `timeout`. Its operations
-/// carry no timer of their own: [`bounded`] already bounds each one by the operation timeout,
-/// and a second timer on every request only costs a wake-up of the runtime's timer.
-pub(crate) fn connection_config(timeout: Duration) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(None)
-        .set_number_of_retries(2)
-        .set_min_delay(Duration::from_millis(50))
-        .set_max_delay(Duration::from_secs(1))
-}
-
 /// What every Redis store's builder takes: where the server is, the prefix of the store's
 /// keys, and the time one operation may take.
 #[derive(Debug)]
@@ -144,36 +118,15 @@ impl StoreSettings {
             &format!("{section}.operation_timeout"),
             self.operation_timeout,
         )?;
+        let timeout = self.operation_timeout;
         let endpoint = match &self.target {
-            RedisTarget::Node(url) => Endpoint::Node(node_client(section, url)?),
-            RedisTarget::Cluster(seeds) => cluster_endpoint(section, seeds)?,
+            RedisTarget::Node(url) => Endpoint::Node(node::Node::new(section, url, timeout)?),
+            RedisTarget::Cluster(seeds) => {
+                Endpoint::Cluster(cluster::Cluster::new(section, seeds, timeout)?)
+            }
         };
-        Ok(Connection::new(endpoint, self.operation_timeout))
+        Ok(Connection { endpoint })
     }
-}
-
-/// The client of the node at `url`, configured under `section`.
-pub(crate) fn node_client(section: &str, url: &str) -> Result<Client, ConfigError> {
-    Client::open(url).map_err(|e| {
-        ConfigError::new(
-            format!("{section}.url"),
-            format!("is not a usable Redis URL: {e}; write it as redis://host:port/db"),
-        )
-    })
-}
-
-#[cfg(feature = "cluster")]
-fn cluster_endpoint(section: &str, seeds: &[String]) -> Result<Endpoint, ConfigError> {
-    Ok(Endpoint::Cluster(cluster::Seeds::new(section, seeds)?))
-}
-
-#[cfg(not(feature = "cluster"))]
-fn cluster_endpoint(section: &str, _seeds: &[String]) -> Result<Endpoint, ConfigError> {
-    Err(ConfigError::new(
-        format!("{section}.url"),
-        "is a list of Redis Cluster seeds: build tower-toolcall-redis with its `cluster` \
-         feature, or give the URL of one node",
-    ))
 }
 
 /// The `key_prefix` and `operation_timeout` setters of a Redis store's builder, whose
@@ -200,18 +153,6 @@ macro_rules! store_settings_setters {
 
 pub(crate) use store_settings_setters;
 
-/// A client like `client`, that speaks RESP3, for subscriptions; `field` names the URL's
-/// setting in the error.
-pub(crate) fn resp3_client(field: &str, client: &Client) -> Result<Client, ConfigError> {
-    let info = client.get_connection_info().clone();
-    let resp3 = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    Client::open(info.set_redis_settings(resp3))
-        .map_err(|e| ConfigError::new(field, format!("cannot be used for subscriptions: {e}")))
-}
-
 /// `<prefix>{<tagged>}<suffix>`: the braces are a Redis Cluster hash tag, so every key of one
 /// `tagged` name lives in one slot.
 pub(crate) fn hash_tagged(prefix: &str, tagged: &str, suffix: &str) -> String {
@@ -224,34 +165,117 @@ pub(crate) fn hash_tagged(prefix: &str, tagged: &str, suffix: &str) -> String {
     key
 }
 
-/// One shard of the store's keys: the node, or one master of the cluster.
-#[derive(Clone, Debug)]
-pub(crate) enum Shard {
-    Node,
-    #[cfg(feature = "cluster")]
-    Master(cluster::Node),
+/// Where the pushes of a connection go (the messages of the channels it subscribes to, and
+/// its disconnection); called on the connection's task, it never blocks.
+pub(crate) type Pushes = Arc<dyn Fn(PushInfo) + Send + Sync>;
+
+/// Where a store's commands go, chosen once from its [`RedisTarget`]: one node, or a
+/// cluster. Built without the feature `cluster`, a [`cluster::Cluster`] cannot be made (the
+/// type has no value), and the cluster's arm of a match is never taken. One per store, made
+/// once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Endpoint {
+    Node(node::Node),
+    Cluster(cluster::Cluster),
 }
 
-/// Where a store's commands go: one node, or a cluster.
-pub(crate) enum Endpoint {
-    Node(Client),
-    #[cfg(feature = "cluster")]
-    Cluster(cluster::Seeds),
+/// What a store's [`Connection`] needs of where its commands go, which the node
+/// ([`node::Node`]) and the cluster ([`cluster::Cluster`]) each give in their own way.
+pub(crate) trait Backend {
+    /// The connection the commands go on, cheap to clone.
+    type Link: Clone + Send + Into<Link>;
+
+    /// The time one operation may take.
+    fn timeout(&self) -> Duration;
+
+    /// Adds where the store is (its server, or the cluster's seeds) to its `Debug` output.
+    fn describe(&self, debug: &mut std::fmt::DebugStruct<'_, '_>);
+
+    /// `Err` at once, without touching the network, while Redis is known to be down.
+    fn ready(&self) -> Result<(), StoreError>;
+
+    /// The connection, made on first use.
+    fn link(&self) -> impl Future<Output = RedisResult<Self::Link>> + Send;
+
+    /// An operation ended: answered (`Ok`), or failed with an error and whether it says that
+    /// the server cannot be reached.
+    fn ended(&self, outcome: Result<(), (&StoreError, bool)>);
+}
+
+/// Runs `op` on `backend`'s connection within the operation timeout, unless Redis is known
+/// to be down. An operation that finds its connection broken (the server restarted since
+/// the connection's last use: the request never reached it) is sent once more, on the
+/// connection made anew, within the same timeout. The backend learns how it ended.
+pub(crate) async fn run_on<B, T, F, Fut>(backend: &B, op: F) -> Result<T, StoreError>
+where
+    B: Backend,
+    F: Fn(B::Link) -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    backend.ready()?;
+    let attempts = async {
+        let conn = backend.link().await?;
+        match op(conn.clone()).await {
+            Err(error) if error.is_connection_dropped() => op(conn).await,
+            answered => answered,
+        }
+    };
+    let outcome = bounded_telling(backend.timeout(), attempts).await;
+    backend.ended(match &outcome {
+        Ok(_) => Ok(()),
+        Err((error, unreachable)) => Err((error, *unreachable)),
+    });
+    outcome.map_err(|(error, _)| error)
+}
+
+/// `command`'s answer on `conn`.
+pub(crate) async fn query<T: FromRedisValue>(
+    command: &Cmd,
+    mut conn: impl ConnectionLike,
+) -> RedisResult<T> {
+    command.query_async(&mut conn).await
+}
+
+/// One shard of the store's keys, with the way to it: the node, or one master of the
+/// cluster.
+pub(crate) enum Shard<'a> {
+    Node(&'a node::Node),
+    Master(cluster::Master<'a>),
+}
+
+impl Shard<'_> {
+    /// Runs one command on the shard within the operation timeout.
+    pub(crate) async fn command<T: FromRedisValue>(&self, command: &Cmd) -> Result<T, StoreError> {
+        match self {
+            Shard::Node(node) => run_on(*node, |conn| query(command, conn)).await,
+            Shard::Master(master) => master.command(command).await,
+        }
+    }
 }
 
 /// A connection to a node or a cluster: what the `redis` crate's commands and scripts run on.
 #[derive(Clone)]
 pub(crate) enum Link {
     Node(ConnectionManager),
-    #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(cluster::Link),
+}
+
+impl From<ConnectionManager> for Link {
+    fn from(conn: ConnectionManager) -> Self {
+        Link::Node(conn)
+    }
+}
+
+impl From<cluster::Link> for Link {
+    fn from(conn: cluster::Link) -> Self {
+        Link::Cluster(conn)
+    }
 }
 
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Link::Node(conn) => conn.req_packed_command(cmd),
-            #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
@@ -264,7 +288,6 @@ impl ConnectionLike for Link {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Link::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
-            #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -272,64 +295,36 @@ impl ConnectionLike for Link {
     fn get_db(&self) -> i64 {
         match self {
             Link::Node(conn) => conn.get_db(),
-            #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn.get_db(),
         }
     }
 }
 
 /// The connection of a store, made on first use inside the Tokio runtime, that reconnects by
-/// itself: one multiplexed connection to a node, or the `redis` crate's cluster connection
-/// (one multiplexed connection per node, `MOVED` / `ASK` followed, the slots read again
-/// after a failover). Every operation on it is bounded by the operation timeout; on a node,
-/// it fails at once while the server is known to be down (see [`circuit`]).
+/// itself: one multiplexed connection to a node (see [`node`]), or the `redis` crate's
+/// cluster connection (see [`cluster`]: one multiplexed connection per node, `MOVED` / `ASK`
+/// followed, the slots read again after a failover). Every operation on it is bounded by the
+/// operation timeout; on a node, it fails at once while the server is known to be down (see
+/// [`circuit`]).
 pub(crate) struct Connection {
     endpoint: Endpoint,
-    config: ConnectionManagerConfig,
-    node: OnceLock<Result<ConnectionManager, String>>,
-    #[cfg(feature = "cluster")]
-    cluster: cluster::Current,
-    timeout: Duration,
-    /// What the process knows of the node's outages; none on a cluster, whose nodes fail
-    /// one shard at a time (see [`cluster`](self::cluster)).
-    server: Option<Arc<Server>>,
 }
 
 impl Connection {
-    pub(crate) fn new(endpoint: Endpoint, timeout: Duration) -> Self {
-        let server = match &endpoint {
-            Endpoint::Node(client) => Some(Server::named(
-                client.get_connection_info().addr().to_string(),
-            )),
-            #[cfg(feature = "cluster")]
-            Endpoint::Cluster(_) => None,
-        };
-        Connection {
-            endpoint,
-            config: connection_config(timeout),
-            node: OnceLock::new(),
-            #[cfg(feature = "cluster")]
-            cluster: cluster::Current::default(),
-            timeout,
-            server,
-        }
-    }
-
     pub(crate) fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
-    pub(crate) fn config(&self) -> &ConnectionManagerConfig {
-        &self.config
-    }
-
     pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
+        match &self.endpoint {
+            Endpoint::Node(node) => node.timeout(),
+            Endpoint::Cluster(cluster) => cluster.timeout(),
+        }
     }
 
     /// Whether the store speaks to a cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        !matches!(self.endpoint, Endpoint::Node(_))
+        matches!(self.endpoint, Endpoint::Cluster(_))
     }
 
     /// A store's `Debug` output, begun with what every Redis store shows: its server (or the
@@ -342,89 +337,31 @@ impl Connection {
     ) -> std::fmt::DebugStruct<'a, 'b> {
         let mut debug = f.debug_struct(store);
         match &self.endpoint {
-            Endpoint::Node(client) => debug.field("server", &client.get_connection_info().addr()),
-            #[cfg(feature = "cluster")]
-            Endpoint::Cluster(seeds) => debug.field("cluster", &seeds.hosts()),
-        };
+            Endpoint::Node(node) => node.describe(&mut debug),
+            Endpoint::Cluster(cluster) => cluster.describe(&mut debug),
+        }
         debug
             .field("key_prefix", &key_prefix)
-            .field("operation_timeout", &self.timeout);
+            .field("operation_timeout", &self.timeout());
         debug
-    }
-
-    /// The connection, made on first use.
-    async fn link(&self) -> RedisResult<Link> {
-        match &self.endpoint {
-            Endpoint::Node(client) => connection(&self.node, client, &self.config)
-                .map(Link::Node)
-                .map_err(|e| {
-                    redis::RedisError::from((redis::ErrorKind::Io, "connect", e.to_string()))
-                }),
-            #[cfg(feature = "cluster")]
-            Endpoint::Cluster(seeds) => self
-                .cluster
-                .get(|| seeds.connect(self.timeout, None))
-                .await
-                .map(Link::Cluster),
-        }
     }
 
     /// The shards a walk of every key must visit (a `SCAN`): the node, or every master.
-    pub(crate) async fn shards(&self) -> Result<Vec<Shard>, StoreError> {
+    pub(crate) async fn shards(&self) -> Result<Vec<Shard<'_>>, StoreError> {
         match &self.endpoint {
-            Endpoint::Node(_) => Ok(vec![Shard::Node]),
-            #[cfg(feature = "cluster")]
-            Endpoint::Cluster(_) => {
-                let Link::Cluster(mut conn) = bounded(self.timeout, self.link()).await? else {
-                    unreachable!("a cluster's link is a cluster connection");
-                };
-                let (masters, _) = tokio::time::timeout(self.timeout, cluster::nodes(&mut conn))
-                    .await
-                    .map_err(|_| StoreError::Timeout(self.timeout))??;
-                Ok(masters.into_iter().map(Shard::Master).collect())
-            }
-        }
-    }
-
-    /// Every node of the cluster, masters first, as the cluster sees itself now.
-    #[cfg(feature = "cluster")]
-    pub(crate) async fn cluster_nodes(&self) -> Result<Vec<cluster::Node>, StoreError> {
-        let Link::Cluster(mut conn) = bounded(self.timeout, self.link()).await? else {
-            return Ok(Vec::new());
-        };
-        let (mut masters, replicas) = tokio::time::timeout(self.timeout, cluster::nodes(&mut conn))
-            .await
-            .map_err(|_| StoreError::Timeout(self.timeout))??;
-        masters.extend(replicas);
-        Ok(masters)
-    }
-
-    /// Runs one command on `shard` within the operation timeout.
-    pub(crate) async fn command_on<T: FromRedisValue>(
-        &self,
-        shard: &Shard,
-        command: &Cmd,
-    ) -> Result<T, StoreError> {
-        match shard {
-            Shard::Node => self.command(command).await,
-            #[cfg(feature = "cluster")]
-            Shard::Master(node) => {
-                self.run(|conn| async move {
-                    let Link::Cluster(mut conn) = conn else {
-                        unreachable!("a master is a cluster's");
-                    };
-                    let value = conn.route_command(command.clone(), node.routing()).await?;
-                    T::from_redis_value(value).map_err(redis::RedisError::from)
-                })
-                .await
-            }
+            Endpoint::Node(node) => Ok(vec![Shard::Node(node)]),
+            Endpoint::Cluster(cluster) => Ok(cluster
+                .masters()
+                .await?
+                .into_iter()
+                .map(Shard::Master)
+                .collect()),
         }
     }
 
     /// Runs one command within the operation timeout.
     pub(crate) async fn command<T: FromRedisValue>(&self, command: &Cmd) -> Result<T, StoreError> {
-        self.run(|mut conn| async move { command.query_async(&mut conn).await })
-            .await
+        self.run(|conn| query(command, conn)).await
     }
 
     /// Runs one command within the operation timeout even while the server is known to be
@@ -434,11 +371,13 @@ impl Connection {
         &self,
         command: &Cmd,
     ) -> Result<T, StoreError> {
-        bounded(self.timeout, async {
-            let mut conn = self.link().await?;
-            command.query_async(&mut conn).await
-        })
-        .await
+        let link = async {
+            match &self.endpoint {
+                Endpoint::Node(node) => node.link().await.map(Link::from),
+                Endpoint::Cluster(cluster) => cluster.link().await.map(Link::from),
+            }
+        };
+        bounded(self.timeout(), async { query(command, link.await?).await }).await
     }
 
     /// Runs one script (`EVALSHA`, loading it once should the server not know it) within the
@@ -451,47 +390,16 @@ impl Connection {
             .await
     }
 
-    /// Runs `op` on the connection within the operation timeout, unless the server is known
-    /// to be down. An operation that finds its connection broken (the server restarted since
-    /// the connection's last use: the request never reached it) is sent once more, on the
-    /// connection the manager makes anew, within the same timeout. A failure that says the
-    /// server cannot be reached marks it down for every store.
+    /// Runs `op` on the connection (see [`run_on`]). A failure that says a node cannot be
+    /// reached marks it down for every store.
     async fn run<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
     where
         F: Fn(Link) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        if let Some(server) = &self.server {
-            server.check()?;
-        }
-        let mut link = None;
-        let attempts = async {
-            let conn = self.link().await?;
-            link = Some(conn.clone());
-            match op(conn.clone()).await {
-                Err(error) if error.is_connection_dropped() => op(conn).await,
-                answered => answered,
-            }
-        };
-        let outcome = bounded_telling(self.timeout, attempts).await;
-        let Some(server) = &self.server else {
-            #[cfg(feature = "cluster")]
-            if let Endpoint::Cluster(_) = &self.endpoint {
-                self.cluster.outcome(outcome.is_ok(), self.timeout);
-            }
-            return outcome.map_err(|(error, _)| error);
-        };
-        match outcome {
-            Ok(value) => {
-                server.answered();
-                Ok(value)
-            }
-            Err((error, unreachable)) => {
-                if let (true, Some(Link::Node(conn))) = (unreachable, &link) {
-                    server.unreachable(&error, conn, self.timeout);
-                }
-                Err(error)
-            }
+        match &self.endpoint {
+            Endpoint::Node(node) => run_on(node, |conn| op(conn.into())).await,
+            Endpoint::Cluster(cluster) => run_on(cluster, |conn| op(conn.into())).await,
         }
     }
 }

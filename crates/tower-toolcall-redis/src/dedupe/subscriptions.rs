@@ -16,7 +16,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::watch;
 
-use crate::support::{bounded, connection, resp3_client, Endpoint};
+use crate::support::node::{connection, resp3_client};
+use crate::support::{bounded, cluster, Endpoint, Pushes};
 use tower_toolcall::idempotency::StoreError;
 use tower_toolcall::ConfigError;
 
@@ -36,26 +37,20 @@ enum SubscriberEndpoint {
         config: ConnectionManagerConfig,
         connection: OnceLock<Result<ConnectionManager, String>>,
     },
-    #[cfg(feature = "cluster")]
-    Cluster {
-        seeds: crate::support::cluster::Seeds,
-        connection: tokio::sync::OnceCell<redis::cluster_async::ClusterConnection>,
-    },
+    Cluster(cluster::Subscriptions),
 }
 
 /// The subscriptions' connection.
 #[derive(Clone)]
 enum SubscriberLink {
     Node(ConnectionManager),
-    #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(cluster::Link),
 }
 
 impl SubscriberLink {
     async fn subscribe(mut self, channel: &str) -> RedisResult<()> {
         match &mut self {
             SubscriberLink::Node(conn) => conn.subscribe(channel).await,
-            #[cfg(feature = "cluster")]
             SubscriberLink::Cluster(conn) => conn.ssubscribe(channel).await,
         }
     }
@@ -63,7 +58,6 @@ impl SubscriberLink {
     async fn unsubscribe(mut self, channel: &str) -> RedisResult<()> {
         match &mut self {
             SubscriberLink::Node(conn) => conn.unsubscribe(channel).await,
-            #[cfg(feature = "cluster")]
             SubscriberLink::Cluster(conn) => conn.sunsubscribe(channel).await,
         }
     }
@@ -103,30 +97,27 @@ impl Subscriber {
     pub(super) fn new(
         field: &str,
         endpoint: &Endpoint,
-        config: ConnectionManagerConfig,
         timeout: Duration,
     ) -> Result<Subscriber, ConfigError> {
         let channels = Arc::new(Channels::default());
         let endpoint = match endpoint {
-            Endpoint::Node(client) => {
+            Endpoint::Node(node) => {
                 let dispatch_to = channels.clone();
-                let config = config
+                let config = node
+                    .config()
+                    .clone()
                     .set_push_sender(move |info: PushInfo| {
                         dispatch_to.dispatch(info);
                         Ok::<(), std::convert::Infallible>(())
                     })
                     .set_automatic_resubscription();
                 SubscriberEndpoint::Node {
-                    client: resp3_client(field, client)?,
+                    client: resp3_client(field, node.client())?,
                     config,
                     connection: OnceLock::new(),
                 }
             }
-            #[cfg(feature = "cluster")]
-            Endpoint::Cluster(seeds) => SubscriberEndpoint::Cluster {
-                seeds: seeds.clone(),
-                connection: tokio::sync::OnceCell::new(),
-            },
+            Endpoint::Cluster(cluster) => SubscriberEndpoint::Cluster(cluster.subscriptions()),
         };
         Ok(Subscriber {
             endpoint,
@@ -147,20 +138,11 @@ impl Subscriber {
                 config,
                 connection: cell,
             } => Ok(SubscriberLink::Node(connection(cell, client, config)?)),
-            #[cfg(feature = "cluster")]
-            SubscriberEndpoint::Cluster {
-                seeds,
-                connection: cell,
-            } => {
+            SubscriberEndpoint::Cluster(subscriptions) => {
                 let dispatch_to = self.channels.clone();
-                let pushes: crate::support::cluster::Pushes =
-                    Arc::new(move |info| dispatch_to.dispatch(info));
-                let conn = bounded(
-                    self.timeout,
-                    cell.get_or_try_init(|| seeds.connect(self.timeout, Some(pushes))),
-                )
-                .await?;
-                Ok(SubscriberLink::Cluster(conn.clone()))
+                let pushes: Pushes = Arc::new(move |info| dispatch_to.dispatch(info));
+                let conn = subscriptions.connection(pushes).await?;
+                Ok(SubscriberLink::Cluster(conn))
             }
         }
     }

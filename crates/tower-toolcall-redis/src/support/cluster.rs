@@ -11,21 +11,199 @@
 //! dead master stops one shard, not the others, and skipping every shard for it would turn
 //! one shard's failover into an outage of the whole store.
 
-use std::time::Duration;
-
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisResult, Value};
+use redis::{
+    Client, Cmd, ConnectionInfo, FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisResult,
+    Value,
+};
 
 use tower_toolcall::shared_store::StoreError;
 use tower_toolcall::ConfigError;
 
-use super::host_of;
+use super::{bounded, run_on, Backend, Pushes};
+use crate::target::host_of;
+
+/// A connection to the cluster: what the `redis` crate's commands and scripts run on.
+pub(crate) type Link = ClusterConnection;
+
+/// A store's cluster: its seeds, and its connection once made. Clones share the connection.
+#[derive(Clone)]
+pub(crate) struct Cluster {
+    seeds: Seeds,
+    current: Arc<Current>,
+    timeout: Duration,
+}
+
+impl Cluster {
+    /// The cluster reached through `seeds` of the store configured under `section`, each
+    /// operation bounded by `timeout`; no connection is made yet.
+    pub(crate) fn new(
+        section: &str,
+        seeds: &[String],
+        timeout: Duration,
+    ) -> Result<Cluster, ConfigError> {
+        Ok(Cluster {
+            seeds: Seeds::new(section, seeds)?,
+            current: Arc::default(),
+            timeout,
+        })
+    }
+
+    /// The masters of the cluster, each a shard of the store's keys.
+    pub(crate) async fn masters(&self) -> Result<Vec<Master<'_>>, StoreError> {
+        let (masters, _) = self.slots().await?;
+        Ok(masters
+            .into_iter()
+            .map(|node| Master {
+                cluster: self,
+                node,
+            })
+            .collect())
+    }
+
+    /// Every node of the cluster, masters first, as the cluster sees itself now.
+    async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
+        let (mut masters, replicas) = self.slots().await?;
+        masters.extend(replicas);
+        Ok(masters)
+    }
+
+    /// The masters of the cluster, then its replicas, from `CLUSTER SLOTS`.
+    async fn slots(&self) -> Result<(Vec<Node>, Vec<Node>), StoreError> {
+        let mut conn = bounded(self.timeout, self.link()).await?;
+        tokio::time::timeout(self.timeout, nodes(&mut conn))
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
+    /// Where the fleet's listener subscribes, starting with the first seed.
+    pub(crate) fn listening(&self) -> Listening {
+        Listening {
+            cluster: self.clone(),
+            turn: 0,
+        }
+    }
+
+    /// The connection of a store's subscriptions, made on first use.
+    pub(crate) fn subscriptions(&self) -> Subscriptions {
+        Subscriptions {
+            seeds: self.seeds.clone(),
+            connection: tokio::sync::OnceCell::new(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// No short circuit: a dead master stops one shard, not the others. A connection that
+/// answers nothing for long while operations fail is made anew (see [`Current`]).
+impl Backend for Cluster {
+    type Link = ClusterConnection;
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn describe(&self, debug: &mut std::fmt::DebugStruct<'_, '_>) {
+        debug.field("cluster", &self.seeds.hosts());
+    }
+
+    fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn link(&self) -> RedisResult<ClusterConnection> {
+        self.current
+            .get(|| self.seeds.connect(self.timeout, None))
+            .await
+    }
+
+    fn ended(&self, outcome: Result<(), (&StoreError, bool)>) {
+        self.current.outcome(outcome.is_ok(), self.timeout);
+    }
+}
+
+/// One master of a store's cluster: a shard of its keys, for a walk of every key.
+pub(crate) struct Master<'a> {
+    cluster: &'a Cluster,
+    node: Node,
+}
+
+impl Master<'_> {
+    /// Runs one command on this master within the operation timeout.
+    pub(crate) async fn command<T: FromRedisValue>(&self, command: &Cmd) -> Result<T, StoreError> {
+        run_on(self.cluster, |mut conn| async move {
+            let value = conn
+                .route_command(command.clone(), self.node.routing())
+                .await?;
+            T::from_redis_value(value).map_err(redis::RedisError::from)
+        })
+        .await
+    }
+}
+
+/// Where the fleet's listener subscribes on a cluster: any node, since a cluster sends a
+/// classic `PUBLISH` to every node over its bus. It starts with the first seed; when that
+/// node is lost (or refuses), it moves on to the next of the seeds and of the nodes the
+/// cluster names at that moment (masters and replicas), so that a subscription outlives the
+/// failure of any one node.
+pub(crate) struct Listening {
+    cluster: Cluster,
+    turn: usize,
+}
+
+impl Listening {
+    /// The client of the node to subscribe through now.
+    pub(crate) async fn next(&mut self) -> RedisResult<Client> {
+        let seeds = &self.cluster.seeds;
+        let named = if self.turn < seeds.len() {
+            Vec::new()
+        } else {
+            self.cluster.nodes().await.unwrap_or_default()
+        };
+        let candidates = seeds.len() + named.len();
+        let pick = self.turn % candidates;
+        if pick < seeds.len() {
+            seeds.node_client(Either::Seed(pick))
+        } else {
+            seeds.node_client(Either::Node(&named[pick - seeds.len()]))
+        }
+    }
+
+    /// The node subscribed through was lost, or refused: the next try goes to another.
+    pub(crate) fn lost(&mut self) {
+        self.turn = self.turn.wrapping_add(1);
+    }
+}
+
+/// The connection of a store's subscriptions to sharded channels (`SSUBSCRIBE`): over
+/// RESP3, made on first use, its subscriptions following their slots to whichever node owns
+/// them.
+pub(crate) struct Subscriptions {
+    seeds: Seeds,
+    connection: tokio::sync::OnceCell<ClusterConnection>,
+    timeout: Duration,
+}
+
+impl Subscriptions {
+    /// The connection, made on first use within the operation timeout; its pushes go to
+    /// `pushes`.
+    pub(crate) async fn connection(&self, pushes: Pushes) -> Result<Link, StoreError> {
+        let conn = bounded(
+            self.timeout,
+            self.connection
+                .get_or_try_init(|| self.seeds.connect(self.timeout, Some(pushes))),
+        )
+        .await?;
+        Ok(conn.clone())
+    }
+}
 
 /// How many times the cluster client sends a command again (after a redirection, a lost
 /// connection, a slot map read anew) before it gives up; the operation timeout bounds them.
@@ -49,7 +227,7 @@ const WEDGED_AFTER: Duration = Duration::from_secs(2);
 /// [`WEDGED_AFTER`] (or four operation timeouts, if longer) while operations failed. During
 /// an ordinary failover, the other shards keep answering, and nothing is replaced.
 #[derive(Default)]
-pub(crate) struct Current {
+struct Current {
     connection: Mutex<Option<(ClusterConnection, tokio::time::Instant)>>,
     connecting: tokio::sync::Mutex<()>,
     /// When an operation last succeeded, or the connection was made.
@@ -59,7 +237,7 @@ pub(crate) struct Current {
 
 impl Current {
     /// The connection, made by `connect` when there is none.
-    pub(crate) async fn get<F, Fut>(&self, connect: F) -> RedisResult<ClusterConnection>
+    async fn get<F, Fut>(&self, connect: F) -> RedisResult<ClusterConnection>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = RedisResult<ClusterConnection>>,
@@ -81,7 +259,7 @@ impl Current {
     /// An operation on the connection ended: answered (`ok`), or failed. After a failure,
     /// a connection that has answered nothing for long enough is dropped: the next
     /// operation makes a new one.
-    pub(crate) fn outcome(&self, ok: bool, timeout: Duration) {
+    fn outcome(&self, ok: bool, timeout: Duration) {
         let now = tokio::time::Instant::now();
         if ok {
             *lock(&self.last_answer) = Some(now);
@@ -115,14 +293,14 @@ const ATTEMPT_FLOOR: Duration = Duration::from_millis(50);
 
 /// The seeds of a cluster, checked.
 #[derive(Clone)]
-pub(crate) struct Seeds {
+struct Seeds {
     infos: Vec<ConnectionInfo>,
     urls: Vec<String>,
 }
 
 impl Seeds {
     /// The seeds `urls` of the cluster configured under `section`.
-    pub(crate) fn new(section: &str, urls: &[String]) -> Result<Seeds, ConfigError> {
+    fn new(section: &str, urls: &[String]) -> Result<Seeds, ConfigError> {
         let field = format!("{section}.url");
         if urls.is_empty() {
             return Err(ConfigError::new(
@@ -154,13 +332,13 @@ impl Seeds {
     }
 
     /// The seeds' `host:port`, for the logs.
-    pub(crate) fn hosts(&self) -> Vec<String> {
+    fn hosts(&self) -> Vec<String> {
         self.urls.iter().map(|url| host_of(url)).collect()
     }
 
     /// A RESP3 client of one node: a seed (by its index), or a node the cluster named, with
     /// the first seed's credentials and settings.
-    pub(crate) fn node_client(&self, node: Either<'_>) -> RedisResult<redis::Client> {
+    fn node_client(&self, node: Either<'_>) -> RedisResult<redis::Client> {
         let info = match node {
             Either::Seed(index) => self.infos[index % self.infos.len()].clone(),
             Either::Node(node) => {
@@ -182,7 +360,7 @@ impl Seeds {
     }
 
     /// How many seeds there are.
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.infos.len()
     }
 
@@ -205,7 +383,7 @@ impl Seeds {
     /// `pushes`, over RESP3, its pushes (messages of the channels it subscribes to, and each
     /// node's disconnection) go there, and its subscriptions follow their slots to whichever
     /// node owns them.
-    pub(crate) async fn connect(
+    async fn connect(
         &self,
         timeout: Duration,
         pushes: Option<Pushes>,
@@ -224,27 +402,23 @@ impl Seeds {
     }
 }
 
-/// Where the pushes of a cluster connection go; called on the connection's task, it never
-/// blocks.
-pub(crate) type Pushes = Arc<dyn Fn(redis::PushInfo) + Send + Sync>;
-
 /// A seed by its index, or a node the cluster named.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Either<'a> {
+enum Either<'a> {
     Seed(usize),
     Node(&'a Node),
 }
 
 /// A node of the cluster, by its address.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Node {
-    pub(crate) host: String,
-    pub(crate) port: u16,
+struct Node {
+    host: String,
+    port: u16,
 }
 
 impl Node {
     /// The routing of a command to this node alone.
-    pub(crate) fn routing(&self) -> RoutingInfo {
+    fn routing(&self) -> RoutingInfo {
         RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
             host: self.host.clone(),
             port: self.port,
@@ -253,9 +427,7 @@ impl Node {
 }
 
 /// The masters of the cluster, then its replicas, from `CLUSTER SLOTS` (each once).
-pub(crate) async fn nodes(
-    conn: &mut ClusterConnection,
-) -> Result<(Vec<Node>, Vec<Node>), StoreError> {
+async fn nodes(conn: &mut ClusterConnection) -> Result<(Vec<Node>, Vec<Node>), StoreError> {
     let reply = conn
         .route_command(
             redis::cmd("CLUSTER").arg("SLOTS").clone(),
