@@ -20,7 +20,7 @@ use tower_toolcall::envelope::{ToolResult, MAX_IDENTIFIER_BYTES};
 use tower_toolcall::idempotency::{key_fingerprint, DedupeStore, StoreError};
 use tower_toolcall::loop_detect::LoopDetectHandle;
 use tower_toolcall::registry::ToolRegistry;
-use tower_toolcall::stack::{FleetActions, ToolStack};
+use tower_toolcall::stack::{FleetActions, OperatorAction, ToolStack};
 use tower_toolcall::trace::{AuditLog, ExecutionEvent};
 use tower_toolcall::{ConfigError, ErrorCode, ToolError};
 
@@ -100,27 +100,9 @@ struct AdminState {
 
 type Fleet = Arc<dyn FleetActions>;
 
-/// An operator action that a fleet shares.
-enum FleetAction<'a> {
-    ForceOpen(&'a BreakerKey),
-    ResetBreaker(&'a BreakerKey),
-    ResetSession(&'a str),
-    Enabled(bool),
-    Shadow(ShadowLayer, bool),
-}
-
-impl FleetAction<'_> {
-    /// Sends the action to every replica of `fleet`.
-    async fn send(self, fleet: &Fleet) -> Result<(), Refused> {
-        match self {
-            FleetAction::ForceOpen(key) => fleet.force_open(key).await,
-            FleetAction::ResetBreaker(key) => fleet.reset_breaker(key).await,
-            FleetAction::ResetSession(session) => fleet.reset_session(session).await,
-            FleetAction::Enabled(enabled) => fleet.set_enabled(enabled).await,
-            FleetAction::Shadow(layer, shadow) => fleet.set_shadow(layer, shadow).await,
-        }
-        .map_err(error)
-    }
+/// Sends `action` to every replica of `fleet`.
+async fn send(fleet: &Fleet, action: OperatorAction) -> Result<(), Refused> {
+    fleet.act(action).await.map_err(error)
 }
 
 impl AdminRouter {
@@ -315,7 +297,7 @@ async fn force_open(State(state): State<AdminState>, Path(key): Path<String>) ->
     let breakers = state.breakers()?;
     check_breaker_key(&state.registry, &key)?;
     match &state.fleet {
-        Some(fleet) => FleetAction::ForceOpen(&key).send(fleet).await?,
+        Some(fleet) => send(fleet, OperatorAction::ForceOpen(key.clone())).await?,
         None => {
             if !breakers.force_open(&key) {
                 return Err(error(ToolError::rejected(
@@ -388,7 +370,7 @@ async fn reset_breaker(State(state): State<AdminState>, Path(key): Path<String>)
     let breakers = state.breakers()?;
     let existed = breakers.status(&key).is_some();
     match &state.fleet {
-        Some(fleet) => FleetAction::ResetBreaker(&key).send(fleet).await?,
+        Some(fleet) => send(fleet, OperatorAction::ResetBreaker(key.clone())).await?,
         None => {
             breakers.reset(&key);
         }
@@ -415,7 +397,7 @@ async fn reset_loop_session(
 ) -> Answer {
     let loops = state.loops()?;
     match &state.fleet {
-        Some(fleet) => FleetAction::ResetSession(&session).send(fleet).await?,
+        Some(fleet) => send(fleet, OperatorAction::ResetSession(session.clone())).await?,
         None => loops.reset_session(&session).await.map_err(|problem| {
             error(ToolError::rejected(
                 ErrorCode::StoreUnavailable,
@@ -612,7 +594,7 @@ async fn change_switches(State(state): State<AdminState>, body: Bytes) -> Answer
         );
         let local = local_parts(&change);
         state
-            .send_switch_steps(&steps, &local, |step| step.action().send(fleet))
+            .send_switch_steps(&steps, &local, |step| send(fleet, step.action()))
             .await?;
     }
     if let Some(enabled) = change.enabled {
@@ -649,10 +631,10 @@ enum SwitchStep {
 }
 
 impl SwitchStep {
-    fn action(self) -> FleetAction<'static> {
+    fn action(self) -> OperatorAction {
         match self {
-            SwitchStep::Enabled(enabled) => FleetAction::Enabled(enabled),
-            SwitchStep::Shadow(layer, on) => FleetAction::Shadow(layer, on),
+            SwitchStep::Enabled(enabled) => OperatorAction::SetEnabled(enabled),
+            SwitchStep::Shadow(layer, on) => OperatorAction::SetShadow(layer, on),
         }
     }
 

@@ -12,6 +12,9 @@
 //! | [`set_enabled`](FleetControl::set_enabled) | turns every layer on or off (the kill switch) |
 //! | [`set_shadow`](FleetControl::set_shadow) | puts a layer in or out of shadow mode |
 //!
+//! Each is an [`OperatorAction`], and goes one way: [`act`](FleetControl::act) sends any of
+//! them, and every replica reads, checks and applies each message alike.
+//!
 //! A session's `!/set(tool-loop-…)` and `!/unset(…)` commands need no message: with a
 //! `RedisLoopStore`, the store keeps a session's settings beside its history, and every
 //! replica reads them on the session's next call
@@ -103,7 +106,7 @@ use tower_toolcall::breaker::{BreakerAdmin, BreakerKey};
 use tower_toolcall::control::{ReliabilityControl, ShadowLayer};
 use tower_toolcall::loop_detect::{LoopCommand, LoopDetectHandle};
 use tower_toolcall::shared_store::StoreError;
-use tower_toolcall::stack::{FleetActions, FleetFuture, ToolStack};
+use tower_toolcall::stack::{FleetActions, FleetFuture, OperatorAction, ToolStack};
 use tower_toolcall::{BreakerState, ConfigError, ErrorCode, ToolError};
 
 use crate::support::node::resp3_client;
@@ -165,7 +168,8 @@ end
 return {redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2])}
 ";
 
-/// One operator action, as the channel carries it.
+/// An [`OperatorAction`] as the channel carries it, and as every replica reads it before
+/// [checking](Replica::check) it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 enum Action {
@@ -240,32 +244,57 @@ impl FleetControl {
 
     /// Holds the breaker `key` open on every replica until it is reset.
     pub async fn force_open(&self, key: &BreakerKey) -> Result<(), ToolError> {
-        let breaker = key.short();
-        self.act(Action::ForceOpen { breaker }).await
+        self.act(OperatorAction::ForceOpen(key.clone())).await
     }
 
     /// Closes the breaker `key` on every replica.
     pub async fn reset_breaker(&self, key: &BreakerKey) -> Result<(), ToolError> {
-        let breaker = key.short();
-        self.act(Action::ResetBreaker { breaker }).await
+        self.act(OperatorAction::ResetBreaker(key.clone())).await
     }
 
     /// Forgets `session`'s loop history on every replica (and in the shared loop store, if
     /// the stack uses one); its settings stay.
     pub async fn reset_session(&self, session: &str) -> Result<(), ToolError> {
-        let session = session.to_owned();
-        self.act(Action::ResetSession { session }).await
+        self.act(OperatorAction::ResetSession(session.to_owned()))
+            .await
     }
 
     /// Turns every layer of every replica on, or into a pass-through (the kill switch).
     pub async fn set_enabled(&self, enabled: bool) -> Result<(), ToolError> {
-        self.act(Action::SetEnabled { enabled }).await
+        self.act(OperatorAction::SetEnabled(enabled)).await
     }
 
     /// Puts `layer` in or out of shadow mode on every replica.
     pub async fn set_shadow(&self, layer: ShadowLayer, shadow: bool) -> Result<(), ToolError> {
-        let layer = layer.as_str().to_owned();
-        self.act(Action::SetShadow { layer, shadow }).await
+        self.act(OperatorAction::SetShadow(layer, shadow)).await
+    }
+
+    /// Does `action` on every replica: checks it, applies it here, records it in the fleet's
+    /// state and publishes it, in one step (see the [module docs](self)). Every action of a
+    /// [`FleetControl`] goes this way.
+    pub async fn act(&self, action: OperatorAction) -> Result<(), ToolError> {
+        let inner = &self.inner;
+        let action = Action::of(&action)?;
+        inner.replica.check(&action)?;
+        // A sync reads the switches and compares them with this replica's breakers: never
+        // while an action is between the server and this replica.
+        let _serial = inner.serial.lock().await;
+        if let Action::ResetSession { session } = &action {
+            if let Some(loops) = &inner.replica.loops {
+                loops.reset_session(session).await.map_err(unavailable)?;
+            }
+        }
+        let (key, change, field, value) = action.change(inner);
+        let mut message = serde_json::to_value(&action).expect("an action serializes");
+        message[RECORDED] = serde_json::Value::Bool(true);
+        inner
+            .record(key, Some(&message.to_string()), change, field, value)
+            .await
+            .map_err(unavailable)?;
+        // At once here; the message that comes back changes nothing more.
+        inner.replica.apply(&action)?;
+        tracing::info!(action = ?action, "operator action sent to the fleet");
+        Ok(())
     }
 
     /// Parses an in-chat loop-detection command (see [`LoopCommand::parse`]) and applies it
@@ -331,61 +360,43 @@ impl FleetControl {
             syncs: self.inner.syncs.load(Ordering::Relaxed),
         }
     }
-
-    /// Checks `action`, applies it here, records it and publishes it to the fleet.
-    async fn act(&self, action: Action) -> Result<(), ToolError> {
-        let inner = &self.inner;
-        inner.replica.check(&action)?;
-        // A sync reads the switches and compares them with this replica's breakers: never
-        // while an action is between the server and this replica.
-        let _serial = inner.serial.lock().await;
-        if let Action::ResetSession { session } = &action {
-            if let Some(loops) = &inner.replica.loops {
-                loops.reset_session(session).await.map_err(unavailable)?;
-            }
-        }
-        let (key, change, field, value) = action.change(inner);
-        let mut message = serde_json::to_value(&action).expect("an action serializes");
-        message[RECORDED] = serde_json::Value::Bool(true);
-        inner
-            .record(key, Some(&message.to_string()), change, field, value)
-            .await
-            .map_err(unavailable)?;
-        // At once here; the message that comes back changes nothing more.
-        inner.replica.apply(&action)?;
-        tracing::info!(action = ?action, "operator action sent to the fleet");
-        Ok(())
-    }
 }
 
 /// The actions of the admin router (feature `axum` of the core), sent to every replica.
 impl FleetActions for FleetControl {
-    fn force_open(&self, key: &BreakerKey) -> FleetFuture<'_> {
-        let breaker = key.short();
-        Box::pin(self.act(Action::ForceOpen { breaker }))
-    }
-
-    fn reset_breaker(&self, key: &BreakerKey) -> FleetFuture<'_> {
-        let breaker = key.short();
-        Box::pin(self.act(Action::ResetBreaker { breaker }))
-    }
-
-    fn reset_session(&self, session: &str) -> FleetFuture<'_> {
-        let session = session.to_owned();
-        Box::pin(self.act(Action::ResetSession { session }))
-    }
-
-    fn set_enabled(&self, enabled: bool) -> FleetFuture<'_> {
-        Box::pin(self.act(Action::SetEnabled { enabled }))
-    }
-
-    fn set_shadow(&self, layer: ShadowLayer, shadow: bool) -> FleetFuture<'_> {
-        let layer = layer.as_str().to_owned();
-        Box::pin(self.act(Action::SetShadow { layer, shadow }))
+    fn act(&self, action: OperatorAction) -> FleetFuture<'_> {
+        Box::pin(FleetControl::act(self, action))
     }
 }
 
 impl Action {
+    /// `action` as the channel carries it; an action this version does not know is refused,
+    /// naming the field.
+    fn of(action: &OperatorAction) -> Result<Action, ToolError> {
+        Ok(match action {
+            OperatorAction::ForceOpen(key) => Action::ForceOpen {
+                breaker: key.short(),
+            },
+            OperatorAction::ResetBreaker(key) => Action::ResetBreaker {
+                breaker: key.short(),
+            },
+            OperatorAction::ResetSession(session) => Action::ResetSession {
+                session: session.clone(),
+            },
+            OperatorAction::SetEnabled(enabled) => Action::SetEnabled { enabled: *enabled },
+            OperatorAction::SetShadow(layer, shadow) => Action::SetShadow {
+                layer: layer.as_str().to_owned(),
+                shadow: *shadow,
+            },
+            other => {
+                return Err(invalid(
+                    "action",
+                    format!("{other:?} is not an action the fleet carries"),
+                ))
+            }
+        })
+    }
+
     /// How the fleet's state records the action: the key, the change, the field and value.
     fn change<'a>(&self, inner: &'a Inner) -> (&'a str, &'static str, String, Option<String>) {
         match self {
@@ -434,53 +445,55 @@ impl Replica {
             .collect()
     }
 
-    /// Refuses an action this replica cannot apply, naming the field.
-    fn check(&self, action: &Action) -> Result<(), ToolError> {
-        match action {
-            Action::ForceOpen { breaker } | Action::ResetBreaker { breaker } => {
-                breaker
-                    .parse::<BreakerKey>()
-                    .map_err(|problem| invalid("breaker", problem))?;
-            }
+    /// The operator action `action` carries, or what this replica cannot apply in it,
+    /// naming the field.
+    fn check(&self, action: &Action) -> Result<OperatorAction, ToolError> {
+        let breaker = |name: &str| {
+            name.parse::<BreakerKey>()
+                .map_err(|problem| invalid("breaker", problem))
+        };
+        Ok(match action {
+            Action::ForceOpen { breaker: name } => OperatorAction::ForceOpen(breaker(name)?),
+            Action::ResetBreaker { breaker: name } => OperatorAction::ResetBreaker(breaker(name)?),
             Action::ResetSession { session } if session.is_empty() => {
                 return Err(invalid("session", "must not be empty"));
             }
-            Action::SetShadow { layer, .. } if ShadowLayer::parse(layer).is_none() => {
-                return Err(invalid(
-                    "layer",
-                    format!("{layer:?} is not a layer with a shadow mode"),
-                ));
-            }
-            _ => {}
-        }
-        Ok(())
+            Action::ResetSession { session } => OperatorAction::ResetSession(session.clone()),
+            Action::SetEnabled { enabled } => OperatorAction::SetEnabled(*enabled),
+            Action::SetShadow { layer, shadow } => match ShadowLayer::parse(layer) {
+                Some(layer) => OperatorAction::SetShadow(layer, *shadow),
+                None => {
+                    return Err(invalid(
+                        "layer",
+                        format!("{layer:?} is not a layer with a shadow mode"),
+                    ))
+                }
+            },
+        })
     }
 
-    /// Applies a checked action here.
+    /// Checks `action` and applies it here.
     fn apply(&self, action: &Action) -> Result<(), ToolError> {
-        self.check(action)?;
-        match action {
-            Action::ForceOpen { breaker } => {
-                if let (Some(breakers), Ok(key)) = (&self.breakers, breaker.parse()) {
+        match self.check(action)? {
+            OperatorAction::ForceOpen(key) => {
+                if let Some(breakers) = &self.breakers {
                     breakers.force_open(&key);
                 }
             }
-            Action::ResetBreaker { breaker } => {
-                if let (Some(breakers), Ok(key)) = (&self.breakers, breaker.parse()) {
+            OperatorAction::ResetBreaker(key) => {
+                if let Some(breakers) = &self.breakers {
                     breakers.reset(&key);
                 }
             }
-            Action::ResetSession { session } => {
+            OperatorAction::ResetSession(session) => {
                 if let Some(loops) = &self.loops {
-                    loops.reset_local_session(session);
+                    loops.reset_local_session(&session);
                 }
             }
-            Action::SetEnabled { enabled } => self.control.set_enabled(*enabled),
-            Action::SetShadow { layer, shadow } => {
-                if let Some(layer) = ShadowLayer::parse(layer) {
-                    self.control.set_shadow(layer, *shadow);
-                }
-            }
+            OperatorAction::SetEnabled(enabled) => self.control.set_enabled(enabled),
+            OperatorAction::SetShadow(layer, shadow) => self.control.set_shadow(layer, shadow),
+            // Made by `check`, which makes none other.
+            _ => {}
         }
         Ok(())
     }

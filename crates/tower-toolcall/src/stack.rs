@@ -53,7 +53,7 @@
 
 mod fleet;
 
-pub use fleet::{FleetActions, FleetFuture};
+pub use fleet::{FleetActions, FleetFuture, OperatorAction};
 
 use std::fmt;
 use std::future::Future;
