@@ -3,13 +3,14 @@
 //! every node killed when dropped.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::Monitor;
 
 const INSTALL_HINT: &str = "these tests run a real Redis Cluster (redis-server 7 and \
      redis-cli): install them with `apt-get install redis-server redis-tools`";
@@ -172,7 +173,7 @@ impl RedisCluster {
 
     /// Watches the commands clients send the node on `port`.
     pub fn monitor(&self, port: u16) -> Monitor {
-        Monitor::start(port)
+        Monitor::start(port, &["CLUSTER", "PING", "INFO"])
     }
 
     fn live_port(&self) -> Option<u16> {
@@ -375,75 +376,6 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
         .output()
         .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); {INSTALL_HINT}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The commands clients send a node, as `MONITOR` reports them.
-#[derive(Debug)]
-pub struct Monitor {
-    port: u16,
-    lines: Arc<Mutex<Vec<String>>>,
-    marks: u32,
-}
-
-impl Monitor {
-    fn start(port: u16) -> Monitor {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to MONITOR");
-        stream.write_all(b"MONITOR\r\n").expect("send MONITOR");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let feed = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines() {
-                let Ok(line) = line else { return };
-                feed.lock().unwrap().push(line);
-            }
-        });
-        Monitor {
-            port,
-            lines,
-            marks: 0,
-        }
-    }
-
-    /// The names of the commands clients sent since the last call, in the order the node ran
-    /// them; not those scripts ran, nor the cluster client's own (`CLUSTER`, `PING`, …).
-    pub fn take_commands(&mut self) -> Vec<String> {
-        self.marks += 1;
-        let mark = format!("monitor-mark-{}", self.marks);
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
-        stream
-            .write_all(format!("ECHO {mark}\r\n").as_bytes())
-            .expect("send ECHO");
-        let mut reply = [0u8; 64];
-        let _ = stream.read(&mut reply);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let taken: Vec<String> = {
-                let mut lines = self.lines.lock().unwrap();
-                match lines.iter().position(|line| line.contains(&mark)) {
-                    Some(at) => lines.drain(..=at).collect(),
-                    None => Vec::new(),
-                }
-            };
-            if !taken.is_empty() {
-                return taken[..taken.len() - 1]
-                    .iter()
-                    .filter_map(|line| client_command(line))
-                    .filter(|name| !matches!(name.as_str(), "CLUSTER" | "PING" | "INFO"))
-                    .collect();
-            }
-            assert!(Instant::now() < deadline, "MONITOR did not report {mark}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-fn client_command(line: &str) -> Option<String> {
-    let (client, command) = line.split_once(" [")?.1.split_once("] ")?;
-    if client.ends_with(" lua") {
-        return None;
-    }
-    let name = command.split(' ').next()?.trim_matches('"');
-    Some(name.to_ascii_uppercase())
 }
 
 fn free_port() -> u16 {

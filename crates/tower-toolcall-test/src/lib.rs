@@ -22,10 +22,12 @@ pub mod capture;
 pub mod cluster;
 pub mod dedupe_calls;
 pub mod metrics_series;
+mod monitor;
 pub mod redis_server;
 mod tools;
 mod wait;
 
 pub use calls::{call_of, call_once, registry_of, stacked};
+pub use monitor::Monitor;
 pub use tools::{Counter, ScriptedTool, Step};
 pub use wait::eventually;

@@ -1,10 +1,11 @@
 //! A `redis-server` of a test's own, on a free loopback port, killed when dropped.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::Monitor;
 
 const INSTALL_HINT: &str = "these tests run a real redis-server: install it with \
      `apt-get install redis-server` (or put `redis-server` on PATH)";
@@ -120,75 +121,8 @@ impl RedisServer {
 
     /// Watches the commands clients send the server, on a `MONITOR` connection of its own.
     pub fn monitor(&self) -> Monitor {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to MONITOR");
-        stream.write_all(b"MONITOR\r\n").expect("send MONITOR");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let feed = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines() {
-                let Ok(line) = line else { return };
-                feed.lock().unwrap().push(line);
-            }
-        });
-        Monitor {
-            port: self.port,
-            lines,
-            marks: 0,
-        }
+        Monitor::start(self.port, &[])
     }
-}
-
-/// The commands clients send a server, as `MONITOR` reports them.
-#[derive(Debug)]
-pub struct Monitor {
-    port: u16,
-    lines: Arc<Mutex<Vec<String>>>,
-    marks: u32,
-}
-
-impl Monitor {
-    /// The names of the commands clients sent since the last call (`SET`, `EVALSHA`, …), in
-    /// the order the server ran them; not the commands scripts ran.
-    pub fn take_commands(&mut self) -> Vec<String> {
-        // A command sent now is reported after every command the server ran before it.
-        self.marks += 1;
-        let mark = format!("monitor-mark-{}", self.marks);
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
-        stream
-            .write_all(format!("ECHO {mark}\r\n").as_bytes())
-            .expect("send ECHO");
-        let mut reply = [0u8; 64];
-        let _ = stream.read(&mut reply);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let taken: Vec<String> = {
-                let mut lines = self.lines.lock().unwrap();
-                match lines.iter().position(|line| line.contains(&mark)) {
-                    Some(at) => lines.drain(..=at).collect(),
-                    None => Vec::new(),
-                }
-            };
-            if !taken.is_empty() {
-                return taken[..taken.len() - 1]
-                    .iter()
-                    .filter_map(|line| client_command(line))
-                    .collect();
-            }
-            assert!(Instant::now() < deadline, "MONITOR did not report {mark}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-/// The name of the command in a `MONITOR` line (`<time> [<db> <client>] "<NAME>" …`), unless
-/// a script ran it.
-fn client_command(line: &str) -> Option<String> {
-    let (client, command) = line.split_once(" [")?.1.split_once("] ")?;
-    if client.ends_with(" lua") {
-        return None;
-    }
-    let name = command.split(' ').next()?.trim_matches('"');
-    Some(name.to_ascii_uppercase())
 }
 
 impl Drop for RedisServer {
