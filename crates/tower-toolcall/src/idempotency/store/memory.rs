@@ -717,9 +717,11 @@ impl State {
     }
 }
 
+/// Each operation is done when its future is first polled, as the other stores do theirs:
+/// a future dropped unpolled has changed nothing.
 impl DedupeStore for InMemoryDedupeStore {
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        Box::pin(std::future::ready(self.claim_at_once(request)))
+        Box::pin(async move { self.claim_at_once(request) })
     }
 
     fn claim_now(&self, request: &ClaimRequest) -> Option<Result<ClaimOutcome, StoreError>> {
@@ -727,7 +729,7 @@ impl DedupeStore for InMemoryDedupeStore {
     }
 
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<DedupeRecord>> {
-        Box::pin(std::future::ready(Ok(self.current(key))))
+        Box::pin(async move { Ok(self.current(key)) })
     }
 
     fn finalize<'a>(
@@ -735,8 +737,9 @@ impl DedupeStore for InMemoryDedupeStore {
         claimed: &'a DedupeRecord,
         completion: Completion,
     ) -> StoreFuture<'a, Finalized> {
-        let finalized = (self.shared).settle(claimed, |record, now| completion.apply(record, now));
-        Box::pin(std::future::ready(Ok(finalized)))
+        Box::pin(async move {
+            Ok((self.shared).settle(claimed, |record, now| completion.apply(record, now)))
+        })
     }
 
     /// Settles the record where it lies, without a copy unless a waiter holds it too.
@@ -755,19 +758,21 @@ impl DedupeStore for InMemoryDedupeStore {
         claimed: &'a DedupeRecord,
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
-        let written = self.shared.settle(claimed, |record, now| {
-            let keep_ms = millis(keep_for);
-            record.state = RecordState::Cancelled;
-            record.updated_at_ms = now;
-            record.expires_at_ms = now.saturating_add(keep_ms);
-            record.ttl_ms = keep_ms;
-            record.lock_until_ms = None;
-        });
-        Box::pin(std::future::ready(Ok(written == Finalized::Written)))
+        Box::pin(async move {
+            let written = self.shared.settle(claimed, |record, now| {
+                let keep_ms = millis(keep_for);
+                record.state = RecordState::Cancelled;
+                record.updated_at_ms = now;
+                record.expires_at_ms = now.saturating_add(keep_ms);
+                record.ttl_ms = keep_ms;
+                record.lock_until_ms = None;
+            });
+            Ok(written == Finalized::Written)
+        })
     }
 
     fn renew<'a>(&'a self, claimed: &'a DedupeRecord, lease: Duration) -> StoreFuture<'a, bool> {
-        Box::pin(std::future::ready(Ok(self.shared.renew(claimed, lease))))
+        Box::pin(async move { Ok(self.shared.renew(claimed, lease)) })
     }
 
     fn wait<'a>(&'a self, seen: &'a DedupeRecord) -> StoreFuture<'a, Option<DedupeRecord>> {
@@ -775,37 +780,37 @@ impl DedupeStore for InMemoryDedupeStore {
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
-        Box::pin(std::future::ready(Ok(self.shared.remove(key))))
+        Box::pin(async move { Ok(self.shared.remove(key)) })
     }
 
     fn flush_prefix<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, u64> {
-        Box::pin(std::future::ready(Ok(self.shared.flush_prefix(prefix))))
+        Box::pin(async move { Ok(self.shared.flush_prefix(prefix)) })
     }
 
     fn sweep_expired(&self) -> StoreFuture<'_, u64> {
-        Box::pin(std::future::ready(Ok(self.shared.sweep())))
+        Box::pin(async move { Ok(self.shared.sweep()) })
     }
 
     fn size(&self) -> StoreFuture<'_, u64> {
-        let records = self.shared.lock().len() as u64;
-        Box::pin(std::future::ready(Ok(records)))
+        Box::pin(async move { Ok(self.shared.lock().len() as u64) })
     }
 
     fn find_by_fingerprint<'a>(
         &'a self,
         fingerprint: &'a str,
     ) -> StoreFuture<'a, Option<DedupeRecord>> {
-        let found = {
-            let state = self.shared.lock();
-            let mut keys = state
-                .inflight
-                .keys()
-                .chain(state.settled.iter().map(|(key, _)| key));
-            keys.find(|key| fingerprint_matches(key, fingerprint))
-                .cloned()
-        };
-        let record = found.and_then(|key| self.current(&key));
-        Box::pin(std::future::ready(Ok(record)))
+        Box::pin(async move {
+            let found = {
+                let state = self.shared.lock();
+                let mut keys = state
+                    .inflight
+                    .keys()
+                    .chain(state.settled.iter().map(|(key, _)| key));
+                keys.find(|key| fingerprint_matches(key, fingerprint))
+                    .cloned()
+            };
+            Ok(found.and_then(|key| self.current(&key)))
+        })
     }
 }
 
