@@ -3,13 +3,13 @@
 //! every node killed when dropped.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::redis_server::spawn_redis;
 use crate::Monitor;
 
 const INSTALL_HINT: &str = "these tests run a real Redis Cluster (redis-server 7 and \
@@ -192,48 +192,17 @@ impl RedisCluster {
     }
 
     fn spawn(&self, port: u16) -> Option<Child> {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &format!("nodes-{port}.conf"),
-                "--cluster-node-timeout",
-                &NODE_TIMEOUT.as_millis().to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-                "--dir",
-                &self.dir.to_string_lossy(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let mut child = match child {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-            Err(e) => panic!("cannot run redis-server ({e}); {INSTALL_HINT}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return None;
-            }
-            if ping(port) {
-                return Some(child);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        let config_file = format!("nodes-{port}.conf");
+        let node_timeout = NODE_TIMEOUT.as_millis().to_string();
+        let cluster = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &config_file,
+            "--cluster-node-timeout",
+            &node_timeout,
+        ];
+        spawn_redis(port, &cluster, &self.dir, INSTALL_HINT)
     }
 
     fn wait_until_settled(&self, within: Duration) {
@@ -388,16 +357,4 @@ fn free_port() -> u16 {
             return port;
         }
     }
-}
-
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut reply = [0u8; 7];
-    matches!(stream.read(&mut reply), Ok(n) if reply[..n].starts_with(b"+PONG"))
 }

@@ -2,6 +2,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -58,44 +59,48 @@ impl RedisServer {
 
     /// Starts the process; `false` when it did not come up (the port was taken).
     fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-                "--dir",
-                &std::env::temp_dir().to_string_lossy(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let mut child = match child {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-            Err(e) => panic!("cannot run redis-server ({e}); {INSTALL_HINT}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return false;
-            }
-            if ping(self.port) {
-                self.child = Some(child);
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        self.child = spawn_redis(self.port, &[], &std::env::temp_dir(), INSTALL_HINT);
+        self.child.is_some()
     }
+}
+
+/// Starts `redis-server` on the loopback `port`, with `extra` arguments, nothing saved and
+/// its files in `dir`, and waits until it answers `PING`; `None` when it did not come up (the
+/// port was taken). A missing `redis-server` panics with `install_hint`.
+pub(crate) fn spawn_redis(
+    port: u16,
+    extra: &[&str],
+    dir: &Path,
+    install_hint: &str,
+) -> Option<Child> {
+    let port_arg = port.to_string();
+    let dir = dir.to_string_lossy();
+    let child = Command::new("redis-server")
+        .args(["--port", &port_arg, "--bind", "127.0.0.1"])
+        .args(extra)
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .args(["--dir", &dir])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{install_hint}"),
+        Err(e) => panic!("cannot run redis-server ({e}); {install_hint}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return None;
+        }
+        if ping(port) {
+            return Some(child);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 impl RedisServer {
@@ -138,6 +143,7 @@ fn free_port() -> u16 {
     port
 }
 
+/// `true` when the server on `port` answers `PING`.
 fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
