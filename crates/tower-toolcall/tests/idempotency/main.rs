@@ -278,6 +278,31 @@ async fn memory_store_flood_from_one_session_evicts_its_own_records_not_anothers
     flood_against_a_victim(false).await;
 }
 
+/// A claim, a result or a deletion whose future is dropped before it is polled changes
+/// nothing: the key stays free, and its record as it was.
+#[tokio::test(start_paused = true)]
+async fn a_memory_store_operation_dropped_unpolled_changes_nothing() {
+    let store = InMemoryDedupeStore::new();
+    let key = "/vault::createFile/g/k";
+    let request = ClaimRequest::new(
+        key,
+        "k",
+        "d",
+        call("s", json!({})).build().unwrap(),
+        Duration::from_secs(120),
+    );
+    drop(store.claim(&request));
+    assert_eq!(store.get(key).await.unwrap(), None);
+
+    let ClaimOutcome::Claimed(claimed) = store.claim(&request).await.unwrap() else {
+        panic!("the key is free");
+    };
+    drop(store.finalize(&claimed, done(json!("a"), Duration::from_secs(60))));
+    drop(store.delete(key));
+    let record = store.get(key).await.unwrap().expect("still claimed");
+    assert_eq!(record.state, RecordState::Inflight);
+}
+
 #[tokio::test(start_paused = true)]
 async fn memory_store_shares_are_off_with_a_floor_as_large_as_the_capacity() {
     // One least-recently-used list, as without shares: the oldest record goes, whoever
