@@ -274,6 +274,38 @@ macro_rules! option_setters {
     };
 }
 
+/// `over(base)` for a settings table: each field left unset is taken from `base`, the tier
+/// below (a tool's settings over the layer's, the layer's over the built-in defaults).
+macro_rules! settings_over {
+    ($ty:ident { $($field:ident),* $(,)? }) => {
+        impl $ty {
+            /// These settings, each one left unset taken from `base`.
+            #[allow(dead_code)]
+            pub(crate) fn over(mut self, base: &$ty) -> $ty {
+                $(
+                    if self.$field.is_none() {
+                        self.$field = base.$field.clone();
+                    }
+                )*
+                self
+            }
+        }
+    };
+}
+
+/// The error for a field of a layer's settings that a tool's policy sets but that only the
+/// whole layer has.
+#[allow(dead_code)]
+fn layer_wide<T>(field: &str, value: &Option<T>) -> Result<(), ConfigError> {
+    match value {
+        Some(_) => Err(ConfigError::new(
+            field,
+            "is set for the whole layer, in the layer's settings, not in a tool's policy; remove it here",
+        )),
+        None => Ok(()),
+    }
+}
+
 fn at_least<N: PartialOrd + fmt::Display + Copy>(
     field: &str,
     value: Option<N>,
