@@ -15,7 +15,7 @@ use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
 use tower_toolcall::loop_detect::{InMemoryLoopStore, LoopStore};
 use tower_toolcall::rate_limit::{InMemoryRateLimitStore, RateLimitStore};
-use tower_toolcall::registry::{LayerSetting, RetryOverrides, ToolDescriptor, ToolRegistry};
+use tower_toolcall::registry::{LayerSetting, RetrySettings, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
 use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_axum::{AdminRouter, CallSlots};
@@ -483,7 +483,7 @@ fn with_upstream_timeout(descriptor: ToolDescriptor, timeout: Duration) -> ToolD
             LayerSetting::On(retry) => {
                 retry.deadline_ms.get_or_insert(ms);
             }
-            other => *other = LayerSetting::On(RetryOverrides::default().with_deadline_ms(ms)),
+            other => *other = LayerSetting::On(RetrySettings::default().with_deadline_ms(ms)),
         }
     }
     descriptor

@@ -4,7 +4,7 @@ use rmcp::model::Tool;
 use serde_json::Value;
 
 use tower_toolcall::registry::{
-    IdempotencyOverrides, LayerSetting, RiskLevel, ToolDescriptor, ToolRegistry,
+    IdempotencySettings, LayerSetting, RiskLevel, ToolDescriptor, ToolRegistry,
 };
 use tower_toolcall::ConfigError;
 
@@ -102,7 +102,7 @@ pub fn descriptor_for(namespace: &str, tool: &Tool, trust: Trust) -> ToolDescrip
     if trust == Trust::Untrusted && claims_read_only {
         // Its finished calls never answer a later one: a read after a write sees the write.
         descriptor.policy.idempotency =
-            LayerSetting::On(IdempotencyOverrides::default().with_resend_window_ms(0));
+            LayerSetting::On(IdempotencySettings::default().with_resend_window_ms(0));
     }
     // Without the `schema` feature a registry refuses schemas it cannot check; the server
     // still checks its own inputs.

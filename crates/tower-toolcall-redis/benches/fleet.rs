@@ -54,8 +54,11 @@ fn fleet(c: &mut Criterion) {
     // Closed: a store that fails shows up as errors, not as fast figures.
     let rate_limited: Svc = BoxCloneService::new(
         RateLimitLayer::builder(ToolRegistry::open())
-            .per_second(1_000_000_000)
-            .burst(1_000_000_000)
+            .settings(
+                tower_toolcall::registry::RateLimitSettings::default()
+                    .with_per_second(1_000_000_000)
+                    .with_burst(1_000_000_000),
+            )
             .on_store_failure(FailurePolicy::Closed)
             .store(Arc::new(RedisRateLimitStore::open(server.url()).unwrap()))
             .build()

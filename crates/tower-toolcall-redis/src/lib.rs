@@ -23,7 +23,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use tower_toolcall::registry::ToolRegistry;
+//! use tower_toolcall::registry::{RateLimitSettings, ToolRegistry};
 //! use tower_toolcall::ToolStack;
 //! use tower_toolcall_redis::{FleetControl, RedisDedupeStore, RedisLoopStore, RedisRateLimitStore};
 //!
@@ -31,7 +31,7 @@
 //! let url = "redis://127.0.0.1:6379/";
 //! let stack = ToolStack::builder(ToolRegistry::open())
 //!     .store(Arc::new(RedisDedupeStore::open(url)?))
-//!     .rate_limit(|limits| limits.per_second(20))
+//!     .rate_limit(|limits| limits.settings(RateLimitSettings::default().with_per_second(20)))
 //!     .rate_limit_store(Arc::new(RedisRateLimitStore::open(url)?))
 //!     .loop_store(Arc::new(RedisLoopStore::open(url)?))
 //!     .build()?;
@@ -52,7 +52,7 @@
 //! # #[cfg(feature = "cluster")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use tower_toolcall::registry::ToolRegistry;
+//! use tower_toolcall::registry::{RateLimitSettings, ToolRegistry};
 //! use tower_toolcall::ToolStack;
 //! use tower_toolcall_redis::{
 //!     FleetControl, RedisDedupeStore, RedisLoopStore, RedisRateLimitStore, RedisTarget,
@@ -65,7 +65,7 @@
 //! ]);
 //! let stack = ToolStack::builder(ToolRegistry::open())
 //!     .store(Arc::new(RedisDedupeStore::open(cluster.clone())?))
-//!     .rate_limit(|limits| limits.per_second(20))
+//!     .rate_limit(|limits| limits.settings(RateLimitSettings::default().with_per_second(20)))
 //!     .rate_limit_store(Arc::new(RedisRateLimitStore::open(cluster.clone())?))
 //!     .loop_store(Arc::new(RedisLoopStore::open(cluster.clone())?))
 //!     .build()?;

@@ -14,7 +14,7 @@ use serde_json::json;
 use tower::{Layer, ServiceExt};
 use tower_toolcall::idempotency::{DedupeStore, IdempotencyLayer, InMemoryDedupeStore};
 use tower_toolcall::registry::{
-    IdempotencyOverrides, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
+    IdempotencySettings, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
 };
 use tower_toolcall::{tool_fn, ToolCall, ToolOutput};
 
@@ -36,7 +36,7 @@ async fn run(label: &str, resend_window: Duration) {
         .tool(
             ToolDescriptor::new("mail", "send", RiskLevel::Writes).with_policy(
                 ToolPolicy::default().with_idempotency(
-                    IdempotencyOverrides::default()
+                    IdempotencySettings::default()
                         .with_resend_window_ms(resend_window.as_millis() as u64),
                 ),
             ),

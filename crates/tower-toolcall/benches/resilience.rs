@@ -27,8 +27,7 @@ use futures::future::{self, FutureExt};
 use serde_json::{json, Value};
 use tower::retry::Policy;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
-use tower_toolcall::breaker::BreakerConfig;
-use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::registry::{BreakerSettings, RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{
     tool_fn, CircuitBreakerLayer, ErrorCode, RetryLayer, TimeoutLayer, ToolCall, ToolError,
     ToolOutput,
@@ -229,7 +228,7 @@ fn bench(c: &mut Criterion) {
 
     let ours_breaker = || {
         CircuitBreakerLayer::builder(registry.clone())
-            .read_only(BreakerConfig::read_only().with_cooldown(HOUR))
+            .read_only(BreakerSettings::default().with_cooldown_ms(3_600_000))
             .build()
             .unwrap()
     };

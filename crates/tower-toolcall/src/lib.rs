@@ -76,7 +76,7 @@
 //! whether it is idempotent, its JSON Schemas, and per-layer settings, any of which may be
 //! `"off"`. It loads from TOML or JSON; bad files are refused with the field named. In code, a
 //! policy is written with by-value setters:
-//! `ToolPolicy::default().with_retry(RetryOverrides::default().with_max_attempts(3))`.
+//! `ToolPolicy::default().with_retry(RetrySettings::default().with_max_attempts(3))`.
 //!
 //! The crate's records, policies and configurations are `#[non_exhaustive]`, so that a new
 //! field or variant is not a breaking change: build them with their constructors and `with_*`
@@ -91,18 +91,19 @@
 //! sees every repeat the model issues before the idempotency cache answers it; idempotency
 //! wraps the whole retried execution as one record; the breaker sits inside retry, so that it
 //! counts each attempt and an open breaker stops the retries; the timeout bounds each
-//! attempt. Any layer can be left out ([`StackLayer`]) or tuned through its own builder, and
-//! each stays usable alone.
+//! attempt. Any layer can be left out ([`StackLayer`]) or tuned through its own builder with
+//! its settings (the type a tool's policy uses for that layer), and each stays usable alone.
 //!
 //! ```
 //! use serde_json::json;
 //! use tower::{Service, ServiceBuilder, ServiceExt};
-//! use tower_toolcall::registry::ToolRegistry;
+//! use tower_toolcall::registry::{RetrySettings, ToolRegistry};
 //! use tower_toolcall::*;
 //!
 //! # tokio_test::block_on(async {
+//! let retry = RetrySettings::default().with_max_attempts(3);
 //! let stack = ToolStack::builder(ToolRegistry::open())
-//!     .retry(|retry| retry.max_attempts(3))
+//!     .retry(|layer| layer.settings(retry))
 //!     .build()?;
 //! let mut service = ServiceBuilder::new()
 //!     .layer(ResultEnvelopeLayer::new())

@@ -309,8 +309,10 @@ impl ToolStack {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::registry::RateLimitSettings;
+    ///
     /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .rate_limit(|limits| limits.per_second(20))
+    ///     .rate_limit(|limits| limits.settings(RateLimitSettings::default().with_per_second(20)))
     ///     .build()?;
     /// let limits = stack.rate_limits().expect("rate limits are on");
     /// assert_eq!(limits.tracked_keys("agents.tools.web", "search"), 0);
@@ -497,15 +499,16 @@ where
 /// [event sinks](Self::on_event) (the metrics, for one).
 ///
 /// ```
-/// use std::time::Duration;
 /// use tower_toolcall::control::ReliabilityControl;
-/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::registry::{RetrySettings, TimeoutSettings, ToolRegistry};
 /// use tower_toolcall::{StackLayer, ToolStack};
 ///
 /// let control = ReliabilityControl::new();
+/// let retry = RetrySettings::default().with_max_attempts(3);
+/// let timeout = TimeoutSettings::default().with_attempt_timeout_ms(5_000);
 /// let stack = ToolStack::builder(ToolRegistry::open().with_control(control.clone()))
-///     .retry(|retry| retry.max_attempts(3).seed(7))
-///     .timeout(|timeout| timeout.default_timeout(Duration::from_secs(5)))
+///     .retry(|builder| builder.settings(retry).seed(7))
+///     .timeout(|builder| builder.settings(timeout))
 ///     .without(StackLayer::RateLimit)
 ///     .build()?;
 /// assert!(stack.rate_limits().is_none());
@@ -672,8 +675,11 @@ impl ToolStackBuilder {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::registry::ValidateSettings;
+    ///
+    /// let settings = ValidateSettings::default().with_max_params_bytes(64 * 1024);
     /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .validate(|validate| validate.max_params_bytes(64 * 1024))
+    ///     .validate(|validate| validate.settings(settings))
     ///     .build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
@@ -706,8 +712,11 @@ impl ToolStackBuilder {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::registry::RateLimitSettings;
+    ///
+    /// let settings = RateLimitSettings::default().with_per_second(20).with_burst(40);
     /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .rate_limit(|limits| limits.per_second(20).burst(40))
+    ///     .rate_limit(|limits| limits.settings(settings))
     ///     .build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
@@ -739,7 +748,9 @@ impl ToolStackBuilder {
     /// }
     ///
     /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .rate_limit(|limits| limits.per_second(20))
+    ///     .rate_limit(|limits| {
+    ///         limits.settings(tower_toolcall::registry::RateLimitSettings::default().with_per_second(20))
+    ///     })
     ///     .rate_limit_store(Arc::new(AlwaysAllowed))
     ///     .build()?;
     /// assert!(stack.rate_limits().unwrap().store_health().available);
@@ -763,10 +774,11 @@ impl ToolStackBuilder {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use std::time::Duration;
+    /// use tower_toolcall::registry::IdempotencySettings;
     ///
+    /// let settings = IdempotencySettings::default().with_done_ttl_ms(3_600_000);
     /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .idempotency(|idempotency| idempotency.done_ttl(Duration::from_secs(3600)))
+    ///     .idempotency(|idempotency| idempotency.settings(settings))
     ///     .build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
@@ -782,8 +794,11 @@ impl ToolStackBuilder {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::registry::RetrySettings;
+    ///
+    /// let settings = RetrySettings::default().with_max_attempts(3);
     /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .retry(|retry| retry.max_attempts(3).seed(7)) // a seed makes the jitter repeatable
+    ///     .retry(|retry| retry.settings(settings).seed(7)) // a seed makes the jitter repeatable
     ///     .build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
@@ -796,14 +811,13 @@ impl ToolStackBuilder {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use std::time::Duration;
-    /// use tower_toolcall::breaker::BreakerConfig;
+    /// use tower_toolcall::registry::BreakerSettings;
     ///
-    /// let config = BreakerConfig::default()
+    /// let settings = BreakerSettings::default()
     ///     .with_consecutive_failures(3)
-    ///     .with_cooldown(Duration::from_secs(10));
+    ///     .with_cooldown_ms(10_000);
     /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .breaker(|breaker| breaker.config(config))
+    ///     .breaker(|breaker| breaker.settings(settings))
     ///     .build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
@@ -819,10 +833,11 @@ impl ToolStackBuilder {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use std::time::Duration;
+    /// use tower_toolcall::registry::TimeoutSettings;
     ///
+    /// let settings = TimeoutSettings::default().with_attempt_timeout_ms(5_000);
     /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .timeout(|timeout| timeout.default_timeout(Duration::from_secs(5)))
+    ///     .timeout(|timeout| timeout.settings(settings))
     ///     .build()?;
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
@@ -857,8 +872,10 @@ impl ToolStackBuilder {
     ///
     /// ```
     /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::registry::RetrySettings;
+    ///
     /// let error = ToolStack::builder(ToolRegistry::open())
-    ///     .retry(|retry| retry.max_attempts(0))
+    ///     .retry(|retry| retry.settings(RetrySettings::default().with_max_attempts(0)))
     ///     .build()
     ///     .unwrap_err();
     /// assert!(error.to_string().contains("max_attempts"));

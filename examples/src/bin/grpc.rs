@@ -10,13 +10,12 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use tonic::{Request, Response, Status};
 use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
-use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::registry::{RetrySettings, RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
 /// The code generated from `proto/tools.proto`.
@@ -80,9 +79,11 @@ pub fn service(
         .build()?;
     let stack = ToolStack::builder(registry)
         .retry(|retry| {
-            retry
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5))
+            retry.settings(
+                RetrySettings::default()
+                    .with_base_delay_ms(1)
+                    .with_max_delay_ms(5),
+            )
         })
         .build()?;
     let tool = tool_fn(move |call: ToolCall| {

@@ -16,7 +16,6 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ListToolsResult,
@@ -27,7 +26,7 @@ use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 use tower_toolcall::control::ReliabilityControl;
-use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::registry::{RetrySettings, ToolRegistry};
 use tower_toolcall::{ConfigError, ToolStack};
 use tower_toolcall_mcp::{registry_for, stdio_transport, McpServer, Trust, DEFAULT_MAX_LINE_BYTES};
 
@@ -198,9 +197,11 @@ pub fn stacked_under(
         registry_for("notes", &Notes::tools(), Trust::Trusted, operator)?.with_control(control);
     let stack = ToolStack::builder(registry)
         .retry(|retry| {
-            retry
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5))
+            retry.settings(
+                RetrySettings::default()
+                    .with_base_delay_ms(1)
+                    .with_max_delay_ms(5),
+            )
         })
         .build()?;
     Ok(McpServer::new(notes, "notes", stack))

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::json;
 use tower::ServiceBuilder;
-use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::registry::{RetrySettings, RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 use tower_toolcall_executor::{Executor, Plan, Turn};
 
@@ -53,7 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
     let stack = ToolStack::builder(registry.clone())
-        .retry(|retry| retry.max_attempts(2))
+        .retry(|retry| retry.settings(RetrySettings::default().with_max_attempts(2)))
         .build()?;
     let service = ServiceBuilder::new().layer(stack).service(tools);
 

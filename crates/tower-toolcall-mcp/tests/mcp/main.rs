@@ -542,7 +542,9 @@ async fn one_breaker_per_server_when_calls_ask_for_the_dependency_scope() {
         .await
         .unwrap();
     let tools = ToolStack::builder(registry)
-        .retry(|retry| retry.max_attempts(2))
+        .retry(|retry| {
+            retry.settings(tower_toolcall::registry::RetrySettings::default().with_max_attempts(2))
+        })
         .build()
         .unwrap()
         .layer(client);
@@ -737,20 +739,21 @@ impl<S: rmcp::Service<rmcp::RoleServer>> rmcp::Service<rmcp::RoleServer> for Dro
 async fn a_cancelled_or_disconnected_call_runs_once_and_its_resend_gets_the_result() {
     use rmcp::model::{CallToolRequest, ClientRequest};
     use rmcp::service::PeerRequestOptions;
-    use tower_toolcall::registry::{IdempotencyOverrides, KeyScope, ToolDescriptor, ToolPolicy};
+    use tower_toolcall::registry::{IdempotencySettings, KeyScope, ToolDescriptor, ToolPolicy};
 
     // Keys in global scope: the re-send comes over another connection, whose McpServer has
     // a session of its own.
-    let registry = ToolRegistry::builder()
-        .tool(
-            ToolDescriptor::new("slow", "work", RiskLevel::Writes)
-                .with_attempt_timeout(std::time::Duration::from_secs(60))
-                .with_policy(ToolPolicy::default().with_idempotency(
-                    IdempotencyOverrides::default().with_scope(KeyScope::Global),
-                )),
-        )
-        .build()
-        .unwrap();
+    let registry =
+        ToolRegistry::builder()
+            .tool(
+                ToolDescriptor::new("slow", "work", RiskLevel::Writes)
+                    .with_attempt_timeout(std::time::Duration::from_secs(60))
+                    .with_policy(ToolPolicy::default().with_idempotency(
+                        IdempotencySettings::default().with_scope(KeyScope::Global),
+                    )),
+            )
+            .build()
+            .unwrap();
     let work = || {
         with_meta(
             params("work", json!({"x": 1})),

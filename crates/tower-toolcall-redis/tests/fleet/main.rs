@@ -24,7 +24,7 @@ use tower::util::BoxCloneService;
 use tower_toolcall::breaker::BreakerKey;
 use tower_toolcall::control::ShadowLayer;
 use tower_toolcall::loop_detect::LoopSettings;
-use tower_toolcall::registry::{RateLimitKey, ToolRegistry};
+use tower_toolcall::registry::{RateLimitKey, RateLimitSettings, ToolRegistry};
 use tower_toolcall::shared_store::{FailurePolicy, StoreError};
 use tower_toolcall::{
     BreakerState, ErrorCode, StackLayer, ToolCall, ToolError, ToolOutput, ToolStack,
@@ -80,9 +80,12 @@ fn rate_limited_replica(
     let stack = ToolStack::builder(ToolRegistry::open())
         .rate_limit(|limits| {
             limits
-                .per_second(per_second)
-                .burst(burst)
-                .key(RateLimitKey::Tool)
+                .settings(
+                    RateLimitSettings::default()
+                        .with_per_second(per_second)
+                        .with_burst(burst)
+                        .with_key(RateLimitKey::Tool),
+                )
                 .on_store_failure(policy)
         })
         .rate_limit_store(Arc::new(rate_store(server)))
@@ -924,7 +927,10 @@ fn outages_and_failed_checks_are_counted_in_metrics_per_store_and_policy() {
             let limited = Replica::over(
                 ToolStack::builder(registry.clone())
                     .on_event(metrics.clone())
-                    .rate_limit(|l| l.per_second(1_000).on_store_failure(FailurePolicy::Open))
+                    .rate_limit(|l| {
+                        l.settings(RateLimitSettings::default().with_per_second(1_000))
+                            .on_store_failure(FailurePolicy::Open)
+                    })
                     .rate_limit_store(Arc::new(rate_store(&server)))
                     .without(StackLayer::Idempotency)
                     .build()

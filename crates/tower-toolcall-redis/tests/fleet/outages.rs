@@ -132,7 +132,13 @@ fn all_stores_on(
         .build()
         .unwrap();
     let builder = ToolStack::builder(ToolRegistry::open())
-        .rate_limit(|limits| limits.per_second(1_000).burst(1_000))
+        .rate_limit(|limits| {
+            limits.settings(
+                RateLimitSettings::default()
+                    .with_per_second(1_000)
+                    .with_burst(1_000),
+            )
+        })
         .rate_limit_store(Arc::new(quotas))
         .loop_store(Arc::new(loops));
     let tool = Counter::default();

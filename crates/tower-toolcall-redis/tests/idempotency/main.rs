@@ -201,7 +201,7 @@ mod redis_only {
         let open = over(
             &layer(
                 store.clone(),
-                policy(IdempotencyOverrides::default().with_on_store_error(OnStoreError::FailOpen)),
+                policy(IdempotencySettings::default().with_on_store_error(OnStoreError::FailOpen)),
             ),
             &tool,
         );

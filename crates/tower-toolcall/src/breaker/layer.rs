@@ -11,12 +11,12 @@ use super::state::BreakerConfig;
 use crate::classify::{Classify, SharedClassifier, ToolProfile};
 use crate::error::ConfigError;
 use crate::event::{BreakerKey, EventSink, EventSinks};
-use crate::registry::{LayerSetting, RiskLevel, ToolRegistry};
+use crate::registry::{BreakerSettings, LayerSetting, RiskLevel, ToolRegistry};
 use crate::tool_table::ToolTable;
 
 /// How many breakers made on demand (for unregistered tools and namespaces) are kept at
 /// most: 10 000.
-pub const DEFAULT_MAX_BREAKERS: usize = 10_000;
+const DEFAULT_MAX_BREAKERS: u32 = 10_000;
 
 /// Applies [`CircuitBreaker`] to a service. See the [module docs](crate::breaker).
 ///
@@ -39,11 +39,10 @@ impl CircuitBreakerLayer {
     pub fn builder(registry: ToolRegistry) -> CircuitBreakerLayerBuilder {
         CircuitBreakerLayerBuilder {
             registry,
-            config: BreakerConfig::default(),
-            read_only: BreakerConfig::read_only(),
-            mutating: BreakerConfig::mutating(),
+            settings: BreakerSettings::default(),
+            read_only: BreakerSettings::default(),
+            mutating: BreakerSettings::default(),
             classifier: SharedClassifier::default(),
-            max_breakers: DEFAULT_MAX_BREAKERS,
             sinks: EventSinks::default(),
             carried: None,
         }
@@ -65,27 +64,23 @@ impl<S> Layer<S> for CircuitBreakerLayer {
 
 /// Builds a [`CircuitBreakerLayer`].
 ///
-/// A tool's breaker starts from the preset of its risk level — [`read_only`] for read-only
-/// tools, [`mutating`] for `writes` and `commands` tools — or, for unregistered tools, from
-/// [`config`]; its `policy.breaker` overrides apply on top. The dependency and global
-/// breakers, shared by several tools, use [`config`].
-///
-/// [`read_only`]: CircuitBreakerLayerBuilder::read_only
-/// [`mutating`]: CircuitBreakerLayerBuilder::mutating
-/// [`config`]: CircuitBreakerLayerBuilder::config
+/// A tool's breaker starts from the preset of its risk level, changed by
+/// [`read_only`](CircuitBreakerLayerBuilder::read_only) for read-only tools (8 consecutive
+/// failures, a 20 s cooldown) and by [`mutating`](CircuitBreakerLayerBuilder::mutating) for
+/// `writes` and `commands` tools (a 25 % failure rate); its `policy.breaker` applies on
+/// top. Unregistered tools and the dependency and global breakers, shared by several tools,
+/// use the layer's [`settings`](CircuitBreakerLayerBuilder::settings) over the defaults.
 ///
 /// ```
-/// use std::time::Duration;
-/// use tower_toolcall::breaker::{BreakerConfig, CircuitBreakerLayer};
-/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::breaker::CircuitBreakerLayer;
+/// use tower_toolcall::registry::{BreakerSettings, ToolRegistry};
 ///
 /// let layer = CircuitBreakerLayer::builder(ToolRegistry::open())
-///     .config(BreakerConfig::default().with_cooldown(Duration::from_secs(10)))
-///     .max_breakers(1_000)
+///     .settings(BreakerSettings::default().with_cooldown_ms(10_000).with_max_breakers(1_000))
 ///     .build()?;
 /// # let _ = layer;
 /// let err = CircuitBreakerLayer::builder(ToolRegistry::open())
-///     .mutating(BreakerConfig::mutating().with_failure_rate_percent(120))
+///     .mutating(BreakerSettings::default().with_failure_rate_percent(120))
 ///     .build()
 ///     .unwrap_err();
 /// assert_eq!(err.field(), "breaker.mutating.failure_rate_percent");
@@ -94,33 +89,35 @@ impl<S> Layer<S> for CircuitBreakerLayer {
 #[must_use]
 pub struct CircuitBreakerLayerBuilder {
     registry: ToolRegistry,
-    config: BreakerConfig,
-    read_only: BreakerConfig,
-    mutating: BreakerConfig,
+    settings: BreakerSettings,
+    read_only: BreakerSettings,
+    mutating: BreakerSettings,
     classifier: SharedClassifier,
-    max_breakers: usize,
     sinks: EventSinks,
     /// The breakers of the layer this one replaces.
     carried: Option<Arc<Shared>>,
 }
 
 impl CircuitBreakerLayerBuilder {
-    /// The configuration of unregistered tools and of the dependency and global breakers
-    /// (default: [`BreakerConfig::default`]).
-    pub fn config(mut self, config: BreakerConfig) -> Self {
-        self.config = config;
+    /// The layer's settings: those of unregistered tools and of the dependency and global
+    /// breakers, and the layer-wide bounds (`max_breakers`, `probe_timeout_ms`). The
+    /// defaults: open after 5 consecutive failures, or a failure rate of 50 % over the last
+    /// 20 calls (at least 10) in 120 s; open 30 s; 1 probe at a time, closed after 2
+    /// successes; probes abandoned after 30 s; at most 10 000 breakers made on demand.
+    pub fn settings(mut self, settings: BreakerSettings) -> Self {
+        self.settings = settings;
         self
     }
 
-    /// The preset of read-only tools (default: [`BreakerConfig::read_only`]).
-    pub fn read_only(mut self, config: BreakerConfig) -> Self {
-        self.read_only = config;
+    /// Changes the preset of read-only tools.
+    pub fn read_only(mut self, settings: BreakerSettings) -> Self {
+        self.read_only = settings;
         self
     }
 
-    /// The preset of `writes` and `commands` tools (default: [`BreakerConfig::mutating`]).
-    pub fn mutating(mut self, config: BreakerConfig) -> Self {
-        self.mutating = config;
+    /// Changes the preset of `writes` and `commands` tools.
+    pub fn mutating(mut self, settings: BreakerSettings) -> Self {
+        self.mutating = settings;
         self
     }
 
@@ -135,13 +132,6 @@ impl CircuitBreakerLayerBuilder {
     /// The classifier, already shared.
     pub fn shared_classifier(mut self, classifier: SharedClassifier) -> Self {
         self.classifier = classifier;
-        self
-    }
-
-    /// How many breakers made on demand are kept at most (default
-    /// [`DEFAULT_MAX_BREAKERS`]).
-    pub fn max_breakers(mut self, max: usize) -> Self {
-        self.max_breakers = max;
         self
     }
 
@@ -186,19 +176,27 @@ impl CircuitBreakerLayerBuilder {
     /// Checks the configuration, makes the breakers of the registered tools, and builds
     /// the layer.
     pub fn build(self) -> Result<CircuitBreakerLayer, ConfigError> {
-        self.config.check()?;
-        self.read_only
-            .check()
-            .map_err(|e| rename(e, "breaker.read_only"))?;
-        self.mutating
-            .check()
-            .map_err(|e| rename(e, "breaker.mutating"))?;
-        if self.max_breakers == 0 {
-            return Err(ConfigError::new(
-                "breaker.max_breakers",
-                "must be at least 1, got 0",
-            ));
-        }
+        self.settings.check().map_err(|e| e.within("breaker"))?;
+        let config = BreakerConfig::default().with_settings(&self.settings);
+        config.check()?;
+        let layer_wide = self.settings.layer_wide();
+        let preset = |base: BreakerConfig, settings: &BreakerSettings, field: &str| {
+            settings.check_tool().map_err(|e| e.within(field))?;
+            let config = base.with_settings(settings).with_settings(&layer_wide);
+            config.check().map_err(|e| rename(e, field))?;
+            Ok::<_, ConfigError>(config)
+        };
+        let read_only = preset(
+            BreakerConfig::read_only(),
+            &self.read_only,
+            "breaker.read_only",
+        )?;
+        let mutating = preset(
+            BreakerConfig::mutating(),
+            &self.mutating,
+            "breaker.mutating",
+        )?;
+        let max_breakers = self.settings.max_breakers.unwrap_or(DEFAULT_MAX_BREAKERS);
         let events = Arc::new(Events::new(self.sinks));
         let carried = self.carried.as_deref();
         let cell = |key: BreakerKey, config: BreakerConfig| {
@@ -224,14 +222,14 @@ impl CircuitBreakerLayerBuilder {
         let mut dependencies: HashMap<String, Arc<BreakerCell>> = HashMap::new();
         let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
             let preset = match descriptor.map(|d| d.risk) {
-                None => &self.config,
-                Some(RiskLevel::ReadOnly) => &self.read_only,
-                Some(RiskLevel::Writes | RiskLevel::Commands) => &self.mutating,
+                None => &config,
+                Some(RiskLevel::ReadOnly) => &read_only,
+                Some(RiskLevel::Writes | RiskLevel::Commands) => &mutating,
             };
             let config = match &policy.breaker {
                 LayerSetting::Off => return Ok(None),
                 LayerSetting::Default => preset.clone(),
-                LayerSetting::On(overrides) => preset.clone().with_overrides(overrides),
+                LayerSetting::On(tool) => preset.clone().with_settings(tool),
             };
             let config = match descriptor.and_then(|d| d.attempt_timeout()) {
                 Some(timeout) => config.with_probe_timeout(timeout),
@@ -246,8 +244,7 @@ impl CircuitBreakerLayerBuilder {
                         .entry(d.namespace.clone())
                         .or_insert_with(|| {
                             let key = BreakerKey::dependency(&d.namespace);
-                            kept(&key, &self.config)
-                                .unwrap_or_else(|| cell(key, self.config.clone()))
+                            kept(&key, &config).unwrap_or_else(|| cell(key, config.clone()))
                         })
                         .clone();
                     (Some(own), Some(dependency))
@@ -266,10 +263,10 @@ impl CircuitBreakerLayerBuilder {
             shared: Arc::new(Shared {
                 tools,
                 dependencies,
-                global: kept(&BreakerKey::Global, &self.config)
-                    .unwrap_or_else(|| cell(BreakerKey::Global, self.config.clone())),
-                on_demand: BreakerMap::new(self.max_breakers),
-                scoped_config: self.config,
+                global: kept(&BreakerKey::Global, &config)
+                    .unwrap_or_else(|| cell(BreakerKey::Global, config.clone())),
+                on_demand: BreakerMap::new(max_breakers as usize),
+                scoped_config: config,
                 events,
                 held: carried.map(|c| c.held.carried()).unwrap_or_default(),
             }),
@@ -288,10 +285,9 @@ impl std::fmt::Debug for CircuitBreakerLayerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CircuitBreakerLayerBuilder")
             .field("registry", &self.registry)
-            .field("config", &self.config)
+            .field("settings", &self.settings)
             .field("read_only", &self.read_only)
             .field("mutating", &self.mutating)
-            .field("max_breakers", &self.max_breakers)
             .field("sinks", &self.sinks)
             .finish_non_exhaustive()
     }

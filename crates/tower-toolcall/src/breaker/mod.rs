@@ -21,12 +21,13 @@
 //! Results of calls admitted before a transition are counted in the stats but never re-open
 //! or extend a break.
 //!
-//! Read-only tools start from [`BreakerConfig::read_only`] (8 consecutive failures, 20 s
-//! cooldown), mutating tools from [`BreakerConfig::mutating`] (a 25 % failure rate), and a
-//! tool's `policy.breaker` overrides any number; `breaker = "off"` lets its calls through
+//! Read-only tools start from a preset of 8 consecutive failures and a 20 s cooldown,
+//! mutating tools from one of a 25 % failure rate (both changed through
+//! [`CircuitBreakerLayerBuilder::read_only`] and [`mutating`](CircuitBreakerLayerBuilder::mutating)),
+//! and a tool's `policy.breaker` overrides any number; `breaker = "off"` lets its calls through
 //! untouched. The breakers of registered tools are made when the layer is built; those of
 //! unregistered tools and namespaces on demand, in a map whose size is bounded
-//! ([`CircuitBreakerLayerBuilder::max_breakers`]).
+//! (`max_breakers` of the layer's [settings](CircuitBreakerLayerBuilder::settings)).
 //!
 //! Every outcome the breaker sees leaves the breaker's state in the call's
 //! [`CallRecord`](crate::CallRecord). Every transition is logged (`tool_call_circuit_state`)
@@ -89,6 +90,5 @@ mod window;
 pub use crate::event::{BreakerKey, TransitionEvent, TransitionReason};
 pub use admin::{BreakerAdmin, BreakerStats, BreakerStatus};
 pub use future::ResponseFuture;
-pub use layer::{CircuitBreakerLayer, CircuitBreakerLayerBuilder, DEFAULT_MAX_BREAKERS};
+pub use layer::{CircuitBreakerLayer, CircuitBreakerLayerBuilder};
 pub use service::CircuitBreaker;
-pub use state::BreakerConfig;

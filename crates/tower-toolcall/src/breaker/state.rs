@@ -10,30 +10,19 @@ use super::window::{OutcomeWindow, Trip};
 use crate::error::ConfigError;
 use crate::event::TransitionReason;
 use crate::outcome::BreakerState;
-use crate::registry::BreakerOverrides;
+use crate::registry::BreakerSettings;
 
-/// The numbers of one breaker.
+/// The numbers of one breaker, resolved from the defaults, the layer's
+/// [`BreakerSettings`] and a tool's.
 ///
 /// The defaults are those of the specification: open after 5 consecutive failures, or a
 /// failure rate of 50 % or more over the last 20 calls (at least 10 of them) inside a rolling
 /// 120 s window; stay open 30 s; then admit 1 probe at a time and close after 2 successful
 /// ones. A probe that has not answered after 30 s (the tool's attempt timeout when it has one)
 /// is abandoned and counts as failed.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_toolcall::breaker::BreakerConfig;
-///
-/// let cfg = BreakerConfig::default()
-///     .with_consecutive_failures(3)
-///     .with_cooldown(Duration::from_secs(10));
-/// assert!(cfg.check().is_ok());
-/// let err = BreakerConfig::default().with_failure_rate_percent(150).check().unwrap_err();
-/// assert_eq!(err.field(), "breaker.failure_rate_percent");
-/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use]
-pub struct BreakerConfig {
+pub(crate) struct BreakerConfig {
     pub(crate) consecutive_failures: u32,
     pub(crate) failure_rate_percent: u32,
     pub(crate) sample_size: u32,
@@ -64,7 +53,7 @@ impl Default for BreakerConfig {
 impl BreakerConfig {
     /// The preset of read-only tools: a higher threshold and a shorter cooldown (8
     /// consecutive failures, 20 s), so that a flaky read is not dampened for long.
-    pub fn read_only() -> Self {
+    pub(crate) fn read_only() -> Self {
         BreakerConfig::default()
             .with_consecutive_failures(8)
             .with_cooldown(Duration::from_secs(20))
@@ -72,89 +61,98 @@ impl BreakerConfig {
 
     /// The preset of mutating tools (`writes`, `commands`): a lower failure-rate threshold
     /// (25 %), so that a dependency that fails writes is left alone sooner.
-    pub fn mutating() -> Self {
+    pub(crate) fn mutating() -> Self {
         BreakerConfig::default().with_failure_rate_percent(25)
     }
 
     /// Consecutive failures that open the breaker (default 5).
-    pub fn with_consecutive_failures(mut self, failures: u32) -> Self {
+    pub(crate) fn with_consecutive_failures(mut self, failures: u32) -> Self {
         self.consecutive_failures = failures;
         self
     }
 
     /// Failure rate, in percent, that opens the breaker (default 50).
-    pub fn with_failure_rate_percent(mut self, percent: u32) -> Self {
+    pub(crate) fn with_failure_rate_percent(mut self, percent: u32) -> Self {
         self.failure_rate_percent = percent;
         self
     }
 
     /// How many of the latest calls the rate is computed over (default 20).
-    pub fn with_sample_size(mut self, calls: u32) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_sample_size(mut self, calls: u32) -> Self {
         self.sample_size = calls;
         self
     }
 
     /// Calls needed inside the window before the rate counts (default 10).
-    pub fn with_min_calls(mut self, calls: u32) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_min_calls(mut self, calls: u32) -> Self {
         self.min_calls = calls;
         self
     }
 
     /// The rolling window: older outcomes do not count (default 120 s).
-    pub fn with_window(mut self, window: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_window(mut self, window: Duration) -> Self {
         self.window = window;
         self
     }
 
     /// How long the breaker stays open before it admits a probe (default 30 s).
-    pub fn with_cooldown(mut self, cooldown: Duration) -> Self {
+    pub(crate) fn with_cooldown(mut self, cooldown: Duration) -> Self {
         self.cooldown = cooldown;
         self
     }
 
     /// Probes admitted at once when half-open (default 1).
-    pub fn with_half_open_probes(mut self, probes: u32) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_half_open_probes(mut self, probes: u32) -> Self {
         self.half_open_probes = probes;
         self
     }
 
     /// Consecutive successful probes that close the breaker (default 2).
-    pub fn with_close_after_successes(mut self, successes: u32) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_close_after_successes(mut self, successes: u32) -> Self {
         self.close_after_successes = successes;
         self
     }
 
     /// How long a probe may go unanswered before it is abandoned as failed (default 30 s);
     /// a tool's attempt timeout takes its place for the tool's own breaker.
-    pub fn with_probe_timeout(mut self, timeout: Duration) -> Self {
+    pub(crate) fn with_probe_timeout(mut self, timeout: Duration) -> Self {
         self.probe_timeout = timeout;
         self
     }
 
     /// The cooldown.
-    pub fn cooldown(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn cooldown(&self) -> Duration {
         self.cooldown
     }
 
     /// The consecutive failures that open the breaker.
-    pub fn consecutive_failures(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn consecutive_failures(&self) -> u32 {
         self.consecutive_failures
     }
 
     /// The failure rate, in percent, that opens the breaker.
-    pub fn failure_rate_percent(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn failure_rate_percent(&self) -> u32 {
         self.failure_rate_percent
     }
 
     /// The probe timeout.
-    pub fn probe_timeout(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn probe_timeout(&self) -> Duration {
         self.probe_timeout
     }
 
-    /// The configuration with a tool's `overrides` applied.
-    pub fn with_overrides(mut self, overrides: &BreakerOverrides) -> Self {
+    /// The configuration with `settings` over it.
+    pub(crate) fn with_settings(mut self, settings: &BreakerSettings) -> Self {
         let ms = Duration::from_millis;
-        let o = overrides;
+        let o = settings;
         self.consecutive_failures = o.consecutive_failures.unwrap_or(self.consecutive_failures);
         self.failure_rate_percent = o.failure_rate_percent.unwrap_or(self.failure_rate_percent);
         self.sample_size = o.sample_size.unwrap_or(self.sample_size);
@@ -165,11 +163,12 @@ impl BreakerConfig {
         self.close_after_successes = o
             .close_after_successes
             .unwrap_or(self.close_after_successes);
+        self.probe_timeout = o.probe_timeout_ms.map_or(self.probe_timeout, ms);
         self
     }
 
     /// Checks the numbers; the error names the field below `breaker`.
-    pub fn check(&self) -> Result<(), ConfigError> {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         let positive = [
             ("consecutive_failures", self.consecutive_failures),
             ("failure_rate_percent", self.failure_rate_percent),
@@ -957,18 +956,18 @@ mod tests {
 
     #[test]
     fn overrides_replace_only_the_numbers_they_give() {
-        let some = BreakerOverrides {
+        let some = BreakerSettings {
             consecutive_failures: Some(3),
             window_ms: Some(1_500),
-            ..BreakerOverrides::default()
+            ..BreakerSettings::default()
         };
         assert_eq!(
-            BreakerConfig::mutating().with_overrides(&some),
+            BreakerConfig::mutating().with_settings(&some),
             BreakerConfig::mutating()
                 .with_consecutive_failures(3)
                 .with_window(Duration::from_millis(1_500))
         );
-        let all = BreakerOverrides {
+        let all = BreakerSettings {
             consecutive_failures: Some(2),
             failure_rate_percent: Some(60),
             sample_size: Some(30),
@@ -977,9 +976,11 @@ mod tests {
             cooldown_ms: Some(5_000),
             half_open_probes: Some(3),
             close_after_successes: Some(4),
+            probe_timeout_ms: Some(9_000),
+            max_breakers: None,
         };
         assert_eq!(
-            BreakerConfig::default().with_overrides(&all),
+            BreakerConfig::default().with_settings(&all),
             BreakerConfig {
                 consecutive_failures: 2,
                 failure_rate_percent: 60,
@@ -989,7 +990,7 @@ mod tests {
                 cooldown: Duration::from_secs(5),
                 half_open_probes: 3,
                 close_after_successes: 4,
-                probe_timeout: Duration::from_secs(30),
+                probe_timeout: Duration::from_secs(9),
             }
         );
     }

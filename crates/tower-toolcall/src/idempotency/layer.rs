@@ -1,17 +1,16 @@
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tower_layer::Layer;
 
 use super::service::{Counters, Idempotency, IdempotencyStats, Settings, Shared};
-use super::store::{at_least_a_millisecond, DedupeStore, InMemoryDedupeStore};
+use super::store::{DedupeStore, InMemoryDedupeStore};
 use super::{DEFAULT_DONE_TTL, DEFAULT_FAILED_TTL, DEFAULT_INFLIGHT_LEASE, DEFAULT_RESEND_WINDOW};
 use crate::canonical::CanonicalOptions;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ConfigError, ToolError};
 use crate::event::{EventSink, EventSinks, LayerEvent};
-use crate::registry::{KeyScope, OnStoreError, ParamsMismatch, ToolRegistry};
+use crate::registry::{IdempotencySettings, KeyScope, OnStoreError, ParamsMismatch, ToolRegistry};
 use crate::tool_table::ToolTable;
 
 /// Applies [`Idempotency`] to a service. See the [module docs](super).
@@ -42,7 +41,8 @@ impl IdempotencyLayer {
             store,
             sinks: EventSinks::default(),
             canonical: CanonicalOptions::default(),
-            defaults: Settings {
+            settings: IdempotencySettings::default(),
+            builtin: Settings {
                 mode: DedupeMode::Enforced,
                 scope: KeyScope::Session,
                 derive_keys: true,
@@ -117,20 +117,22 @@ impl<S> Layer<S> for IdempotencyLayer {
 
 /// Builds an [`IdempotencyLayer`]; made by [`IdempotencyLayer::builder`].
 ///
-/// Every setting is a default that a tool's `policy.idempotency` overrides.
+/// Its [settings](IdempotencyLayerBuilder::settings) are the defaults of every tool; a
+/// tool's `policy.idempotency` overrides them.
 ///
 /// ```
 /// use std::sync::Arc;
-/// use std::time::Duration;
 /// use tower_toolcall::idempotency::{IdempotencyLayer, InMemoryDedupeStore};
-/// use tower_toolcall::registry::{OnStoreError, ToolRegistry};
+/// use tower_toolcall::registry::{IdempotencySettings, OnStoreError, ToolRegistry};
 /// use tower_toolcall::DedupeMode;
 ///
+/// let settings = IdempotencySettings::default()
+///     .with_dedupe_mode(DedupeMode::BestEffort)
+///     .with_done_ttl_ms(3_600_000)
+///     .with_inflight_lease_ms(30_000)
+///     .with_on_store_error(OnStoreError::FailOpen);
 /// let layer = IdempotencyLayer::builder(ToolRegistry::open(), Arc::new(InMemoryDedupeStore::new()))
-///     .dedupe_mode(DedupeMode::BestEffort)
-///     .done_ttl(Duration::from_secs(3600))
-///     .inflight_lease(Duration::from_secs(30))
-///     .on_store_error(OnStoreError::FailOpen)
+///     .settings(settings)
 ///     .build()?;
 /// # let _ = layer;
 /// # Ok::<(), tower_toolcall::ConfigError>(())
@@ -141,95 +143,32 @@ pub struct IdempotencyLayerBuilder {
     store: Arc<dyn DedupeStore>,
     sinks: EventSinks,
     canonical: CanonicalOptions,
-    defaults: Settings,
+    settings: IdempotencySettings,
+    /// The built-in defaults, under the settings.
+    builtin: Settings,
 }
 
 impl fmt::Debug for IdempotencyLayerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayerBuilder")
             .field("store", &self.store)
-            .field("defaults", &self.defaults)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
 impl IdempotencyLayerBuilder {
-    /// The dedupe mode of calls that do not say and whose tool's policy does not either
-    /// (default `enforced`).
-    pub fn dedupe_mode(mut self, mode: DedupeMode) -> Self {
-        self.defaults.mode = mode;
-        self
-    }
-
-    /// Whether a call's `transport.dedupeMode` may ask for less deduplication than its
-    /// tool's mode (default `false`): `bestEffort` under `enforced`, or `disabled`. When it
-    /// may not, such a request is ignored and the tool's mode applies; a stricter request is
-    /// always followed.
-    pub fn callers_may_loosen(mut self, allowed: bool) -> Self {
-        self.defaults.callers_may_loosen = allowed;
-        self
-    }
-
-    /// Whose calls share a key (default: the session's).
-    pub fn scope(mut self, scope: KeyScope) -> Self {
-        self.defaults.scope = scope;
-        self
-    }
-
-    /// Whether a call without a key gets one derived from its tool, params, session and
-    /// actor (default `true`).
-    pub fn derive_keys(mut self, derive: bool) -> Self {
-        self.defaults.derive_keys = derive;
-        self
-    }
-
-    /// How long a successful result under a caller's or a hook's key is kept (default 24 h).
-    /// A derived key keeps its result for the [re-send window](Self::resend_window) instead.
-    pub fn done_ttl(mut self, ttl: Duration) -> Self {
-        self.defaults.done_ttl = ttl;
-        self
-    }
-
-    /// How long a failure is kept (default 5 min); also how long a cancelled record stays
-    /// visible.
-    pub fn failed_ttl(mut self, ttl: Duration) -> Self {
-        self.defaults.failed_ttl = ttl;
-        self
-    }
-
-    /// How long a completed result answers the same call re-sent under a derived key
-    /// (default 30 s), for tools that are not read-only. Zero turns reuse off: a derived key
-    /// then only joins a call still in flight. A read-only tool reuses a result only within
-    /// its [read cache TTL](Self::read_cache_ttl).
-    pub fn resend_window(mut self, window: Duration) -> Self {
-        self.defaults.resend_window = window;
-        self
-    }
-
-    /// How long a read-only tool's completed result answers the same read under a derived
-    /// key (default: never, the read runs again once the first has finished). Set it for
-    /// reads whose answer may be that old.
-    pub fn read_cache_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.defaults.read_cache_ttl = ttl;
-        self
-    }
-
-    /// The in-flight lease (default 2 min), renewed every half lease while the tool runs.
-    pub fn inflight_lease(mut self, lease: Duration) -> Self {
-        self.defaults.inflight_lease = lease;
-        self
-    }
-
-    /// What a reused key with other params means (default: `IDEMPOTENCY_KEY_REUSED`).
-    pub fn on_params_mismatch(mut self, mismatch: ParamsMismatch) -> Self {
-        self.defaults.on_params_mismatch = mismatch;
-        self
-    }
-
-    /// What happens to a call when the store cannot be used (default: fail closed with
-    /// `STORE_UNAVAILABLE`).
-    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.defaults.on_store_error = on_error;
+    /// The layer's settings, the defaults of every tool: mode `enforced` for calls that do
+    /// not say (a call may ask for less only with `callers_may_loosen`), keys scoped to the
+    /// session, a key derived for calls without one; a result under a caller's or a hook's
+    /// key kept 24 h, a failure (and a cancelled record) 5 min; a completed result answers
+    /// the same call re-sent under a derived key for 30 s (`0`: reuse off, a derived key
+    /// only joins a call in flight), and a read-only tool's never (set `read_cache_ttl_ms`
+    /// for reads whose answer may be that old); an in-flight lease of 2 min, renewed every
+    /// half lease; a reused key with other params refused (`IDEMPOTENCY_KEY_REUSED`), a call
+    /// refused when the store cannot be used (`STORE_UNAVAILABLE`).
+    pub fn settings(mut self, settings: IdempotencySettings) -> Self {
+        self.settings = settings;
         self
     }
 
@@ -248,10 +187,8 @@ impl IdempotencyLayerBuilder {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
-        at_least_a_millisecond("idempotency.done_ttl", self.defaults.done_ttl)?;
-        at_least_a_millisecond("idempotency.failed_ttl", self.defaults.failed_ttl)?;
-        at_least_a_millisecond("idempotency.inflight_lease", self.defaults.inflight_lease)?;
-        let defaults = &self.defaults;
+        self.settings.check().map_err(|e| e.within("idempotency"))?;
+        let defaults = self.builtin.with_settings(&self.settings);
         let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
             Ok(defaults.for_tool(descriptor, &policy.idempotency))
         })?;
@@ -260,7 +197,7 @@ impl IdempotencyLayerBuilder {
                 tools,
                 store: self.store,
                 canonical: self.canonical,
-                defaults: self.defaults,
+                defaults,
                 counters: Counters::default(),
             }),
         };

@@ -16,7 +16,7 @@ use crate::error::ToolError;
 use crate::middleware::Passthrough;
 use crate::outcome::ToolOutput;
 use crate::registry::{
-    IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch, RiskLevel,
+    IdempotencySettings, KeyScope, LayerSetting, OnStoreError, ParamsMismatch, RiskLevel,
     ToolDescriptor,
 };
 use crate::tool_table::ToolTable;
@@ -94,44 +94,42 @@ impl Settings {
     pub(super) fn for_tool(
         &self,
         descriptor: Option<&ToolDescriptor>,
-        setting: &LayerSetting<IdempotencyOverrides>,
+        setting: &LayerSetting<IdempotencySettings>,
     ) -> Option<Self> {
         let read_only = descriptor.is_some_and(|d| d.risk == RiskLevel::ReadOnly);
         let repeat_is_safe = descriptor.is_some_and(ToolDescriptor::repeat_is_safe);
-        let overrides = match setting {
+        let settings = match setting {
             LayerSetting::Off => return None,
-            LayerSetting::Default => {
-                return Some(Settings {
-                    read_only,
-                    repeat_is_safe,
-                    ..self.clone()
-                })
-            }
-            LayerSetting::On(overrides) => overrides,
+            LayerSetting::Default => self.clone(),
+            LayerSetting::On(tool) => self.with_settings(tool),
         };
-        let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
         Some(Settings {
             read_only,
             repeat_is_safe,
-            resend_window: ms(overrides.resend_window_ms, self.resend_window),
-            read_cache_ttl: overrides
+            ..settings
+        })
+    }
+
+    /// These settings with `o` over them.
+    pub(super) fn with_settings(&self, o: &IdempotencySettings) -> Self {
+        let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
+        Settings {
+            resend_window: ms(o.resend_window_ms, self.resend_window),
+            read_cache_ttl: o
                 .read_cache_ttl_ms
                 .map(Duration::from_millis)
                 .or(self.read_cache_ttl),
-            mode: overrides.dedupe_mode.unwrap_or(self.mode),
-            scope: overrides.scope.unwrap_or(self.scope),
-            derive_keys: overrides.derive_key.unwrap_or(self.derive_keys),
-            done_ttl: ms(overrides.done_ttl_ms, self.done_ttl),
-            failed_ttl: ms(overrides.failed_ttl_ms, self.failed_ttl),
-            inflight_lease: ms(overrides.inflight_lease_ms, self.inflight_lease),
-            on_params_mismatch: overrides
-                .on_params_mismatch
-                .unwrap_or(self.on_params_mismatch),
-            on_store_error: overrides.on_store_error.unwrap_or(self.on_store_error),
-            callers_may_loosen: overrides
-                .callers_may_loosen
-                .unwrap_or(self.callers_may_loosen),
-        })
+            mode: o.dedupe_mode.unwrap_or(self.mode),
+            scope: o.scope.unwrap_or(self.scope),
+            derive_keys: o.derive_key.unwrap_or(self.derive_keys),
+            done_ttl: ms(o.done_ttl_ms, self.done_ttl),
+            failed_ttl: ms(o.failed_ttl_ms, self.failed_ttl),
+            inflight_lease: ms(o.inflight_lease_ms, self.inflight_lease),
+            on_params_mismatch: o.on_params_mismatch.unwrap_or(self.on_params_mismatch),
+            on_store_error: o.on_store_error.unwrap_or(self.on_store_error),
+            callers_may_loosen: o.callers_may_loosen.unwrap_or(self.callers_may_loosen),
+            ..self.clone()
+        }
     }
 }
 

@@ -8,16 +8,16 @@ use super::service::{Limits, RateLimit};
 use super::store::RateLimitStore;
 use crate::error::ConfigError;
 use crate::event::{EventSink, EventSinks};
-use crate::registry::{LayerSetting, OnLimit, RateLimitKey, ToolRegistry};
+use crate::registry::{LayerSetting, OnLimit, RateLimitKey, RateLimitSettings, ToolRegistry};
 use crate::shared_store::{FailurePolicy, Outages, StoreHealth};
 use crate::tool_table::ToolTable;
 
 /// The longest a call waits for its quota with `on_limit = "wait"`: 10 s.
-pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
+const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
 /// The keys a tool's limiter holds at most: 10 000.
-pub const DEFAULT_MAX_KEYS: usize = 10_000;
+const DEFAULT_MAX_KEYS: usize = 10_000;
 /// How often every limiter drops its idle keys: every minute.
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Applies [`RateLimit`] to a service. See the [module docs](crate::rate_limit).
 ///
@@ -40,13 +40,7 @@ impl RateLimitLayer {
     pub fn builder(registry: ToolRegistry) -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
             registry,
-            per_second: None,
-            burst: None,
-            key: RateLimitKey::Tool,
-            on_limit: OnLimit::Reject,
-            max_wait: DEFAULT_MAX_WAIT,
-            max_keys: DEFAULT_MAX_KEYS,
-            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            settings: RateLimitSettings::default(),
             store: None,
             on_store_failure: FailurePolicy::Open,
             sinks: EventSinks::default(),
@@ -85,23 +79,25 @@ impl<S> Layer<S> for RateLimitLayer {
     }
 }
 
-/// Builds a [`RateLimitLayer`]. The settings here are the defaults of every tool; a tool's
-/// `policy.rate_limit` overrides them.
+/// Builds a [`RateLimitLayer`]. Its [settings](RateLimitLayerBuilder::settings) are the
+/// defaults of every tool; a tool's `policy.rate_limit` overrides them.
 ///
 /// ```
-/// use std::time::Duration;
-/// use tower_toolcall::registry::{OnLimit, RateLimitKey, ToolRegistry};
+/// use tower_toolcall::registry::{OnLimit, RateLimitKey, RateLimitSettings, ToolRegistry};
 /// use tower_toolcall::RateLimitLayer;
 ///
-/// let layer = RateLimitLayer::builder(ToolRegistry::open())
-///     .per_second(20)
-///     .burst(5)
-///     .key(RateLimitKey::ToolSession)
-///     .on_limit(OnLimit::Wait)
-///     .max_wait(Duration::from_secs(2))
-///     .build()?;
+/// let settings = RateLimitSettings::default()
+///     .with_per_second(20)
+///     .with_burst(5)
+///     .with_key(RateLimitKey::ToolSession)
+///     .with_on_limit(OnLimit::Wait)
+///     .with_max_wait_ms(2_000);
+/// let layer = RateLimitLayer::builder(ToolRegistry::open()).settings(settings).build()?;
 /// # let _ = layer;
-/// let err = RateLimitLayer::builder(ToolRegistry::open()).per_second(0).build().unwrap_err();
+/// let err = RateLimitLayer::builder(ToolRegistry::open())
+///     .settings(RateLimitSettings::default().with_per_second(0))
+///     .build()
+///     .unwrap_err();
 /// assert_eq!(err.field(), "rate_limit.per_second");
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
@@ -109,13 +105,7 @@ impl<S> Layer<S> for RateLimitLayer {
 #[must_use]
 pub struct RateLimitLayerBuilder {
     registry: ToolRegistry,
-    per_second: Option<u32>,
-    burst: Option<u32>,
-    key: RateLimitKey,
-    on_limit: OnLimit,
-    max_wait: Duration,
-    max_keys: usize,
-    sweep_interval: Duration,
+    settings: RateLimitSettings,
     store: Option<Arc<dyn RateLimitStore>>,
     on_store_failure: FailurePolicy,
     sinks: EventSinks,
@@ -150,119 +140,61 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// The rate of tools whose policy sets none (default: such tools are not limited).
-    pub fn per_second(mut self, per_second: u32) -> Self {
-        self.per_second = Some(per_second);
-        self
-    }
-
-    /// Calls allowed at once (default: the rate per second).
-    pub fn burst(mut self, burst: u32) -> Self {
-        self.burst = Some(burst);
-        self
-    }
-
-    /// What quotas are kept per (default [`RateLimitKey::Tool`]).
-    pub fn key(mut self, key: RateLimitKey) -> Self {
-        self.key = key;
-        self
-    }
-
-    /// What happens to a call over its quota (default [`OnLimit::Reject`]).
-    pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
-        self.on_limit = on_limit;
-        self
-    }
-
-    /// The longest a call waits with [`OnLimit::Wait`] (default [`DEFAULT_MAX_WAIT`]).
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = max_wait;
-        self
-    }
-
-    /// The keys each tool's limiter holds at most (default [`DEFAULT_MAX_KEYS`]): a new key
-    /// beyond them takes the place of the least recently used one, so the number of keys
-    /// never exceeds it (see the [module docs](crate::rate_limit)). Allow for the callers
-    /// active at once: a key that makes room while its quota is not full again starts over
-    /// with a full burst.
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys;
-        self
-    }
-
-    /// How often every limiter drops its idle keys (default [`DEFAULT_SWEEP_INTERVAL`]).
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.sweep_interval = interval;
+    /// The layer's settings, the defaults of every tool: no rate (only tools whose policy
+    /// sets one are limited), a burst of the rate per second, one quota per tool, calls
+    /// over it rejected, waits of at most 10 s with `on_limit = "wait"`; and the whole
+    /// layer's bounds: 10 000 keys per tool's limiter (a new key beyond them takes the place
+    /// of the least recently used one; allow for the callers active at once, since a key
+    /// that makes room while its quota is not full again starts over with a full burst),
+    /// idle keys dropped every 60 s. See the [module docs](crate::rate_limit).
+    pub fn settings(mut self, settings: RateLimitSettings) -> Self {
+        self.settings = settings;
         self
     }
 
     /// Checks the configuration, makes the limiter of every limited tool, and builds the
     /// layer.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
-        let at_least_one = [
-            ("per_second", self.per_second.map(u64::from)),
-            ("burst", self.burst.map(u64::from)),
-            ("max_keys", Some(self.max_keys as u64)),
-        ];
-        for (field, value) in at_least_one {
-            if value == Some(0) {
-                return Err(ConfigError::new(
-                    format!("rate_limit.{field}"),
-                    "must be at least 1, got 0",
-                ));
-            }
-        }
-        for (field, value) in [
-            ("max_wait", self.max_wait),
-            ("sweep_interval", self.sweep_interval),
-        ] {
-            if value.is_zero() {
-                return Err(ConfigError::new(
-                    format!("rate_limit.{field}"),
-                    "must be longer than zero",
-                ));
-            }
-        }
+        self.settings.check().map_err(|e| e.within("rate_limit"))?;
+        let layer = &self.settings;
+        let max_keys = layer.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
+        let sweep_interval = layer
+            .sweep_interval_ms
+            .map_or(DEFAULT_SWEEP_INTERVAL, Duration::from_millis);
         let clock = TokioClock::new();
         let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
-            let overrides = match &policy.rate_limit {
+            let tool = match &policy.rate_limit {
                 LayerSetting::Off => return Ok(None),
-                LayerSetting::Default if self.per_second.is_none() => return Ok(None),
-                LayerSetting::Default => None,
-                LayerSetting::On(overrides) => Some(overrides),
+                LayerSetting::Default if layer.per_second.is_none() => return Ok(None),
+                LayerSetting::Default => layer.clone(),
+                LayerSetting::On(tool) => tool.clone().over(layer),
             };
-            let per_second = overrides
-                .and_then(|o| o.per_second)
-                .or(self.per_second)
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "policy.rate_limit.per_second",
-                        "is required: the layer sets no default rate",
-                    )
-                })?;
+            let per_second = tool.per_second.ok_or_else(|| {
+                ConfigError::new(
+                    "policy.rate_limit.per_second",
+                    "is required: the layer sets no default rate",
+                )
+            })?;
             let settings = LimitSettings {
                 per_second,
-                burst: overrides
-                    .and_then(|o| o.burst)
-                    .or(self.burst)
-                    .unwrap_or(per_second),
-                key: overrides.and_then(|o| o.key).unwrap_or(self.key),
-                on_limit: overrides.and_then(|o| o.on_limit).unwrap_or(self.on_limit),
-                max_wait: overrides
-                    .and_then(|o| o.max_wait_ms)
-                    .map_or(self.max_wait, Duration::from_millis),
+                burst: tool.burst.unwrap_or(per_second),
+                key: tool.key.unwrap_or(RateLimitKey::Tool),
+                on_limit: tool.on_limit.unwrap_or(OnLimit::Reject),
+                max_wait: tool
+                    .max_wait_ms
+                    .map_or(DEFAULT_MAX_WAIT, Duration::from_millis),
             };
             Ok(Some(Arc::new(ToolLimit::new(
                 settings,
                 clock,
-                self.max_keys,
+                max_keys,
                 descriptor.is_none() || self.store.is_some(),
             ))))
         })?;
         Ok(RateLimitLayer {
             limits: Arc::new(Limits {
                 tools,
-                sweeper: Sweeper::new(clock, self.sweep_interval),
+                sweeper: Sweeper::new(clock, sweep_interval),
                 store: self.store,
                 outages: Outages::new(self.on_store_failure, self.sinks),
             }),

@@ -42,7 +42,7 @@
 //! ```
 //! use serde_json::json;
 //! use tower::{Service, ServiceBuilder, ServiceExt};
-//! use tower_toolcall::registry::{RateLimitOverrides, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry};
+//! use tower_toolcall::registry::{RateLimitSettings, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry};
 //! use tower_toolcall::{tool_fn, ErrorCode, RateLimitLayer, ToolCall, ToolOutput};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -50,7 +50,7 @@
 //! let registry = ToolRegistry::builder()
 //!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
 //!         .with_policy(ToolPolicy::default()
-//!             .with_rate_limit(RateLimitOverrides::default().with_per_second(2))))
+//!             .with_rate_limit(RateLimitSettings::default().with_per_second(2))))
 //!     .build()
 //!     .unwrap();
 //! let mut svc = ServiceBuilder::new()
@@ -74,10 +74,7 @@ mod service;
 mod store;
 
 pub use future::ResponseFuture;
-pub use layer::{
-    RateLimitLayer, RateLimitLayerBuilder, DEFAULT_MAX_KEYS, DEFAULT_MAX_WAIT,
-    DEFAULT_SWEEP_INTERVAL,
-};
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use memory::{InMemoryRateLimitStore, DEFAULT_MEMORY_STORE_KEYS};
 pub use service::RateLimit;
 pub use store::{Admission, Quota, RateLimitStore};

@@ -1,16 +1,15 @@
 use std::sync::Arc;
-use std::time::Duration;
 
 use rand::Rng;
 use tower_layer::Layer;
 
-use super::backoff::{Backoff, SharedRng};
+use super::backoff::SharedRng;
 use super::budget::GlobalRetryBudget;
 use super::policy::RetryPolicy;
 use super::service::{Retry, ToolRetry};
 use crate::classify::{Classify, SharedClassifier, ToolProfile};
 use crate::error::ConfigError;
-use crate::registry::{JitterKind, LayerSetting, ToolRegistry};
+use crate::registry::{LayerSetting, RetrySettings, ToolRegistry};
 use crate::tool_table::ToolTable;
 
 /// Applies [`Retry`] to a service. See the [module docs](crate::retry).
@@ -36,7 +35,7 @@ impl RetryLayer {
     pub fn builder(registry: ToolRegistry) -> RetryLayerBuilder {
         RetryLayerBuilder {
             registry,
-            policy: RetryPolicy::default(),
+            settings: RetrySettings::default(),
             classifier: SharedClassifier::default(),
             budget: Some(GlobalRetryBudget::new()),
             rng: None,
@@ -68,90 +67,54 @@ impl<S> Layer<S> for RetryLayer {
 
 /// Builds a [`RetryLayer`].
 ///
-/// The numbers set here are the defaults of every tool; a tool's `policy.retry` overrides
-/// them, and a call's envelope may narrow them further.
+/// Its [settings](RetryLayerBuilder::settings) are the defaults of every tool; a tool's
+/// `policy.retry` overrides them, and a call's envelope may narrow them further.
 ///
 /// ```
-/// use std::time::Duration;
-/// use tower_toolcall::registry::{JitterKind, ToolRegistry};
+/// use tower_toolcall::registry::{JitterKind, RetrySettings, ToolRegistry};
 /// use tower_toolcall::retry::GlobalRetryBudget;
 /// use tower_toolcall::RetryLayer;
 ///
+/// let settings = RetrySettings::default()
+///     .with_max_attempts(3)
+///     .with_base_delay_ms(100)
+///     .with_max_delay_ms(5_000)
+///     .with_jitter(JitterKind::Percent)
+///     .with_jitter_percent(20);
 /// let layer = RetryLayer::builder(ToolRegistry::open())
-///     .max_attempts(3)
-///     .base_delay(Duration::from_millis(100))
-///     .max_delay(Duration::from_secs(5))
-///     .jitter(JitterKind::Percent)
-///     .jitter_percent(20)
+///     .settings(settings)
 ///     .budget(GlobalRetryBudget::new())
 ///     .seed(42)
 ///     .build()?;
 /// assert_eq!(layer.policy("any", "tool").unwrap().max_attempts(), 3);
 ///
-/// let err = RetryLayer::builder(ToolRegistry::open()).max_attempts(0).build().unwrap_err();
-/// assert_eq!(err.field(), "retry.max_attempts");
 /// let err = RetryLayer::builder(ToolRegistry::open())
-///     .base_delay(Duration::from_secs(1))
-///     .max_delay(Duration::from_millis(500))
+///     .settings(RetrySettings::default().with_max_attempts(0))
 ///     .build()
 ///     .unwrap_err();
-/// assert_eq!(err.field(), "retry.max_delay");
+/// assert_eq!(err.field(), "retry.max_attempts");
+/// let err = RetryLayer::builder(ToolRegistry::open())
+///     .settings(RetrySettings::default().with_base_delay_ms(1_000).with_max_delay_ms(500))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.field(), "retry.max_delay_ms");
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
 #[must_use]
 pub struct RetryLayerBuilder {
     registry: ToolRegistry,
-    policy: RetryPolicy,
+    settings: RetrySettings,
     classifier: SharedClassifier,
     budget: Option<GlobalRetryBudget>,
     rng: Option<SharedRng>,
 }
 
 impl RetryLayerBuilder {
-    /// Attempts in all, the first included (default 4).
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.policy.max_attempts = attempts;
-        self
-    }
-
-    /// The base of the exponential backoff (default 200 ms).
-    pub fn base_delay(mut self, base: Duration) -> Self {
-        let b = self.policy.backoff;
-        self.policy.backoff = Backoff::new(base, b.max(), b.jitter(), b.percent());
-        self
-    }
-
-    /// The cap of one backoff (default 4 s).
-    pub fn max_delay(mut self, max: Duration) -> Self {
-        let b = self.policy.backoff;
-        self.policy.backoff = Backoff::new(b.base(), max, b.jitter(), b.percent());
-        self
-    }
-
-    /// How the backoff is randomized (default [`JitterKind::Full`]).
-    pub fn jitter(mut self, jitter: JitterKind) -> Self {
-        let b = self.policy.backoff;
-        self.policy.backoff = Backoff::new(b.base(), b.max(), jitter, b.percent());
-        self
-    }
-
-    /// The spread of [`JitterKind::Percent`] (default 20).
-    pub fn jitter_percent(mut self, percent: u32) -> Self {
-        let b = self.policy.backoff;
-        self.policy.backoff = Backoff::new(b.base(), b.max(), b.jitter(), percent);
-        self
-    }
-
-    /// The time all attempts and sleeps of a call may take (default 30 s).
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.policy.deadline = deadline;
-        self
-    }
-
-    /// Whether tools forward the call's idempotency key to their upstream by default
-    /// (default `false`; a tool's `policy.retry.forwards_idempotency_key` overrides it).
-    pub fn forwards_idempotency_key(mut self, forwards: bool) -> Self {
-        self.policy.forwards_idempotency_key = forwards;
+    /// The layer's settings, the defaults of every tool: 4 attempts in all, a backoff of
+    /// `min(4 s, 200 ms · 2^n)` with full jitter (20 % for `percent` jitter), 30 s for all
+    /// attempts and sleeps, keys not forwarded. A tool's `policy.retry` overrides them.
+    pub fn settings(mut self, settings: RetrySettings) -> Self {
+        self.settings = settings;
         self
     }
 
@@ -197,13 +160,13 @@ impl RetryLayerBuilder {
 
     /// Checks the configuration, resolves every tool's policy, and builds the layer.
     pub fn build(self) -> Result<RetryLayer, ConfigError> {
-        self.policy.check("retry", "")?;
+        let layer = RetryPolicy::default().with_settings(&self.settings, "retry")?;
         let rng = self.rng.unwrap_or_else(SharedRng::from_entropy);
         let tools = ToolTable::resolve(&self.registry, |descriptor, policy| {
             let resolved = match &policy.retry {
                 LayerSetting::Off => return Ok(None),
-                LayerSetting::Default => self.policy.clone(),
-                LayerSetting::On(overrides) => self.policy.with_overrides(overrides)?,
+                LayerSetting::Default => layer.clone(),
+                LayerSetting::On(tool) => layer.with_settings(tool, "policy.retry")?,
             };
             Ok(Some(Arc::new(ToolRetry {
                 policy: resolved,
@@ -224,7 +187,7 @@ impl std::fmt::Debug for RetryLayerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RetryLayerBuilder")
             .field("registry", &self.registry)
-            .field("policy", &self.policy)
+            .field("settings", &self.settings)
             .field("budget", &self.budget)
             .finish_non_exhaustive()
     }

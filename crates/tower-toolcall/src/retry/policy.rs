@@ -11,7 +11,7 @@ use crate::classify::ToolProfile;
 use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::outcome::RetryRecord;
-use crate::registry::{JitterKind, RetryOverrides};
+use crate::registry::{JitterKind, RetrySettings};
 use crate::time::millis;
 
 /// The retry policy of one tool: the layer's defaults with the tool's `policy.retry`
@@ -62,8 +62,14 @@ impl RetryPolicy {
         self.forwards_idempotency_key
     }
 
-    /// This policy with a tool's `overrides`, checked; errors name `policy.retry.<field>`.
-    pub(super) fn with_overrides(&self, o: &RetryOverrides) -> Result<RetryPolicy, ConfigError> {
+    /// This policy with `settings` over it, checked; errors name `<prefix>.<field>`
+    /// (`retry.max_delay_ms` for the layer's settings, `policy.retry.max_delay_ms` for a
+    /// tool's).
+    pub(super) fn with_settings(
+        &self,
+        o: &RetrySettings,
+        prefix: &str,
+    ) -> Result<RetryPolicy, ConfigError> {
         let b = &self.backoff;
         let policy = RetryPolicy {
             max_attempts: o.max_attempts.unwrap_or(self.max_attempts),
@@ -78,13 +84,12 @@ impl RetryPolicy {
                 .forwards_idempotency_key
                 .unwrap_or(self.forwards_idempotency_key),
         };
-        policy.check("policy.retry", "_ms")?;
+        policy.check(prefix)?;
         Ok(policy)
     }
 
-    /// Checks the numbers; errors name `<prefix>.<field><unit>` (`retry.max_delay` for the
-    /// layer's builder, `policy.retry.max_delay_ms` for a tool's overrides).
-    pub(super) fn check(&self, prefix: &str, unit: &str) -> Result<(), ConfigError> {
+    /// Checks the numbers; errors name `<prefix>.<field>`.
+    fn check(&self, prefix: &str) -> Result<(), ConfigError> {
         let b = &self.backoff;
         if self.max_attempts == 0 {
             return Err(ConfigError::new(
@@ -94,7 +99,7 @@ impl RetryPolicy {
         }
         if b.max() < b.base() {
             return Err(ConfigError::new(
-                format!("{prefix}.max_delay{unit}"),
+                format!("{prefix}.max_delay_ms"),
                 format!(
                     "must not be below the base delay ({} ms), got {} ms",
                     millis(b.base()),
@@ -104,7 +109,7 @@ impl RetryPolicy {
         }
         if self.deadline.is_zero() {
             return Err(ConfigError::new(
-                format!("{prefix}.deadline{unit}"),
+                format!("{prefix}.deadline_ms"),
                 "must be longer than zero",
             ));
         }

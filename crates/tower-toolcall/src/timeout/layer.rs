@@ -5,11 +5,11 @@ use tower_layer::Layer;
 
 use super::service::{AttemptLimit, Timeout};
 use crate::error::ConfigError;
-use crate::registry::{LayerSetting, ToolRegistry};
+use crate::registry::{LayerSetting, TimeoutSettings, ToolRegistry};
 use crate::tool_table::ToolTable;
 
 /// The attempt timeout of tools that set none: 30 s.
-pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Applies [`Timeout`] to a service. See the [module docs](crate::timeout).
 ///
@@ -20,8 +20,7 @@ pub struct TimeoutLayer {
 }
 
 impl TimeoutLayer {
-    /// A layer with the default attempt timeout ([`DEFAULT_ATTEMPT_TIMEOUT`]) for tools of
-    /// `registry` that set none.
+    /// A layer with the default attempt timeout (30 s) for tools of `registry` that set none.
     pub fn new(registry: ToolRegistry) -> Self {
         TimeoutLayer::builder(registry)
             .build()
@@ -32,7 +31,8 @@ impl TimeoutLayer {
     pub fn builder(registry: ToolRegistry) -> TimeoutLayerBuilder {
         TimeoutLayerBuilder {
             registry,
-            default_timeout: Some(DEFAULT_ATTEMPT_TIMEOUT),
+            settings: TimeoutSettings::default(),
+            unbounded: false,
         }
     }
 
@@ -55,62 +55,61 @@ impl<S> Layer<S> for TimeoutLayer {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::registry::{TimeoutSettings, ToolRegistry};
 /// use tower_toolcall::TimeoutLayer;
 ///
 /// let layer = TimeoutLayer::builder(ToolRegistry::open())
-///     .default_timeout(Duration::from_secs(10))
+///     .settings(TimeoutSettings::default().with_attempt_timeout_ms(10_000))
 ///     .build()?;
 /// assert_eq!(layer.attempt_timeout("any", "tool"), Some(Duration::from_secs(10)));
 ///
 /// let err = TimeoutLayer::builder(ToolRegistry::open())
-///     .default_timeout(Duration::ZERO)
+///     .settings(TimeoutSettings::default().with_attempt_timeout_ms(0))
 ///     .build()
 ///     .unwrap_err();
-/// assert_eq!(err.field(), "timeout.default_timeout");
+/// assert_eq!(err.field(), "timeout.attempt_timeout_ms");
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
 #[derive(Debug)]
 #[must_use]
 pub struct TimeoutLayerBuilder {
     registry: ToolRegistry,
-    default_timeout: Option<Duration>,
+    settings: TimeoutSettings,
+    unbounded: bool,
 }
 
 impl TimeoutLayerBuilder {
-    /// The attempt timeout of tools whose policy sets none (default 30 s).
-    pub fn default_timeout(mut self, timeout: Duration) -> Self {
-        self.default_timeout = Some(timeout);
+    /// The layer's settings: the attempt timeout of tools whose policy sets none (default
+    /// 30 s). A tool's `policy.timeout` overrides them.
+    pub fn settings(mut self, settings: TimeoutSettings) -> Self {
+        self.settings = settings;
         self
     }
 
     /// Leaves the attempts of tools whose policy sets no timeout unbounded (a call's
     /// `callHints.timeoutMs` still bounds them).
     pub fn no_default_timeout(mut self) -> Self {
-        self.default_timeout = None;
+        self.unbounded = true;
         self
     }
 
     /// Checks the configuration, resolves every tool's timeout, and builds the layer.
     pub fn build(self) -> Result<TimeoutLayer, ConfigError> {
-        if self.default_timeout == Some(Duration::ZERO) {
-            return Err(ConfigError::new(
-                "timeout.default_timeout",
-                "must be longer than zero; use no_default_timeout() for no timeout",
-            ));
-        }
-        let default = self.default_timeout;
+        self.settings.check().map_err(|e| e.within("timeout"))?;
+        let layer = &self.settings;
+        let default = (!self.unbounded).then_some(DEFAULT_ATTEMPT_TIMEOUT);
         let limits = ToolTable::resolve(&self.registry, |_, policy| {
-            Ok(match &policy.timeout {
-                LayerSetting::Off => None,
-                LayerSetting::Default => Some(AttemptLimit(default)),
-                LayerSetting::On(overrides) => Some(AttemptLimit(
-                    overrides
-                        .attempt_timeout_ms
-                        .map(Duration::from_millis)
-                        .or(default),
-                )),
-            })
+            let settings = match &policy.timeout {
+                LayerSetting::Off => return Ok(None),
+                LayerSetting::Default => layer.clone(),
+                LayerSetting::On(tool) => tool.clone().over(layer),
+            };
+            Ok(Some(AttemptLimit(
+                settings
+                    .attempt_timeout_ms
+                    .map(Duration::from_millis)
+                    .or(default),
+            )))
         })?;
         Ok(TimeoutLayer {
             limits: Arc::new(limits),

@@ -9,7 +9,7 @@
 //!
 //! - `policy.timeout.attempt_timeout_ms` of its descriptor (set by
 //!   [`ToolDescriptor::with_attempt_timeout`](crate::registry::ToolDescriptor::with_attempt_timeout)),
-//!   else the layer's default ([`DEFAULT_ATTEMPT_TIMEOUT`] unless configured);
+//!   else the layer's default (30 s unless its settings say otherwise);
 //! - narrowed by the call's `payload.callHints.timeoutMs`, which may shorten it, never lengthen
 //!   it;
 //! - none at all when the tool's policy sets `timeout = "off"`, or when the operator turned
@@ -52,5 +52,5 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::{TimeoutLayer, TimeoutLayerBuilder, DEFAULT_ATTEMPT_TIMEOUT};
+pub use layer::{TimeoutLayer, TimeoutLayerBuilder};
 pub use service::Timeout;

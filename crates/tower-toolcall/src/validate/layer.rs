@@ -5,7 +5,7 @@ use tower_layer::Layer;
 use super::service::{EnvelopeValidate, Validator};
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
-use crate::registry::ToolRegistry;
+use crate::registry::{ToolRegistry, ValidateSettings};
 
 /// The default size limit of params: 1 MiB of canonical JSON.
 pub const DEFAULT_MAX_PARAMS_BYTES: usize = 1 << 20;
@@ -31,8 +31,7 @@ impl EnvelopeValidateLayer {
         EnvelopeValidateLayerBuilder {
             registry,
             canonical: CanonicalOptions::default(),
-            max_params_bytes: DEFAULT_MAX_PARAMS_BYTES,
-            check_output: true,
+            settings: ValidateSettings::default(),
         }
     }
 }
@@ -48,12 +47,14 @@ impl<S> Layer<S> for EnvelopeValidateLayer {
 /// Builds an [`EnvelopeValidateLayer`].
 ///
 /// ```
-/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::registry::{ToolRegistry, ValidateSettings};
 /// use tower_toolcall::EnvelopeValidateLayer;
 ///
+/// let settings = ValidateSettings::default()
+///     .with_max_params_bytes(64 * 1024)
+///     .with_check_output(false);
 /// let layer = EnvelopeValidateLayer::builder(ToolRegistry::open())
-///     .max_params_bytes(64 * 1024)
-///     .check_output(false)
+///     .settings(settings)
 ///     .build()?;
 /// # let _ = layer;
 /// # Ok::<(), tower_toolcall::ConfigError>(())
@@ -63,15 +64,15 @@ impl<S> Layer<S> for EnvelopeValidateLayer {
 pub struct EnvelopeValidateLayerBuilder {
     registry: ToolRegistry,
     canonical: CanonicalOptions,
-    max_params_bytes: usize,
-    check_output: bool,
+    settings: ValidateSettings,
 }
 
 impl EnvelopeValidateLayerBuilder {
-    /// The largest params accepted, in bytes of canonical JSON (default 1 MiB); a tool's
-    /// `policy.validate.max_params_bytes` overrides it.
-    pub fn max_params_bytes(mut self, bytes: usize) -> Self {
-        self.max_params_bytes = bytes;
+    /// The layer's settings: the largest params accepted, in bytes of canonical JSON
+    /// (default 1 MiB), and whether outputs are checked against output schemas (default
+    /// `true`). A tool's `policy.validate` overrides them.
+    pub fn settings(mut self, settings: ValidateSettings) -> Self {
+        self.settings = settings;
         self
     }
 
@@ -81,30 +82,18 @@ impl EnvelopeValidateLayerBuilder {
         self
     }
 
-    /// Whether outputs are checked against output schemas (default `true`); a tool's
-    /// `policy.validate.check_output` overrides it.
-    pub fn check_output(mut self, check: bool) -> Self {
-        self.check_output = check;
-        self
-    }
-
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<EnvelopeValidateLayer, ConfigError> {
-        if self.max_params_bytes < 2 {
-            return Err(ConfigError::new(
-                "validate.max_params_bytes",
-                format!(
-                    "must be at least 2 (the size of `{{}}`), got {}",
-                    self.max_params_bytes
-                ),
-            ));
-        }
+        self.settings.check().map_err(|e| e.within("validate"))?;
         Ok(EnvelopeValidateLayer {
             validator: Arc::new(Validator {
                 registry: self.registry,
                 canonical: self.canonical,
-                max_params_bytes: self.max_params_bytes,
-                check_output: self.check_output,
+                max_params_bytes: self
+                    .settings
+                    .max_params_bytes
+                    .unwrap_or(DEFAULT_MAX_PARAMS_BYTES),
+                check_output: self.settings.check_output.unwrap_or(true),
             }),
         })
     }

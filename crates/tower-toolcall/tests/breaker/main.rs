@@ -11,9 +11,9 @@ use tower_toolcall::event::LayerEvent;
 use support::{call_of, call_once, registry_of, ScriptedTool, Step};
 use tokio::time::Instant;
 use tower::Layer;
-use tower_toolcall::breaker::{BreakerConfig, BreakerKey, CircuitBreakerLayer, TransitionReason};
+use tower_toolcall::breaker::{BreakerKey, CircuitBreakerLayer, TransitionReason};
 use tower_toolcall::registry::{
-    BreakerOverrides, LayerSetting, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
+    BreakerSettings, LayerSetting, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
 };
 use tower_toolcall::{
     BreakerScope, BreakerState, ErrorCode, ResultStatus, ToolCall, ToolError, ToolResult,
@@ -378,8 +378,7 @@ async fn a_probe_whose_caller_gives_up_frees_its_place() {
 #[tokio::test(start_paused = true)]
 async fn results_arriving_after_it_opened_never_extend_the_break() {
     let quick = create_file().with_policy(
-        ToolPolicy::default()
-            .with_breaker(BreakerOverrides::default().with_consecutive_failures(2)),
+        ToolPolicy::default().with_breaker(BreakerSettings::default().with_consecutive_failures(2)),
     );
     let tool = ScriptedTool::new([
         unavailable(),
@@ -645,7 +644,7 @@ async fn a_tool_with_the_breaker_off_is_never_refused() {
 async fn breakers_made_on_demand_are_bounded() {
     let tool = ScriptedTool::always(Step::Ok);
     let layer = CircuitBreakerLayer::builder(ToolRegistry::open())
-        .max_breakers(8)
+        .settings(BreakerSettings::default().with_max_breakers(8))
         .build()
         .unwrap();
     let admin = layer.admin();
@@ -687,17 +686,17 @@ async fn breakers_made_on_demand_are_bounded() {
 fn invalid_configuration_names_the_field() {
     let open = ToolRegistry::open;
     let err = CircuitBreakerLayer::builder(open())
-        .config(BreakerConfig::default().with_failure_rate_percent(101))
+        .settings(BreakerSettings::default().with_failure_rate_percent(101))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "breaker.failure_rate_percent");
     let err = CircuitBreakerLayer::builder(open())
-        .read_only(BreakerConfig::read_only().with_consecutive_failures(0))
+        .read_only(BreakerSettings::default().with_consecutive_failures(0))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "breaker.read_only.consecutive_failures");
     let err = CircuitBreakerLayer::builder(open())
-        .max_breakers(0)
+        .settings(BreakerSettings::default().with_max_breakers(0))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "breaker.max_breakers");
@@ -709,7 +708,7 @@ fn invalid_configuration_names_the_field() {
     assert_eq!(err.field(), "tools[0].policy.breaker.failure_rate_percent");
     // Overrides that only clash with the preset are caught when the layer is built.
     let clash = create_file().with_policy(
-        ToolPolicy::default().with_breaker(BreakerOverrides::default().with_min_calls(30)),
+        ToolPolicy::default().with_breaker(BreakerSettings::default().with_min_calls(30)),
     );
     let err = CircuitBreakerLayer::builder(registry_of([clash]))
         .build()

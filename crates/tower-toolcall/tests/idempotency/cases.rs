@@ -18,7 +18,7 @@ use tower_toolcall::idempotency::{
     Finalized, IdempotencyLayer, InMemoryDedupeStore, RecordState,
 };
 use tower_toolcall::registry::{
-    IdempotencyOverrides, KeyScope, LayerSetting, OnStoreError, ParamsMismatch, RiskLevel,
+    IdempotencySettings, KeyScope, LayerSetting, OnStoreError, ParamsMismatch, RiskLevel,
     ToolDescriptor, ToolPolicy, ToolRegistry,
 };
 use tower_toolcall::{
@@ -155,7 +155,7 @@ fn registry(policy: ToolPolicy) -> ToolRegistry {
         .unwrap()
 }
 
-fn policy(overrides: IdempotencyOverrides) -> ToolPolicy {
+fn policy(overrides: IdempotencySettings) -> ToolPolicy {
     ToolPolicy::default().with_idempotency(overrides)
 }
 
@@ -296,7 +296,7 @@ async fn concurrent_identical_calls_run_the_tool_once<B: Backend>(b: B) {
 async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
     let tool = MockTool::echo(Duration::from_millis(500));
     // The tool lets callers ask for best effort under its enforced mode.
-    let loosen = IdempotencyOverrides::default().with_callers_may_loosen(true);
+    let loosen = IdempotencySettings::default().with_callers_may_loosen(true);
     let svc = over(&layer(b.store(), policy(loosen)), &tool);
     let make = || {
         call("sess-42", json!({"path": "a.md"}))
@@ -326,7 +326,7 @@ async fn best_effort_duplicate_in_flight_fails_fast<B: Backend>(b: B) {
     let svc = over(
         &layer(
             b.store(),
-            policy(IdempotencyOverrides::default().with_dedupe_mode(DedupeMode::BestEffort)),
+            policy(IdempotencySettings::default().with_dedupe_mode(DedupeMode::BestEffort)),
         ),
         &tool,
     );
@@ -374,7 +374,7 @@ async fn done_is_answered_from_cache_until_its_ttl_ends<B: Backend>(b: B) {
     let store = b.store();
     let layer = layer(
         store.clone(),
-        policy(IdempotencyOverrides::default().with_done_ttl_ms(ttl.as_millis() as u64)),
+        policy(IdempotencySettings::default().with_done_ttl_ms(ttl.as_millis() as u64)),
     );
     let svc = over(&layer, &tool);
     let params = json!({"path": "XYZ/Foo.md", "content": "hello", "clientTs": 1});
@@ -484,7 +484,7 @@ async fn retriable_failure_runs_again_under_best_effort_only<B: Backend>(b: B) {
         n => Ok(ToolOutput::new(json!({"run": n}))),
     });
     // The tool lets callers ask for best effort under its enforced mode.
-    let loosen = IdempotencyOverrides::default().with_callers_may_loosen(true);
+    let loosen = IdempotencySettings::default().with_callers_may_loosen(true);
     let svc = over(&layer(b.store(), policy(loosen)), &tool);
     let make = |mode| {
         call("sess-42", json!({"path": "a.md"}))
@@ -583,7 +583,7 @@ async fn same_key_with_other_params_is_a_conflict_or_an_independent_key<B: Backe
         &layer(
             store.clone(),
             policy(
-                IdempotencyOverrides::default()
+                IdempotencySettings::default()
                     .with_on_params_mismatch(ParamsMismatch::Independent),
             ),
         ),
@@ -644,7 +644,7 @@ async fn scope_session_global_and_tenant_separate_keys<B: Backend>(b: B) {
     let global = over(
         &layer(
             b.store(),
-            policy(IdempotencyOverrides::default().with_scope(KeyScope::Global)),
+            policy(IdempotencySettings::default().with_scope(KeyScope::Global)),
         ),
         &global_tool,
     );
@@ -730,7 +730,7 @@ async fn holder_that_stops_loses_its_key_and_its_late_result<B: Backend>(b: B) {
     };
     let idem = layer(
         store.clone(),
-        policy(IdempotencyOverrides::default().with_inflight_lease_ms(lease.as_millis() as u64)),
+        policy(IdempotencySettings::default().with_inflight_lease_ms(lease.as_millis() as u64)),
     );
     let svc = ServiceBuilder::new().layer(idem.clone()).service(gated);
     let make = || call("sess-42", json!({"path": "a.md"})).build().unwrap();
@@ -780,7 +780,7 @@ async fn lease_is_renewed_while_the_tool_runs<B: Backend>(b: B) {
         &layer(
             b.store(),
             policy(
-                IdempotencyOverrides::default().with_inflight_lease_ms(lease.as_millis() as u64),
+                IdempotencySettings::default().with_inflight_lease_ms(lease.as_millis() as u64),
             ),
         ),
         &tool,
@@ -892,7 +892,7 @@ async fn a_caller_may_not_loosen_the_tools_dedupe_mode_unless_its_policy_says_so
     let loose = over(
         &layer(
             b.store(),
-            policy(IdempotencyOverrides::default().with_callers_may_loosen(true)),
+            policy(IdempotencySettings::default().with_callers_may_loosen(true)),
         ),
         &tool,
     );
@@ -921,7 +921,7 @@ async fn calls_pass_through_when_deduplication_is_off<B: Backend>(b: B) {
         &layer(
             store.clone(),
             policy(
-                IdempotencyOverrides::default()
+                IdempotencySettings::default()
                     .with_derive_key(false)
                     .with_callers_may_loosen(true),
             ),

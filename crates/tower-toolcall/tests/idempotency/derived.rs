@@ -14,7 +14,7 @@ store_suite!(
 
 const READ: &str = "readFile";
 
-fn tools(read: IdempotencyOverrides, write: IdempotencyOverrides) -> ToolRegistry {
+fn tools(read: IdempotencySettings, write: IdempotencySettings) -> ToolRegistry {
     ToolRegistry::builder()
         .tool(ToolDescriptor::new(NS, READ, RiskLevel::ReadOnly).with_policy(policy(read)))
         .tool(ToolDescriptor::new(NS, TOOL, RiskLevel::Writes).with_policy(policy(write)))
@@ -61,7 +61,7 @@ async fn derived_key_runs_a_finished_read_again_and_joins_a_running_one<B: Backe
 
 async fn derived_key_reuses_a_write_only_within_the_resend_window<B: Backend>(b: B) {
     let window = b.time(Duration::from_secs(30));
-    let write = IdempotencyOverrides::default().with_resend_window_ms(window.as_millis() as u64);
+    let write = IdempotencySettings::default().with_resend_window_ms(window.as_millis() as u64);
     let tool = MockTool::echo(Duration::ZERO);
     let layer = IdempotencyLayer::new(tools(Default::default(), write), Arc::new(b.store()));
     let svc = over(&layer, &tool);
@@ -87,7 +87,7 @@ async fn derived_key_reuses_a_write_only_within_the_resend_window<B: Backend>(b:
 }
 
 async fn resend_window_zero_only_joins_running_calls<B: Backend>(b: B) {
-    let write = IdempotencyOverrides::default().with_resend_window_ms(0);
+    let write = IdempotencySettings::default().with_resend_window_ms(0);
     let tool = MockTool::echo(b.time(Duration::from_millis(200)));
     let layer = IdempotencyLayer::new(tools(Default::default(), write), Arc::new(b.store()));
     let svc = over(&layer, &tool);
@@ -102,7 +102,7 @@ async fn resend_window_zero_only_joins_running_calls<B: Backend>(b: B) {
 
 async fn read_cache_ttl_serves_reads_from_the_record_within_it<B: Backend>(b: B) {
     let ttl = b.time(Duration::from_secs(60));
-    let read = IdempotencyOverrides::default().with_read_cache_ttl_ms(ttl.as_millis() as u64);
+    let read = IdempotencySettings::default().with_read_cache_ttl_ms(ttl.as_millis() as u64);
     let tool = MockTool::echo(Duration::ZERO);
     let layer = IdempotencyLayer::new(tools(read, Default::default()), Arc::new(b.store()));
     let svc = over(&layer, &tool);

@@ -165,7 +165,7 @@ async fn memory_store_full_of_in_flight_records_refuses_and_never_evicts_them() 
 
     let open = over(
         &IdempotencyLayer::builder(registry(ToolPolicy::default()), Arc::new(store.clone()))
-            .on_store_error(OnStoreError::FailOpen)
+            .settings(IdempotencySettings::default().with_on_store_error(OnStoreError::FailOpen))
             .build()
             .unwrap(),
         &tool,
@@ -353,7 +353,7 @@ async fn memory_store_sweeps_expired_records_and_its_sweeper_stops_when_dropped(
     let svc = over(
         &layer(
             store.clone(),
-            policy(IdempotencyOverrides::default().with_done_ttl_ms(1_000)),
+            policy(IdempotencySettings::default().with_done_ttl_ms(1_000)),
         ),
         &tool,
     );
@@ -385,10 +385,10 @@ fn bad_configuration_is_refused_with_the_field_named() {
         .unwrap_err();
     assert_eq!(err.field(), "idempotency.store.capacity");
     let err = IdempotencyLayer::builder(ToolRegistry::open(), Arc::new(InMemoryDedupeStore::new()))
-        .inflight_lease(Duration::ZERO)
+        .settings(IdempotencySettings::default().with_inflight_lease_ms(0))
         .build()
         .unwrap_err();
-    assert_eq!(err.field(), "idempotency.inflight_lease");
+    assert_eq!(err.field(), "idempotency.inflight_lease_ms");
     let err = ToolRegistry::from_json_str(
         r#"{"tools": [{"namespace": "vault", "name": "w", "risk": "writes",
             "policy": {"idempotency": {"on_store_error": "fail_sometimes"}}}]}"#,

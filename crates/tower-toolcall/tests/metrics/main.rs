@@ -233,8 +233,11 @@ fn the_dedupe_store_size_and_ttls_are_gauges_with_the_key_scope() {
         let stack = ToolStack::builder(registry.clone())
             .on_event(metrics.clone())
             .idempotency(|i| {
-                i.done_ttl(std::time::Duration::from_secs(3600))
-                    .failed_ttl(std::time::Duration::from_secs(60))
+                i.settings(
+                    tower_toolcall::registry::IdempotencySettings::default()
+                        .with_done_ttl_ms(3_600_000)
+                        .with_failed_ttl_ms(60_000),
+                )
             })
             .build()
             .unwrap();

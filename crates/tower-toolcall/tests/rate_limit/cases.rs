@@ -7,7 +7,7 @@ use support::{call_of, call_once, registry_of, ScriptedTool, Step};
 use tokio::time::Instant;
 use tower::Layer;
 use tower_toolcall::registry::{
-    LayerSetting, OnLimit, RateLimitKey, RateLimitOverrides, RiskLevel, ToolDescriptor, ToolPolicy,
+    LayerSetting, OnLimit, RateLimitKey, RateLimitSettings, RiskLevel, ToolDescriptor, ToolPolicy,
     ToolRegistry,
 };
 use tower_toolcall::{ErrorCode, RateLimitLayer, ResultStatus, ToolCall, ToolResult};
@@ -17,7 +17,7 @@ const WEB: &str = "agents.tools.web";
 fn limited(per_second: u32, key: RateLimitKey, on_limit: OnLimit) -> ToolDescriptor {
     ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).with_policy(
         ToolPolicy::default().with_rate_limit(
-            RateLimitOverrides::default()
+            RateLimitSettings::default()
                 .with_per_second(per_second)
                 .with_key(key)
                 .with_on_limit(on_limit),
@@ -150,7 +150,7 @@ async fn a_waiting_policy_delays_the_call_until_the_quota_allows_it(store: Store
 async fn a_wait_longer_than_allowed_is_rejected(store: Store) {
     let slow_quota = ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).with_policy(
         ToolPolicy::default().with_rate_limit(
-            RateLimitOverrides::default()
+            RateLimitSettings::default()
                 .with_per_second(1)
                 .with_on_limit(OnLimit::Wait)
                 .with_max_wait_ms(500),
@@ -180,7 +180,10 @@ async fn the_layer_default_limits_every_tool_but_those_switched_off(store: Store
         .tool(off)
         .build()
         .unwrap();
-    let layer = store.builder(registry).per_second(1).build().unwrap();
+    let layer = store
+        .builder(registry)
+        .settings(RateLimitSettings::default().with_per_second(1))
+        .build().unwrap();
     let tool = ScriptedTool::always(Step::Ok);
     let mut svc = layer.layer(tool.service());
 

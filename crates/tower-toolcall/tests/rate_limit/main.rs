@@ -78,7 +78,7 @@ async fn idle_keys_are_evicted() {
         RateLimitKey::ToolSession,
         OnLimit::Reject,
     )]))
-    .sweep_interval(Duration::from_secs(1))
+    .settings(RateLimitSettings::default().with_sweep_interval_ms(1_000))
     .build()
     .unwrap();
     let mut svc = layer.layer(tool.service());
@@ -102,8 +102,11 @@ async fn idle_keys_are_evicted() {
         RateLimitKey::ToolSession,
         OnLimit::Reject,
     )]))
-    .max_keys(100)
-    .sweep_interval(Duration::from_secs(3600))
+    .settings(
+        RateLimitSettings::default()
+            .with_max_keys(100)
+            .with_sweep_interval_ms(3_600_000),
+    )
     .build()
     .unwrap();
     let mut svc = layer.layer(tool.service());
@@ -129,8 +132,11 @@ async fn the_number_of_keys_never_exceeds_max_keys() {
         RateLimitKey::ToolSession,
         OnLimit::Reject,
     )]))
-    .max_keys(MAX_KEYS)
-    .sweep_interval(Duration::from_secs(3600))
+    .settings(
+        RateLimitSettings::default()
+            .with_max_keys(MAX_KEYS)
+            .with_sweep_interval_ms(3_600_000),
+    )
     .build()
     .unwrap();
     let mut svc = layer.layer(tool.service());
@@ -158,20 +164,19 @@ async fn the_number_of_keys_never_exceeds_max_keys() {
 #[test]
 fn invalid_configuration_names_the_field() {
     let err = RateLimitLayer::builder(ToolRegistry::open())
-        .per_second(0)
+        .settings(RateLimitSettings::default().with_per_second(0))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "rate_limit.per_second");
     let err = RateLimitLayer::builder(ToolRegistry::open())
-        .max_wait(Duration::ZERO)
+        .settings(RateLimitSettings::default().with_max_wait_ms(0))
         .build()
         .unwrap_err();
-    assert_eq!(err.field(), "rate_limit.max_wait");
-    let keyed_only =
-        ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly)
-            .with_policy(ToolPolicy::default().with_rate_limit(
-                RateLimitOverrides::default().with_key(RateLimitKey::ToolSession),
-            ));
+    assert_eq!(err.field(), "rate_limit.max_wait_ms");
+    let keyed_only = ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly).with_policy(
+        ToolPolicy::default()
+            .with_rate_limit(RateLimitSettings::default().with_key(RateLimitKey::ToolSession)),
+    );
     let err = RateLimitLayer::builder(registry_of([keyed_only]))
         .build()
         .unwrap_err();

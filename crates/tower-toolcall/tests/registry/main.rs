@@ -3,10 +3,10 @@
 use serde_json::json;
 use tower_toolcall::envelope::DedupeMode;
 use tower_toolcall::registry::{
-    BreakerOverrides, ClassifyOverrides, IdempotencyOverrides, JitterKind, KeyScope, LayerSetting,
+    BreakerSettings, ClassifyOverrides, IdempotencySettings, JitterKind, KeyScope, LayerSetting,
     LoopDetectOverrides, LoopMode, OnLimit, OnStoreError, ParamsMismatch, RateLimitKey,
-    RateLimitOverrides, RetryOverrides, RiskLevel, TimeoutOverrides, ToolDescriptor, ToolPolicy,
-    ToolRegistry, UnclassifiedAs, ValidateOverrides,
+    RateLimitSettings, RetrySettings, RiskLevel, TimeoutSettings, ToolDescriptor, ToolPolicy,
+    ToolRegistry, UnclassifiedAs, ValidateSettings,
 };
 
 const TOML: &str = r#"
@@ -439,7 +439,7 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
     "#;
     let policy = ToolPolicy::default()
         .with_validate(
-            ValidateOverrides::default()
+            ValidateSettings::default()
                 .with_max_params_bytes(4096)
                 .with_check_output(true),
         )
@@ -451,7 +451,7 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
                 .with_poller(false),
         )
         .with_rate_limit(
-            RateLimitOverrides::default()
+            RateLimitSettings::default()
                 .with_per_second(5)
                 .with_burst(10)
                 .with_key(RateLimitKey::ToolSession)
@@ -459,7 +459,7 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
                 .with_max_wait_ms(250),
         )
         .with_idempotency(
-            IdempotencyOverrides::default()
+            IdempotencySettings::default()
                 .with_scope(KeyScope::Global)
                 .with_dedupe_mode(DedupeMode::BestEffort)
                 .with_derive_key(false)
@@ -470,7 +470,7 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
                 .with_on_store_error(OnStoreError::FailOpen),
         )
         .with_retry(
-            RetryOverrides::default()
+            RetrySettings::default()
                 .with_max_attempts(3)
                 .with_base_delay_ms(50)
                 .with_max_delay_ms(800)
@@ -480,7 +480,7 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
                 .with_forwards_idempotency_key(true),
         )
         .with_breaker(
-            BreakerOverrides::default()
+            BreakerSettings::default()
                 .with_consecutive_failures(3)
                 .with_failure_rate_percent(40)
                 .with_sample_size(10)
@@ -490,7 +490,7 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
                 .with_half_open_probes(2)
                 .with_close_after_successes(3),
         )
-        .with_timeout(TimeoutOverrides::default().with_attempt_timeout_ms(2_500))
+        .with_timeout(TimeoutSettings::default().with_attempt_timeout_ms(2_500))
         .with_classify(
             ClassifyOverrides::default()
                 .with_retriable_codes(["CONFLICT"])
@@ -547,7 +547,7 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
 
 #[test]
 fn a_setter_replaces_a_layer_setting_and_overrides_become_on() {
-    let retry = RetryOverrides::default().with_max_attempts(2);
+    let retry = RetrySettings::default().with_max_attempts(2);
     let policy = ToolPolicy::default().with_retry(retry.clone());
     assert_eq!(policy.retry, LayerSetting::On(retry.clone()));
     assert_eq!(policy.retry.overrides(), Some(&retry));
@@ -556,7 +556,7 @@ fn a_setter_replaces_a_layer_setting_and_overrides_become_on() {
     let policy = policy.with_retry(LayerSetting::Default);
     assert_eq!(policy, ToolPolicy::default());
     // A setter given twice keeps the last value.
-    let twice = RetryOverrides::default()
+    let twice = RetrySettings::default()
         .with_max_attempts(2)
         .with_max_attempts(4);
     assert_eq!(twice.max_attempts, Some(4));

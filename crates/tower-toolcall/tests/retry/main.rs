@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder};
 use tower_toolcall::breaker::{BreakerKey, CircuitBreakerLayer};
 use tower_toolcall::registry::{
-    ClassifyOverrides, JitterKind, LayerSetting, OnLimit, RateLimitKey, RateLimitOverrides,
-    RetryOverrides, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
+    ClassifyOverrides, JitterKind, LayerSetting, OnLimit, RateLimitKey, RateLimitSettings,
+    RetrySettings, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
 };
 use tower_toolcall::retry::{Backoff, GlobalRetryBudget};
 use tower_toolcall::{
@@ -319,7 +319,7 @@ async fn a_mutating_tool_is_retried_after_connection_refused() {
 async fn a_mutating_tool_is_retried_when_a_forwarded_key_or_the_caller_makes_it_safe() {
     let forwarding = create_file().with_policy(
         ToolPolicy::default()
-            .with_retry(RetryOverrides::default().with_forwards_idempotency_key(true)),
+            .with_retry(RetrySettings::default().with_forwards_idempotency_key(true)),
     );
     let reset = || ToolError::from_io_error(io::Error::from(io::ErrorKind::ConnectionReset));
     let cases: [(&str, ToolDescriptor, ToolCall, usize); 4] = [
@@ -536,8 +536,11 @@ async fn a_call_deadline_shorter_than_the_backoff_stops_early_with_timeout() {
     let tool = ScriptedTool::new([unavailable(), Step::Ok]);
     // Equal jitter over a 2 s base: the first delay is between 1 and 2 s.
     let mut svc = RetryLayer::builder(registry)
-        .base_delay(Duration::from_secs(2))
-        .jitter(JitterKind::Equal)
+        .settings(
+            RetrySettings::default()
+                .with_base_delay_ms(2_000)
+                .with_jitter(JitterKind::Equal),
+        )
         .build()
         .unwrap()
         .layer(tool.service());
@@ -584,8 +587,11 @@ async fn a_retry_budget_of_the_envelope_narrows_attempts_and_time() {
 
     let tool = ScriptedTool::always(unavailable());
     let mut svc = RetryLayer::builder(registry)
-        .base_delay(Duration::from_secs(2))
-        .jitter(JitterKind::Equal)
+        .settings(
+            RetrySettings::default()
+                .with_base_delay_ms(2_000)
+                .with_jitter(JitterKind::Equal),
+        )
         .build()
         .unwrap()
         .layer(tool.service());
@@ -607,7 +613,7 @@ async fn the_deadline_cuts_the_attempt_in_flight() {
     let registry = registry_of([search()]);
     let tool = ScriptedTool::new([unavailable(), Step::Hang]);
     let mut svc = RetryLayer::builder(registry)
-        .deadline(Duration::from_secs(3))
+        .settings(RetrySettings::default().with_deadline_ms(3_000))
         .seed(2)
         .build()
         .unwrap()
@@ -673,7 +679,7 @@ async fn per_tool_policy_overrides_and_off() {
             ));
     let two_attempts = ToolDescriptor::new(WEB, "fetch", RiskLevel::ReadOnly).with_policy(
         ToolPolicy::default().with_retry(
-            RetryOverrides::default()
+            RetrySettings::default()
                 .with_max_attempts(2)
                 .with_jitter(JitterKind::Percent)
                 .with_jitter_percent(10),
@@ -730,30 +736,30 @@ fn invalid_configuration_names_the_field() {
     let open = ToolRegistry::open;
     let field =
         |r: Result<RetryLayer, tower_toolcall::ConfigError>| r.unwrap_err().field().to_owned();
+    let with = |settings: RetrySettings| RetryLayer::builder(open()).settings(settings).build();
     assert_eq!(
-        field(RetryLayer::builder(open()).max_attempts(0).build()),
+        field(with(RetrySettings::default().with_max_attempts(0))),
         "retry.max_attempts"
     );
     assert_eq!(
-        field(
-            RetryLayer::builder(open())
-                .base_delay(Duration::from_secs(2))
-                .max_delay(Duration::from_secs(1))
-                .build()
-        ),
-        "retry.max_delay"
+        field(with(
+            RetrySettings::default()
+                .with_base_delay_ms(2_000)
+                .with_max_delay_ms(1_000)
+        )),
+        "retry.max_delay_ms"
     );
     assert_eq!(
-        field(RetryLayer::builder(open()).jitter_percent(150).build()),
+        field(with(RetrySettings::default().with_jitter_percent(150))),
         "retry.jitter_percent"
     );
     assert_eq!(
-        field(RetryLayer::builder(open()).deadline(Duration::ZERO).build()),
-        "retry.deadline"
+        field(with(RetrySettings::default().with_deadline_ms(0))),
+        "retry.deadline_ms"
     );
     // A tool's override that contradicts the layer's numbers.
     let low_cap = search().with_policy(
-        ToolPolicy::default().with_retry(RetryOverrides::default().with_max_delay_ms(100)),
+        ToolPolicy::default().with_retry(RetrySettings::default().with_max_delay_ms(100)),
     );
     let err = RetryLayer::builder(registry_of([low_cap]))
         .build()
@@ -782,7 +788,7 @@ async fn one_call_through_stacks_of_two_registries_gets_each_registrys_policy() 
     let attempts = |max_attempts| {
         search().with_policy(
             ToolPolicy::default()
-                .with_retry(RetryOverrides::default().with_max_attempts(max_attempts)),
+                .with_retry(RetrySettings::default().with_max_attempts(max_attempts)),
         )
     };
     // In the second registry, another tool sorts before `search`: the tool's index differs.
@@ -822,13 +828,16 @@ async fn one_call_through_stacks_of_two_registries_gets_each_registrys_policy() 
 #[test]
 fn a_policy_keeps_the_numbers_it_was_given_and_its_bounds_are_allowed() {
     let layer = RetryLayer::builder(ToolRegistry::open())
-        .max_attempts(3)
-        .base_delay(Duration::from_secs(1))
-        .max_delay(Duration::from_secs(1))
-        .jitter(JitterKind::Percent)
-        .jitter_percent(100)
-        .deadline(Duration::from_secs(10))
-        .forwards_idempotency_key(true)
+        .settings(
+            RetrySettings::default()
+                .with_max_attempts(3)
+                .with_base_delay_ms(1_000)
+                .with_max_delay_ms(1_000)
+                .with_jitter(JitterKind::Percent)
+                .with_jitter_percent(100)
+                .with_deadline_ms(10_000)
+                .with_forwards_idempotency_key(true),
+        )
         .build()
         .unwrap();
     let policy = layer.policy("any", "tool").unwrap();
@@ -847,7 +856,7 @@ fn a_policy_keeps_the_numbers_it_was_given_and_its_bounds_are_allowed() {
 
     let overridden = search().with_policy(
         ToolPolicy::default().with_retry(
-            RetryOverrides::default()
+            RetrySettings::default()
                 .with_max_attempts(1)
                 .with_base_delay_ms(50)
                 .with_max_delay_ms(50)
@@ -990,7 +999,7 @@ async fn a_hook_denial_is_no_attempt_and_never_opens_the_breaker() {
 async fn a_layer_refusal_is_no_attempt_and_never_opens_the_breaker() {
     let limited = create_file().with_policy(
         ToolPolicy::default().with_rate_limit(
-            RateLimitOverrides::default()
+            RateLimitSettings::default()
                 .with_per_second(1)
                 .with_key(RateLimitKey::Tool)
                 .with_on_limit(OnLimit::Reject),

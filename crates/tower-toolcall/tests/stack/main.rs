@@ -5,7 +5,6 @@ mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::json;
 use tower::{Service, ServiceExt};
@@ -14,7 +13,7 @@ use tower_toolcall::control::ReliabilityControl;
 use tower_toolcall::hooks::ToolHooks;
 use tower_toolcall::idempotency::{DedupeStore, InMemoryDedupeStore};
 use tower_toolcall::registry::{
-    IdempotencyOverrides, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
+    IdempotencySettings, RetrySettings, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
 };
 use tower_toolcall::{
     tool_fn, ErrorCode, ResultStatus, ShortCircuit, StackLayer, ToolCall, ToolError, ToolOutput,
@@ -28,7 +27,7 @@ fn registry() -> ToolRegistry {
             ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly)
                 .with_idempotent(true)
                 .with_policy(ToolPolicy::default().with_idempotency(
-                    IdempotencyOverrides::default().with_read_cache_ttl_ms(60_000),
+                    IdempotencySettings::default().with_read_cache_ttl_ms(60_000),
                 )),
         )
         .tool(
@@ -363,15 +362,17 @@ async fn the_handles_of_the_built_stack_act_on_its_layers() {
 #[test]
 fn a_bad_setting_of_any_layer_fails_the_build_naming_the_field() {
     let error = ToolStack::builder(registry())
-        .idempotency(|idempotency| idempotency.done_ttl(Duration::ZERO))
+        .idempotency(|idempotency| {
+            idempotency.settings(IdempotencySettings::default().with_done_ttl_ms(0))
+        })
         .build()
         .unwrap_err();
     assert!(
-        error.to_string().contains("idempotency.done_ttl"),
+        error.to_string().contains("idempotency.done_ttl_ms"),
         "{error}"
     );
     let error = ToolStack::builder(registry())
-        .retry(|retry| retry.max_attempts(0))
+        .retry(|retry| retry.settings(RetrySettings::default().with_max_attempts(0)))
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("max_attempts"), "{error}");

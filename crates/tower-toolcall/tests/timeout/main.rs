@@ -9,7 +9,7 @@ use support::{call_of, call_once, registry_of, ScriptedTool, Step};
 use tokio::time::Instant;
 use tower::Layer;
 use tower_toolcall::registry::{
-    LayerSetting, RiskLevel, TimeoutOverrides, ToolDescriptor, ToolPolicy, ToolRegistry,
+    LayerSetting, RiskLevel, TimeoutSettings, ToolDescriptor, ToolPolicy, ToolRegistry,
 };
 use tower_toolcall::{ErrorCode, ResultStatus, TimeoutLayer, ToolCall, ToolResult};
 
@@ -88,7 +88,7 @@ async fn tools_without_a_timeout_get_the_layer_default() {
     );
 
     let layer = TimeoutLayer::builder(registry.clone())
-        .default_timeout(Duration::from_secs(3))
+        .settings(TimeoutSettings::default().with_attempt_timeout_ms(3_000))
         .build()
         .unwrap();
     assert_eq!(
@@ -125,7 +125,7 @@ async fn a_timed_out_attempt_is_a_retriable_timeout() {
     let registry = registry_of([ToolDescriptor::new(WEB, "search", RiskLevel::ReadOnly)
         .with_policy(
             ToolPolicy::default()
-                .with_timeout(TimeoutOverrides::default().with_attempt_timeout_ms(750)),
+                .with_timeout(TimeoutSettings::default().with_attempt_timeout_ms(750)),
         )]);
     let tool = ScriptedTool::always(Step::Hang);
     let mut svc = TimeoutLayer::new(registry).layer(tool.service());
@@ -145,8 +145,8 @@ async fn a_timed_out_attempt_is_a_retriable_timeout() {
 #[test]
 fn a_zero_default_timeout_is_refused() {
     let err = TimeoutLayer::builder(ToolRegistry::open())
-        .default_timeout(Duration::ZERO)
+        .settings(TimeoutSettings::default().with_attempt_timeout_ms(0))
         .build()
         .unwrap_err();
-    assert_eq!(err.field(), "timeout.default_timeout");
+    assert_eq!(err.field(), "timeout.attempt_timeout_ms");
 }

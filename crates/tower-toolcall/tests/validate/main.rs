@@ -6,7 +6,7 @@ mod support;
 use serde_json::{json, Value};
 use support::{search_call, Counter};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
+use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry, ValidateSettings};
 use tower_toolcall::{
     tool_fn, EnvelopeValidateLayer, ErrorClass, ErrorCode, ToolCall, ToolError, ToolOutput,
 };
@@ -241,7 +241,7 @@ async fn params_failing_the_schema_list_every_failing_path_without_their_values(
 async fn params_over_the_size_or_depth_limit_are_refused() {
     let counter = Counter::default();
     let mut svc = EnvelopeValidateLayer::builder(registry())
-        .max_params_bytes(64)
+        .settings(ValidateSettings::default().with_max_params_bytes(64))
         .build()
         .unwrap()
         .layer(counter.tool());
@@ -283,7 +283,7 @@ async fn per_tool_overrides_raise_the_limit_or_switch_the_checks_off() {
     )
     .unwrap();
     let mut svc = EnvelopeValidateLayer::builder(registry)
-        .max_params_bytes(64)
+        .settings(ValidateSettings::default().with_max_params_bytes(64))
         .build()
         .unwrap()
         .layer(counter.tool());
@@ -345,7 +345,7 @@ async fn outputs_failing_the_output_schema_become_internal_errors() {
     assert_eq!(calls.get(), 2);
 
     let mut unchecked = EnvelopeValidateLayer::builder(registry())
-        .check_output(false)
+        .settings(ValidateSettings::default().with_check_output(false))
         .build()
         .unwrap()
         .layer(tool);
@@ -387,7 +387,7 @@ async fn readiness_is_the_inner_service_readiness() {
 #[test]
 fn a_size_limit_below_two_bytes_is_a_configuration_error() {
     let err = EnvelopeValidateLayer::builder(ToolRegistry::open())
-        .max_params_bytes(1)
+        .settings(ValidateSettings::default().with_max_params_bytes(1))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "validate.max_params_bytes");

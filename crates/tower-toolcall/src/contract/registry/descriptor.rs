@@ -3,7 +3,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::policy::{LayerSetting, TimeoutOverrides, ToolPolicy};
+use super::policy::{LayerSetting, TimeoutSettings, ToolPolicy};
 
 /// How much harm a tool can do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -150,7 +150,7 @@ impl ToolDescriptor {
         match &mut self.policy.timeout {
             LayerSetting::On(t) => t.attempt_timeout_ms = Some(ms),
             other => {
-                *other = LayerSetting::On(TimeoutOverrides {
+                *other = LayerSetting::On(TimeoutSettings {
                     attempt_timeout_ms: Some(ms),
                 })
             }

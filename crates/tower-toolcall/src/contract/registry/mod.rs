@@ -46,9 +46,9 @@ use serde_json::Value;
 pub use descriptor::{RiskLevel, ToolDescriptor};
 pub use policy::OnStoreError;
 pub use policy::{
-    BreakerOverrides, ClassifyOverrides, IdempotencyOverrides, JitterKind, KeyScope, LayerSetting,
-    LoopDetectOverrides, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitOverrides,
-    RetryOverrides, TimeoutOverrides, ToolPolicy, UnclassifiedAs, ValidateOverrides,
+    BreakerSettings, ClassifyOverrides, IdempotencySettings, JitterKind, KeyScope, LayerSetting,
+    LoopDetectOverrides, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitSettings,
+    RetrySettings, TimeoutSettings, ToolPolicy, UnclassifiedAs, ValidateSettings,
 };
 
 use crate::contract::control::ReliabilityControl;

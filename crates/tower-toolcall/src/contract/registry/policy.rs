@@ -17,7 +17,7 @@ use crate::contract::error::{ConfigError, ErrorCode};
 /// for the tool, or a table of overrides.
 ///
 /// ```
-/// use tower_toolcall::registry::{LayerSetting, RetryOverrides, ToolPolicy};
+/// use tower_toolcall::registry::{LayerSetting, RetrySettings, ToolPolicy};
 ///
 /// let policy: ToolPolicy = serde_json::from_str(
 ///     r#"{"retry": {"max_attempts": 2}, "loop_detect": "off"}"#,
@@ -130,13 +130,13 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for LayerSetting<T> {
 ///
 /// ```
 /// use tower_toolcall::registry::{
-///     BreakerOverrides, ClassifyOverrides, LayerSetting, RetryOverrides, ToolPolicy,
+///     BreakerSettings, ClassifyOverrides, LayerSetting, RetrySettings, ToolPolicy,
 ///     UnclassifiedAs,
 /// };
 ///
 /// let policy = ToolPolicy::default()
-///     .with_retry(RetryOverrides::default().with_max_attempts(3).with_base_delay_ms(50))
-///     .with_breaker(BreakerOverrides::default().with_consecutive_failures(2))
+///     .with_retry(RetrySettings::default().with_max_attempts(3).with_base_delay_ms(50))
+///     .with_breaker(BreakerSettings::default().with_consecutive_failures(2))
 ///     .with_loop_detect(LayerSetting::Off)
 ///     .with_classify(ClassifyOverrides::default().with_unclassified(UnclassifiedAs::Terminal));
 /// assert_eq!(policy.retry.overrides().unwrap().max_attempts, Some(3));
@@ -158,34 +158,34 @@ pub struct ToolPolicy {
     /// `EnvelopeValidateLayer`: params limits and the output check. `"off"` skips the params
     /// and output checks; registration, denial and confirmation still apply.
     #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub validate: LayerSetting<ValidateOverrides>,
+    pub validate: LayerSetting<ValidateSettings>,
     /// `LoopDetectLayer`.
     #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
     pub loop_detect: LayerSetting<LoopDetectOverrides>,
     /// `RateLimitLayer`.
     #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub rate_limit: LayerSetting<RateLimitOverrides>,
+    pub rate_limit: LayerSetting<RateLimitSettings>,
     /// `IdempotencyLayer`.
     #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub idempotency: LayerSetting<IdempotencyOverrides>,
+    pub idempotency: LayerSetting<IdempotencySettings>,
     /// `RetryLayer`.
     #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub retry: LayerSetting<RetryOverrides>,
+    pub retry: LayerSetting<RetrySettings>,
     /// `CircuitBreakerLayer`.
     #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub breaker: LayerSetting<BreakerOverrides>,
+    pub breaker: LayerSetting<BreakerSettings>,
     /// `TimeoutLayer` (per attempt).
     #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub timeout: LayerSetting<TimeoutOverrides>,
+    pub timeout: LayerSetting<TimeoutSettings>,
     /// How this tool's errors are classified.
     #[serde(default, skip_serializing_if = "ClassifyOverrides::is_empty")]
     pub classify: ClassifyOverrides,
 }
 
 impl ToolPolicy {
-    /// Sets the setting of `EnvelopeValidateLayer`: [`ValidateOverrides`], or a
+    /// Sets the setting of `EnvelopeValidateLayer`: [`ValidateSettings`], or a
     /// [`LayerSetting`].
-    pub fn with_validate(mut self, setting: impl Into<LayerSetting<ValidateOverrides>>) -> Self {
+    pub fn with_validate(mut self, setting: impl Into<LayerSetting<ValidateSettings>>) -> Self {
         self.validate = setting.into();
         self
     }
@@ -199,36 +199,36 @@ impl ToolPolicy {
         self
     }
 
-    /// Sets the setting of `RateLimitLayer`: [`RateLimitOverrides`], or a [`LayerSetting`].
-    pub fn with_rate_limit(mut self, setting: impl Into<LayerSetting<RateLimitOverrides>>) -> Self {
+    /// Sets the setting of `RateLimitLayer`: [`RateLimitSettings`], or a [`LayerSetting`].
+    pub fn with_rate_limit(mut self, setting: impl Into<LayerSetting<RateLimitSettings>>) -> Self {
         self.rate_limit = setting.into();
         self
     }
 
-    /// Sets the setting of `IdempotencyLayer`: [`IdempotencyOverrides`], or a
+    /// Sets the setting of `IdempotencyLayer`: [`IdempotencySettings`], or a
     /// [`LayerSetting`].
     pub fn with_idempotency(
         mut self,
-        setting: impl Into<LayerSetting<IdempotencyOverrides>>,
+        setting: impl Into<LayerSetting<IdempotencySettings>>,
     ) -> Self {
         self.idempotency = setting.into();
         self
     }
 
-    /// Sets the setting of `RetryLayer`: [`RetryOverrides`], or a [`LayerSetting`].
-    pub fn with_retry(mut self, setting: impl Into<LayerSetting<RetryOverrides>>) -> Self {
+    /// Sets the setting of `RetryLayer`: [`RetrySettings`], or a [`LayerSetting`].
+    pub fn with_retry(mut self, setting: impl Into<LayerSetting<RetrySettings>>) -> Self {
         self.retry = setting.into();
         self
     }
 
-    /// Sets the setting of `CircuitBreakerLayer`: [`BreakerOverrides`], or a [`LayerSetting`].
-    pub fn with_breaker(mut self, setting: impl Into<LayerSetting<BreakerOverrides>>) -> Self {
+    /// Sets the setting of `CircuitBreakerLayer`: [`BreakerSettings`], or a [`LayerSetting`].
+    pub fn with_breaker(mut self, setting: impl Into<LayerSetting<BreakerSettings>>) -> Self {
         self.breaker = setting.into();
         self
     }
 
-    /// Sets the setting of `TimeoutLayer`: [`TimeoutOverrides`], or a [`LayerSetting`].
-    pub fn with_timeout(mut self, setting: impl Into<LayerSetting<TimeoutOverrides>>) -> Self {
+    /// Sets the setting of `TimeoutLayer`: [`TimeoutSettings`], or a [`LayerSetting`].
+    pub fn with_timeout(mut self, setting: impl Into<LayerSetting<TimeoutSettings>>) -> Self {
         self.timeout = setting.into();
         self
     }
@@ -242,18 +242,17 @@ impl ToolPolicy {
     /// Checks every override; the error names the field below `policy`.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.validate
-            .check_with("validate", ValidateOverrides::check)?;
+            .check_with("validate", ValidateSettings::check)?;
         self.loop_detect
             .check_with("loop_detect", LoopDetectOverrides::check)?;
         self.rate_limit
-            .check_with("rate_limit", RateLimitOverrides::check)?;
+            .check_with("rate_limit", RateLimitSettings::check_tool)?;
         self.idempotency
-            .check_with("idempotency", IdempotencyOverrides::check)?;
-        self.retry.check_with("retry", RetryOverrides::check)?;
+            .check_with("idempotency", IdempotencySettings::check)?;
+        self.retry.check_with("retry", RetrySettings::check)?;
         self.breaker
-            .check_with("breaker", BreakerOverrides::check)?;
-        self.timeout
-            .check_with("timeout", TimeoutOverrides::check)?;
+            .check_with("breaker", BreakerSettings::check_tool)?;
+        self.timeout.check_with("timeout", TimeoutSettings::check)?;
         self.classify.check().map_err(|e| e.within("classify"))
     }
 }
@@ -280,7 +279,6 @@ macro_rules! settings_over {
     ($ty:ident { $($field:ident),* $(,)? }) => {
         impl $ty {
             /// These settings, each one left unset taken from `base`.
-            #[allow(dead_code)]
             pub(crate) fn over(mut self, base: &$ty) -> $ty {
                 $(
                     if self.$field.is_none() {
@@ -338,7 +336,7 @@ fn at_most<N: PartialOrd + fmt::Display + Copy>(
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct ValidateOverrides {
+pub struct ValidateSettings {
     /// Largest params, in bytes of canonical JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_params_bytes: Option<usize>,
@@ -347,15 +345,15 @@ pub struct ValidateOverrides {
     pub check_output: Option<bool>,
 }
 
-option_setters!(ValidateOverrides {
+option_setters!(ValidateSettings {
     /// Sets the largest params, in bytes of canonical JSON.
     with_max_params_bytes => max_params_bytes: usize,
     /// Sets whether the tool's output is checked against its output schema.
     with_check_output => check_output: bool,
 });
 
-impl ValidateOverrides {
-    fn check(&self) -> Result<(), ConfigError> {
+impl ValidateSettings {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         at_least("max_params_bytes", self.max_params_bytes, 2)
     }
 }
@@ -490,7 +488,7 @@ pub enum OnLimit {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct RateLimitOverrides {
+pub struct RateLimitSettings {
     /// Calls per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_second: Option<u32>,
@@ -507,9 +505,16 @@ pub struct RateLimitOverrides {
     /// longer is rejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_wait_ms: Option<u64>,
+    /// Whole layer only: the keys each tool's in-process limiter holds at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_keys: Option<usize>,
+    /// Whole layer only: how often every in-process limiter drops its idle keys, in
+    /// milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_interval_ms: Option<u64>,
 }
 
-option_setters!(RateLimitOverrides {
+option_setters!(RateLimitSettings {
     /// Sets the calls per second.
     with_per_second => per_second: u32,
     /// Sets the calls allowed at once above the steady rate.
@@ -520,13 +525,36 @@ option_setters!(RateLimitOverrides {
     with_on_limit => on_limit: OnLimit,
     /// Sets the longest wait with `on_limit = "wait"`, in milliseconds.
     with_max_wait_ms => max_wait_ms: u64,
+    /// Sets the keys each tool's limiter holds at most (whole layer only).
+    with_max_keys => max_keys: usize,
+    /// Sets how often idle keys are dropped, in milliseconds (whole layer only).
+    with_sweep_interval_ms => sweep_interval_ms: u64,
 });
 
-impl RateLimitOverrides {
-    fn check(&self) -> Result<(), ConfigError> {
+settings_over!(RateLimitSettings {
+    per_second,
+    burst,
+    key,
+    on_limit,
+    max_wait_ms,
+    max_keys,
+    sweep_interval_ms
+});
+
+impl RateLimitSettings {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         at_least("per_second", self.per_second, 1)?;
         at_least("burst", self.burst, 1)?;
-        at_least("max_wait_ms", self.max_wait_ms, 1)
+        at_least("max_wait_ms", self.max_wait_ms, 1)?;
+        at_least("max_keys", self.max_keys, 1)?;
+        at_least("sweep_interval_ms", self.sweep_interval_ms, 1)
+    }
+
+    /// [`check`](Self::check), and no field of the whole layer.
+    fn check_tool(&self) -> Result<(), ConfigError> {
+        layer_wide("max_keys", &self.max_keys)?;
+        layer_wide("sweep_interval_ms", &self.sweep_interval_ms)?;
+        self.check()
     }
 }
 
@@ -556,7 +584,7 @@ pub enum OnStoreError {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct IdempotencyOverrides {
+pub struct IdempotencySettings {
     /// Key scope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<KeyScope>,
@@ -596,7 +624,7 @@ pub struct IdempotencyOverrides {
     pub callers_may_loosen: Option<bool>,
 }
 
-option_setters!(IdempotencyOverrides {
+option_setters!(IdempotencySettings {
     /// Sets the key scope.
     with_scope => scope: KeyScope,
     /// Sets the dedupe mode when the call does not say.
@@ -621,8 +649,8 @@ option_setters!(IdempotencyOverrides {
     with_callers_may_loosen => callers_may_loosen: bool,
 });
 
-impl IdempotencyOverrides {
-    fn check(&self) -> Result<(), ConfigError> {
+impl IdempotencySettings {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         at_least("done_ttl_ms", self.done_ttl_ms, 1)?;
         at_least("failed_ttl_ms", self.failed_ttl_ms, 1)?;
         at_least("read_cache_ttl_ms", self.read_cache_ttl_ms, 1)?;
@@ -649,7 +677,7 @@ pub enum JitterKind {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct RetryOverrides {
+pub struct RetrySettings {
     /// Attempts in all, the first included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
@@ -674,7 +702,7 @@ pub struct RetryOverrides {
     pub forwards_idempotency_key: Option<bool>,
 }
 
-option_setters!(RetryOverrides {
+option_setters!(RetrySettings {
     /// Sets the attempts in all, the first included.
     with_max_attempts => max_attempts: u32,
     /// Sets the base of the exponential backoff, in milliseconds.
@@ -691,8 +719,8 @@ option_setters!(RetryOverrides {
     with_forwards_idempotency_key => forwards_idempotency_key: bool,
 });
 
-impl RetryOverrides {
-    fn check(&self) -> Result<(), ConfigError> {
+impl RetrySettings {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         at_least("max_attempts", self.max_attempts, 1)?;
         at_least("deadline_ms", self.deadline_ms, 1)?;
         at_most("jitter_percent", self.jitter_percent, 100)?;
@@ -712,7 +740,7 @@ impl RetryOverrides {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct BreakerOverrides {
+pub struct BreakerSettings {
     /// Consecutive failures that open the breaker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consecutive_failures: Option<u32>,
@@ -737,9 +765,18 @@ pub struct BreakerOverrides {
     /// Consecutive successful probes that close the breaker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub close_after_successes: Option<u32>,
+    /// Whole layer only: how long a probe of a dependency or global breaker may go
+    /// unanswered before it is abandoned as failed, in milliseconds (default 30 000; a
+    /// tool's own breaker uses the tool's attempt timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_timeout_ms: Option<u64>,
+    /// Whole layer only: how many breakers made on demand (for unregistered tools and
+    /// namespaces) are kept at most (default 10 000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_breakers: Option<u32>,
 }
 
-option_setters!(BreakerOverrides {
+option_setters!(BreakerSettings {
     /// Sets the consecutive failures that open the breaker.
     with_consecutive_failures => consecutive_failures: u32,
     /// Sets the failure rate, in percent, that opens the breaker.
@@ -756,10 +793,30 @@ option_setters!(BreakerOverrides {
     with_half_open_probes => half_open_probes: u32,
     /// Sets the consecutive successful probes that close the breaker.
     with_close_after_successes => close_after_successes: u32,
+    /// Sets how long a probe may go unanswered, in milliseconds (whole layer only).
+    with_probe_timeout_ms => probe_timeout_ms: u64,
+    /// Sets how many breakers made on demand are kept (whole layer only).
+    with_max_breakers => max_breakers: u32,
 });
 
-impl BreakerOverrides {
-    fn check(&self) -> Result<(), ConfigError> {
+impl BreakerSettings {
+    /// [`check`](Self::check), and no field of the whole layer.
+    pub(crate) fn check_tool(&self) -> Result<(), ConfigError> {
+        layer_wide("probe_timeout_ms", &self.probe_timeout_ms)?;
+        layer_wide("max_breakers", &self.max_breakers)?;
+        self.check()
+    }
+
+    /// Only the fields of the whole layer.
+    pub(crate) fn layer_wide(&self) -> BreakerSettings {
+        BreakerSettings {
+            probe_timeout_ms: self.probe_timeout_ms,
+            max_breakers: self.max_breakers,
+            ..BreakerSettings::default()
+        }
+    }
+
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         at_least("consecutive_failures", self.consecutive_failures, 1)?;
         at_least("failure_rate_percent", self.failure_rate_percent, 1)?;
         at_most("failure_rate_percent", self.failure_rate_percent, 100)?;
@@ -768,6 +825,9 @@ impl BreakerOverrides {
         at_least("window_ms", self.window_ms, 1)?;
         at_least("half_open_probes", self.half_open_probes, 1)?;
         at_least("close_after_successes", self.close_after_successes, 1)?;
+        at_least("cooldown_ms", self.cooldown_ms, 1)?;
+        at_least("probe_timeout_ms", self.probe_timeout_ms, 1)?;
+        at_least("max_breakers", self.max_breakers, 1)?;
         if let (Some(min), Some(size)) = (self.min_calls, self.sample_size) {
             if min > size {
                 return Err(ConfigError::new(
@@ -784,19 +844,21 @@ impl BreakerOverrides {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct TimeoutOverrides {
+pub struct TimeoutSettings {
     /// Time for one attempt, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_timeout_ms: Option<u64>,
 }
 
-option_setters!(TimeoutOverrides {
+option_setters!(TimeoutSettings {
     /// Sets the time for one attempt, in milliseconds.
     with_attempt_timeout_ms => attempt_timeout_ms: u64,
 });
 
-impl TimeoutOverrides {
-    fn check(&self) -> Result<(), ConfigError> {
+settings_over!(TimeoutSettings { attempt_timeout_ms });
+
+impl TimeoutSettings {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         at_least("attempt_timeout_ms", self.attempt_timeout_ms, 1)
     }
 }
