@@ -196,6 +196,7 @@ pub mod retry;
 pub mod shared_store;
 mod spans;
 pub mod stack;
+mod stack_part;
 pub mod timeout;
 mod tool_fn;
 mod tool_table;

@@ -74,14 +74,13 @@ use crate::envelope::ToolCall;
 use crate::error::{ConfigError, ToolError};
 use crate::event::EventSink;
 use crate::hooks::{HookLayer, ToolHooks};
-use crate::idempotency::{
-    DedupeStore, IdempotencyLayer, IdempotencyLayerBuilder, InMemoryDedupeStore,
-};
+use crate::idempotency::{DedupeStore, IdempotencyLayer, IdempotencyLayerBuilder};
 use crate::loop_detect::{LoopDetectHandle, LoopDetectLayer, LoopDetectLayerBuilder};
 use crate::outcome::ToolOutput;
 use crate::rate_limit::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::registry::ToolRegistry;
 use crate::retry::{RetryLayer, RetryLayerBuilder};
+use crate::stack_part::{StackPart, StackShared};
 use crate::timeout::{TimeoutLayer, TimeoutLayerBuilder};
 use crate::trace::{AuditAttempts, Redactor, TraceLayer};
 use crate::validate::{EnvelopeValidateLayer, EnvelopeValidateLayerBuilder};
@@ -89,117 +88,235 @@ use crate::validate::{EnvelopeValidateLayer, EnvelopeValidateLayerBuilder};
 /// The hooks object the stack hands to its trace layer and to the layer around the tool.
 type SharedHooks = Arc<dyn ToolHooks>;
 
-/// A layer of the stack, to switch off with [`ToolStackBuilder::without`].
-///
-/// ```
-/// use tower_toolcall::registry::ToolRegistry;
-/// use tower_toolcall::{StackLayer, ToolStack};
-///
-/// let stack = ToolStack::builder(ToolRegistry::open())
-///     .without(StackLayer::LoopDetect)
-///     .build()?;
-/// assert!(stack.loop_sessions().is_none());
-/// # Ok::<(), tower_toolcall::ConfigError>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StackLayer {
-    /// [`TraceLayer`]: span, events, metrics, audit, short-circuit hooks.
-    Trace,
-    /// [`EnvelopeValidateLayer`].
-    Validate,
-    /// [`LoopDetectLayer`].
-    LoopDetect,
-    /// [`RateLimitLayer`].
-    RateLimit,
-    /// [`IdempotencyLayer`].
-    Idempotency,
-    /// [`RetryLayer`].
-    Retry,
-    /// [`CircuitBreakerLayer`].
-    CircuitBreaker,
-    /// [`TimeoutLayer`].
-    Timeout,
+/// One layer of the stack, or the service below it untouched when that layer is off.
+type Stage<L, S> = Either<<L as Layer<S>>::Service, S>;
+
+/// The services of the layers `L1, L2, …` (outermost first) over `S`.
+macro_rules! stacked {
+    ($inner:ty;) => { $inner };
+    ($inner:ty; $layer:ty $(, $rest:ty)*) => { Stage<$layer, stacked!($inner; $($rest),*)> };
 }
 
-/// Every layer of the crate, in the recommended order, as one [`Layer`]. See the
-/// [module docs](self).
-///
-/// Made by [`ToolStack::builder`]. Clones share every layer's state (breakers, loop
-/// sessions, quotas, the dedupe store), as do the services they make: build the stack once
-/// and apply it to as many tools as you like.
-///
-/// It also hands out what operators act on: [`breakers`](ToolStack::breakers),
-/// [`loop_sessions`](ToolStack::loop_sessions), the [`dedupe_store`](ToolStack::dedupe_store)
-/// and the [`control`](ToolStack::control) switches.
-///
-/// ```
-/// use serde_json::json;
-/// use tower::Layer;
-/// use tower_toolcall::registry::ToolRegistry;
-/// use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
-///
-/// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
-/// // One stack for two tools: they share its breakers, loop sessions and dedupe store.
-/// let search = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!([]))) }));
-/// let fetch = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!(""))) }));
-/// # drop((search, fetch));
-/// # Ok::<(), tower_toolcall::ConfigError>(())
-/// ```
-pub struct ToolStack {
-    registry: ToolRegistry,
-    trace: Option<TraceLayer>,
-    validate: Option<EnvelopeValidateLayer>,
-    loop_detect: Option<LoopDetectLayer>,
-    rate_limit: Option<RateLimitLayer>,
-    idempotency: Option<IdempotencyLayer>,
-    retry: Option<RetryLayer>,
-    breaker: Option<CircuitBreakerLayer>,
-    timeout: Option<TimeoutLayer>,
-    hooks: Option<HookLayer<SharedHooks>>,
-    /// The trace layer's audit log writing each attempt, innermost.
-    audit_attempts: Option<HookLayer<AuditAttempts>>,
+/// Builds the parts of the list innermost first, each into a variable named after its field.
+macro_rules! build_inner_first {
+    ($builder:ident, $shared:ident, $on:ident;) => {};
+    ($builder:ident, $shared:ident, $on:ident;
+     ($variant:ident, $field:ident) $(, ($v:ident, $f:ident))*) => {
+        build_inner_first!($builder, $shared, $on; $(($v, $f)),*);
+        let $field = if $on(StackLayer::$variant) {
+            Some(StackPart::build_part($builder.$field, &mut $shared)?)
+        } else {
+            None
+        };
+    };
 }
 
-impl ToolStack {
-    /// A builder of the stack over `registry`, whose tools, policies and operator switches
-    /// ([`ReliabilityControl`], set with [`ToolRegistry::with_control`]) every layer shares.
-    /// Idempotency records go to a fresh [`InMemoryDedupeStore`] unless
-    /// [`store`](ToolStackBuilder::store) says otherwise.
-    ///
-    /// ```
-    /// use tower_toolcall::registry::ToolRegistry;
-    /// use tower_toolcall::ToolStack;
-    ///
-    /// let registry = ToolRegistry::from_toml_str(
-    ///     r#"
-    ///     [[tools]]
-    ///     namespace = "agents.tools.web"
-    ///     name = "search"
-    ///     risk = "read-only"
-    ///     "#,
-    /// )?;
-    /// let stack = ToolStack::builder(registry).build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn builder(registry: ToolRegistry) -> ToolStackBuilder {
-        ToolStackBuilder {
-            trace: TraceLayer::new(),
-            validate: EnvelopeValidateLayer::builder(registry.clone()),
-            loop_detect: LoopDetectLayer::builder(registry.clone()),
-            rate_limit: RateLimitLayer::builder(registry.clone()),
-            idempotency: IdempotencyLayer::builder(
-                registry.clone(),
-                Arc::new(InMemoryDedupeStore::new()),
-            ),
-            retry: RetryLayer::builder(registry.clone()),
-            breaker: CircuitBreakerLayer::builder(registry.clone()),
-            timeout: TimeoutLayer::builder(registry.clone()),
-            registry,
-            hooks: None,
-            without: Vec::new(),
+/// The stack's layers, outermost first: each its [`StackLayer`] variant, its field in
+/// [`ToolStack`] and [`ToolStackBuilder`], its layer and its builder (a [`StackPart`]). A new
+/// layer is one line here.
+macro_rules! stack_layers {
+    ($($(#[$doc:meta])* $variant:ident($field:ident: $layer:ty, $builder:ty),)*) => {
+        /// A layer of the stack, to switch off with [`ToolStackBuilder::without`].
+        ///
+        /// ```
+        /// use tower_toolcall::registry::ToolRegistry;
+        /// use tower_toolcall::{StackLayer, ToolStack};
+        ///
+        /// let stack = ToolStack::builder(ToolRegistry::open())
+        ///     .without(StackLayer::LoopDetect)
+        ///     .build()?;
+        /// assert!(stack.loop_sessions().is_none());
+        /// # Ok::<(), tower_toolcall::ConfigError>(())
+        /// ```
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum StackLayer {
+            $($(#[$doc])* $variant,)*
         }
-    }
+
+        /// Every layer of the crate, in the recommended order, as one [`Layer`]. See the
+        /// [module docs](self).
+        ///
+        /// Made by [`ToolStack::builder`]. Clones share every layer's state (breakers, loop
+        /// sessions, quotas, the dedupe store), as do the services they make: build the stack
+        /// once and apply it to as many tools as you like.
+        ///
+        /// It also hands out what operators act on: [`breakers`](ToolStack::breakers),
+        /// [`loop_sessions`](ToolStack::loop_sessions), the
+        /// [`dedupe_store`](ToolStack::dedupe_store) and the [`control`](ToolStack::control)
+        /// switches.
+        ///
+        /// ```
+        /// use serde_json::json;
+        /// use tower::Layer;
+        /// use tower_toolcall::registry::ToolRegistry;
+        /// use tower_toolcall::{tool_fn, ToolCall, ToolOutput, ToolStack};
+        ///
+        /// let stack = ToolStack::builder(ToolRegistry::open()).build()?;
+        /// // One stack for two tools: they share its breakers, loop sessions and dedupe store.
+        /// let search = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!([]))) }));
+        /// let fetch = stack.layer(tool_fn(|_: ToolCall| async { Ok(ToolOutput::new(json!(""))) }));
+        /// # drop((search, fetch));
+        /// # Ok::<(), tower_toolcall::ConfigError>(())
+        /// ```
+        #[derive(Clone)]
+        pub struct ToolStack {
+            registry: ToolRegistry,
+            $($field: Option<$layer>,)*
+            hooks: Option<HookLayer<SharedHooks>>,
+            /// The trace layer's audit log writing each attempt, innermost.
+            audit_attempts: Option<HookLayer<AuditAttempts>>,
+        }
+
+        impl fmt::Debug for ToolStack {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let on = |present: bool| if present { "on" } else { "off" };
+                f.debug_struct("ToolStack")
+                    .field("registry", &self.registry)
+                    $(.field(stringify!($field), &on(self.$field.is_some())))*
+                    .field("hooks", &on(self.hooks.is_some()))
+                    .finish()
+            }
+        }
+
+        /// The services of the stack, outermost first.
+        type Stacked<S> = stacked!(
+            Stage<HookLayer<SharedHooks>, Stage<HookLayer<AuditAttempts>, S>>;
+            $($layer),*
+        );
+
+        impl<S> Layer<S> for ToolStack {
+            type Service = ToolStackService<S>;
+
+            fn layer(&self, tool: S) -> Self::Service {
+                let inner = ServiceBuilder::new()
+                    $(.option_layer(self.$field.clone()))*
+                    .option_layer(self.hooks.clone())
+                    .option_layer(self.audit_attempts.clone())
+                    .service(tool);
+                ToolStackService { inner }
+            }
+        }
+
+        /// Builds a [`ToolStack`]; made by [`ToolStack::builder`].
+        ///
+        /// Each layer starts from its own defaults over the stack's registry; the closures
+        /// given to [`retry`](Self::retry), [`breaker`](Self::breaker) and the other
+        /// per-layer methods change them with that layer's builder, whose `settings` take
+        /// the layer's settings type (the one a tool's policy uses for it). What several
+        /// layers must agree on is set once here: the dedupe [`store`](Self::store), the
+        /// [`hooks`](Self::hooks), the [`redactor`](Self::redactor), the
+        /// [`canonical_options`](Self::canonical_options) and the
+        /// [event sinks](Self::on_event) (the metrics, for one).
+        ///
+        /// ```
+        /// use tower_toolcall::control::ReliabilityControl;
+        /// use tower_toolcall::registry::{RetrySettings, TimeoutSettings, ToolRegistry};
+        /// use tower_toolcall::{StackLayer, ToolStack};
+        ///
+        /// let control = ReliabilityControl::new();
+        /// let retry = RetrySettings::default().with_max_attempts(3);
+        /// let timeout = TimeoutSettings::default().with_attempt_timeout_ms(5_000);
+        /// let stack = ToolStack::builder(ToolRegistry::open().with_control(control.clone()))
+        ///     .retry(|builder| builder.settings(retry).seed(7)) // a seed: repeatable jitter
+        ///     .timeout(|builder| builder.settings(timeout))
+        ///     .without(StackLayer::RateLimit)
+        ///     .build()?;
+        /// assert!(stack.rate_limits().is_none());
+        /// control.set_enabled(false); // every layer of `stack` now passes calls through
+        /// assert!(!stack.control().is_enabled());
+        /// # Ok::<(), tower_toolcall::ConfigError>(())
+        /// ```
+        #[must_use]
+        pub struct ToolStackBuilder {
+            registry: ToolRegistry,
+            $($field: $builder,)*
+            shared: StackShared,
+            without: Vec<StackLayer>,
+        }
+
+        impl ToolStack {
+            /// A builder of the stack over `registry`, whose tools, policies and operator
+            /// switches ([`ReliabilityControl`], set with [`ToolRegistry::with_control`])
+            /// every layer shares. Idempotency records go to a fresh
+            /// [`InMemoryDedupeStore`](crate::idempotency::InMemoryDedupeStore) unless
+            /// [`store`](ToolStackBuilder::store) says otherwise.
+            ///
+            /// ```
+            /// use tower_toolcall::registry::ToolRegistry;
+            /// use tower_toolcall::ToolStack;
+            ///
+            /// let registry = ToolRegistry::from_toml_str(
+            ///     r#"
+            ///     [[tools]]
+            ///     namespace = "agents.tools.web"
+            ///     name = "search"
+            ///     risk = "read-only"
+            ///     "#,
+            /// )?;
+            /// let stack = ToolStack::builder(registry).build()?;
+            /// # Ok::<(), tower_toolcall::ConfigError>(())
+            /// ```
+            pub fn builder(registry: ToolRegistry) -> ToolStackBuilder {
+                ToolStackBuilder {
+                    $($field: <$builder as StackPart>::part(&registry),)*
+                    registry,
+                    shared: StackShared::default(),
+                    without: Vec::new(),
+                }
+            }
+        }
+
+        impl ToolStackBuilder {
+            $(
+                #[doc = concat!(
+                    "Changes the [`", stringify!($layer), "`] through its builder: its ",
+                    "`settings`, the defaults of every tool, and what else the builder sets."
+                )]
+                pub fn $field(mut self, configure: impl FnOnce($builder) -> $builder) -> Self {
+                    self.$field = configure(self.$field);
+                    self
+                }
+            )*
+
+            fn build_parts(self) -> Result<ToolStack, ConfigError> {
+                let on = |layer: StackLayer| !self.without.contains(&layer);
+                let mut shared = self.shared;
+                let builder = ToolStackBuilderParts { $($field: self.$field,)* };
+                build_inner_first!(builder, shared, on; $(($variant, $field)),*);
+                Ok(ToolStack {
+                    $($field,)*
+                    hooks: shared.hooks.map(HookLayer::new),
+                    audit_attempts: None,
+                    registry: self.registry,
+                })
+            }
+        }
+
+        /// The builders of the parts, moved out of the stack's builder to be built.
+        struct ToolStackBuilderParts {
+            $($field: $builder,)*
+        }
+    };
+}
+
+stack_layers! {
+    /// [`TraceLayer`]: span, events, metrics, audit, short-circuit hooks.
+    Trace(trace: TraceLayer, TraceLayer),
+    /// [`EnvelopeValidateLayer`].
+    Validate(validate: EnvelopeValidateLayer, EnvelopeValidateLayerBuilder),
+    /// [`LoopDetectLayer`].
+    LoopDetect(loop_detect: LoopDetectLayer, LoopDetectLayerBuilder),
+    /// [`RateLimitLayer`].
+    RateLimit(rate_limit: RateLimitLayer, RateLimitLayerBuilder),
+    /// [`IdempotencyLayer`].
+    Idempotency(idempotency: IdempotencyLayer, IdempotencyLayerBuilder),
+    /// [`RetryLayer`].
+    Retry(retry: RetryLayer, RetryLayerBuilder),
+    /// [`CircuitBreakerLayer`].
+    CircuitBreaker(breaker: CircuitBreakerLayer, CircuitBreakerLayerBuilder),
+    /// [`TimeoutLayer`].
+    Timeout(timeout: TimeoutLayer, TimeoutLayerBuilder),
 }
 
 impl ToolStack {
@@ -323,92 +440,6 @@ impl ToolStack {
     }
 }
 
-impl Clone for ToolStack {
-    fn clone(&self) -> Self {
-        ToolStack {
-            registry: self.registry.clone(),
-            trace: self.trace.clone(),
-            validate: self.validate.clone(),
-            loop_detect: self.loop_detect.clone(),
-            rate_limit: self.rate_limit.clone(),
-            idempotency: self.idempotency.clone(),
-            retry: self.retry.clone(),
-            breaker: self.breaker.clone(),
-            timeout: self.timeout.clone(),
-            hooks: self.hooks.clone(),
-            audit_attempts: self.audit_attempts.clone(),
-        }
-    }
-}
-
-impl fmt::Debug for ToolStack {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let on = |present: bool| if present { "on" } else { "off" };
-        f.debug_struct("ToolStack")
-            .field("registry", &self.registry)
-            .field("trace", &on(self.trace.is_some()))
-            .field("validate", &on(self.validate.is_some()))
-            .field("loop_detect", &on(self.loop_detect.is_some()))
-            .field("rate_limit", &on(self.rate_limit.is_some()))
-            .field("idempotency", &on(self.idempotency.is_some()))
-            .field("retry", &on(self.retry.is_some()))
-            .field("circuit_breaker", &on(self.breaker.is_some()))
-            .field("timeout", &on(self.timeout.is_some()))
-            .field("hooks", &on(self.hooks.is_some()))
-            .finish()
-    }
-}
-
-/// One layer of the stack, or the service below it untouched when that layer is off.
-type Stage<L, S> = Either<<L as Layer<S>>::Service, S>;
-
-/// The services of the stack, outermost first.
-type Stacked<S> = Stage<
-    TraceLayer,
-    Stage<
-        EnvelopeValidateLayer,
-        Stage<
-            LoopDetectLayer,
-            Stage<
-                RateLimitLayer,
-                Stage<
-                    IdempotencyLayer,
-                    Stage<
-                        RetryLayer,
-                        Stage<
-                            CircuitBreakerLayer,
-                            Stage<
-                                TimeoutLayer,
-                                Stage<HookLayer<SharedHooks>, Stage<HookLayer<AuditAttempts>, S>>,
-                            >,
-                        >,
-                    >,
-                >,
-            >,
-        >,
-    >,
->;
-
-impl<S> Layer<S> for ToolStack {
-    type Service = ToolStackService<S>;
-
-    fn layer(&self, tool: S) -> Self::Service {
-        let inner = ServiceBuilder::new()
-            .option_layer(self.trace.clone())
-            .option_layer(self.validate.clone())
-            .option_layer(self.loop_detect.clone())
-            .option_layer(self.rate_limit.clone())
-            .option_layer(self.idempotency.clone())
-            .option_layer(self.retry.clone())
-            .option_layer(self.breaker.clone())
-            .option_layer(self.timeout.clone())
-            .option_layer(self.hooks.clone())
-            .option_layer(self.audit_attempts.clone())
-            .service(tool);
-        ToolStackService { inner }
-    }
-}
-
 /// The service of [`ToolStack`]: a tool behind every layer of the stack.
 ///
 /// It answers with `ToolOutput` / `ToolError`, so that other tower middleware composes
@@ -489,54 +520,12 @@ where
     }
 }
 
-/// Builds a [`ToolStack`]; made by [`ToolStack::builder`].
-///
-/// Each layer starts from its own defaults over the stack's registry; the closures given to
-/// [`retry`](Self::retry), [`breaker`](Self::breaker) and the other per-layer methods change
-/// them with that layer's builder. What several layers must agree on is set once here:
-/// the dedupe [`store`](Self::store), the [`hooks`](Self::hooks), the
-/// [`redactor`](Self::redactor), the [`canonical_options`](Self::canonical_options) and the
-/// [event sinks](Self::on_event) (the metrics, for one).
-///
-/// ```
-/// use tower_toolcall::control::ReliabilityControl;
-/// use tower_toolcall::registry::{RetrySettings, TimeoutSettings, ToolRegistry};
-/// use tower_toolcall::{StackLayer, ToolStack};
-///
-/// let control = ReliabilityControl::new();
-/// let retry = RetrySettings::default().with_max_attempts(3);
-/// let timeout = TimeoutSettings::default().with_attempt_timeout_ms(5_000);
-/// let stack = ToolStack::builder(ToolRegistry::open().with_control(control.clone()))
-///     .retry(|builder| builder.settings(retry).seed(7))
-///     .timeout(|builder| builder.settings(timeout))
-///     .without(StackLayer::RateLimit)
-///     .build()?;
-/// assert!(stack.rate_limits().is_none());
-/// control.set_enabled(false); // every layer of `stack` now passes calls straight through
-/// assert!(!stack.control().is_enabled());
-/// # Ok::<(), tower_toolcall::ConfigError>(())
-/// ```
-#[must_use]
-pub struct ToolStackBuilder {
-    registry: ToolRegistry,
-    trace: TraceLayer,
-    validate: EnvelopeValidateLayerBuilder,
-    loop_detect: LoopDetectLayerBuilder,
-    rate_limit: RateLimitLayerBuilder,
-    idempotency: IdempotencyLayerBuilder,
-    retry: RetryLayerBuilder,
-    breaker: CircuitBreakerLayerBuilder,
-    timeout: TimeoutLayerBuilder,
-    hooks: Option<SharedHooks>,
-    without: Vec<StackLayer>,
-}
-
 impl fmt::Debug for ToolStackBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolStackBuilder")
             .field("registry", &self.registry)
             .field("idempotency", &self.idempotency)
-            .field("hooks", &self.hooks.is_some())
+            .field("hooks", &self.shared.hooks.is_some())
             .field("without", &self.without)
             .finish_non_exhaustive()
     }
@@ -586,7 +575,7 @@ impl ToolStackBuilder {
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
     pub fn hooks(mut self, hooks: impl ToolHooks) -> Self {
-        self.hooks = Some(Arc::new(hooks));
+        self.shared.hooks = Some(Arc::new(hooks));
         self
     }
 
@@ -602,8 +591,7 @@ impl ToolStackBuilder {
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
     pub fn redactor(mut self, redactor: Redactor) -> Self {
-        self.trace = self.trace.redactor(redactor.clone());
-        self.loop_detect = self.loop_detect.redactor(redactor);
+        self.shared.redactor = Some(redactor);
         self
     }
 
@@ -620,9 +608,7 @@ impl ToolStackBuilder {
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
     pub fn canonical_options(mut self, options: CanonicalOptions) -> Self {
-        self.validate = self.validate.canonical_options(options.clone());
-        self.loop_detect = self.loop_detect.canonical_options(options.clone());
-        self.idempotency = self.idempotency.canonical_options(options);
+        self.shared.canonical = Some(options);
         self
     }
 
@@ -645,86 +631,7 @@ impl ToolStackBuilder {
     /// # Ok::<(), tower_toolcall::ConfigError>(())
     /// ```
     pub fn on_event(mut self, sink: impl EventSink) -> Self {
-        let sink: Arc<dyn EventSink> = Arc::new(sink);
-        self.trace = self.trace.on_shared_event(sink.clone());
-        self.loop_detect = self.loop_detect.on_shared_event(sink.clone());
-        self.rate_limit = self.rate_limit.on_shared_event(sink.clone());
-        self.idempotency = self.idempotency.on_shared_event(sink.clone());
-        self.breaker = self.breaker.on_shared_event(sink);
-        self
-    }
-
-    /// Changes the trace layer (its audit log, for one).
-    ///
-    /// ```no_run
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::trace::AuditLog;
-    ///
-    /// let audit = AuditLog::builder("/var/log/tools").build()?;
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .trace(|trace| trace.audit(audit))
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn trace(mut self, configure: impl FnOnce(TraceLayer) -> TraceLayer) -> Self {
-        self.trace = configure(self.trace);
-        self
-    }
-
-    /// Changes the validation layer's defaults.
-    ///
-    /// ```
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::registry::ValidateSettings;
-    ///
-    /// let settings = ValidateSettings::default().with_max_params_bytes(64 * 1024);
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .validate(|validate| validate.settings(settings))
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn validate(
-        mut self,
-        configure: impl FnOnce(EnvelopeValidateLayerBuilder) -> EnvelopeValidateLayerBuilder,
-    ) -> Self {
-        self.validate = configure(self.validate);
-        self
-    }
-
-    /// Changes the loop detector's defaults.
-    ///
-    /// ```
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .loop_detect(|loops| loops.cycles(false).failure_threshold(5))
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn loop_detect(
-        mut self,
-        configure: impl FnOnce(LoopDetectLayerBuilder) -> LoopDetectLayerBuilder,
-    ) -> Self {
-        self.loop_detect = configure(self.loop_detect);
-        self
-    }
-
-    /// Changes the rate limits' defaults.
-    ///
-    /// ```
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::registry::RateLimitSettings;
-    ///
-    /// let settings = RateLimitSettings::default().with_per_second(20).with_burst(40);
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .rate_limit(|limits| limits.settings(settings))
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn rate_limit(
-        mut self,
-        configure: impl FnOnce(RateLimitLayerBuilder) -> RateLimitLayerBuilder,
-    ) -> Self {
-        self.rate_limit = configure(self.rate_limit);
+        self.shared.sinks.push(Arc::new(sink));
         self
     }
 
@@ -770,85 +677,6 @@ impl ToolStackBuilder {
         self
     }
 
-    /// Changes the idempotency layer's defaults.
-    ///
-    /// ```
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::registry::IdempotencySettings;
-    ///
-    /// let settings = IdempotencySettings::default().with_done_ttl_ms(3_600_000);
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .idempotency(|idempotency| idempotency.settings(settings))
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn idempotency(
-        mut self,
-        configure: impl FnOnce(IdempotencyLayerBuilder) -> IdempotencyLayerBuilder,
-    ) -> Self {
-        self.idempotency = configure(self.idempotency);
-        self
-    }
-
-    /// Changes the retry layer's defaults.
-    ///
-    /// ```
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::registry::RetrySettings;
-    ///
-    /// let settings = RetrySettings::default().with_max_attempts(3);
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .retry(|retry| retry.settings(settings).seed(7)) // a seed makes the jitter repeatable
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn retry(mut self, configure: impl FnOnce(RetryLayerBuilder) -> RetryLayerBuilder) -> Self {
-        self.retry = configure(self.retry);
-        self
-    }
-
-    /// Changes the breakers' defaults (and adds transition listeners).
-    ///
-    /// ```
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::registry::BreakerSettings;
-    ///
-    /// let settings = BreakerSettings::default()
-    ///     .with_consecutive_failures(3)
-    ///     .with_cooldown_ms(10_000);
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .breaker(|breaker| breaker.settings(settings))
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn breaker(
-        mut self,
-        configure: impl FnOnce(CircuitBreakerLayerBuilder) -> CircuitBreakerLayerBuilder,
-    ) -> Self {
-        self.breaker = configure(self.breaker);
-        self
-    }
-
-    /// Changes the attempt timeout's defaults.
-    ///
-    /// ```
-    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
-    /// use tower_toolcall::registry::TimeoutSettings;
-    ///
-    /// let settings = TimeoutSettings::default().with_attempt_timeout_ms(5_000);
-    /// let stack = ToolStack::builder(ToolRegistry::open())
-    ///     .timeout(|timeout| timeout.settings(settings))
-    ///     .build()?;
-    /// # Ok::<(), tower_toolcall::ConfigError>(())
-    /// ```
-    pub fn timeout(
-        mut self,
-        configure: impl FnOnce(TimeoutLayerBuilder) -> TimeoutLayerBuilder,
-    ) -> Self {
-        self.timeout = configure(self.timeout);
-        self
-    }
-
     /// Leaves `layer` out of the stack. A layer can also be switched off for some tools only,
     /// in their policy, or shadowed at run time through the [control](ToolStack::control).
     ///
@@ -881,47 +709,14 @@ impl ToolStackBuilder {
     /// assert!(error.to_string().contains("max_attempts"));
     /// ```
     pub fn build(self) -> Result<ToolStack, ConfigError> {
-        let on = |layer: StackLayer| !self.without.contains(&layer);
-        let trace = match (on(StackLayer::Trace), &self.hooks) {
-            (false, _) => None,
-            (true, Some(hooks)) => Some(self.trace.hooks(hooks.clone())),
-            (true, None) => Some(self.trace),
-        };
-        let audit_attempts = trace
+        let mut stack = self.build_parts()?;
+        // The audit log writes each attempt innermost, where only attempts that reach the
+        // tool pass.
+        stack.audit_attempts = stack
+            .trace
             .as_ref()
             .and_then(TraceLayer::audit_log)
             .map(|audit| HookLayer::new(audit.attempt_hooks()));
-        let idempotency = on(StackLayer::Idempotency)
-            .then(|| self.idempotency.build())
-            .transpose()?;
-        Ok(ToolStack {
-            trace,
-            validate: on(StackLayer::Validate)
-                .then(|| self.validate.build())
-                .transpose()?,
-            loop_detect: on(StackLayer::LoopDetect)
-                .then(|| match &idempotency {
-                    // A re-send the idempotency layer answers is never a repeat.
-                    Some(idempotency) => self.loop_detect.resends_answered_by(idempotency).build(),
-                    None => self.loop_detect.build(),
-                })
-                .transpose()?,
-            rate_limit: on(StackLayer::RateLimit)
-                .then(|| self.rate_limit.build())
-                .transpose()?,
-            idempotency,
-            retry: on(StackLayer::Retry)
-                .then(|| self.retry.build())
-                .transpose()?,
-            breaker: on(StackLayer::CircuitBreaker)
-                .then(|| self.breaker.build())
-                .transpose()?,
-            timeout: on(StackLayer::Timeout)
-                .then(|| self.timeout.build())
-                .transpose()?,
-            hooks: self.hooks.map(HookLayer::new),
-            audit_attempts,
-            registry: self.registry,
-        })
+        Ok(stack)
     }
 }

@@ -12,6 +12,7 @@ use crate::classify::{Classify, SharedClassifier, ToolProfile};
 use crate::error::ConfigError;
 use crate::event::{BreakerKey, EventSink, EventSinks};
 use crate::registry::{BreakerSettings, LayerSetting, RiskLevel, ToolRegistry};
+use crate::stack_part::{StackPart, StackShared};
 use crate::tool_table::ToolTable;
 
 /// How many breakers made on demand (for unregistered tools and namespaces) are kept at
@@ -290,5 +291,18 @@ impl std::fmt::Debug for CircuitBreakerLayerBuilder {
             .field("mutating", &self.mutating)
             .field("sinks", &self.sinks)
             .finish_non_exhaustive()
+    }
+}
+
+impl StackPart for CircuitBreakerLayerBuilder {
+    type Layer = CircuitBreakerLayer;
+
+    fn part(registry: &ToolRegistry) -> Self {
+        CircuitBreakerLayer::builder(registry.clone())
+    }
+
+    fn build_part(self, shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+        let sinks = shared.sinks.iter().cloned();
+        sinks.fold(self, Self::on_shared_event).build()
     }
 }

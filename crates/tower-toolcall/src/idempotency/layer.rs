@@ -11,6 +11,7 @@ use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ConfigError, ToolError};
 use crate::event::{EventSink, EventSinks, LayerEvent};
 use crate::registry::{IdempotencySettings, KeyScope, OnStoreError, ParamsMismatch, ToolRegistry};
+use crate::stack_part::{StackPart, StackShared};
 use crate::tool_table::ToolTable;
 
 /// Applies [`Idempotency`] to a service. See the [module docs](super).
@@ -239,5 +240,25 @@ impl IdempotencyLayer {
                 inflight_lease: settings.inflight_lease,
             });
         }
+    }
+}
+
+impl StackPart for IdempotencyLayerBuilder {
+    type Layer = IdempotencyLayer;
+
+    fn part(registry: &ToolRegistry) -> Self {
+        IdempotencyLayer::builder(registry.clone(), Arc::new(InMemoryDedupeStore::new()))
+    }
+
+    fn build_part(self, shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+        let builder = match &shared.canonical {
+            Some(options) => self.canonical_options(options.clone()),
+            None => self,
+        };
+        let sinks = shared.sinks.iter().cloned();
+        let layer = sinks.fold(builder, Self::on_shared_event).build()?;
+        // A re-send this layer answers is never a repeat for the loop detector outside it.
+        shared.resends = Some(layer.resends());
+        Ok(layer)
     }
 }

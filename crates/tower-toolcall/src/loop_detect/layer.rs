@@ -22,6 +22,7 @@ use crate::redact::Redactor;
 use crate::registry::{LayerSetting, RiskLevel, ToolPolicy, ToolRegistry};
 use crate::resend::Resends;
 use crate::shared_store::{FailurePolicy, Outages, StoreHealth};
+use crate::stack_part::{StackPart, StackShared};
 use crate::tool_table::ToolTable;
 
 /// Default of [`LoopDetectLayerBuilder::max_sessions`].
@@ -489,4 +490,26 @@ fn check_registry(registry: &ToolRegistry) -> Result<(), ConfigError> {
         )?;
     }
     Ok(())
+}
+
+impl StackPart for LoopDetectLayerBuilder {
+    type Layer = LoopDetectLayer;
+
+    fn part(registry: &ToolRegistry) -> Self {
+        LoopDetectLayer::builder(registry.clone())
+    }
+
+    fn build_part(mut self, shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+        if let Some(redactor) = &shared.redactor {
+            self = self.redactor(redactor.clone());
+        }
+        if let Some(options) = &shared.canonical {
+            self = self.canonical_options(options.clone());
+        }
+        if let Some(resends) = &shared.resends {
+            self.resends = Some(resends.clone());
+        }
+        let sinks = shared.sinks.iter().cloned();
+        sinks.fold(self, Self::on_shared_event).build()
+    }
 }

@@ -10,6 +10,7 @@ use crate::error::ConfigError;
 use crate::event::{EventSink, EventSinks};
 use crate::registry::{LayerSetting, OnLimit, RateLimitKey, RateLimitSettings, ToolRegistry};
 use crate::shared_store::{FailurePolicy, Outages, StoreHealth};
+use crate::stack_part::{StackPart, StackShared};
 use crate::tool_table::ToolTable;
 
 /// The longest a call waits for its quota with `on_limit = "wait"`: 10 s.
@@ -199,5 +200,18 @@ impl RateLimitLayerBuilder {
                 outages: Outages::new(self.on_store_failure, self.sinks),
             }),
         })
+    }
+}
+
+impl StackPart for RateLimitLayerBuilder {
+    type Layer = RateLimitLayer;
+
+    fn part(registry: &ToolRegistry) -> Self {
+        RateLimitLayer::builder(registry.clone())
+    }
+
+    fn build_part(self, shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+        let sinks = shared.sinks.iter().cloned();
+        sinks.fold(self, Self::on_shared_event).build()
     }
 }

@@ -10,6 +10,7 @@ use super::service::{Retry, ToolRetry};
 use crate::classify::{Classify, SharedClassifier, ToolProfile};
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, RetrySettings, ToolRegistry};
+use crate::stack_part::{StackPart, StackShared};
 use crate::tool_table::ToolTable;
 
 /// Applies [`Retry`] to a service. See the [module docs](crate::retry).
@@ -190,5 +191,17 @@ impl std::fmt::Debug for RetryLayerBuilder {
             .field("settings", &self.settings)
             .field("budget", &self.budget)
             .finish_non_exhaustive()
+    }
+}
+
+impl StackPart for RetryLayerBuilder {
+    type Layer = RetryLayer;
+
+    fn part(registry: &ToolRegistry) -> Self {
+        RetryLayer::builder(registry.clone())
+    }
+
+    fn build_part(self, _shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+        self.build()
     }
 }

@@ -6,6 +6,7 @@ use tower_layer::Layer;
 use super::service::{AttemptLimit, Timeout};
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, TimeoutSettings, ToolRegistry};
+use crate::stack_part::{StackPart, StackShared};
 use crate::tool_table::ToolTable;
 
 /// The attempt timeout of tools that set none: 30 s.
@@ -114,5 +115,17 @@ impl TimeoutLayerBuilder {
         Ok(TimeoutLayer {
             limits: Arc::new(limits),
         })
+    }
+}
+
+impl StackPart for TimeoutLayerBuilder {
+    type Layer = TimeoutLayer;
+
+    fn part(registry: &ToolRegistry) -> Self {
+        TimeoutLayer::builder(registry.clone())
+    }
+
+    fn build_part(self, _shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+        self.build()
     }
 }

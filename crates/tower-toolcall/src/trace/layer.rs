@@ -4,9 +4,12 @@ use tower_layer::Layer;
 
 use super::audit::AuditLog;
 use super::service::Trace;
+use crate::error::ConfigError;
 use crate::event::{EventSink, EventSinks};
 use crate::hooks::{SharedHooks, ToolHooks};
 use crate::redact::Redactor;
+use crate::registry::ToolRegistry;
+use crate::stack_part::{StackPart, StackShared};
 
 /// Applies [`Trace`] to a service: one `tracing` span per call, start and end events, and
 /// the audit log. See the [module docs](crate::trace).
@@ -125,5 +128,27 @@ impl<S> Layer<S> for TraceLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         Trace::new(inner, self.config.clone())
+    }
+}
+
+impl StackPart for TraceLayer {
+    type Layer = TraceLayer;
+
+    fn part(_registry: &ToolRegistry) -> Self {
+        TraceLayer::new()
+    }
+
+    fn build_part(self, shared: &mut StackShared) -> Result<TraceLayer, ConfigError> {
+        let mut layer = match &shared.redactor {
+            Some(redactor) => self.redactor(redactor.clone()),
+            None => self,
+        };
+        for sink in &shared.sinks {
+            layer = layer.on_shared_event(sink.clone());
+        }
+        Ok(match &shared.hooks {
+            Some(hooks) => layer.hooks(hooks.clone()),
+            None => layer,
+        })
     }
 }

@@ -6,6 +6,7 @@ use super::service::{EnvelopeValidate, Validator};
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
 use crate::registry::{ToolRegistry, ValidateSettings};
+use crate::stack_part::{StackPart, StackShared};
 
 /// The default size limit of params: 1 MiB of canonical JSON.
 pub const DEFAULT_MAX_PARAMS_BYTES: usize = 1 << 20;
@@ -96,5 +97,21 @@ impl EnvelopeValidateLayerBuilder {
                 check_output: self.settings.check_output.unwrap_or(true),
             }),
         })
+    }
+}
+
+impl StackPart for EnvelopeValidateLayerBuilder {
+    type Layer = EnvelopeValidateLayer;
+
+    fn part(registry: &ToolRegistry) -> Self {
+        EnvelopeValidateLayer::builder(registry.clone())
+    }
+
+    fn build_part(self, shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+        match &shared.canonical {
+            Some(options) => self.canonical_options(options.clone()),
+            None => self,
+        }
+        .build()
     }
 }
