@@ -11,7 +11,7 @@ use super::state::BreakerConfig;
 use crate::classify::{Classify, SharedClassifier, ToolProfile};
 use crate::error::ConfigError;
 use crate::event::{BreakerKey, EventSink, EventSinks};
-use crate::registry::{BreakerSettings, LayerSetting, RiskLevel, ToolRegistry};
+use crate::registry::{BreakerSettings, LayerSetting, RiskLevel, ToolRegistry, ToolSettings};
 use crate::stack_part::{StackPart, StackShared};
 use crate::tool_table::ToolTable;
 

@@ -632,3 +632,43 @@ fn tools_are_listed_in_the_order_of_their_full_names() {
         ]
     );
 }
+
+#[test]
+fn a_field_only_the_whole_layer_has_is_refused_in_a_tools_policy() {
+    for (section, field) in [
+        ("rate_limit", "max_keys = 10"),
+        ("rate_limit", "sweep_interval_ms = 1000"),
+        ("breaker", "max_breakers = 10"),
+        ("breaker", "probe_timeout_ms = 1000"),
+    ] {
+        let text = format!(
+            "[[tools]]\nnamespace = \"web\"\nname = \"search\"\nrisk = \"read-only\"\n\
+             [tools.policy.{section}]\n{field}\n"
+        );
+        let err = ToolRegistry::from_toml_str(&text).unwrap_err();
+        let name = field.split(' ').next().unwrap();
+        assert_eq!(err.field(), format!("tools[0].policy.{section}.{name}"));
+        assert!(err.problem().contains("whole layer"), "{err}");
+    }
+    // The same fields are the layer's own settings.
+    use tower_toolcall::registry::{BreakerSettings, RateLimitSettings};
+    use tower_toolcall::{CircuitBreakerLayer, RateLimitLayer};
+    RateLimitLayer::builder(ToolRegistry::open())
+        .settings(RateLimitSettings::default().with_max_keys(10))
+        .build()
+        .unwrap();
+    CircuitBreakerLayer::builder(ToolRegistry::open())
+        .settings(
+            BreakerSettings::default()
+                .with_max_breakers(10)
+                .with_probe_timeout_ms(1_000),
+        )
+        .build()
+        .unwrap();
+    // A risk class's preset is per tool too.
+    let err = CircuitBreakerLayer::builder(ToolRegistry::open())
+        .read_only(BreakerSettings::default().with_max_breakers(10))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "breaker.read_only.max_breakers");
+}

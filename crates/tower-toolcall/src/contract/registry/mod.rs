@@ -45,6 +45,7 @@ use serde_json::Value;
 
 pub use descriptor::{RiskLevel, ToolDescriptor};
 pub use policy::OnStoreError;
+pub(crate) use policy::ToolSettings;
 pub use policy::{
     BreakerSettings, ClassifyOverrides, IdempotencySettings, JitterKind, KeyScope, LayerSetting,
     LoopDetectOverrides, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitSettings,

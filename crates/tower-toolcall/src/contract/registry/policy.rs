@@ -123,139 +123,126 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for LayerSetting<T> {
     }
 }
 
-/// The policy of one tool: a setting for every layer and the classifier's overrides.
-///
-/// Read from a registry file, or written in code with the `with_*` setters, which take a
-/// layer's overrides or a [`LayerSetting`]:
-///
-/// ```
-/// use tower_toolcall::registry::{
-///     BreakerSettings, ClassifyOverrides, LayerSetting, RetrySettings, ToolPolicy,
-///     UnclassifiedAs,
-/// };
-///
-/// let policy = ToolPolicy::default()
-///     .with_retry(RetrySettings::default().with_max_attempts(3).with_base_delay_ms(50))
-///     .with_breaker(BreakerSettings::default().with_consecutive_failures(2))
-///     .with_loop_detect(LayerSetting::Off)
-///     .with_classify(ClassifyOverrides::default().with_unclassified(UnclassifiedAs::Terminal));
-/// assert_eq!(policy.retry.overrides().unwrap().max_attempts, Some(3));
-/// assert!(policy.loop_detect.is_off());
-/// assert!(policy.check().is_ok());
-///
-/// let parsed: ToolPolicy = serde_json::from_str(
-///     r#"{"retry": {"max_attempts": 3, "base_delay_ms": 50},
-///         "breaker": {"consecutive_failures": 2},
-///         "loop_detect": "off",
-///         "classify": {"unclassified": "terminal"}}"#,
-/// ).unwrap();
-/// assert_eq!(policy, parsed);
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct ToolPolicy {
+/// Declares [`ToolPolicy`] from the list of the layers tools may tune: each its field, its
+/// settings type and the setter that sets it. A new layer is one line in the list.
+macro_rules! tool_policy {
+    ($($(#[$field_doc:meta])* $field:ident: $settings:ty => $setter:ident,)*) => {
+        /// The policy of one tool: a setting for every layer and the classifier's overrides.
+        ///
+        /// Read from a registry file, or written in code with the `with_*` setters, which take a
+        /// layer's overrides or a [`LayerSetting`]:
+        ///
+        /// ```
+        /// use tower_toolcall::registry::{
+        ///     BreakerSettings, ClassifyOverrides, LayerSetting, RetrySettings, ToolPolicy,
+        ///     UnclassifiedAs,
+        /// };
+        ///
+        /// let policy = ToolPolicy::default()
+        ///     .with_retry(RetrySettings::default().with_max_attempts(3).with_base_delay_ms(50))
+        ///     .with_breaker(BreakerSettings::default().with_consecutive_failures(2))
+        ///     .with_loop_detect(LayerSetting::Off)
+        ///     .with_classify(ClassifyOverrides::default().with_unclassified(UnclassifiedAs::Terminal));
+        /// assert_eq!(policy.retry.overrides().unwrap().max_attempts, Some(3));
+        /// assert!(policy.loop_detect.is_off());
+        /// assert!(policy.check().is_ok());
+        ///
+        /// let parsed: ToolPolicy = serde_json::from_str(
+        ///     r#"{"retry": {"max_attempts": 3, "base_delay_ms": 50},
+        ///         "breaker": {"consecutive_failures": 2},
+        ///         "loop_detect": "off",
+        ///         "classify": {"unclassified": "terminal"}}"#,
+        /// ).unwrap();
+        /// assert_eq!(policy, parsed);
+        /// ```
+        #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[non_exhaustive]
+        pub struct ToolPolicy {
+            $(
+                $(#[$field_doc])*
+                #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
+                pub $field: LayerSetting<$settings>,
+            )*
+            /// How this tool's errors are classified.
+            #[serde(default, skip_serializing_if = "ClassifyOverrides::is_empty")]
+            pub classify: ClassifyOverrides,
+        }
+
+        impl ToolPolicy {
+            $(
+                #[doc = concat!(
+                    "Sets the `", stringify!($field), "` setting: [`", stringify!($settings),
+                    "`], or a [`LayerSetting`]."
+                )]
+                pub fn $setter(mut self, setting: impl Into<LayerSetting<$settings>>) -> Self {
+                    self.$field = setting.into();
+                    self
+                }
+            )*
+
+            /// Sets how the tool's errors are classified.
+            pub fn with_classify(mut self, classify: ClassifyOverrides) -> Self {
+                self.classify = classify;
+                self
+            }
+
+            /// Checks every layer's settings; the error names the field below `policy`.
+            pub fn check(&self) -> Result<(), ConfigError> {
+                $(
+                    self.$field
+                        .check_with(stringify!($field), ToolSettings::check_tool)?;
+                )*
+                self.classify.check().map_err(|e| e.within("classify"))
+            }
+        }
+    };
+}
+
+tool_policy! {
     /// `EnvelopeValidateLayer`: params limits and the output check. `"off"` skips the params
     /// and output checks; registration, denial and confirmation still apply.
-    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub validate: LayerSetting<ValidateSettings>,
+    validate: ValidateSettings => with_validate,
     /// `LoopDetectLayer`.
-    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub loop_detect: LayerSetting<LoopDetectOverrides>,
+    loop_detect: LoopDetectOverrides => with_loop_detect,
     /// `RateLimitLayer`.
-    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub rate_limit: LayerSetting<RateLimitSettings>,
+    rate_limit: RateLimitSettings => with_rate_limit,
     /// `IdempotencyLayer`.
-    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub idempotency: LayerSetting<IdempotencySettings>,
+    idempotency: IdempotencySettings => with_idempotency,
     /// `RetryLayer`.
-    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub retry: LayerSetting<RetrySettings>,
+    retry: RetrySettings => with_retry,
     /// `CircuitBreakerLayer`.
-    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub breaker: LayerSetting<BreakerSettings>,
+    breaker: BreakerSettings => with_breaker,
     /// `TimeoutLayer` (per attempt).
-    #[serde(default, skip_serializing_if = "LayerSetting::is_default")]
-    pub timeout: LayerSetting<TimeoutSettings>,
-    /// How this tool's errors are classified.
-    #[serde(default, skip_serializing_if = "ClassifyOverrides::is_empty")]
-    pub classify: ClassifyOverrides,
+    timeout: TimeoutSettings => with_timeout,
 }
 
-impl ToolPolicy {
-    /// Sets the setting of `EnvelopeValidateLayer`: [`ValidateSettings`], or a
-    /// [`LayerSetting`].
-    pub fn with_validate(mut self, setting: impl Into<LayerSetting<ValidateSettings>>) -> Self {
-        self.validate = setting.into();
-        self
-    }
-
-    /// Sets the setting of `LoopDetectLayer`: [`LoopDetectOverrides`], or a [`LayerSetting`].
-    pub fn with_loop_detect(
-        mut self,
-        setting: impl Into<LayerSetting<LoopDetectOverrides>>,
-    ) -> Self {
-        self.loop_detect = setting.into();
-        self
-    }
-
-    /// Sets the setting of `RateLimitLayer`: [`RateLimitSettings`], or a [`LayerSetting`].
-    pub fn with_rate_limit(mut self, setting: impl Into<LayerSetting<RateLimitSettings>>) -> Self {
-        self.rate_limit = setting.into();
-        self
-    }
-
-    /// Sets the setting of `IdempotencyLayer`: [`IdempotencySettings`], or a
-    /// [`LayerSetting`].
-    pub fn with_idempotency(
-        mut self,
-        setting: impl Into<LayerSetting<IdempotencySettings>>,
-    ) -> Self {
-        self.idempotency = setting.into();
-        self
-    }
-
-    /// Sets the setting of `RetryLayer`: [`RetrySettings`], or a [`LayerSetting`].
-    pub fn with_retry(mut self, setting: impl Into<LayerSetting<RetrySettings>>) -> Self {
-        self.retry = setting.into();
-        self
-    }
-
-    /// Sets the setting of `CircuitBreakerLayer`: [`BreakerSettings`], or a [`LayerSetting`].
-    pub fn with_breaker(mut self, setting: impl Into<LayerSetting<BreakerSettings>>) -> Self {
-        self.breaker = setting.into();
-        self
-    }
-
-    /// Sets the setting of `TimeoutLayer`: [`TimeoutSettings`], or a [`LayerSetting`].
-    pub fn with_timeout(mut self, setting: impl Into<LayerSetting<TimeoutSettings>>) -> Self {
-        self.timeout = setting.into();
-        self
-    }
-
-    /// Sets how the tool's errors are classified.
-    pub fn with_classify(mut self, classify: ClassifyOverrides) -> Self {
-        self.classify = classify;
-        self
-    }
-
-    /// Checks every override; the error names the field below `policy`.
-    pub fn check(&self) -> Result<(), ConfigError> {
-        self.validate
-            .check_with("validate", ValidateSettings::check)?;
-        self.loop_detect
-            .check_with("loop_detect", LoopDetectOverrides::check)?;
-        self.rate_limit
-            .check_with("rate_limit", RateLimitSettings::check_tool)?;
-        self.idempotency
-            .check_with("idempotency", IdempotencySettings::check)?;
-        self.retry.check_with("retry", RetrySettings::check)?;
-        self.breaker
-            .check_with("breaker", BreakerSettings::check_tool)?;
-        self.timeout.check_with("timeout", TimeoutSettings::check)?;
-        self.classify.check().map_err(|e| e.within("classify"))
-    }
+/// A layer's settings as a tool's policy holds them.
+pub(crate) trait ToolSettings {
+    /// Checks a tool's settings: the values given, and no field only the whole layer has.
+    fn check_tool(&self) -> Result<(), ConfigError>;
 }
+
+/// [`ToolSettings`] for settings whose every field a tool may set: their own `check`.
+macro_rules! tool_settings_checked_by_check {
+    ($($settings:ty),*) => {
+        $(
+            impl ToolSettings for $settings {
+                fn check_tool(&self) -> Result<(), ConfigError> {
+                    self.check()
+                }
+            }
+        )*
+    };
+}
+
+tool_settings_checked_by_check!(
+    ValidateSettings,
+    LoopDetectOverrides,
+    IdempotencySettings,
+    RetrySettings,
+    TimeoutSettings
+);
 
 /// By-value setters of the optional fields of an overrides table: `with_field(value)` sets
 /// `field` to `Some(value)`.
@@ -549,8 +536,9 @@ impl RateLimitSettings {
         at_least("max_keys", self.max_keys, 1)?;
         at_least("sweep_interval_ms", self.sweep_interval_ms, 1)
     }
+}
 
-    /// [`check`](Self::check), and no field of the whole layer.
+impl ToolSettings for RateLimitSettings {
     fn check_tool(&self) -> Result<(), ConfigError> {
         layer_wide("max_keys", &self.max_keys)?;
         layer_wide("sweep_interval_ms", &self.sweep_interval_ms)?;
@@ -799,14 +787,15 @@ option_setters!(BreakerSettings {
     with_max_breakers => max_breakers: u32,
 });
 
-impl BreakerSettings {
-    /// [`check`](Self::check), and no field of the whole layer.
-    pub(crate) fn check_tool(&self) -> Result<(), ConfigError> {
+impl ToolSettings for BreakerSettings {
+    fn check_tool(&self) -> Result<(), ConfigError> {
         layer_wide("probe_timeout_ms", &self.probe_timeout_ms)?;
         layer_wide("max_breakers", &self.max_breakers)?;
         self.check()
     }
+}
 
+impl BreakerSettings {
     /// Only the fields of the whole layer.
     pub(crate) fn layer_wide(&self) -> BreakerSettings {
         BreakerSettings {
