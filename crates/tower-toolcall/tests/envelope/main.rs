@@ -307,7 +307,8 @@ fn envelope_changes_are_checked_again() {
     call.envelope_mut().contract_version = "2.0".into();
     let err = call.check().unwrap_err();
     assert!(err.message().contains("`contractVersion`"));
-    let payload = Payload::new(Params::empty()).with_idempotency_key(" ");
+    let mut payload = Payload::new(Params::empty());
+    payload.idempotency_key = Some(" ".into());
     let mut envelope = search_call(json!({})).into_envelope();
     envelope.payload = payload;
     let err = ToolCall::from_envelope(envelope).unwrap_err();

@@ -260,7 +260,8 @@ impl Target {
     /// ```
     /// use tower_toolcall::envelope::Target;
     ///
-    /// let target = Target::new("sess-42", "user-7").with_tenant_id("tenant-a");
+    /// let mut target = Target::new("sess-42", "user-7");
+    /// target.tenant_id = Some("tenant-a".into());
     /// assert_eq!(target.session_key, "sess-42");
     /// assert_eq!(target.tenant_id.as_deref(), Some("tenant-a"));
     /// ```
@@ -270,30 +271,6 @@ impl Target {
             actor_id: actor_id.into(),
             ..Target::default()
         }
-    }
-
-    /// Sets `agentId`.
-    pub fn with_agent_id(mut self, agent_id: impl Into<String>) -> Self {
-        self.agent_id = Some(agent_id.into());
-        self
-    }
-
-    /// Sets `workspaceId`.
-    pub fn with_workspace_id(mut self, workspace_id: impl Into<String>) -> Self {
-        self.workspace_id = Some(workspace_id.into());
-        self
-    }
-
-    /// Sets `correlationId`.
-    pub fn with_correlation_id(mut self, correlation_id: impl Into<String>) -> Self {
-        self.correlation_id = Some(correlation_id.into());
-        self
-    }
-
-    /// Sets `tenantId`.
-    pub fn with_tenant_id(mut self, tenant_id: impl Into<String>) -> Self {
-        self.tenant_id = Some(tenant_id.into());
-        self
     }
 }
 
@@ -323,11 +300,10 @@ impl Payload {
     ///
     /// ```
     /// use serde_json::json;
-    /// use tower_toolcall::envelope::{CallHints, Params, Payload};
+    /// use tower_toolcall::envelope::{Params, Payload};
     ///
-    /// let payload = Payload::new(Params::from_value(json!({"q": "tower"}))?)
-    ///     .with_idempotency_key("search-1")
-    ///     .with_call_hints(CallHints::default().with_expected_retry_safe(true));
+    /// let mut payload = Payload::new(Params::from_value(json!({"q": "tower"}))?);
+    /// payload.idempotency_key = Some("search-1".into());
     /// assert_eq!(payload.version, "1.0");
     /// assert_eq!(payload.idempotency_key.as_deref(), Some("search-1"));
     /// # Ok::<(), tower_toolcall::ToolError>(())
@@ -339,18 +315,6 @@ impl Payload {
             idempotency_key: None,
             call_hints: None,
         }
-    }
-
-    /// Sets `idempotencyKey`.
-    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
-        self.idempotency_key = Some(key.into());
-        self
-    }
-
-    /// Sets `callHints`.
-    pub fn with_call_hints(mut self, hints: CallHints) -> Self {
-        self.call_hints = Some(hints);
-        self
     }
 }
 
@@ -372,26 +336,6 @@ pub struct CallHints {
         deserialize_with = "millis"
     )]
     pub timeout_ms: Option<u64>,
-}
-
-impl CallHints {
-    /// Sets `safetyCritical`.
-    pub fn with_safety_critical(mut self, critical: bool) -> Self {
-        self.safety_critical = Some(critical);
-        self
-    }
-
-    /// Sets `expectedRetrySafe`.
-    pub fn with_expected_retry_safe(mut self, safe: bool) -> Self {
-        self.expected_retry_safe = Some(safe);
-        self
-    }
-
-    /// Sets `timeoutMs`.
-    pub fn with_timeout_ms(mut self, timeout_ms: u64) -> Self {
-        self.timeout_ms = Some(timeout_ms);
-        self
-    }
 }
 
 /// `transport`: how the reliability layers treat this call.
@@ -420,36 +364,6 @@ pub struct Transport {
         deserialize_with = "optional_name"
     )]
     pub circuit_breaker_hint: Option<BreakerScope>,
-}
-
-impl Transport {
-    /// Sets `dedupeMode`.
-    ///
-    /// ```
-    /// use tower_toolcall::envelope::{BreakerScope, DedupeMode, RetryBudget, Transport};
-    ///
-    /// let transport = Transport::default()
-    ///     .with_dedupe_mode(DedupeMode::Enforced)
-    ///     .with_retry_budget(RetryBudget::new(2, 5_000))
-    ///     .with_circuit_breaker_hint(BreakerScope::Dependency);
-    /// assert_eq!(transport.retry_budget.unwrap().max_attempts, 2);
-    /// ```
-    pub fn with_dedupe_mode(mut self, mode: DedupeMode) -> Self {
-        self.dedupe_mode = Some(mode);
-        self
-    }
-
-    /// Sets `retryBudget`.
-    pub fn with_retry_budget(mut self, budget: RetryBudget) -> Self {
-        self.retry_budget = Some(budget);
-        self
-    }
-
-    /// Sets `circuitBreakerHint`.
-    pub fn with_circuit_breaker_hint(mut self, scope: BreakerScope) -> Self {
-        self.circuit_breaker_hint = Some(scope);
-        self
-    }
 }
 
 /// How the idempotency layer treats a duplicate of a running call.
@@ -524,36 +438,6 @@ pub struct Control {
     pub confirmation_id: Option<String>,
 }
 
-impl Control {
-    /// Sets `deadlineAtMs`, in Unix milliseconds.
-    pub fn with_deadline_at_ms(mut self, deadline_at_ms: u64) -> Self {
-        self.deadline_at_ms = Some(deadline_at_ms);
-        self
-    }
-
-    /// Sets `requestTags`.
-    pub fn with_request_tags<I, S>(mut self, tags: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.request_tags = Some(tags.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Sets `fromHook`.
-    pub fn with_from_hook(mut self, hook: impl Into<String>) -> Self {
-        self.from_hook = Some(hook.into());
-        self
-    }
-
-    /// Sets `confirmationId`.
-    pub fn with_confirmation_id(mut self, confirmation_id: impl Into<String>) -> Self {
-        self.confirmation_id = Some(confirmation_id.into());
-        self
-    }
-}
-
 /// `trace`: W3C trace context.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -565,22 +449,6 @@ pub struct TraceContext {
     /// W3C baggage; `gen_ai.system` and `gen_ai.request.model` name the backend and model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baggage: Option<BTreeMap<String, String>>,
-}
-
-impl TraceContext {
-    /// Sets `traceparent`.
-    pub fn with_traceparent(mut self, traceparent: impl Into<String>) -> Self {
-        self.traceparent = Some(traceparent.into());
-        self
-    }
-
-    /// Adds a member to `baggage`.
-    pub fn with_baggage(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.baggage
-            .get_or_insert_with(BTreeMap::new)
-            .insert(name.into(), value.into());
-        self
-    }
 }
 
 impl ToolCall {
