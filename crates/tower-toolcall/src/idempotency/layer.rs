@@ -1,11 +1,11 @@
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tower_layer::Layer;
 
 use super::service::{Counters, Idempotency, IdempotencyStats, Settings, Shared};
 use super::store::{DedupeStore, InMemoryDedupeStore};
-use super::{DEFAULT_DONE_TTL, DEFAULT_FAILED_TTL, DEFAULT_INFLIGHT_LEASE, DEFAULT_RESEND_WINDOW};
 use crate::canonical::CanonicalOptions;
 use crate::envelope::{DedupeMode, ToolCall};
 use crate::error::{ConfigError, ToolError};
@@ -47,12 +47,12 @@ impl IdempotencyLayer {
                 mode: DedupeMode::Enforced,
                 scope: KeyScope::Session,
                 derive_keys: true,
-                done_ttl: DEFAULT_DONE_TTL,
-                failed_ttl: DEFAULT_FAILED_TTL,
-                inflight_lease: DEFAULT_INFLIGHT_LEASE,
+                done_ttl: Duration::from_secs(24 * 60 * 60),
+                failed_ttl: Duration::from_secs(5 * 60),
+                inflight_lease: Duration::from_secs(2 * 60),
                 on_params_mismatch: ParamsMismatch::Conflict,
                 on_store_error: OnStoreError::FailClosed,
-                resend_window: DEFAULT_RESEND_WINDOW,
+                resend_window: Duration::from_secs(30),
                 read_cache_ttl: None,
                 read_only: false,
                 repeat_is_safe: false,

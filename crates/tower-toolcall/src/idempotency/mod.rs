@@ -130,8 +130,6 @@ mod record;
 mod service;
 mod store;
 
-use std::time::Duration;
-
 pub use future::ResponseFuture;
 pub use key::{fingerprint_matches, key_fingerprint, tenant_prefix};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};
@@ -141,15 +139,5 @@ pub use record::{
 pub use service::{Idempotency, IdempotencyStats};
 pub use store::{
     ClaimOutcome, ClaimRequest, Completion, DedupeStore, Finalized, InMemoryDedupeStore,
-    InMemoryDedupeStoreBuilder, MemoryStoreStats, StoreError, DEFAULT_MEMORY_CAPACITY,
-    DEFAULT_MEMORY_MAX_BYTES, DEFAULT_SWEEP_INTERVAL,
+    InMemoryDedupeStoreBuilder, MemoryStoreStats, StoreError,
 };
-
-/// How long a successful result is kept by default: 24 h.
-pub const DEFAULT_DONE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// How long a failure is kept by default: 5 min.
-pub const DEFAULT_FAILED_TTL: Duration = Duration::from_secs(5 * 60);
-/// How long a completed result answers a re-send under a derived key by default: 30 s.
-pub const DEFAULT_RESEND_WINDOW: Duration = Duration::from_secs(30);
-/// The default in-flight lease: 2 min.
-pub const DEFAULT_INFLIGHT_LEASE: Duration = Duration::from_secs(2 * 60);

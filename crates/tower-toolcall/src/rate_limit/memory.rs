@@ -11,7 +11,7 @@ use super::store::{Admission, Quota, RateLimitStore};
 use crate::shared_store::StoreFuture;
 
 /// The keys an [`InMemoryRateLimitStore`] keeps unless told otherwise.
-pub const DEFAULT_MEMORY_STORE_KEYS: usize = 100_000;
+const DEFAULT_MEMORY_STORE_KEYS: usize = 100_000;
 
 /// Quotas kept in this process, for a [`RateLimitLayer`](super::RateLimitLayer) that is built
 /// again while the process runs (a gateway that reloads its configuration, or rebuilds its

@@ -75,6 +75,6 @@ mod store;
 
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use memory::{InMemoryRateLimitStore, DEFAULT_MEMORY_STORE_KEYS};
+pub use memory::InMemoryRateLimitStore;
 pub use service::RateLimit;
 pub use store::{Admission, Quota, RateLimitStore};

@@ -24,11 +24,11 @@ use crate::idempotency::record::{AttemptRecord, DedupeRecord, RecordState};
 use crate::time::{millis, unix_now_ms};
 
 /// The default capacity: 25 000 records.
-pub const DEFAULT_MEMORY_CAPACITY: usize = 25_000;
+const DEFAULT_MEMORY_CAPACITY: usize = 25_000;
 /// The default capacity in bytes: 64 MiB of records, by their approximate size in memory.
-pub const DEFAULT_MEMORY_MAX_BYTES: usize = 64 << 20;
+const DEFAULT_MEMORY_MAX_BYTES: usize = 64 << 20;
 /// The default interval of the background sweep of expired records: one minute.
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The embedded dedupe store: records in this process, bounded, waiters woken without
 /// polling.
@@ -874,7 +874,7 @@ impl InMemoryDedupeStoreBuilder {
     }
 
     /// The most bytes the records take, by their approximate size in memory (default
-    /// [`DEFAULT_MEMORY_MAX_BYTES`], 64 MiB): the least recently used settled records are
+    /// 64 MiB): the least recently used settled records are
     /// evicted to stay within it.
     pub fn max_bytes(mut self, bytes: usize) -> Self {
         self.max_bytes = bytes;

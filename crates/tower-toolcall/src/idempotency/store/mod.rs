@@ -16,10 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-pub use memory::{
-    InMemoryDedupeStore, InMemoryDedupeStoreBuilder, MemoryStoreStats, DEFAULT_MEMORY_CAPACITY,
-    DEFAULT_MEMORY_MAX_BYTES, DEFAULT_SWEEP_INTERVAL,
-};
+pub use memory::{InMemoryDedupeStore, InMemoryDedupeStoreBuilder, MemoryStoreStats};
 
 use super::record::{DedupeRecord, Execution, RecordRequest, RecordState, StoredError};
 use crate::envelope::ToolCall;
