@@ -8,10 +8,10 @@ use std::time::Duration;
 use redis::Script;
 use tokio::time::Instant;
 use tower_toolcall::loop_detect::store::{
-    Decision, Limits, LoopCall, LoopStore, Observed, Outcome, SessionHistory, Settled, Signature,
-    State, StoredCall, Tracked,
+    check_session_settings, Decision, Limits, LoopCall, LoopStore, Observed, Outcome,
+    SessionHistory, Settled, Signature, State, StoredCall, Tracked,
 };
-use tower_toolcall::loop_detect::{LoopSettingKey, LoopSettings};
+use tower_toolcall::loop_detect::{LoopDetectSettings, LoopSettingKey};
 use tower_toolcall::shared_store::{StoreError, StoreFuture};
 use tower_toolcall::{ConfigError, ErrorCode};
 
@@ -318,7 +318,7 @@ impl Batch for Shared {
             let (tracked, limits) = call.call.under(&settings);
             if !tracked {
                 // The script wrote nothing: the session's settings do not track the call.
-                answers.push(Observed::new(settings, None));
+                answers.push(Observed::new(settings.clone(), None));
                 continue;
             }
             let seq = replay.seq;
@@ -335,7 +335,7 @@ impl Batch for Shared {
             let tracked = Tracked::new(decision, seq, call.now_ms)
                 .with_chance(chance)
                 .with_previous(previous);
-            answers.push(Observed::new(settings, Some(tracked)));
+            answers.push(Observed::new(settings.clone(), Some(tracked)));
         }
         Ok(answers)
     }
@@ -425,7 +425,7 @@ impl LoopStore for RedisLoopStore {
     fn change_settings(
         &self,
         session: &str,
-        set: LoopSettings,
+        set: LoopDetectSettings,
         unset: &[LoopSettingKey],
         window: Duration,
     ) -> StoreFuture<'static, ()> {
@@ -475,7 +475,7 @@ impl LoopStore for RedisLoopStore {
 }
 
 /// The settings and calls of the session in `blob`.
-fn read_session(blob: &[u8]) -> Result<(LoopSettings, Replay), StoreError> {
+fn read_session(blob: &[u8]) -> Result<(LoopDetectSettings, Replay), StoreError> {
     let session = StoredSession::decode(blob)?;
     let settings = decode_settings(session.settings)?;
     Ok((settings, Replay::read(&session)?))
@@ -636,13 +636,13 @@ fn hex(digits: &[u8]) -> Option<u64> {
 }
 
 /// A session's settings as stored: JSON, or nothing; checked as when they were set.
-fn decode_settings(stored: &str) -> Result<LoopSettings, StoreError> {
+fn decode_settings(stored: &str) -> Result<LoopDetectSettings, StoreError> {
     if stored.is_empty() {
-        return Ok(LoopSettings::default());
+        return Ok(LoopDetectSettings::default());
     }
-    serde_json::from_str::<LoopSettings>(stored)
+    serde_json::from_str::<LoopDetectSettings>(stored)
         .ok()
-        .filter(|settings| settings.check().is_ok())
+        .filter(|settings| check_session_settings(settings).is_ok())
         .ok_or_else(|| corrupt(&format!("malformed session settings {stored:?}")))
 }
 
@@ -812,6 +812,35 @@ mod tests {
         ]
     }
 
+    /// A session's settings are stored as JSON with the members that are set, so that what
+    /// was stored before reads back the same.
+    #[test]
+    fn a_session_s_settings_are_stored_as_the_same_json() {
+        let mut settings = LoopDetectSettings::default();
+        assert_eq!(serde_json::to_string(&settings).unwrap(), "{}");
+        settings.max_repeats = Some(3);
+        assert_eq!(
+            serde_json::to_string(&settings).unwrap(),
+            r#"{"max_repeats":3}"#
+        );
+        settings.enabled = Some(false);
+        settings.ttl_secs = Some(30);
+        settings.mode = Some(tower_toolcall::registry::LoopMode::ChanceThenBreak);
+        settings.max_failures = Some(2);
+        settings.poll_budget_secs = Some(0);
+        let stored = r#"{"enabled":false,"max_repeats":3,"ttl_secs":30,"mode":"chance_then_break","max_failures":2,"poll_budget_secs":0}"#;
+        assert_eq!(serde_json::to_string(&settings).unwrap(), stored);
+        assert_eq!(decode_settings(stored).unwrap(), settings);
+        // What the script writes back, in another order, reads the same.
+        let rewritten = r#"{"mode":"chance_then_break","poll_budget_secs":0,"max_failures":2,"ttl_secs":30,"max_repeats":3,"enabled":false}"#;
+        assert_eq!(decode_settings(rewritten).unwrap(), settings);
+        // A setting a session does not set is not a session's.
+        assert!(matches!(
+            decode_settings(r#"{"max_repeats":3,"max_sessions":10}"#),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
     proptest! {
         #[test]
         fn a_stored_call_reads_back_as_written(
@@ -859,7 +888,11 @@ mod tests {
             calls in 0usize..10,
         ) {
             let settings = max_repeats
-                .map(|max| serde_json::to_string(&LoopSettings::default().with_max_repeats(max)).unwrap())
+                .map(|max| {
+                    let mut settings = LoopDetectSettings::default();
+                    settings.max_repeats = Some(max);
+                    serde_json::to_string(&settings).unwrap()
+                })
                 .unwrap_or_default();
             let chance_text = chance.map_or_else(
                 || " ".repeat(28),
@@ -903,14 +936,14 @@ mod tests {
             poll_budget_secs in proptest::option::of(0u64..40_000_000),
             noise in ".{0,40}",
         ) {
-            let mut settings = LoopSettings::default();
+            let mut settings = LoopDetectSettings::default();
             settings.enabled = enabled;
             settings.max_repeats = max_repeats;
             settings.ttl_secs = ttl_secs;
             settings.mode = None;
             settings.max_failures = max_failures;
             settings.poll_budget_secs = poll_budget_secs;
-            let stored = if settings.is_empty() {
+            let stored = if settings == LoopDetectSettings::default() {
                 String::new()
             } else {
                 serde_json::to_string(&settings).unwrap()
@@ -918,12 +951,12 @@ mod tests {
             match decode_settings(&stored) {
                 Ok(read) => prop_assert_eq!(read, settings),
                 Err(error) => {
-                    prop_assert!(settings.check().is_err());
+                    prop_assert!(check_session_settings(&settings).is_err());
                     prop_assert!(matches!(error, StoreError::Corrupt(_)));
                 }
             }
             if let Ok(read) = decode_settings(&noise) {
-                prop_assert!(read.check().is_ok());
+                prop_assert!(check_session_settings(&read).is_ok());
             }
         }
 

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_toolcall::loop_detect::{LoopDetectConfig, LoopDetectLayer, LoopSettings};
+use tower_toolcall::loop_detect::{LoopDetectLayer, LoopDetectSettings};
 use tower_toolcall::registry::{LoopMode, ToolRegistry};
 use tower_toolcall::{tool_fn, ResultEnvelopeLayer, ToolCall, ToolOutput};
 
@@ -13,13 +13,11 @@ use tower_toolcall::{tool_fn, ResultEnvelopeLayer, ToolCall, ToolOutput};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Server defaults from TOOL_LOOP_* variables; a model that loops easily gets a chance
     // to change its approach before the session breaks.
+    let mut chance = LoopDetectSettings::default();
+    chance.mode = Some(LoopMode::ChanceThenBreak);
     let layer = LoopDetectLayer::builder(ToolRegistry::open())
-        .config(LoopDetectConfig::from_env()?)
-        .model(
-            "openai",
-            "gpt-4o-mini",
-            LoopSettings::default().with_mode(LoopMode::ChanceThenBreak),
-        )
+        .settings(LoopDetectSettings::from_env()?)
+        .model("openai", "gpt-4o-mini", chance)
         .build()?;
     let handle = layer.handle();
 

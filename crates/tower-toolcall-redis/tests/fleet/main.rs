@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower_toolcall::breaker::BreakerKey;
 use tower_toolcall::control::ShadowLayer;
-use tower_toolcall::loop_detect::LoopSettings;
+use tower_toolcall::loop_detect::LoopDetectSettings;
 use tower_toolcall::registry::{RateLimitKey, RateLimitSettings, ToolRegistry};
 use tower_toolcall::shared_store::{FailurePolicy, StoreError};
 use tower_toolcall::{
@@ -817,9 +817,9 @@ async fn a_handles_session_reset_is_done_in_the_store_when_awaited() {
     let a = loop_checked_replica(&server, FailurePolicy::Closed);
     let b = loop_checked_replica(&server, FailurePolicy::Closed);
     let loops = a.stack.loop_sessions().unwrap();
-    loops
-        .set("sess-r", LoopSettings::default().with_max_repeats(3))
-        .unwrap();
+    let mut three = LoopDetectSettings::default();
+    three.max_repeats = Some(3);
+    loops.set("sess-r", three).unwrap();
     let looping = search_in("sess-r", json!({"q": "same"}));
     // The settings are written in the background: the first call may not see them yet.
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -18,18 +18,23 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::config::LoopSettingKey;
 use super::config::{
     parse_bool, parse_max_repeats, parse_mode, parse_poll_budget_secs, parse_ttl_secs,
 };
-use super::config::{LoopSettingKey, LoopSettings};
+use crate::registry::LoopDetectSettings;
 
 /// A parsed `!/set(…)` or `!/unset(…)` command.
 ///
 /// ```
-/// use tower_toolcall::loop_detect::{CommandErrorKind, LoopCommand, LoopSettingKey, LoopSettings};
+/// use tower_toolcall::loop_detect::{
+///     CommandErrorKind, LoopCommand, LoopDetectSettings, LoopSettingKey,
+/// };
 ///
 /// let set: LoopCommand = "!/set(tool-loop-max-repeats=6)".parse()?;
-/// assert_eq!(set, LoopCommand::Set(LoopSettings::default().with_max_repeats(6)));
+/// let mut six = LoopDetectSettings::default();
+/// six.max_repeats = Some(6);
+/// assert_eq!(set, LoopCommand::Set(six));
 ///
 /// let unset = LoopCommand::parse("!/unset(tool-loop-mode, tool-loop-ttl)")?;
 /// assert_eq!(unset, LoopCommand::Unset(vec![LoopSettingKey::Mode, LoopSettingKey::Ttl]));
@@ -43,7 +48,7 @@ use super::config::{LoopSettingKey, LoopSettings};
 #[non_exhaustive]
 pub enum LoopCommand {
     /// Sets the given settings; the others keep their value.
-    Set(LoopSettings),
+    Set(LoopDetectSettings),
     /// Removes these settings, so that the next tier decides.
     Unset(Vec<LoopSettingKey>),
 }
@@ -104,9 +109,9 @@ impl LoopCommand {
     }
 
     /// `settings` after this command.
-    pub fn apply_to(&self, settings: LoopSettings) -> LoopSettings {
+    pub fn apply_to(&self, settings: LoopDetectSettings) -> LoopDetectSettings {
         match self {
-            LoopCommand::Set(set) => settings.merged(*set),
+            LoopCommand::Set(set) => set.clone().over(&settings),
             LoopCommand::Unset(keys) => keys.iter().fold(settings, |s, key| s.without(*key)),
         }
     }
@@ -144,8 +149,8 @@ impl fmt::Display for Verb {
     }
 }
 
-fn parse_set(inside: &str) -> Result<LoopSettings, CommandError> {
-    let mut settings = LoopSettings::default();
+fn parse_set(inside: &str) -> Result<LoopDetectSettings, CommandError> {
+    let mut settings = LoopDetectSettings::default();
     let mut seen = Vec::with_capacity(4);
     for item in inside.split(',') {
         let (name, value) = match item.split_once('=') {
@@ -367,56 +372,56 @@ mod tests {
 
     #[test]
     fn every_documented_form_parses() {
-        let set = |s: LoopSettings| Ok(LoopCommand::Set(s));
+        let set = |s: LoopDetectSettings| Ok(LoopCommand::Set(s));
         let cases: Vec<(&str, Result<LoopCommand, CommandError>)> = vec![
             (
                 "!/set(tool-loop-detection=true)",
-                set(LoopSettings {
+                set(LoopDetectSettings {
                     enabled: Some(true),
-                    ..LoopSettings::default()
+                    ..LoopDetectSettings::default()
                 }),
             ),
             (
                 "!/set(tool-loop-detection=false)",
-                set(LoopSettings {
+                set(LoopDetectSettings {
                     enabled: Some(false),
-                    ..LoopSettings::default()
+                    ..LoopDetectSettings::default()
                 }),
             ),
             (
                 "  !/SET ( Tool-Loop-Max-Repeats = 4 )  ",
-                set(LoopSettings {
+                set(LoopDetectSettings {
                     max_repeats: Some(4),
-                    ..LoopSettings::default()
+                    ..LoopDetectSettings::default()
                 }),
             ),
             (
                 "!/set(tool-loop-ttl=120)",
-                set(LoopSettings {
+                set(LoopDetectSettings {
                     ttl_secs: Some(120),
-                    ..LoopSettings::default()
+                    ..LoopDetectSettings::default()
                 }),
             ),
             (
                 "!/set(tool-loop-mode=break)",
-                set(LoopSettings {
+                set(LoopDetectSettings {
                     mode: Some(LoopMode::Break),
-                    ..LoopSettings::default()
+                    ..LoopDetectSettings::default()
                 }),
             ),
             (
                 "!/set(tool-loop-mode=chance)",
-                set(LoopSettings {
+                set(LoopDetectSettings {
                     mode: Some(LoopMode::ChanceThenBreak),
-                    ..LoopSettings::default()
+                    ..LoopDetectSettings::default()
                 }),
             ),
             (
                 "!/set(tool-loop-mode=chance_then_break, tool-loop-ttl=30)",
-                set(LoopSettings {
+                set(LoopDetectSettings {
                     mode: Some(LoopMode::ChanceThenBreak),
                     ttl_secs: Some(30),
-                    ..LoopSettings::default()
+                    ..LoopDetectSettings::default()
                 }),
             ),
             (
@@ -425,17 +430,25 @@ mod tests {
             ),
             (
                 "!/set(tool-loop-max-failures=3)",
-                set(LoopSettings::default().with_max_failures(3)),
+                set(LoopDetectSettings {
+                    max_failures: Some(3),
+                    ..LoopDetectSettings::default()
+                }),
             ),
             (
                 "!/set( TOOL-LOOP-POLL-BUDGET-SECONDS = 300 )",
-                set(LoopSettings::default().with_poll_budget_secs(300)),
+                set(LoopDetectSettings {
+                    poll_budget_secs: Some(300),
+                    ..LoopDetectSettings::default()
+                }),
             ),
             (
                 "!/set(tool-loop-poll-budget-seconds=0, tool-loop-max-failures=1000)",
-                set(LoopSettings::default()
-                    .with_poll_budget_secs(0)
-                    .with_max_failures(1000)),
+                set(LoopDetectSettings {
+                    poll_budget_secs: Some(0),
+                    max_failures: Some(1000),
+                    ..LoopDetectSettings::default()
+                }),
             ),
             (
                 "!/unset(tool-loop-max-failures)",
@@ -456,17 +469,17 @@ mod tests {
 
     #[test]
     fn unset_falls_back_and_set_merges() {
-        let start = LoopSettings {
+        let start = LoopDetectSettings {
             max_repeats: Some(3),
             mode: Some(LoopMode::Break),
-            ..LoopSettings::default()
+            ..LoopDetectSettings::default()
         };
         let set = LoopCommand::parse("!/set(tool-loop-ttl=9)").unwrap();
         let after = set.apply_to(start);
         assert_eq!(after.ttl_secs, Some(9));
         assert_eq!(after.max_repeats, Some(3));
         let unset = LoopCommand::parse("!/unset(tool-loop-max-repeats)").unwrap();
-        assert_eq!(unset.apply_to(after).max_repeats, None);
+        assert_eq!(unset.apply_to(after.clone()).max_repeats, None);
         assert_eq!(unset.apply_to(after).ttl_secs, Some(9));
     }
 
@@ -543,22 +556,32 @@ mod tests {
 
     #[test]
     fn unset_of_a_new_setting_falls_back_alone() {
-        let start = LoopSettings::default()
-            .with_max_failures(2)
-            .with_poll_budget_secs(60)
-            .with_max_repeats(3);
+        let start = LoopDetectSettings {
+            max_failures: Some(2),
+            poll_budget_secs: Some(60),
+            max_repeats: Some(3),
+            ..LoopDetectSettings::default()
+        };
         let after = LoopCommand::parse("!/unset(tool-loop-max-failures)")
             .unwrap()
             .apply_to(start);
         assert_eq!(
             after,
-            LoopSettings::default()
-                .with_poll_budget_secs(60)
-                .with_max_repeats(3)
+            LoopDetectSettings {
+                poll_budget_secs: Some(60),
+                max_repeats: Some(3),
+                ..LoopDetectSettings::default()
+            }
         );
         let after = LoopCommand::parse("!/unset(tool-loop-poll-budget-seconds)")
             .unwrap()
             .apply_to(after);
-        assert_eq!(after, LoopSettings::default().with_max_repeats(3));
+        assert_eq!(
+            after,
+            LoopDetectSettings {
+                max_repeats: Some(3),
+                ..LoopDetectSettings::default()
+            }
+        );
     }
 }

@@ -1,13 +1,15 @@
 //! The configuration tiers of loop detection and how one call's settings are resolved from
-//! them.
+//! them. Every tier speaks [`LoopDetectSettings`]:
 //!
-//! - **server**: [`LoopDetectConfig`], from code or from the environment;
-//! - **model**: [`LoopSettings`] per (backend, model), given to the layer's builder;
+//! - **server**: the layer's own, given to its builder, in code or from the environment
+//!   ([`LoopDetectSettings::from_env`]);
+//! - **model**: per (backend, model), given to the layer's builder;
 //! - **tool**: `policy.loop_detect` in the [registry](crate::registry);
-//! - **session**: [`LoopSettings`] set and unset at run time through the
+//! - **session**: set and unset at run time through the
 //!   [`LoopDetectHandle`](super::LoopDetectHandle).
 //!
-//! Each setting is resolved on its own: session, then tool, then model, then server.
+//! Each setting is resolved on its own: session, then tool, then model, then server, then
+//! the built-in default.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -17,279 +19,222 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hashlink::LruCache;
-use serde::{Deserialize, Serialize};
 
 use super::detector::{CycleLimits, Limits, PollLimits};
+use super::noise::DEFAULT_IGNORED_MEMBERS;
 use crate::envelope::ToolCall;
 use crate::error::ConfigError;
-use crate::registry::{LoopDetectOverrides, LoopMode};
+use crate::registry::{LoopDetectSettings, LoopMode};
 
-/// Default of [`LoopDetectConfig::max_repeats`]: 4 identical calls make a loop.
-pub const DEFAULT_MAX_REPEATS: u32 = 4;
-/// Default of [`LoopDetectConfig::ttl_secs`]: calls are remembered for 120 s.
-pub const DEFAULT_TTL_SECS: u64 = 120;
-/// The largest `max_repeats` accepted anywhere: the history of a session grows with it.
-pub const MAX_REPEATS_LIMIT: u32 = 1000;
-/// The longest poll budget a model or session sets, in seconds: a year. Longer is without
-/// end in practice; say `0` for that.
-pub const MAX_POLL_BUDGET_SECS: u64 = 365 * 24 * 60 * 60;
+/// Built-in default of `max_repeats`.
+const DEFAULT_MAX_REPEATS: u32 = 4;
+/// Built-in default of `ttl_secs`.
+const DEFAULT_TTL_SECS: u64 = 120;
+/// The largest `max_repeats` (and `max_failures`) accepted anywhere: the history of a
+/// session grows with it.
+const MAX_REPEATS_LIMIT: u32 = 1000;
+/// The longest poll budget accepted, in seconds: a year. Longer is without end in
+/// practice; say `0` for that.
+const MAX_POLL_BUDGET_SECS: u64 = 365 * 24 * 60 * 60;
+/// The most cycle repetitions accepted.
+const MAX_CYCLE_REPETITIONS_LIMIT: u32 = 100;
+/// The longest cycle accepted.
+const MAX_CYCLE_LENGTH_LIMIT: usize = 10;
+/// The smallest `max_session_bytes`: 64 KiB.
+const MIN_MAX_SESSION_BYTES: usize = 64 << 10;
+/// Built-in default of `max_sessions`.
+pub(super) const DEFAULT_MAX_SESSIONS: usize = 100_000;
+/// Built-in default of `max_session_bytes`: 64 MiB.
+pub(super) const DEFAULT_MAX_SESSION_BYTES: usize = 64 << 20;
 
 /// `TOOL_LOOP_DETECTION_ENABLED`: `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
 pub const ENV_ENABLED: &str = "TOOL_LOOP_DETECTION_ENABLED";
-/// `TOOL_LOOP_MAX_REPEATS`: a whole number from 2 to [`MAX_REPEATS_LIMIT`].
+/// `TOOL_LOOP_MAX_REPEATS`: a whole number from 2 to 1000.
 pub const ENV_MAX_REPEATS: &str = "TOOL_LOOP_MAX_REPEATS";
 /// `TOOL_LOOP_TTL_SECONDS`: a whole number of seconds, at least 1.
 pub const ENV_TTL_SECONDS: &str = "TOOL_LOOP_TTL_SECONDS";
 /// `TOOL_LOOP_MODE`: `break`, `chance` or `chance_then_break`.
 pub const ENV_MODE: &str = "TOOL_LOOP_MODE";
 
-/// The server tier: the settings every call gets unless a model, tool or session says
-/// otherwise.
-///
-/// Defaults: enabled, `max_repeats` 4, a window of 120 s, mode `break`.
+/// Reading the server tier from the environment, and checking the settings of each tier.
 ///
 /// ```
-/// use tower_toolcall::loop_detect::LoopDetectConfig;
+/// use tower_toolcall::loop_detect::LoopDetectSettings;
 /// use tower_toolcall::registry::LoopMode;
 ///
-/// let config = LoopDetectConfig::default().with_max_repeats(3).with_mode(LoopMode::ChanceThenBreak);
-/// assert_eq!(config.max_repeats(), 3);
-/// assert_eq!(config.ttl_secs(), 120);
+/// let mut settings = LoopDetectSettings::default();
+/// settings.max_repeats = Some(3);
+/// settings.mode = Some(LoopMode::ChanceThenBreak);
 ///
 /// // From the environment; here from a map instead of the process environment.
 /// let env = [("TOOL_LOOP_MAX_REPEATS", "6"), ("TOOL_LOOP_MODE", "chance")];
-/// let config = LoopDetectConfig::from_env_with(|name| {
+/// let settings = LoopDetectSettings::from_env_with(|name| {
 ///     env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
 /// })?;
-/// assert_eq!(config.max_repeats(), 6);
-/// assert_eq!(config.mode(), LoopMode::ChanceThenBreak);
+/// assert_eq!(settings.max_repeats, Some(6));
+/// assert_eq!(settings.mode, Some(LoopMode::ChanceThenBreak));
+/// assert_eq!(settings.ttl_secs, None, "unset: the built-in default, 120");
 ///
-/// let err = LoopDetectConfig::from_env_with(|name| {
+/// let err = LoopDetectSettings::from_env_with(|name| {
 ///     (name == "TOOL_LOOP_TTL_SECONDS").then(|| "two minutes".to_owned())
 /// }).unwrap_err();
 /// assert_eq!(err.field(), "TOOL_LOOP_TTL_SECONDS");
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LoopDetectConfig {
-    enabled: bool,
-    max_repeats: u32,
-    ttl_secs: u64,
-    mode: LoopMode,
-}
-
-impl Default for LoopDetectConfig {
-    fn default() -> Self {
-        LoopDetectConfig {
-            enabled: true,
-            max_repeats: DEFAULT_MAX_REPEATS,
-            ttl_secs: DEFAULT_TTL_SECS,
-            mode: LoopMode::Break,
-        }
-    }
-}
-
-impl LoopDetectConfig {
-    /// Whether calls are tracked at all (default `true`). Disabled, the layer keeps no
-    /// history and lets every call through.
-    pub fn with_enabled(mut self, enabled: bool) -> Self {
-        self.enabled = enabled;
-        self
-    }
-
-    /// Identical consecutive calls that make a loop (default 4): the call that would be the
-    /// 4th is not run. From 2 to [`MAX_REPEATS_LIMIT`].
-    pub fn with_max_repeats(mut self, max_repeats: u32) -> Self {
-        self.max_repeats = max_repeats;
-        self
-    }
-
-    /// How long a call is remembered, in seconds (default 120); at least 1.
-    pub fn with_ttl_secs(mut self, ttl_secs: u64) -> Self {
-        self.ttl_secs = ttl_secs;
-        self
-    }
-
-    /// What happens when a loop is found (default [`LoopMode::Break`]).
-    pub fn with_mode(mut self, mode: LoopMode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// Whether calls are tracked.
-    pub fn is_enabled(&self) -> bool {
-        self.enabled
-    }
-
-    /// Identical consecutive calls that make a loop.
-    pub fn max_repeats(&self) -> u32 {
-        self.max_repeats
-    }
-
-    /// The window, in seconds.
-    pub fn ttl_secs(&self) -> u64 {
-        self.ttl_secs
-    }
-
-    /// What happens when a loop is found.
-    pub fn mode(&self) -> LoopMode {
-        self.mode
-    }
-
-    /// The defaults, overridden by the environment variables [`ENV_ENABLED`],
-    /// [`ENV_MAX_REPEATS`], [`ENV_TTL_SECONDS`] and [`ENV_MODE`]. Unset or empty variables
-    /// keep the default; a bad value is a [`ConfigError`] naming the variable.
+impl LoopDetectSettings {
+    /// The settings the environment variables [`ENV_ENABLED`], [`ENV_MAX_REPEATS`],
+    /// [`ENV_TTL_SECONDS`] and [`ENV_MODE`] give (`enabled`, `max_repeats`, `ttl_secs` and
+    /// `mode`), for the layer's builder. Unset or empty variables leave their setting unset
+    /// (the built-in default); a bad value is a [`ConfigError`] naming the variable.
     pub fn from_env() -> Result<Self, ConfigError> {
-        LoopDetectConfig::from_env_with(|name| match std::env::var(name) {
+        LoopDetectSettings::from_env_with(|name| match std::env::var(name) {
             Ok(value) => Some(value),
             Err(std::env::VarError::NotPresent) => None,
             Err(std::env::VarError::NotUnicode(raw)) => Some(raw.to_string_lossy().into_owned()),
         })
     }
 
-    /// Like [`from_env`](LoopDetectConfig::from_env), reading each variable with `lookup`
+    /// Like [`from_env`](LoopDetectSettings::from_env), reading each variable with `lookup`
     /// (which returns `None` for an unset variable) instead of the process environment.
     pub fn from_env_with(
         mut lookup: impl FnMut(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut config = LoopDetectConfig::default();
+        let mut settings = LoopDetectSettings::default();
         let mut read = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         if let Some(value) = read(ENV_ENABLED) {
-            config.enabled = parse_bool(&value).map_err(|p| ConfigError::new(ENV_ENABLED, p))?;
+            settings.enabled =
+                Some(parse_bool(&value).map_err(|p| ConfigError::new(ENV_ENABLED, p))?);
         }
         if let Some(value) = read(ENV_MAX_REPEATS) {
-            config.max_repeats =
-                parse_max_repeats(&value).map_err(|p| ConfigError::new(ENV_MAX_REPEATS, p))?;
+            settings.max_repeats =
+                Some(parse_max_repeats(&value).map_err(|p| ConfigError::new(ENV_MAX_REPEATS, p))?);
         }
         if let Some(value) = read(ENV_TTL_SECONDS) {
-            config.ttl_secs =
-                parse_ttl_secs(&value).map_err(|p| ConfigError::new(ENV_TTL_SECONDS, p))?;
+            settings.ttl_secs =
+                Some(parse_ttl_secs(&value).map_err(|p| ConfigError::new(ENV_TTL_SECONDS, p))?);
         }
         if let Some(value) = read(ENV_MODE) {
-            config.mode = parse_mode(&value).map_err(|p| ConfigError::new(ENV_MODE, p))?;
+            settings.mode = Some(parse_mode(&value).map_err(|p| ConfigError::new(ENV_MODE, p))?);
         }
-        Ok(config)
+        Ok(settings)
     }
 
-    /// Checks the values; the error names the field (`max_repeats` or `ttl_secs`).
-    pub fn check(&self) -> Result<(), ConfigError> {
-        check_max_repeats(self.max_repeats).map_err(|p| ConfigError::new("max_repeats", p))?;
-        check_ttl_secs(self.ttl_secs).map_err(|p| ConfigError::new("ttl_secs", p))
-    }
-}
-
-/// Settings of the model or session tier: each one that is `None` falls back to the next
-/// tier.
-///
-/// ```
-/// use tower_toolcall::loop_detect::LoopSettings;
-/// use tower_toolcall::registry::LoopMode;
-///
-/// let strict = LoopSettings::default().with_max_repeats(3).with_mode(LoopMode::Break);
-/// assert!(strict.check().is_ok());
-/// let bad = LoopSettings::default().with_max_repeats(1);
-/// assert_eq!(bad.check().unwrap_err().field(), "max_repeats");
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct LoopSettings {
-    /// Whether calls are tracked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub enabled: Option<bool>,
-    /// Identical consecutive calls that make a loop.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_repeats: Option<u32>,
-    /// The window, in seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_secs: Option<u64>,
-    /// What happens when a loop is found.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<LoopMode>,
-    /// Identical calls in a row that make a loop when each earlier one failed with the same
-    /// error code (from 2 to 1000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_failures: Option<u32>,
-    /// How long, in seconds, a patient poll's answer may stay the same before the poll is a
-    /// loop (at most [`MAX_POLL_BUDGET_SECS`]); `0`: without end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub poll_budget_secs: Option<u64>,
-}
-
-impl LoopSettings {
-    /// Sets whether calls are tracked.
-    pub fn with_enabled(mut self, enabled: bool) -> Self {
-        self.enabled = Some(enabled);
-        self
-    }
-
-    /// Sets the identical consecutive calls that make a loop.
-    pub fn with_max_repeats(mut self, max_repeats: u32) -> Self {
-        self.max_repeats = Some(max_repeats);
-        self
-    }
-
-    /// Sets the window, in seconds.
-    pub fn with_ttl_secs(mut self, ttl_secs: u64) -> Self {
-        self.ttl_secs = Some(ttl_secs);
-        self
-    }
-
-    /// Sets what happens when a loop is found.
-    pub fn with_mode(mut self, mode: LoopMode) -> Self {
-        self.mode = Some(mode);
-        self
-    }
-
-    /// Sets the identical calls after identical failures that make a loop.
-    pub fn with_max_failures(mut self, max_failures: u32) -> Self {
-        self.max_failures = Some(max_failures);
-        self
-    }
-
-    /// Sets how long a patient poll's answer may stay the same, in seconds (`0`: no end).
-    pub fn with_poll_budget_secs(mut self, poll_budget_secs: u64) -> Self {
-        self.poll_budget_secs = Some(poll_budget_secs);
-        self
-    }
-
-    /// `true` when no setting is given.
-    pub fn is_empty(&self) -> bool {
-        *self == LoopSettings::default()
-    }
-
-    /// Checks the values that are given; the error names the field.
-    pub fn check(&self) -> Result<(), ConfigError> {
+    /// Checks every value given, at any tier; the error names the field.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        let field = |name: &'static str| move |problem| ConfigError::new(name, problem);
         if let Some(max) = self.max_repeats {
-            check_max_repeats(max).map_err(|p| ConfigError::new("max_repeats", p))?;
+            check_max_repeats(max).map_err(field("max_repeats"))?;
         }
         if let Some(ttl) = self.ttl_secs {
-            check_ttl_secs(ttl).map_err(|p| ConfigError::new("ttl_secs", p))?;
+            check_ttl_secs(ttl).map_err(field("ttl_secs"))?;
         }
         if let Some(max) = self.max_failures {
-            check_max_repeats(max).map_err(|p| ConfigError::new("max_failures", p))?;
+            check_max_repeats(max).map_err(field("max_failures"))?;
         }
         if let Some(budget) = self.poll_budget_secs {
-            check_poll_budget_secs(budget).map_err(|p| ConfigError::new("poll_budget_secs", p))?;
+            check_poll_budget_secs(budget).map_err(field("poll_budget_secs"))?;
+        }
+        if let Some(index) = self
+            .ignore_members
+            .iter()
+            .flatten()
+            .position(String::is_empty)
+        {
+            return Err(ConfigError::new(
+                format!("ignore_members[{index}]"),
+                "must be a member name, got an empty string",
+            ));
+        }
+        if let Some(repetitions) = self.cycle_repetitions {
+            in_range(repetitions, 2, MAX_CYCLE_REPETITIONS_LIMIT)
+                .map_err(field("cycle_repetitions"))?;
+        }
+        if let Some(length) = self.max_cycle_length {
+            in_range(length, 2, MAX_CYCLE_LENGTH_LIMIT).map_err(field("max_cycle_length"))?;
+        }
+        if self.max_sessions == Some(0) {
+            return Err(ConfigError::new(
+                "max_sessions",
+                "must be at least 1, got 0",
+            ));
+        }
+        if let Some(bytes) = self.max_session_bytes {
+            if bytes < MIN_MAX_SESSION_BYTES {
+                return Err(ConfigError::new(
+                    "max_session_bytes",
+                    format!("must be at least {MIN_MAX_SESSION_BYTES} (64 KiB), got {bytes}"),
+                ));
+            }
         }
         Ok(())
     }
 
-    /// These settings with every setting given in `newer` replacing this one's.
-    pub fn merged(self, newer: LoopSettings) -> LoopSettings {
-        LoopSettings {
-            enabled: newer.enabled.or(self.enabled),
-            max_repeats: newer.max_repeats.or(self.max_repeats),
-            ttl_secs: newer.ttl_secs.or(self.ttl_secs),
-            mode: newer.mode.or(self.mode),
-            max_failures: newer.max_failures.or(self.max_failures),
-            poll_budget_secs: newer.poll_budget_secs.or(self.poll_budget_secs),
+    /// Checks a session's settings: only the six that [`LoopSettingKey`] names, each in
+    /// range; the error names the field.
+    pub(crate) fn check_session(&self) -> Result<(), ConfigError> {
+        self.check_per_call("a session")?;
+        self.check()
+    }
+
+    /// Checks a model's settings, as a session's.
+    fn check_model(&self) -> Result<(), ConfigError> {
+        self.check_per_call("a model")?;
+        self.check()
+    }
+
+    /// Refuses, naming it, a field other than the six that `who` sets.
+    fn check_per_call(&self, who: &str) -> Result<(), ConfigError> {
+        let LoopDetectSettings {
+            enabled: _,
+            max_repeats: _,
+            ttl_secs: _,
+            mode: _,
+            max_failures: _,
+            poll_budget_secs: _,
+            poller,
+            ignore_members,
+            cycles,
+            cycle_repetitions,
+            max_cycle_length,
+            repeated_failures,
+            min_backoff_ms,
+            patient_poll_gap_ms,
+            result_aware_polling,
+            max_sessions,
+            max_session_bytes,
+        } = self;
+        let others = [
+            ("poller", poller.is_some()),
+            ("ignore_members", ignore_members.is_some()),
+            ("cycles", cycles.is_some()),
+            ("cycle_repetitions", cycle_repetitions.is_some()),
+            ("max_cycle_length", max_cycle_length.is_some()),
+            ("repeated_failures", repeated_failures.is_some()),
+            ("min_backoff_ms", min_backoff_ms.is_some()),
+            ("patient_poll_gap_ms", patient_poll_gap_ms.is_some()),
+            ("result_aware_polling", result_aware_polling.is_some()),
+            ("max_sessions", max_sessions.is_some()),
+            ("max_session_bytes", max_session_bytes.is_some()),
+        ];
+        match others.into_iter().find(|(_, set)| *set) {
+            Some((name, _)) => Err(ConfigError::new(
+                name,
+                format!(
+                    "is not set by {who}; {who} sets only enabled, max_repeats, ttl_secs, mode, \
+                     max_failures and poll_budget_secs"
+                ),
+            )),
+            None => Ok(()),
         }
     }
 
+    /// `true` when no setting is given.
+    pub fn is_empty(&self) -> bool {
+        *self == LoopDetectSettings::default()
+    }
+
     /// These settings without `key`.
-    pub fn without(mut self, key: LoopSettingKey) -> LoopSettings {
+    pub(crate) fn without(mut self, key: LoopSettingKey) -> LoopDetectSettings {
         match key {
             LoopSettingKey::Detection => self.enabled = None,
             LoopSettingKey::MaxRepeats => self.max_repeats = None,
@@ -300,23 +245,53 @@ impl LoopSettings {
         }
         self
     }
+
+    /// The built-in defaults, every field given but `poller`, which the tool's risk level
+    /// decides.
+    fn built_in() -> LoopDetectSettings {
+        LoopDetectSettings {
+            enabled: Some(true),
+            max_repeats: Some(DEFAULT_MAX_REPEATS),
+            ttl_secs: Some(DEFAULT_TTL_SECS),
+            mode: Some(LoopMode::Break),
+            max_failures: Some(4),
+            poll_budget_secs: Some(600),
+            poller: None,
+            ignore_members: Some(
+                DEFAULT_IGNORED_MEMBERS
+                    .iter()
+                    .map(|name| (*name).to_owned())
+                    .collect(),
+            ),
+            cycles: Some(true),
+            cycle_repetitions: Some(3),
+            max_cycle_length: Some(5),
+            repeated_failures: Some(true),
+            min_backoff_ms: Some(1_000),
+            // A poll every 30 s, give or take the jitter of a model's turns.
+            patient_poll_gap_ms: Some(28_000),
+            result_aware_polling: Some(true),
+            max_sessions: Some(DEFAULT_MAX_SESSIONS),
+            max_session_bytes: Some(DEFAULT_MAX_SESSION_BYTES),
+        }
+    }
 }
 
 /// One setting, by the name the in-chat commands use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LoopSettingKey {
-    /// `tool-loop-detection`: [`LoopSettings::enabled`].
+    /// `tool-loop-detection`: [`LoopDetectSettings::enabled`].
     Detection,
-    /// `tool-loop-max-repeats`: [`LoopSettings::max_repeats`].
+    /// `tool-loop-max-repeats`: [`LoopDetectSettings::max_repeats`].
     MaxRepeats,
-    /// `tool-loop-ttl`: [`LoopSettings::ttl_secs`].
+    /// `tool-loop-ttl`: [`LoopDetectSettings::ttl_secs`].
     Ttl,
-    /// `tool-loop-mode`: [`LoopSettings::mode`].
+    /// `tool-loop-mode`: [`LoopDetectSettings::mode`].
     Mode,
-    /// `tool-loop-max-failures`: [`LoopSettings::max_failures`].
+    /// `tool-loop-max-failures`: [`LoopDetectSettings::max_failures`].
     MaxFailures,
-    /// `tool-loop-poll-budget-seconds`: [`LoopSettings::poll_budget_secs`].
+    /// `tool-loop-poll-budget-seconds`: [`LoopDetectSettings::poll_budget_secs`].
     PollBudget,
 }
 
@@ -331,7 +306,7 @@ impl LoopSettingKey {
         LoopSettingKey::PollBudget,
     ];
 
-    /// The member of [`LoopSettings`] it names, as they serialize, e.g. `max_repeats`.
+    /// The member of [`LoopDetectSettings`] it names, as they serialize, e.g. `max_repeats`.
     pub const fn member(self) -> &'static str {
         match self {
             LoopSettingKey::Detection => "enabled",
@@ -471,11 +446,11 @@ pub const BAGGAGE_MODEL: &str = "gen_ai.request.model";
 /// The model tier: settings per backend and model.
 #[derive(Clone, Debug, Default)]
 pub(super) struct ModelTier {
-    by_backend: HashMap<String, HashMap<String, LoopSettings>>,
+    by_backend: HashMap<String, HashMap<String, LoopDetectSettings>>,
 }
 
 impl ModelTier {
-    pub(super) fn insert(&mut self, backend: String, model: String, settings: LoopSettings) {
+    pub(super) fn insert(&mut self, backend: String, model: String, settings: LoopDetectSettings) {
         self.by_backend
             .entry(backend)
             .or_default()
@@ -486,15 +461,25 @@ impl ModelTier {
         for (backend, models) in &self.by_backend {
             for (model, settings) in models {
                 settings
-                    .check()
+                    .check_model()
                     .map_err(|e| e.within(&format!("models[{backend}/{model}]")))?;
             }
         }
         Ok(())
     }
 
+    /// Each model's settings over `server`'s.
+    fn over(mut self, server: &LoopDetectSettings) -> ModelTier {
+        for models in self.by_backend.values_mut() {
+            for settings in models.values_mut() {
+                *settings = std::mem::take(settings).over(server);
+            }
+        }
+        self
+    }
+
     /// The settings for the backend and model named in the call's baggage.
-    fn for_call(&self, call: &ToolCall) -> Option<&LoopSettings> {
+    fn for_call(&self, call: &ToolCall) -> Option<&LoopDetectSettings> {
         if self.by_backend.is_empty() {
             return None;
         }
@@ -520,7 +505,7 @@ pub(super) fn backend_and_model(call: &ToolCall) -> (Option<&str>, Option<&str>)
 /// dropped.
 #[derive(Debug)]
 pub(super) struct SessionTier {
-    settings: Mutex<LruCache<Arc<str>, LoopSettings, RandomState>>,
+    settings: Mutex<LruCache<Arc<str>, LoopDetectSettings, RandomState>>,
     /// How many sessions have settings, readable without the lock.
     len: AtomicUsize,
 }
@@ -533,17 +518,21 @@ impl SessionTier {
         }
     }
 
-    pub(super) fn get(&self, session: &str) -> Option<LoopSettings> {
+    pub(super) fn get(&self, session: &str) -> Option<LoopDetectSettings> {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
-        self.lock().get_mut(session).copied()
+        self.lock().get_mut(session).cloned()
     }
 
     /// Replaces the session's settings; empty settings remove them.
-    pub(super) fn update(&self, session: &str, update: impl FnOnce(LoopSettings) -> LoopSettings) {
+    pub(super) fn update(
+        &self,
+        session: &str,
+        update: impl FnOnce(LoopDetectSettings) -> LoopDetectSettings,
+    ) {
         let mut map = self.lock();
-        let current = map.get_mut(session).copied().unwrap_or_default();
+        let current = map.get_mut(session).cloned().unwrap_or_default();
         let next = update(current);
         if next.is_empty() {
             map.remove(session);
@@ -556,22 +545,24 @@ impl SessionTier {
     }
 
     /// Sets `set` and removes `unset` in the session's settings.
-    pub(super) fn change(&self, session: &str, set: LoopSettings, unset: &[LoopSettingKey]) {
+    pub(super) fn change(&self, session: &str, set: LoopDetectSettings, unset: &[LoopSettingKey]) {
         self.update(session, |current| {
-            unset.iter().fold(current.merged(set), |s, k| s.without(*k))
+            unset.iter().fold(set.over(&current), |s, k| s.without(*k))
         });
     }
 
     /// Drops the session's settings.
     pub(super) fn clear(&self, session: &str) {
-        self.update(session, |_| LoopSettings::default());
+        self.update(session, |_| LoopDetectSettings::default());
     }
 
     pub(super) fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<Arc<str>, LoopSettings, RandomState>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, LruCache<Arc<str>, LoopDetectSettings, RandomState>> {
         self.settings.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -580,42 +571,105 @@ impl SessionTier {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Rules {
     pub(super) cycles: Option<CycleLimits>,
-    /// Identical calls after identical failures that make a loop.
-    pub(super) failures: Option<u32>,
     /// The least wait of a retry with back-off.
     pub(super) backoff: Option<Duration>,
     /// Whether read-only tools and pollers are judged with their answers.
     pub(super) result_aware: bool,
-    /// How unchanged answers are judged, unless the tool says otherwise.
-    pub(super) polls: PollLimits,
+    /// How far apart unchanged answers make a patient poll.
+    pub(super) patient_gap: Duration,
 }
 
-static NO_OVERRIDES: LoopDetectOverrides = LoopDetectOverrides {
-    max_repeats: None,
-    ttl_secs: None,
-    mode: None,
-    poller: None,
-    max_failures: None,
-    poll_budget_secs: None,
-    ignore_members: None,
-};
+/// The layer's settings, each unset one taken from the built-in defaults.
+#[derive(Clone, Debug)]
+pub(super) struct Resolved {
+    settings: LoopDetectSettings,
+}
+
+impl Resolved {
+    /// `settings` (checked) over the built-in defaults.
+    pub(super) fn new(settings: LoopDetectSettings) -> Self {
+        Resolved {
+            settings: settings.over(&LoopDetectSettings::built_in()),
+        }
+    }
+
+    pub(super) fn max_sessions(&self) -> usize {
+        self.settings.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS)
+    }
+
+    pub(super) fn max_session_bytes(&self) -> usize {
+        self.settings
+            .max_session_bytes
+            .unwrap_or(DEFAULT_MAX_SESSION_BYTES)
+    }
+
+    /// The members ignored unless a tool says otherwise.
+    pub(super) fn ignore_members(&self) -> &[String] {
+        self.settings.ignore_members.as_deref().unwrap_or_default()
+    }
+
+    /// The tiers, with the model tier `models` and sessions bounded as the layer's.
+    pub(super) fn tiers(&self, models: ModelTier) -> Tiers {
+        let layer = &self.settings;
+        let rules = Rules {
+            cycles: layer.cycles.unwrap_or(true).then(|| CycleLimits {
+                repetitions: layer.cycle_repetitions.unwrap_or(3),
+                max_length: layer.max_cycle_length.unwrap_or(5),
+            }),
+            backoff: layer
+                .min_backoff_ms
+                .map(Duration::from_millis)
+                .filter(|wait| !wait.is_zero()),
+            result_aware: layer.result_aware_polling.unwrap_or(true),
+            patient_gap: Duration::from_millis(layer.patient_poll_gap_ms.unwrap_or(28_000)),
+        };
+        // The server tier of the settings a model, tool or session sets too. Switched off
+        // for the layer, the failure rule applies only where a tier below sets it.
+        let server = LoopDetectSettings {
+            enabled: layer.enabled,
+            max_repeats: layer.max_repeats,
+            ttl_secs: layer.ttl_secs,
+            mode: layer.mode,
+            max_failures: layer
+                .max_failures
+                .filter(|_| layer.repeated_failures != Some(false)),
+            poll_budget_secs: layer.poll_budget_secs,
+            poller: layer.poller,
+            ..LoopDetectSettings::default()
+        };
+        Tiers {
+            models: models.over(&server),
+            server,
+            sessions: SessionTier::new(self.max_sessions()),
+            rules,
+        }
+    }
+}
 
 /// The tiers, and the resolution of one call's limits.
 #[derive(Debug)]
 pub(super) struct Tiers {
-    pub(super) server: LoopDetectConfig,
-    pub(super) models: ModelTier,
+    /// The layer's settings of the fields the other tiers set too, over the built-in
+    /// defaults (`max_failures` unset when the layer switches that rule off).
+    server: LoopDetectSettings,
+    /// Each model's settings over the server's.
+    models: ModelTier,
     pub(super) sessions: SessionTier,
-    pub(super) rules: Rules,
+    rules: Rules,
 }
 
 impl Tiers {
-    /// The limits for `call`, whose tool has `tool` overrides; `None` when detection is off
-    /// for it.
+    /// The window of the server tier.
+    pub(super) fn server_ttl(&self) -> Duration {
+        Duration::from_secs(self.server.ttl_secs.unwrap_or(DEFAULT_TTL_SECS))
+    }
+
+    /// The limits for `call`, whose tool has the settings `tool`; `None` when detection is
+    /// off for it.
     pub(super) fn limits(
         &self,
         call: &ToolCall,
-        tool: Option<&LoopDetectOverrides>,
+        tool: &LoopDetectSettings,
         answers_decide: bool,
     ) -> Option<Limits> {
         let session = self.sessions.get(call.session_key()).unwrap_or_default();
@@ -625,44 +679,30 @@ impl Tiers {
         enabled.then_some(limits)
     }
 
-    /// What the tiers below the session decide for `call`, whose tool's answers decide
-    /// whether it repeats (`answers_decide`) or not:
-    /// the tool, model and server tiers.
+    /// What the tiers below the session decide for `call`, whose tool has the settings
+    /// `tool` and whose answers decide whether it repeats (`answers_decide`) or not: the
+    /// tool, model and server tiers.
     pub(super) fn below_session(
         &self,
         call: &ToolCall,
-        tool: Option<&LoopDetectOverrides>,
+        tool: &LoopDetectSettings,
         answers_decide: bool,
     ) -> BelowSession {
-        let model = self.models.for_call(call).copied().unwrap_or_default();
-        let tool = tool.unwrap_or(&NO_OVERRIDES);
-        let server = &self.server;
-        let enabled = model.enabled.unwrap_or(server.enabled);
-        let max_repeats = tool
-            .max_repeats
-            .or(model.max_repeats)
-            .unwrap_or(server.max_repeats);
-        let ttl_secs = tool.ttl_secs.or(model.ttl_secs).unwrap_or(server.ttl_secs);
-        let mode = tool.mode.or(model.mode).unwrap_or(server.mode);
+        let below = self.models.for_call(call).unwrap_or(&self.server);
+        let settings = tool.clone().over(below);
         BelowSession {
-            enabled,
+            enabled: settings.enabled.unwrap_or(true),
             limits: Limits {
-                max_repeats,
-                ttl: Duration::from_secs(ttl_secs),
-                mode,
-                result_aware: self.rules.result_aware && tool.poller.unwrap_or(answers_decide),
+                max_repeats: settings.max_repeats.unwrap_or(DEFAULT_MAX_REPEATS),
+                ttl: Duration::from_secs(settings.ttl_secs.unwrap_or(DEFAULT_TTL_SECS)),
+                mode: settings.mode.unwrap_or(LoopMode::Break),
+                result_aware: self.rules.result_aware && settings.poller.unwrap_or(answers_decide),
                 cycles: self.rules.cycles,
-                failures: tool
-                    .max_failures
-                    .or(model.max_failures)
-                    .or(self.rules.failures),
+                failures: settings.max_failures,
                 backoff: self.rules.backoff,
                 polls: PollLimits {
-                    budget: tool
-                        .poll_budget_secs
-                        .or(model.poll_budget_secs)
-                        .map_or(self.rules.polls.budget, poll_budget),
-                    ..self.rules.polls
+                    patient_gap: self.rules.patient_gap,
+                    budget: settings.poll_budget_secs.and_then(poll_budget),
                 },
             },
         }
@@ -683,7 +723,7 @@ pub(crate) struct BelowSession {
 
 impl BelowSession {
     /// Whether calls are tracked, and the limits, under `session`'s settings.
-    pub(crate) fn under(self, session: &LoopSettings) -> (bool, Limits) {
+    pub(crate) fn under(self, session: &LoopDetectSettings) -> (bool, Limits) {
         let limits = Limits {
             max_repeats: session.max_repeats.unwrap_or(self.limits.max_repeats),
             ttl: session
@@ -707,17 +747,45 @@ impl BelowSession {
 mod tests {
     use super::*;
 
-    fn env(vars: &[(&str, &str)]) -> Result<LoopDetectConfig, ConfigError> {
-        LoopDetectConfig::from_env_with(|name| {
+    fn env(vars: &[(&str, &str)]) -> Result<LoopDetectSettings, ConfigError> {
+        LoopDetectSettings::from_env_with(|name| {
             vars.iter()
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
         })
     }
 
+    /// Settings with the six a session sets.
+    fn six(
+        enabled: Option<bool>,
+        max_repeats: Option<u32>,
+        ttl_secs: Option<u64>,
+        mode: Option<LoopMode>,
+        max_failures: Option<u32>,
+        poll_budget_secs: Option<u64>,
+    ) -> LoopDetectSettings {
+        LoopDetectSettings {
+            enabled,
+            max_repeats,
+            ttl_secs,
+            mode,
+            max_failures,
+            poll_budget_secs,
+            ..LoopDetectSettings::default()
+        }
+    }
+
+    /// Settings with `max_failures` and `poll_budget_secs` only.
+    fn failures_and_budget(
+        max_failures: Option<u32>,
+        poll_budget_secs: Option<u64>,
+    ) -> LoopDetectSettings {
+        six(None, None, None, None, max_failures, poll_budget_secs)
+    }
+
     #[test]
     fn env_values_are_read_and_checked() {
-        assert_eq!(env(&[]).unwrap(), LoopDetectConfig::default());
+        assert_eq!(env(&[]).unwrap(), LoopDetectSettings::default());
         let config = env(&[
             (ENV_ENABLED, "false"),
             (ENV_MAX_REPEATS, " 7 "),
@@ -725,11 +793,14 @@ mod tests {
             (ENV_MODE, "chance_then_break"),
         ])
         .unwrap();
-        assert!(!config.is_enabled());
-        assert_eq!(config.max_repeats(), 7);
-        assert_eq!(config.ttl_secs(), 30);
-        assert_eq!(config.mode(), LoopMode::ChanceThenBreak);
-        assert_eq!(env(&[(ENV_MODE, "")]).unwrap(), LoopDetectConfig::default());
+        assert_eq!(config.enabled, Some(false));
+        assert_eq!(config.max_repeats, Some(7));
+        assert_eq!(config.ttl_secs, Some(30));
+        assert_eq!(config.mode, Some(LoopMode::ChanceThenBreak));
+        assert_eq!(
+            env(&[(ENV_MODE, "")]).unwrap(),
+            LoopDetectSettings::default()
+        );
 
         let bad = [
             (ENV_ENABLED, "maybe", "must be true or false, got \"maybe\""),
@@ -773,27 +844,20 @@ mod tests {
 
     #[test]
     fn settings_merge_and_unset_one_key_at_a_time() {
-        let a = LoopSettings {
+        let a = LoopDetectSettings {
             enabled: Some(true),
             max_repeats: Some(3),
-            ..LoopSettings::default()
+            ..LoopDetectSettings::default()
         };
-        let b = LoopSettings {
+        let b = LoopDetectSettings {
             max_repeats: Some(6),
             mode: Some(LoopMode::Break),
-            ..LoopSettings::default()
+            ..LoopDetectSettings::default()
         };
-        let merged = a.merged(b);
+        let merged = b.over(&a);
         assert_eq!(
             merged,
-            LoopSettings {
-                enabled: Some(true),
-                max_repeats: Some(6),
-                ttl_secs: None,
-                mode: Some(LoopMode::Break),
-                max_failures: None,
-                poll_budget_secs: None,
-            }
+            six(Some(true), Some(6), None, Some(LoopMode::Break), None, None)
         );
         let unset = merged
             .without(LoopSettingKey::MaxRepeats)
@@ -807,16 +871,16 @@ mod tests {
     #[test]
     fn the_session_tier_is_bounded() {
         let tier = SessionTier::new(2);
-        let set = |s: LoopSettings| {
-            move |_| LoopSettings {
+        let set = |s: LoopDetectSettings| {
+            move |_| LoopDetectSettings {
                 max_repeats: Some(5),
                 ..s
             }
         };
-        tier.update("a", set(LoopSettings::default()));
-        tier.update("b", set(LoopSettings::default()));
+        tier.update("a", set(LoopDetectSettings::default()));
+        tier.update("b", set(LoopDetectSettings::default()));
         assert!(tier.get("a").is_some(), "reading a makes b the oldest");
-        tier.update("c", set(LoopSettings::default()));
+        tier.update("c", set(LoopDetectSettings::default()));
         assert_eq!(tier.len(), 2);
         assert!(tier.get("b").is_none());
         assert!(tier.get("a").is_some() && tier.get("c").is_some());
@@ -824,106 +888,103 @@ mod tests {
         assert_eq!(tier.len(), 1, "empty settings are removed");
     }
 
-    /// The layer's defaults for the new settings: the 4th identical call after three
-    /// failures, a poll budget of 10 minutes.
-    fn tiers(model: LoopSettings, session: LoopSettings) -> Tiers {
+    /// The tiers of a layer with `server` as its settings, `model` for openai/gpt-4o and
+    /// `session` for the session `s`.
+    fn tiers_with(
+        server: LoopDetectSettings,
+        model: LoopDetectSettings,
+        session: LoopDetectSettings,
+    ) -> Tiers {
         let mut models = ModelTier::default();
         models.insert("openai".into(), "gpt-4o".into(), model);
-        let sessions = SessionTier::new(8);
-        sessions.update("s", |_| session);
-        Tiers {
-            server: LoopDetectConfig::default(),
-            models,
-            sessions,
-            rules: Rules {
-                cycles: None,
-                failures: Some(4),
-                backoff: None,
-                result_aware: true,
-                polls: PollLimits {
-                    patient_gap: Duration::from_secs(28),
-                    budget: Some(Duration::from_secs(600)),
-                },
-            },
-        }
+        let tiers = Resolved::new(server).tiers(models);
+        tiers.sessions.update("s", |_| session);
+        tiers
     }
 
-    #[test]
-    fn failures_and_poll_budget_resolve_session_then_tool_then_model_then_server() {
-        let call = ToolCall::builder("app", "search")
+    /// The layer's defaults for the new settings: the 4th identical call after three
+    /// failures, a poll budget of 10 minutes.
+    fn tiers(model: LoopDetectSettings, session: LoopDetectSettings) -> Tiers {
+        tiers_with(LoopDetectSettings::default(), model, session)
+    }
+
+    fn call() -> ToolCall {
+        ToolCall::builder("app", "search")
             .session("s")
             .actor("a")
             .baggage(BAGGAGE_BACKEND, "openai")
             .baggage(BAGGAGE_MODEL, "gpt-4o")
             .build()
-            .unwrap();
-        let none = LoopSettings::default();
-        let no_tool = LoopDetectOverrides::default();
+            .unwrap()
+    }
+
+    #[test]
+    fn failures_and_poll_budget_resolve_session_then_tool_then_model_then_server() {
+        let call = call();
+        let none = LoopDetectSettings::default();
+        let at = failures_and_budget;
         let secs = |s: u64| Some(Duration::from_secs(s));
         // (session, tool, model) -> (failures, poll budget)
         let cases = [
-            (none, no_tool.clone(), none, (Some(4), secs(600))),
             (
-                none,
-                no_tool.clone(),
-                none.with_max_failures(5).with_poll_budget_secs(300),
+                none.clone(),
+                none.clone(),
+                none.clone(),
+                (Some(4), secs(600)),
+            ),
+            (
+                none.clone(),
+                none.clone(),
+                at(Some(5), Some(300)),
                 (Some(5), secs(300)),
             ),
             (
-                none,
-                no_tool
-                    .clone()
-                    .with_max_failures(3)
-                    .with_poll_budget_secs(60),
-                none.with_max_failures(5).with_poll_budget_secs(300),
+                none.clone(),
+                at(Some(3), Some(60)),
+                at(Some(5), Some(300)),
                 (Some(3), secs(60)),
             ),
             (
-                none.with_max_failures(2).with_poll_budget_secs(30),
-                no_tool
-                    .clone()
-                    .with_max_failures(3)
-                    .with_poll_budget_secs(60),
-                none.with_max_failures(5).with_poll_budget_secs(300),
+                at(Some(2), Some(30)),
+                at(Some(3), Some(60)),
+                at(Some(5), Some(300)),
                 (Some(2), secs(30)),
             ),
             // Each setting on its own: the session sets one, the tool the other.
             (
-                none.with_max_failures(2),
-                no_tool.clone().with_poll_budget_secs(60),
-                none.with_max_failures(5).with_poll_budget_secs(300),
+                at(Some(2), None),
+                at(None, Some(60)),
+                at(Some(5), Some(300)),
                 (Some(2), secs(60)),
             ),
             (
-                none.with_poll_budget_secs(30),
-                no_tool.clone(),
-                none.with_max_failures(5),
+                at(None, Some(30)),
+                none.clone(),
+                at(Some(5), None),
                 (Some(5), secs(30)),
             ),
             // `0` is a budget without end, at every tier.
             (
-                none,
-                no_tool.clone(),
-                none.with_poll_budget_secs(0),
+                none.clone(),
+                none.clone(),
+                at(None, Some(0)),
                 (Some(4), None),
             ),
             (
-                none.with_poll_budget_secs(0),
-                no_tool.clone().with_poll_budget_secs(60),
-                none,
+                at(None, Some(0)),
+                at(None, Some(60)),
+                none.clone(),
                 (Some(4), None),
             ),
             (
-                none.with_poll_budget_secs(45),
-                no_tool.clone().with_poll_budget_secs(0),
-                none,
+                at(None, Some(45)),
+                at(None, Some(0)),
+                none.clone(),
                 (Some(4), secs(45)),
             ),
         ];
         for (index, (session, tool, model, (failures, budget))) in cases.into_iter().enumerate() {
-            let limits = tiers(model, session)
-                .limits(&call, Some(&tool), true)
-                .unwrap();
+            let limits = tiers(model, session).limits(&call, &tool, true).unwrap();
             assert_eq!(limits.failures, failures, "case {index}");
             assert_eq!(limits.polls.budget, budget, "case {index}");
             assert_eq!(limits.polls.patient_gap, Duration::from_secs(28));
@@ -931,21 +992,105 @@ mod tests {
         }
     }
 
+    /// One field set at each tier, another value at each: the highest tier that sets it
+    /// wins, field by field, and the built-in default when none does.
+    #[test]
+    fn each_setting_resolves_session_then_tool_then_model_then_server_then_default() {
+        let call = call();
+        let none = LoopDetectSettings::default();
+        // max_repeats: every tier sets it; ttl_secs: all but the session; mode: the model
+        // and the server; max_failures: the server only; poll_budget_secs: nobody.
+        let server = six(
+            Some(true),
+            Some(9),
+            Some(90),
+            Some(LoopMode::Break),
+            Some(8),
+            None,
+        );
+        let model = six(
+            None,
+            Some(7),
+            Some(70),
+            Some(LoopMode::ChanceThenBreak),
+            None,
+            None,
+        );
+        let tool = six(None, Some(5), Some(50), None, None, None);
+        let session = six(None, Some(3), None, None, None, None);
+        let limits = tiers_with(server.clone(), model.clone(), session)
+            .limits(&call, &tool, false)
+            .unwrap();
+        assert_eq!(limits.max_repeats, 3, "the session's");
+        assert_eq!(limits.ttl, Duration::from_secs(50), "the tool's");
+        assert_eq!(limits.mode, LoopMode::ChanceThenBreak, "the model's");
+        assert_eq!(limits.failures, Some(8), "the server's");
+        assert_eq!(
+            limits.polls.budget,
+            Some(Duration::from_secs(600)),
+            "the built-in default"
+        );
+        // One tier less each time: the next one decides.
+        let limits = tiers_with(server.clone(), model.clone(), none.clone())
+            .limits(&call, &tool, false)
+            .unwrap();
+        assert_eq!(
+            (limits.max_repeats, limits.ttl),
+            (5, Duration::from_secs(50))
+        );
+        let limits = tiers_with(server.clone(), model, none.clone())
+            .limits(&call, &none, false)
+            .unwrap();
+        assert_eq!(
+            (limits.max_repeats, limits.ttl),
+            (7, Duration::from_secs(70))
+        );
+        let limits = tiers_with(server, none.clone(), none.clone())
+            .limits(&call, &none, false)
+            .unwrap();
+        assert_eq!(
+            (limits.max_repeats, limits.ttl, limits.mode),
+            (9, Duration::from_secs(90), LoopMode::Break)
+        );
+        let limits = tiers(none.clone(), none.clone())
+            .limits(&call, &none, false)
+            .unwrap();
+        assert_eq!(
+            (limits.max_repeats, limits.ttl, limits.failures),
+            (4, Duration::from_secs(120), Some(4))
+        );
+        // `enabled` too: the server off, the model on, the tool off, the session on.
+        let off = six(Some(false), None, None, None, None, None);
+        let on = six(Some(true), None, None, None, None, None);
+        let tiered = |server: &LoopDetectSettings,
+                      model: &LoopDetectSettings,
+                      tool: &LoopDetectSettings,
+                      session: &LoopDetectSettings| {
+            tiers_with(server.clone(), model.clone(), session.clone())
+                .limits(&call, tool, false)
+                .is_some()
+        };
+        assert!(!tiered(&off, &none, &none, &none));
+        assert!(tiered(&off, &on, &none, &none));
+        assert!(!tiered(&off, &on, &off, &none));
+        assert!(tiered(&off, &on, &off, &on));
+    }
+
     #[test]
     fn bad_failures_and_poll_budgets_are_refused_naming_the_field() {
         let cases = [
             (
-                LoopSettings::default().with_max_failures(1),
+                failures_and_budget(Some(1), None),
                 "max_failures",
                 "must be a whole number from 2 to 1000, got 1",
             ),
             (
-                LoopSettings::default().with_max_failures(1001),
+                failures_and_budget(Some(1001), None),
                 "max_failures",
                 "must be a whole number from 2 to 1000, got 1001",
             ),
             (
-                LoopSettings::default().with_poll_budget_secs(MAX_POLL_BUDGET_SECS + 1),
+                failures_and_budget(None, Some(MAX_POLL_BUDGET_SECS + 1)),
                 "poll_budget_secs",
                 "must be a whole number of seconds from 0 (no end) to 31536000, got 31536001",
             ),
@@ -954,13 +1099,32 @@ mod tests {
             let err = settings.check().unwrap_err();
             assert_eq!((err.field(), err.problem()), (field, problem));
         }
-        let fine = LoopSettings::default()
-            .with_max_failures(2)
-            .with_poll_budget_secs(MAX_POLL_BUDGET_SECS);
+        let fine = failures_and_budget(Some(2), Some(MAX_POLL_BUDGET_SECS));
         assert!(fine.check().is_ok());
-        assert!(LoopSettings::default()
-            .with_poll_budget_secs(0)
-            .check()
-            .is_ok());
+        assert!(failures_and_budget(None, Some(0)).check().is_ok());
+    }
+
+    #[test]
+    fn a_session_or_a_model_sets_only_the_six() {
+        let mut settings = LoopDetectSettings {
+            max_repeats: Some(3),
+            ..LoopDetectSettings::default()
+        };
+        assert!(settings.check_session().is_ok());
+        settings.poller = Some(true);
+        let err = settings.check_session().unwrap_err();
+        assert_eq!(err.field(), "poller");
+        assert_eq!(
+            err.problem(),
+            "is not set by a session; a session sets only enabled, max_repeats, ttl_secs, \
+             mode, max_failures and poll_budget_secs"
+        );
+        let err = LoopDetectSettings {
+            max_session_bytes: Some(1 << 20),
+            ..LoopDetectSettings::default()
+        }
+        .check_model()
+        .unwrap_err();
+        assert_eq!(err.field(), "max_session_bytes");
     }
 }

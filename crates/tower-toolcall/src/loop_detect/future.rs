@@ -168,7 +168,9 @@ mod shared {
         Settle(StoreFuture<'static, ()>),
     }
 
-    /// What a store step answered.
+    /// What a store step answered: matched as soon as it is polled, never kept, so its size
+    /// costs nothing that boxing the large variant would save.
+    #[allow(clippy::large_enum_variant)]
     pub(in crate::loop_detect) enum Answer {
         Observed(Result<Observed, StoreError>),
         Settled(Result<(), StoreError>),
@@ -302,7 +304,7 @@ mod shared {
             let sessions = &self.monitor.tiers.sessions;
             if sessions.get(&self.session).unwrap_or_default() != settings {
                 // Set through another replica: this one reads them the same from now on.
-                sessions.update(&self.session, |_| settings);
+                sessions.update(&self.session, |_| settings.clone());
             }
             let Some(Tracked {
                 decision,

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::command::{CommandError, LoopCommand};
-use super::config::{LoopSettingKey, LoopSettings};
+use super::config::LoopSettingKey;
 use super::service::Monitor;
 use crate::error::ConfigError;
+use crate::registry::LoopDetectSettings;
 use crate::shared_store::StoreError;
 
 /// Run-time control of a [`LoopDetectLayer`](super::LoopDetectLayer): the session tier of
@@ -17,7 +18,7 @@ use crate::shared_store::StoreError;
 /// layer's state.
 ///
 /// ```
-/// use tower_toolcall::loop_detect::{LoopDetectLayer, LoopSettings};
+/// use tower_toolcall::loop_detect::{LoopDetectLayer, LoopDetectSettings};
 /// use tower_toolcall::registry::ToolRegistry;
 ///
 /// let layer = LoopDetectLayer::new(ToolRegistry::open());
@@ -28,7 +29,14 @@ use crate::shared_store::StoreError;
 /// assert_eq!(handle.session_settings("sess-42").max_repeats, Some(6));
 ///
 /// handle.apply_command("sess-42", "!/unset(tool-loop-max-repeats)")?;
-/// assert!(handle.session_settings("sess-42").is_empty());
+/// assert_eq!(handle.session_settings("sess-42"), LoopDetectSettings::default());
+///
+/// // A session sets the six settings the commands name, and no other.
+/// let mut settings = LoopDetectSettings::default();
+/// settings.max_failures = Some(3);
+/// handle.set("sess-42", settings.clone()).unwrap();
+/// settings.max_sessions = Some(10);
+/// assert_eq!(handle.set("sess-42", settings).unwrap_err().field(), "max_sessions");
 /// # Ok::<(), tower_toolcall::loop_detect::CommandError>(())
 /// ```
 #[derive(Clone, Debug)]
@@ -42,27 +50,32 @@ impl LoopDetectHandle {
     }
 
     /// Sets the given settings for `session`; the session's other settings stay. Switching
-    /// detection off drops what the session's history held.
+    /// detection off drops what the session's history held. A session sets only the six
+    /// settings [`LoopSettingKey`] names; another one is refused, and the error names it.
     ///
     /// With a shared store, the settings are kept there with the session's history, and
     /// every replica reads them on the session's next call: await the answer to know when
     /// they are written (they are written even if it is dropped).
-    pub fn set(&self, session: &str, settings: LoopSettings) -> Result<StoreWrite, ConfigError> {
-        settings.check()?;
+    pub fn set(
+        &self,
+        session: &str,
+        settings: LoopDetectSettings,
+    ) -> Result<StoreWrite, ConfigError> {
+        settings.check_session()?;
         Ok(self.change(session, settings, &[]))
     }
 
     /// Removes `keys` from `session`'s settings, so that the next tier decides them; in the
     /// shared store too, as [`set`](Self::set) does.
     pub fn unset(&self, session: &str, keys: &[LoopSettingKey]) -> StoreWrite {
-        self.change(session, LoopSettings::default(), keys)
+        self.change(session, LoopDetectSettings::default(), keys)
     }
 
     /// Applies a parsed command to `session`'s settings, as [`set`](Self::set) and
     /// [`unset`](Self::unset) do.
     pub fn apply(&self, session: &str, command: &LoopCommand) -> Result<StoreWrite, ConfigError> {
         if let LoopCommand::Set(settings) = command {
-            settings.check()?;
+            settings.check_session()?;
         }
         Ok(self.apply_checked(session, command))
     }
@@ -81,21 +94,31 @@ impl LoopDetectHandle {
     /// Applies a checked command here and, with a shared store, there.
     fn apply_checked(&self, session: &str, command: &LoopCommand) -> StoreWrite {
         match command {
-            LoopCommand::Set(settings) => self.change(session, *settings, &[]),
-            LoopCommand::Unset(keys) => self.change(session, LoopSettings::default(), keys),
+            LoopCommand::Set(settings) => self.change(session, settings.clone(), &[]),
+            LoopCommand::Unset(keys) => self.change(session, LoopDetectSettings::default(), keys),
         }
     }
 
     /// Sets `set` and removes `unset` in `session`'s settings.
-    fn change(&self, session: &str, set: LoopSettings, unset: &[LoopSettingKey]) -> StoreWrite {
-        self.monitor.tiers.sessions.change(session, set, unset);
+    fn change(
+        &self,
+        session: &str,
+        set: LoopDetectSettings,
+        unset: &[LoopSettingKey],
+    ) -> StoreWrite {
+        let off = set.enabled == Some(false);
         if let Some(store) = &self.monitor.store {
+            self.monitor
+                .tiers
+                .sessions
+                .change(session, set.clone(), unset);
             // The store drops the history itself when detection is switched off.
             self.monitor.tracker.remove(session);
-            let window = std::time::Duration::from_secs(self.monitor.tiers.server.ttl_secs());
+            let window = self.monitor.tiers.server_ttl();
             return StoreWrite::spawn(store.change_settings(session, set, unset, window));
         }
-        if set.enabled == Some(false) {
+        self.monitor.tiers.sessions.change(session, set, unset);
+        if off {
             self.monitor.tracker.remove(session);
         }
         StoreWrite::done()
@@ -103,7 +126,7 @@ impl LoopDetectHandle {
 
     /// `session`'s own settings (empty when it has none). With a shared store, they are
     /// those this replica last read or wrote.
-    pub fn session_settings(&self, session: &str) -> LoopSettings {
+    pub fn session_settings(&self, session: &str) -> LoopDetectSettings {
         self.monitor.tiers.sessions.get(session).unwrap_or_default()
     }
 
@@ -142,7 +165,7 @@ impl LoopDetectHandle {
     }
 
     /// How many sessions were evicted, least recently used first, to stay within
-    /// [`max_sessions`](super::LoopDetectLayerBuilder::max_sessions).
+    /// [`max_sessions`](LoopDetectSettings::max_sessions).
     pub fn evicted_sessions(&self) -> u64 {
         self.monitor.tracker.evicted()
     }

@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::config::SessionTier;
+use super::config::{SessionTier, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES};
 use super::detector::Decision;
-use super::layer::{DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSION_BYTES};
 use super::store::{LoopCall, LoopStore, Observed, Settled, Signature, Tracked};
 use super::tracker::{lock, Tracker};
-use super::{LoopSettingKey, LoopSettings};
+use super::LoopSettingKey;
 use crate::bounds::entropy_seed;
 use crate::contract::time::unix_now_ms;
+use crate::registry::LoopDetectSettings;
 use crate::shared_store::StoreFuture;
 
 /// Keeps the sessions' histories and own settings in this process, with the tracker and the
@@ -21,8 +21,8 @@ use crate::shared_store::StoreFuture;
 /// store is chosen at run time). Clones share the sessions.
 ///
 /// Every operation is done when it is called, and its future answers at once. At most
-/// [`DEFAULT_MAX_SESSIONS`] sessions keep calls (and as many keep settings), within
-/// [`DEFAULT_MAX_SESSION_BYTES`]; the least recently used make room. A session's calls go
+/// 100 000 sessions keep calls (and as many keep settings), within 64 MiB; the least
+/// recently used make room. A session's calls go
 /// with its window; its settings stay until it is forgotten or makes room.
 ///
 /// ```
@@ -134,12 +134,13 @@ impl LoopStore for InMemoryLoopStore {
     fn change_settings(
         &self,
         session: &str,
-        set: LoopSettings,
+        set: LoopDetectSettings,
         unset: &[LoopSettingKey],
         _window: Duration,
     ) -> StoreFuture<'static, ()> {
+        let off = set.enabled == Some(false);
         self.sessions.settings.change(session, set, unset);
-        if set.enabled == Some(false) {
+        if off {
             self.sessions.calls.remove(session);
         }
         ready(())

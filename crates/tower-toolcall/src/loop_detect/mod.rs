@@ -66,40 +66,41 @@
 //!
 //! # Configuration
 //!
-//! Six settings (`enabled`, `max_repeats`, `ttl_secs`, `mode`, `max_failures`,
-//! `poll_budget_secs`) come in tiers, and each is resolved on its own: **session, then tool,
-//! then model, then server**. A `poll_budget_secs` of `0` is a budget without end, at any
+//! Every tier speaks one table, [`LoopDetectSettings`], each field optional. Six settings
+//! (`enabled`, `max_repeats`, `ttl_secs`, `mode`, `max_failures`, `poll_budget_secs`) come
+//! in tiers, and each is resolved on its own: **session, then tool, then model, then server,
+//! then the built-in default**. A `poll_budget_secs` of `0` is a budget without end, at any
 //! tier.
 //!
-//! - **server**: [`LoopDetectConfig`], in code or from the environment:
-//!   `TOOL_LOOP_DETECTION_ENABLED` (default `true`), `TOOL_LOOP_MAX_REPEATS` (4),
-//!   `TOOL_LOOP_TTL_SECONDS` (120), `TOOL_LOOP_MODE` (`break` | `chance` |
-//!   `chance_then_break`). A bad value fails the build with a
+//! - **server**: the layer's settings, [`LoopDetectLayerBuilder::settings`], in code or from
+//!   the environment ([`LoopDetectSettings::from_env`]): `TOOL_LOOP_DETECTION_ENABLED`
+//!   (default `true`), `TOOL_LOOP_MAX_REPEATS` (4), `TOOL_LOOP_TTL_SECONDS` (120),
+//!   `TOOL_LOOP_MODE` (`break` | `chance` | `chance_then_break`). A bad value is a
 //!   [`ConfigError`](crate::ConfigError) naming the variable. The server's `max_failures`
-//!   (4) and poll budget (10 min) are the [builder](LoopDetectLayerBuilder)'s
-//!   `max_failures` and `poll_budget`.
-//! - **model**: [`LoopSettings`] per (backend, model) (all six settings), given to
+//!   defaults to 4 and its `poll_budget_secs` to 600 (10 min).
+//! - **model**: settings per (backend, model) (the six settings), given to
 //!   [`LoopDetectLayerBuilder::model`]. A call names its model in `trace.baggage`, with the
 //!   OpenTelemetry GenAI keys `gen_ai.system` (the backend, e.g. `openai`) and
 //!   `gen_ai.request.model` (e.g. `gpt-4o-mini`); a call without them gets no model tier.
-//! - **tool**: `policy.loop_detect` in the [registry](crate::registry): `max_repeats`,
-//!   `ttl_secs`, `mode`, `poller`, `max_failures`, `poll_budget_secs` and
-//!   `ignore_members`, or `"off"`, which lets the tool's calls through
+//! - **tool**: `policy.loop_detect` in the [registry](crate::registry): the six, `poller`
+//!   and `ignore_members`, or `"off"`, which lets the tool's calls through
 //!   untracked whatever the other tiers say. A tool's numbers beat the model's, because
 //!   they describe the tool, which a model default does not know.
-//! - **session**: [`LoopSettings`] set and unset at run time through the
+//! - **session**: the six settings, set and unset at run time through the
 //!   [`LoopDetectHandle`], directly or from the in-chat commands `!/set(tool-loop-…=…)` and
 //!   `!/unset(tool-loop-…)` (see [`LoopCommand`]): `tool-loop-detection`,
 //!   `tool-loop-max-repeats`, `tool-loop-ttl`, `tool-loop-mode`, `tool-loop-max-failures`
-//!   (2 to 1000) and `tool-loop-poll-budget-seconds` (0 to [`MAX_POLL_BUDGET_SECS`]), e.g.
+//!   (2 to 1000) and `tool-loop-poll-budget-seconds` (0 to 31 536 000, a year), e.g.
 //!   `!/set(tool-loop-max-failures=3)`. A wrong value changes nothing and the error names
 //!   the setting.
 //!
-//! A tool's or session's `max_failures` applies the failure rule even when the layer has it
-//! switched off ([`repeated_failures(false)`](LoopDetectLayerBuilder::repeated_failures)).
-//! The other rules' switches and thresholds are the layer's only, set on its
-//! [builder](LoopDetectLayerBuilder): `cycles`, `cycle_repetitions`, `max_cycle_length`,
-//! `min_backoff`, `patient_poll_gap`, and `ignore_members` (per tool too).
+//! A tool's, model's or session's `max_failures` applies the failure rule even when the
+//! layer has it switched off (`repeated_failures = false` in its settings). The other rules'
+//! switches and thresholds are the layer's only, fields of its settings that a tool's policy
+//! may not set: `cycles`, `cycle_repetitions`, `max_cycle_length`, `repeated_failures`,
+//! `min_backoff_ms`, `patient_poll_gap_ms`, `result_aware_polling`, `max_sessions` and
+//! `max_session_bytes`; `ignore_members` and `poller` are the layer's and, per tool, the
+//! tool's.
 //!
 //! # Measured
 //!
@@ -147,8 +148,8 @@
 //!
 //! A session's history holds only as many calls as the rules need (the last 14 with the defaults). A
 //! session idle for its whole window is dropped; at most
-//! [`max_sessions`](LoopDetectLayerBuilder::max_sessions) (100 000) are tracked, taking at
-//! most [`max_session_bytes`](LoopDetectLayerBuilder::max_session_bytes) (64 MiB, by their
+//! [`max_sessions`](LoopDetectSettings::max_sessions) (100 000) are tracked, taking at
+//! most [`max_session_bytes`](LoopDetectSettings::max_session_bytes) (64 MiB, by their
 //! approximate size: their keys and histories), and the least recently used ones make room for
 //! a new one ([`LoopDetectHandle::evicted_sessions`] counts them). When detection is off for a call, nothing is tracked for it.
 //!
@@ -211,19 +212,15 @@ mod service;
 pub mod store;
 mod tracker;
 
+pub use crate::registry::LoopDetectSettings;
 pub use command::{CommandError, CommandErrorKind, LoopCommand};
 pub use config::{
-    LoopDetectConfig, LoopSettingKey, LoopSettings, BAGGAGE_BACKEND, BAGGAGE_MODEL,
-    DEFAULT_MAX_REPEATS, DEFAULT_TTL_SECS, ENV_ENABLED, ENV_MAX_REPEATS, ENV_MODE, ENV_TTL_SECONDS,
-    MAX_POLL_BUDGET_SECS, MAX_REPEATS_LIMIT,
+    LoopSettingKey, BAGGAGE_BACKEND, BAGGAGE_MODEL, ENV_ENABLED, ENV_MAX_REPEATS, ENV_MODE,
+    ENV_TTL_SECONDS,
 };
 pub use future::ResponseFuture;
 pub use handle::{LoopDetectHandle, StoreWrite};
-pub use layer::{
-    LoopDetectLayer, LoopDetectLayerBuilder, DEFAULT_CYCLE_REPETITIONS, DEFAULT_FAILURE_THRESHOLD,
-    DEFAULT_MAX_CYCLE_LENGTH, DEFAULT_MAX_FAILURES, DEFAULT_MAX_SESSIONS,
-    DEFAULT_MAX_SESSION_BYTES, DEFAULT_MIN_BACKOFF, DEFAULT_PATIENT_POLL_GAP, DEFAULT_POLL_BUDGET,
-};
+pub use layer::{LoopDetectLayer, LoopDetectLayerBuilder};
 pub use memory::InMemoryLoopStore;
 pub use noise::DEFAULT_IGNORED_MEMBERS;
 pub use service::LoopDetect;

@@ -20,7 +20,7 @@ use crate::error::ToolError;
 use crate::middleware::{shadow_decision, Passthrough};
 use crate::outcome::{ShadowDecision, ShadowVerdict, ToolOutput};
 use crate::redact::Redactor;
-use crate::registry::{LayerSetting, ToolRegistry};
+use crate::registry::{LoopDetectSettings, ToolRegistry};
 use crate::resend::{ResendKey, Resends};
 use crate::shared_store::Outages;
 use crate::tool_table::ToolTable;
@@ -41,6 +41,8 @@ pub(super) struct ToolLoop {
     pub(super) answers_decide: bool,
     /// The members its calls and answers are compared without.
     pub(super) noise: Arc<Noise>,
+    /// The tool's own settings, the tool tier (its `ignore_members` are in `noise`).
+    pub(super) settings: LoopDetectSettings,
 }
 
 /// The state every clone of the layer and its services shares.
@@ -102,12 +104,11 @@ pub(super) struct SharedCheck {
 
 impl Monitor {
     pub(super) fn inspect(self: &Arc<Self>, call: &ToolCall) -> Verdict {
-        let tool = match &self.registry.policy_for(call).loop_detect {
-            LayerSetting::Off => return Verdict::Untracked,
-            LayerSetting::On(overrides) => Some(overrides),
-            LayerSetting::Default => None,
-        };
+        if self.registry.policy_for(call).loop_detect.is_off() {
+            return Verdict::Untracked;
+        }
         let facts = self.tools.for_call(call);
+        let tool = &facts.settings;
         if let Some(store) = &self.store {
             // The session's settings are in the store, read with its history.
             let signature = match self.signature(call, &facts.noise) {

@@ -23,7 +23,9 @@ use super::detector::CallFacts;
 pub use super::detector::{
     Decision, Detection, Limits, Outcome, SessionHistory, Signature, State, StoredCall,
 };
-use super::{LoopSettingKey, LoopSettings};
+use super::LoopSettingKey;
+use crate::error::ConfigError;
+use crate::registry::LoopDetectSettings;
 use crate::shared_store::StoreFuture;
 
 /// Where a loop layer keeps its sessions' histories and own settings when replicas share
@@ -51,7 +53,7 @@ pub trait LoopStore: fmt::Debug + Send + Sync + 'static {
     fn change_settings(
         &self,
         session: &str,
-        set: LoopSettings,
+        set: LoopDetectSettings,
         unset: &[LoopSettingKey],
         window: Duration,
     ) -> StoreFuture<'static, ()>;
@@ -65,6 +67,13 @@ pub trait LoopStore: fmt::Debug + Send + Sync + 'static {
     /// The seed of the keyed hash of calls, which every replica that shares the store must
     /// use.
     fn signature_seed(&self) -> u64;
+}
+
+/// Checks a session's own settings as the layer checks them when they are set: only the six
+/// that [`LoopSettingKey`] names, each in range. A store reads back only settings that pass;
+/// the error names the field.
+pub fn check_session_settings(settings: &LoopDetectSettings) -> Result<(), ConfigError> {
+    settings.check_session()
 }
 
 /// A call on its way to a [`LoopStore`]: its signature, and the settings of the tiers below
@@ -98,7 +107,7 @@ impl LoopCall {
     }
 
     /// Whether the call is tracked, and its limits, under the session's own `settings`.
-    pub fn under(&self, settings: &LoopSettings) -> (bool, Limits) {
+    pub fn under(&self, settings: &LoopDetectSettings) -> (bool, Limits) {
         self.below.under(settings)
     }
 
@@ -116,14 +125,14 @@ impl LoopCall {
 #[non_exhaustive]
 pub struct Observed {
     /// The session's own settings.
-    pub settings: LoopSettings,
+    pub settings: LoopDetectSettings,
     /// `None` when the session's settings do not track the call.
     pub tracked: Option<Tracked>,
 }
 
 impl Observed {
     /// The answer for a call of a session with `settings`, judged `tracked`.
-    pub fn new(settings: LoopSettings, tracked: Option<Tracked>) -> Self {
+    pub fn new(settings: LoopDetectSettings, tracked: Option<Tracked>) -> Self {
         Observed { settings, tracked }
     }
 }

@@ -16,12 +16,11 @@ use support::Counter;
 use tokio_test::{assert_pending, assert_ready_ok};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_toolcall::loop_detect::{
-    CommandErrorKind, LoopCommand, LoopDetectConfig, LoopDetectLayer, LoopSettingKey, LoopSettings,
+    CommandErrorKind, LoopCommand, LoopDetectLayer, LoopDetectSettings, LoopSettingKey,
 };
 
 use tower_toolcall::registry::{
-    LayerSetting, LoopDetectOverrides, LoopMode, RiskLevel, ToolDescriptor, ToolPolicy,
-    ToolRegistry,
+    LayerSetting, LoopMode, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
 };
 
 use tower_toolcall::{
@@ -164,7 +163,7 @@ async fn breaks_at_max_repeats_without_calling_the_tool(store: Store) {
 
 async fn chance_then_break_lets_a_different_call_run(store: Store) {
     let counter = Counter::default();
-    let layer = store.layer_with(LoopDetectConfig::default().with_mode(LoopMode::ChanceThenBreak));
+    let layer = store.layer_with(loops(|s| s.mode = Some(LoopMode::ChanceThenBreak)));
     let mut svc = stack(layer, &counter);
     let looping = search("sess-1", json!({"query": "a"}));
 
@@ -191,7 +190,7 @@ async fn chance_then_break_lets_a_different_call_run(store: Store) {
 
 async fn chance_then_break_breaks_when_the_call_repeats(store: Store) {
     let counter = Counter::default();
-    let layer = store.layer_with(LoopDetectConfig::default().with_mode(LoopMode::ChanceThenBreak));
+    let layer = store.layer_with(loops(|s| s.mode = Some(LoopMode::ChanceThenBreak)));
     let mut svc = stack(layer, &counter);
     let looping = search("sess-1", json!({"query": "a"}));
 
@@ -218,12 +217,8 @@ async fn session_beats_model_beats_server_and_unset_falls_back(store: Store) {
     let counter = Counter::default();
     let layer = store
         .builder(ToolRegistry::open())
-        .config(LoopDetectConfig::default().with_max_repeats(6))
-        .model(
-            "openai",
-            "gpt-4o",
-            LoopSettings::default().with_max_repeats(5),
-        )
+        .settings(loops(|s| s.max_repeats = Some(6)))
+        .model("openai", "gpt-4o", loops(|s| s.max_repeats = Some(5)))
         .build()
         .unwrap();
     let handle = layer.handle();
@@ -293,11 +288,7 @@ async fn a_model_can_switch_detection_off_and_a_session_back_on(store: Store) {
     let counter = Counter::default();
     let layer = store
         .builder(ToolRegistry::open())
-        .model(
-            "anthropic",
-            "claude-x",
-            LoopSettings::default().with_enabled(false),
-        )
+        .model("anthropic", "claude-x", loops(|s| s.enabled = Some(false)))
         .build()
         .unwrap();
     let handle = layer.handle();
@@ -308,7 +299,7 @@ async fn a_model_can_switch_detection_off_and_a_session_back_on(store: Store) {
     }
     assert_eq!(handle.tracked_sessions(), 0);
     handle
-        .set("sess-1", LoopSettings::default().with_enabled(true))
+        .set("sess-1", loops(|s| s.enabled = Some(true)))
         .unwrap()
         .await
         .unwrap();
@@ -349,7 +340,7 @@ async fn sessions_never_affect_each_other(store: Store) {
         .await
         .expect("b's 3rd runs whatever a and strict did");
     assert_eq!(counter.get(), 3 + 3 + 1);
-    assert_eq!(handle.session_settings("b"), LoopSettings::default());
+    assert_eq!(handle.session_settings("b"), LoopDetectSettings::default());
 }
 
 async fn canonically_equal_params_are_identical_and_a_change_is_not(store: Store) {
@@ -480,7 +471,7 @@ async fn cycles_can_be_switched_off(store: Store) {
     let counter = Counter::default();
     let layer = store
         .builder(ToolRegistry::open())
-        .cycles(false)
+        .settings(loops(|s| s.cycles = Some(false)))
         .build()
         .unwrap();
     let mut svc = stack(layer, &counter);
@@ -502,7 +493,7 @@ fn failing(
 
 async fn repeated_identical_failures_break_below_max_repeats(store: Store) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = store.layer_with(LoopDetectConfig::default().with_max_repeats(10));
+    let layer = store.layer_with(loops(|s| s.max_repeats = Some(10)));
     let mut svc = ServiceBuilder::new()
         .layer(layer)
         .service(failing(vec![ErrorCode::UpstreamError], calls.clone()));
@@ -534,8 +525,7 @@ async fn repeated_identical_failures_break_below_max_repeats(store: Store) {
 /// A tool that must not be retried blindly stops at its own `max_failures`, before the
 /// repeat rule.
 async fn a_tool_s_max_failures_stops_before_the_repeat_rule(store: Store) {
-    let strict =
-        ToolPolicy::default().with_loop_detect(LoopDetectOverrides::default().with_max_failures(2));
+    let strict = ToolPolicy::default().with_loop_detect(loops(|s| s.max_failures = Some(2)));
     let registry = ToolRegistry::builder()
         .tool(ToolDescriptor::new(NS, "search", RiskLevel::Writes).with_policy(strict))
         .build()
@@ -608,7 +598,7 @@ async fn a_session_s_max_failures_holds_for_it_alone_and_unset_falls_back(store:
 
 async fn failures_with_changing_codes_count_as_plain_repeats(store: Store) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = store.layer_with(LoopDetectConfig::default().with_max_repeats(6));
+    let layer = store.layer_with(loops(|s| s.max_repeats = Some(6)));
     let codes = vec![ErrorCode::UpstreamError, ErrorCode::Timeout];
     let mut svc = ServiceBuilder::new()
         .layer(layer)
@@ -620,8 +610,7 @@ async fn failures_with_changing_codes_count_as_plain_repeats(store: Store) {
 }
 
 fn poller_registry() -> ToolRegistry {
-    let poller =
-        ToolPolicy::default().with_loop_detect(LoopDetectOverrides::default().with_poller(true));
+    let poller = ToolPolicy::default().with_loop_detect(loops(|s| s.poller = Some(true)));
     ToolRegistry::builder()
         .tool(ToolDescriptor::new("jobs", "status", RiskLevel::ReadOnly).with_policy(poller))
         .build()
@@ -689,7 +678,7 @@ async fn result_aware_polling_can_be_switched_off(store: Store) {
     let progress: Vec<Value> = (0..10).map(|p| json!({"progress": p})).collect();
     let layer = store
         .builder(poller_registry())
-        .result_aware_polling(false)
+        .settings(loops(|s| s.result_aware_polling = Some(false)))
         .build()
         .unwrap();
     let mut svc = ServiceBuilder::new()
@@ -702,11 +691,10 @@ async fn result_aware_polling_can_be_switched_off(store: Store) {
 
 async fn a_tool_can_switch_detection_off_or_set_its_own_limits(store: Store) {
     let off = ToolPolicy::default().with_loop_detect(LayerSetting::Off);
-    let own = ToolPolicy::default().with_loop_detect(
-        LoopDetectOverrides::default()
-            .with_max_repeats(2)
-            .with_mode(LoopMode::ChanceThenBreak),
-    );
+    let own = ToolPolicy::default().with_loop_detect(loops(|s| {
+        s.max_repeats = Some(2);
+        s.mode = Some(LoopMode::ChanceThenBreak);
+    }));
     let registry = ToolRegistry::builder()
         .tool(ToolDescriptor::new(NS, "heartbeat", RiskLevel::ReadOnly).with_policy(off))
         .tool(ToolDescriptor::new(NS, "deploy", RiskLevel::Commands).with_policy(own))
@@ -716,11 +704,7 @@ async fn a_tool_can_switch_detection_off_or_set_its_own_limits(store: Store) {
     let counter = Counter::default();
     let layer = store
         .builder(registry)
-        .model(
-            "openai",
-            "gpt-4o",
-            LoopSettings::default().with_max_repeats(8),
-        )
+        .model("openai", "gpt-4o", loops(|s| s.max_repeats = Some(8)))
         .build()
         .unwrap();
     let handle = layer.handle();
@@ -886,8 +870,7 @@ async fn a_write_is_judged_on_its_arguments_whatever_its_answers(store: Store) {
     );
 
     // An operator lowers `max_repeats` for a write that must not repeat: the 2nd is refused.
-    let once =
-        ToolPolicy::default().with_loop_detect(LoopDetectOverrides::default().with_max_repeats(2));
+    let once = ToolPolicy::default().with_loop_detect(loops(|s| s.max_repeats = Some(2)));
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = ServiceBuilder::new()
         .layer(store.layer(registered("mail", "send", RiskLevel::Writes, once)))
@@ -934,9 +917,9 @@ async fn noise_members_do_not_make_calls_different_and_keys_keep_them(store: Sto
 
 async fn a_tool_s_own_noise_list_replaces_the_layer_s(store: Store) {
     // `timestamp` means something to this tool; `cursorToken` is its noise.
-    let own = ToolPolicy::default().with_loop_detect(
-        LoopDetectOverrides::default().with_ignore_members(vec!["cursorToken".to_owned()]),
-    );
+    let own = ToolPolicy::default().with_loop_detect(loops(|s| {
+        s.ignore_members = Some(vec!["cursorToken".to_owned()]);
+    }));
     let counter = Counter::default();
     let layer = store.layer(registered(NS, "search", RiskLevel::Writes, own));
     let mut svc = stack(layer, &counter);
@@ -966,7 +949,9 @@ async fn a_tool_s_own_noise_list_replaces_the_layer_s(store: Store) {
     assert_eq!(counter.get(), 9);
 
     let err = LoopDetectLayer::builder(ToolRegistry::open())
-        .ignore_members(["requestId", ""])
+        .settings(loops(|s| {
+            s.ignore_members = Some(vec!["requestId".to_owned(), String::new()]);
+        }))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "loop_detect.ignore_members[1]");
@@ -984,7 +969,7 @@ async fn cycles_of_four_and_five_calls_are_loops(store: Store) {
     // Configurable: cycles of up to 3 calls only.
     let layer = store
         .builder(ToolRegistry::open())
-        .max_cycle_length(3)
+        .settings(loops(|s| s.max_cycle_length = Some(3)))
         .build()
         .unwrap();
     let mut svc = stack(layer, &counter);
@@ -1012,10 +997,17 @@ impl Store {
             .expect("a valid configuration")
     }
 
-    fn layer_with(&self, config: LoopDetectConfig) -> LoopDetectLayer {
+    fn layer_with(&self, settings: LoopDetectSettings) -> LoopDetectLayer {
         self.builder(ToolRegistry::open())
-            .config(config)
+            .settings(settings)
             .build()
             .expect("a valid configuration")
     }
+}
+
+/// Loop detection settings: the defaults, changed by `change`.
+fn loops(change: impl FnOnce(&mut LoopDetectSettings)) -> LoopDetectSettings {
+    let mut settings = LoopDetectSettings::default();
+    change(&mut settings);
+    settings
 }

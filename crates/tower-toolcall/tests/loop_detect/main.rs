@@ -5,9 +5,9 @@ mod support;
 
 mod corpus;
 
-/// A layer over an open registry with `config` as its server tier.
-fn layer_with(config: LoopDetectConfig) -> LoopDetectLayer {
-    Store::Memory.layer_with(config)
+/// A layer over an open registry with `settings` as its server tier.
+fn layer_with(settings: LoopDetectSettings) -> LoopDetectLayer {
+    Store::Memory.layer_with(settings)
 }
 
 /// Where the sessions' histories are kept: every case of `cases.rs` runs against every
@@ -56,7 +56,7 @@ include!("cases.rs");
 #[tokio::test]
 async fn disabled_detection_tracks_nothing() {
     let counter = Counter::default();
-    let layer = layer_with(LoopDetectConfig::default().with_enabled(false));
+    let layer = layer_with(loops(|s| s.enabled = Some(false)));
     let handle = layer.handle();
     let mut svc = stack(layer, &counter);
     for i in 0..10 {
@@ -225,7 +225,7 @@ async fn logs_never_show_secrets_and_name_unknown_models() {
 async fn the_tracker_stays_at_its_cap() {
     let counter = Counter::default();
     let layer = LoopDetectLayer::builder(ToolRegistry::open())
-        .max_sessions(1_000)
+        .settings(loops(|s| s.max_sessions = Some(1_000)))
         .build()
         .unwrap();
     let handle = layer.handle();
@@ -370,24 +370,80 @@ fn a_wrong_command_or_setting_changes_nothing() {
     handle
         .apply_command("s", "!/set(tool-loop-ttl=60, tool-loop-mode=stop)")
         .unwrap_err();
-    let bad = LoopSettings::default()
-        .with_max_repeats(0)
-        .with_mode(LoopMode::ChanceThenBreak);
+    let bad = loops(|s| {
+        s.max_repeats = Some(0);
+        s.mode = Some(LoopMode::ChanceThenBreak);
+    });
     let err = handle.set("s", bad).unwrap_err();
     assert_eq!(err.field(), "max_repeats");
     let err = handle
-        .apply(
-            "s",
-            &LoopCommand::Set(LoopSettings::default().with_ttl_secs(0)),
-        )
+        .apply("s", &LoopCommand::Set(loops(|s| s.ttl_secs = Some(0))))
         .unwrap_err();
     assert_eq!(err.field(), "ttl_secs");
     assert_eq!(
         handle.session_settings("s"),
-        LoopSettings::default().with_ttl_secs(30)
+        loops(|s| s.ttl_secs = Some(30))
     );
     handle.unset("s", &[LoopSettingKey::Ttl]);
     assert_eq!(handle.sessions_with_settings(), 0);
+}
+
+#[test]
+fn a_session_sets_only_the_six_settings_its_commands_name() {
+    let handle = LoopDetectLayer::new(ToolRegistry::open()).handle();
+    type Change = fn(&mut LoopDetectSettings);
+    let others: [(&str, Change); 11] = [
+        ("poller", |s| s.poller = Some(true)),
+        ("ignore_members", |s| s.ignore_members = Some(Vec::new())),
+        ("cycles", |s| s.cycles = Some(false)),
+        ("cycle_repetitions", |s| s.cycle_repetitions = Some(4)),
+        ("max_cycle_length", |s| s.max_cycle_length = Some(3)),
+        ("repeated_failures", |s| s.repeated_failures = Some(false)),
+        ("min_backoff_ms", |s| s.min_backoff_ms = Some(500)),
+        ("patient_poll_gap_ms", |s| {
+            s.patient_poll_gap_ms = Some(10_000)
+        }),
+        ("result_aware_polling", |s| {
+            s.result_aware_polling = Some(false)
+        }),
+        ("max_sessions", |s| s.max_sessions = Some(10)),
+        ("max_session_bytes", |s| s.max_session_bytes = Some(1 << 20)),
+    ];
+    for (field, set) in others {
+        let settings = loops(|s| {
+            s.max_repeats = Some(3);
+            set(s);
+        });
+        let err = handle.set("s", settings.clone()).unwrap_err();
+        assert_eq!(err.field(), field);
+        assert_eq!(
+            err.problem(),
+            "is not set by a session; a session sets only enabled, max_repeats, ttl_secs, \
+             mode, max_failures and poll_budget_secs"
+        );
+        let err = handle.apply("s", &LoopCommand::Set(settings)).unwrap_err();
+        assert_eq!(err.field(), field);
+        // A model sets the same six.
+        let err = LoopDetectLayer::builder(ToolRegistry::open())
+            .model("openai", "gpt-4o", loops(set))
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.field(),
+            format!("loop_detect.models[openai/gpt-4o].{field}")
+        );
+    }
+    assert_eq!(handle.sessions_with_settings(), 0, "nothing was set");
+    let six = loops(|s| {
+        s.enabled = Some(true);
+        s.max_repeats = Some(3);
+        s.ttl_secs = Some(60);
+        s.mode = Some(LoopMode::Break);
+        s.max_failures = Some(2);
+        s.poll_budget_secs = Some(0);
+    });
+    handle.set("s", six.clone()).unwrap();
+    assert_eq!(handle.session_settings("s"), six);
 }
 
 #[test]
@@ -396,46 +452,44 @@ fn bad_configuration_is_refused_with_the_field_named() {
     let cases: Vec<(Result<LoopDetectLayer, tower_toolcall::ConfigError>, &str)> = vec![
         (
             LoopDetectLayer::builder(registry())
-                .config(LoopDetectConfig::default().with_max_repeats(1))
+                .settings(loops(|s| s.max_repeats = Some(1)))
                 .build(),
             "loop_detect.max_repeats",
         ),
         (
             LoopDetectLayer::builder(registry())
-                .config(LoopDetectConfig::default().with_ttl_secs(0))
+                .settings(loops(|s| s.ttl_secs = Some(0)))
                 .build(),
             "loop_detect.ttl_secs",
         ),
         (
             LoopDetectLayer::builder(registry())
-                .model(
-                    "openai",
-                    "gpt-4o",
-                    LoopSettings::default().with_max_repeats(5000),
-                )
+                .model("openai", "gpt-4o", loops(|s| s.max_repeats = Some(5000)))
                 .build(),
             "loop_detect.models[openai/gpt-4o].max_repeats",
         ),
         (
             LoopDetectLayer::builder(registry())
-                .cycle_repetitions(1)
+                .settings(loops(|s| s.cycle_repetitions = Some(1)))
                 .build(),
             "loop_detect.cycle_repetitions",
         ),
         (
             LoopDetectLayer::builder(registry())
-                .max_cycle_length(11)
+                .settings(loops(|s| s.max_cycle_length = Some(11)))
                 .build(),
             "loop_detect.max_cycle_length",
         ),
         (
             LoopDetectLayer::builder(registry())
-                .failure_threshold(1)
+                .settings(loops(|s| s.max_failures = Some(1)))
                 .build(),
-            "loop_detect.failure_threshold",
+            "loop_detect.max_failures",
         ),
         (
-            LoopDetectLayer::builder(registry()).max_sessions(0).build(),
+            LoopDetectLayer::builder(registry())
+                .settings(loops(|s| s.max_sessions = Some(0)))
+                .build(),
             "loop_detect.max_sessions",
         ),
         (
@@ -443,9 +497,8 @@ fn bad_configuration_is_refused_with_the_field_named() {
                 ToolRegistry::builder()
                     .tool(
                         ToolDescriptor::new("jobs", "status", RiskLevel::ReadOnly).with_policy(
-                            ToolPolicy::default().with_loop_detect(
-                                LoopDetectOverrides::default().with_max_repeats(100_000),
-                            ),
+                            ToolPolicy::default()
+                                .with_loop_detect(loops(|s| s.max_repeats = Some(100_000))),
                         ),
                     )
                     .build()
@@ -464,7 +517,7 @@ fn bad_configuration_is_refused_with_the_field_named() {
 #[test]
 fn the_environment_tier_names_the_variable_it_refuses() {
     let read = |vars: &[(&str, &str)]| {
-        LoopDetectConfig::from_env_with(|name| {
+        LoopDetectSettings::from_env_with(|name| {
             vars.iter()
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
@@ -479,10 +532,12 @@ fn the_environment_tier_names_the_variable_it_refuses() {
     .unwrap();
     assert_eq!(
         config,
-        LoopDetectConfig::default()
-            .with_max_repeats(5)
-            .with_ttl_secs(60)
-            .with_mode(LoopMode::ChanceThenBreak)
+        loops(|s| {
+            s.enabled = Some(true);
+            s.max_repeats = Some(5);
+            s.ttl_secs = Some(60);
+            s.mode = Some(LoopMode::ChanceThenBreak);
+        })
     );
     for (name, value) in [
         ("TOOL_LOOP_DETECTION_ENABLED", "sometimes"),
@@ -614,7 +669,7 @@ async fn sessions_with_long_keys_stay_within_the_bound_in_bytes_and_the_newest_s
     const MAX_BYTES: usize = 64 << 10;
     const KEY_BYTES: usize = 200;
     let layer = LoopDetectLayer::builder(ToolRegistry::open())
-        .max_session_bytes(MAX_BYTES)
+        .settings(loops(|s| s.max_session_bytes = Some(MAX_BYTES)))
         .build()
         .unwrap();
     let handle = layer.handle();
@@ -648,7 +703,7 @@ async fn sessions_with_long_keys_stay_within_the_bound_in_bytes_and_the_newest_s
     assert_eq!(counter.get(), 2_000 + 2);
 
     let err = LoopDetectLayer::builder(ToolRegistry::open())
-        .max_session_bytes(1024)
+        .settings(loops(|s| s.max_session_bytes = Some(1024)))
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "loop_detect.max_session_bytes");
@@ -691,8 +746,7 @@ async fn a_patient_poll_runs_a_tight_one_stops_and_a_poll_past_its_budget_stops(
         .message()
         .contains("Its result has not changed for 600s. Stop polling"));
     // A tool with a shorter budget; `0` would poll without end.
-    let short = ToolPolicy::default()
-        .with_loop_detect(LoopDetectOverrides::default().with_poll_budget_secs(120));
+    let short = ToolPolicy::default().with_loop_detect(loops(|s| s.poll_budget_secs = Some(120)));
     let mut svc = ServiceBuilder::new()
         .layer(LoopDetectLayer::new(registered(
             "jobs",

@@ -4,7 +4,7 @@ use serde_json::json;
 use tower_toolcall::envelope::DedupeMode;
 use tower_toolcall::registry::{
     BreakerSettings, ClassifyOverrides, IdempotencySettings, JitterKind, KeyScope, LayerSetting,
-    LoopDetectOverrides, LoopMode, OnLimit, OnStoreError, ParamsMismatch, RateLimitKey,
+    LoopDetectSettings, LoopMode, OnLimit, OnStoreError, ParamsMismatch, RateLimitKey,
     RateLimitSettings, RetrySettings, RiskLevel, TimeoutSettings, ToolDescriptor, ToolPolicy,
     ToolRegistry, UnclassifiedAs, ValidateSettings,
 };
@@ -294,6 +294,45 @@ fn out_of_range_overrides_are_refused_naming_the_field() {
 }
 
 #[test]
+fn a_tool_s_loop_detect_policy_may_not_set_the_whole_layer_s_fields() {
+    let whole_layer = [
+        ("cycles", "false"),
+        ("cycle_repetitions", "4"),
+        ("max_cycle_length", "3"),
+        ("repeated_failures", "false"),
+        ("min_backoff_ms", "500"),
+        ("patient_poll_gap_ms", "10000"),
+        ("result_aware_polling", "false"),
+        ("max_sessions", "10"),
+        ("max_session_bytes", "1048576"),
+    ];
+    for (name, value) in whole_layer {
+        let policy: ToolPolicy =
+            serde_json::from_str(&format!(r#"{{"loop_detect": {{"{name}": {value}}}}}"#)).unwrap();
+        let err = policy.check().unwrap_err();
+        assert_eq!(err.field(), format!("loop_detect.{name}"), "{err}");
+        assert_eq!(
+            err.problem(),
+            "is set for the whole layer, in the layer's settings, not in a tool's policy; \
+             remove it here"
+        );
+        let text = format!(
+            r#"{{"tools": [{{"namespace": "a", "name": "b", "risk": "writes",
+                "policy": {{"loop_detect": {{"{name}": {value}}}}}}}]}}"#
+        );
+        let err = ToolRegistry::from_json_str(&text).unwrap_err();
+        assert_eq!(err.field(), format!("tools[0].policy.loop_detect.{name}"));
+    }
+    // What a tool sets is accepted.
+    let policy: ToolPolicy = serde_json::from_str(
+        r#"{"loop_detect": {"enabled": true, "max_repeats": 2, "ttl_secs": 60, "mode": "chance",
+            "max_failures": 2, "poll_budget_secs": 0, "poller": true, "ignore_members": ["n"]}}"#,
+    )
+    .unwrap();
+    assert!(policy.check().is_ok());
+}
+
+#[test]
 fn an_invalid_schema_is_refused_when_the_registry_is_built() {
     let err = ToolRegistry::builder()
         .tool(
@@ -443,13 +482,14 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
                 .with_max_params_bytes(4096)
                 .with_check_output(true),
         )
-        .with_loop_detect(
-            LoopDetectOverrides::default()
-                .with_max_repeats(6)
-                .with_ttl_secs(30)
-                .with_mode(LoopMode::ChanceThenBreak)
-                .with_poller(false),
-        )
+        .with_loop_detect({
+            let mut loops = LoopDetectSettings::default();
+            loops.max_repeats = Some(6);
+            loops.ttl_secs = Some(30);
+            loops.mode = Some(LoopMode::ChanceThenBreak);
+            loops.poller = Some(false);
+            loops
+        })
         .with_rate_limit(
             RateLimitSettings::default()
                 .with_per_second(5)
@@ -515,7 +555,11 @@ fn a_policy_written_with_setters_is_the_policy_read_from_toml() {
         .with_policy(off.clone());
     let unregistered = ToolPolicy::default()
         .with_retry(LayerSetting::Off)
-        .with_loop_detect(LoopDetectOverrides::default().with_max_repeats(3));
+        .with_loop_detect({
+            let mut loops = LoopDetectSettings::default();
+            loops.max_repeats = Some(3);
+            loops
+        });
 
     let from_toml = ToolRegistry::from_toml_str(text).unwrap();
     let tool = |namespace, name| from_toml.get(namespace, name).unwrap().descriptor();

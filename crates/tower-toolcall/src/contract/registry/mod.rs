@@ -48,7 +48,7 @@ pub use policy::OnStoreError;
 pub(crate) use policy::ToolSettings;
 pub use policy::{
     BreakerSettings, ClassifyOverrides, IdempotencySettings, JitterKind, KeyScope, LayerSetting,
-    LoopDetectOverrides, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitSettings,
+    LoopDetectSettings, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitSettings,
     RetrySettings, TimeoutSettings, ToolPolicy, UnclassifiedAs, ValidateSettings,
 };
 

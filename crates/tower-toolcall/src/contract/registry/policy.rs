@@ -204,7 +204,7 @@ tool_policy! {
     /// and output checks; registration, denial and confirmation still apply.
     validate: ValidateSettings => with_validate,
     /// `LoopDetectLayer`.
-    loop_detect: LoopDetectOverrides => with_loop_detect,
+    loop_detect: LoopDetectSettings => with_loop_detect,
     /// `RateLimitLayer`.
     rate_limit: RateLimitSettings => with_rate_limit,
     /// `IdempotencyLayer`.
@@ -238,7 +238,6 @@ macro_rules! tool_settings_checked_by_check {
 
 tool_settings_checked_by_check!(
     ValidateSettings,
-    LoopDetectOverrides,
     IdempotencySettings,
     RetrySettings,
     TimeoutSettings
@@ -357,13 +356,22 @@ pub enum LoopMode {
     ChanceThenBreak,
 }
 
-/// Overrides of `LoopDetectLayer` for one tool.
+/// The settings of `LoopDetectLayer`: one table for every tier, the layer's own (its
+/// builder's `settings`), a model's (the builder's `model`), a tool's (`policy.loop_detect`)
+/// and a session's (set at run time through the layer's handle or the in-chat commands).
+///
+/// Every field is optional: an unset one falls back, each on its own, from the session to
+/// the tool, the model, the layer and then the built-in default its doc gives. A session and
+/// a model set only the first six (`enabled`, `max_repeats`, `ttl_secs`, `mode`,
+/// `max_failures`, `poll_budget_secs`); a tool sets those and `poller` and `ignore_members`;
+/// the fields from `cycles` on are the whole layer's, and a tool's policy that sets one is
+/// refused.
 ///
 /// A tool that writes (sending a message, filing an issue) and must not repeat gets a lower
 /// `max_repeats`, so that the second identical call in a row is refused:
 ///
 /// ```
-/// use tower_toolcall::registry::{LoopDetectOverrides, ToolPolicy};
+/// use tower_toolcall::registry::{LoopDetectSettings, ToolPolicy};
 ///
 /// let policy: ToolPolicy = serde_json::from_str(
 ///     r#"{"loop_detect": {"max_repeats": 2, "ignore_members": ["requestId", "sentAt"]}}"#,
@@ -371,66 +379,196 @@ pub enum LoopMode {
 /// let loops = policy.loop_detect.overrides().unwrap();
 /// assert_eq!(loops.max_repeats, Some(2));
 /// assert_eq!(loops.ignore_members.as_deref(), Some(&["requestId".to_owned(), "sentAt".to_owned()][..]));
-/// # let _ = LoopDetectOverrides::default().with_max_repeats(2);
+///
+/// let mut writes = LoopDetectSettings::default();
+/// writes.max_repeats = Some(2);
+/// assert!(ToolPolicy::default().with_loop_detect(writes).check().is_ok());
+///
+/// // The layer's bounds are not a tool's.
+/// let mut wide = LoopDetectSettings::default();
+/// wide.max_sessions = Some(10);
+/// let err = ToolPolicy::default().with_loop_detect(wide).check().unwrap_err();
+/// assert_eq!(err.field(), "loop_detect.max_sessions");
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct LoopDetectOverrides {
-    /// Identical consecutive calls that make a loop.
+pub struct LoopDetectSettings {
+    /// Whether calls are tracked at all (default `true`). Off, the layer keeps no history
+    /// for the call and lets it through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Identical consecutive calls that make a loop (default 4: the call that would be the
+    /// 4th is not run); from 2 to 1000, as the history of a session grows with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_repeats: Option<u32>,
-    /// The window, in seconds.
+    /// How long a call is remembered, in seconds (default 120); at least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
-    /// What to do on a loop.
+    /// What happens when a loop is found (default [`LoopMode::Break`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<LoopMode>,
-    /// Whether the tool's answers decide whether a call repeats: an identical call whose
-    /// answer changed is progress. Read-only tools are judged so by default; `true` makes
-    /// another tool (e.g. `job.status` registered as `writes`) judged so, `false` judges a
-    /// read-only tool on its arguments alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub poller: Option<bool>,
     /// Identical calls in a row that make a loop when each earlier one failed with the same
-    /// error (at least 2).
+    /// error code (default 4: the 4th identical call after three identical failures is not
+    /// run); from 2 to 1000. Unlike the repeat rule, this one holds however far apart the
+    /// failures came. A tool's, model's or session's value applies the rule even when the
+    /// layer switches it off (`repeated_failures`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failures: Option<u32>,
-    /// How long, in seconds, a patient poll's answer may stay the same before the poll is
-    /// a loop; `0`: without end.
+    /// How long, in seconds, a patient poll's answer may stay the same before the poll is a
+    /// loop (default 600); `0`: without end. At most 31 536 000 (a year).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_budget_secs: Option<u64>,
-    /// Members ignored, at any depth, when calls and answers of this tool are compared
-    /// (per-call noise: request ids, nonces, client timestamps). Replaces the layer's list
-    /// for the tool; an empty list ignores nothing. Idempotency keys never ignore them.
+    /// Whether the tool's answers decide whether a call repeats: an identical call whose
+    /// answer changed is progress. Read-only tools and tools that run commands are judged
+    /// so by default; `true` makes another tool (e.g. `job.status` registered as `writes`)
+    /// judged so, `false` judges such a tool on its arguments alone. Set for the layer, it
+    /// applies to every tool whose policy does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poller: Option<bool>,
+    /// Members ignored, at any depth, when calls and answers are compared (per-call noise:
+    /// request ids, nonces, client timestamps; default `DEFAULT_IGNORED_MEMBERS` of
+    /// `tower_toolcall::loop_detect`). A tool's list replaces the layer's for the tool; an
+    /// empty list ignores nothing. Idempotency keys and the canonical form keep them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_members: Option<Vec<String>>,
+    /// Whole layer: whether cycles of different calls (A,B,A,B,… or A,B,C,A,B,C,…) are loops
+    /// too (default `true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles: Option<bool>,
+    /// Whole layer: full repetitions of a cycle that make a loop (default 3: the call that
+    /// would complete the 3rd repetition is not run); from 2 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycle_repetitions: Option<u32>,
+    /// Whole layer: the longest cycle looked for, in calls (default 5); from 2 to 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cycle_length: Option<usize>,
+    /// Whole layer: whether the same call failing with the same error code in a row is a
+    /// loop, even below `max_repeats` (default `true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeated_failures: Option<bool>,
+    /// Whole layer: the least wait of a retry with back-off, in milliseconds (default
+    /// 1 000; `0`: no retry is one). An identical call after identical failures, each wait
+    /// since the previous try at least 1.5 times the one before and the last at least this
+    /// long, is the caller's own retry, not a loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_backoff_ms: Option<u64>,
+    /// Whole layer: how far apart, on average, unchanged answers of a read must come to be a
+    /// patient poll, in milliseconds (default 28 000). A read repeated faster with the same
+    /// answer is a loop at `max_repeats`; a patient poll only once its answer stayed the
+    /// same for `poll_budget_secs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patient_poll_gap_ms: Option<u64>,
+    /// Whole layer: whether identical calls of read-only tools and pollers count only while
+    /// their answers stay the same (default `true`). Off, every tool is judged on its
+    /// arguments alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_aware_polling: Option<bool>,
+    /// Whole layer: the most sessions tracked at once (default 100 000); beyond it, the
+    /// least recently used session is evicted. The same bound applies to sessions with
+    /// settings. At least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<usize>,
+    /// Whole layer: the most bytes the tracked sessions take, by their approximate size in
+    /// memory, their keys and histories (default 67 108 864, 64 MiB); at least 65 536
+    /// (64 KiB). Beyond it, the least recently used sessions are evicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_session_bytes: Option<usize>,
 }
 
-option_setters!(LoopDetectOverrides {
+option_setters!(LoopDetectSettings {
+    /// Sets whether calls are tracked.
+    with_enabled => enabled: bool,
     /// Sets the identical consecutive calls that make a loop.
     with_max_repeats => max_repeats: u32,
-    /// Sets the window, in seconds.
+    /// Sets how long a call is remembered, in seconds.
     with_ttl_secs => ttl_secs: u64,
-    /// Sets what to do on a loop.
+    /// Sets what happens when a loop is found.
     with_mode => mode: LoopMode,
-    /// Sets whether the tool's answers decide whether a call repeats.
-    with_poller => poller: bool,
     /// Sets the identical calls after identical failures that make a loop.
     with_max_failures => max_failures: u32,
     /// Sets how long a patient poll's answer may stay the same, in seconds (`0`: no end).
     with_poll_budget_secs => poll_budget_secs: u64,
-    /// Sets the members ignored when calls and answers of the tool are compared.
+    /// Sets whether the tool's answers decide whether a call repeats.
+    with_poller => poller: bool,
+    /// Sets the members ignored when calls and answers are compared.
     with_ignore_members => ignore_members: Vec<String>,
+    /// Sets whether cycles of different calls are loops (whole layer only).
+    with_cycles => cycles: bool,
+    /// Sets the repetitions of a cycle that make a loop (whole layer only).
+    with_cycle_repetitions => cycle_repetitions: u32,
+    /// Sets the longest cycle looked for (whole layer only).
+    with_max_cycle_length => max_cycle_length: usize,
+    /// Sets whether repeated identical failures are a loop (whole layer only).
+    with_repeated_failures => repeated_failures: bool,
+    /// Sets the least wait of a retry with back-off, in milliseconds (whole layer only).
+    with_min_backoff_ms => min_backoff_ms: u64,
+    /// Sets the gap of a patient poll, in milliseconds (whole layer only).
+    with_patient_poll_gap_ms => patient_poll_gap_ms: u64,
+    /// Sets whether answers decide repeats of reads and pollers (whole layer only).
+    with_result_aware_polling => result_aware_polling: bool,
+    /// Sets the most sessions tracked at once (whole layer only).
+    with_max_sessions => max_sessions: usize,
+    /// Sets the most bytes the tracked sessions take (whole layer only).
+    with_max_session_bytes => max_session_bytes: usize,
 });
 
-impl LoopDetectOverrides {
-    fn check(&self) -> Result<(), ConfigError> {
-        at_least("max_repeats", self.max_repeats, 2)?;
-        at_least("max_failures", self.max_failures, 2)?;
-        at_least("ttl_secs", self.ttl_secs, 1)?;
-        if let Some(index) = self
-            .ignore_members
+settings_over!(LoopDetectSettings {
+    enabled,
+    max_repeats,
+    ttl_secs,
+    mode,
+    max_failures,
+    poll_budget_secs,
+    poller,
+    ignore_members,
+    cycles,
+    cycle_repetitions,
+    max_cycle_length,
+    repeated_failures,
+    min_backoff_ms,
+    patient_poll_gap_ms,
+    result_aware_polling,
+    max_sessions,
+    max_session_bytes,
+});
+
+/// A tool's loop settings: the whole layer's fields are refused, and the lower bounds
+/// checked; the layer checks the upper bounds when it is built.
+impl ToolSettings for LoopDetectSettings {
+    fn check_tool(&self) -> Result<(), ConfigError> {
+        let LoopDetectSettings {
+            enabled: _,
+            max_repeats,
+            ttl_secs,
+            mode: _,
+            max_failures,
+            poll_budget_secs: _,
+            poller: _,
+            ignore_members,
+            cycles,
+            cycle_repetitions,
+            max_cycle_length,
+            repeated_failures,
+            min_backoff_ms,
+            patient_poll_gap_ms,
+            result_aware_polling,
+            max_sessions,
+            max_session_bytes,
+        } = self;
+        layer_wide("cycles", cycles)?;
+        layer_wide("cycle_repetitions", cycle_repetitions)?;
+        layer_wide("max_cycle_length", max_cycle_length)?;
+        layer_wide("repeated_failures", repeated_failures)?;
+        layer_wide("min_backoff_ms", min_backoff_ms)?;
+        layer_wide("patient_poll_gap_ms", patient_poll_gap_ms)?;
+        layer_wide("result_aware_polling", result_aware_polling)?;
+        layer_wide("max_sessions", max_sessions)?;
+        layer_wide("max_session_bytes", max_session_bytes)?;
+        at_least("max_repeats", *max_repeats, 2)?;
+        at_least("max_failures", *max_failures, 2)?;
+        at_least("ttl_secs", *ttl_secs, 1)?;
+        if let Some(index) = ignore_members
             .iter()
             .flatten()
             .position(|name| name.is_empty())
