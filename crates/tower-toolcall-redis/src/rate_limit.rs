@@ -69,14 +69,14 @@ return {allowed, math.ceil(tat + interval - limit)}
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// use tower_toolcall_redis::RedisRateLimitStore;
-/// use tower_toolcall::registry::ToolRegistry;
+/// use tower_toolcall::registry::{RateLimitSettings, ToolRegistry};
 /// use tower_toolcall::RateLimitLayer;
 ///
 /// let store = RedisRateLimitStore::builder("redis://127.0.0.1:6379/")
 ///     .operation_timeout(Duration::from_millis(200))
 ///     .build()?;
 /// let layer = RateLimitLayer::builder(ToolRegistry::open())
-///     .per_second(10)
+///     .settings(RateLimitSettings::default().with_per_second(10))
 ///     .store(Arc::new(store))
 ///     .build()?;
 /// # let _ = layer;

@@ -318,7 +318,9 @@ fn at_most<N: PartialOrd + fmt::Display + Copy>(
     }
 }
 
-/// Overrides of `EnvelopeValidateLayer` for one tool.
+/// The settings of `EnvelopeValidateLayer`: the whole layer's, given to its builder's `settings`, or one
+/// tool's, its policy's `validate` section. Each field a tool leaves unset is the layer's; each the
+/// layer leaves unset, the default its documentation gives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -609,7 +611,9 @@ pub enum OnLimit {
     Wait,
 }
 
-/// Overrides of `RateLimitLayer` for one tool.
+/// The settings of `RateLimitLayer`: the whole layer's, given to its builder's `settings`, or one
+/// tool's, its policy's `rate_limit` section. Each field a tool leaves unset is the layer's; each the
+/// layer leaves unset, the default its documentation gives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -706,7 +710,9 @@ pub enum OnStoreError {
     FailOpen,
 }
 
-/// Overrides of `IdempotencyLayer` for one tool.
+/// The settings of `IdempotencyLayer`: the whole layer's, given to its builder's `settings`, or one
+/// tool's, its policy's `idempotency` section. Each field a tool leaves unset is the layer's; each the
+/// layer leaves unset, the default its documentation gives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -799,7 +805,9 @@ pub enum JitterKind {
     Percent,
 }
 
-/// Overrides of `RetryLayer` for one tool.
+/// The settings of `RetryLayer`: the whole layer's, given to its builder's `settings`, or one
+/// tool's, its policy's `retry` section. Each field a tool leaves unset is the layer's; each the
+/// layer leaves unset, the default its documentation gives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -862,7 +870,9 @@ impl RetrySettings {
     }
 }
 
-/// Overrides of `CircuitBreakerLayer` for one tool.
+/// The settings of `CircuitBreakerLayer`: the whole layer's, given to its builder's `settings`, or one
+/// tool's, its policy's `breaker` section. Each field a tool leaves unset is the layer's; each the
+/// layer leaves unset, the default its documentation gives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -967,7 +977,9 @@ impl BreakerSettings {
     }
 }
 
-/// Overrides of `TimeoutLayer` for one tool.
+/// The settings of `TimeoutLayer`: the whole layer's, given to its builder's `settings`, or one
+/// tool's, its policy's `timeout` section. Each field a tool leaves unset is the layer's; each the
+/// layer leaves unset, the default its documentation gives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
