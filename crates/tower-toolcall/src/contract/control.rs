@@ -87,18 +87,18 @@ use crate::contract::error::ConfigError;
 pub use crate::contract::record::ShadowLayer;
 
 /// The variable of the kill switch.
-pub const ENABLED_VAR: &str = "TOOL_RELIABILITY_ENABLED";
+const ENABLED_VAR: &str = "TOOL_RELIABILITY_ENABLED";
 /// The variable of breaker enforcement.
-pub const OPEN_MODE_VAR: &str = "TOOL_RELIABILITY_OPEN_MODE";
+const OPEN_MODE_VAR: &str = "TOOL_RELIABILITY_OPEN_MODE";
 /// The variable of idempotency key derivation.
-pub const DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABILITY_DERIVE_IDEMPOTENCY";
-/// The earlier name of [`DERIVE_IDEMPOTENCY_VAR`], still read (with a warning) when the
+const DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABILITY_DERIVE_IDEMPOTENCY";
+/// The earlier name of `TOOL_RELIABILITY_DERIVE_IDEMPOTENCY`, still read (with a warning) when the
 /// current name is unset.
-pub const LEGACY_DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABLE_DERIVE_IDEMPOTENCY";
+const LEGACY_DERIVE_IDEMPOTENCY_VAR: &str = "TOOL_RELIABLE_DERIVE_IDEMPOTENCY";
 /// The variable listing the layers in shadow mode.
-pub const SHADOW_VAR: &str = "TOOL_RELIABILITY_SHADOW";
+const SHADOW_VAR: &str = "TOOL_RELIABILITY_SHADOW";
 /// The variable of the share of sessions enforced, in percent.
-pub const ROLLOUT_PERCENT_VAR: &str = "TOOL_RELIABILITY_ROLLOUT_PERCENT";
+const ROLLOUT_PERCENT_VAR: &str = "TOOL_RELIABILITY_ROLLOUT_PERCENT";
 
 /// The shared switches over every layer. Cheap to clone: clones share the switches.
 ///

@@ -23,7 +23,7 @@
 //! | the first call is | a tool that is not read-only | a read-only tool |
 //! |---|---|---|
 //! | in flight | joins it | joins it |
-//! | completed | reuses its result within the re-send window (30 s; [`resend_window`](IdempotencyLayerBuilder::resend_window), per tool `resend_window_ms`, `0` off), then runs again | runs again, unless the tool has a read cache TTL ([`read_cache_ttl`](IdempotencyLayerBuilder::read_cache_ttl), per tool `read_cache_ttl_ms`): within it, reuses the result |
+//! | completed | reuses its result within the re-send window (30 s; `resend_window_ms` of the [settings](IdempotencyLayerBuilder::settings), `0` off), then runs again | runs again, unless the tool has a read cache TTL (`read_cache_ttl_ms`): within it, reuses the result |
 //!
 //! The record of a derived key is kept only that long, so the store does not fill with a
 //! day of derived keys. Every answer taken from a record says so: `fromCache`, and

@@ -48,13 +48,13 @@ pub(super) const DEFAULT_MAX_SESSIONS: usize = 100_000;
 pub(super) const DEFAULT_MAX_SESSION_BYTES: usize = 64 << 20;
 
 /// `TOOL_LOOP_DETECTION_ENABLED`: `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
-pub const ENV_ENABLED: &str = "TOOL_LOOP_DETECTION_ENABLED";
+const ENV_ENABLED: &str = "TOOL_LOOP_DETECTION_ENABLED";
 /// `TOOL_LOOP_MAX_REPEATS`: a whole number from 2 to 1000.
-pub const ENV_MAX_REPEATS: &str = "TOOL_LOOP_MAX_REPEATS";
+const ENV_MAX_REPEATS: &str = "TOOL_LOOP_MAX_REPEATS";
 /// `TOOL_LOOP_TTL_SECONDS`: a whole number of seconds, at least 1.
-pub const ENV_TTL_SECONDS: &str = "TOOL_LOOP_TTL_SECONDS";
+const ENV_TTL_SECONDS: &str = "TOOL_LOOP_TTL_SECONDS";
 /// `TOOL_LOOP_MODE`: `break`, `chance` or `chance_then_break`.
-pub const ENV_MODE: &str = "TOOL_LOOP_MODE";
+const ENV_MODE: &str = "TOOL_LOOP_MODE";
 
 /// Reading the server tier from the environment, and checking the settings of each tier.
 ///
@@ -82,8 +82,8 @@ pub const ENV_MODE: &str = "TOOL_LOOP_MODE";
 /// # Ok::<(), tower_toolcall::ConfigError>(())
 /// ```
 impl LoopDetectSettings {
-    /// The settings the environment variables [`ENV_ENABLED`], [`ENV_MAX_REPEATS`],
-    /// [`ENV_TTL_SECONDS`] and [`ENV_MODE`] give (`enabled`, `max_repeats`, `ttl_secs` and
+    /// The settings the environment variables `TOOL_LOOP_DETECTION_ENABLED`, `TOOL_LOOP_MAX_REPEATS`,
+    /// `TOOL_LOOP_TTL_SECONDS` and `TOOL_LOOP_MODE` give (`enabled`, `max_repeats`, `ttl_secs` and
     /// `mode`), for the layer's builder. Unset or empty variables leave their setting unset
     /// (the built-in default); a bad value is a [`ConfigError`] naming the variable.
     pub fn from_env() -> Result<Self, ConfigError> {

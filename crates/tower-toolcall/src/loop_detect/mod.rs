@@ -214,10 +214,7 @@ mod tracker;
 
 pub use crate::registry::LoopDetectSettings;
 pub use command::{CommandError, CommandErrorKind, LoopCommand};
-pub use config::{
-    LoopSettingKey, BAGGAGE_BACKEND, BAGGAGE_MODEL, ENV_ENABLED, ENV_MAX_REPEATS, ENV_MODE,
-    ENV_TTL_SECONDS,
-};
+pub use config::{LoopSettingKey, BAGGAGE_BACKEND, BAGGAGE_MODEL};
 pub use future::ResponseFuture;
 pub use handle::{LoopDetectHandle, StoreWrite};
 pub use layer::{LoopDetectLayer, LoopDetectLayerBuilder};
