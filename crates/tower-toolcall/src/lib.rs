@@ -234,8 +234,8 @@ pub mod envelope {
 }
 
 pub use envelope::{
-    BreakerScope, CallEnvelope, DedupeMode, Params, Principal, ResultEnvelopeLayer, ResultStatus,
-    ToolCall, ToolResult,
+    BreakerScope, CallEnvelope, DedupeMode, Params, Principal, Priority, ResultEnvelopeLayer,
+    ResultStatus, ToolCall, ToolResult,
 };
 pub use error::{ConfigError, ErrorClass, ErrorCode, ToolError, UnknownErrorCode};
 pub use hooks::{HookLayer, ToolHooks};

@@ -4,8 +4,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::call::{
-    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Payload, RetryBudget, RunLink,
-    Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
+    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Payload, Priority, RetryBudget,
+    RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
 };
 use super::params::Params;
 use crate::contract::error::ToolError;
@@ -142,6 +142,12 @@ impl ToolCallBuilder {
     /// `payload.callHints.safetyCritical`.
     pub fn safety_critical(mut self, critical: bool) -> Self {
         self.hints().safety_critical = Some(critical);
+        self
+    }
+
+    /// `payload.callHints.priority`: where the call waits among its tool's queued calls.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.hints().priority = Some(priority);
         self
     }
 

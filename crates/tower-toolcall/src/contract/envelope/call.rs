@@ -336,6 +336,52 @@ pub struct CallHints {
         deserialize_with = "millis"
     )]
     pub timeout_ms: Option<u64>,
+    /// Where the call waits among the calls of its tool queued for a place in the bulkhead;
+    /// `normal` when absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_name"
+    )]
+    pub priority: Option<Priority>,
+}
+
+/// `payload.callHints.priority`: a scheduling hint. Among the calls of one tool waiting for a
+/// place in its bulkhead, `high` ones are admitted before `normal` ones, and those before
+/// `low` ones; calls of one priority are admitted in the order they arrived. It never lets a
+/// call past a limit.
+///
+/// ```
+/// use tower_toolcall::envelope::Priority;
+///
+/// assert_eq!(serde_json::to_string(&Priority::High).unwrap(), r#""high""#);
+/// assert_eq!(Priority::default(), Priority::Normal);
+/// assert!(Priority::High > Priority::Normal && Priority::Normal > Priority::Low);
+/// ```
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum Priority {
+    /// Admitted after every waiting `normal` and `high` call.
+    Low,
+    /// The default.
+    #[default]
+    Normal,
+    /// Admitted before every waiting `normal` and `low` call.
+    High,
+}
+
+impl Priority {
+    /// The name the envelope spells it with: `"low"`, `"normal"` or `"high"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
 }
 
 /// `transport`: how the reliability layers treat this call.
@@ -705,6 +751,7 @@ impl ToolCall {
             safety_critical: None,
             expected_retry_safe: None,
             timeout_ms: None,
+            priority: None,
         };
         self.inner
             .envelope
@@ -712,6 +759,11 @@ impl ToolCall {
             .call_hints
             .as_ref()
             .unwrap_or(&NONE)
+    }
+
+    /// `payload.callHints.priority`, `normal` when absent.
+    pub fn priority(&self) -> Priority {
+        self.call_hints().priority.unwrap_or_default()
     }
 
     /// `transport`.

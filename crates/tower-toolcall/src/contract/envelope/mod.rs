@@ -12,7 +12,7 @@ mod resolution;
 pub use builder::ToolCallBuilder;
 pub use call::{
     BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Iteration, KeyScope, Payload,
-    RetryBudget, RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
+    Priority, RetryBudget, RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
 };
 pub use params::{json_kind, Params};
