@@ -87,10 +87,12 @@
 //! [`ToolStack`] assembles every layer in the order that makes them work together, hands each
 //! the same registry (and with it the operator switches), and gives one hooks object to the
 //! two places that need it. Outermost first: `Trace → EnvelopeValidate → LoopDetect →
-//! RateLimit → Idempotency → Retry → CircuitBreaker → Timeout → Hook → tool`. Loop detection
-//! sees every repeat the model issues before the idempotency cache answers it; idempotency
-//! wraps the whole retried execution as one record; the breaker sits inside retry, so that it
-//! counts each attempt and an open breaker stops the retries; the timeout bounds each
+//! RateLimit → Idempotency → Bulkhead → Retry → CircuitBreaker → Timeout → Hook → tool`. Loop
+//! detection sees every repeat the model issues before the idempotency cache answers it;
+//! idempotency wraps the whole retried execution as one record, and answers a duplicate
+//! before it takes a place in the bulkhead; a call holds its place across its retries, and
+//! neither retry nor the breaker sees a bulkhead's refusal; the breaker sits inside retry, so
+//! that it counts each attempt and an open breaker stops the retries; the timeout bounds each
 //! attempt. Any layer can be left out ([`StackLayer`]) or tuned through its own builder with
 //! its settings (the type a tool's policy uses for that layer), and each stays usable alone.
 //!
@@ -178,6 +180,7 @@
 
 mod bounds;
 pub mod breaker;
+pub mod bulkhead;
 mod contract;
 pub mod detach;
 #[cfg(feature = "tonic")]
@@ -249,6 +252,7 @@ pub use tool_fn::{tool_fn, BoxToolFuture, ToolFn};
 pub use validate::EnvelopeValidateLayer;
 
 pub use breaker::CircuitBreakerLayer;
+pub use bulkhead::BulkheadLayer;
 pub use rate_limit::RateLimitLayer;
 pub use retry::RetryLayer;
 pub use stack::{StackLayer, ToolStack, ToolStackBuilder, ToolStackService};

@@ -8,11 +8,13 @@
 //! all of it:
 //!
 //! ```text
-//! Trace → EnvelopeValidate → LoopDetect → RateLimit → Idempotency → Retry → CircuitBreaker → Timeout → Hook → tool
+//! Trace → EnvelopeValidate → LoopDetect → RateLimit → Idempotency → Bulkhead → Retry → CircuitBreaker → Timeout → Hook → tool
 //! ```
 //!
 //! Loop detection sees every repeat the model issues before the idempotency cache answers
-//! it; idempotency wraps the whole retried execution as one record; the breaker sits inside
+//! it; idempotency wraps the whole retried execution as one record, and answers a duplicate
+//! before it takes a place in the bulkhead; a call holds its bulkhead place across its
+//! retries, and neither retry nor the breaker sees the bulkhead's refusals; the breaker sits inside
 //! retry, so that it counts each attempt and an open breaker stops the retries; the timeout
 //! bounds each attempt; the hooks run around the tool, once per attempt, and so does the
 //! trace layer's [audit log](crate::trace::AuditLog::attempt_hooks), innermost, so that it
@@ -68,6 +70,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::breaker::{BreakerAdmin, CircuitBreakerLayer, CircuitBreakerLayerBuilder};
+use crate::bulkhead::{BulkheadLayer, BulkheadLayerBuilder};
 use crate::canonical::CanonicalOptions;
 use crate::control::ReliabilityControl;
 use crate::envelope::ToolCall;
@@ -311,6 +314,8 @@ stack_layers! {
     RateLimit(rate_limit: RateLimitLayer, RateLimitLayerBuilder),
     /// [`IdempotencyLayer`].
     Idempotency(idempotency: IdempotencyLayer, IdempotencyLayerBuilder),
+    /// [`BulkheadLayer`].
+    Bulkhead(bulkhead: BulkheadLayer, BulkheadLayerBuilder),
     /// [`RetryLayer`].
     Retry(retry: RetryLayer, RetryLayerBuilder),
     /// [`CircuitBreakerLayer`].
@@ -437,6 +442,25 @@ impl ToolStack {
     /// ```
     pub fn rate_limits(&self) -> Option<&RateLimitLayer> {
         self.rate_limit.as_ref()
+    }
+
+    /// The bulkhead layer, for each tool's calls running, waiting and refused. `None` when
+    /// the bulkhead is switched off.
+    ///
+    /// ```
+    /// # use tower_toolcall::{registry::ToolRegistry, ToolStack};
+    /// use tower_toolcall::registry::BulkheadSettings;
+    ///
+    /// let stack = ToolStack::builder(ToolRegistry::open())
+    ///     .bulkhead(|bulkhead| bulkhead.settings(BulkheadSettings::default().with_max_concurrent(4)))
+    ///     .build()?;
+    /// let bulkhead = stack.bulkheads().expect("the bulkhead is on");
+    /// assert_eq!(bulkhead.limits("agents.tools.web", "search"), Some((4, 4)));
+    /// assert_eq!(bulkhead.in_use("agents.tools.web", "search"), 0);
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn bulkheads(&self) -> Option<&BulkheadLayer> {
+        self.bulkhead.as_ref()
     }
 }
 

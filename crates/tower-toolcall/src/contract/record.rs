@@ -60,6 +60,9 @@ pub enum ShortCircuit {
     LoopBlocked,
     /// The rate limiter refused the call.
     RateLimited,
+    /// The bulkhead refused the call: every place of its tool was taken and its queue full,
+    /// or the call's deadline passed while it waited.
+    BulkheadFull,
     /// The idempotency layer answered with a completed call's result.
     CacheHit,
     /// The idempotency layer answered with the result of a running call it joined.
@@ -77,6 +80,7 @@ impl ShortCircuit {
             ShortCircuit::ValidationRejected => "validation_rejected",
             ShortCircuit::LoopBlocked => "loop_blocked",
             ShortCircuit::RateLimited => "rate_limited",
+            ShortCircuit::BulkheadFull => "bulkhead_full",
             ShortCircuit::CacheHit => "cache_hit",
             ShortCircuit::InflightJoin => "inflight_join",
             ShortCircuit::KeyConflict => "key_conflict",

@@ -47,9 +47,10 @@ pub use descriptor::{RiskLevel, ToolDescriptor};
 pub use policy::OnStoreError;
 pub(crate) use policy::ToolSettings;
 pub use policy::{
-    BreakerSettings, ClassifyOverrides, IdempotencySettings, JitterKind, KeyScope, LayerSetting,
-    LoopDetectSettings, LoopMode, OnLimit, ParamsMismatch, RateLimitKey, RateLimitSettings,
-    RetrySettings, TimeoutSettings, ToolPolicy, UnclassifiedAs, ValidateSettings,
+    BreakerSettings, BulkheadSettings, ClassifyOverrides, IdempotencySettings, JitterKind,
+    KeyScope, LayerSetting, LoopDetectSettings, LoopMode, OnLimit, ParamsMismatch, RateLimitKey,
+    RateLimitSettings, RetrySettings, TimeoutSettings, ToolPolicy, UnclassifiedAs,
+    ValidateSettings,
 };
 
 use crate::contract::control::ReliabilityControl;

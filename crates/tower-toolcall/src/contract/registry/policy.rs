@@ -209,6 +209,8 @@ tool_policy! {
     rate_limit: RateLimitSettings => with_rate_limit,
     /// `IdempotencyLayer`.
     idempotency: IdempotencySettings => with_idempotency,
+    /// `BulkheadLayer`: calls of the tool running at once, and waiting.
+    bulkhead: BulkheadSettings => with_bulkhead,
     /// `RetryLayer`.
     retry: RetrySettings => with_retry,
     /// `CircuitBreakerLayer`.
@@ -240,7 +242,8 @@ tool_settings_checked_by_check!(
     ValidateSettings,
     IdempotencySettings,
     RetrySettings,
-    TimeoutSettings
+    TimeoutSettings,
+    BulkheadSettings
 );
 
 /// By-value setters of the optional fields of an overrides table: `with_field(value)` sets
@@ -999,6 +1002,56 @@ settings_over!(TimeoutSettings { attempt_timeout_ms });
 impl TimeoutSettings {
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         at_least("attempt_timeout_ms", self.attempt_timeout_ms, 1)
+    }
+}
+
+/// The settings of `BulkheadLayer`: the whole layer's, given to its builder's `settings`, or one
+/// tool's, its policy's `bulkhead` section. Each field a tool leaves unset is the layer's; each the
+/// layer leaves unset, the default its documentation gives.
+///
+/// ```
+/// use tower_toolcall::registry::{BulkheadSettings, ToolPolicy};
+///
+/// let policy: ToolPolicy =
+///     serde_json::from_str(r#"{"bulkhead": {"max_concurrent": 4, "max_queued": 16}}"#).unwrap();
+/// let expected = BulkheadSettings::default().with_max_concurrent(4).with_max_queued(16);
+/// assert_eq!(policy.bulkhead.overrides(), Some(&expected));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BulkheadSettings {
+    /// Calls of the tool running at once, at least 1; unset: the tool is not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// Calls of the tool waiting for a place at most, 0 for none (a call that finds every
+    /// place taken is refused at once); unset: as many as `max_concurrent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued: Option<u32>,
+    /// The retry-after a refused call is given, in milliseconds; unset: 1 000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+option_setters!(BulkheadSettings {
+    /// Sets the calls of the tool running at once.
+    with_max_concurrent => max_concurrent: u32,
+    /// Sets the calls of the tool waiting for a place at most.
+    with_max_queued => max_queued: u32,
+    /// Sets the retry-after a refused call is given, in milliseconds.
+    with_retry_after_ms => retry_after_ms: u64,
+});
+
+settings_over!(BulkheadSettings {
+    max_concurrent,
+    max_queued,
+    retry_after_ms
+});
+
+impl BulkheadSettings {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        at_least("max_concurrent", self.max_concurrent, 1)?;
+        at_least("retry_after_ms", self.retry_after_ms, 1)
     }
 }
 
