@@ -18,9 +18,10 @@
 //! # What the switches do
 //!
 //! **Kill switch.** While [`is_enabled`](ReliabilityControl::is_enabled) is `false`, every
-//! reliability layer — validation, loop detection, rate limit, idempotency, retry, breaker,
-//! timeout — hands each call straight to its inner service and returns the inner answer
-//! unchanged: nothing is validated, tracked, limited, stored, retried, counted or timed. The
+//! reliability layer — validation, loop detection, rate limit, idempotency, bulkhead, retry,
+//! breaker, timeout — hands each call straight to its inner service and returns the inner
+//! answer unchanged: nothing is validated, tracked, limited, stored, retried, counted or
+//! timed. The
 //! tool sees exactly what the bare service would, and the caller gets exactly the tool's
 //! result. The [`TraceLayer`](crate::trace::TraceLayer) and the
 //! [`ResultEnvelopeLayer`](crate::ResultEnvelopeLayer) go on observing and converting.

@@ -131,8 +131,8 @@ fn registry() -> ToolRegistry {
 }
 
 /// The recommended stack as the crate's builder assembles it, `hooks` at both ends:
-/// `Trace(hooks) → EnvelopeValidate → LoopDetect → RateLimit → Idempotency → Retry →
-/// CircuitBreaker → Timeout → HookLayer(hooks) → tool`.
+/// `Trace(hooks) → EnvelopeValidate → LoopDetect → RateLimit → Idempotency → Bulkhead →
+/// Retry → CircuitBreaker → Timeout → HookLayer(hooks) → tool`.
 fn stack(
     registry: ToolRegistry,
     hooks: &Arc<Recorder>,
