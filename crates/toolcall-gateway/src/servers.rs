@@ -15,7 +15,7 @@
 //! ```
 //!
 //! The policy table is the tool registry's (`validate`, `loop_detect`, `rate_limit`,
-//! `idempotency`, `retry`, `breaker`, `timeout`, `classify`): each layer it sets replaces
+//! `idempotency`, `bulkhead`, `retry`, `breaker`, `timeout`, `classify`): each layer it sets replaces
 //! that layer's policy from the annotations. A `[[policy.tools]]` entry for a tool still
 //! replaces everything about it.
 
@@ -124,6 +124,7 @@ fn merge(policy: &mut ToolPolicy, overlay: &ToolPolicy) {
         loop_detect,
         rate_limit,
         idempotency,
+        bulkhead,
         retry,
         breaker,
         timeout
@@ -314,7 +315,7 @@ mod tests {
             [servers.fs]
             trust = true
             confirm = "host"
-            policy = { retry = { max_attempts = 2 }, rate_limit = { per_second = 5, burst = 10 } }
+            policy = { retry = { max_attempts = 2 }, rate_limit = { per_second = 5, burst = 10 }, bulkhead = { max_concurrent = 4 } }
 
             [servers.fs.tools.write_file]
             risk = "writes"
@@ -339,6 +340,12 @@ mod tests {
         assert!(write.policy.retry.is_off());
         assert!(!write.policy.rate_limit.is_off());
         assert_ne!(write.policy.rate_limit, Default::default());
+        let bulkhead = write
+            .policy
+            .bulkhead
+            .overrides()
+            .expect("the server's bulkhead");
+        assert_eq!(bulkhead.max_concurrent, Some(4));
 
         let read = fs.apply(
             ToolDescriptor::new("fs", "read_file", RiskLevel::Commands)
