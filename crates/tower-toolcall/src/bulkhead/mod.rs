@@ -4,7 +4,9 @@
 //! A tool's limit comes from its `policy.bulkhead` (`max_concurrent`, `max_queued`), or from
 //! the layer's settings when they set one; a tool with neither, or with `bulkhead = "off"`,
 //! is not limited. A burst of one tool's calls then takes at most `max_concurrent` places,
-//! and leaves the process's other work alone.
+//! and leaves the process's other work alone. The tools an open registry does not know share
+//! one set of places, that of the registry's unregistered policy: their number is not
+//! bounded, and one set keeps what they hold bounded.
 //!
 //! - A call that finds a free place runs at once, and holds its place until it ends: across
 //!   its retries, since the stack puts the bulkhead outside [`RetryLayer`](crate::RetryLayer).
