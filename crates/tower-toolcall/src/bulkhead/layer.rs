@@ -123,6 +123,13 @@ impl BulkheadLayerBuilder {
                 LayerSetting::On(tool) => tool.clone().over(layer),
             };
             let Some(max_concurrent) = settings.max_concurrent else {
+                if matches!(policy.bulkhead, LayerSetting::On(_)) {
+                    // A tool that tunes its bulkhead means to be limited.
+                    return Err(ConfigError::new(
+                        "policy.bulkhead.max_concurrent",
+                        "is required: the layer sets no default",
+                    ));
+                }
                 return Ok(None);
             };
             let max_queued = settings.max_queued.unwrap_or(max_concurrent);

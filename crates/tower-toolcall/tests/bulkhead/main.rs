@@ -329,6 +329,29 @@ fn bad_settings_are_refused_naming_the_field() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("max_waiting"), "{err}");
+
+    // A tool that tunes its queue but sets no limit, over a layer that sets none either.
+    let registry = registry_of([
+        ToolDescriptor::new(NS, NAME, RiskLevel::ReadOnly).with_policy(
+            ToolPolicy::default().with_bulkhead(BulkheadSettings::default().with_max_queued(3)),
+        ),
+    ]);
+    let err = BulkheadLayer::builder(registry.clone())
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.field(),
+        "tools[agents.tools.web::fetch].policy.bulkhead.max_concurrent"
+    );
+    let layer = BulkheadLayer::builder(registry)
+        .settings(BulkheadSettings::default().with_max_concurrent(2))
+        .build()
+        .unwrap();
+    assert_eq!(
+        layer.limits(NS, NAME),
+        Some((2, 3)),
+        "the layer's limit, the tool's queue"
+    );
 }
 
 /// A stack over `registry` whose retries wait no longer than a millisecond.

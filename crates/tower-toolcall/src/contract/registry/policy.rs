@@ -1021,7 +1021,8 @@ impl TimeoutSettings {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BulkheadSettings {
-    /// Calls of the tool running at once, at least 1; unset: the tool is not limited.
+    /// Calls of the tool running at once, at least 1; unset: the tool is not limited (a tool
+    /// whose policy tunes its bulkhead without it, over a layer that sets none, is refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent: Option<u32>,
     /// Calls of the tool waiting for a place at most, 0 for none (a call that finds every
