@@ -34,6 +34,9 @@ pub struct CallRecord {
     /// What the layers in shadow mode would have done to the call, in the order they
     /// decided it.
     pub shadow: Vec<ShadowDecision>,
+    /// The fields of the caller's `transport.retryPolicy` that asked for more than the tool
+    /// allows, and what was applied instead.
+    pub retry_clamped: Vec<RetryClamp>,
 }
 
 impl CallRecord {
@@ -47,6 +50,7 @@ impl CallRecord {
         duration: None,
         short_circuit: None,
         shadow: Vec::new(),
+        retry_clamped: Vec::new(),
     };
 }
 
@@ -273,6 +277,36 @@ impl RetryRecord {
             delay_ms,
             reason_code: reason_code.into(),
             latency_ms,
+        }
+    }
+}
+
+/// One field of a caller's `transport.retryPolicy` that the retry layer narrowed to what the
+/// tool allows, as listed in the result's `retryPolicyClamped`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct RetryClamp {
+    /// The field, as the envelope spells it (`maxAttempts`, `maxDelayMs`, …).
+    pub field: String,
+    /// What the caller asked for.
+    pub requested: serde_json::Value,
+    /// What the call got: the tool's bound (`null` when the field does not apply to the
+    /// tool, such as a jitter spread for a tool whose jitter is not `percent`).
+    pub applied: serde_json::Value,
+}
+
+impl RetryClamp {
+    /// `field` asked for `requested` and got `applied`.
+    pub fn new(
+        field: impl Into<String>,
+        requested: impl Into<serde_json::Value>,
+        applied: impl Into<serde_json::Value>,
+    ) -> Self {
+        RetryClamp {
+            field: field.into(),
+            requested: requested.into(),
+            applied: applied.into(),
         }
     }
 }

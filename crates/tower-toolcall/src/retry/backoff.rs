@@ -15,7 +15,8 @@ use crate::time::millis;
 /// Exponential backoff with jitter, in whole milliseconds.
 ///
 /// Before retry `k` (`k = 1` after the first attempt failed), the backoff is
-/// `b = min(max_delay, base · 2^(k−1))`, and the delay, with `random(lo, hi)` a uniform draw
+/// `b = min(max_delay, base · 2^(k−1))` (a caller's `backoffMultiplier` above 2 takes the
+/// place of the 2 for its call), and the delay, with `random(lo, hi)` a uniform draw
 /// of whole milliseconds from `lo` to `hi` inclusive ([`RngExt::random_range`]):
 ///
 /// | jitter | delay |
@@ -44,7 +45,12 @@ pub struct Backoff {
     max: Duration,
     jitter: JitterKind,
     percent: u32,
+    /// How much each backoff grows over the one before, in thousandths (2 000: doubling).
+    multiplier_permille: u32,
 }
+
+/// Doubling, in thousandths.
+const DOUBLING: u32 = 2_000;
 
 impl Backoff {
     /// A backoff from `base` doubling up to `max`, with `jitter`; `percent` is the spread of
@@ -56,6 +62,25 @@ impl Backoff {
             max,
             jitter,
             percent,
+            multiplier_permille: DOUBLING,
+        }
+    }
+
+    /// This backoff with the base, cap, spread and growth of one call, narrowed by the retry
+    /// layer from the caller's retry policy.
+    pub(crate) fn narrowed(
+        self,
+        base: Duration,
+        max: Duration,
+        percent: u32,
+        multiplier_permille: u32,
+    ) -> Self {
+        Backoff {
+            base,
+            max,
+            percent,
+            multiplier_permille,
+            ..self
         }
     }
 
@@ -81,8 +106,15 @@ impl Backoff {
 
     /// The backoff before retry `retry` (1-based), before jitter.
     pub fn ceiling(&self, retry: u32) -> Duration {
-        let doublings = retry.saturating_sub(1).min(63);
-        let ms = millis(self.base).saturating_mul(1u64 << doublings);
+        let steps = retry.saturating_sub(1).min(63);
+        let base = millis(self.base);
+        let ms = if self.multiplier_permille == DOUBLING {
+            base.saturating_mul(1u64 << steps)
+        } else {
+            let growth = (f64::from(self.multiplier_permille) / 1000.0).powi(steps as i32);
+            // A float past `u64::MAX` converts to `u64::MAX`.
+            (base as f64 * growth) as u64
+        };
         Duration::from_millis(ms.min(millis(self.max)))
     }
 

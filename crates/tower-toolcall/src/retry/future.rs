@@ -9,7 +9,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 use tracing::Span;
 
-use super::policy::{give_up, retry_safety, CallLimits, GiveUp, History};
+use super::policy::{caller_retries, give_up, retry_safety, CallLimits, GiveUp, History, Narrowed};
 use super::service::ToolRetry;
 use crate::classify::Verdict;
 use crate::envelope::ToolCall;
@@ -240,13 +240,23 @@ impl<S> Run<S> {
         if self.attempt > 1 {
             self.fill(output.record_mut());
         }
+        self.note_clamps(output.record_mut());
         output
     }
 
     /// The final error of a call the layer does not retry.
     fn stopped(&mut self, mut error: ToolError) -> ToolError {
         self.fill(error.record_mut());
+        self.note_clamps(error.record_mut());
         error
+    }
+
+    /// Lists in the record the fields of the caller's retry policy that asked for more than
+    /// the tool allows.
+    fn note_clamps(&self, record: &mut CallRecord) {
+        if let Some(caller) = &self.call.transport().retry_policy {
+            record.retry_clamped = Narrowed::of(&self.tool.policy, Some(caller)).clamped;
+        }
     }
 
     /// Writes the attempts, the retries and the shadow decisions of the earlier attempts
@@ -279,6 +289,7 @@ impl<S> Run<S> {
         };
         let mut error = give_up(why, last, &self.call, &limits, history);
         self.carry_shadow(error.record_mut());
+        self.note_clamps(error.record_mut());
         error
     }
 
@@ -293,7 +304,9 @@ impl<S> Run<S> {
         self.reached |= !error.is_not_processed();
         let tool = self.tool.clone();
         let (classification, mut error) = tool.classifier.classify_error(error, &tool.profile);
-        if classification.verdict() != Verdict::Retriable {
+        if classification.verdict() != Verdict::Retriable
+            || !caller_retries(&self.call, error.code())
+        {
             return Next::Stop(self.stopped(error));
         }
         if let Err(why) = retry_safety(&tool.profile, &tool.policy, &self.call, &error) {
@@ -311,7 +324,7 @@ impl<S> Run<S> {
         }
         let delay = error.retry_after().unwrap_or_else(|| {
             tool.rng
-                .delay(&tool.policy.backoff, self.attempt, self.previous_delay)
+                .delay(&limits.backoff, self.attempt, self.previous_delay)
         });
         if let Some(why) = limits.reached(now + delay) {
             return Next::Stop(self.give_up(why, error, false));

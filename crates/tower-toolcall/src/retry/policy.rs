@@ -8,9 +8,9 @@ use tokio::time::Instant;
 
 use super::backoff::Backoff;
 use crate::classify::ToolProfile;
-use crate::envelope::ToolCall;
+use crate::envelope::{CallRetryPolicy, ToolCall};
 use crate::error::{ConfigError, ErrorCode, ToolError};
-use crate::outcome::RetryRecord;
+use crate::outcome::{RetryClamp, RetryRecord};
 use crate::registry::{JitterKind, RetrySettings};
 use crate::time::millis;
 
@@ -126,8 +126,11 @@ impl RetryPolicy {
 /// The limits of one call: its tool's policy narrowed by the envelope.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct CallLimits {
-    /// Attempts in all: the policy's, at most `transport.retryBudget.maxAttempts`.
+    /// Attempts in all: the policy's, at most `transport.retryBudget.maxAttempts` and
+    /// `transport.retryPolicy.maxAttempts`.
     pub(super) max_attempts: u32,
+    /// The backoff: the policy's, narrowed by `transport.retryPolicy`.
+    pub(super) backoff: Backoff,
     /// Time for all attempts and sleeps: the policy's deadline, at most
     /// `transport.retryBudget.maxElapsedMs`.
     pub(super) retry_time: Duration,
@@ -140,14 +143,16 @@ pub(super) struct CallLimits {
 impl CallLimits {
     pub(super) fn new(policy: &RetryPolicy, call: &ToolCall, started: Instant) -> Self {
         let budget = call.transport().retry_budget;
-        let max_attempts = budget.map_or(policy.max_attempts, |b| {
-            policy.max_attempts.min(b.max_attempts.max(1))
+        let narrowed = Narrowed::of(policy, call.transport().retry_policy.as_ref());
+        let max_attempts = budget.map_or(narrowed.max_attempts, |b| {
+            narrowed.max_attempts.min(b.max_attempts.max(1))
         });
         let retry_time = budget.map_or(policy.deadline, |b| {
             policy.deadline.min(Duration::from_millis(b.max_elapsed_ms))
         });
         CallLimits {
             max_attempts,
+            backoff: narrowed.backoff,
             retry_time,
             retry_deadline: started + retry_time,
             call_deadline: call.deadline_from(started),
@@ -170,6 +175,103 @@ impl CallLimits {
             None
         }
     }
+}
+
+/// A tool's policy narrowed by a caller's `transport.retryPolicy`, and each field that asked
+/// for more than the policy allows.
+#[derive(Debug)]
+pub(super) struct Narrowed {
+    pub(super) max_attempts: u32,
+    pub(super) backoff: Backoff,
+    pub(super) clamped: Vec<RetryClamp>,
+}
+
+impl Narrowed {
+    /// `policy` narrowed by `caller`: at most the policy's attempts, a base delay and a cap
+    /// within the policy's `[base, cap]`, a growth of at least the policy's doubling, a
+    /// jitter spread of at most the policy's (applied only to `percent` jitter).
+    pub(super) fn of(policy: &RetryPolicy, caller: Option<&CallRetryPolicy>) -> Narrowed {
+        let mut narrowed = Narrowed {
+            max_attempts: policy.max_attempts,
+            backoff: policy.backoff,
+            clamped: Vec::new(),
+        };
+        let Some(caller) = caller else {
+            return narrowed;
+        };
+        let tool = &policy.backoff;
+        let (tool_base, tool_max) = (millis(tool.base()), millis(tool.max()));
+        let mut clamp = |field: &str, requested: Value, applied: Value| {
+            narrowed
+                .clamped
+                .push(RetryClamp::new(field, requested, applied));
+        };
+        if let Some(asked) = caller.max_attempts {
+            if asked > policy.max_attempts {
+                clamp("maxAttempts", asked.into(), policy.max_attempts.into());
+            }
+            narrowed.max_attempts = asked.clamp(1, policy.max_attempts);
+        }
+        let base = match caller.initial_delay_ms {
+            Some(asked) => {
+                let applied = asked.clamp(tool_base, tool_max);
+                if applied != asked {
+                    clamp("initialDelayMs", asked.into(), applied.into());
+                }
+                applied
+            }
+            None => tool_base,
+        };
+        let max = match caller.max_delay_ms {
+            Some(asked) => {
+                let applied = asked.clamp(base, tool_max);
+                if applied != asked {
+                    clamp("maxDelayMs", asked.into(), applied.into());
+                }
+                applied
+            }
+            None => tool_max.max(base),
+        };
+        let multiplier_permille = match caller.backoff_multiplier {
+            Some(asked) if asked < 2.0 => {
+                clamp("backoffMultiplier", json!(asked), json!(2.0));
+                2_000
+            }
+            // At most 1000 (the envelope's check), so the thousandths fit.
+            Some(asked) => (asked * 1000.0).round() as u32,
+            None => 2_000,
+        };
+        let percent = match caller.jitter_percent {
+            Some(asked) if tool.jitter() != JitterKind::Percent => {
+                clamp("jitterPercent", asked.into(), Value::Null);
+                tool.percent()
+            }
+            Some(asked) if asked > tool.percent() => {
+                clamp("jitterPercent", asked.into(), tool.percent().into());
+                tool.percent()
+            }
+            Some(asked) => asked,
+            None => tool.percent(),
+        };
+        narrowed.backoff = tool.narrowed(
+            Duration::from_millis(base),
+            Duration::from_millis(max),
+            percent,
+            multiplier_permille,
+        );
+        narrowed
+    }
+}
+
+/// Whether the caller's `transport.retryPolicy.retryableErrors`, when it has one, lists
+/// `code`.
+pub(super) fn caller_retries(call: &ToolCall, code: ErrorCode) -> bool {
+    let listed = call
+        .transport()
+        .retry_policy
+        .as_ref()
+        .and_then(|policy| policy.retryable_errors.as_ref());
+    listed.is_none_or(|codes| codes.iter().any(|c| ErrorCode::parse(c) == Some(code)))
 }
 
 /// Whether another attempt of `call` may run after `error`, for a tool with `profile`.

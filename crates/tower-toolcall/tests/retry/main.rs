@@ -3,6 +3,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod caller_policy;
+
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -4,8 +4,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::call::{
-    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Payload, Priority, RetryBudget,
-    RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
+    BreakerScope, CallEnvelope, CallHints, CallRetryPolicy, Control, DedupeMode, Payload, Priority,
+    RetryBudget, RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
 };
 use super::params::Params;
 use crate::contract::error::ToolError;
@@ -161,6 +161,13 @@ impl ToolCallBuilder {
     pub fn retry_budget(mut self, max_attempts: u32, max_elapsed: Duration) -> Self {
         self.envelope.transport.retry_budget =
             Some(RetryBudget::new(max_attempts, millis(max_elapsed)));
+        self
+    }
+
+    /// `transport.retryPolicy`: how the caller would like the call retried, within the
+    /// tool's policy ([`CallRetryPolicy`]).
+    pub fn retry_policy(mut self, policy: CallRetryPolicy) -> Self {
+        self.envelope.transport.retry_policy = Some(policy);
         self
     }
 

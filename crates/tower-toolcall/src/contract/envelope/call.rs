@@ -403,6 +403,13 @@ pub struct Transport {
         deserialize_with = "optional_object"
     )]
     pub retry_budget: Option<RetryBudget>,
+    /// How the caller would like the call retried; it only narrows the tool's policy.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "optional_object"
+    )]
+    pub retry_policy: Option<CallRetryPolicy>,
     /// Which circuit breaker guards the call.
     #[serde(
         default,
@@ -445,6 +452,65 @@ impl RetryBudget {
             max_elapsed_ms,
         }
     }
+}
+
+/// `transport.retryPolicy`: how the caller would like the call retried (every field
+/// optional).
+///
+/// It only narrows what the tool's retry policy allows: at most the tool's attempts, delays
+/// within the tool's bounds (never shorter than its base delay, never longer than its cap),
+/// a backoff that grows at least as fast as the tool's (×2), a jitter spread at most the
+/// tool's, and only errors the tool would retry. A wider request is clamped, never refused;
+/// the result's `retryPolicyClamped` lists each clamped field. A value out of its range
+/// (`maxAttempts` 0, a multiplier below 1, a percent above 100, an unknown error code) is
+/// refused, naming the field.
+///
+/// ```
+/// use serde_json::json;
+/// use tower_toolcall::ToolCall;
+///
+/// let call = ToolCall::from_value(json!({
+///     "contractVersion": "1.1", "requestId": "r-1",
+///     "toolName": "search", "toolNamespace": "web",
+///     "target": {"sessionKey": "s", "actorId": "u"},
+///     "payload": {"version": "1.0", "params": {}},
+///     "transport": {"retryPolicy": {"maxAttempts": 2, "retryableErrors": ["TIMEOUT"]}},
+/// }))?;
+/// let policy = call.transport().retry_policy.as_ref().unwrap();
+/// assert_eq!(policy.max_attempts, Some(2));
+/// # Ok::<(), tower_toolcall::ToolError>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct CallRetryPolicy {
+    /// Attempts in all, the first included; at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// The delay before the first retry, in milliseconds.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "millis"
+    )]
+    pub initial_delay_ms: Option<u64>,
+    /// The longest delay before a retry, in milliseconds.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "millis"
+    )]
+    pub max_delay_ms: Option<u64>,
+    /// How much each delay grows over the one before; at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_multiplier: Option<f64>,
+    /// The spread of the jitter around each delay, in percent (0 to 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter_percent: Option<u32>,
+    /// The error codes (`"TIMEOUT"`, `"UPSTREAM_UNAVAILABLE"`, …) the caller wants retried;
+    /// an error the tool would retry is retried only when its code is listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable_errors: Option<Vec<String>>,
 }
 
 /// `transport.circuitBreakerHint`: the scope of the breaker that guards the call.

@@ -11,9 +11,10 @@ mod resolution;
 
 pub use builder::ToolCallBuilder;
 pub use call::{
-    BreakerScope, CallEnvelope, CallHints, Control, DedupeMode, Iteration, KeyScope, Payload,
-    Priority, RetryBudget, RunLink, Target, ToolCall, TraceContext, Transport, CONTRACT_VERSION,
-    MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
+    BreakerScope, CallEnvelope, CallHints, CallRetryPolicy, Control, DedupeMode, Iteration,
+    KeyScope, Payload, Priority, RetryBudget, RunLink, Target, ToolCall, TraceContext, Transport,
+    CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES, MAX_TRACEPARENT_BYTES,
+    PAYLOAD_VERSION,
 };
 pub use params::{json_kind, Params};
 pub use principal::Principal;

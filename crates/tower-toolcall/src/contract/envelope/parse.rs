@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::call::{
-    CallEnvelope, ToolCall, CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_IDENTIFIER_BYTES,
-    MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
+    CallEnvelope, CallRetryPolicy, ToolCall, CONTRACT_VERSION, MAX_IDEMPOTENCY_KEY_BYTES,
+    MAX_IDENTIFIER_BYTES, MAX_TRACEPARENT_BYTES, PAYLOAD_VERSION,
 };
 use super::ijson::{self, IJsonValue};
 use super::params::{json_kind, Params};
@@ -199,6 +199,57 @@ pub(crate) fn check_envelope(env: &CallEnvelope) -> Result<(), ToolError> {
             return Err(ToolError::invalid_field(
                 "transport.retryBudget.maxAttempts",
                 "must be at least 1, got 0",
+            ));
+        }
+    }
+    if let Some(policy) = &env.transport.retry_policy {
+        check_retry_policy(policy)?;
+    }
+    Ok(())
+}
+
+/// The ranges of `transport.retryPolicy`; values in range but wider than the tool allows
+/// are clamped by the retry layer, not refused here.
+fn check_retry_policy(policy: &CallRetryPolicy) -> Result<(), ToolError> {
+    const FIELD: &str = "transport.retryPolicy";
+    if policy.max_attempts == Some(0) {
+        return Err(ToolError::invalid_field(
+            &format!("{FIELD}.maxAttempts"),
+            "must be at least 1 (the first attempt), got 0",
+        ));
+    }
+    if let Some(multiplier) = policy.backoff_multiplier {
+        if !(1.0..=1000.0).contains(&multiplier) {
+            return Err(ToolError::invalid_field(
+                &format!("{FIELD}.backoffMultiplier"),
+                format_args!("must be a number from 1 to 1000, got {multiplier}"),
+            ));
+        }
+    }
+    if let Some(percent) = policy.jitter_percent {
+        if percent > 100 {
+            return Err(ToolError::invalid_field(
+                &format!("{FIELD}.jitterPercent"),
+                format_args!("must be from 0 to 100, got {percent}"),
+            ));
+        }
+    }
+    if let (Some(initial), Some(max)) = (policy.initial_delay_ms, policy.max_delay_ms) {
+        if max < initial {
+            return Err(ToolError::invalid_field(
+                &format!("{FIELD}.maxDelayMs"),
+                format_args!("must not be below initialDelayMs ({initial}), got {max}"),
+            ));
+        }
+    }
+    for (i, code) in policy.retryable_errors.iter().flatten().enumerate() {
+        if ErrorCode::parse(code).is_none() {
+            return Err(ToolError::invalid_field(
+                &format!("{FIELD}.retryableErrors[{i}]"),
+                format_args!(
+                    "is not a known error code: {code:?}; send codes such as \"TIMEOUT\" or \
+                     \"UPSTREAM_UNAVAILABLE\""
+                ),
             ));
         }
     }

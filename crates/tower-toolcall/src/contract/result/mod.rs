@@ -12,7 +12,9 @@ use serde_json::Value;
 use crate::contract::classify::decided_retriable;
 use crate::contract::envelope::ToolCall;
 use crate::contract::error::{ErrorCode, ToolError};
-use crate::contract::outcome::{BreakerState, CacheMatch, CallRecord, RetryRecord, ToolOutput};
+use crate::contract::outcome::{
+    BreakerState, CacheMatch, CallRecord, RetryClamp, RetryRecord, ToolOutput,
+};
 use crate::contract::time::millis;
 pub use layer::{ResultEnvelope, ResultEnvelopeFuture, ResultEnvelopeLayer};
 
@@ -66,6 +68,9 @@ pub struct ToolResult {
     /// One entry per retried attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retried_by: Option<Vec<RetryRecord>>,
+    /// The fields of the call's `transport.retryPolicy` narrowed to what the tool allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_policy_clamped: Option<Vec<RetryClamp>>,
 }
 
 /// How a call ended.
@@ -271,6 +276,7 @@ impl ToolResult {
             output: None,
             error: Some(ResultError::of_error(&error, retriable)),
             retried_by: None,
+            retry_policy_clamped: None,
         }
     }
 
@@ -306,6 +312,8 @@ impl ToolResult {
             output,
             error,
             retried_by: (!record.retried_by.is_empty()).then_some(record.retried_by),
+            retry_policy_clamped: (!record.retry_clamped.is_empty())
+                .then_some(record.retry_clamped),
         }
     }
 
