@@ -184,39 +184,12 @@ impl LoopDetectSettings {
 
     /// Refuses, naming it, a field other than the six that `who` sets.
     fn check_per_call(&self, who: &str) -> Result<(), ConfigError> {
-        let LoopDetectSettings {
-            enabled: _,
-            max_repeats: _,
-            ttl_secs: _,
-            mode: _,
-            max_failures: _,
-            poll_budget_secs: _,
-            poller,
-            ignore_members,
-            cycles,
-            cycle_repetitions,
-            max_cycle_length,
-            repeated_failures,
-            min_backoff_ms,
-            patient_poll_gap_ms,
-            result_aware_polling,
-            max_sessions,
-            max_session_bytes,
-        } = self;
-        let others = [
-            ("poller", poller.is_some()),
-            ("ignore_members", ignore_members.is_some()),
-            ("cycles", cycles.is_some()),
-            ("cycle_repetitions", cycle_repetitions.is_some()),
-            ("max_cycle_length", max_cycle_length.is_some()),
-            ("repeated_failures", repeated_failures.is_some()),
-            ("min_backoff_ms", min_backoff_ms.is_some()),
-            ("patient_poll_gap_ms", patient_poll_gap_ms.is_some()),
-            ("result_aware_polling", result_aware_polling.is_some()),
-            ("max_sessions", max_sessions.is_some()),
-            ("max_session_bytes", max_session_bytes.is_some()),
+        let per_tool = [
+            ("poller", self.poller.is_some()),
+            ("ignore_members", self.ignore_members.is_some()),
         ];
-        match others.into_iter().find(|(_, set)| *set) {
+        let mut others = per_tool.into_iter().chain(self.layer_wide_fields());
+        match others.find(|(_, set)| *set) {
             Some((name, _)) => Err(ConfigError::new(
                 name,
                 format!(
@@ -688,21 +661,30 @@ impl Tiers {
         tool: &LoopDetectSettings,
         answers_decide: bool,
     ) -> BelowSession {
+        // Field by field, so that a call copies no list (a tool's `ignore_members`).
         let below = self.models.for_call(call).unwrap_or(&self.server);
-        let settings = tool.clone().over(below);
         BelowSession {
-            enabled: settings.enabled.unwrap_or(true),
+            enabled: tool.enabled.or(below.enabled).unwrap_or(true),
             limits: Limits {
-                max_repeats: settings.max_repeats.unwrap_or(DEFAULT_MAX_REPEATS),
-                ttl: Duration::from_secs(settings.ttl_secs.unwrap_or(DEFAULT_TTL_SECS)),
-                mode: settings.mode.unwrap_or(LoopMode::Break),
-                result_aware: self.rules.result_aware && settings.poller.unwrap_or(answers_decide),
+                max_repeats: tool
+                    .max_repeats
+                    .or(below.max_repeats)
+                    .unwrap_or(DEFAULT_MAX_REPEATS),
+                ttl: Duration::from_secs(
+                    tool.ttl_secs.or(below.ttl_secs).unwrap_or(DEFAULT_TTL_SECS),
+                ),
+                mode: tool.mode.or(below.mode).unwrap_or(LoopMode::Break),
+                result_aware: self.rules.result_aware
+                    && tool.poller.or(below.poller).unwrap_or(answers_decide),
                 cycles: self.rules.cycles,
-                failures: settings.max_failures,
+                failures: tool.max_failures.or(below.max_failures),
                 backoff: self.rules.backoff,
                 polls: PollLimits {
                     patient_gap: self.rules.patient_gap,
-                    budget: settings.poll_budget_secs.and_then(poll_budget),
+                    budget: tool
+                        .poll_budget_secs
+                        .or(below.poll_budget_secs)
+                        .and_then(poll_budget),
                 },
             },
         }

@@ -282,15 +282,18 @@ macro_rules! settings_over {
 
 /// The error for a field of a layer's settings that a tool's policy sets but that only the
 /// whole layer has.
-#[allow(dead_code)]
 fn layer_wide<T>(field: &str, value: &Option<T>) -> Result<(), ConfigError> {
     match value {
-        Some(_) => Err(ConfigError::new(
-            field,
-            "is set for the whole layer, in the layer's settings, not in a tool's policy; remove it here",
-        )),
+        Some(_) => Err(layer_wide_error(field)),
         None => Ok(()),
     }
+}
+
+fn layer_wide_error(field: &str) -> ConfigError {
+    ConfigError::new(
+        field,
+        "is set for the whole layer, in the layer's settings, not in a tool's policy; remove it here",
+    )
 }
 
 fn at_least<N: PartialOrd + fmt::Display + Copy>(
@@ -538,19 +541,19 @@ settings_over!(LoopDetectSettings {
     max_session_bytes,
 });
 
-/// A tool's loop settings: the whole layer's fields are refused, and the lower bounds
-/// checked; the layer checks the upper bounds when it is built.
-impl ToolSettings for LoopDetectSettings {
-    fn check_tool(&self) -> Result<(), ConfigError> {
+impl LoopDetectSettings {
+    /// The fields only the whole layer has, each with whether it is set. A new field is a
+    /// compile error here until it is placed.
+    pub(crate) fn layer_wide_fields(&self) -> [(&'static str, bool); 9] {
         let LoopDetectSettings {
             enabled: _,
-            max_repeats,
-            ttl_secs,
+            max_repeats: _,
+            ttl_secs: _,
             mode: _,
-            max_failures,
+            max_failures: _,
             poll_budget_secs: _,
             poller: _,
-            ignore_members,
+            ignore_members: _,
             cycles,
             cycle_repetitions,
             max_cycle_length,
@@ -561,19 +564,32 @@ impl ToolSettings for LoopDetectSettings {
             max_sessions,
             max_session_bytes,
         } = self;
-        layer_wide("cycles", cycles)?;
-        layer_wide("cycle_repetitions", cycle_repetitions)?;
-        layer_wide("max_cycle_length", max_cycle_length)?;
-        layer_wide("repeated_failures", repeated_failures)?;
-        layer_wide("min_backoff_ms", min_backoff_ms)?;
-        layer_wide("patient_poll_gap_ms", patient_poll_gap_ms)?;
-        layer_wide("result_aware_polling", result_aware_polling)?;
-        layer_wide("max_sessions", max_sessions)?;
-        layer_wide("max_session_bytes", max_session_bytes)?;
-        at_least("max_repeats", *max_repeats, 2)?;
-        at_least("max_failures", *max_failures, 2)?;
-        at_least("ttl_secs", *ttl_secs, 1)?;
-        if let Some(index) = ignore_members
+        [
+            ("cycles", cycles.is_some()),
+            ("cycle_repetitions", cycle_repetitions.is_some()),
+            ("max_cycle_length", max_cycle_length.is_some()),
+            ("repeated_failures", repeated_failures.is_some()),
+            ("min_backoff_ms", min_backoff_ms.is_some()),
+            ("patient_poll_gap_ms", patient_poll_gap_ms.is_some()),
+            ("result_aware_polling", result_aware_polling.is_some()),
+            ("max_sessions", max_sessions.is_some()),
+            ("max_session_bytes", max_session_bytes.is_some()),
+        ]
+    }
+}
+
+/// A tool's loop settings: the whole layer's fields are refused, and the lower bounds
+/// checked; the layer checks the upper bounds when it is built.
+impl ToolSettings for LoopDetectSettings {
+    fn check_tool(&self) -> Result<(), ConfigError> {
+        if let Some((field, _)) = self.layer_wide_fields().into_iter().find(|(_, set)| *set) {
+            return Err(layer_wide_error(field));
+        }
+        at_least("max_repeats", self.max_repeats, 2)?;
+        at_least("max_failures", self.max_failures, 2)?;
+        at_least("ttl_secs", self.ttl_secs, 1)?;
+        if let Some(index) = self
+            .ignore_members
             .iter()
             .flatten()
             .position(|name| name.is_empty())
