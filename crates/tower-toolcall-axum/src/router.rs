@@ -7,11 +7,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::future::BoxFuture;
+use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tower::util::BoxCloneSyncService;
@@ -23,8 +25,11 @@ use super::confirm::IssuedConfirmations;
 use super::extract::{json_content_type, JsonToolCall};
 use super::tools::tool_listing;
 use tower_toolcall::detach::detached;
-use tower_toolcall::envelope::{ResultEnvelopeLayer, ToolCall, ToolResult};
+use tower_toolcall::envelope::{
+    ChunkEnvelope, FinalChunk, ResultEnvelopeLayer, ToolCall, ToolResult,
+};
 use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::stream::{StreamPart, Streamed};
 use tower_toolcall::ToolOutput;
 use tower_toolcall::{ErrorCode, Principal, ToolError};
 
@@ -64,7 +69,7 @@ type CallService = BoxCloneSyncService<ToolCall, ToolResult, Infallible>;
 ///
 /// | route | answer |
 /// |---|---|
-/// | `POST /v1/tools/call` | the call, read by [`JsonToolCall`], goes through the service; the [`ToolResult`] comes back with the status of its code |
+/// | `POST /v1/tools/call` | the call, read by [`JsonToolCall`], goes through the service; the [`ToolResult`] comes back with the status of its code; to a caller that sends `Accept: text/event-stream` or `payload.callHints.preferStreaming: true`, as server-sent events instead: a `chunk` event per chunk the tool streams ([`ChunkEnvelope`]), then a `result` event with the whole result ([`FinalChunk`]) |
 /// | `GET /v1/tools` | the registered tools, their schemas and capabilities ([`tool_listing`]) |
 /// | `/admin/…` | the [`AdminRouter`], when one is given |
 ///
@@ -373,6 +378,7 @@ async fn call_tool(State(state): State<ToolsState>, request: Request) -> Respons
         return (StatusCode::UNSUPPORTED_MEDIA_TYPE, Json(result)).into_response();
     }
     let principal = request.extensions().get::<Principal>().cloned();
+    let accepts_stream = accepts_event_stream(request.headers());
     let read = tokio::time::timeout(state.body_timeout, JsonToolCall::from_request(request, &()));
     let mut call = match read.await {
         Ok(Ok(JsonToolCall(call))) => call,
@@ -402,20 +408,54 @@ async fn call_tool(State(state): State<ToolsState>, request: Request) -> Respons
             return ToolResult::from_outcome(&call, Err(refused)).into_response();
         }
     }
+    let streams = accepts_stream || call.call_hints().prefer_streaming == Some(true);
+    if streams {
+        return stream_answer(state, call);
+    }
     // Detached: a client that disconnects does not cancel the call.
-    let mut result = match detached(state.service.clone(), call.clone()).await {
-        Ok(result) => result,
-        Err(failure) => ToolResult::from_outcome(&call, Err(failure)),
-    };
-    if let (Some(confirmations), Some(error)) = (&state.confirmations, result.error.as_mut()) {
-        confirmations.issue_for(&call, error);
-    }
-    if let (Some(after), Some(error)) = (state.unavailable_retry_after, result.error.as_mut()) {
-        if error.retry_after_ms.is_none() && error.code.http_status() == 503 {
-            error.retry_after_ms = Some(crate::millis(after));
-        }
-    }
-    result.into_response()
+    let answer = detached(state.service.clone(), call.clone()).await;
+    state.finish(&call, answer).into_response()
+}
+
+/// Whether the caller asks for the answer in chunks: `Accept: text/event-stream`, or
+/// `callHints.preferStreaming` in the body.
+fn accepts_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|kind| {
+            let kind = kind.split(';').next().unwrap_or_default().trim();
+            kind.eq_ignore_ascii_case("text/event-stream")
+        })
+}
+
+/// The answer as server-sent events: one `chunk` event per chunk (a [`ChunkEnvelope`]), then
+/// one `result` event with the whole result (a [`FinalChunk`]). The call runs detached: a
+/// client that goes away mid-stream does not stop it.
+fn stream_answer(state: ToolsState, mut call: ToolCall) -> Response {
+    let chunks = call.stream_chunks();
+    let answer = detached(state.service.clone(), call.clone());
+    let events = Streamed::new(answer, chunks).map(move |part| {
+        let event = match part {
+            StreamPart::Chunk(chunk) => Event::default()
+                .event("chunk")
+                .json_data(ChunkEnvelope::new(&call, &chunk)),
+            StreamPart::Done(answer) => {
+                let result = state.finish(&call, answer);
+                let chunks = result.streamed.map_or(0, |streamed| streamed.chunks);
+                Event::default()
+                    .event("result")
+                    .json_data(FinalChunk::new(result, chunks))
+            }
+            _ => unreachable!("a streamed call yields chunks and its answer"),
+        };
+        Ok::<_, Infallible>(event.unwrap_or_else(|_| Event::default().event("error")))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// The answer to a body that did not arrive in time: `408`, and the connection closed.
@@ -453,6 +493,24 @@ async fn list_tools(
 }
 
 impl ToolsState {
+    /// The result of `call` as the caller gets it: a confirmation id issued for a call that
+    /// needs one, and a `Retry-After` on a busy answer.
+    fn finish(&self, call: &ToolCall, answer: Result<ToolResult, ToolError>) -> ToolResult {
+        let mut result = match answer {
+            Ok(result) => result,
+            Err(failure) => ToolResult::from_outcome(call, Err(failure)),
+        };
+        if let (Some(confirmations), Some(error)) = (&self.confirmations, result.error.as_mut()) {
+            confirmations.issue_for(call, error);
+        }
+        if let (Some(after), Some(error)) = (self.unavailable_retry_after, result.error.as_mut()) {
+            if error.retry_after_ms.is_none() && error.code.http_status() == 503 {
+                error.retry_after_ms = Some(crate::millis(after));
+            }
+        }
+        result
+    }
+
     fn sees(&self, principal: Option<&Principal>, namespace: &str, name: &str) -> bool {
         self.visible
             .as_ref()

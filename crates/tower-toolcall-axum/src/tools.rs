@@ -17,7 +17,7 @@ use tower_toolcall::registry::{ToolDescriptor, ToolRegistry};
 /// | `caching` | `enabled`: a duplicate call is answered from the dedupe store |
 /// | `retry` | `enabled`, `policy` (the tool's overrides) |
 /// | `timeout` | `enabled`, `attemptTimeoutMs` when the tool sets one |
-/// | `streaming` | `supported`: `false`, results come whole |
+/// | `streaming` | `supported`: the tool sends its answer in chunks, which `POST /v1/tools/call` streams as server-sent events to a caller that asks |
 ///
 /// ```
 /// use tower_toolcall_axum::tool_listing;
@@ -66,7 +66,7 @@ fn describe(tool: &ToolDescriptor) -> Value {
                 "enabled": !policy.timeout.is_off(),
                 "attemptTimeoutMs": tool.attempt_timeout().map(crate::millis),
             },
-            "streaming": { "supported": false },
+            "streaming": { "supported": tool.streaming },
         },
     })
 }

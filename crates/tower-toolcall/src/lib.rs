@@ -201,6 +201,7 @@ pub mod shared_store;
 mod spans;
 pub mod stack;
 mod stack_part;
+pub mod stream;
 pub mod timeout;
 mod tool_fn;
 mod tool_table;
@@ -232,8 +233,8 @@ pub mod envelope {
 
     pub use crate::contract::envelope::*;
     pub use crate::contract::result::{
-        ResultEnvelope, ResultEnvelopeFuture, ResultEnvelopeLayer, ResultError, ResultStatus,
-        ToolResult,
+        ChunkContent, ChunkEnvelope, FinalChunk, ResultEnvelope, ResultEnvelopeFuture,
+        ResultEnvelopeLayer, ResultError, ResultStatus, StreamTally, ToolResult,
     };
 }
 

@@ -58,11 +58,7 @@ async fn parked(router: impl FnOnce(ToolRouter) -> ToolRouter, config: ServeConf
 
 /// A POST of `body` to `path` with exactly `headers` (no content type unless given).
 async fn post(gateway: &Gateway, path: &str, headers: &[(&str, &str)], body: String) -> Answer {
-    let stream = TcpStream::connect(gateway.addr).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let mut sender = super::connect(gateway.addr).await;
     let mut request = Request::builder()
         .method(Method::POST)
         .uri(format!("http://{}{path}", gateway.addr))

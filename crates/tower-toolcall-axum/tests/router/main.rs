@@ -2,6 +2,7 @@
 
 mod hostile;
 mod rollout;
+mod streaming;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,6 +51,24 @@ impl AuditSink for Lines {
     }
 }
 
+/// Serves `app` on a free port of 127.0.0.1; its address.
+async fn serve_on_loopback(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// An HTTP/1 connection to `addr`, driven on a task of its own.
+async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
 /// A gateway on 127.0.0.1, its tools counting their runs.
 #[derive(Clone)]
 struct Gateway {
@@ -89,9 +108,7 @@ async fn gateway() -> Gateway {
         .body_limit(16 * 1024)
         .admin(admin)
         .into_router();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve_on_loopback(app).await;
     Gateway {
         addr,
         runs,
@@ -115,11 +132,7 @@ impl Gateway {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Answer {
-        let stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let mut sender = connect(self.addr).await;
         let mut request = Request::builder()
             .method(method)
             .uri(format!("http://{}{path}", self.addr))
@@ -574,9 +587,7 @@ async fn the_traceparent_header_becomes_the_calls_trace_parent() {
         }),
     );
     let app = ToolRouter::new(stack.registry().clone(), tools).into_router();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve_on_loopback(app).await;
     let gateway = Gateway {
         addr,
         runs: Arc::default(),

@@ -137,6 +137,11 @@ impl McpServer<ToolList> {
             return None;
         }
         let token = meta.as_ref().and_then(|meta| meta.get_progress_token());
+        // Progress the server makes itself (the chunks of a streamed answer) is sent through
+        // rmcp's session.
+        if token.is_some() && self.relay.is_none() {
+            return None;
+        }
         let asker = Asker {
             id: &id,
             principal: self.identity.principal(Some(request)),

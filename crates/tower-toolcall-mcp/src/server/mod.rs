@@ -20,8 +20,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
-use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock};
-use rmcp::service::RequestContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    ProgressNotificationParam, ProgressToken,
+};
+use rmcp::service::{Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::Value;
 use tower::util::BoxCloneSyncService;
@@ -116,7 +119,10 @@ struct Served {
 ///
 /// **Progress.** Over an `McpClient` that [relays progress](crate::McpClient::relay_progress),
 /// [`relay_progress`](McpServer::relay_progress) sends each call's progress on to the client
-/// that asked for it with `_meta.progressToken`.
+/// that asked for it with `_meta.progressToken`. A tool of the service that streams its
+/// answer ([`tower_toolcall::stream`]) sends a client that asked for progress each chunk as a
+/// `notifications/progress` (`progress` counting the chunks from 1, `message` the chunk's
+/// text), then the whole result; a client that did not ask gets the whole result only.
 ///
 /// Every other request and notification goes to the handler untouched.
 ///
@@ -504,6 +510,8 @@ impl<H> McpServer<H> {
                 context.meta.get_progress_token()?,
             ))
         });
+        let chunk_progress =
+            (context.meta.get_progress_token()).map(|token| (context.peer.clone(), token));
         let blocks = Arc::<Mutex<_>>::default();
         let served = Served {
             request,
@@ -515,9 +523,13 @@ impl<H> McpServer<H> {
             progress_token.map(|(calls, token)| calls.insert(token, call.request_id().into()));
         let relayed = relay_to
             .map(|(relay, client, token)| relay.insert(call.request_id().into(), client, token));
-        let outcome = self
-            .run(call, route.as_ref(), (served, progress, relayed, slot))
-            .await;
+        // A client that asked for progress gets each chunk of a streamed answer as one.
+        let chunks = chunk_progress.map(|(peer, token)| (peer, token, call.stream_chunks()));
+        let outcome = self.run(call, route.as_ref(), (served, progress, relayed, slot));
+        let outcome = match chunks {
+            Some((peer, token, chunks)) => chunks_as_progress(outcome, chunks, &peer, token).await,
+            None => outcome.await,
+        };
         let result = match outcome {
             // The tool's own answer keeps its content blocks as they were.
             Ok(output) if !output.record().from_cache => {
@@ -727,6 +739,48 @@ struct Asker<'a> {
 
 /// The refusal of a call of a tool the caller may not see: the same for a tool that is
 /// there and one that is not.
+/// Awaits `outcome`, sending each chunk of `chunks` to `peer` as a progress notification
+/// under `token` while it runs: `progress` counts the chunks from 1, and `message` is the
+/// chunk (a string as it is, other JSON as its text). Every chunk sent before the call
+/// answered goes out before its answer; a client that stopped reading loses chunks, never
+/// the answer.
+async fn chunks_as_progress<F>(
+    outcome: F,
+    chunks: tower_toolcall::stream::ChunkStream,
+    peer: &Peer<RoleServer>,
+    token: ProgressToken,
+) -> F::Output
+where
+    F: Future,
+{
+    use futures_util::StreamExt;
+    use tower_toolcall::stream::{StreamPart, Streamed};
+
+    let mut parts = std::pin::pin!(Streamed::new(outcome, chunks));
+    let mut reachable = true;
+    while let Some(part) = parts.next().await {
+        match part {
+            StreamPart::Chunk(chunk) if reachable => {
+                let message = match &*chunk.content {
+                    serde_json::Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                let mut progress =
+                    ProgressNotificationParam::new(token.clone(), f64::from(chunk.index + 1));
+                progress.message = Some(message);
+                if let Err(error) = peer.notify_progress(progress).await {
+                    tracing::debug!(%error, "a chunk could not be sent as progress");
+                    reachable = false;
+                }
+            }
+            StreamPart::Chunk(_) => {}
+            StreamPart::Done(outcome) => return outcome,
+            _ => unreachable!("a streamed call yields chunks and its answer"),
+        }
+    }
+    unreachable!("a streamed call ends with its answer")
+}
+
 fn not_yours(name: &str) -> ToolError {
     ToolError::rejected(
         ErrorCode::PolicyDenied,

@@ -37,11 +37,13 @@
 //! record, a new variant, a new constructor), never their wire form.
 
 pub mod canonical;
+pub(crate) mod chunks;
 pub mod classify;
 pub mod control;
 pub(crate) mod envelope;
 pub(crate) mod error;
 pub mod event;
+pub(crate) mod json_size;
 pub(crate) mod outcome;
 mod record;
 pub mod registry;

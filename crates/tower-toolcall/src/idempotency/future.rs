@@ -121,6 +121,9 @@ where
 {
     let store = &shared.store;
     let mut joined = false;
+    // The running call's chunks, sent on to a joining caller that reads chunks: kept across
+    // waits, so that each chunk reaches it once.
+    let mut relay = None;
     loop {
         let claimed = match first.take() {
             Some(claimed) => claimed,
@@ -150,8 +153,19 @@ where
                 Found::Free => break,
                 Found::Running => {
                     joined = true;
+                    if relay.is_none() {
+                        relay = call
+                            .chunk_tap()
+                            .and_then(|tap| shared.live.relay(&record.key, tap));
+                    }
                     // Boxed: only joins pay for the waiting machinery.
                     let wait = Box::pin(store.wait(&record));
+                    let wait = async {
+                        match relay.as_mut() {
+                            Some(relay) => relay.during(wait).await,
+                            None => wait.await,
+                        }
+                    };
                     // The deadline is absolute: reading the clocks now or at the call's start
                     // gives the same instant.
                     let waited = match call.deadline_from(Instant::now()) {
@@ -313,6 +327,8 @@ where
 {
     let counters = &guard.shared.counters;
     Counters::bump(&counters.executions);
+    let _live =
+        (plan.claim.call.chunk_tap()).map(|tap| guard.shared.live.publish(&plan.claim.key, tap));
     let claimed = guard.claimed();
     let (started_at_ms, version) = (claimed.created_at_ms, claimed.version);
     let started = Instant::now();

@@ -200,6 +200,7 @@ impl IdempotencyLayerBuilder {
                 canonical: self.canonical,
                 defaults,
                 counters: Counters::default(),
+                live: Default::default(),
             }),
         };
         layer.tell_settings(&self.sinks);

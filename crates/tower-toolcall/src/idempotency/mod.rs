@@ -126,6 +126,7 @@
 mod future;
 mod key;
 mod layer;
+mod live;
 mod record;
 mod service;
 mod store;

@@ -40,6 +40,8 @@ pub(super) struct Shared {
     /// The layer's settings, for `Debug`.
     pub(super) defaults: Settings,
     pub(super) counters: Counters,
+    /// The chunk streams of the calls running here, for the duplicates that join them.
+    pub(super) live: Arc<super::live::LiveStreams>,
 }
 
 /// How the calls of one tool are deduplicated: the layer's settings with the tool's policy

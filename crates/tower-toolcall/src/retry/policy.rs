@@ -281,13 +281,17 @@ pub(super) fn caller_retries(call: &ToolCall, code: ErrorCode) -> bool {
 /// (`policy.retry.forwards_idempotency_key`); the error says the request was not processed
 /// (connection refused, 429, 503 before processing); or the caller vouches for it with
 /// `callHints.expectedRetrySafe`. A call marked `callHints.safetyCritical` is run again only
-/// when the error says it was not processed.
+/// when the error says it was not processed. A call whose tool already sent its caller a
+/// chunk of the answer never runs again.
 pub(super) fn retry_safety(
     profile: &ToolProfile,
     policy: &RetryPolicy,
     call: &ToolCall,
     error: &ToolError,
 ) -> Result<(), &'static str> {
+    if call.chunks_sent() > 0 {
+        return Err("part of the answer already reached the caller in chunks");
+    }
     let hints = call.call_hints();
     if error.is_not_processed() {
         return Ok(());

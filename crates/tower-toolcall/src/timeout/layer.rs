@@ -40,7 +40,9 @@ impl TimeoutLayer {
     /// The attempt timeout of the tool `namespace::name`, before a call's hint narrows it;
     /// `None` when its attempts are not bounded.
     pub fn attempt_timeout(&self, namespace: &str, name: &str) -> Option<Duration> {
-        self.limits.get(namespace, name).and_then(|limit| limit.0)
+        self.limits
+            .get(namespace, name)
+            .and_then(|limit| limit.attempt)
     }
 }
 
@@ -105,12 +107,13 @@ impl TimeoutLayerBuilder {
                 LayerSetting::Default => layer.clone(),
                 LayerSetting::On(tool) => tool.clone().over(layer),
             };
-            Ok(Some(AttemptLimit(
-                settings
+            Ok(Some(AttemptLimit {
+                attempt: settings
                     .attempt_timeout_ms
                     .map(Duration::from_millis)
                     .or(default),
-            )))
+                idle: settings.idle_timeout_ms.map(Duration::from_millis),
+            }))
         })?;
         Ok(TimeoutLayer {
             limits: Arc::new(limits),

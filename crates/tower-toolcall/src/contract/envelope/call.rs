@@ -12,6 +12,7 @@ use super::ijson::{object, optional_name, optional_object};
 use super::params::Params;
 use super::principal::Principal;
 use super::resolution::ToolResolution;
+use crate::contract::chunks::{ChunkSender, ChunkStream, ChunkTap};
 use crate::contract::time::unix_now_ms;
 
 /// The only contract version this crate speaks.
@@ -76,6 +77,9 @@ struct SharedCall {
     caller_key_scope: Option<KeyScope>,
     /// The authenticated caller the edge bound the call to; not on the wire.
     principal: Option<Principal>,
+    /// The stream the caller reads the tool's chunks from, when it asked for one; not on the
+    /// wire.
+    chunks: Option<Arc<ChunkTap>>,
     /// The envelope holds its invariants: it was checked when the call was made and has not
     /// been lent mutably since, so [`ToolCall::check`] need not read it again.
     checked: bool,
@@ -344,6 +348,10 @@ pub struct CallHints {
         deserialize_with = "optional_name"
     )]
     pub priority: Option<Priority>,
+    /// The caller would rather read the answer in chunks, as the tool makes it, when the tool
+    /// streams (an edge answers with chunk envelopes; see [`stream`](crate::stream)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer_streaming: Option<bool>,
 }
 
 /// `payload.callHints.priority`: a scheduling hint. Among the calls of one tool waiting for a
@@ -573,6 +581,7 @@ impl ToolCall {
                 hook_idempotency_key: None,
                 caller_key_scope: None,
                 principal: None,
+                chunks: None,
                 checked: true,
             }),
             attempt: 1,
@@ -606,6 +615,50 @@ impl ToolCall {
         Arc::try_unwrap(self.inner)
             .map(|inner| inner.envelope)
             .unwrap_or_else(|shared| shared.envelope.clone())
+    }
+
+    /// The tool's end of the call's stream: each chunk it [sends](ChunkSender::send) reaches
+    /// the caller at once when the caller asked for chunks
+    /// ([`stream_chunks`](ToolCall::stream_chunks)), and is dropped otherwise. See
+    /// [`stream`](crate::stream).
+    pub fn chunks(&self) -> ChunkSender {
+        ChunkSender::new(self.inner.chunks.clone())
+    }
+
+    /// Asks for the call's answer in chunks, as the tool sends them: the stream to read them
+    /// from. Asking again gives another reader of the same chunks, from the first. A tool
+    /// that does not stream sends none, and the call's answer still comes whole.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_toolcall::ToolCall;
+    ///
+    /// let mut call = ToolCall::builder("agents.tools.docs", "summarize").session("s").actor("u").build()?;
+    /// let mut chunks = call.stream_chunks();
+    /// let tool_side = call.clone();
+    /// tool_side.chunks().send(json!({"partial": "Tower"}));
+    /// assert_eq!(chunks.try_next().unwrap().index, 0);
+    /// assert!(chunks.try_next().is_none());
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn stream_chunks(&mut self) -> ChunkStream {
+        if let Some(tap) = &self.inner.chunks {
+            return tap.reader();
+        }
+        let tap = ChunkTap::new();
+        let reader = tap.reader();
+        Arc::make_mut(&mut self.inner).chunks = Some(tap);
+        reader
+    }
+
+    /// The call's stream, when its caller asked for one.
+    pub(crate) fn chunk_tap(&self) -> Option<&Arc<ChunkTap>> {
+        self.inner.chunks.as_ref()
+    }
+
+    /// Chunks sent for this call so far: 0 when the caller asked for none.
+    pub(crate) fn chunks_sent(&self) -> u32 {
+        self.inner.chunks.as_ref().map_or(0, |tap| tap.sent().0)
     }
 
     /// The attempt this call makes, 1-based: 1 for the first, 2 for the first retry, and so
@@ -818,6 +871,7 @@ impl ToolCall {
             expected_retry_safe: None,
             timeout_ms: None,
             priority: None,
+            prefer_streaming: None,
         };
         self.inner
             .envelope

@@ -79,6 +79,10 @@ pub struct ToolDescriptor {
     /// Calls of a `writes` or `commands` tool need `control.confirmationId`.
     #[serde(default)]
     pub confirmation_required: bool,
+    /// The tool may send its answer in chunks as it makes it (see
+    /// [`stream`](crate::stream)); callers that list tools are told so.
+    #[serde(default)]
+    pub streaming: bool,
     /// Per-layer settings.
     #[serde(default)]
     pub policy: ToolPolicy,
@@ -96,6 +100,7 @@ impl ToolDescriptor {
             input_schema: None,
             output_schema: None,
             confirmation_required: false,
+            streaming: false,
             policy: ToolPolicy::default(),
         }
     }
@@ -117,6 +122,12 @@ impl ToolDescriptor {
     /// Marks the tool idempotent.
     pub fn with_idempotent(mut self, idempotent: bool) -> Self {
         self.idempotent = idempotent;
+        self
+    }
+
+    /// Says whether the tool sends its answer in chunks.
+    pub fn with_streaming(mut self, streaming: bool) -> Self {
+        self.streaming = streaming;
         self
     }
 
@@ -150,9 +161,7 @@ impl ToolDescriptor {
         match &mut self.policy.timeout {
             LayerSetting::On(t) => t.attempt_timeout_ms = Some(ms),
             other => {
-                *other = LayerSetting::On(TimeoutSettings {
-                    attempt_timeout_ms: Some(ms),
-                })
+                *other = LayerSetting::On(TimeoutSettings::default().with_attempt_timeout_ms(ms))
             }
         }
         self

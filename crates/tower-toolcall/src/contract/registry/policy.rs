@@ -1006,18 +1006,29 @@ pub struct TimeoutSettings {
     /// Time for one attempt, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_timeout_ms: Option<u64>,
+    /// For a call whose answer streams: the longest gap between two chunks, in milliseconds;
+    /// unset: the attempt timeout. The attempt timeout then bounds the wait for the first
+    /// chunk only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
 }
 
 option_setters!(TimeoutSettings {
     /// Sets the time for one attempt, in milliseconds.
     with_attempt_timeout_ms => attempt_timeout_ms: u64,
+    /// Sets the longest gap between two chunks of a streamed answer, in milliseconds.
+    with_idle_timeout_ms => idle_timeout_ms: u64,
 });
 
-settings_over!(TimeoutSettings { attempt_timeout_ms });
+settings_over!(TimeoutSettings {
+    attempt_timeout_ms,
+    idle_timeout_ms
+});
 
 impl TimeoutSettings {
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        at_least("attempt_timeout_ms", self.attempt_timeout_ms, 1)
+        at_least("attempt_timeout_ms", self.attempt_timeout_ms, 1)?;
+        at_least("idle_timeout_ms", self.idle_timeout_ms, 1)
     }
 }
 

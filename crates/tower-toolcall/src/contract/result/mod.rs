@@ -2,6 +2,7 @@
 //! [`ResultEnvelopeLayer`] that answers every call with one. Public as
 //! [`tower_toolcall::envelope`](crate::envelope).
 
+mod chunk;
 mod layer;
 
 use std::time::Duration;
@@ -16,6 +17,7 @@ use crate::contract::outcome::{
     BreakerState, CacheMatch, CallRecord, RetryClamp, RetryRecord, ToolOutput,
 };
 use crate::contract::time::millis;
+pub use chunk::{ChunkContent, ChunkEnvelope, FinalChunk, StreamTally};
 pub use layer::{ResultEnvelope, ResultEnvelopeFuture, ResultEnvelopeLayer};
 
 /// The result envelope of a call, as it goes back to the agent (camelCase JSON).
@@ -71,6 +73,10 @@ pub struct ToolResult {
     /// The fields of the call's `transport.retryPolicy` narrowed to what the tool allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_policy_clamped: Option<Vec<RetryClamp>>,
+    /// The chunks the tool sent before this result, when the caller asked for them and the
+    /// tool sent any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streamed: Option<StreamTally>,
 }
 
 /// How a call ended.
@@ -94,6 +100,9 @@ pub enum ResultStatus {
     Cancelled,
     /// The call was not executed and nothing failed.
     Skipped,
+    /// A chunk of an answer still streaming ([`ChunkEnvelope`]); never the status of a whole
+    /// result.
+    Partial,
 }
 
 /// `error` of a result envelope.
@@ -199,6 +208,7 @@ impl ResultStatus {
             ResultStatus::Timeout => "timeout",
             ResultStatus::Cancelled => "cancelled",
             ResultStatus::Skipped => "skipped",
+            ResultStatus::Partial => "partial",
         }
     }
 
@@ -277,6 +287,7 @@ impl ToolResult {
             error: Some(ResultError::of_error(&error, retriable)),
             retried_by: None,
             retry_policy_clamped: None,
+            streamed: None,
         }
     }
 
@@ -314,6 +325,7 @@ impl ToolResult {
             retried_by: (!record.retried_by.is_empty()).then_some(record.retried_by),
             retry_policy_clamped: (!record.retry_clamped.is_empty())
                 .then_some(record.retry_clamped),
+            streamed: StreamTally::of(call),
         }
     }
 
