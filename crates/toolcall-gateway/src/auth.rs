@@ -14,6 +14,7 @@
 //! name = "reader"                       # a role, or a token scope
 //! allow = ["time__*", "fs__read_*"]
 //! deny = ["fs__read_secrets"]
+//! max_priority = "high"                 # the priority its calls may claim (default normal)
 //! ```
 //!
 //! A key's secret is read once, when the configuration is, and only its SHA-256 digest is
@@ -25,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use toml::{Table, Value};
+use tower_toolcall::envelope::Priority;
 use tower_toolcall::trace::{AuditLog, EventKind, EventLevel, ExecutionEvent};
 use tower_toolcall::Principal;
 use tower_toolcall_axum::authn::{
@@ -56,7 +58,7 @@ const AUTH_KEYS: &[&str] = &[
 ];
 const KEY_KEYS: &[&str] = &["id", "tenant", "roles", "key_env", "key_file", "key_sha256"];
 const CLAIM_KEYS: &[&str] = &["actor", "tenant", "roles", "scopes"];
-const ROLE_KEYS: &[&str] = &["name", "allow", "deny"];
+const ROLE_KEYS: &[&str] = &["name", "allow", "deny", "max_priority"];
 const PRINCIPAL_KEYS: &[&str] = &["id", "tenant", "roles"];
 const HTTP_KEYS: &[&str] = &[
     "allowed_hosts",
@@ -126,6 +128,8 @@ struct RoleRule {
     name: String,
     allow: Vec<String>,
     deny: Vec<String>,
+    /// The highest `priority` the calls of the role's principals may claim.
+    max_priority: Option<Priority>,
 }
 
 /// `[http]`.
@@ -305,6 +309,27 @@ impl Access {
         };
         let matching = |patterns: &[String]| patterns.iter().any(|p| matches(p, listed));
         mine().any(|rule| matching(&rule.allow)) && !mine().any(|rule| matching(&rule.deny))
+    }
+}
+
+impl Access {
+    /// The highest `priority` the calls of `principal` may claim: the highest a rule of one
+    /// of its roles (or scopes) grants, `normal` when none does. A client that says its
+    /// call is urgent is believed only as far as its role allows, so that no caller can put
+    /// its calls ahead of everyone else's in a bulkhead's queue.
+    pub(crate) fn max_priority(&self, principal: &Principal) -> Priority {
+        self.0
+            .iter()
+            .filter(|rule| principal.has_role(&rule.name) || principal.has_scope(&rule.name))
+            .filter_map(|rule| rule.max_priority)
+            .max()
+            .unwrap_or(Priority::Normal)
+    }
+
+    /// `principal` with the priority cap its roles give it.
+    pub(crate) fn capped(&self, principal: Principal) -> Principal {
+        let max = self.max_priority(&principal);
+        principal.with_max_priority(max)
     }
 }
 
@@ -732,11 +757,21 @@ impl Checker {
             }
             let allow = self.string_list(table, &field, "allow");
             let deny = self.string_list(table, &field, "deny");
-            if allow.is_empty() && deny.is_empty() {
+            let max_priority = self.string(table, &field, "max_priority").and_then(|name| {
+                let parsed = serde_json::from_value(serde_json::Value::from(name)).ok();
+                if parsed.is_none() {
+                    self.add(
+                        key_path(&field, "max_priority"),
+                        format!("must be \"low\", \"normal\" or \"high\", got {name:?}"),
+                    );
+                }
+                parsed
+            });
+            if allow.is_empty() && deny.is_empty() && max_priority.is_none() {
                 self.add(
                     field.clone(),
                     "allows and denies nothing; list tools by their listed names in allow or \
-                     deny (\"time__*\")",
+                     deny (\"time__*\"), or grant a max_priority",
                 );
             }
             if let Some(name) = name {
@@ -744,6 +779,7 @@ impl Checker {
                     name: name.to_owned(),
                     allow,
                     deny,
+                    max_priority,
                 });
             }
         }
@@ -876,11 +912,13 @@ mod tests {
                 name: "reader".into(),
                 allow: vec!["time__*".into(), "fs__read_*".into()],
                 deny: vec!["fs__read_secrets".into()],
+                max_priority: None,
             },
             RoleRule {
                 name: "mcp:write".into(),
                 allow: vec!["fs__write_*".into()],
                 deny: vec![],
+                max_priority: None,
             },
         ]));
         let reader = Principal::new("bob").with_roles(["reader"]);
@@ -895,5 +933,60 @@ mod tests {
         assert!(!access.allows(Some(&nobody), "time__now"));
         assert!(access.allows(None, "fs__write_file"), "single-user");
         assert!(Access(Arc::default()).allows(Some(&nobody), "anything"));
+    }
+
+    #[test]
+    fn a_principal_claims_the_priority_its_roles_grant_and_normal_otherwise() {
+        use tower_toolcall::ToolCall;
+
+        let config = crate::config::GatewayConfig::from_toml_str(
+            "[auth]\nmode = \"api-keys\"\n\
+             [[auth.keys]]\nid = \"ada\"\nkey_sha256 = \"abababababababababababababababababababababababababababababababab\"\n\
+             [[auth.roles]]\nname = \"oncall\"\nmax_priority = \"high\"\n\
+             [[auth.roles]]\nname = \"batch\"\nallow = [\"*\"]\nmax_priority = \"low\"\n\
+             [[auth.roles]]\nname = \"reader\"\nallow = [\"*\"]\n",
+        );
+        let access = config
+            .expect("a valid configuration")
+            .auth
+            .unwrap()
+            .access();
+        let oncall = Principal::new("ada").with_roles(["reader", "oncall"]);
+        let batch = Principal::new("bob").with_roles(["batch"]);
+        let reader = Principal::new("eve").with_roles(["reader"]);
+        assert_eq!(access.max_priority(&oncall), Priority::High);
+        assert_eq!(access.max_priority(&batch), Priority::Low);
+        assert_eq!(access.max_priority(&reader), Priority::Normal);
+
+        // What a bound call claims is capped, whatever its body says.
+        let urgent = || {
+            ToolCall::builder("fs", "read_file")
+                .session("s")
+                .actor("spoofed")
+                .priority(Priority::High)
+                .build()
+                .unwrap()
+        };
+        for (principal, expected) in [
+            (oncall, Priority::High),
+            (batch, Priority::Low),
+            (reader, Priority::Normal),
+        ] {
+            let mut call = urgent();
+            call.bind_principal(access.capped(principal));
+            assert_eq!(call.priority(), expected);
+        }
+    }
+
+    #[test]
+    fn a_max_priority_that_is_not_one_is_refused_naming_the_field() {
+        let lines = problems(
+            "[auth]\nmode = \"api-keys\"\n[[auth.keys]]\nid = \"ada\"\nkey_sha256 = \"abababababababababababababababababababababababababababababababab\"\n[[auth.roles]]\nname = \"x\"\n\
+             allow = [\"*\"]\nmax_priority = \"urgent\"\n",
+        );
+        assert_eq!(
+            lines,
+            ["auth.roles[0].max_priority: must be \"low\", \"normal\" or \"high\", got \"urgent\""]
+        );
     }
 }

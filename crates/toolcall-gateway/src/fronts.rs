@@ -72,7 +72,14 @@ pub(crate) fn mcp_router(lasting: &Lasting, auth: Option<&Authentication>) -> Ro
             admission.clone().admit(request, next)
         }));
     match auth {
-        Some(auth) => router.route_layer(auth.layer()),
+        Some(auth) => {
+            let lasting = lasting.clone();
+            router
+                .route_layer(axum::middleware::map_request(move |request| {
+                    std::future::ready(with_principal(request, |p| lasting.capped(p)))
+                }))
+                .route_layer(auth.layer())
+        }
         None => router,
     }
 }
@@ -351,6 +358,11 @@ pub(crate) fn http_router(
     }
     let mut envelope = envelope.into_router();
     if let Some(auth) = auth {
+        if let Some(access) = gateway.access.clone() {
+            envelope = envelope.route_layer(axum::middleware::map_request(move |request| {
+                std::future::ready(with_principal(request, |p| access.capped(p)))
+            }));
+        }
         envelope = envelope.route_layer(auth.layer());
     }
     let mut probes = Router::new()
@@ -370,6 +382,18 @@ pub(crate) fn http_router(
         None => tracing::info!("no admin token: no admin API"),
     }
     router
+}
+
+/// `request` with its authenticated principal changed by `change`: the priority its calls may
+/// claim capped by its roles, before a front binds its calls to it.
+fn with_principal(
+    mut request: axum::extract::Request,
+    change: impl FnOnce(Principal) -> Principal,
+) -> axum::extract::Request {
+    if let Some(principal) = request.extensions_mut().remove::<Principal>() {
+        request.extensions_mut().insert(change(principal));
+    }
+    request
 }
 
 /// `/metrics` alone, for an address of its own.

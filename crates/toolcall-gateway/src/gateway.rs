@@ -72,6 +72,8 @@ pub(crate) struct Lasting {
     names: Arc<Mutex<NameBook>>,
     /// The breakers of the gateway in service, which a rebuild carries on.
     breakers: Arc<Mutex<Option<BreakerAdmin>>>,
+    /// What the principals of the gateway in service may do, for the MCP front.
+    access: Arc<Mutex<Option<Access>>>,
 }
 
 /// Where a gateway's changes arrive: the names of the upstreams whose tools may have
@@ -110,6 +112,11 @@ impl Lasting {
                 config.http.max_listen_streams.1,
             );
         if let Some(principal) = principal {
+            // The stdio front's one principal, with the priority its roles allow.
+            let principal = match config.auth.as_ref() {
+                Some(auth) => auth.access().capped(principal),
+                None => principal,
+            };
             mcp = mcp.principal(principal);
         }
         let mcp = Arc::new(mcp);
@@ -131,6 +138,7 @@ impl Lasting {
             came_up,
             names: Arc::default(),
             breakers: Arc::default(),
+            access: Arc::default(),
         };
         Ok((
             lasting,
@@ -146,7 +154,17 @@ impl Lasting {
     pub(crate) async fn install(&self, gateway: &Gateway) {
         self.in_service.replace(gateway.tools.clone());
         *self.breakers.lock().unwrap_or_else(PoisonError::into_inner) = gateway.breakers.clone();
+        *self.access.lock().unwrap_or_else(PoisonError::into_inner) = gateway.access.clone();
         self.listed.replace(gateway.listed.clone()).await;
+    }
+
+    /// `principal` with the priority cap its roles give it under the gateway in service.
+    pub(crate) fn capped(&self, principal: Principal) -> Principal {
+        let access = self.access.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*access {
+            Some(access) => access.capped(principal),
+            None => principal,
+        }
     }
 
     /// The breakers of the gateway in service.

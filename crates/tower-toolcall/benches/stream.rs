@@ -20,7 +20,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion};
 use futures::{FutureExt, StreamExt};
 use serde_json::json;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolRegistry};
 use tower_toolcall::stream::{StreamPart, Streamed};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};

@@ -881,9 +881,14 @@ impl ToolCall {
             .unwrap_or(&NONE)
     }
 
-    /// `payload.callHints.priority`, `normal` when absent.
+    /// `payload.callHints.priority`, `normal` when absent, and at most the
+    /// [bound principal's cap](Principal::max_priority).
     pub fn priority(&self) -> Priority {
-        self.call_hints().priority.unwrap_or_default()
+        let asked = self.call_hints().priority.unwrap_or_default();
+        match &self.inner.principal {
+            Some(principal) => asked.min(principal.max_priority()),
+            None => asked,
+        }
     }
 
     /// `transport`.

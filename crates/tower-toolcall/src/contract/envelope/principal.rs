@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::call::MAX_IDENTIFIER_BYTES;
+use super::call::{Priority, MAX_IDENTIFIER_BYTES};
 
 /// The authenticated caller of a call: a user or service account (`id`), its tenant, its
 /// roles and the scopes of its token, as an edge's authentication established them (an API
@@ -36,6 +36,8 @@ struct Parts {
     tenant: Option<String>,
     roles: Vec<String>,
     scopes: Vec<String>,
+    /// The highest `priority` the principal's calls may claim.
+    max_priority: Priority,
     /// What scopes a session under this principal: a digest of the tenant and the id.
     scope: String,
 }
@@ -43,10 +45,19 @@ struct Parts {
 impl Principal {
     /// The caller `id`: a user or service account, unique within its tenant.
     pub fn new(id: impl Into<String>) -> Self {
-        Principal::of(id.into(), None, Vec::new(), Vec::new())
+        Principal::of(Parts {
+            id: id.into(),
+            tenant: None,
+            roles: Vec::new(),
+            scopes: Vec::new(),
+            max_priority: Priority::High,
+            scope: String::new(),
+        })
     }
 
-    fn of(id: String, tenant: Option<String>, roles: Vec<String>, scopes: Vec<String>) -> Self {
+    /// The principal of `parts`, its session scope drawn from its tenant and id.
+    fn of(parts: Parts) -> Self {
+        let Parts { id, tenant, .. } = &parts;
         let mut hasher = Sha256::new();
         // Length-prefixed parts: no two (tenant, id) pairs give the same digest input.
         for part in [tenant.as_deref(), Some(id.as_str())] {
@@ -64,13 +75,7 @@ impl Principal {
             let _ = write!(scope, "{byte:02x}");
         }
         Principal {
-            inner: Arc::new(Parts {
-                id,
-                tenant,
-                roles,
-                scopes,
-                scope,
-            }),
+            inner: Arc::new(Parts { scope, ..parts }),
         }
     }
 
@@ -80,10 +85,11 @@ impl Principal {
             tenant: shared.tenant.clone(),
             roles: shared.roles.clone(),
             scopes: shared.scopes.clone(),
+            max_priority: shared.max_priority,
             scope: String::new(),
         });
         change(&mut parts);
-        Principal::of(parts.id, parts.tenant, parts.roles, parts.scopes)
+        Principal::of(parts)
     }
 
     /// The caller's tenant.
@@ -110,6 +116,30 @@ impl Principal {
     {
         let scopes = scopes.into_iter().map(Into::into).collect();
         self.rebuilt(|parts| parts.scopes = scopes)
+    }
+
+    /// The highest `payload.callHints.priority` the caller's calls may claim (`high`, no cap,
+    /// unless set): a bound call that asks for more is scheduled at this priority. An edge
+    /// that serves callers it does not trust to rank their own calls above others' caps them.
+    ///
+    /// ```
+    /// use tower_toolcall::envelope::Priority;
+    /// use tower_toolcall::{Principal, ToolCall};
+    ///
+    /// let mallory = Principal::new("mallory").with_max_priority(Priority::Normal);
+    /// let mut call = ToolCall::builder("web", "fetch").session("s").actor("u")
+    ///     .priority(Priority::High).build()?;
+    /// call.bind_principal(mallory);
+    /// assert_eq!(call.priority(), Priority::Normal);
+    /// # Ok::<(), tower_toolcall::ToolError>(())
+    /// ```
+    pub fn with_max_priority(self, max: Priority) -> Self {
+        self.rebuilt(|parts| parts.max_priority = max)
+    }
+
+    /// The highest priority the caller's calls may claim.
+    pub fn max_priority(&self) -> Priority {
+        self.inner.max_priority
     }
 
     /// The caller's id.
