@@ -125,6 +125,11 @@ where
     // waits, so that each chunk reaches it once.
     let mut relay = None;
     loop {
+        if relay.is_some() && call.chunks_sent() > 0 {
+            // The joined call ended without a result after its first chunks reached this
+            // caller: running the tool here would send them a second stream.
+            return Err(joined_stream_ended(&plan));
+        }
         let claimed = match first.take() {
             Some(claimed) => claimed,
             None => {
@@ -624,6 +629,20 @@ fn in_flight(plan: &Plan) -> ToolError {
             "a call with the same idempotency key (fingerprint {fingerprint}) is still running; \
              wait for its result, or try again later"
         )
+        },
+    )
+}
+
+fn joined_stream_ended(plan: &Plan) -> ToolError {
+    refusal(
+        ErrorCode::IdempotencyInFlight,
+        ShortCircuit::InflightJoin,
+        plan,
+        |fingerprint| {
+            format!(
+                "the running call with the same idempotency key (fingerprint {fingerprint}), \
+                 whose chunks this call was reading, ended without a result; send the call again"
+            )
         },
     )
 }

@@ -308,6 +308,38 @@ async fn a_duplicate_joins_the_live_stream_and_gets_every_chunk_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_joined_stream_that_ends_without_a_result_is_not_started_again() {
+    let tool = Scripted::new(vec![vec![
+        Step::Chunk("first "),
+        Step::Sleep(1_000),
+        Step::Chunk("second"),
+    ]]);
+    let (_, svc) = served(&tool, RiskLevel::Writes, ToolPolicy::default());
+    let mut first = call(Some("k-2"));
+    let first_chunks = first.stream_chunks();
+    // The first caller is not detached: dropping its call stops it and frees the key.
+    let first = tokio::spawn(read(svc.clone().oneshot(first), first_chunks));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let joined = tokio::spawn(stream(svc.clone(), call(Some("k-2"))));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.abort();
+    let (got, answer) = joined.await.unwrap();
+    assert_eq!(texts(&got), ["first "], "the chunk it was sent, once");
+    let error = answer.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::IdempotencyInFlight);
+    assert!(
+        error.message().contains("send the call again"),
+        "{}",
+        error.message()
+    );
+    assert_eq!(
+        tool.runs(),
+        1,
+        "not run again under the stream it was reading"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_duplicate_of_another_principal_never_reads_the_stream() {
     let tool = Scripted::new(vec![vec![
         Step::Chunk("secret "),
