@@ -1,27 +1,28 @@
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
-use priority_semaphore::{AcquireFuture, Permit};
+use priority_semaphore::AcquireFuture;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::places::QueueTicket;
-use super::service::deadline_passed;
+use super::places::{Entry, Held, Places, QueueTicket};
+use super::service::{deadline_passed, full};
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
 use crate::outcome::{ShortCircuit, ToolOutput};
 
 pin_project! {
-    /// The response future of [`Bulkhead`](super::Bulkhead): the call, holding its place
+    /// The response future of [`Bulkhead`](super::Bulkhead): the call, holding its places
     /// until it ends; refused with `RATE_LIMITED`; or waiting for a place.
     pub struct ResponseFuture<S, F> {
         #[pin]
         state: State<F>,
         waiting: Option<Box<Waiting<S>>>,
-        // The call's place, given back when the call ends or is dropped.
-        permit: Option<Permit>,
+        // The call's places, given back when the call ends or is dropped.
+        held: Held,
     }
 }
 
@@ -30,9 +31,9 @@ pin_project! {
     enum State<F> {
         Called { #[pin] future: F },
         Rejected { error: Option<ToolError> },
-        // In the queue; leaves it when the future is dropped.
-        Queued { acquire: AcquireFuture, deadline: Option<Pin<Box<Sleep>>> },
-        // Has a place; waiting for the service to be ready.
+        // In a queue; leaves it when the future is dropped.
+        Queued { acquire: AcquireFuture },
+        // Has its places; waiting for the service to be ready.
         Ready,
     }
 }
@@ -42,28 +43,40 @@ pub(super) struct Waiting<S> {
     service: S,
     call: ToolCall,
     since: Instant,
-    /// Its place in the queue, given back when it gets a place or leaves.
+    /// When it gives up waiting, if it has a deadline: one for all its waits.
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// Its place in the queue it waits in, given back when it gets a place or leaves.
     ticket: Option<QueueTicket>,
+    /// The places to enter once it has this one: its namespace's, after its tool's.
+    then: Option<Arc<Places>>,
 }
 
 impl<S> Waiting<S> {
-    pub(super) fn new(service: S, call: ToolCall, ticket: QueueTicket) -> Self {
+    pub(super) fn new(
+        service: S,
+        call: ToolCall,
+        ticket: QueueTicket,
+        then: Option<Arc<Places>>,
+        deadline: Option<Instant>,
+    ) -> Self {
         Waiting {
             service,
             call,
             since: Instant::now(),
+            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             ticket: Some(ticket),
+            then,
         }
     }
 }
 
 impl<S, F> ResponseFuture<S, F> {
-    /// The inner call, holding `permit` (none when the tool is not limited).
-    pub(super) fn called(future: F, permit: Option<Permit>) -> Self {
+    /// The inner call, holding `held` (nothing when the tool is not limited).
+    pub(super) fn called(future: F, held: Held) -> Self {
         ResponseFuture {
             state: State::Called { future },
             waiting: None,
-            permit,
+            held,
         }
     }
 
@@ -71,23 +84,16 @@ impl<S, F> ResponseFuture<S, F> {
         ResponseFuture {
             state: State::Rejected { error: Some(error) },
             waiting: None,
-            permit: None,
+            held: Held::default(),
         }
     }
 
-    /// A call waiting for a place until `deadline`, if it has one.
-    pub(super) fn queued(
-        waiting: Waiting<S>,
-        acquire: AcquireFuture,
-        deadline: Option<Instant>,
-    ) -> Self {
+    /// A call waiting for a place, holding `held` meanwhile.
+    pub(super) fn queued(waiting: Waiting<S>, acquire: AcquireFuture, held: Held) -> Self {
         ResponseFuture {
-            state: State::Queued {
-                acquire,
-                deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
-            },
+            state: State::Queued { acquire },
             waiting: Some(Box::new(waiting)),
-            permit: None,
+            held,
         }
     }
 }
@@ -105,8 +111,8 @@ where
             match this.state.as_mut().project() {
                 Projection::Called { future } => {
                     let outcome = ready!(future.poll(cx));
-                    // The place is free again as soon as the call ends.
-                    this.permit.take();
+                    // The places are free again as soon as the call ends.
+                    *this.held = Held::default();
                     return Poll::Ready(outcome);
                 }
                 Projection::Rejected { error } => {
@@ -114,13 +120,35 @@ where
                         .take()
                         .expect("bulkhead::ResponseFuture polled after completion")))
                 }
-                Projection::Queued { acquire, deadline } => {
+                Projection::Queued { acquire } => {
                     let waiting = this.waiting.as_mut().expect("a queued call waits");
                     match Pin::new(acquire).poll(cx) {
                         Poll::Ready(Ok(permit)) => {
-                            *this.permit = Some(permit);
-                            waiting.ticket.take();
-                            this.state.set(State::Ready);
+                            let ticket = waiting.ticket.take().expect("a queued call has a ticket");
+                            this.held.hold(ticket.places().scope, permit);
+                            drop(ticket);
+                            let Some(places) = waiting.then.take() else {
+                                this.state.set(State::Ready);
+                                continue;
+                            };
+                            // Its tool's place, then its namespace's.
+                            match places.enter() {
+                                Entry::Place(permit) => {
+                                    this.held.hold(places.scope, permit);
+                                    this.state.set(State::Ready);
+                                }
+                                Entry::Queue(ticket) => {
+                                    let acquire = places.wait(waiting.call.priority());
+                                    waiting.ticket = Some(ticket);
+                                    this.state.set(State::Queued { acquire });
+                                }
+                                Entry::Full => {
+                                    let error = full(&waiting.call, &places);
+                                    *this.held = Held::default();
+                                    this.waiting.take();
+                                    this.state.set(State::Rejected { error: Some(error) });
+                                }
+                            }
                         }
                         Poll::Ready(Err(_closed)) => {
                             // The layer never closes its places.
@@ -129,16 +157,25 @@ where
                                 "the bulkhead's places were closed; try again",
                             )
                             .short_circuited(ShortCircuit::BulkheadFull);
+                            *this.held = Held::default();
                             this.state.set(State::Rejected { error: Some(error) });
                         }
                         Poll::Pending => {
-                            let Some(deadline) = deadline else {
+                            let Some(deadline) = &mut waiting.deadline else {
                                 return Poll::Pending;
                             };
                             ready!(deadline.as_mut().poll(cx));
-                            let error = deadline_passed(&waiting.call, waiting.since.elapsed());
-                            // Leaves the queue: the wait is dropped with its state.
+                            let scope = waiting
+                                .ticket
+                                .as_ref()
+                                .expect("a queued call has a ticket")
+                                .places()
+                                .scope;
+                            let error =
+                                deadline_passed(&waiting.call, scope, waiting.since.elapsed());
+                            // Leaves the queue, and gives back the place it holds.
                             this.waiting.take();
+                            *this.held = Held::default();
                             this.state.set(State::Rejected { error: Some(error) });
                         }
                     }
@@ -161,7 +198,7 @@ where
 impl<S, F> std::fmt::Debug for ResponseFuture<S, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("holds_place", &self.permit.is_some())
+            .field("holds_place", &self.held.holds_any())
             .finish_non_exhaustive()
     }
 }

@@ -1,12 +1,13 @@
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::places::ToolPlaces;
+use super::places::{Limits, Places, Scope};
 use super::service::Bulkhead;
 use crate::error::ConfigError;
-use crate::registry::{BulkheadSettings, LayerSetting, ToolRegistry};
+use crate::registry::{BulkheadSettings, LayerSetting, ToolPolicy, ToolRegistry};
 use crate::stack_part::{StackPart, StackShared};
 use crate::tool_table::ToolTable;
 
@@ -15,11 +16,13 @@ const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Applies [`Bulkhead`] to a service. See the [module docs](crate::bulkhead).
 ///
-/// Clones share every tool's places behind an [`Arc`]: every stack built with clones of one
-/// layer counts the same running and waiting calls.
+/// Clones share every tool's (and namespace's) places behind an [`Arc`]: every stack built
+/// with clones of one layer counts the same running and waiting calls.
 #[derive(Clone, Debug)]
 pub struct BulkheadLayer {
-    places: Arc<ToolTable<Option<Arc<ToolPlaces>>>>,
+    limits: Arc<ToolTable<Option<Limits>>>,
+    /// The places of each limited namespace, by its name.
+    namespaces: Arc<BTreeMap<String, Arc<Places>>>,
 }
 
 impl BulkheadLayer {
@@ -36,28 +39,37 @@ impl BulkheadLayer {
         BulkheadLayerBuilder {
             registry,
             settings: BulkheadSettings::default(),
+            namespaces: BTreeMap::new(),
         }
     }
 
-    fn tool(&self, namespace: &str, name: &str) -> Option<&ToolPlaces> {
-        self.places.get(namespace, name).as_deref()
+    fn tool(&self, namespace: &str, name: &str) -> Option<&Places> {
+        self.limits
+            .get(namespace, name)
+            .as_ref()
+            .and_then(|limits| limits.tool.as_deref())
+    }
+
+    fn namespace(&self, namespace: &str) -> Option<&Places> {
+        self.namespaces.get(namespace).map(|places| &**places)
     }
 
     /// How many calls of the tool `namespace::name` (or of the unregistered tools, for one
     /// the registry does not know) hold a place now; 0 when it is not limited.
     pub fn in_use(&self, namespace: &str, name: &str) -> usize {
-        self.tool(namespace, name).map_or(0, ToolPlaces::in_use)
+        self.tool(namespace, name).map_or(0, Places::in_use)
     }
 
     /// How many calls of the tool wait for a place now.
     pub fn queued(&self, namespace: &str, name: &str) -> usize {
-        self.tool(namespace, name).map_or(0, ToolPlaces::queued)
+        self.tool(namespace, name).map_or(0, Places::queued)
     }
 
     /// How many calls of the tool were refused since the layer was built, because every
-    /// place was taken and the queue was full.
+    /// place of the tool was taken and its queue was full (those its namespace's limit
+    /// refused are counted by [`namespace_refused`](BulkheadLayer::namespace_refused)).
     pub fn refused(&self, namespace: &str, name: &str) -> u64 {
-        self.tool(namespace, name).map_or(0, ToolPlaces::refused)
+        self.tool(namespace, name).map_or(0, Places::refused)
     }
 
     /// The places of the tool (calls running at once) and the calls that may wait, when it
@@ -66,13 +78,61 @@ impl BulkheadLayer {
         self.tool(namespace, name)
             .map(|places| (places.max_concurrent, places.max_queued))
     }
+
+    /// How many calls of the tools of `namespace` hold a place of the namespace now; 0 when
+    /// it is not limited.
+    pub fn namespace_in_use(&self, namespace: &str) -> usize {
+        self.namespace(namespace).map_or(0, Places::in_use)
+    }
+
+    /// How many calls of the tools of `namespace` wait for a place of the namespace now.
+    pub fn namespace_queued(&self, namespace: &str) -> usize {
+        self.namespace(namespace).map_or(0, Places::queued)
+    }
+
+    /// How many calls of the tools of `namespace` were refused since the layer was built,
+    /// because every place of the namespace was taken and its queue was full.
+    pub fn namespace_refused(&self, namespace: &str) -> u64 {
+        self.namespace(namespace).map_or(0, Places::refused)
+    }
+
+    /// The places of `namespace` and the calls that may wait for them, when it is limited.
+    pub fn namespace_limits(&self, namespace: &str) -> Option<(usize, usize)> {
+        self.namespace(namespace)
+            .map(|places| (places.max_concurrent, places.max_queued))
+    }
+
+    /// `(namespace, name, in use, queued)` of every registered tool with places of its own,
+    /// and `(None, …)` for the unregistered tools' when they have some.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn tools_in_use(
+        &self,
+    ) -> impl Iterator<Item = (Option<(&str, &str)>, usize, usize)> {
+        let registered = self
+            .limits
+            .iter()
+            .map(|(namespace, name, limits)| (Some((namespace, name)), limits));
+        let unregistered = std::iter::once((None, self.limits.get_unregistered()));
+        registered.chain(unregistered).filter_map(|(tool, limits)| {
+            let places = limits.as_ref()?.tool.as_ref()?;
+            Some((tool, places.in_use(), places.queued()))
+        })
+    }
+
+    /// `(namespace, in use, queued)` of every limited namespace.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn namespaces_in_use(&self) -> impl Iterator<Item = (&str, usize, usize)> {
+        self.namespaces
+            .iter()
+            .map(|(namespace, places)| (namespace.as_str(), places.in_use(), places.queued()))
+    }
 }
 
 impl<S> Layer<S> for BulkheadLayer {
     type Service = Bulkhead<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Bulkhead::new(inner, self.places.clone())
+        Bulkhead::new(inner, self.limits.clone())
     }
 }
 
@@ -100,6 +160,7 @@ impl<S> Layer<S> for BulkheadLayer {
 pub struct BulkheadLayerBuilder {
     registry: ToolRegistry,
     settings: BulkheadSettings,
+    namespaces: BTreeMap<String, BulkheadSettings>,
 }
 
 impl BulkheadLayerBuilder {
@@ -111,41 +172,105 @@ impl BulkheadLayerBuilder {
         self
     }
 
-    /// Checks the configuration, makes the places of every limited tool, and builds the
-    /// layer.
+    /// Limits the calls of every registered tool of `namespace` together, beside each tool's
+    /// own limit: `max_concurrent` places (required) that the namespace's tools share, and
+    /// `max_queued` calls waiting for one (by default as many as `max_concurrent`; 0 for
+    /// none). A call takes its tool's place first, then its namespace's. `retry_after_ms`
+    /// unset is the layer's. Set again, a namespace's limit replaces the one before.
+    ///
+    /// ```
+    /// use tower_toolcall::registry::{BulkheadSettings, RiskLevel, ToolDescriptor, ToolRegistry};
+    /// use tower_toolcall::BulkheadLayer;
+    ///
+    /// let registry = ToolRegistry::builder()
+    ///     .tool(ToolDescriptor::new("github", "search", RiskLevel::ReadOnly))
+    ///     .build()?;
+    /// // Every tool of `github` together: 4 calls at once, none waiting.
+    /// let layer = BulkheadLayer::builder(registry)
+    ///     .namespace("github", BulkheadSettings::default().with_max_concurrent(4).with_max_queued(0))
+    ///     .build()?;
+    /// assert_eq!(layer.namespace_limits("github"), Some((4, 0)));
+    /// assert_eq!(layer.limits("github", "search"), None, "no limit of its own");
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn namespace(mut self, namespace: impl Into<String>, settings: BulkheadSettings) -> Self {
+        self.namespaces.insert(namespace.into(), settings);
+        self
+    }
+
+    /// Checks the configuration, makes the places of every limited tool and namespace, and
+    /// builds the layer.
     pub fn build(self) -> Result<BulkheadLayer, ConfigError> {
         self.settings.check().map_err(|e| e.within("bulkhead"))?;
         let layer = &self.settings;
-        let places = ToolTable::resolve(&self.registry, |_, policy| {
-            let settings = match &policy.bulkhead {
-                LayerSetting::Off => return Ok(None),
-                LayerSetting::Default => layer.clone(),
-                LayerSetting::On(tool) => tool.clone().over(layer),
-            };
+        let layer_retry_after = layer
+            .retry_after_ms
+            .map_or(DEFAULT_RETRY_AFTER, Duration::from_millis);
+        let mut namespaces = BTreeMap::new();
+        for (namespace, settings) in &self.namespaces {
+            let within = |e: ConfigError| e.within(&format!("bulkhead.namespaces[{namespace}]"));
+            settings.check().map_err(within)?;
             let Some(max_concurrent) = settings.max_concurrent else {
-                if matches!(policy.bulkhead, LayerSetting::On(_)) {
-                    // A tool that tunes its bulkhead means to be limited.
-                    return Err(ConfigError::new(
-                        "policy.bulkhead.max_concurrent",
-                        "is required: the layer sets no default",
-                    ));
-                }
-                return Ok(None);
+                return Err(within(ConfigError::new(
+                    "max_concurrent",
+                    "is required: the calls of the namespace's tools at once",
+                )));
             };
-            let max_queued = settings.max_queued.unwrap_or(max_concurrent);
-            let retry_after = settings
-                .retry_after_ms
-                .map_or(DEFAULT_RETRY_AFTER, Duration::from_millis);
-            Ok(Some(Arc::new(ToolPlaces::new(
+            let places = Places::new(
+                Scope::Namespace,
                 max_concurrent as usize,
-                max_queued as usize,
-                retry_after,
-            ))))
+                settings.max_queued.unwrap_or(max_concurrent) as usize,
+                settings
+                    .retry_after_ms
+                    .map_or(layer_retry_after, Duration::from_millis),
+            );
+            namespaces.insert(namespace.clone(), Arc::new(places));
+        }
+        let limits = ToolTable::resolve(&self.registry, |descriptor, policy| {
+            // The unregistered tools share no namespace's places, whatever their namespace.
+            let namespace = descriptor
+                .and_then(|d| namespaces.get(&d.namespace))
+                .cloned();
+            let tool = tool_places(layer, policy)?;
+            Ok((tool.is_some() || namespace.is_some()).then_some(Limits { tool, namespace }))
         })?;
         Ok(BulkheadLayer {
-            places: Arc::new(places),
+            limits: Arc::new(limits),
+            namespaces: Arc::new(namespaces),
         })
     }
+}
+
+/// The places of a tool whose `policy` is over the `layer`'s settings, when it is limited.
+fn tool_places(
+    layer: &BulkheadSettings,
+    policy: &ToolPolicy,
+) -> Result<Option<Arc<Places>>, ConfigError> {
+    let settings = match &policy.bulkhead {
+        LayerSetting::Off => return Ok(None),
+        LayerSetting::Default => layer.clone(),
+        LayerSetting::On(tool) => tool.clone().over(layer),
+    };
+    let Some(max_concurrent) = settings.max_concurrent else {
+        if matches!(policy.bulkhead, LayerSetting::On(_)) {
+            // A tool that tunes its bulkhead means to be limited.
+            return Err(ConfigError::new(
+                "policy.bulkhead.max_concurrent",
+                "is required: the layer sets no default",
+            ));
+        }
+        return Ok(None);
+    };
+    let max_queued = settings.max_queued.unwrap_or(max_concurrent);
+    let retry_after = settings
+        .retry_after_ms
+        .map_or(DEFAULT_RETRY_AFTER, Duration::from_millis);
+    Ok(Some(Arc::new(Places::new(
+        Scope::Tool,
+        max_concurrent as usize,
+        max_queued as usize,
+        retry_after,
+    ))))
 }
 
 impl StackPart for BulkheadLayerBuilder {

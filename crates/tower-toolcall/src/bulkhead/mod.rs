@@ -1,5 +1,5 @@
-//! [`BulkheadLayer`]: a limit on the calls of each tool running at once, with a bounded queue
-//! ordered by the calls' priority.
+//! [`BulkheadLayer`]: a limit on the calls of each tool (and of each namespace's tools
+//! together) running at once, with a bounded queue ordered by the calls' priority.
 //!
 //! A tool's limit comes from its `policy.bulkhead` (`max_concurrent`, `max_queued`), or from
 //! the layer's settings when they set one; a tool with neither, or with `bulkhead = "off"`,
@@ -26,8 +26,25 @@
 //! - A waiting call whose caller goes away (its future dropped) leaves the queue; its place
 //!   there and any place it was just given are free again.
 //!
+//! A namespace may be limited as a whole with
+//! [`BulkheadLayerBuilder::namespace`]: its registered tools share `max_concurrent` places and
+//! a queue of `max_queued`, beside any limit of their own, so that the tools of one
+//! dependency (an upstream server behind a gateway, whose tools it registers under its name)
+//! cannot take every place of the process between them. Its places and queue are the same
+//! kind as a tool's, with the same rules: priority then arrival, a full queue refuses at once
+//! with `RATE_LIMITED` (its details say `"limit": "namespace"`), time waiting counts against
+//! the deadline. A call takes its tool's place first, then its namespace's: while it waits
+//! for its tool, it holds nothing the namespace's other tools could use, and its deadline
+//! covers both waits. A tool whose own bulkhead is `"off"` still shares its namespace's
+//! places; unregistered tools share none, whatever their namespace. The limit is set on the
+//! layer, as the dependency breakers' settings are, since it is no one tool's policy.
+//!
 //! [`BulkheadLayer::in_use`], [`queued`](BulkheadLayer::queued) and
-//! [`refused`](BulkheadLayer::refused) count each tool's calls. While the operator turns every
+//! [`refused`](BulkheadLayer::refused) count each tool's calls, and
+//! [`namespace_in_use`](BulkheadLayer::namespace_in_use) and its siblings each namespace's.
+//! With the `metrics` feature, `ToolMetrics::record_bulkheads` turns these counts into gauges
+//! at scrape time, at no cost to the calls, and the refusals are counted from each call's
+//! record (`trace::metrics` lists the series). While the operator turns every
 //! layer off (`TOOL_RELIABILITY_ENABLED=false`, see [`control`](crate::control)), calls pass
 //! untouched and take no place. The layer has no shadow mode. Time is tokio's, so paused time
 //! drives the deadlines in tests. The queue is `priority-semaphore`'s: no unsafe code, first

@@ -1,4 +1,5 @@
-//! A tool's places: the calls running now, the calls waiting for a place, and the refusals.
+//! A set of places, a tool's or a namespace's: the calls running now, the calls waiting for
+//! a place, and the refusals.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,11 +9,21 @@ use priority_semaphore::{AcquireFuture, Permit, PrioritySemaphore};
 
 use crate::envelope::Priority;
 
-/// The places of one tool, shared by every clone of the layer.
+/// Whose places they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// One tool's (or every unregistered tool's).
+    Tool,
+    /// Every registered tool's of one namespace, together.
+    Namespace,
+}
+
+/// The places of one tool or one namespace, shared by every clone of the layer.
 #[derive(Debug)]
-pub(super) struct ToolPlaces {
+pub(super) struct Places {
     /// One permit per place; waiters by priority, then in the order they began to wait.
     semaphore: Arc<PrioritySemaphore>,
+    pub(super) scope: Scope,
     pub(super) max_concurrent: usize,
     pub(super) max_queued: usize,
     /// The retry-after of a refused call.
@@ -23,10 +34,26 @@ pub(super) struct ToolPlaces {
     refused: AtomicU64,
 }
 
-impl ToolPlaces {
-    pub(super) fn new(max_concurrent: usize, max_queued: usize, retry_after: Duration) -> Self {
-        ToolPlaces {
+/// What a call finds at a set of places.
+pub(super) enum Entry {
+    /// A free place, which it holds.
+    Place(Permit),
+    /// Every place taken: it waits, holding its place in the queue.
+    Queue(QueueTicket),
+    /// Every place taken and the queue full: it is refused (and counted).
+    Full,
+}
+
+impl Places {
+    pub(super) fn new(
+        scope: Scope,
+        max_concurrent: usize,
+        max_queued: usize,
+        retry_after: Duration,
+    ) -> Self {
+        Places {
             semaphore: Arc::new(PrioritySemaphore::new(max_concurrent)),
+            scope,
             max_concurrent,
             max_queued,
             retry_after,
@@ -35,20 +62,23 @@ impl ToolPlaces {
         }
     }
 
-    /// A place at once, if one is free and no call waits for one.
-    pub(super) fn try_enter(&self) -> Option<Permit> {
-        self.semaphore.try_acquire(0).ok()
-    }
-
-    /// A place in the queue, if it is not full; the ticket gives it back when dropped.
-    pub(super) fn join_queue(self: &Arc<Self>) -> Option<QueueTicket> {
+    /// A place at once if one is free and no call waits for one; else a place in the queue
+    /// if it is not full; else a refusal, counted.
+    pub(super) fn enter(self: &Arc<Self>) -> Entry {
+        if let Ok(permit) = self.semaphore.try_acquire(0) {
+            return Entry::Place(permit);
+        }
         let max = self.max_queued;
-        self.queued
+        let joined = self
+            .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
                 (queued < max).then_some(queued + 1)
-            })
-            .ok()?;
-        Some(QueueTicket(self.clone()))
+            });
+        if joined.is_ok() {
+            return Entry::Queue(QueueTicket(self.clone()));
+        }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Entry::Full
     }
 
     /// Waits for a place, before the calls of lower `priority` and after those of the same
@@ -60,10 +90,6 @@ impl ToolPlaces {
             _ => 1,
         };
         self.semaphore.acquire(rank)
-    }
-
-    pub(super) fn count_refusal(&self) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn in_use(&self) -> usize {
@@ -80,13 +106,48 @@ impl ToolPlaces {
     }
 }
 
-/// A call's place in its tool's queue, given back when dropped: when the call gets a place,
-/// leaves at its deadline, or is cancelled.
+/// A call's place in a queue, given back when dropped: when the call gets a place, leaves
+/// at its deadline, or is cancelled.
 #[derive(Debug)]
-pub(super) struct QueueTicket(Arc<ToolPlaces>);
+pub(super) struct QueueTicket(Arc<Places>);
+
+impl QueueTicket {
+    /// The places whose queue it is.
+    pub(super) fn places(&self) -> &Arc<Places> {
+        &self.0
+    }
+}
 
 impl Drop for QueueTicket {
     fn drop(&mut self) {
         self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The places of a tool's calls: its own, then its namespace's; at least one of them.
+#[derive(Debug)]
+pub(super) struct Limits {
+    pub(super) tool: Option<Arc<Places>>,
+    pub(super) namespace: Option<Arc<Places>>,
+}
+
+/// The places a call holds, each given back when the call ends or is dropped.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    tool: Option<Permit>,
+    namespace: Option<Permit>,
+}
+
+impl Held {
+    /// Holds `permit`, a place of the places of `scope`.
+    pub(super) fn hold(&mut self, scope: Scope, permit: Permit) {
+        match scope {
+            Scope::Tool => self.tool = Some(permit),
+            Scope::Namespace => self.namespace = Some(permit),
+        }
+    }
+
+    pub(super) fn holds_any(&self) -> bool {
+        self.tool.is_some() || self.namespace.is_some()
     }
 }

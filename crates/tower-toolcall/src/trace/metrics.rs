@@ -8,6 +8,12 @@
 //! | `{prefix}tool_idempotency_hits_total` | counter | `tool`, `state` (`inflight` or `completed`) |
 //! | `{prefix}tool_loop_detections_total` | counter | `tool`, `action` (`break` or `chance`) |
 //! | `{prefix}tool_rate_limited_total` | counter | `tool` |
+//! | `{prefix}tool_bulkhead_in_use` | gauge: calls holding a place of the tool | `tool` |
+//! | `{prefix}tool_bulkhead_queued` | gauge: calls waiting for a place of the tool | `tool` |
+//! | `{prefix}tool_bulkhead_refused_total` | counter: calls the tool's full bulkhead refused | `tool` |
+//! | `{prefix}namespace_bulkhead_in_use` | gauge: calls holding a place of the namespace | `namespace` |
+//! | `{prefix}namespace_bulkhead_queued` | gauge: calls waiting for a place of the namespace | `namespace` |
+//! | `{prefix}namespace_bulkhead_refused_total` | counter: calls the namespace's full bulkhead refused | `namespace` |
 //! | `{prefix}tool_shadow_decisions_total` | counter | `layer` (`breaker`, `loop_detect`, `idempotency`, `rate_limit`), `decision` (`would_open`, `would_reject`, `would_block`, `would_replay`, `would_join`, `would_conflict`, `would_limit`, `would_wait`) |
 //! | `{prefix}tool_circuit_breaker_state` | gauge (1 for the current state) | `tool`, `state` |
 //! | `{prefix}tool_circuit_breaker_transitions_total` | counter | `tool`, `from_state`, `to_state` |
@@ -32,6 +38,12 @@
 //! and the dedupe TTL gauges from the idempotency layer when it is built. The store's size is
 //! set when the application calls [`ToolMetrics::record_dedupe_size`], say before each scrape.
 //!
+//! The bulkhead's gauges cost its calls nothing: they are read from the layer's own counts
+//! when the application calls [`ToolMetrics::record_bulkheads`] before each scrape, for the
+//! tools and namespaces with a limit. Its refusals are counted from the trace layer's report
+//! of each call, as the other call series are (a bulkhead's refusal is not counted in
+//! `tool_rate_limited_total`).
+//!
 //! The prefix is `toolcall_` by default. Labels are bounded: `tool` is `namespace::name` of a
 //! registered tool and `unregistered` for any other, whatever names callers send; the other
 //! labels take values from fixed sets.
@@ -42,10 +54,11 @@ use std::time::Duration;
 
 use metrics::SharedString;
 
+use crate::bulkhead::BulkheadLayer;
 use crate::envelope::{ResultStatus, ToolCall};
 use crate::error::{ConfigError, ErrorCode, ToolError};
 use crate::event::{BreakerKey, EventSink, FailurePolicy, LayerEvent, StoreEvent, TransitionEvent};
-use crate::outcome::{MatchedOn, ToolOutput};
+use crate::outcome::{MatchedOn, ShortCircuit, ToolOutput};
 use crate::registry::{KeyScope, ToolRegistry};
 use crate::tool_table::ToolTable;
 
@@ -93,12 +106,20 @@ struct Inner {
     tools: ToolTable<SharedString>,
     /// The label of each registered namespace's dependency breaker (`dependency:<namespace>`).
     dependencies: std::collections::HashMap<String, SharedString>,
+    /// The label of each registered namespace.
+    namespaces: std::collections::HashMap<String, SharedString>,
     calls_total: SharedString,
     call_duration_seconds: SharedString,
     retry_attempts_total: SharedString,
     idempotency_hits_total: SharedString,
     loop_detections_total: SharedString,
     rate_limited_total: SharedString,
+    bulkhead_in_use: SharedString,
+    bulkhead_queued: SharedString,
+    bulkhead_refused_total: SharedString,
+    namespace_bulkhead_in_use: SharedString,
+    namespace_bulkhead_queued: SharedString,
+    namespace_bulkhead_refused_total: SharedString,
     shadow_decisions_total: SharedString,
     breaker_state: SharedString,
     breaker_transitions_total: SharedString,
@@ -173,6 +194,36 @@ impl ToolMetrics {
             i.rate_limited_total.clone(),
             Unit::Count,
             "Calls refused by a rate limit."
+        );
+        describe_gauge!(
+            i.bulkhead_in_use.clone(),
+            Unit::Count,
+            "Calls holding a place in their tool's bulkhead."
+        );
+        describe_gauge!(
+            i.bulkhead_queued.clone(),
+            Unit::Count,
+            "Calls waiting for a place in their tool's bulkhead."
+        );
+        describe_counter!(
+            i.bulkhead_refused_total.clone(),
+            Unit::Count,
+            "Calls refused because their tool's bulkhead and its queue were full."
+        );
+        describe_gauge!(
+            i.namespace_bulkhead_in_use.clone(),
+            Unit::Count,
+            "Calls holding a place in their namespace's bulkhead."
+        );
+        describe_gauge!(
+            i.namespace_bulkhead_queued.clone(),
+            Unit::Count,
+            "Calls waiting for a place in their namespace's bulkhead."
+        );
+        describe_counter!(
+            i.namespace_bulkhead_refused_total.clone(),
+            Unit::Count,
+            "Calls refused because their namespace's bulkhead and its queue were full."
         );
         describe_counter!(
             i.shadow_decisions_total.clone(),
@@ -251,6 +302,67 @@ impl ToolMetrics {
     /// ```
     pub fn record_dedupe_size(&self, records: u64) {
         metrics::gauge!(self.inner.dedupe_cache_size.clone()).set(records as f64);
+    }
+
+    /// Sets the bulkhead's gauges to what `layer` holds now: the calls in use and queued of
+    /// each tool and namespace it limits. Call it before each scrape; it costs the calls
+    /// nothing.
+    ///
+    /// ```
+    /// # use tower_toolcall::registry::ToolRegistry;
+    /// use tower_toolcall::registry::BulkheadSettings;
+    /// use tower_toolcall::trace::ToolMetrics;
+    /// use tower_toolcall::ToolStack;
+    ///
+    /// let registry = ToolRegistry::open();
+    /// let metrics = ToolMetrics::new(&registry);
+    /// let stack = ToolStack::builder(registry)
+    ///     .on_event(metrics.clone())
+    ///     .bulkhead(|b| b.settings(BulkheadSettings::default().with_max_concurrent(8)))
+    ///     .build()?;
+    /// // before each scrape:
+    /// metrics.record_bulkheads(stack.bulkheads().unwrap());
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn record_bulkheads(&self, layer: &BulkheadLayer) {
+        let i = &self.inner;
+        for (tool, in_use, queued) in layer.tools_in_use() {
+            let tool = match tool {
+                Some((namespace, name)) => self.tool_label(namespace, name),
+                None => SharedString::const_str(UNREGISTERED),
+            };
+            metrics::gauge!(i.bulkhead_in_use.clone(), "tool" => tool.clone()).set(in_use as f64);
+            metrics::gauge!(i.bulkhead_queued.clone(), "tool" => tool).set(queued as f64);
+        }
+        for (namespace, in_use, queued) in layer.namespaces_in_use() {
+            let namespace = SharedString::from_shared(Arc::from(namespace));
+            metrics::gauge!(i.namespace_bulkhead_in_use.clone(), "namespace" => namespace.clone())
+                .set(in_use as f64);
+            metrics::gauge!(i.namespace_bulkhead_queued.clone(), "namespace" => namespace)
+                .set(queued as f64);
+        }
+    }
+
+    /// Counts a call the bulkhead refused: by its tool's limit, or by its namespace's.
+    fn record_bulkhead_refusal(&self, call: &ToolCall, tool: SharedString, error: &ToolError) {
+        let i = &self.inner;
+        let by_namespace = error
+            .details()
+            .and_then(|d| d.get("limit"))
+            .is_some_and(|limit| limit == "namespace");
+        if !by_namespace {
+            metrics::counter!(i.bulkhead_refused_total.clone(), "tool" => tool).increment(1);
+            return;
+        }
+        // Only registered tools share a namespace's places: the label stays bounded.
+        let Some(namespace) = i.namespaces.get(call.tool_namespace()) else {
+            return;
+        };
+        metrics::counter!(
+            i.namespace_bulkhead_refused_total.clone(),
+            "namespace" => namespace.clone()
+        )
+        .increment(1);
     }
 
     /// Sets the dedupe TTL gauges of `tool` (`None`: the unregistered tools): how long it
@@ -383,6 +495,11 @@ impl ToolMetrics {
                     )
                     .increment(1);
                 }
+                ErrorCode::RateLimited
+                    if record.short_circuit == Some(ShortCircuit::BulkheadFull) =>
+                {
+                    self.record_bulkhead_refusal(call, tool, error);
+                }
                 ErrorCode::RateLimited => {
                     metrics::counter!(i.rate_limited_total.clone(), "tool" => tool).increment(1);
                 }
@@ -471,18 +588,34 @@ impl ToolMetricsBuilder {
                 (namespace, label)
             })
             .collect();
+        let namespaces = self
+            .registry
+            .tools()
+            .map(|tool| {
+                let namespace = tool.descriptor().namespace.clone();
+                let label = SharedString::from_shared(Arc::from(namespace.as_str()));
+                (namespace, label)
+            })
+            .collect();
         let name =
             |series: &str| SharedString::from_shared(Arc::from(format!("{}{series}", self.prefix)));
         Ok(ToolMetrics {
             inner: Arc::new(Inner {
                 tools,
                 dependencies,
+                namespaces,
                 calls_total: name("tool_calls_total"),
                 call_duration_seconds: name("tool_call_duration_seconds"),
                 retry_attempts_total: name("tool_retry_attempts_total"),
                 idempotency_hits_total: name("tool_idempotency_hits_total"),
                 loop_detections_total: name("tool_loop_detections_total"),
                 rate_limited_total: name("tool_rate_limited_total"),
+                bulkhead_in_use: name("tool_bulkhead_in_use"),
+                bulkhead_queued: name("tool_bulkhead_queued"),
+                bulkhead_refused_total: name("tool_bulkhead_refused_total"),
+                namespace_bulkhead_in_use: name("namespace_bulkhead_in_use"),
+                namespace_bulkhead_queued: name("namespace_bulkhead_queued"),
+                namespace_bulkhead_refused_total: name("namespace_bulkhead_refused_total"),
                 shadow_decisions_total: name("tool_shadow_decisions_total"),
                 breaker_state: name("tool_circuit_breaker_state"),
                 breaker_transitions_total: name("tool_circuit_breaker_transitions_total"),

@@ -445,6 +445,204 @@ async fn in_the_stack_a_duplicate_of_a_running_call_takes_no_place() {
     assert_eq!(tool.calls(), 1);
 }
 
+/// A call of `namespace::name` with request id `id`.
+fn call_of(namespace: &str, name: &str, id: &str) -> ToolCall {
+    ToolCall::builder(namespace, name)
+        .request_id(id)
+        .session("sess-42")
+        .actor("user-7")
+        .params(json!({"id": id}))
+        .build()
+        .unwrap()
+}
+
+/// `max_concurrent` calls of the namespace's tools at once, `max_queued` waiting.
+fn namespace_limit(max_concurrent: u32, max_queued: u32) -> BulkheadSettings {
+    BulkheadSettings::default()
+        .with_max_concurrent(max_concurrent)
+        .with_max_queued(max_queued)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_namespace_limit_holds_its_tools_together_and_leaves_the_others_alone() {
+    let tool = ScriptedTool::always(Step::Hang);
+    let registry = registry_of([
+        ToolDescriptor::new(NS, "fetch", RiskLevel::ReadOnly),
+        ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
+        ToolDescriptor::new("vault", "read", RiskLevel::ReadOnly),
+    ]);
+    let layer = BulkheadLayer::builder(registry)
+        .namespace(NS, namespace_limit(1, 0))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(tool.service());
+    let mut running = task::spawn(svc.ready().await.unwrap().call(call_of(NS, "fetch", "f")));
+    assert_pending!(running.poll());
+
+    let started = Instant::now();
+    let err = call_once(&mut svc, call_of(NS, "search", "s"))
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO, "refused at once");
+    assert_eq!(err.code(), ErrorCode::RateLimited);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)));
+    assert_eq!(err.record().short_circuit, Some(ShortCircuit::BulkheadFull));
+    let details = err.details().unwrap();
+    assert_eq!(
+        (
+            &details["limit"],
+            &details["maxConcurrent"],
+            &details["retryAfterMs"]
+        ),
+        (&json!("namespace"), &json!(1), &json!(1_000))
+    );
+    assert!(err.message().contains(NS), "{}", err.message());
+
+    // Another namespace's tool has nothing to wait for.
+    let mut other = task::spawn(
+        svc.ready()
+            .await
+            .unwrap()
+            .call(call_of("vault", "read", "v")),
+    );
+    assert_pending!(other.poll());
+    assert_eq!(ids(&tool), ["f", "v"]);
+    assert_eq!(
+        (
+            layer.namespace_in_use(NS),
+            layer.namespace_queued(NS),
+            layer.namespace_refused(NS)
+        ),
+        (1, 0, 1)
+    );
+    assert_eq!(
+        layer.refused(NS, "search"),
+        0,
+        "its own limit refused nothing"
+    );
+    assert_eq!(layer.namespace_in_use("vault"), 0);
+    drop(running);
+    assert_eq!(
+        layer.namespace_in_use(NS),
+        0,
+        "a dropped call gives its place back"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_waiting_for_its_tool_holds_no_place_of_its_namespace() {
+    let tool = ScriptedTool::always(Step::After(Duration::from_secs(1), Box::new(Step::Ok)));
+    let registry = registry_of([
+        limited(1, 5),
+        ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
+    ]);
+    let layer = BulkheadLayer::builder(registry)
+        .namespace(NS, namespace_limit(2, 0))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(tool.service());
+    let mut futures = Vec::new();
+    for (name, id) in [(NAME, "fetch-0"), (NAME, "fetch-1"), ("search", "search-0")] {
+        let mut future = task::spawn(svc.ready().await.unwrap().call(call_of(NS, name, id)));
+        assert_pending!(future.poll());
+        futures.push(future);
+    }
+    assert_eq!(
+        ids(&tool),
+        ["fetch-0", "search-0"],
+        "the waiting fetch took no place"
+    );
+    assert_eq!((layer.in_use(NS, NAME), layer.queued(NS, NAME)), (1, 1));
+    assert_eq!(
+        (layer.namespace_in_use(NS), layer.namespace_queued(NS)),
+        (2, 0)
+    );
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_ready!(futures[0].poll()).unwrap();
+    assert_ready!(futures[2].poll()).unwrap();
+    assert_pending!(futures[1].poll());
+    assert_eq!(ids(&tool), ["fetch-0", "search-0", "fetch-1"]);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_ready!(futures[1].poll()).unwrap();
+    assert_eq!((layer.in_use(NS, NAME), layer.namespace_in_use(NS)), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_counts_the_time_waited_for_the_tool_and_then_the_namespace() {
+    let tool = ScriptedTool::always(Step::After(Duration::from_secs(10), Box::new(Step::Ok)));
+    let registry = registry_of([
+        limited(1, 1),
+        ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
+    ]);
+    let layer = BulkheadLayer::builder(registry)
+        .namespace(NS, namespace_limit(1, 1))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(tool.service());
+    // A fetch holds the tool's place and the namespace's, until 10 s.
+    let mut fetch = task::spawn(svc.ready().await.unwrap().call(call_of(NS, NAME, "fetch")));
+    assert_pending!(fetch.poll());
+    // The late fetch waits for the tool's place; the search at 5 s, for the namespace's.
+    let late = ToolCall::builder(NS, NAME)
+        .request_id("late")
+        .session("sess-42")
+        .actor("user-7")
+        .deadline_at_ms(unix_now_ms() + 12_000)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let mut late = task::spawn(svc.ready().await.unwrap().call(late));
+    assert_pending!(late.poll());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let mut search = task::spawn(
+        svc.ready()
+            .await
+            .unwrap()
+            .call(call_of(NS, "search", "search")),
+    );
+    assert_pending!(search.poll());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_ready!(fetch.poll()).unwrap();
+    // At 10 s the late fetch has its tool's place and waits behind the search for the
+    // namespace's, which is free at 20 s: its deadline at 12 s passes first.
+    let _ = search.poll();
+    assert_pending!(late.poll());
+    assert_eq!(
+        layer.in_use(NS, NAME),
+        1,
+        "it holds its tool's place while it waits"
+    );
+    let err = late.await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_secs(12));
+    assert_eq!(err.code(), ErrorCode::Timeout);
+    assert!(
+        err.message().contains("the tools of the namespace"),
+        "{}",
+        err.message()
+    );
+    assert_eq!((layer.in_use(NS, NAME), layer.namespace_queued(NS)), (0, 0));
+    assert_eq!(
+        ids(&tool),
+        ["fetch", "search"],
+        "the tool never ran the late call"
+    );
+}
+
+#[test]
+fn a_namespace_limit_without_places_is_refused_naming_the_field() {
+    for settings in [
+        namespace_limit(0, 1),
+        BulkheadSettings::default().with_max_queued(4),
+    ] {
+        let err = BulkheadLayer::builder(ToolRegistry::open())
+            .namespace("github", settings)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "bulkhead.namespaces[github].max_concurrent");
+    }
+}
+
 #[test]
 fn priority_round_trips_and_a_bad_value_is_refused() {
     for (priority, name) in [

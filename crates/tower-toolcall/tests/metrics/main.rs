@@ -2,6 +2,7 @@
 //! and any number of unregistered tool names leaves the label set bounded.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -9,8 +10,9 @@ mod support;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use serde_json::json;
+use tokio_test::{assert_pending, task};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_toolcall::registry::ToolRegistry;
+use tower_toolcall::registry::{BulkheadSettings, ToolRegistry};
 use tower_toolcall::trace::{ToolMetrics, TraceLayer};
 use tower_toolcall::{tool_fn, ToolCall, ToolError, ToolOutput, ToolStack};
 
@@ -281,6 +283,92 @@ fn the_dedupe_store_size_and_ttls_are_gauges_with_the_key_scope() {
     assert!(
         !series.keys().any(|k| k.contains("tool=vault::read")),
         "a tool without idempotency has no TTL: {series:#?}"
+    );
+}
+
+/// A tool's bulkhead full (one running, one waiting, one refused) and a namespace's (one
+/// running, one refused): the gauges read before the scrape and the refusals, exactly.
+#[test]
+fn a_full_bulkhead_shows_its_calls_in_use_queued_and_refused() {
+    let recorder = DebuggingRecorder::new();
+    support::metrics_series::run_recorded(&recorder, async {
+        let registry = ToolRegistry::from_json_str(
+            r#"{"tools": [
+                {"namespace": "web", "name": "fetch", "risk": "read-only",
+                 "policy": {"bulkhead": {"max_concurrent": 1, "max_queued": 1}}},
+                {"namespace": "vault", "name": "read", "risk": "read-only"},
+                {"namespace": "vault", "name": "list", "risk": "read-only"}
+            ]}"#,
+        )
+        .unwrap();
+        let metrics = ToolMetrics::new(&registry);
+        let stack = ToolStack::builder(registry.clone())
+            .on_event(metrics.clone())
+            .bulkhead(|b| {
+                b.namespace(
+                    "vault",
+                    BulkheadSettings::default()
+                        .with_max_concurrent(1)
+                        .with_max_queued(0),
+                )
+            })
+            .build()
+            .unwrap();
+        let mut svc = support::stacked(
+            &stack,
+            tool_fn(|_call: ToolCall| async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(ToolOutput::new(json!("late")))
+            }),
+        );
+        let mut held = Vec::new();
+        for (namespace, name, n) in [
+            ("web", "fetch", 0),
+            ("web", "fetch", 1),
+            ("vault", "read", 2),
+        ] {
+            let future = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(call(namespace, name, "ok", n));
+            let mut pending = task::spawn(future);
+            assert_pending!(pending.poll());
+            held.push(pending);
+        }
+        let err = svc
+            .ready_and_call(call("web", "fetch", "ok", 3))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code().as_str(), "RATE_LIMITED");
+        let err = svc
+            .ready_and_call(call("vault", "list", "ok", 4))
+            .await
+            .unwrap_err();
+        assert_eq!(err.details().unwrap()["limit"], "namespace");
+        metrics.record_bulkheads(stack.bulkheads().unwrap());
+        drop(held);
+    });
+    let series = snapshot(&recorder);
+    let bulkhead: BTreeMap<&str, f64> = series
+        .iter()
+        .filter(|(name, _)| name.contains("bulkhead") || name.contains("rate_limited"))
+        .map(|(name, value)| (name.as_str(), *value))
+        .collect();
+    assert_eq!(
+        bulkhead,
+        BTreeMap::from([
+            ("toolcall_tool_bulkhead_in_use{tool=web::fetch}", 1.0),
+            ("toolcall_tool_bulkhead_queued{tool=web::fetch}", 1.0),
+            ("toolcall_tool_bulkhead_refused_total{tool=web::fetch}", 1.0),
+            ("toolcall_namespace_bulkhead_in_use{namespace=vault}", 1.0),
+            ("toolcall_namespace_bulkhead_queued{namespace=vault}", 0.0),
+            (
+                "toolcall_namespace_bulkhead_refused_total{namespace=vault}",
+                1.0
+            ),
+        ]),
+        "no gauge for a tool without places of its own, no rate limit counted: {series:#?}"
     );
 }
 
