@@ -10,7 +10,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use futures_util::StreamExt;
-use metrics_exporter_prometheus::PrometheusHandle;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -24,7 +23,7 @@ use tower_toolcall_mcp::{
     stdio_transport, McpServer, SessionAnswer, ToolList, DEFAULT_MAX_LINE_BYTES,
 };
 
-use crate::gateway::{Gateway, Lasting};
+use crate::gateway::{Gateway, Lasting, Scrape};
 use crate::mcp_sessions::{Refusal, Sessions};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -374,7 +373,7 @@ pub(crate) fn http_router(
     let probes = probes.with_state(Probes {
         upstreams: gateway.upstreams.clone(),
         down: gateway.down.clone(),
-        prometheus: gateway.prometheus.clone(),
+        scrape: lasting.scrape.clone(),
     });
     let mut router = envelope.merge(probes);
     match &gateway.admin {
@@ -397,13 +396,13 @@ fn with_principal(
 }
 
 /// `/metrics` alone, for an address of its own.
-pub(crate) fn metrics_router(prometheus: PrometheusHandle) -> Router {
+pub(crate) fn metrics_router(series: Scrape) -> Router {
     Router::new()
         .route("/metrics", get(scrape))
         .with_state(Probes {
             upstreams: Arc::default(),
             down: Arc::default(),
-            prometheus,
+            scrape: series,
         })
 }
 
@@ -411,7 +410,7 @@ pub(crate) fn metrics_router(prometheus: PrometheusHandle) -> Router {
 struct Probes {
     upstreams: Arc<Vec<crate::upstreams::Upstream>>,
     down: Arc<Vec<crate::upstreams::Down>>,
-    prometheus: PrometheusHandle,
+    scrape: Scrape,
 }
 
 /// `GET /readyz`: 200 once every required upstream is connected; else 503 naming those
@@ -451,8 +450,7 @@ async fn ready(State(probes): State<Probes>) -> Response {
 
 /// `GET /metrics`: every series in the Prometheus text format.
 async fn scrape(State(probes): State<Probes>) -> String {
-    probes.prometheus.run_upkeep();
-    probes.prometheus.render()
+    probes.scrape.render()
 }
 
 /// Serves `router` on `listener` until `shutdown`, then lets the calls in flight finish.

@@ -17,7 +17,9 @@ use tower_toolcall::loop_detect::{InMemoryLoopStore, LoopStore};
 use tower_toolcall::rate_limit::{InMemoryRateLimitStore, RateLimitStore};
 use tower_toolcall::registry::{LayerSetting, RetrySettings, ToolDescriptor, ToolRegistry};
 use tower_toolcall::trace::{AuditLog, ToolMetrics, DURATION_BUCKETS};
-use tower_toolcall::{ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack};
+use tower_toolcall::{
+    BulkheadLayer, ErrorCode, Principal, ToolCall, ToolError, ToolOutput, ToolStack,
+};
 use tower_toolcall_axum::{AdminRouter, CallSlots};
 use tower_toolcall_mcp::{descriptor_for, registry_of, McpServer, ProgressRelay, ToolList};
 use tower_toolcall_redis::{
@@ -46,7 +48,8 @@ const GATEWAY_NAMESPACE: &str = "gateway";
 /// tools change.
 #[derive(Clone)]
 pub(crate) struct Lasting {
-    pub(crate) prometheus: PrometheusHandle,
+    /// What `/metrics` answers.
+    pub(crate) scrape: Scrape,
     pub(crate) audit: Option<AuditLog>,
     dedupe: Arc<dyn DedupeStore>,
     loops: Arc<dyn LoopStore>,
@@ -123,7 +126,10 @@ impl Lasting {
         let (changes, changed) = mpsc::unbounded_channel();
         let (came_up, up) = mpsc::unbounded_channel();
         let lasting = Lasting {
-            prometheus: prometheus()?,
+            scrape: Scrape {
+                prometheus: prometheus()?,
+                bulkheads: Arc::default(),
+            },
             audit,
             dedupe: Arc::new(InMemoryDedupeStore::default()),
             loops: Arc::new(InMemoryLoopStore::default()),
@@ -155,6 +161,11 @@ impl Lasting {
         self.in_service.replace(gateway.tools.clone());
         *self.breakers.lock().unwrap_or_else(PoisonError::into_inner) = gateway.breakers.clone();
         *self.access.lock().unwrap_or_else(PoisonError::into_inner) = gateway.access.clone();
+        *self
+            .scrape
+            .bulkheads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = gateway.bulkheads.clone();
         self.listed.replace(gateway.listed.clone()).await;
     }
 
@@ -200,7 +211,6 @@ pub(crate) struct Gateway {
     listed: ToolList,
     /// The admin API, when there is a token.
     pub(crate) admin: Option<axum::Router>,
-    pub(crate) prometheus: PrometheusHandle,
     /// The tools each principal may call, with `[auth]`.
     pub(crate) access: Option<Access>,
     /// The listed name of each tool, by its namespace and name.
@@ -211,6 +221,33 @@ pub(crate) struct Gateway {
     _fleet: Option<FleetControl>,
     /// Its stack's breakers, which the gateway that replaces it carries on.
     breakers: Option<BreakerAdmin>,
+    /// Its stack's bulkheads, whose gauges `/metrics` reads while it is in service.
+    bulkheads: Option<(ToolMetrics, BulkheadLayer)>,
+}
+
+/// What `/metrics` answers: every series of the recorder, the gauges of the bulkheads of
+/// the gateway in service read from them at each scrape (they cost the calls nothing).
+#[derive(Clone)]
+pub(crate) struct Scrape {
+    prometheus: PrometheusHandle,
+    /// The metrics and the bulkheads of the gateway in service.
+    bulkheads: Arc<Mutex<Option<(ToolMetrics, BulkheadLayer)>>>,
+}
+
+impl Scrape {
+    /// Every series in the Prometheus text format.
+    pub(crate) fn render(&self) -> String {
+        let in_service = self
+            .bulkheads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some((metrics, bulkheads)) = in_service {
+            metrics.record_bulkheads(&bulkheads);
+        }
+        self.prometheus.run_upkeep();
+        self.prometheus.render()
+    }
 }
 
 /// The listed name of each tool, by its namespace and name.
@@ -317,7 +354,22 @@ impl Gateway {
         let registry = registry.with_control(ReliabilityControl::from_env()?);
         let metrics = ToolMetrics::new(&registry);
         metrics.describe();
-        let mut builder = ToolStack::builder(registry.clone()).on_event(metrics);
+        let mut builder = ToolStack::builder(registry.clone()).on_event(metrics.clone());
+        // `[servers.NAME]` max_concurrent: the places of all its tools together.
+        let server_limits: Vec<_> = config
+            .servers
+            .iter()
+            .filter_map(|(name, server)| Some((name.clone(), server.limit.clone()?)))
+            .collect();
+        if !server_limits.is_empty() {
+            builder = builder.bulkhead(move |bulkhead| {
+                server_limits
+                    .into_iter()
+                    .fold(bulkhead, |bulkhead, (name, limit)| {
+                        bulkhead.namespace(name, limit)
+                    })
+            });
+        }
         // The breakers of the gateway in service go on where their tools still are.
         if let Some(previous) = lasting.breakers() {
             builder = builder.breaker(|breaker| breaker.carry(&previous));
@@ -366,6 +418,7 @@ impl Gateway {
             None => None,
         };
         let breakers = stack.breakers();
+        let bulkheads = stack.bulkheads().cloned().map(|layer| (metrics, layer));
         let (tools, admin) = assemble(
             stack,
             router,
@@ -401,12 +454,12 @@ impl Gateway {
             tools,
             listed,
             admin,
-            prometheus: lasting.prometheus.clone(),
             access,
             names: Names(Arc::new(names)),
             denials,
             _fleet: fleet,
             breakers,
+            bulkheads,
         })
     }
 }

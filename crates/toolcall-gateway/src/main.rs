@@ -269,7 +269,7 @@ async fn run(args: Args, config: GatewayConfig) -> Result<(), BoxError> {
                 if !args.stdio {
                     println!("metrics on {}", metrics.local_addr()?);
                 }
-                let mut metrics_router = fronts::metrics_router(lasting.prometheus.clone());
+                let mut metrics_router = fronts::metrics_router(lasting.scrape.clone());
                 if let Some(guard) = config.http.guard(address)? {
                     metrics_router = metrics_router.layer(guard);
                 }

@@ -1,11 +1,13 @@
 //! `[servers.NAME]`: the operator's word on one upstream, configured or imported from a
-//! host's file, by its name: whether it is trusted, how its tools' calls are confirmed, and
-//! a policy for all its tools with per-tool overrides.
+//! host's file, by its name: whether it is trusted, how its tools' calls are confirmed, how
+//! many of its calls run at once, and a policy for all its tools with per-tool overrides.
 //!
 //! ```toml
 //! [servers.filesystem]
 //! trust = "trusted"                 # its annotations become the policy (or --trust filesystem)
 //! confirm = "elicit"                # elicit (default) | host | never
+//! max_concurrent = 8                # calls of all its tools at once (unset: no limit)
+//! max_queued = 16                   # more waiting for a place (default max_concurrent; 0: none)
 //! policy = { rate_limit = { per_second = 5, burst = 10 }, retry = { max_attempts = 2 } }
 //!
 //! [servers.filesystem.tools.write_file]
@@ -18,16 +20,34 @@
 //! `idempotency`, `bulkhead`, `retry`, `breaker`, `timeout`, `classify`): each layer it sets replaces
 //! that layer's policy from the annotations. A `[[policy.tools]]` entry for a tool still
 //! replaces everything about it.
+//!
+//! `max_concurrent` and `max_queued` limit the server as a whole, beside each tool's
+//! `policy.bulkhead`: they are the bulkhead layer's limit of the server's namespace
+//! ([`BulkheadLayerBuilder::namespace`](tower_toolcall::bulkhead::BulkheadLayerBuilder::namespace)),
+//! so that one upstream's calls cannot take every place of the gateway. A call that finds
+//! them all taken and the queue full is refused at once with `RATE_LIMITED` and a
+//! `retryAfterMs`.
 
 use std::collections::BTreeMap;
 
 use toml::{Table, Value};
-use tower_toolcall::registry::{RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry};
+use tower_toolcall::registry::{
+    BulkheadSettings, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry,
+};
 use tower_toolcall_mcp::{Confirm, Trust};
 
 use crate::config::{key_path, kind, Checker};
 
-const SERVER_KEYS: &[&str] = &["trust", "confirm", "risk", "idempotent", "policy", "tools"];
+const SERVER_KEYS: &[&str] = &[
+    "trust",
+    "confirm",
+    "risk",
+    "idempotent",
+    "max_concurrent",
+    "max_queued",
+    "policy",
+    "tools",
+];
 const TOOL_KEYS: &[&str] = &["confirm", "risk", "idempotent", "policy"];
 
 /// How the calls of a server's tools that need the user's confirmation get it.
@@ -61,6 +81,9 @@ pub(crate) struct ServerPolicy {
     pub(crate) all: Overlay,
     /// What applies to one tool, by its name on the server.
     pub(crate) tools: BTreeMap<String, Overlay>,
+    /// The places of all its tools together (`max_concurrent`, `max_queued`), when it is
+    /// limited.
+    pub(crate) limit: Option<BulkheadSettings>,
 }
 
 /// What the operator sets for a server's tools, or for one of them.
@@ -177,6 +200,7 @@ impl Checker {
                 None
             }
         };
+        let limit = self.server_limit(table, field);
         let all = self.overlay(table, field);
         let mut tools = BTreeMap::new();
         if let Some(by_name) = self.table(table, field, "tools") {
@@ -202,7 +226,45 @@ impl Checker {
                 }
             }
         }
-        ServerPolicy { trust, all, tools }
+        ServerPolicy {
+            trust,
+            all,
+            tools,
+            limit,
+        }
+    }
+
+    /// `max_concurrent` and `max_queued` of a server: a queue needs places to wait for.
+    fn server_limit(&mut self, table: &Table, field: &str) -> Option<BulkheadSettings> {
+        let max_concurrent = self.count(table, field, "max_concurrent");
+        let max_queued = match table.get("max_queued") {
+            None => None,
+            Some(Value::Integer(n)) if (0..=1_000_000).contains(n) => u32::try_from(*n).ok(),
+            Some(other) => {
+                let got = match other {
+                    Value::Integer(n) => n.to_string(),
+                    other => kind(other).to_owned(),
+                };
+                self.add(
+                    key_path(field, "max_queued"),
+                    format!("must be a whole number from 0 to 1000000, got {got}"),
+                );
+                None
+            }
+        };
+        if max_queued.is_some() && !table.contains_key("max_concurrent") {
+            self.add(
+                key_path(field, "max_concurrent"),
+                "is required with max_queued: the calls of the server's tools at once, which \
+                 the queued calls wait for",
+            );
+        }
+        let max_concurrent = u32::try_from(max_concurrent?).ok()?;
+        let mut limit = BulkheadSettings::default().with_max_concurrent(max_concurrent);
+        if let Some(max_queued) = max_queued {
+            limit = limit.with_max_queued(max_queued);
+        }
+        Some(limit)
     }
 
     fn overlay(&mut self, table: &Table, field: &str) -> Overlay {
@@ -357,6 +419,46 @@ mod tests {
     }
 
     #[test]
+    fn a_server_may_limit_the_calls_of_all_its_tools() {
+        let servers = servers(
+            "[servers.fs]\nmax_concurrent = 4\nmax_queued = 0\n[servers.git]\nmax_concurrent = 2\n[servers.web]\n",
+        );
+        let limit = |name: &str| {
+            servers[name]
+                .limit
+                .as_ref()
+                .map(|l| (l.max_concurrent, l.max_queued))
+        };
+        assert_eq!(limit("fs"), Some((Some(4), Some(0))));
+        assert_eq!(limit("git"), Some((Some(2), None)), "the queue by default");
+        assert_eq!(limit("web"), None);
+    }
+
+    #[test]
+    fn a_bad_server_limit_is_named_by_field() {
+        assert_eq!(
+            problems(
+                r#"
+                [servers.fs]
+                max_concurrent = 0
+                max_queued = -1
+                [servers.git]
+                max_queued = 4
+                [servers.web]
+                max_concurrent = "many"
+                "#
+            ),
+            [
+                "servers.fs.max_concurrent: must be from 1 to 1000000, got 0",
+                "servers.fs.max_queued: must be a whole number from 0 to 1000000, got -1",
+                "servers.git.max_concurrent: is required with max_queued: the calls of the \
+                 server's tools at once, which the queued calls wait for",
+                "servers.web.max_concurrent: must be a whole number, got a string",
+            ]
+        );
+    }
+
+    #[test]
     fn a_tool_that_sets_how_it_is_confirmed_needs_confirmation() {
         let servers = servers("[servers.mail.tools.send]\nconfirm = \"elicit\"\n");
         let send = servers["mail"].apply(ToolDescriptor::new("mail", "send", RiskLevel::Writes));
@@ -383,7 +485,7 @@ mod tests {
             ),
             [
                 "servers.fs.colour: unknown field; expected one of trust, confirm, risk, \
-                 idempotent, policy, tools",
+                 idempotent, max_concurrent, max_queued, policy, tools",
                 "servers.fs.confirm: must be \"elicit\" (the gateway asks the user through MCP \
                  elicitation), \"host\" (the host asks its user) or \"never\", got \"always\"",
                 "servers.fs.risk: unknown variant `dangerous`, expected one of `read-only`, \

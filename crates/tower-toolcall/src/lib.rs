@@ -12,7 +12,7 @@
 //! | [`LoopDetectLayer`] | stops a model that repeats the same call, cycles through calls, or retries a failing call ([`loop_detect`]) |
 //! | [`RateLimitLayer`] | holds each tool (or tool and tenant, or tool and session) to a quota of calls a second: `RATE_LIMITED` or a wait |
 //! | [`IdempotencyLayer`] | runs each idempotency key at most once: in-flight joins, cached results, key-reuse conflicts, memory and Redis stores |
-//! | [`BulkheadLayer`] | runs at most `max_concurrent` calls of a tool at once; the others wait in a bounded queue by `priority`, then arrival, or are refused with `RATE_LIMITED` ([`bulkhead`]) |
+//! | [`BulkheadLayer`] | runs at most `max_concurrent` calls of a tool (or of a namespace's tools together) at once; the others wait in a bounded queue by `priority`, then arrival, or are refused with `RATE_LIMITED` ([`bulkhead`]) |
 //! | [`RetryLayer`] | retries failures the [classifier](classify) calls retriable, when a repeat is safe, with jittered backoff, deadlines and a global retry budget |
 //! | [`CircuitBreakerLayer`] | fails calls fast while a tool or its dependency keeps failing, and probes its recovery |
 //! | [`TimeoutLayer`] | bounds each attempt by the tool's timeout, narrowed by the call's hint |

@@ -15,6 +15,7 @@ use tower_toolcall_test::cluster::RedisCluster;
 use tower_toolcall_test::redis_server::RedisServer;
 
 mod auth;
+mod bulkhead;
 mod hop;
 mod host;
 mod https;
