@@ -7,6 +7,8 @@
 //! - `bare`: the tool alone;
 //! - `bulkhead`: the tool limited to 64 calls at once, none running: the call takes a place
 //!   and gives it back;
+//! - `bulkhead_and_namespace`: the same tool, its namespace limited to 64 calls too: the call
+//!   takes its tool's place, then its namespace's;
 //! - `bulkhead_unlimited`: the layer over a tool whose policy sets no limit;
 //! - `tower_concurrency_limit`: tower's `ConcurrencyLimit` of 64, a semaphore without
 //!   priorities, per service rather than per tool.
@@ -76,6 +78,19 @@ fn bulkhead(c: &mut Criterion) {
     assert_eq!(layer.in_use("agents.tools.web", "search"), 0);
     assert_eq!(layer.refused("agents.tools.web", "search"), 0);
 
+    let both = BulkheadLayer::builder(registry(true))
+        .namespace(
+            "agents.tools.web",
+            BulkheadSettings::default().with_max_concurrent(64),
+        )
+        .build()
+        .unwrap();
+    let mut two_places = both.layer(bare_tool());
+    group.bench_function("bulkhead_and_namespace", |b| {
+        b.iter(|| black_box(ready_call(&mut two_places, request.clone())))
+    });
+    assert_eq!(both.namespace_in_use("agents.tools.web"), 0);
+
     let mut unlimited = BulkheadLayer::new(registry(false)).layer(bare_tool());
     group.bench_function("bulkhead_unlimited", |b| {
         b.iter(|| black_box(ready_call(&mut unlimited, request.clone())))
@@ -100,7 +115,12 @@ fn ratios(_: &mut Criterion) {
         value["median"]["point_estimate"].as_f64()
     };
     let Some(bare) = median("bare") else { return };
-    for row in ["bulkhead", "bulkhead_unlimited", "tower_concurrency_limit"] {
+    for row in [
+        "bulkhead",
+        "bulkhead_and_namespace",
+        "bulkhead_unlimited",
+        "tower_concurrency_limit",
+    ] {
         if let Some(ns) = median(row) {
             println!(
                 "bulkhead/{row}: {ns:.0} ns, {:.2} × bare ({bare:.0} ns), {:+.0} ns",
