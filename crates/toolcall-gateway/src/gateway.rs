@@ -186,6 +186,16 @@ impl Lasting {
             .clone()
     }
 
+    /// The bulkheads of the gateway in service.
+    fn bulkheads(&self) -> Option<BulkheadLayer> {
+        self.scrape
+            .bulkheads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|(_, layer)| layer.clone())
+    }
+
     /// Writes out the audit log.
     pub(crate) fn stop(&self) {
         if let Some(audit) = &self.audit {
@@ -221,7 +231,8 @@ pub(crate) struct Gateway {
     _fleet: Option<FleetControl>,
     /// Its stack's breakers, which the gateway that replaces it carries on.
     breakers: Option<BreakerAdmin>,
-    /// Its stack's bulkheads, whose gauges `/metrics` reads while it is in service.
+    /// Its stack's bulkheads, whose gauges `/metrics` reads while it is in service, and
+    /// whose places the gateway that replaces it carries on.
     bulkheads: Option<(ToolMetrics, BulkheadLayer)>,
 }
 
@@ -361,15 +372,19 @@ impl Gateway {
             .iter()
             .filter_map(|(name, server)| Some((name.clone(), server.limit.clone()?)))
             .collect();
-        if !server_limits.is_empty() {
-            builder = builder.bulkhead(move |bulkhead| {
-                server_limits
-                    .into_iter()
-                    .fold(bulkhead, |bulkhead, (name, limit)| {
-                        bulkhead.namespace(name, limit)
-                    })
-            });
-        }
+        // The places of the gateway in service go on where their limits are the same, so
+        // that its calls still running count against them.
+        let previous = lasting.bulkheads();
+        builder = builder.bulkhead(move |mut bulkhead| {
+            if let Some(previous) = &previous {
+                bulkhead = bulkhead.carry(previous);
+            }
+            server_limits
+                .into_iter()
+                .fold(bulkhead, |bulkhead, (name, limit)| {
+                    bulkhead.namespace(name, limit)
+                })
+        });
         // The breakers of the gateway in service go on where their tools still are.
         if let Some(previous) = lasting.breakers() {
             builder = builder.breaker(|breaker| breaker.carry(&previous));

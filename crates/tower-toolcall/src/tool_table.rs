@@ -98,7 +98,6 @@ impl<T> ToolTable<T> {
     }
 
     /// The value of every unregistered tool.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn get_unregistered(&self) -> &T {
         &self.unregistered
     }

@@ -1,6 +1,6 @@
 //! `[servers.NAME] max_concurrent`: the places of all a server's tools together, refused at
-//! once when they and the queue are full, another server untouched, and the metrics of it
-//! and of a tool's own bulkhead.
+//! once when they and the queue are full, another server untouched, kept across a reload,
+//! and the metrics of it and of a tool's own bulkhead.
 
 use std::time::Duration;
 
@@ -31,21 +31,22 @@ async fn a_server_limited_to_one_call_refuses_a_second_and_leaves_another_server
     let other = lively::Lively::default();
     let limited_url = http::serve(limited.clone()).await;
     let other_url = http::serve(other.clone()).await;
-    let config = written(
-        "server-bulkhead",
-        &format!(
+    let text = |extra: &str| {
+        format!(
             "[servers.lively]\nmax_concurrent = 1\nmax_queued = 0\n\n\
              [servers.other.tools.scan]\npolicy = {{ bulkhead = {{ max_concurrent = 2 }} }}\n\n\
+             {extra}\n\
              [[upstreams]]\nname = \"lively\"\nurl = \"{limited_url}\"\ntrust = \"trusted\"\n\n\
              [[upstreams]]\nname = \"other\"\nurl = \"{other_url}\"\ntrust = \"trusted\"\n"
-        ),
-    );
+        )
+    };
+    let config = written("server-bulkhead", &text(""));
     let gateway = HttpGateway::start(&config).await;
 
-    // A send holds the server's only place for 3 s.
+    // A send holds the server's only place for 6 s.
     let probe = HttpGateway::probe(gateway.address.clone());
     let holding =
-        tokio::spawn(async move { probe.call(&call("send-1", "lively", "send", 3000)).await });
+        tokio::spawn(async move { probe.call(&call("send-1", "lively", "send", 6000)).await });
     for _ in 0..100 {
         if limited.send.counts().0 == 1 {
             break;
@@ -114,6 +115,35 @@ async fn a_server_limited_to_one_call_refuses_a_second_and_leaves_another_server
         !exposition.contains("toolcall_tool_rate_limited_total"),
         "a bulkhead's refusal is not a rate limit's: {exposition}"
     );
+
+    // A reload (which limits `other` too) keeps the place the send holds.
+    std::fs::write(&config, text("[servers.other]\nmax_concurrent = 5\n")).unwrap();
+    super::hang_up(&gateway);
+    let other_limited = "toolcall_namespace_bulkhead_in_use{namespace=\"other\"}";
+    let mut exposition = String::new();
+    for _ in 0..100 {
+        exposition = gateway.get("/metrics").await.1;
+        if value_of(&exposition, other_limited).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        value_of(&exposition, other_limited),
+        Some(0.0),
+        "reloaded: {exposition}"
+    );
+    assert_eq!(
+        value_of(
+            &exposition,
+            "toolcall_namespace_bulkhead_in_use{namespace=\"lively\"}"
+        ),
+        Some(1.0),
+        "the send still holds its place: {exposition}"
+    );
+    let (status, body) = gateway.call(&call("scan-3", "lively", "scan", 0)).await;
+    assert_eq!(status, 429, "the limit holds across the reload: {body}");
+    assert_eq!(limited.send.counts().1, 0, "the send still runs");
 
     let (status, body) = holding.await.unwrap();
     assert_eq!(status, 200, "{body}");

@@ -40,6 +40,7 @@ impl BulkheadLayer {
             registry,
             settings: BulkheadSettings::default(),
             namespaces: BTreeMap::new(),
+            carried: None,
         }
     }
 
@@ -161,6 +162,8 @@ pub struct BulkheadLayerBuilder {
     registry: ToolRegistry,
     settings: BulkheadSettings,
     namespaces: BTreeMap<String, BulkheadSettings>,
+    /// The layer this one replaces, whose places it keeps where its limits are the same.
+    carried: Option<BulkheadLayer>,
 }
 
 impl BulkheadLayerBuilder {
@@ -198,6 +201,31 @@ impl BulkheadLayerBuilder {
         self
     }
 
+    /// Keeps the places of `previous` (a layer this one replaces: a server that rebuilds its
+    /// stack on a reload) for each tool and namespace the new layer limits alike (the same
+    /// `max_concurrent`, `max_queued` and retry-after): the calls still running on the old
+    /// stack keep holding their places, so that the limit holds across the change, and the
+    /// calls waiting there keep their turn. A tool or namespace that is gone, or whose limits
+    /// changed, starts with free places.
+    ///
+    /// ```
+    /// use tower_toolcall::registry::{BulkheadSettings, ToolRegistry};
+    /// use tower_toolcall::BulkheadLayer;
+    ///
+    /// let settings = BulkheadSettings::default().with_max_concurrent(8);
+    /// let before = BulkheadLayer::builder(ToolRegistry::open()).settings(settings.clone()).build()?;
+    /// let after = BulkheadLayer::builder(ToolRegistry::open())
+    ///     .settings(settings)
+    ///     .carry(&before)
+    ///     .build()?;
+    /// assert_eq!(after.limits("any", "tool"), Some((8, 8)));
+    /// # Ok::<(), tower_toolcall::ConfigError>(())
+    /// ```
+    pub fn carry(mut self, previous: &BulkheadLayer) -> Self {
+        self.carried = Some(previous.clone());
+        self
+    }
+
     /// Checks the configuration, makes the places of every limited tool and namespace, and
     /// builds the layer.
     pub fn build(self) -> Result<BulkheadLayer, ConfigError> {
@@ -224,14 +252,25 @@ impl BulkheadLayerBuilder {
                     .retry_after_ms
                     .map_or(layer_retry_after, Duration::from_millis),
             );
-            namespaces.insert(namespace.clone(), Arc::new(places));
+            let before = self
+                .carried
+                .as_ref()
+                .and_then(|previous| previous.namespaces.get(namespace));
+            namespaces.insert(namespace.clone(), kept_or_new(before, places));
         }
         let limits = ToolTable::resolve(&self.registry, |descriptor, policy| {
             // The unregistered tools share no namespace's places, whatever their namespace.
             let namespace = descriptor
                 .and_then(|d| namespaces.get(&d.namespace))
                 .cloned();
-            let tool = tool_places(layer, policy)?;
+            let before = self.carried.as_ref().and_then(|previous| {
+                let limits = match descriptor {
+                    Some(d) => previous.limits.registered(&d.namespace, &d.name)?,
+                    None => previous.limits.get_unregistered(),
+                };
+                limits.as_ref()?.tool.as_ref()
+            });
+            let tool = tool_places(layer, policy)?.map(|places| kept_or_new(before, places));
             Ok((tool.is_some() || namespace.is_some()).then_some(Limits { tool, namespace }))
         })?;
         Ok(BulkheadLayer {
@@ -241,11 +280,19 @@ impl BulkheadLayerBuilder {
     }
 }
 
+/// `before`, the places a replaced layer had, when `places` are alike; else `places`.
+fn kept_or_new(before: Option<&Arc<Places>>, places: Places) -> Arc<Places> {
+    match before {
+        Some(before) if before.is_like(&places) => before.clone(),
+        _ => Arc::new(places),
+    }
+}
+
 /// The places of a tool whose `policy` is over the `layer`'s settings, when it is limited.
 fn tool_places(
     layer: &BulkheadSettings,
     policy: &ToolPolicy,
-) -> Result<Option<Arc<Places>>, ConfigError> {
+) -> Result<Option<Places>, ConfigError> {
     let settings = match &policy.bulkhead {
         LayerSetting::Off => return Ok(None),
         LayerSetting::Default => layer.clone(),
@@ -265,12 +312,12 @@ fn tool_places(
     let retry_after = settings
         .retry_after_ms
         .map_or(DEFAULT_RETRY_AFTER, Duration::from_millis);
-    Ok(Some(Arc::new(Places::new(
+    Ok(Some(Places::new(
         Scope::Tool,
         max_concurrent as usize,
         max_queued as usize,
         retry_after,
-    ))))
+    )))
 }
 
 impl StackPart for BulkheadLayerBuilder {

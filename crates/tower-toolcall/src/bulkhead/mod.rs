@@ -39,6 +39,11 @@
 //! places; unregistered tools share none, whatever their namespace. The limit is set on the
 //! layer, as the dependency breakers' settings are, since it is no one tool's policy.
 //!
+//! A layer built to replace another (a server that rebuilds its stack on a reload) keeps the
+//! places of each tool and namespace whose limits did not change with
+//! [`BulkheadLayerBuilder::carry`], so that the calls still running on the old stack count
+//! against the new one's limits.
+//!
 //! [`BulkheadLayer::in_use`], [`queued`](BulkheadLayer::queued) and
 //! [`refused`](BulkheadLayer::refused) count each tool's calls, and
 //! [`namespace_in_use`](BulkheadLayer::namespace_in_use) and its siblings each namespace's.

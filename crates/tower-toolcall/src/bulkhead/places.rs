@@ -62,6 +62,21 @@ impl Places {
         }
     }
 
+    /// Whether `other` has the same scope and limits.
+    pub(super) fn is_like(&self, other: &Places) -> bool {
+        (
+            self.scope,
+            self.max_concurrent,
+            self.max_queued,
+            self.retry_after,
+        ) == (
+            other.scope,
+            other.max_concurrent,
+            other.max_queued,
+            other.retry_after,
+        )
+    }
+
     /// A place at once if one is free and no call waits for one; else a place in the queue
     /// if it is not full; else a refusal, counted.
     pub(super) fn enter(self: &Arc<Self>) -> Entry {

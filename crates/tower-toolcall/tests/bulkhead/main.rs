@@ -629,6 +629,54 @@ async fn the_deadline_counts_the_time_waited_for_the_tool_and_then_the_namespace
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_layer_that_replaces_another_keeps_the_places_whose_limits_are_the_same() {
+    let tool = ScriptedTool::always(Step::Hang);
+    let registry = || {
+        registry_of([
+            limited(1, 0),
+            ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
+        ])
+    };
+    let before = BulkheadLayer::builder(registry())
+        .namespace(NS, namespace_limit(2, 0))
+        .build()
+        .unwrap();
+    let mut old = before.layer(tool.service());
+    let mut running = task::spawn(old.ready().await.unwrap().call(call_of(NS, NAME, "old")));
+    assert_pending!(running.poll());
+
+    // The same limits: the call still running on the old layer holds its places in the new.
+    let after = BulkheadLayer::builder(registry())
+        .namespace(NS, namespace_limit(2, 0))
+        .carry(&before)
+        .build()
+        .unwrap();
+    assert_eq!((after.in_use(NS, NAME), after.namespace_in_use(NS)), (1, 1));
+    let mut new = after.layer(tool.service());
+    let err = call_once(&mut new, call_of(NS, NAME, "new"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        ErrorCode::RateLimited,
+        "the limit holds across the change"
+    );
+
+    // Other limits: free places.
+    let changed = BulkheadLayer::builder(registry())
+        .namespace(NS, namespace_limit(3, 0))
+        .carry(&before)
+        .build()
+        .unwrap();
+    assert_eq!(
+        (changed.in_use(NS, NAME), changed.namespace_in_use(NS)),
+        (1, 0)
+    );
+    drop(running);
+    assert_eq!((after.in_use(NS, NAME), after.namespace_in_use(NS)), (0, 0));
+}
+
 #[test]
 fn a_namespace_limit_without_places_is_refused_naming_the_field() {
     for settings in [
