@@ -247,8 +247,8 @@ pub use hooks::{HookLayer, ToolHooks};
 pub use idempotency::IdempotencyLayer;
 pub use loop_detect::LoopDetectLayer;
 pub use outcome::{
-    BreakerState, CacheMatch, CallRecord, MatchedOn, RetryClamp, RetryRecord, ShadowDecision,
-    ShadowVerdict, ShortCircuit, ToolOutput,
+    BreakerState, CacheMatch, CallRecord, HedgeRecord, MatchedOn, RetryClamp, RetryRecord,
+    ShadowDecision, ShadowVerdict, ShortCircuit, ToolOutput,
 };
 pub use tool_fn::{tool_fn, BoxToolFuture, ToolFn};
 pub use validate::EnvelopeValidateLayer;

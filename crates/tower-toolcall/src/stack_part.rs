@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use crate::breaker::BreakerAdmin;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
 use crate::event::EventSink;
@@ -42,4 +43,7 @@ pub(crate) struct StackShared {
     pub(crate) sinks: Vec<Arc<dyn EventSink>>,
     /// The calls the idempotency layer answers from a record, once it is built.
     pub(crate) resends: Option<Resends>,
+    /// The breakers, once the breaker layer is built: the retry layer sends no hedge while
+    /// the breaker over a call is not closed.
+    pub(crate) breakers: Option<BreakerAdmin>,
 }

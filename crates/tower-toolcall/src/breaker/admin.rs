@@ -172,6 +172,12 @@ impl BreakerAdmin {
         BreakerAdmin { shared }
     }
 
+    /// Whether the breaker that would guard `call` is closed and no operator holds its scope
+    /// open.
+    pub(crate) fn closed_for(&self, call: &crate::envelope::ToolCall) -> bool {
+        self.shared.closed_for(call)
+    }
+
     /// The state of the tool `namespace::name`'s own breaker; `Closed` when it has none yet.
     pub fn state(&self, namespace: &str, name: &str) -> BreakerState {
         self.status(&BreakerKey::tool(namespace, name))

@@ -76,6 +76,12 @@ impl BreakerCell {
         &self.key
     }
 
+    /// Whether the breaker is closed, read from the lock-free view: an open breaker whose
+    /// cooldown has passed is not closed (its next call is a probe).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.view.load(Ordering::Acquire) & PHASE_MASK == CLOSED
+    }
+
     /// Lets a call through or refuses it.
     ///
     /// A closed breaker answers from its lock-free view: a call that races a transition is

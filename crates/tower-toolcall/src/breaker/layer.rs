@@ -303,6 +303,8 @@ impl StackPart for CircuitBreakerLayerBuilder {
 
     fn build_part(self, shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
         let sinks = shared.sinks.iter().cloned();
-        sinks.fold(self, Self::on_shared_event).build()
+        let layer = sinks.fold(self, Self::on_shared_event).build()?;
+        shared.breakers = Some(layer.admin());
+        Ok(layer)
     }
 }

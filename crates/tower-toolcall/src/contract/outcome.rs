@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 
 use crate::contract::error::ToolError;
 pub use crate::contract::record::{
-    BreakerState, CacheMatch, CallRecord, MatchedOn, RetryClamp, RetryRecord, ShadowDecision,
-    ShadowVerdict, ShortCircuit,
+    BreakerState, CacheMatch, CallRecord, HedgeRecord, MatchedOn, RetryClamp, RetryRecord,
+    ShadowDecision, ShadowVerdict, ShortCircuit,
 };
 
 /// The successful output of a tool: its `content` and optional `metadata`.

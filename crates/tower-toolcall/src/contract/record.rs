@@ -37,6 +37,8 @@ pub struct CallRecord {
     /// The fields of the caller's `transport.retryPolicy` that asked for more than the tool
     /// allows, and what was applied instead.
     pub retry_clamped: Vec<RetryClamp>,
+    /// The hedge the retry layer sent beside a slow attempt, when it sent one.
+    pub hedge: Option<HedgeRecord>,
 }
 
 impl CallRecord {
@@ -51,6 +53,7 @@ impl CallRecord {
         short_circuit: None,
         shadow: Vec::new(),
         retry_clamped: Vec::new(),
+        hedge: None,
     };
 }
 
@@ -278,6 +281,44 @@ impl RetryRecord {
             reason_code: reason_code.into(),
             latency_ms,
         }
+    }
+}
+
+/// A second attempt the retry layer sent beside a slow one, and which of the two answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct HedgeRecord {
+    /// The attempt that was hedged (1-based).
+    pub attempt: u32,
+    /// How long that attempt had run when the hedge was sent, in milliseconds.
+    pub delay_ms: u64,
+    /// The attempt whose answer the call returned: `attempt`, `attempt + 1` (the hedge), or
+    /// a later retry when both failed; `None` when the call failed.
+    pub winner: Option<u32>,
+}
+
+impl HedgeRecord {
+    /// Attempt `attempt` (1-based) was hedged after `delay_ms`, and `winner` answered.
+    ///
+    /// ```
+    /// use tower_toolcall::HedgeRecord;
+    ///
+    /// let hedge = HedgeRecord::new(1, 50, Some(2));
+    /// assert_eq!((hedge.attempt, hedge.delay_ms, hedge.winner), (1, 50, Some(2)));
+    /// assert!(hedge.hedge_won());
+    /// ```
+    pub fn new(attempt: u32, delay_ms: u64, winner: Option<u32>) -> Self {
+        HedgeRecord {
+            attempt,
+            delay_ms,
+            winner,
+        }
+    }
+
+    /// Whether the hedge answered the call, not the attempt it hedged.
+    pub fn hedge_won(&self) -> bool {
+        self.winner == Some(self.attempt + 1)
     }
 }
 

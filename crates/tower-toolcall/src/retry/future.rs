@@ -1,5 +1,6 @@
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -9,19 +10,22 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 use tracing::Span;
 
-use super::policy::{caller_retries, give_up, retry_safety, CallLimits, GiveUp, History, Narrowed};
+use super::hedge::{hedge_delay, Hedging};
+use super::policy::{
+    caller_retries, give_up, repeat_safety, retry_safety, CallLimits, GiveUp, History, Narrowed,
+};
 use super::service::ToolRetry;
 use crate::classify::Verdict;
 use crate::envelope::ToolCall;
 use crate::error::ToolError;
-use crate::outcome::{CallRecord, RetryRecord, ShadowDecision, ToolOutput};
+use crate::outcome::{CallRecord, HedgeRecord, RetryRecord, ShadowDecision, ToolOutput};
 use crate::redact::identifier;
 use crate::spans;
 use crate::time::millis;
 
 pin_project! {
-    /// The response future of [`Retry`](super::Retry): attempts, backoff sleeps between them,
-    /// and the deadline over both.
+    /// The response future of [`Retry`](super::Retry): attempts (with a hedge beside a slow
+    /// one), backoff sleeps between them, and the deadline over both.
     pub struct ResponseFuture<S, F> {
         #[pin]
         kind: Kind<S, F>,
@@ -46,7 +50,8 @@ pin_project! {
 pin_project! {
     #[project = StepProj]
     enum Step<F> {
-        Attempt { #[pin] future: F, span: Span },
+        // An attempt, and the hedge sent beside it once there is one.
+        Attempt { #[pin] first: Slot<F>, #[pin] hedge: Slot<F> },
         Backoff { sleep: Pin<Box<Sleep>>, span: Span },
         // Waiting for the service to be ready for the next attempt.
         Ready,
@@ -54,12 +59,37 @@ pin_project! {
     }
 }
 
+pin_project! {
+    /// One attempt in flight, or none.
+    #[project = SlotProj]
+    enum Slot<F> {
+        Idle,
+        Running { #[pin] future: F, span: Span, attempt: u32 },
+    }
+}
+
+impl<F> Slot<F> {
+    fn is_running(&self) -> bool {
+        matches!(self, Slot::Running { .. })
+    }
+}
+
+/// What polling the attempts in flight gave.
+enum Polled {
+    /// One answered: the call's answer.
+    Answered(ToolOutput),
+    /// The last one running failed.
+    Failed(ToolError),
+    /// This many still run.
+    Pending(u32),
+}
+
 /// What a retried call keeps between attempts.
 struct Run<S> {
     service: S,
     call: ToolCall,
     tool: Arc<ToolRetry>,
-    /// The attempt running or last run, 1-based.
+    /// The attempt started last, 1-based (a hedge is an attempt).
     attempt: u32,
     /// Attempts that ran the tool (a layer below may refuse one).
     executed: u32,
@@ -79,6 +109,7 @@ struct Run<S> {
     previous_delay: Option<Duration>,
     /// The error of the latest failed attempt, while the next one is prepared.
     last_error: Option<ToolError>,
+    hedging: Hedging,
 }
 
 /// What follows a failed attempt.
@@ -112,9 +143,14 @@ impl<S, F> ResponseFuture<S, F> {
         let first = attempt_of(&call, 1);
         let span = spans::attempt(&first);
         let future = span.in_scope(|| service.call(first));
+        let hedging = if tool.policy.hedges() {
+            Hedging::Unarmed
+        } else {
+            Hedging::Never
+        };
         ResponseFuture {
             kind: Kind::Retrying {
-                step: Step::Attempt { future, span },
+                step: Step::running(future, span, 1),
                 run: Run {
                     service,
                     call,
@@ -129,6 +165,7 @@ impl<S, F> ResponseFuture<S, F> {
                     shadow: Vec::new(),
                     previous_delay: None,
                     last_error: None,
+                    hedging,
                 },
             },
         }
@@ -154,12 +191,15 @@ where
         };
         loop {
             match step.as_mut().project() {
-                StepProj::Attempt { future, span } => match span.in_scope(|| future.poll(cx)) {
-                    Poll::Ready(Ok(output)) => {
+                StepProj::Attempt {
+                    mut first,
+                    mut hedge,
+                } => match run.poll_attempts(cx, first.as_mut(), hedge.as_mut()) {
+                    Polled::Answered(output) => {
                         step.set(Step::Done);
-                        return Poll::Ready(Ok(run.succeeded(output)));
+                        return Poll::Ready(Ok(output));
                     }
-                    Poll::Ready(Err(error)) => match run.failed(error) {
+                    Polled::Failed(error) => match run.failed(error) {
                         Next::Stop(error) => {
                             step.set(Step::Done);
                             return Poll::Ready(Err(error));
@@ -170,12 +210,19 @@ where
                             step.set(Step::Backoff { sleep, span });
                         }
                     },
-                    Poll::Pending => {
-                        if let Poll::Ready(error) = run.poll_deadline(cx, true) {
+                    Polled::Pending(running) => {
+                        if let Poll::Ready(error) = run.poll_deadline(cx, running) {
                             step.set(Step::Done);
                             return Poll::Ready(Err(error));
                         }
-                        return Poll::Pending;
+                        let Some((future, span, attempt)) = run.poll_hedge(cx) else {
+                            return Poll::Pending;
+                        };
+                        hedge.set(Slot::Running {
+                            future,
+                            span,
+                            attempt,
+                        });
                     }
                 },
                 StepProj::Backoff { sleep, span } => {
@@ -183,14 +230,14 @@ where
                     step.set(Step::Ready);
                 }
                 StepProj::Ready => {
-                    if let Poll::Ready(error) = run.poll_deadline(cx, false) {
+                    if let Poll::Ready(error) = run.poll_deadline(cx, 0) {
                         step.set(Step::Done);
                         return Poll::Ready(Err(error));
                     }
                     match ready!(run.service.poll_ready(cx)) {
                         Ok(()) => {
                             let (future, span) = run.next_attempt();
-                            step.set(Step::Attempt { future, span });
+                            step.set(Step::running(future, span, run.attempt));
                         }
                         Err(error) => {
                             step.set(Step::Done);
@@ -211,10 +258,157 @@ where
     fn next_attempt(&mut self) -> (S::Future, Span) {
         self.attempt += 1;
         self.attempt_started = Some(Instant::now());
+        if matches!(self.hedging, Hedging::Armed { .. } | Hedging::Due { .. }) {
+            self.hedging = Hedging::Unarmed;
+        }
         let call = attempt_of(&self.call, self.attempt);
         let span = spans::attempt(&call);
         let future = span.in_scope(|| self.service.call(call));
         (future, span)
+    }
+
+    /// Polls the attempts in flight: the first answer is the call's (the other attempt is
+    /// then dropped with the step); a failure while the other still runs is noted, and the
+    /// call waits for the other.
+    fn poll_attempts(
+        &mut self,
+        cx: &mut Context<'_>,
+        first: Pin<&mut Slot<S::Future>>,
+        hedge: Pin<&mut Slot<S::Future>>,
+    ) -> Polled {
+        let mut running = u32::from(first.is_running()) + u32::from(hedge.is_running());
+        for mut slot in [first, hedge] {
+            let SlotProj::Running {
+                future,
+                span,
+                attempt,
+            } = slot.as_mut().project()
+            else {
+                continue;
+            };
+            let attempt = *attempt;
+            match span.in_scope(|| future.poll(cx)) {
+                Poll::Pending => {}
+                Poll::Ready(Ok(output)) => {
+                    return Polled::Answered(self.succeeded(output, running - 1, attempt));
+                }
+                Poll::Ready(Err(error)) => {
+                    slot.set(Slot::Idle);
+                    running -= 1;
+                    if running == 0 {
+                        return Polled::Failed(error);
+                    }
+                    self.lost(error);
+                }
+            }
+        }
+        Polled::Pending(running)
+    }
+
+    /// Moves the call's hedge on while its attempt runs: arms it when a repeat is safe,
+    /// waits for its delay, then for the service to be ready; returns the hedge when it is
+    /// sent. Refused (no attempt left, the breaker not closed, the budget spent) it is never
+    /// sent.
+    fn poll_hedge(&mut self, cx: &mut Context<'_>) -> Option<(S::Future, Span, u32)> {
+        loop {
+            match &mut self.hedging {
+                Hedging::Never | Hedging::Sent { .. } => return None,
+                Hedging::Unarmed => {
+                    let tool = &self.tool;
+                    let safe = repeat_safety(&tool.profile, &tool.policy, &self.call);
+                    let delay = hedge_delay(&tool.policy, tool.latencies.as_ref());
+                    let (Ok(()), Some(delay)) = (safe, delay) else {
+                        self.hedging = Hedging::Never;
+                        return None;
+                    };
+                    let started = self.attempt_started.unwrap_or_else(Instant::now);
+                    let sleep = Box::pin(tokio::time::sleep_until(started + delay));
+                    self.hedging = Hedging::Armed { sleep, delay };
+                }
+                Hedging::Armed { sleep, delay } => {
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return None;
+                    }
+                    self.hedging = Hedging::Due { delay: *delay };
+                }
+                Hedging::Due { delay } => {
+                    let delay = *delay;
+                    match self.service.poll_ready(cx) {
+                        Poll::Pending => return None,
+                        Poll::Ready(Err(_)) => {
+                            self.hedging = Hedging::Never;
+                            return None;
+                        }
+                        Poll::Ready(Ok(())) => {}
+                    }
+                    if let Err(why) = self.may_hedge() {
+                        tracing::debug!(
+                            requestId = &*identifier(self.call.request_id()),
+                            toolName = self.call.tool_name(),
+                            why,
+                            "slow attempt not hedged"
+                        );
+                        self.hedging = Hedging::Never;
+                        return None;
+                    }
+                    let hedged = self.attempt;
+                    self.attempt += 1;
+                    self.hedging = Hedging::Sent {
+                        attempt: hedged,
+                        delay,
+                    };
+                    self.tool.hedges.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        event = "tool_call_hedge",
+                        requestId = &*identifier(self.call.request_id()),
+                        toolName = self.call.tool_name(),
+                        sessionKey = &*identifier(self.call.session_key()),
+                        attempt = hedged,
+                        delayMs = millis(delay),
+                        "hedging a slow tool call"
+                    );
+                    let call = attempt_of(&self.call, self.attempt);
+                    let span = spans::attempt(&call);
+                    let future = span.in_scope(|| self.service.call(call));
+                    return Some((future, span, self.attempt));
+                }
+            }
+        }
+    }
+
+    /// Whether the hedge may go now: an attempt is left, the breaker over the call is closed
+    /// (a hedge is never a probe), and the global retry budget pays for it.
+    fn may_hedge(&mut self) -> Result<(), &'static str> {
+        let now = Instant::now();
+        if self.attempt >= self.limits(now).max_attempts {
+            return Err("no attempt is left");
+        }
+        let tool = &self.tool;
+        if tool
+            .breakers
+            .as_ref()
+            .is_some_and(|b| !b.closed_for(&self.call))
+        {
+            return Err("the breaker over the call is not closed");
+        }
+        if tool.budget.as_ref().is_some_and(|b| !b.try_withdraw(now)) {
+            return Err("the retry budget is spent");
+        }
+        Ok(())
+    }
+}
+
+impl<F> Step<F> {
+    /// Attempt `attempt` running, without a hedge.
+    fn running(future: F, span: Span, attempt: u32) -> Self {
+        Step::Attempt {
+            first: Slot::Running {
+                future,
+                span,
+                attempt,
+            },
+            hedge: Slot::Idle,
+        }
     }
 }
 
@@ -235,20 +429,43 @@ impl<S> Run<S> {
             .get_or_insert_with(|| CallLimits::new(&self.tool.policy, &self.call, started))
     }
 
-    fn succeeded(&mut self, mut output: ToolOutput) -> ToolOutput {
-        self.executed += 1;
+    /// The answer of attempt `winner`; `others` attempts still ran and are dropped.
+    fn succeeded(&mut self, mut output: ToolOutput, others: u32, winner: u32) -> ToolOutput {
+        self.executed += 1 + others;
+        if let Some(latencies) = &self.tool.latencies {
+            let now = Instant::now();
+            latencies.record(now.saturating_duration_since(self.attempt_started.unwrap_or(now)));
+        }
         if self.attempt > 1 {
             self.fill(output.record_mut());
         }
+        self.note_hedge(output.record_mut(), Some(winner));
         self.note_clamps(output.record_mut());
         output
+    }
+
+    /// Notes a failed attempt while another still runs.
+    fn lost(&mut self, mut error: ToolError) {
+        if !error.is_rejected() {
+            self.executed += 1;
+        }
+        self.reached |= !error.is_not_processed();
+        self.shadow.append(&mut error.record_mut().shadow);
     }
 
     /// The final error of a call the layer does not retry.
     fn stopped(&mut self, mut error: ToolError) -> ToolError {
         self.fill(error.record_mut());
+        self.note_hedge(error.record_mut(), None);
         self.note_clamps(error.record_mut());
         error
+    }
+
+    /// Writes the hedge, when one was sent, into the record: `winner` answered.
+    fn note_hedge(&self, record: &mut CallRecord, winner: Option<u32>) {
+        if let Hedging::Sent { attempt, delay } = self.hedging {
+            record.hedge = Some(HedgeRecord::new(attempt, millis(delay), winner));
+        }
     }
 
     /// Lists in the record the fields of the caller's retry policy that asked for more than
@@ -289,6 +506,7 @@ impl<S> Run<S> {
         };
         let mut error = give_up(why, last, &self.call, &limits, history);
         self.carry_shadow(error.record_mut());
+        self.note_hedge(error.record_mut(), None);
         self.note_clamps(error.record_mut());
         error
     }
@@ -358,8 +576,8 @@ impl<S> Run<S> {
     }
 
     /// Polls the deadline over the call, arming it the first time. When it has passed, the
-    /// call ends: `attempt_running` says whether an attempt is being cut short.
-    fn poll_deadline(&mut self, cx: &mut Context<'_>, attempt_running: bool) -> Poll<ToolError> {
+    /// call ends: `running` attempts (a hedge is one) are cut short.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>, running: u32) -> Poll<ToolError> {
         if self.deadline.is_none() {
             let limits = self.limits(Instant::now());
             self.deadline = Some(Box::pin(tokio::time::sleep_until(limits.end())));
@@ -369,8 +587,9 @@ impl<S> Run<S> {
         let now = Instant::now();
         let limits = self.limits(now);
         let why = limits.reached(now).unwrap_or(GiveUp::RetryDeadline);
+        let attempt_running = running > 0;
         let last = if attempt_running {
-            self.executed += 1;
+            self.executed += running;
             self.reached = true;
             let started = self.attempt_started.unwrap_or(now);
             ToolError::timeout(now.saturating_duration_since(started))

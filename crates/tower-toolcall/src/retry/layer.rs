@@ -1,3 +1,4 @@
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rand::Rng;
@@ -5,8 +6,10 @@ use tower_layer::Layer;
 
 use super::backoff::SharedRng;
 use super::budget::GlobalRetryBudget;
+use super::hedge::LatencyWindow;
 use super::policy::RetryPolicy;
 use super::service::{Retry, ToolRetry};
+use crate::breaker::BreakerAdmin;
 use crate::classify::{Classify, SharedClassifier, ToolProfile};
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, RetrySettings, ToolRegistry};
@@ -40,6 +43,7 @@ impl RetryLayer {
             classifier: SharedClassifier::default(),
             budget: Some(GlobalRetryBudget::new()),
             rng: None,
+            breakers: None,
         }
     }
 
@@ -50,6 +54,16 @@ impl RetryLayer {
             .get(namespace, name)
             .as_ref()
             .map(|tool| &tool.policy)
+    }
+
+    /// How many hedges the layer sent for calls of the tool `namespace::name` (of the
+    /// unregistered tools, for one the registry does not know) since it was built, by
+    /// every clone; 0 when the tool's policy switches the layer off.
+    pub fn hedges(&self, namespace: &str, name: &str) -> u64 {
+        self.tools
+            .get(namespace, name)
+            .as_ref()
+            .map_or(0, |tool| tool.hedges.load(Ordering::Relaxed))
     }
 
     /// The global retry budget, unless the layer has none.
@@ -108,6 +122,7 @@ pub struct RetryLayerBuilder {
     classifier: SharedClassifier,
     budget: Option<GlobalRetryBudget>,
     rng: Option<SharedRng>,
+    breakers: Option<BreakerAdmin>,
 }
 
 impl RetryLayerBuilder {
@@ -159,6 +174,14 @@ impl RetryLayerBuilder {
         self.rng(rand::rngs::SmallRng::seed_from_u64(seed))
     }
 
+    /// The breakers of the [`CircuitBreakerLayer`](crate::CircuitBreakerLayer) below: no
+    /// hedge is sent while the breaker over a call is not closed, so that a hedge is never
+    /// a probe of a half-open breaker. [`ToolStack`](crate::ToolStack) passes its own.
+    pub fn breakers(mut self, breakers: BreakerAdmin) -> Self {
+        self.breakers = Some(breakers);
+        self
+    }
+
     /// Checks the configuration, resolves every tool's policy, and builds the layer.
     pub fn build(self) -> Result<RetryLayer, ConfigError> {
         let layer = RetryPolicy::default().with_settings(&self.settings, "retry")?;
@@ -170,11 +193,14 @@ impl RetryLayerBuilder {
                 LayerSetting::On(tool) => layer.with_settings(tool, "policy.retry")?,
             };
             Ok(Some(Arc::new(ToolRetry {
-                policy: resolved,
                 profile: ToolProfile::new(descriptor, policy),
                 classifier: self.classifier.clone(),
                 budget: self.budget.clone(),
                 rng: rng.clone(),
+                latencies: resolved.hedge_percentile.map(|_| LatencyWindow::default()),
+                hedges: AtomicU64::new(0),
+                breakers: self.breakers.clone(),
+                policy: resolved,
             })))
         })?;
         Ok(RetryLayer {
@@ -201,7 +227,10 @@ impl StackPart for RetryLayerBuilder {
         RetryLayer::builder(registry.clone())
     }
 
-    fn build_part(self, _shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+    fn build_part(mut self, shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
+        if self.breakers.is_none() {
+            self.breakers = shared.breakers.clone();
+        }
         self.build()
     }
 }

@@ -34,6 +34,64 @@
 //! retry withdraws from it: retries stay below 20 % of calls plus 10 a second, so that an
 //! outage cannot become a retry storm.
 //!
+//! # Hedging
+//!
+//! A slow attempt may get a second one beside it, a *hedge*, when the tool's `policy.retry`
+//! asks for it (off by default): `hedge_delay_ms` after the attempt started, or, with
+//! `hedge_percentile`, after that percentile of the tool's latest latencies (kept for its
+//! last 128 answered calls; `hedge_delay_ms` applies until 16 are known). The first answer
+//! wins, and the other attempt is dropped, which cancels it; a failure of one while the
+//! other runs waits for the other. A call is hedged at most once.
+//!
+//! A hedge repeats a call that may already be running, so it follows the rule of a retry
+//! after an attempt that may have been processed: a read-only or idempotent tool, a keyed
+//! call of a tool that forwards keys, or a caller's `callHints.expectedRetrySafe` — never a
+//! write without a key, never a `callHints.safetyCritical` call. It is not sent while the
+//! breaker over the call is not closed, so that a hedge is never a probe of a half-open
+//! breaker (the layer reads the breakers it is given with
+//! [`RetryLayerBuilder::breakers`]; [`ToolStack`](crate::ToolStack) gives it its own). Each
+//! hedge is an attempt (it needs one left within `max_attempts`) and withdraws from the
+//! [`GlobalRetryBudget`]: a refused withdrawal sends no hedge. The deadline bounds both
+//! attempts.
+//!
+//! A hedged call's [`CallRecord`](crate::CallRecord) has the [`HedgeRecord`](crate::HedgeRecord)
+//! (the attempt hedged, the delay, the attempt that answered) and counts both attempts in
+//! `attempts`; [`RetryLayer::hedges`] counts the hedges of each tool, and each logs a
+//! `tool_call_hedge` event.
+//!
+//! ```
+//! use std::time::Duration;
+//! use serde_json::json;
+//! use tokio::time::Instant;
+//! use tower::{Layer, Service, ServiceExt};
+//! use tower_toolcall::registry::{RetrySettings, RiskLevel, ToolDescriptor, ToolPolicy, ToolRegistry};
+//! use tower_toolcall::{tool_fn, RetryLayer, ToolCall, ToolOutput};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let hedged = ToolPolicy::default().with_retry(RetrySettings::default().with_hedge_delay_ms(100));
+//! let registry = ToolRegistry::builder()
+//!     .tool(ToolDescriptor::new("agents.tools.web", "search", RiskLevel::ReadOnly).with_policy(hedged))
+//!     .build()
+//!     .unwrap();
+//! let layer = RetryLayer::new(registry);
+//! // The first attempt takes 2 s, the hedge 20 ms.
+//! let mut svc = layer.layer(tool_fn(|call: ToolCall| async move {
+//!     let took = if call.attempt() == 1 { 2_000 } else { 20 };
+//!     tokio::time::sleep(Duration::from_millis(took)).await;
+//!     Ok(ToolOutput::new(json!({"took": took})))
+//! }));
+//! let call = ToolCall::builder("agents.tools.web", "search")
+//!     .session("s").actor("u").build().unwrap();
+//! let start = Instant::now();
+//! let out = svc.ready().await.unwrap().call(call).await.unwrap();
+//! assert_eq!(start.elapsed(), Duration::from_millis(120));
+//! let hedge = out.record().hedge.unwrap();
+//! assert_eq!((hedge.attempt, hedge.delay_ms, hedge.winner), (1, 100, Some(2)));
+//! assert_eq!(layer.hedges("agents.tools.web", "search"), 1);
+//! # }
+//! ```
+//!
 //! # What comes back
 //!
 //! A call that succeeds after retries has `attempts` and `retried_by` (attempt, delay, reason
@@ -130,6 +188,7 @@
 mod backoff;
 mod budget;
 mod future;
+mod hedge;
 mod layer;
 mod policy;
 mod service;

@@ -22,6 +22,8 @@ pub struct RetryPolicy {
     pub(super) backoff: Backoff,
     pub(super) deadline: Duration,
     pub(super) forwards_idempotency_key: bool,
+    pub(super) hedge_delay: Option<Duration>,
+    pub(super) hedge_percentile: Option<u32>,
 }
 
 impl Default for RetryPolicy {
@@ -37,6 +39,8 @@ impl Default for RetryPolicy {
             ),
             deadline: Duration::from_secs(30),
             forwards_idempotency_key: false,
+            hedge_delay: None,
+            hedge_percentile: None,
         }
     }
 }
@@ -62,6 +66,22 @@ impl RetryPolicy {
         self.forwards_idempotency_key
     }
 
+    /// How long an attempt runs before it is hedged, unless the percentile decides;
+    /// `None` when it does not apply.
+    pub fn hedge_delay(&self) -> Option<Duration> {
+        self.hedge_delay
+    }
+
+    /// The percentile of the tool's recent latencies after which an attempt is hedged.
+    pub fn hedge_percentile(&self) -> Option<u32> {
+        self.hedge_percentile
+    }
+
+    /// Whether the tool's calls may be hedged (when a repeat is safe).
+    pub fn hedges(&self) -> bool {
+        self.hedge_delay.is_some() || self.hedge_percentile.is_some()
+    }
+
     /// This policy with `settings` over it, checked; errors name `<prefix>.<field>`
     /// (`retry.max_delay_ms` for the layer's settings, `policy.retry.max_delay_ms` for a
     /// tool's).
@@ -83,6 +103,11 @@ impl RetryPolicy {
             forwards_idempotency_key: o
                 .forwards_idempotency_key
                 .unwrap_or(self.forwards_idempotency_key),
+            hedge_delay: o
+                .hedge_delay_ms
+                .map(Duration::from_millis)
+                .or(self.hedge_delay),
+            hedge_percentile: o.hedge_percentile.or(self.hedge_percentile),
         };
         policy.check(prefix)?;
         Ok(policy)
@@ -117,6 +142,18 @@ impl RetryPolicy {
             return Err(ConfigError::new(
                 format!("{prefix}.jitter_percent"),
                 format!("must be at most 100, got {}", b.percent()),
+            ));
+        }
+        if self.hedge_delay.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::new(
+                format!("{prefix}.hedge_delay_ms"),
+                "must be at least 1: a hedge sent at once would run every call twice",
+            ));
+        }
+        if let Some(p) = self.hedge_percentile.filter(|p| !(1..=99).contains(p)) {
+            return Err(ConfigError::new(
+                format!("{prefix}.hedge_percentile"),
+                format!("must be between 1 and 99, got {p}"),
             ));
         }
         Ok(())
@@ -276,13 +313,9 @@ pub(super) fn caller_retries(call: &ToolCall, code: ErrorCode) -> bool {
 
 /// Whether another attempt of `call` may run after `error`, for a tool with `profile`.
 ///
-/// A read-only tool may always run again. A mutating one needs a reason to believe it is
-/// safe: the tool is idempotent; the call carries an idempotency key that the tool forwards
-/// (`policy.retry.forwards_idempotency_key`); the error says the request was not processed
-/// (connection refused, 429, 503 before processing); or the caller vouches for it with
-/// `callHints.expectedRetrySafe`. A call marked `callHints.safetyCritical` is run again only
-/// when the error says it was not processed. A call whose tool already sent its caller a
-/// chunk of the answer never runs again.
+/// Never once the tool sent its caller a chunk of the answer; else always when the error
+/// says the request was not processed (connection refused, 429, 503 before processing);
+/// otherwise when [`repeat_safety`] allows a repeat.
 pub(super) fn retry_safety(
     profile: &ToolProfile,
     policy: &RetryPolicy,
@@ -292,10 +325,25 @@ pub(super) fn retry_safety(
     if call.chunks_sent() > 0 {
         return Err("part of the answer already reached the caller in chunks");
     }
-    let hints = call.call_hints();
     if error.is_not_processed() {
         return Ok(());
     }
+    repeat_safety(profile, policy, call)
+}
+
+/// Whether `call` may run again while an earlier attempt may have been processed: the rule
+/// of a retry after an error that does not say otherwise, and of every hedge.
+///
+/// A read-only tool may always run again. A mutating one needs a reason to believe it is
+/// safe: the tool is idempotent; the call carries an idempotency key that the tool forwards
+/// (`policy.retry.forwards_idempotency_key`); or the caller vouches for it with
+/// `callHints.expectedRetrySafe`. A call marked `callHints.safetyCritical` never is.
+pub(super) fn repeat_safety(
+    profile: &ToolProfile,
+    policy: &RetryPolicy,
+    call: &ToolCall,
+) -> Result<(), &'static str> {
+    let hints = call.call_hints();
     if hints.safety_critical == Some(true) {
         return Err("the call is safety-critical and may have been processed");
     }

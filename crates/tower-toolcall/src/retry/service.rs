@@ -1,4 +1,5 @@
 use std::mem;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -8,7 +9,9 @@ use tower_service::Service;
 use super::backoff::SharedRng;
 use super::budget::GlobalRetryBudget;
 use super::future::ResponseFuture;
+use super::hedge::LatencyWindow;
 use super::policy::{CallLimits, RetryPolicy};
+use crate::breaker::BreakerAdmin;
 use crate::classify::{SharedClassifier, ToolProfile};
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
@@ -31,6 +34,12 @@ pub(crate) struct ToolRetry {
     pub(super) classifier: SharedClassifier,
     pub(super) budget: Option<GlobalRetryBudget>,
     pub(super) rng: SharedRng,
+    /// The tool's recent latencies, when its hedge delay is a percentile of them.
+    pub(super) latencies: Option<LatencyWindow>,
+    /// Hedges sent for the tool's calls.
+    pub(super) hedges: AtomicU64,
+    /// The breakers below, whose state may forbid a hedge.
+    pub(super) breakers: Option<BreakerAdmin>,
 }
 
 impl<S> Retry<S> {

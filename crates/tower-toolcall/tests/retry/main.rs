@@ -4,6 +4,7 @@
 mod support;
 
 mod caller_policy;
+mod hedge;
 
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -853,6 +853,15 @@ pub struct RetrySettings {
     /// call that carries a key may be retried even when the tool is mutating.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forwards_idempotency_key: Option<bool>,
+    /// Hedging: how long an attempt runs before a second one is sent beside it, in
+    /// milliseconds (at least 1). Only a call whose repeat is safe is hedged; off unless
+    /// this or `hedge_percentile` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge_delay_ms: Option<u64>,
+    /// Hedging: the delay is this percentile (1 to 99) of the tool's recent latencies;
+    /// `hedge_delay_ms`, when set, applies until enough calls were seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge_percentile: Option<u32>,
 }
 
 option_setters!(RetrySettings {
@@ -870,6 +879,10 @@ option_setters!(RetrySettings {
     with_jitter_percent => jitter_percent: u32,
     /// Sets whether the tool forwards the call's idempotency key to an upstream that honours it.
     with_forwards_idempotency_key => forwards_idempotency_key: bool,
+    /// Sets how long an attempt runs before it is hedged, in milliseconds.
+    with_hedge_delay_ms => hedge_delay_ms: u64,
+    /// Sets the percentile of the tool's recent latencies after which an attempt is hedged.
+    with_hedge_percentile => hedge_percentile: u32,
 });
 
 impl RetrySettings {
@@ -877,6 +890,9 @@ impl RetrySettings {
         at_least("max_attempts", self.max_attempts, 1)?;
         at_least("deadline_ms", self.deadline_ms, 1)?;
         at_most("jitter_percent", self.jitter_percent, 100)?;
+        at_least("hedge_delay_ms", self.hedge_delay_ms, 1)?;
+        at_least("hedge_percentile", self.hedge_percentile, 1)?;
+        at_most("hedge_percentile", self.hedge_percentile, 99)?;
         if let (Some(base), Some(cap)) = (self.base_delay_ms, self.max_delay_ms) {
             if cap < base {
                 return Err(ConfigError::new(
