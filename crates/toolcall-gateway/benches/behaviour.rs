@@ -12,6 +12,7 @@
 //! executions of its tools:
 //! - `charge` (`idempotentHint: false`): acts, then fails with a JSON-RPC internal error;
 //! - `pay` (`idempotentHint: false`): acts and answers; `slow_pay` the same in 500 ms;
+//! - `slow_read` (`readOnlyHint: true`): answers in 500 ms the first time, in 20 ms after;
 //! - `fetch` (`readOnlyHint: true`): fails with a JSON-RPC internal error on its first two
 //!   calls, then answers;
 //! - `report` (`readOnlyHint: true`): answers a result with `isError: true`;
@@ -23,7 +24,9 @@
 //! `[backends.hedging]` (`delay_ms = 200`, `max_hedges = 1`) or `[backends.cache]`
 //! (`tool_ttl_seconds = 60`), or with `[performance] coalesce_requests = true`, always with
 //! `[backends.timeout] seconds = 5`. The gateway
-//! fronts the upstream as `trusted` (its annotations are the policy), with its defaults.
+//! fronts the upstream as `trusted` (its annotations are the policy), with its defaults, and
+//! in the rows about slow calls also with hedging on: `[servers.u] policy = { retry = {
+//! hedge_delay_ms = 200 } }`.
 
 #[path = "../tests/support/http.rs"]
 mod http;
@@ -92,6 +95,7 @@ impl ServerHandler for Counting {
             tool("fetch", reading()),
             tool("report", reading()),
             tool("balance", reading()),
+            tool("slow_read", reading()),
         ]))
     }
 
@@ -118,6 +122,11 @@ impl ServerHandler for Counting {
             "report" => {
                 Ok(CallToolResult::error(vec![ContentBlock::text("no such report")]).into())
             }
+            "slow_read" => {
+                let took = if n == 1 { 500 } else { 20 };
+                tokio::time::sleep(Duration::from_millis(took)).await;
+                ok(format!("read in {took} ms"))
+            }
             "deposit" => ok(self.balance.fetch_add(1, Ordering::SeqCst).to_string()),
             "balance" => ok(self.balance.load(Ordering::SeqCst).to_string()),
             _ => ok("done".into()),
@@ -139,6 +148,8 @@ enum Front {
     /// `mcp-proxy` with one part of its README's middleware block.
     McpProxy(&'static str),
     Gateway,
+    /// The gateway with the upstream's policy hedging its calls after 200 ms.
+    GatewayHedging,
 }
 
 impl Front {
@@ -147,6 +158,7 @@ impl Front {
             Front::Direct => "direct".into(),
             Front::McpProxy(part) => format!("mcp-proxy 0.6 ({part})"),
             Front::Gateway => "toolcall-gateway".into(),
+            Front::GatewayHedging => "toolcall-gateway (hedge_delay_ms = 200)".into(),
         }
     }
 }
@@ -221,9 +233,14 @@ async fn cell(front: Front, scenario: Scenario) -> String {
             let url = proxy.url.clone();
             (Some(proxy), url, "u/".to_owned())
         }
-        Front::Gateway => {
+        Front::Gateway | Front::GatewayHedging => {
+            let hedging = if front == Front::GatewayHedging {
+                "\n[servers.u]\npolicy = { retry = { hedge_delay_ms = 200 } }\n"
+            } else {
+                ""
+            };
             let gateway = peers::gateway(&format!(
-                "[[upstreams]]\nname = \"u\"\nurl = \"{url}\"\ntrust = \"trusted\"\n"
+                "[[upstreams]]\nname = \"u\"\nurl = \"{url}\"\ntrust = \"trusted\"\n{hedging}"
             ))
             .await;
             let url = gateway.url.clone();
@@ -285,11 +302,34 @@ async fn main() {
         ),
         (
             "a payment that takes 500 ms, sent once",
-            vec![Front::Direct, hedging, Front::Gateway],
+            vec![
+                Front::Direct,
+                hedging,
+                Front::Gateway,
+                Front::GatewayHedging,
+            ],
             |peer, prefix, upstream| {
                 Box::pin(async move {
                     call(&peer, &format!("{prefix}slow_pay"), "s-1", None).await;
                     times(upstream.executions("slow_pay"))
+                })
+            },
+        ),
+        (
+            "a read that takes 500 ms the first time and 20 ms after, sent once",
+            vec![
+                Front::Direct,
+                hedging,
+                Front::Gateway,
+                Front::GatewayHedging,
+            ],
+            |peer, prefix, upstream| {
+                Box::pin(async move {
+                    let start = std::time::Instant::now();
+                    let got = call(&peer, &format!("{prefix}slow_read"), "r-1", None).await;
+                    let took = start.elapsed().as_millis();
+                    let executions = times(upstream.executions("slow_read"));
+                    format!("{executions}, answered in {took} ms ({got})")
                 })
             },
         ),
