@@ -181,6 +181,7 @@
 
 mod bounds;
 pub mod breaker;
+mod breaker_view;
 pub mod bulkhead;
 mod contract;
 pub mod detach;

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::breaker::BreakerAdmin;
+use crate::breaker_view::Breakers;
 use crate::canonical::CanonicalOptions;
 use crate::error::ConfigError;
 use crate::event::EventSink;
@@ -45,5 +45,5 @@ pub(crate) struct StackShared {
     pub(crate) resends: Option<Resends>,
     /// The breakers, once the breaker layer is built: the retry layer sends no hedge while
     /// the breaker over a call is not closed.
-    pub(crate) breakers: Option<BreakerAdmin>,
+    pub(crate) breakers: Option<Breakers>,
 }

@@ -172,10 +172,9 @@ impl BreakerAdmin {
         BreakerAdmin { shared }
     }
 
-    /// Whether the breaker that would guard `call` is closed and no operator holds its scope
-    /// open.
-    pub(crate) fn closed_for(&self, call: &crate::envelope::ToolCall) -> bool {
-        self.shared.closed_for(call)
+    /// The breakers, as the retry layer asks them whether a hedge may go.
+    pub(crate) fn view(&self) -> crate::breaker_view::Breakers {
+        crate::breaker_view::Breakers(self.shared.clone())
     }
 
     /// The state of the tool `namespace::name`'s own breaker; `Closed` when it has none yet.

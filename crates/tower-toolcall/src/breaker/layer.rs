@@ -304,7 +304,7 @@ impl StackPart for CircuitBreakerLayerBuilder {
     fn build_part(self, shared: &mut StackShared) -> Result<Self::Layer, ConfigError> {
         let sinks = shared.sinks.iter().cloned();
         let layer = sinks.fold(self, Self::on_shared_event).build()?;
-        shared.breakers = Some(layer.admin());
+        shared.breakers = Some(layer.admin().view());
         Ok(layer)
     }
 }

@@ -10,6 +10,7 @@ use super::cell::BreakerCell;
 use super::future::ResponseFuture;
 use super::map::BreakerMap;
 use super::state::{Admission, BreakerConfig};
+use crate::breaker_view::BreakerView;
 use crate::classify::{SharedClassifier, ToolProfile};
 use crate::control::ShadowLayer;
 use crate::envelope::{BreakerScope, ToolCall};
@@ -143,36 +144,6 @@ impl Shared {
         }
     }
 
-    /// Whether the breaker that would guard `call` is closed (or does not exist yet, or the
-    /// tool's policy switches the layer off), and no operator holds its scope open: while
-    /// it is not, a call that is not needed (a hedge) must not be sent, for it could be a
-    /// probe of a half-open breaker.
-    pub(super) fn closed_for(&self, call: &ToolCall) -> bool {
-        if self.held.over(call).is_some() {
-            return false;
-        }
-        let Some(tool) = self.tools.for_call(call) else {
-            return true;
-        };
-        let namespace = call.tool_namespace();
-        let scope = call
-            .transport()
-            .circuit_breaker_hint
-            .unwrap_or(BreakerScope::Tool);
-        let cell = match scope {
-            BreakerScope::Tool => tool.own.clone().or_else(|| {
-                self.on_demand
-                    .find(&BreakerKey::tool(namespace, call.tool_name()))
-            }),
-            BreakerScope::Dependency => tool
-                .dependency
-                .clone()
-                .or_else(|| self.on_demand.find(&BreakerKey::dependency(namespace))),
-            BreakerScope::Global => Some(self.global.clone()),
-        };
-        cell.is_none_or(|cell| cell.is_closed())
-    }
-
     pub(super) fn make_cell(&self, key: BreakerKey, config: BreakerConfig) -> BreakerCell {
         BreakerCell::new(key, config, self.events.clone())
     }
@@ -227,6 +198,36 @@ impl Shared {
         cells.push(self.global.clone());
         cells.extend(self.on_demand.cells());
         cells
+    }
+}
+
+impl BreakerView for Shared {
+    /// While the breaker over `call` is not closed, a call that is not needed (a hedge) must
+    /// not be sent, for it could be a probe of a half-open breaker.
+    fn closed_for(&self, call: &ToolCall) -> bool {
+        if self.held.over(call).is_some() {
+            return false;
+        }
+        let Some(tool) = self.tools.for_call(call) else {
+            return true;
+        };
+        let namespace = call.tool_namespace();
+        let scope = call
+            .transport()
+            .circuit_breaker_hint
+            .unwrap_or(BreakerScope::Tool);
+        let cell = match scope {
+            BreakerScope::Tool => tool.own.clone().or_else(|| {
+                self.on_demand
+                    .find(&BreakerKey::tool(namespace, call.tool_name()))
+            }),
+            BreakerScope::Dependency => tool
+                .dependency
+                .clone()
+                .or_else(|| self.on_demand.find(&BreakerKey::dependency(namespace))),
+            BreakerScope::Global => Some(self.global.clone()),
+        };
+        cell.is_none_or(|cell| cell.is_closed())
     }
 }
 

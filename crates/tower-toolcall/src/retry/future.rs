@@ -387,7 +387,7 @@ where
         if tool
             .breakers
             .as_ref()
-            .is_some_and(|b| !b.closed_for(&self.call))
+            .is_some_and(|b| !b.0.closed_for(&self.call))
         {
             return Err("the breaker over the call is not closed");
         }

@@ -10,6 +10,7 @@ use super::hedge::LatencyWindow;
 use super::policy::RetryPolicy;
 use super::service::{Retry, ToolRetry};
 use crate::breaker::BreakerAdmin;
+use crate::breaker_view::Breakers;
 use crate::classify::{Classify, SharedClassifier, ToolProfile};
 use crate::error::ConfigError;
 use crate::registry::{LayerSetting, RetrySettings, ToolRegistry};
@@ -122,7 +123,7 @@ pub struct RetryLayerBuilder {
     classifier: SharedClassifier,
     budget: Option<GlobalRetryBudget>,
     rng: Option<SharedRng>,
-    breakers: Option<BreakerAdmin>,
+    breakers: Option<Breakers>,
 }
 
 impl RetryLayerBuilder {
@@ -178,7 +179,7 @@ impl RetryLayerBuilder {
     /// hedge is sent while the breaker over a call is not closed, so that a hedge is never
     /// a probe of a half-open breaker. [`ToolStack`](crate::ToolStack) passes its own.
     pub fn breakers(mut self, breakers: BreakerAdmin) -> Self {
-        self.breakers = Some(breakers);
+        self.breakers = Some(breakers.view());
         self
     }
 

@@ -11,7 +11,7 @@ use super::budget::GlobalRetryBudget;
 use super::future::ResponseFuture;
 use super::hedge::LatencyWindow;
 use super::policy::{CallLimits, RetryPolicy};
-use crate::breaker::BreakerAdmin;
+use crate::breaker_view::Breakers;
 use crate::classify::{SharedClassifier, ToolProfile};
 use crate::envelope::ToolCall;
 use crate::error::{ErrorCode, ToolError};
@@ -39,7 +39,7 @@ pub(crate) struct ToolRetry {
     /// Hedges sent for the tool's calls.
     pub(super) hedges: AtomicU64,
     /// The breakers below, whose state may forbid a hedge.
-    pub(super) breakers: Option<BreakerAdmin>,
+    pub(super) breakers: Option<Breakers>,
 }
 
 impl<S> Retry<S> {
