@@ -5,6 +5,7 @@
 //! | `{prefix}tool_calls_total` | counter | `tool`, `status` |
 //! | `{prefix}tool_call_duration_seconds` | histogram, in seconds ([buckets](DURATION_BUCKETS)) | `tool`, `status` |
 //! | `{prefix}tool_retry_attempts_total` | counter | `tool`, `reason` (the error code retried) |
+//! | `{prefix}tool_hedges_total` | counter | `tool`, `won_by` (`hedge`, `attempt`: the attempt it hedged or a later retry, `none`: the call failed) |
 //! | `{prefix}tool_idempotency_hits_total` | counter | `tool`, `state` (`inflight` or `completed`) |
 //! | `{prefix}tool_loop_detections_total` | counter | `tool`, `action` (`break` or `chance`) |
 //! | `{prefix}tool_rate_limited_total` | counter | `tool` |
@@ -111,6 +112,7 @@ struct Inner {
     calls_total: SharedString,
     call_duration_seconds: SharedString,
     retry_attempts_total: SharedString,
+    hedges_total: SharedString,
     idempotency_hits_total: SharedString,
     loop_detections_total: SharedString,
     rate_limited_total: SharedString,
@@ -179,6 +181,11 @@ impl ToolMetrics {
             i.retry_attempts_total.clone(),
             Unit::Count,
             "Attempts retried, by the error code retried."
+        );
+        describe_counter!(
+            i.hedges_total.clone(),
+            Unit::Count,
+            "Hedges sent beside slow attempts, by which attempt answered the call."
         );
         describe_counter!(
             i.idempotency_hits_total.clone(),
@@ -460,6 +467,19 @@ impl ToolMetrics {
             )
             .increment(1);
         }
+        if let Some(hedge) = &record.hedge {
+            let won_by = match hedge.winner {
+                None => "none",
+                Some(_) if hedge.hedge_won() => "hedge",
+                Some(_) => "attempt",
+            };
+            metrics::counter!(
+                i.hedges_total.clone(),
+                "tool" => tool.clone(),
+                "won_by" => won_by
+            )
+            .increment(1);
+        }
         if let Some(cache) = &record.cache {
             let state = match cache.matched_on {
                 MatchedOn::Inflight => "inflight",
@@ -607,6 +627,7 @@ impl ToolMetricsBuilder {
                 calls_total: name("tool_calls_total"),
                 call_duration_seconds: name("tool_call_duration_seconds"),
                 retry_attempts_total: name("tool_retry_attempts_total"),
+                hedges_total: name("tool_hedges_total"),
                 idempotency_hits_total: name("tool_idempotency_hits_total"),
                 loop_detections_total: name("tool_loop_detections_total"),
                 rate_limited_total: name("tool_rate_limited_total"),

@@ -217,6 +217,40 @@ fn durations_are_in_seconds() {
 }
 
 #[test]
+fn hedges_are_counted_by_the_attempt_that_answered() {
+    let recorder = DebuggingRecorder::new();
+    support::metrics_series::run_recorded(&recorder, async {
+        let registry = ToolRegistry::from_json_str(
+            r#"{"tools": [{"namespace": "web", "name": "search", "risk": "read-only",
+                "policy": {"retry": {"hedge_delay_ms": 100}}}]}"#,
+        )
+        .unwrap();
+        let stack = ToolStack::builder(registry.clone())
+            .on_event(ToolMetrics::new(&registry))
+            .build()
+            .unwrap();
+        // The first attempt of each call takes 1 s, the hedge 20 ms.
+        let tool = tool_fn(|call: ToolCall| async move {
+            let took = if call.attempt() == 1 { 1_000 } else { 20 };
+            tokio::time::sleep(std::time::Duration::from_millis(took)).await;
+            Ok(ToolOutput::new(json!(took)))
+        });
+        let mut svc = support::stacked(&stack, tool);
+        for n in 0..2 {
+            svc.ready_and_call(call("web", "search", "ok", n))
+                .await
+                .unwrap();
+        }
+    });
+    let series = snapshot(&recorder);
+    assert_eq!(
+        series.get("toolcall_tool_hedges_total{tool=web::search,won_by=hedge}"),
+        Some(&2.0),
+        "{series:#?}"
+    );
+}
+
+#[test]
 fn the_dedupe_store_size_and_ttls_are_gauges_with_the_key_scope() {
     let recorder = DebuggingRecorder::new();
     support::metrics_series::run_recorded(&recorder, async {

@@ -15,7 +15,7 @@ use tower_toolcall::registry::{
 use tower_toolcall::retry::GlobalRetryBudget;
 use tower_toolcall::{
     tool_fn, BreakerState, ErrorCode, HedgeRecord, RetryLayer, StackLayer, ToolCall, ToolError,
-    ToolOutput, ToolStack,
+    ToolOutput, ToolResult, ToolStack,
 };
 
 use super::support::{call_of, call_once, registry_of, ScriptedTool, Step};
@@ -68,6 +68,14 @@ async fn a_slow_read_is_hedged_and_answers_at_the_fast_attempts_latency() {
     assert_eq!(record.attempts, Some(2), "both attempts ran the tool");
     assert!(record.retried_by.is_empty(), "a hedge is not a retry");
     assert_eq!(retry.hedges(WEB, "search"), 1);
+
+    let result = ToolResult::from_outcome(&call_of(WEB, "search"), Ok(out));
+    let json = serde_json::to_value(&result).unwrap();
+    assert_eq!(
+        json["hedge"],
+        json!({"attempt": 1, "delayMs": DELAY, "winner": 2})
+    );
+    assert_eq!(json["attempts"], 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -82,6 +90,11 @@ async fn a_read_that_answers_before_the_delay_is_not_hedged() {
     assert_eq!(tool.calls(), 1);
     assert_eq!(out.record().hedge, None);
     assert_eq!(out.record().attempts, None);
+    let result = ToolResult::from_outcome(&call_of(WEB, "search"), Ok(out));
+    assert!(serde_json::to_value(&result)
+        .unwrap()
+        .get("hedge")
+        .is_none());
     assert_eq!(retry.hedges(WEB, "search"), 0);
 }
 

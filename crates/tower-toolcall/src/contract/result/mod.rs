@@ -14,7 +14,7 @@ use crate::contract::classify::decided_retriable;
 use crate::contract::envelope::ToolCall;
 use crate::contract::error::{ErrorCode, ToolError};
 use crate::contract::outcome::{
-    BreakerState, CacheMatch, CallRecord, RetryClamp, RetryRecord, ToolOutput,
+    BreakerState, CacheMatch, CallRecord, HedgeRecord, RetryClamp, RetryRecord, ToolOutput,
 };
 use crate::contract::time::millis;
 pub use chunk::{ChunkContent, ChunkEnvelope, FinalChunk, StreamTally};
@@ -73,6 +73,9 @@ pub struct ToolResult {
     /// The fields of the call's `transport.retryPolicy` narrowed to what the tool allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_policy_clamped: Option<Vec<RetryClamp>>,
+    /// The hedge sent beside a slow attempt, and the attempt that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<HedgeRecord>,
     /// The chunks the tool sent before this result, when the caller asked for them and the
     /// tool sent any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -287,6 +290,7 @@ impl ToolResult {
             error: Some(ResultError::of_error(&error, retriable)),
             retried_by: None,
             retry_policy_clamped: None,
+            hedge: None,
             streamed: None,
         }
     }
@@ -325,6 +329,7 @@ impl ToolResult {
             retried_by: (!record.retried_by.is_empty()).then_some(record.retried_by),
             retry_policy_clamped: (!record.retry_clamped.is_empty())
                 .then_some(record.retry_clamped),
+            hedge: record.hedge,
             streamed: StreamTally::of(call),
         }
     }
