@@ -315,7 +315,11 @@ where
                 Hedging::Never | Hedging::Sent { .. } => return None,
                 Hedging::Unarmed => {
                     let tool = &self.tool;
-                    let safe = repeat_safety(&tool.profile, &tool.policy, &self.call);
+                    // Two attempts of a call whose caller reads chunks would both send them.
+                    let safe = match self.call.chunk_tap() {
+                        Some(_) => Err("the caller reads the answer in chunks"),
+                        None => repeat_safety(&tool.profile, &tool.policy, &self.call),
+                    };
                     let delay = hedge_delay(&tool.policy, tool.latencies.as_ref());
                     let (Ok(()), Some(delay)) = (safe, delay) else {
                         self.hedging = Hedging::Never;

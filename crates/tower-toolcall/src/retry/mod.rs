@@ -46,7 +46,9 @@
 //! A hedge repeats a call that may already be running, so it follows the rule of a retry
 //! after an attempt that may have been processed: a read-only or idempotent tool, a keyed
 //! call of a tool that forwards keys, or a caller's `callHints.expectedRetrySafe` — never a
-//! write without a key, never a `callHints.safetyCritical` call. It is not sent while the
+//! write without a key, never a `callHints.safetyCritical` call, and never a call whose
+//! caller reads the answer in chunks ([`stream`](crate::stream)), which two attempts would
+//! both send. It is not sent while the
 //! breaker over the call is not closed, so that a hedge is never a probe of a half-open
 //! breaker (the layer reads the breakers it is given with
 //! [`RetryLayerBuilder::breakers`]; [`ToolStack`](crate::ToolStack) gives it its own). Each

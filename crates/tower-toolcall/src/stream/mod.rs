@@ -16,7 +16,7 @@
 //!   runs, so before the first chunk; loop detection compares the whole result;
 //! - [`RetryLayer`](crate::RetryLayer) retries a call only while no chunk was sent: once one
 //!   reached the caller, a failure is final (a new attempt would send the caller its first
-//!   chunks again);
+//!   chunks again); and it never hedges a call whose caller reads chunks;
 //! - [`TimeoutLayer`](crate::TimeoutLayer) bounds the wait for the first chunk by the attempt
 //!   timeout, and each gap between chunks by the tool's idle timeout
 //!   (`policy.timeout.idle_timeout_ms`, by default the attempt timeout): a stream that keeps

@@ -13,7 +13,8 @@ use tower::{Layer, Service, ServiceExt};
 use tower_toolcall::envelope::{ChunkEnvelope, FinalChunk, StreamTally};
 use tower_toolcall::idempotency::InMemoryDedupeStore;
 use tower_toolcall::registry::{
-    BreakerSettings, RiskLevel, TimeoutSettings, ToolDescriptor, ToolPolicy, ToolRegistry,
+    BreakerSettings, RetrySettings, RiskLevel, TimeoutSettings, ToolDescriptor, ToolPolicy,
+    ToolRegistry,
 };
 use tower_toolcall::stream::{Chunk, StreamPart, Streamed, REPLAY_BYTES};
 use tower_toolcall::trace::{AuditLog, AuditSink, AuditStream};
@@ -195,6 +196,29 @@ async fn a_failure_before_the_first_chunk_is_retried_and_one_after_it_is_not() {
         ["partial "],
         "the caller never gets a chunk twice"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_stream_is_never_hedged() {
+    // A read whose hedge would go after 100 ms: streamed, one attempt sends every chunk.
+    let policy =
+        ToolPolicy::default().with_retry(RetrySettings::default().with_hedge_delay_ms(100));
+    let tool = Scripted::new(vec![vec![
+        Step::Sleep(300),
+        Step::Chunk("slow "),
+        Step::Chunk("read"),
+    ]]);
+    let (_, svc) = served(&tool, RiskLevel::ReadOnly, policy.clone());
+    let (got, answer) = stream(svc, call(None)).await;
+    assert_eq!(texts(&got), ["slow ", "read"]);
+    assert!(answer.unwrap().record().hedge.is_none());
+    assert_eq!(tool.runs(), 1);
+
+    // The same call read whole is hedged.
+    let (_, svc) = served(&tool, RiskLevel::ReadOnly, policy);
+    let output = svc.oneshot(call(None)).await.unwrap();
+    assert!(output.record().hedge.is_some());
+    assert_eq!(tool.runs(), 3);
 }
 
 #[tokio::test(start_paused = true)]
