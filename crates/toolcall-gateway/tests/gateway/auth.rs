@@ -2,7 +2,8 @@
 //! share nothing, the official SDK clients with a bearer token and without one, a role that
 //! sees and calls only its tools, DNS-rebinding requests, a gateway told to listen beyond the
 //! machine without authentication, and an untrusted upstream looking for the gateway's
-//! secrets.
+//! secrets; and a caller that says its call is urgent, believed only as far as its role
+//! allows.
 
 use std::time::Duration;
 
@@ -11,8 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::{
-    audited, call, error_code, everything_upstream, kit, python, time_upstream, typescript,
-    written, HttpGateway, GATEWAY,
+    audited, call, error_code, everything_upstream, http, kit, lively, python, time_upstream,
+    typescript, written, HttpGateway, GATEWAY,
 };
 
 const ALICE: &str = "k-alice-0123456789abcdef";
@@ -92,12 +93,16 @@ async fn exchange(address: &str, head: &str, body: &str) -> (u16, String, String
 
 /// `POST /v1/tools/call` of `envelope` with `key`'s bearer token: the status and the result.
 async fn call_as(gateway: &HttpGateway, key: &str, envelope: &Value) -> (u16, Value) {
+    call_at(&gateway.address, key, envelope).await
+}
+
+/// [`call_as`] to the gateway at `address`.
+async fn call_at(address: &str, key: &str, envelope: &Value) -> (u16, Value) {
     let head = format!(
-        "POST /v1/tools/call HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\n\
-         content-type: application/json",
-        gateway.address
+        "POST /v1/tools/call HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\n\
+         content-type: application/json"
     );
-    let (status, _, body) = exchange(&gateway.address, &head, &envelope.to_string()).await;
+    let (status, _, body) = exchange(address, &head, &envelope.to_string()).await;
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
@@ -642,4 +647,93 @@ async fn a_principal_holds_a_bounded_number_of_sessions_and_only_its_own() {
     let (status, third) = initialize_as(address, ALICE).await;
     assert_eq!(status, 200);
     assert!(third.is_some());
+}
+
+/// A call of `lively::name` holding the upstream `hold_ms`, with `priority`.
+fn held(name: &str, hold_ms: u64, priority: &str) -> Value {
+    json!({
+        "contractVersion": "1.1", "requestId": ulid(), "toolNamespace": "lively",
+        "toolName": name, "target": {"sessionKey": "s", "actorId": "a"},
+        "payload": {"version": "1.0", "params": {"holdMs": hold_ms},
+                    "callHints": {"priority": priority}}
+    })
+}
+
+/// Which tool of `upstream` starts a call next: `scan` or `send`.
+async fn starts_next(upstream: &lively::Lively) -> &'static str {
+    let (scans, sends) = (upstream.scan.counts().0, upstream.send.counts().0);
+    for _ in 0..250 {
+        if upstream.scan.counts().0 > scans {
+            return "scan";
+        }
+        if upstream.send.counts().0 > sends {
+            return "send";
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no queued call started");
+}
+
+/// Waits until `upstream`'s `send` has started `n` calls.
+async fn sends_started(upstream: &lively::Lively, n: u64) {
+    for _ in 0..100 {
+        if upstream.send.counts().0 == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{n} sends never started: {:?}", upstream.send.counts());
+}
+
+#[tokio::test]
+async fn a_caller_goes_ahead_in_a_queue_only_as_far_as_its_role_allows() {
+    let upstream = lively::Lively::default();
+    let url = http::serve(upstream.clone()).await;
+    let text = format!(
+        "[servers.lively]\nmax_concurrent = 1\nmax_queued = 4\n\n\
+         [auth]\nmode = \"api-keys\"\n\
+         [[auth.keys]]\nid = \"alice\"\nroles = [\"oncall\"]\nkey_env = \"TEST_ALICE_KEY\"\n\
+         [[auth.keys]]\nid = \"bob\"\nroles = [\"dev\"]\nkey_env = \"TEST_BOB_KEY\"\n\
+         [[auth.roles]]\nname = \"oncall\"\nallow = [\"*\"]\nmax_priority = \"high\"\n\
+         [[auth.roles]]\nname = \"dev\"\nallow = [\"*\"]\n\n\
+         [[upstreams]]\nname = \"lively\"\nurl = \"{url}\"\ntrust = \"trusted\"\n"
+    );
+    let config = written("priority-cap", &text);
+    let gateway = HttpGateway::start_in(&[config.as_os_str()], &KEYS[..2]).await;
+    let send = |key: &'static str, envelope: Value| {
+        let address = gateway.address.clone();
+        tokio::spawn(async move { call_at(&address, key, &envelope).await })
+    };
+
+    // A send holds the server's only place while alice's normal scan, then bob's send that
+    // says it is urgent, wait: bob's role grants no priority, so his send waits behind her
+    // scan, which came first.
+    let holder = send(ALICE, held("send", 1500, "normal"));
+    sends_started(&upstream, 1).await;
+    let first = send(ALICE, held("scan", 500, "normal"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = send(BOB, held("send", 500, "high"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(upstream.scan.counts().0, 0, "both wait");
+    assert_eq!(starts_next(&upstream).await, "scan", "bob's high is capped");
+    for answer in [holder, first, second] {
+        assert_eq!(answer.await.unwrap().0, 200);
+    }
+
+    // The other way round: alice's role grants `high`, and her urgent scan goes ahead of
+    // bob's send, which came first.
+    let holder = send(BOB, held("send", 1500, "normal"));
+    sends_started(&upstream, 3).await;
+    let first = send(BOB, held("send", 500, "normal"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = send(ALICE, held("scan", 500, "high"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        starts_next(&upstream).await,
+        "scan",
+        "alice's high is granted"
+    );
+    for answer in [holder, first, second] {
+        assert_eq!(answer.await.unwrap().0, 200);
+    }
 }
