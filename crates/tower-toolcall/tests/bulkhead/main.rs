@@ -463,6 +463,24 @@ fn namespace_limit(max_concurrent: u32, max_queued: u32) -> BulkheadSettings {
         .with_max_queued(max_queued)
 }
 
+/// `fetch` limited to `max_concurrent` calls and `max_queued` waiting, beside an unlimited
+/// `search`, both of the namespace `NS`.
+fn fetch_and_search(max_concurrent: u32, max_queued: u32) -> ToolRegistry {
+    registry_of([
+        limited(max_concurrent, max_queued),
+        ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
+    ])
+}
+
+/// A bulkhead over `registry` whose namespace `NS` has `max_concurrent` places and
+/// `max_queued` waiting.
+fn namespaced(registry: ToolRegistry, max_concurrent: u32, max_queued: u32) -> BulkheadLayer {
+    BulkheadLayer::builder(registry)
+        .namespace(NS, namespace_limit(max_concurrent, max_queued))
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_namespace_limit_holds_its_tools_together_and_leaves_the_others_alone() {
     let tool = ScriptedTool::always(Step::Hang);
@@ -471,10 +489,7 @@ async fn a_namespace_limit_holds_its_tools_together_and_leaves_the_others_alone(
         ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
         ToolDescriptor::new("vault", "read", RiskLevel::ReadOnly),
     ]);
-    let layer = BulkheadLayer::builder(registry)
-        .namespace(NS, namespace_limit(1, 0))
-        .build()
-        .unwrap();
+    let layer = namespaced(registry, 1, 0);
     let mut svc = layer.layer(tool.service());
     let mut running = task::spawn(svc.ready().await.unwrap().call(call_of(NS, "fetch", "f")));
     assert_pending!(running.poll());
@@ -532,14 +547,8 @@ async fn a_namespace_limit_holds_its_tools_together_and_leaves_the_others_alone(
 #[tokio::test(start_paused = true)]
 async fn a_call_waiting_for_its_tool_holds_no_place_of_its_namespace() {
     let tool = ScriptedTool::always(Step::After(Duration::from_secs(1), Box::new(Step::Ok)));
-    let registry = registry_of([
-        limited(1, 5),
-        ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
-    ]);
-    let layer = BulkheadLayer::builder(registry)
-        .namespace(NS, namespace_limit(2, 0))
-        .build()
-        .unwrap();
+    let registry = fetch_and_search(1, 5);
+    let layer = namespaced(registry, 2, 0);
     let mut svc = layer.layer(tool.service());
     let mut futures = Vec::new();
     for (name, id) in [(NAME, "fetch-0"), (NAME, "fetch-1"), ("search", "search-0")] {
@@ -571,14 +580,8 @@ async fn a_call_waiting_for_its_tool_holds_no_place_of_its_namespace() {
 #[tokio::test(start_paused = true)]
 async fn the_deadline_counts_the_time_waited_for_the_tool_and_then_the_namespace() {
     let tool = ScriptedTool::always(Step::After(Duration::from_secs(10), Box::new(Step::Ok)));
-    let registry = registry_of([
-        limited(1, 1),
-        ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
-    ]);
-    let layer = BulkheadLayer::builder(registry)
-        .namespace(NS, namespace_limit(1, 1))
-        .build()
-        .unwrap();
+    let registry = fetch_and_search(1, 1);
+    let layer = namespaced(registry, 1, 1);
     let mut svc = layer.layer(tool.service());
     // A fetch holds the tool's place and the namespace's, until 10 s.
     let mut fetch = task::spawn(svc.ready().await.unwrap().call(call_of(NS, NAME, "fetch")));
@@ -632,16 +635,8 @@ async fn the_deadline_counts_the_time_waited_for_the_tool_and_then_the_namespace
 #[tokio::test(start_paused = true)]
 async fn a_layer_that_replaces_another_keeps_the_places_whose_limits_are_the_same() {
     let tool = ScriptedTool::always(Step::Hang);
-    let registry = || {
-        registry_of([
-            limited(1, 0),
-            ToolDescriptor::new(NS, "search", RiskLevel::ReadOnly),
-        ])
-    };
-    let before = BulkheadLayer::builder(registry())
-        .namespace(NS, namespace_limit(2, 0))
-        .build()
-        .unwrap();
+    let registry = || fetch_and_search(1, 0);
+    let before = namespaced(registry(), 2, 0);
     let mut old = before.layer(tool.service());
     let mut running = task::spawn(old.ready().await.unwrap().call(call_of(NS, NAME, "old")));
     assert_pending!(running.poll());

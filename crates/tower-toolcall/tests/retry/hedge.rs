@@ -41,13 +41,18 @@ fn slow_then_fast() -> ScriptedTool {
     ])
 }
 
+/// `search`, a read hedged after `DELAY`.
+fn hedged_search() -> ToolRegistry {
+    registry_of([search().with_policy(hedged(hedge_after(DELAY)))])
+}
+
 fn layer(registry: ToolRegistry) -> RetryLayer {
     RetryLayer::builder(registry).seed(1).build().unwrap()
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_read_is_hedged_and_answers_at_the_fast_attempts_latency() {
-    let registry = registry_of([search().with_policy(hedged(hedge_after(DELAY)))]);
+    let registry = hedged_search();
     let retry = layer(registry);
     let tool = slow_then_fast();
     let mut svc = retry.layer(tool.service());
@@ -80,7 +85,7 @@ async fn a_slow_read_is_hedged_and_answers_at_the_fast_attempts_latency() {
 
 #[tokio::test(start_paused = true)]
 async fn a_read_that_answers_before_the_delay_is_not_hedged() {
-    let registry = registry_of([search().with_policy(hedged(hedge_after(DELAY)))]);
+    let registry = hedged_search();
     let retry = layer(registry);
     let tool = ScriptedTool::always(Step::After(FAST, Box::new(Step::Ok)));
     let mut svc = retry.layer(tool.service());
@@ -148,7 +153,7 @@ async fn a_write_with_a_key_is_hedged_only_by_a_tool_that_forwards_keys() {
 
 #[tokio::test(start_paused = true)]
 async fn a_safety_critical_call_is_never_hedged() {
-    let registry = registry_of([search().with_policy(hedged(hedge_after(DELAY)))]);
+    let registry = hedged_search();
     let retry = layer(registry);
     let tool = slow_then_fast();
     let mut svc = retry.layer(tool.service());
@@ -176,7 +181,7 @@ async fn a_spent_retry_budget_sends_no_hedge() {
         .min_per_second(0.0)
         .build()
         .unwrap();
-    let registry = registry_of([search().with_policy(hedged(hedge_after(DELAY)))]);
+    let registry = hedged_search();
     let retry = RetryLayer::builder(registry)
         .budget(budget.clone())
         .build()
@@ -206,7 +211,7 @@ async fn a_spent_retry_budget_sends_no_hedge() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_allowed_one_attempt_is_not_hedged() {
-    let registry = registry_of([search().with_policy(hedged(hedge_after(DELAY)))]);
+    let registry = hedged_search();
     let retry = layer(registry);
     let tool = slow_then_fast();
     let mut svc = retry.layer(tool.service());
@@ -353,7 +358,7 @@ impl Drops {
 #[tokio::test(start_paused = true)]
 async fn the_losing_attempt_is_cancelled() {
     let drops = Drops::default();
-    let registry = registry_of([search().with_policy(hedged(hedge_after(DELAY)))]);
+    let registry = hedged_search();
     let mut svc = layer(registry).layer(drops.tool());
 
     let out = call_once(&mut svc, call_of(WEB, "search")).await.unwrap();

@@ -1,6 +1,8 @@
 //! The envelopes of a streamed answer (seed 003 §2.2): one per chunk while the tool streams,
 //! then the whole result marked as the last chunk.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -41,7 +43,7 @@ impl StreamTally {
 ///     "isStreaming": true, "chunkIndex": 0, "finalChunk": false,
 ///     "output": {"content": "Tower "}
 /// }))?;
-/// assert_eq!(chunk.output.content, json!("Tower "));
+/// assert_eq!(*chunk.output.content, json!("Tower "));
 /// # Ok::<(), serde_json::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,8 +70,8 @@ pub struct ChunkEnvelope {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ChunkContent {
-    /// What the tool sent.
-    pub content: Value,
+    /// What the tool sent, shared with every other reader of the stream.
+    pub content: Arc<Value>,
 }
 
 impl ChunkEnvelope {
@@ -83,7 +85,7 @@ impl ChunkEnvelope {
             chunk_index: chunk.index,
             final_chunk: false,
             output: ChunkContent {
-                content: Value::clone(&chunk.content),
+                content: chunk.content.clone(),
             },
         }
     }
